@@ -1,0 +1,63 @@
+"""Compression codecs a spec can name, and what a reader needs to open the result.
+
+Byte-shuffle is never offered for uint8 data: HDF5's shuffle filter is the identity on 1-byte
+types (measured, identical chunks), so it would only cost time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Codec:
+    name: str
+    needs: str  # what a reader must have, recorded in the file's attributes
+    options: Callable[[], dict[str, Any]]
+
+
+def _none() -> dict[str, Any]:
+    return {}
+
+
+def _gzip(level: int) -> Callable[[], dict[str, Any]]:
+    return lambda: {"compression": "gzip", "compression_opts": level}
+
+
+def _plugin(factory: str, **kwargs: Any) -> Callable[[], dict[str, Any]]:
+    def options() -> dict[str, Any]:
+        import hdf5plugin
+
+        return dict(getattr(hdf5plugin, factory)(**kwargs))
+
+    return options
+
+
+CODECS: dict[str, Codec] = {
+    "none": Codec("none", "any HDF5 reader", _none),
+    "lzf": Codec("lzf", "h5py (LZF filter 32000 ships only with h5py)", lambda: {"compression": "lzf"}),
+    "gzip-1": Codec("gzip-1", "any HDF5 reader (deflate)", _gzip(1)),
+    "gzip-4": Codec("gzip-4", "any HDF5 reader (deflate)", _gzip(4)),
+    "gzip-9": Codec("gzip-9", "any HDF5 reader (deflate)", _gzip(9)),
+    "zstd-1": Codec("zstd-1", "hdf5plugin (Zstd filter 32015)", _plugin("Zstd", clevel=1)),
+    "zstd": Codec("zstd", "hdf5plugin (Zstd filter 32015)", _plugin("Zstd", clevel=3)),
+    "zstd-9": Codec("zstd-9", "hdf5plugin (Zstd filter 32015)", _plugin("Zstd", clevel=9)),
+    "lz4": Codec("lz4", "hdf5plugin (LZ4 filter 32004)", _plugin("LZ4")),
+    "bitshuffle-lz4": Codec(
+        "bitshuffle-lz4", "hdf5plugin (Bitshuffle filter 32008)", _plugin("Bitshuffle", cname="lz4")
+    ),
+    "blosc2-zstd": Codec(
+        "blosc2-zstd", "hdf5plugin (Blosc2 filter 32026)", _plugin("Blosc2", cname="zstd", clevel=3)
+    ),
+}
+
+
+def codec_options(name: str) -> dict[str, Any]:
+    """Keyword arguments for ``h5py.Group.create_dataset``."""
+    return CODECS[name].options()
+
+
+def ensure_filters() -> None:
+    """Register the hdf5plugin filters so files written with them can be read."""
+    import hdf5plugin  # noqa: F401  (importing registers the filters with HDF5)

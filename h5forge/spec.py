@@ -1,0 +1,228 @@
+"""Dataset spec: the YAML a user writes, validated by pydantic.
+
+Relative paths in a spec are resolved against the folder holding the spec file, so a build gives
+the same result whatever the current directory is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from h5forge.codecs import CODECS
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used; the message names the offending key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+LargerPolicy = Literal["crop", "shrink", "reject"]
+
+
+class ImageField(_Strict):
+    """An RGB (or grey) picture, stored uint8 CHW at a fixed size."""
+
+    kind: Literal["image"] = "image"
+    files: str = Field(description="glob relative to source.root, e.g. images/*.png")
+    size: tuple[int, int] = Field(description="target (height, width)")
+    channels: Literal[1, 3] = 3
+    larger: LargerPolicy = "crop"
+    fill: int = Field(0, ge=0, le=255)
+    max_pixels: int = Field(64_000_000, gt=0, description="larger headers are decompression bombs")
+
+    @field_validator("size")
+    @classmethod
+    def _positive(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if v[0] <= 0 or v[1] <= 0:
+            raise ValueError("size must be two positive integers (height, width)")
+        return v
+
+
+class MaskField(_Strict):
+    """A single-channel label mask with values {0,1} or {0,255}, stored as {0,1}."""
+
+    kind: Literal["mask"] = "mask"
+    files: str
+    like: str = Field(description="the image field whose size and geometry this mask follows")
+    max_pixels: int = Field(64_000_000, gt=0)
+
+
+FieldSpec = Annotated[Union[ImageField, MaskField], Field(discriminator="kind")]
+
+ColumnType = Literal["str", "int", "float", "bool"]
+
+
+class Annotations(_Strict):
+    file: str | None = Field(None, description="JSON list of records, relative to source.root")
+    id_key: str = Field("id", description="record key naming the sample (id or file name)")
+    columns: dict[str, ColumnType] = Field(default_factory=dict)
+    required: bool = Field(True, description="a sample without a record is rejected")
+    index_by: list[str] = Field(default_factory=list, description="columns to build index arrays for")
+
+    @model_validator(mode="after")
+    def _index_columns_exist(self) -> "Annotations":
+        for col in self.index_by:
+            if col not in self.columns:
+                raise ValueError(f"index_by: column {col!r} is not declared in columns")
+        return self
+
+
+class Source(_Strict):
+    root: Path
+
+
+class Splits(_Strict):
+    ratios: dict[Literal["train", "val", "test"], float] = Field(
+        default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1}
+    )
+    seed: str = Field("h5forge", description="changing it reshuffles every sample's split")
+    column: str | None = Field(None, description="take the split from this annotation column")
+
+    @field_validator("ratios")
+    @classmethod
+    def _sum_to_one(cls, v: dict[str, float]) -> dict[str, float]:
+        if any(r < 0 for r in v.values()):
+            raise ValueError("split ratios must be >= 0")
+        if abs(sum(v.values()) - 1.0) > 1e-6:
+            raise ValueError(f"split ratios must sum to 1, got {sum(v.values()):g}")
+        return v
+
+
+class Storage(_Strict):
+    codec: str = "zstd"
+    chunk_rows: int = Field(1, ge=1, le=4096)
+
+    @field_validator("codec")
+    @classmethod
+    def _known_codec(cls, v: str) -> str:
+        if v not in CODECS:
+            raise ValueError(f"unknown codec {v!r}; choose one of {', '.join(CODECS)}")
+        return v
+
+
+class Output(_Strict):
+    dir: Path
+    keep: int = Field(5, ge=1, description="published versions to keep")
+
+
+class Compute(_Strict):
+    dask_address: str | None = Field(None, description="tcp://host:port of an existing scheduler")
+    workers: int = Field(2, ge=1, description="LocalCluster worker processes")
+    batch_size: int = Field(64, ge=1, description="samples per dask task")
+    in_flight: int = Field(0, ge=0, description="batches in flight; 0 means 2 per worker")
+
+
+class Verification(_Strict):
+    resample: int = Field(16, ge=0, description="stored samples re-cleaned from their sources")
+    latency_reads: int = Field(200, ge=0)
+
+
+class DatasetSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    description: str = ""
+    source: Source
+    fields: dict[str, FieldSpec]
+    annotations: Annotations = Annotations()
+    splits: Splits = Splits()
+    storage: Storage = Storage()
+    output: Output
+    compute: Compute = Compute()
+    verify: Verification = Verification()
+
+    @model_validator(mode="after")
+    def _check_fields(self) -> "DatasetSpec":
+        if not self.fields:
+            raise ValueError("fields: at least one field is needed")
+        for name, f in self.fields.items():
+            if name in ("ids", "checksum", "source_sha256", "source_files", "meta"):
+                raise ValueError(f"fields.{name}: name is reserved")
+            if isinstance(f, MaskField):
+                target = self.fields.get(f.like)
+                if not isinstance(target, ImageField):
+                    raise ValueError(f"fields.{name}.like: {f.like!r} is not an image field")
+        if self.splits.column and self.splits.column not in self.annotations.columns:
+            raise ValueError(f"splits.column: {self.splits.column!r} is not an annotation column")
+        return self
+
+    # ---- derived values -------------------------------------------------------------------
+    def field_shape(self, name: str) -> tuple[int, ...]:
+        f = self.fields[name]
+        if isinstance(f, ImageField):
+            return (f.channels, *f.size)
+        image = self.fields[f.like]
+        assert isinstance(image, ImageField)
+        return (1, *image.size)
+
+    def in_flight(self) -> int:
+        return self.compute.in_flight or 2 * self.compute.workers
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+def _format_errors(err: ValidationError, origin: str) -> str:
+    lines = [f"invalid spec {origin}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"  {key or '<root>'}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_spec(data: dict, base: Path, origin: str = "<dict>") -> DatasetSpec:
+    """Validate a spec dict; relative paths are taken against ``base``."""
+    if not isinstance(data, dict):
+        raise SpecError(f"invalid spec {origin}: the top level must be a mapping")
+    try:
+        spec = DatasetSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_format_errors(err, origin)) from None
+    root = spec.source.root if spec.source.root.is_absolute() else (base / spec.source.root)
+    out = spec.output.dir if spec.output.dir.is_absolute() else (base / spec.output.dir)
+    return spec.model_copy(
+        update={
+            "source": spec.source.model_copy(update={"root": root.resolve()}),
+            "output": spec.output.model_copy(update={"dir": out.resolve()}),
+        }
+    )
+
+
+def load_spec(
+    path: str | Path, output: str | Path | None = None, dask_address: str | None = None
+) -> DatasetSpec:
+    """Read a YAML spec; ``output`` and ``dask_address`` override the file (CLI flags)."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"spec file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SpecError(f"spec {path} is not valid YAML: {err}") from None
+    spec = parse_spec(data, path.parent.resolve(), str(path))
+    return override(spec, output=output, dask_address=dask_address)
+
+
+def override(
+    spec: DatasetSpec, output: str | Path | None = None, dask_address: str | None = None
+) -> DatasetSpec:
+    update: dict = {}
+    if output is not None:
+        update["output"] = spec.output.model_copy(update={"dir": Path(output).resolve()})
+    if dask_address is not None:
+        update["compute"] = spec.compute.model_copy(update={"dask_address": dask_address})
+    return spec.model_copy(update=update) if update else spec
+
+
+def spec_from_json(text: str) -> DatasetSpec:
+    """Rebuild a spec stored in a dataset file (paths there are already absolute)."""
+    return DatasetSpec.model_validate(json.loads(text))
