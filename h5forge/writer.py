@@ -173,11 +173,14 @@ class DatasetWriter:
         f = self.file
         d = f.require_group("diagnostics")
         raw = stored = 0
+        split_bytes = {}
         for split in SPLITS:
+            split_bytes[split] = 0
             for name in self.fields:
                 ds = f[split][name]
                 raw += ds.size * ds.dtype.itemsize
-                stored += ds.id.get_storage_size()
+                split_bytes[split] += ds.id.get_storage_size()
+            stored += split_bytes[split]
         timings = {**timings, "write_seconds": round(time.perf_counter() - self.started, 3)}
         summary = {
             "counts": dict(self.counts),
@@ -185,6 +188,7 @@ class DatasetWriter:
             "rejected": len(self.rejections),
             "array_bytes_raw": int(raw),
             "array_bytes_stored": int(stored),
+            "split_bytes": split_bytes,
             "compression_ratio": round(stored / raw, 4) if raw else 1.0,
             "codec": self.spec.storage.codec,
             "chunk_rows": self.spec.storage.chunk_rows,

@@ -1,0 +1,1 @@
+"""How the flows run in production (schedules, serve, the watch-folder service)."""

@@ -1,0 +1,1 @@
+"""Prefect flows: wiring of the tasks, one file per flow."""

@@ -1,0 +1,36 @@
+"""build-dataset: spec -> discover -> clean on dask -> write -> verify -> publish -> report."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from h5forge.spec import load_spec
+from h5forge.versions import output_lock
+from tasks.artifacts import publish_artifacts
+from tasks.build import (apply_retention, clean_and_write, discover_samples, publish_version,
+                         stage_version, verify_candidate)
+
+
+@flow(name="build-dataset")
+def build_dataset(spec_path: str, output: str | None = None, dask_address: str | None = None) -> dict:
+    """Full rebuild of the dataset described by ``spec_path`` into a new published version."""
+    spec = load_spec(spec_path, output=output, dask_address=dask_address)
+    with output_lock(spec.output.dir, what=f"build-dataset {spec.name}"):
+        inventory = discover_samples(spec)
+        candidate = stage_version(spec)
+        summary = clean_and_write(spec, inventory, candidate)
+        report = verify_candidate(candidate)
+        publish_artifacts(spec.name, report, summary)
+        published = publish_version(candidate, report)
+        removed = apply_retention(spec)
+    return {
+        "name": spec.name,
+        "version": candidate.number,
+        "path": published,
+        "counts": summary["counts"],
+        "rejected": summary["rejected"],
+        "compression_ratio": summary["compression_ratio"],
+        "timings": summary["timings"],
+        "health": report.checks,
+        "removed": removed,
+    }

@@ -1,0 +1,71 @@
+"""The build steps the flow composes: write a candidate version, verify it, publish it.
+
+Each step is a plain function so it can be tested and timed without Prefect.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from h5forge.discover import Inventory
+from h5forge.parallel import clean_stream, dask_client
+from h5forge.reports import write_health, write_quarantine
+from h5forge.spec import DatasetSpec
+from h5forge.verify import HealthReport, verify_file
+from h5forge.versions import Candidate, publish, version_name
+from h5forge.writer import DatasetWriter
+
+
+class NothingToBuild(RuntimeError):
+    """The source holds no usable sample."""
+
+
+class VerificationFailed(RuntimeError):
+    """The candidate version failed verification; latest was not moved."""
+
+    def __init__(self, report: HealthReport):
+        super().__init__("verification failed: " + "; ".join(report.errors[:5]))
+        self.report = report
+
+
+def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
+                  progress: Callable[[int], None] = lambda n: None) -> dict:
+    """Clean every sample on dask and stream it into the candidate file. Returns the summary."""
+    if not inventory.samples:
+        raise NothingToBuild(f"no complete sample under {inventory.root} "
+                             f"({len(inventory.rejections)} input(s) rejected; see the quarantine report)")
+    t0 = time.perf_counter()
+    writer = DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent)
+    try:
+        writer.add_rejections(inventory.rejections)
+        with dask_client(spec.compute.dask_address, spec.compute.workers) as client:
+            t_cluster = time.perf_counter() - t0
+            for batch in clean_stream(client, spec, inventory.root, inventory.samples,
+                                      spec.compute.batch_size, spec.in_flight()):
+                writer.add(batch)
+                progress(len(batch) + len(batch.rejections))
+        summary = writer.finish({"cluster_start_seconds": round(t_cluster, 3),
+                                 "clean_write_seconds": round(time.perf_counter() - t0 - t_cluster, 3)})
+    except BaseException:
+        writer.abort()
+        candidate.discard()
+        raise
+    write_quarantine(candidate.out, version_name(candidate.number).removesuffix(".h5"), writer.rejections)
+    summary["rejections"] = [r.as_dict() for r in writer.rejections]
+    return summary
+
+
+def verify_candidate(candidate: Candidate) -> HealthReport:
+    report = verify_file(candidate.partial)
+    tag = version_name(candidate.number).removesuffix(".h5")
+    write_health(candidate.out, tag if report.ok else f"{tag}.failed", report)
+    return report
+
+
+def publish_candidate(candidate: Candidate, report: HealthReport) -> str:
+    """Publish a verified candidate; a failed one is deleted and latest stays where it was."""
+    if not report.ok:
+        candidate.discard()
+        raise VerificationFailed(report)
+    return str(publish(candidate))

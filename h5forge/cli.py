@@ -1,0 +1,172 @@
+"""The ``h5forge`` command line."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Labelled raw data in, versioned and verified HDF5 training sets out.")
+out = Console()
+err = Console(stderr=True)
+
+
+def _prefect_defaults() -> None:
+    """Settings that make the local ephemeral server work here even outside the repo folder."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_TASKS_DEFAULT_NO_CACHE", "true")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    from h5forge.build import NothingToBuild, VerificationFailed
+    from h5forge.spec import SpecError
+    from h5forge.versions import OutputBusy, VersionError
+
+    return (SpecError, OutputBusy, VersionError, NothingToBuild, VerificationFailed, ConnectionError,
+            FileNotFoundError)
+
+
+@app.command()
+def init(raw: Path = typer.Argument(..., help="raw folder (images/, masks/, annotations.json)"),
+         out_path: Path = typer.Option(..., "--out", help="where to write the spec YAML"),
+         force: bool = typer.Option(False, help="overwrite an existing spec")) -> None:
+    """Write a spec inferred from a raw folder, with comments."""
+    from h5forge.infer import infer_spec
+
+    if out_path.exists() and not force:
+        _fail(f"{out_path} exists; pass --force to overwrite it")
+    try:
+        text = infer_spec(raw, out_path)
+    except ValueError as e:
+        _fail(str(e))
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(text)
+    out.print(f"wrote {out_path}; review it, then run: h5forge build {out_path}")
+
+
+@app.command()
+def build(spec: Path = typer.Argument(..., help="dataset spec YAML"),
+          output: Optional[Path] = typer.Option(None, help="output folder (overrides the spec)"),
+          dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler")) -> None:
+    """Full build: discover, clean on dask, write, verify, publish (a Prefect flow run)."""
+    from h5forge.spec import load_spec
+
+    try:
+        load_spec(spec, output, dask_address)  # fail fast, before starting Prefect
+    except _known_errors() as e:
+        _fail(str(e))
+    _prefect_defaults()
+    from flows.build import build_dataset
+
+    try:
+        result = build_dataset(str(spec), str(output) if output else None, dask_address)
+    except _known_errors() as e:
+        _fail(str(e), 1)
+    _print_build(result)
+
+
+def _print_build(result: dict) -> None:
+    t = Table(title=f"{result['name']}: published v{result['version']:04d}", show_header=False)
+    t.add_row("file", result["path"])
+    t.add_row("samples", ", ".join(f"{k} {v}" for k, v in result["counts"].items()))
+    t.add_row("rejected", f"{result['rejected']} (see quarantine/)")
+    t.add_row("compression", f"{result['compression_ratio']:.3f} of raw array bytes")
+    for check, res in result["health"].items():
+        t.add_row(f"verify {check}", res)
+    out.print(t)
+
+
+@app.command()
+def verify(path: Path = typer.Argument(..., help="a version file or dataset_latest.h5"),
+           quick: bool = typer.Option(False, help="skip recomputing every checksum"),
+           resample: Optional[int] = typer.Option(None, help="samples re-cleaned from sources"),
+           source_root: Optional[Path] = typer.Option(None, help="raw folder, if it moved"),
+           as_json: bool = typer.Option(False, "--json", help="print the report as JSON")) -> None:
+    """Check a version; exit 0 if healthy, 1 with the reasons if not."""
+    from h5forge.verify import verify_file
+
+    report = verify_file(path, checksums=not quick, resample=resample, source_root=source_root)
+    if as_json:
+        print(report.to_json())
+    else:
+        out.print(report.to_markdown(), highlight=False, markup=False)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command()
+def versions(folder: Path = typer.Argument(..., help="output folder of a dataset")) -> None:
+    """List published versions; the one latest points at is marked."""
+    import h5py
+
+    from h5forge.codecs import ensure_filters
+    from h5forge.versions import latest, published
+
+    ensure_filters()
+    found = published(folder)
+    if not found:
+        _fail(f"no published version in {folder}", 1)
+    current = latest(folder)
+    t = Table("", "version", "samples", "size", "created", "parent")
+    for number, p in found.items():
+        with h5py.File(p, "r") as f:
+            count = sum(int(f[s].attrs.get("count", 0)) for s in ("train", "val", "test"))
+            created, parent = f.attrs.get("created_at", ""), int(f.attrs.get("parent_version", -1))
+        t.add_row("latest →" if number == current else "", f"v{number:04d}", str(count),
+                  f"{p.stat().st_size / 1e6:.1f} MB", str(created), f"v{parent:04d}" if parent > 0 else "")
+    out.print(t)
+
+
+@app.command()
+def rollback(folder: Path = typer.Argument(..., help="output folder of a dataset"),
+             version: str = typer.Argument(..., help="version to point latest at, e.g. v0002")) -> None:
+    """Point dataset_latest.h5 at an earlier (or later) published version."""
+    from h5forge.verify import verify_file
+    from h5forge.versions import output_lock, parse_version, published, set_latest, version_name
+
+    try:
+        number = parse_version(version)
+        with output_lock(folder, what="rollback"):
+            if number not in published(folder):
+                _fail(f"{folder / version_name(number)} is not a published version")
+            report = verify_file(folder / version_name(number), checksums=False, resample=0, latency_reads=0)
+            if not report.ok:
+                _fail(f"refusing to roll back to a broken version: {'; '.join(report.errors)}", 1)
+            set_latest(folder, number)
+    except _known_errors() as e:
+        _fail(str(e))
+    out.print(f"dataset_latest.h5 -> {version_name(number)}")
+
+
+@app.command("demo-data")
+def demo_data(folder: Path = typer.Argument(Path("data/raw/demo")),
+              n: int = typer.Option(600, help="good samples to generate"),
+              seed: int = typer.Option(0),
+              bad: bool = typer.Option(True, help="also write the usual defects of real collections")) -> None:
+    """Generate a realistic raw folder (cell micrographs, masks, annotations, defects)."""
+    from h5forge.demo import generate
+
+    if (folder / "annotations.json").exists():
+        out.print(f"{folder} already holds demo data; keeping it")
+        return
+    defects = generate(folder, n=n, seed=seed, bad=bad)
+    out.print(f"wrote {n} samples and {len(defects)} defective inputs to {folder}")
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

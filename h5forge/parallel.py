@@ -1,0 +1,69 @@
+"""Cleaning on dask: a LocalCluster of worker processes, or an existing scheduler by address.
+
+h5py serialises every HDF5 call behind one lock, and Pillow decoding is CPU-bound, so cleaning
+runs in processes; the single writer stays in the calling process. Results come back in input
+order with a bounded number of batches in flight, so memory does not grow with the dataset.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from distributed import Client, LocalCluster
+
+from h5forge.clean import CleanedBatch, clean_batch
+from h5forge.discover import SampleRef
+from h5forge.spec import DatasetSpec
+
+
+@contextmanager
+def dask_client(address: str | None, workers: int) -> Iterator[Client]:
+    """A client on ``address``, or on a fresh LocalCluster of ``workers`` processes."""
+    if address:
+        try:
+            client = Client(address, timeout="20s")
+        except (OSError, TimeoutError) as err:
+            raise ConnectionError(f"cannot reach the dask scheduler at {address}: {err}") from None
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    quiet = logging.getLogger("distributed")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the shutdown chatter of worker processes is not news
+    try:
+        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                          dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+                Client(cluster) as client:
+            yield client
+    finally:
+        quiet.setLevel(level)
+
+
+def batches(samples: Sequence[SampleRef], size: int) -> list[list[SampleRef]]:
+    return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
+
+
+def clean_stream(client: Client, spec: DatasetSpec, root: Path, samples: Sequence[SampleRef],
+                 batch_size: int, in_flight: int) -> Iterator[CleanedBatch]:
+    """Clean ``samples`` on the cluster; yield batches in input order, ``in_flight`` at a time."""
+    [spec_future] = client.scatter([spec], broadcast=True)
+    pending = deque()
+    todo = iter(batches(samples, batch_size))
+    for batch in todo:
+        pending.append(client.submit(clean_batch, spec_future, str(root), batch, pure=False))
+        if len(pending) >= in_flight:
+            break
+    while pending:
+        future = pending.popleft()
+        result = future.result()
+        future.release()
+        nxt = next(todo, None)
+        if nxt is not None:
+            pending.append(client.submit(clean_batch, spec_future, str(root), nxt, pure=False))
+        yield result

@@ -1,0 +1,194 @@
+"""Versions in an output folder: lock, stage, publish atomically, list, roll back, retain.
+
+<out>/dataset_v0001.h5 ...          published, read-only, never changed
+<out>/dataset_latest.h5 -> dataset_v0007.h5   relative symlink, replaced atomically
+<out>/.dataset_v0008.h5.partial     a version being written (removed if the run dies)
+<out>/.h5forge.lock                 held by the one writer of this folder
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+LATEST = "dataset_latest.h5"
+LOCK = ".h5forge.lock"
+_VERSION_RE = re.compile(r"^dataset_v(\d{4,})\.h5$")
+_PARTIAL_RE = re.compile(r"^\.dataset_v\d{4,}\.h5\.partial$")
+
+
+class OutputBusy(RuntimeError):
+    """Another h5forge run is writing into the same output folder."""
+
+
+class VersionError(ValueError):
+    """A version that does not exist or cannot be used."""
+
+
+def version_name(number: int) -> str:
+    return f"dataset_v{number:04d}.h5"
+
+
+def parse_version(text: str | int) -> int:
+    """Accept 3, '3', 'v3', 'v0003', 'dataset_v0003.h5'."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"(?:dataset_)?v?(\d+)(?:\.h5)?", str(text).strip())
+    if not m:
+        raise VersionError(f"not a version: {text!r} (expected e.g. v0003)")
+    return int(m.group(1))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def output_lock(out: str | Path, what: str = "build") -> Iterator[Path]:
+    """Hold the folder's writer lock; a second writer fails at once with who holds it."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+            raise OutputBusy(f"another h5forge run is writing to {out} ({holder}); "
+                             "wait for it to finish, or stop it, then retry") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "what": what,
+                                  "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode(), 0)
+        _remove_partials(out)
+        yield out
+    finally:
+        os.close(fd)  # closing drops the flock
+
+
+def _remove_partials(out: Path) -> None:
+    """Leftovers of a killed run (we hold the lock, so nobody is writing them)."""
+    for p in out.iterdir():
+        if _PARTIAL_RE.match(p.name) or p.name.startswith(f".{LATEST}."):
+            p.unlink(missing_ok=True)
+
+
+def published(out: str | Path) -> dict[int, Path]:
+    out = Path(out)
+    if not out.is_dir():
+        return {}
+    found = {}
+    for p in out.iterdir():
+        m = _VERSION_RE.match(p.name)
+        if m and p.is_file() and not p.is_symlink():
+            found[int(m.group(1))] = p
+    return dict(sorted(found.items()))
+
+
+def latest(out: str | Path) -> int | None:
+    """The version ``dataset_latest.h5`` points at, or None."""
+    link = Path(out) / LATEST
+    try:
+        target = os.readlink(link)
+    except (FileNotFoundError, OSError):
+        return None
+    m = _VERSION_RE.match(Path(target).name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A version being written: its number, its temporary path, the version it follows."""
+
+    out: Path
+    number: int
+    parent: int | None
+
+    @property
+    def partial(self) -> Path:
+        return self.out / f".{version_name(self.number)}.partial"
+
+    @property
+    def final(self) -> Path:
+        return self.out / version_name(self.number)
+
+    def discard(self) -> None:
+        self.partial.unlink(missing_ok=True)
+
+
+def stage(out: str | Path) -> Candidate:
+    """Reserve the next version number (call with the lock held)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    existing = published(out)
+    number = max(existing, default=0) + 1
+    return Candidate(out, number, latest(out))
+
+
+def publish(candidate: Candidate) -> Path:
+    """Durably move the verified candidate into place, make it read-only, then point latest at it."""
+    fd = os.open(candidate.partial, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(candidate.partial, 0o444)
+    os.replace(candidate.partial, candidate.final)
+    _fsync_dir(candidate.out)
+    set_latest(candidate.out, candidate.number)
+    return candidate.final
+
+
+def set_latest(out: str | Path, number: int) -> None:
+    """Atomic switch: a relative symlink under a temporary name, renamed over the old one."""
+    out = Path(out)
+    name = version_name(number)
+    if not (out / name).is_file():
+        raise VersionError(f"{out / name} does not exist")
+    tmp = out / f".{LATEST}.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    os.symlink(name, tmp)
+    os.replace(tmp, out / LATEST)
+    _fsync_dir(out)
+
+
+def dependencies(path: Path) -> set[Path]:
+    """Other files a version reads from (sources of its virtual datasets)."""
+    import h5py
+
+    from h5forge.verify import virtual_sources
+
+    with h5py.File(os.path.realpath(path), "r") as f:
+        return {Path(s) for s in virtual_sources(f)}
+
+
+def retain(out: str | Path, keep: int) -> list[Path]:
+    """Delete published versions beyond the newest ``keep``; never latest or a file a kept one reads."""
+    out = Path(out)
+    versions = published(out)
+    kept = set(sorted(versions)[-keep:])
+    current = latest(out)
+    if current is not None:
+        kept.add(current)
+    protected = {versions[v].resolve() for v in kept if v in versions}
+    for v in kept:
+        if v in versions:
+            protected |= {p.resolve() for p in dependencies(versions[v])}
+    removed = []
+    for number, path in versions.items():
+        if number not in kept and path.resolve() not in protected:
+            path.unlink()
+            removed.append(path)
+    if removed:
+        _fsync_dir(out)
+    return removed

@@ -1,0 +1,1 @@
+"""Prefect tasks: thin wrappers over h5forge steps (logging, progress, artifacts)."""

@@ -1,0 +1,31 @@
+"""Prefect artifacts of a run: the health report, the rejected inputs, per-split counts and sizes."""
+
+from __future__ import annotations
+
+import re
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NONE
+
+from h5forge.verify import HealthReport
+
+
+def artifact_key(name: str, what: str) -> str:
+    """Keys allow lowercase letters, digits and dashes only."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"{name}-{what}".lower()).strip("-")
+
+
+@task(name="report", cache_policy=NONE, persist_result=False)
+def publish_artifacts(name: str, report: HealthReport, summary: dict) -> None:
+    create_markdown_artifact(key=artifact_key(name, "health"), markdown=report.to_markdown(),
+                             description=f"health report of {name}")
+    rejections = summary.get("rejections", [])
+    create_table_artifact(key=artifact_key(name, "rejections"),
+                          table=rejections or [{"sample_id": "", "path": "", "reason": "none", "stage": ""}],
+                          description=f"{len(rejections)} rejected input(s)")
+    sizes = summary.get("split_bytes", {})
+    create_table_artifact(
+        key=artifact_key(name, "splits"),
+        table=[{"split": s, "samples": n, "stored_bytes": sizes.get(s, 0)} for s, n in summary["counts"].items()],
+        description="samples and stored bytes per split")
