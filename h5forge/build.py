@@ -52,6 +52,10 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
         candidate.discard()
         raise
     write_quarantine(candidate.out, version_name(candidate.number).removesuffix(".h5"), writer.rejections)
+    if summary["samples"] == 0:
+        candidate.discard()
+        raise NothingToBuild(f"all {len(inventory.samples)} sample(s) under {inventory.root} were rejected "
+                             "while cleaning; nothing to publish (see the quarantine report)")
     summary["rejections"] = [r.as_dict() for r in writer.rejections]
     return summary
 

@@ -131,8 +131,8 @@ def discover(spec: DatasetSpec, root: Path | None = None) -> Inventory:
     if ann.file:
         records, problems = load_records(root / ann.file, ann.id_key)
         inv.rejections.extend(problems)
-    ambiguous = {r.sample_id for r in inv.rejections if r.reason.startswith("ambiguous")}
-    all_ids = sorted(set().union(*per_field.values()) - ambiguous)
+    already = {r.sample_id for r in inv.rejections if r.sample_id}  # reported once is enough
+    all_ids = sorted(set().union(*per_field.values()) - already)
     for sid in all_ids:
         files = {name: found[sid] for name, found in per_field.items() if sid in found}
         missing = [name for name in spec.fields if name not in files]
@@ -150,7 +150,7 @@ def discover(spec: DatasetSpec, root: Path | None = None) -> Inventory:
             inv.rejections.append(Rejection(sid, files[next(iter(files))], str(err)))
             continue
         inv.samples.append(SampleRef(sid, split, files, columns))
-    paired = set(all_ids)
+    paired = set().union(*per_field.values())
     for sid in sorted(set(records) - paired):
         inv.rejections.append(Rejection(sid, f"{ann.file}#{sid}", "annotation record without files"))
     return inv

@@ -1,0 +1,71 @@
+"""Shared fixtures. Prefect runs against one session-wide test server (never one per test)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_TASKS_DEFAULT_NO_CACHE", "true")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _sigterm_to_exit(signum, frame):  # a CI timeout's SIGTERM still runs fixture teardown
+    sys.exit(128 + signum)
+
+
+signal.signal(signal.SIGTERM, _sigterm_to_exit)
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """A temporary Prefect API for flow tests (about 20 s to start on a fresh database)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def raw_demo(tmp_path_factory) -> Path:
+    """A raw folder of 40 good samples plus every kind of defect the demo knows."""
+    from h5forge.demo import generate
+
+    root = tmp_path_factory.mktemp("raw") / "demo"
+    generate(root, n=40, seed=1, bad=True, workers=1)
+    return root
+
+
+@pytest.fixture
+def raw_copy(raw_demo, tmp_path) -> Path:
+    dst = tmp_path / "raw"
+    shutil.copytree(raw_demo, dst)
+    return dst
+
+
+def demo_spec(raw: Path, out: Path, **storage):
+    """The demo spec pointed at ``raw`` and ``out``."""
+    from h5forge.spec import load_spec, override
+
+    spec = load_spec(REPO / "config" / "demo.yaml")
+    spec = spec.model_copy(update={"source": spec.source.model_copy(update={"root": raw.resolve()})})
+    if storage:
+        spec = spec.model_copy(update={"storage": spec.storage.model_copy(update=storage)})
+    return override(spec, output=out)
+
+
+def write_spec_file(raw: Path, out: Path, path: Path) -> Path:
+    """A YAML spec file like config/demo.yaml, pointed at ``raw`` and ``out``."""
+    import yaml
+
+    data = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
+    data["source"]["root"] = str(raw)
+    data["output"]["dir"] = str(out)
+    path.write_text(yaml.safe_dump(data))
+    return path

@@ -1,0 +1,72 @@
+import json
+from collections import Counter
+
+from h5forge.discover import discover
+from h5forge.splits import assign_split
+from h5forge.spec import Splits
+from tests.conftest import demo_spec
+
+
+def test_pairs_by_stem_and_reports_every_unusable_input(raw_demo, tmp_path):
+    inv = discover(demo_spec(raw_demo, tmp_path))
+    ids = [s.id for s in inv.samples]
+    assert ids == sorted(ids)
+    assert len([i for i in ids if i.startswith("cell_")]) == 40
+    reasons = {r.sample_id: r.reason for r in inv.rejections}
+    assert reasons["bad_nomask"] == "incomplete sample: no file for masks (masks/*.png)"
+    assert reasons["bad_noimage"] == "incomplete sample: no file for images (images/*.png)"
+    assert reasons["bad_orphan_record"] == "annotation record without files"
+    assert reasons["bad_noannotation"] == "no annotation record in annotations.json"
+    s = next(s for s in inv.samples if s.id == "cell_000003")
+    assert s.files == {"images": "images/cell_000003.png", "masks": "masks/cell_000003.png"}
+    assert set(s.columns) == {"label", "num_cells", "stain", "focus_score"}
+
+
+def test_annotation_problems(raw_copy, tmp_path):
+    records = json.loads((raw_copy / "annotations.json").read_text())
+    records[0]["num_cells"] = "many"
+    records.append(dict(records[1]))  # a second record for the same sample
+    (raw_copy / "annotations.json").write_text(json.dumps(records))
+    (raw_copy / "images" / "cell_000005.jpg").write_bytes(b"x")  # two image files, one stem
+    spec = demo_spec(raw_copy, tmp_path)
+    images = spec.fields["images"].model_copy(update={"files": "images/*"})
+    spec = spec.model_copy(update={"fields": {**spec.fields, "images": images}})
+    inv = discover(spec)
+    reasons = {r.sample_id: r.reason for r in inv.rejections}
+    assert reasons[records[0]["id"]] == "annotation column 'num_cells': 'many' is a string, expected int"
+    assert reasons[records[1]["id"]] == "several annotation records for this sample"
+    assert reasons["cell_000005"].startswith("ambiguous: 2 files share the stem")
+    assert {records[0]["id"], records[1]["id"], "cell_000005"}.isdisjoint(s.id for s in inv.samples)
+
+
+def test_file_name_ids_in_annotations_match_stems(raw_copy, tmp_path):
+    records = json.loads((raw_copy / "annotations.json").read_text())
+    for r in records:
+        r["id"] = r["id"] + ".png"
+    (raw_copy / "annotations.json").write_text(json.dumps(records))
+    inv = discover(demo_spec(raw_copy, tmp_path))
+    assert len([s for s in inv.samples if s.id.startswith("cell_")]) == 40
+
+
+def test_split_is_a_function_of_the_id_only():
+    splits = Splits()
+    ids = [f"s{i}" for i in range(20000)]
+    first = {i: assign_split(i, splits) for i in ids[:1000]}
+    again = {i: assign_split(i, splits) for i in reversed(ids)}  # more data, other order
+    assert all(again[i] == first[i] for i in first)
+    counts = Counter(again.values())
+    assert abs(counts["train"] / 20000 - 0.8) < 0.015
+    assert abs(counts["val"] / 20000 - 0.1) < 0.01
+    other_seed = Splits(seed="other")
+    assert sum(assign_split(i, other_seed) != first[i] for i in first) > 100
+
+
+def test_split_from_an_annotation_column():
+    splits = Splits(column="fold")
+    assert assign_split("a", splits, {"fold": "val"}) == "val"
+    try:
+        assign_split("a", splits, {"fold": "holdout"})
+    except ValueError as err:
+        assert "'holdout'" in str(err)
+    else:
+        raise AssertionError("an unknown split value must be refused")

@@ -1,0 +1,62 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from h5forge.spec import SpecError, load_spec, parse_spec
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def base() -> dict:
+    return yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
+
+
+def test_demo_spec_loads_with_paths_relative_to_the_spec_file():
+    spec = load_spec(REPO / "config" / "demo.yaml")
+    assert spec.source.root == (REPO / "data" / "raw" / "demo").resolve()
+    assert spec.output.dir == (REPO / "data" / "demo").resolve()
+    assert spec.field_shape("images") == (3, 224, 224)
+    assert spec.field_shape("masks") == (1, 224, 224)
+
+
+@pytest.mark.parametrize("mutate, key, words", [
+    (lambda d: d.update(colour="red"), "colour", "unknown key"),
+    (lambda d: d["fields"]["images"].update(sise=[1, 2]), "fields.images.image.sise", "unknown key"),
+    (lambda d: d["storage"].update(codec="snappy"), "storage.codec", "unknown codec 'snappy'"),
+    (lambda d: d["storage"].update(chunk_rows=0), "storage.chunk_rows", "greater than or equal to 1"),
+    (lambda d: d["splits"].update(ratios={"train": 0.8, "val": 0.3}), "splits.ratios", "sum to 1"),
+    (lambda d: d["fields"]["images"].update(size=[0, 224]), "fields.images.image.size", "positive"),
+    (lambda d: d["fields"]["images"].update(larger="stretch"), "fields.images.image.larger", "'crop'"),
+    (lambda d: d["fields"]["masks"].update(like="nothing"), "<root>", "fields.masks.like"),
+    (lambda d: d["annotations"].update(index_by=["colour"]), "annotations", "column 'colour'"),
+    (lambda d: d["fields"]["images"].update(fill=300), "fields.images.image.fill", "less than or equal to 255"),
+    (lambda d: d.pop("output"), "output", "Field required"),
+])
+def test_bad_specs_name_the_offending_key(mutate, key, words):
+    data = base()
+    mutate(data)
+    with pytest.raises(SpecError) as err:
+        parse_spec(data, REPO / "config", "test.yaml")
+    text = str(err.value)
+    assert f"  {key}:" in text, text
+    assert words in text, text
+
+
+def test_missing_and_unparsable_spec_files(tmp_path):
+    with pytest.raises(SpecError, match="spec file not found"):
+        load_spec(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(bad)
+    top = tmp_path / "list.yaml"
+    top.write_text("- a\n- b\n")
+    with pytest.raises(SpecError, match="must be a mapping"):
+        load_spec(top)
+
+
+def test_cli_overrides_output_and_dask_address(tmp_path):
+    spec = load_spec(REPO / "config" / "demo.yaml", output=tmp_path / "o", dask_address="tcp://10.0.0.1:8786")
+    assert spec.output.dir == (tmp_path / "o").resolve()
+    assert spec.compute.dask_address == "tcp://10.0.0.1:8786"
