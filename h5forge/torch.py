@@ -1,0 +1,244 @@
+"""PyTorch reader: a map-style Dataset with a batched fast path and a chunk-aware sampler.
+
+    from h5forge.torch import H5Dataset, ChunkShuffleSampler
+    ds = H5Dataset("data/demo/dataset_latest.h5", split="train", fields=("images", "masks"))
+    loader = ds.loader(batch_size=32, num_workers=2, shuffle=True, seed=0)
+    for images, masks in loader:   # float32 (B,3,H,W) in [0,1], int64 (B,1,H,W)
+        ...
+
+``ds`` also works in a plain ``DataLoader(ds, batch_size=32, shuffle=True)`` (same values; the
+loader above is faster because whole batches are converted at once and never re-collated).
+See docs/reading.md for the guarantees (pinned version, lazy per-worker handles, DDP shards).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+from torch.utils.data._utils.collate import default_collate
+
+from h5forge.reader import DEFAULT_CACHE_CHUNKS, FieldInfo, ReadError, SplitReader, check_dtypes
+from h5forge.sampler import DEFAULT_WINDOW, ChunkOrder
+
+__all__ = ["H5Dataset", "ChunkShuffleSampler", "ReadError", "collate"]
+
+_TORCH_DTYPES = {"float32": torch.float32, "uint8": torch.uint8, "int64": torch.int64,
+                 "int32": torch.int32, "int16": torch.int16}
+
+
+def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A new tensor; in a DataLoader worker it lives in shared memory, so sending it to the main
+    process costs no copy (what default_collate does too)."""
+    if get_worker_info() is not None:
+        numel = math.prod(shape)
+        proto = torch.empty(0, dtype=dtype)
+        storage = proto._typed_storage()._new_shared(numel, device="cpu")
+        return proto.new(storage).view(*shape)
+    return torch.empty(tuple(shape), dtype=dtype)
+
+
+class _Batch(list):
+    """What ``__getitems__`` returns: the list of samples torch expects (views into the batch
+    tensors), plus the already stacked batch that :func:`collate` passes through unchanged."""
+
+    stacked: Any = None
+
+
+def collate(batch: Any) -> Any:
+    """``collate_fn`` for H5Dataset: batches from ``__getitems__`` are returned as they are; anything
+    else goes through torch's default_collate."""
+    if isinstance(batch, _Batch):
+        return batch.stacked
+    return default_collate(batch)
+
+
+class H5Dataset(Dataset):
+    """One split of an h5forge version file as a torch map-style Dataset.
+
+    Items are tuples in ``fields`` order (a single tensor when one field is asked for).
+    Image fields come as float32 in [0, 1] (``image_dtype="uint8"`` leaves them as stored, for
+    conversion on the GPU; ``normalize=True`` standardises with the split's per-channel mean/std);
+    mask fields as int64 (``mask_dtype``), shape (1, H, W) as stored.
+
+    ``transform(sample) -> sample`` runs on each sample (augmentation); ``batch_transform(batch) ->
+    batch`` on each batch in the worker. ``locking=False`` opens without HDF5 file locks (network
+    filesystems). ``cache_chunks`` decompressed chunks per field are cached per worker (keep it at
+    least the sampler's window); ``rdcc_nbytes`` sets the cache size in bytes directly.
+    """
+
+    def __init__(self, path: str | os.PathLike, split: str = "train", fields: Sequence[str] | str | None = None,
+                 *, image_dtype: str = "float32", mask_dtype: str = "int64", normalize: bool = False,
+                 transform: Callable[[Any], Any] | None = None,
+                 batch_transform: Callable[[Any], Any] | None = None,
+                 locking: bool | None = None, cache_chunks: int = DEFAULT_CACHE_CHUNKS,
+                 rdcc_nbytes: int | None = None):
+        check_dtypes(image_dtype, mask_dtype)
+        self.reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks,
+                                  rdcc_nbytes=rdcc_nbytes)
+        self.image_dtype, self.mask_dtype, self.normalize = image_dtype, mask_dtype, normalize
+        self.transform, self.batch_transform = transform, batch_transform
+        self._single = len(self.reader.fields) == 1
+        self._norm = {}
+        for name, fi in self.reader.fields.items():
+            if fi.kind == "image" and normalize and fi.mean is not None and fi.std is not None:
+                std = np.where(fi.std > 0, fi.std, 1).astype(np.float32)
+                self._norm[name] = (torch.from_numpy(fi.mean.reshape(-1, 1, 1).copy()),
+                                    torch.from_numpy(std.reshape(-1, 1, 1)))
+
+    # ---- description -------------------------------------------------------------------------
+    path = property(lambda self: self.reader.path)
+    real_path = property(lambda self: self.reader.real_path, doc="the version file actually read (pinned)")
+    version = property(lambda self: self.reader.version)
+    split = property(lambda self: self.reader.split)
+    fields = property(lambda self: self.reader.field_names)
+    chunk_rows = property(lambda self: self.reader.chunk_rows)
+    info = property(lambda self: dict(self.reader.fields))
+
+    def ids(self) -> list[str]:
+        return self.reader.ids()
+
+    def meta(self, column: str) -> np.ndarray:
+        return self.reader.meta(column)
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __repr__(self) -> str:
+        return (f"H5Dataset({self.path!r}, split={self.split!r}, fields={self.fields}, version={self.version}, "
+                f"n={len(self)})")
+
+    def close(self) -> None:
+        self.reader.close()
+
+    # ---- conversion --------------------------------------------------------------------------
+    def _out_dtype(self, fi: FieldInfo) -> torch.dtype:
+        if fi.kind == "mask":
+            return _TORCH_DTYPES.get(self.mask_dtype) or torch.from_numpy(np.zeros(0, self.mask_dtype)).dtype
+        return torch.uint8 if self.image_dtype == "uint8" else torch.float32
+
+    def _convert(self, name: str, raw: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        fi = self.reader.fields[name]
+        dtype = self._out_dtype(fi)
+        if raw.dtype == dtype:
+            return raw
+        if out is None:
+            out = torch.empty(raw.shape, dtype=dtype)
+        if fi.kind == "image":
+            torch.div(raw, 255, out=out)
+            if name in self._norm:
+                mean, std = self._norm[name]
+                out.sub_(mean).div_(std)
+        else:
+            out.copy_(raw)
+        return out
+
+    # ---- access ------------------------------------------------------------------------------
+    def __getitem__(self, i: int) -> Any:
+        raw = self.reader.read_one(i)
+        sample = tuple(self._convert(n, torch.from_numpy(a)) for n, a in raw.items())
+        sample = sample[0] if self._single else sample
+        return self.transform(sample) if self.transform is not None else sample
+
+    def __getitems__(self, indices: Sequence[int]) -> _Batch:
+        """A whole batch in one go: sorted, coalesced slice reads, each chunk decompressed once,
+        converted batch-wise; returned in the requested order."""
+        n = len(indices)
+        outs: dict[str, torch.Tensor] = {}
+        raw_out: dict[str, np.ndarray] = {}
+        for name, fi in self.reader.fields.items():
+            dtype = self._out_dtype(fi)
+            if dtype == torch.uint8:  # stored dtype: read straight into the (shared) output
+                outs[name] = _empty((n, *fi.shape), torch.uint8)
+                raw_out[name] = outs[name].numpy()
+            else:
+                outs[name] = _empty((n, *fi.shape), dtype)
+        raw = self.reader.read(indices, out=raw_out)
+        cols = tuple(self._convert(name, torch.from_numpy(raw[name]), outs[name]) for name in self.reader.fields)
+        if self.transform is not None:
+            samples = [self.transform(cols[0][k] if self._single else tuple(c[k] for c in cols)) for k in range(n)]
+            stacked = collate(samples) if n else cols
+            if not self._single and isinstance(stacked, list):
+                stacked = tuple(stacked)
+        else:
+            samples = [cols[0][k] for k in range(n)] if self._single else [tuple(c[k] for c in cols) for k in range(n)]
+            stacked = cols[0] if self._single else cols
+        if self.batch_transform is not None:
+            stacked = self.batch_transform(stacked)
+        batch = _Batch(samples)
+        batch.stacked = stacked
+        return batch
+
+    # ---- loading -----------------------------------------------------------------------------
+    def sampler(self, *, shuffle: bool = True, seed: int = 0, window: int = DEFAULT_WINDOW,
+                num_replicas: int | None = None, rank: int | None = None, drop_last: bool = True) -> "ChunkShuffleSampler":
+        return ChunkShuffleSampler(self, shuffle=shuffle, seed=seed, window=window, num_replicas=num_replicas,
+                                   rank=rank, drop_last=drop_last)
+
+    def loader(self, batch_size: int = 32, *, shuffle: bool = True, seed: int = 0, num_workers: int = 0,
+               drop_last: bool = False, window: int = DEFAULT_WINDOW, num_replicas: int | None = None,
+               rank: int | None = None, persistent_workers: bool | None = None,
+               multiprocessing_context: Any = None, pin_memory: bool = False,
+               prefetch_factor: int | None = None, **kwargs: Any) -> DataLoader:
+        """A DataLoader with the chunk-aware sampler (sharded by rank under DDP) and the batched
+        fetch. ``drop_last`` drops the last incomplete batch; DDP shards are always equal-length.
+        The epoch advances on each pass (or call ``loader.sampler.set_epoch(e)``)."""
+        sampler = self.sampler(shuffle=shuffle, seed=seed, window=window, num_replicas=num_replicas, rank=rank)
+        if persistent_workers is None:
+            persistent_workers = num_workers > 0
+        extra: dict[str, Any] = {}
+        if num_workers > 0:
+            extra["persistent_workers"] = persistent_workers
+            if prefetch_factor is not None:
+                extra["prefetch_factor"] = prefetch_factor
+            if multiprocessing_context is not None:
+                extra["multiprocessing_context"] = multiprocessing_context
+        return DataLoader(self, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                          collate_fn=collate, drop_last=drop_last, pin_memory=pin_memory, **extra, **kwargs)
+
+
+class ChunkShuffleSampler(Sampler[int]):
+    """Chunk-aware shuffling sampler (h5forge.sampler explains the order).
+
+    ``ChunkShuffleSampler(dataset_or_length, chunk_rows=None, shuffle=True, seed=0, window=8,
+    num_replicas=None, rank=None, drop_last=True)``. ``chunk_rows`` defaults to the dataset's
+    layout. Under torch.distributed, ``num_replicas``/``rank`` default to the world size and rank:
+    each rank gets an equal-length, disjoint shard of the same epoch order (``drop_last=False``
+    pads by wrapping instead of dropping the ``n % world`` leftover samples). ``set_epoch(e)``
+    works as with DistributedSampler; without it each pass advances the epoch.
+    """
+
+    def __init__(self, data_source: Any, chunk_rows: int | None = None, *, shuffle: bool = True, seed: int = 0,
+                 window: int = DEFAULT_WINDOW, num_replicas: int | None = None, rank: int | None = None,
+                 drop_last: bool = True):
+        n = data_source if isinstance(data_source, int) else len(data_source)
+        if chunk_rows is None:
+            chunk_rows = int(getattr(data_source, "chunk_rows", 1) or 1)
+        if num_replicas is None or rank is None:
+            world, me = 1, 0
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                world, me = torch.distributed.get_world_size(), torch.distributed.get_rank()
+            num_replicas = world if num_replicas is None else num_replicas
+            rank = me if rank is None else rank
+        self.order = ChunkOrder(n, chunk_rows, shuffle=shuffle, seed=seed, window=window,
+                                num_replicas=num_replicas, rank=rank, drop_last=drop_last)
+
+    @property
+    def epoch(self) -> int:
+        return self.order.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.order.set_epoch(epoch)
+
+    def indices(self, epoch: int | None = None) -> np.ndarray:
+        return self.order.indices(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.order.next_epoch().tolist())
+
+    def __len__(self) -> int:
+        return len(self.order)
