@@ -45,8 +45,9 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
                                       spec.compute.batch_size, spec.in_flight()):
                 writer.add(batch)
                 progress(len(batch) + len(batch.rejections))
+            t_cleaned = time.perf_counter() - t0
         summary = writer.finish({"cluster_start_seconds": round(t_cluster, 3),
-                                 "clean_write_seconds": round(time.perf_counter() - t0 - t_cluster, 3)})
+                                 "clean_write_seconds": round(t_cleaned - t_cluster, 3)})
     except BaseException:
         writer.abort()
         candidate.discard()

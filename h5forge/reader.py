@@ -193,6 +193,7 @@ class SplitReader:
         if self._file is None or self._pid != pid:
             if self._file is not None:  # inherited through fork: never share it, open our own
                 self._drop()
+            ensure_filters()  # a spawned/forkserver worker has not registered hdf5plugin yet
             if self.sources:
                 self._check_sources_exist()
             self._file = _open(self.real_path, self.locking, rdcc_nbytes=self.rdcc_nbytes,

@@ -1,0 +1,118 @@
+"""The command line as a user runs it: real subprocesses, exit codes and messages."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+import yaml
+
+from h5forge.build import publish_candidate, verify_candidate, write_version
+from h5forge.discover import discover
+from h5forge.spec import load_spec
+from h5forge.versions import latest, stage
+from tests.conftest import demo_spec
+
+H5FORGE = str(Path(sys.executable).parent / "h5forge")
+
+
+def run(*args, cwd=None):
+    return subprocess.run([H5FORGE, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def build_without_prefect(raw, out, **storage) -> Path:
+    spec = demo_spec(raw, out, **storage)
+    candidate = stage(out)
+    write_version(spec, discover(spec), candidate)
+    return Path(publish_candidate(candidate, verify_candidate(candidate)))
+
+
+@pytest.fixture(scope="module")
+def dataset(raw_demo, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "out"
+    build_without_prefect(raw_demo, out)
+    build_without_prefect(raw_demo, out)
+    return out
+
+
+def flip_byte(path: Path, split="train", field="images", row=0, at=100):
+    with h5py.File(path, "r") as f:
+        info = f[split][field].id.get_chunk_info(row)
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset + min(at, info.size - 1))
+        b = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([b[0] ^ 0x01]))
+
+
+def test_verify_healthy_file_exits_0(dataset):
+    r = run("verify", dataset / "dataset_latest.h5")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "HEALTHY" in r.stdout and "checksums | ok (40 samples)" in r.stdout
+
+
+@pytest.mark.parametrize("codec, expect", [
+    ("none", "stored data does not match its checksum"),
+    ("zstd", "train["),
+])
+def test_verify_fails_loudly_on_a_flipped_byte(raw_demo, tmp_path, codec, expect):
+    path = build_without_prefect(raw_demo, tmp_path / "out", codec=codec)
+    copy = tmp_path / "tampered.h5"
+    shutil.copy(path, copy)
+    flip_byte(copy, at=7000)
+    r = run("verify", copy)
+    assert r.returncode == 1, r.stdout
+    assert "BROKEN" in r.stdout and expect in r.stdout
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_verify_missing_and_foreign_files(tmp_path):
+    r = run("verify", tmp_path / "nope.h5")
+    assert r.returncode == 1 and "no such file" in r.stdout
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f["x"] = [1, 2, 3]
+    r = run("verify", tmp_path / "other.h5")
+    assert r.returncode == 1 and "not an h5forge file" in r.stdout
+
+
+def test_versions_and_rollback(dataset):
+    r = run("versions", dataset)
+    assert r.returncode == 0 and "v0001" in r.stdout and "v0002" in r.stdout
+    assert "latest →" in r.stdout
+    r = run("rollback", dataset, "v1")
+    assert r.returncode == 0, r.stderr
+    assert latest(dataset) == 1
+    r = run("rollback", dataset, "v0009")
+    assert r.returncode == 2 and "is not a published version" in r.stderr
+    assert latest(dataset) == 1
+    assert run("rollback", dataset, "2").returncode == 0 and latest(dataset) == 2
+
+
+def test_init_writes_a_valid_commented_spec(raw_demo, tmp_path):
+    spec_path = tmp_path / "config" / "mydata.yaml"
+    r = run("init", raw_demo, "--out", spec_path, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = spec_path.read_text()
+    assert "# " in text and "kind: mask" in text
+    spec = load_spec(spec_path)
+    assert spec.source.root == raw_demo.resolve()
+    assert spec.fields["images"].size == (256, 256)  # 95th percentile of 150-260 px, rounded up to 32
+    assert spec.annotations.columns == {"focus_score": "float", "label": "str", "num_cells": "int", "stain": "str"}
+    assert "label" in spec.annotations.index_by
+    assert spec.output.dir == (tmp_path / "data" / "demo").resolve()
+    assert run("init", raw_demo, "--out", spec_path).returncode == 2  # no silent overwrite
+
+
+def test_build_rejects_a_bad_spec_before_starting_anything(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    data = yaml.safe_load((Path(__file__).parent.parent / "config" / "demo.yaml").read_text())
+    data["storage"]["codec"] = "snappy"
+    bad.write_text(yaml.safe_dump(data))
+    r = run("build", bad)
+    assert r.returncode == 2
+    assert "storage.codec: Value error, unknown codec 'snappy'" in r.stderr
+    assert "Traceback" not in r.stderr
