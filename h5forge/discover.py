@@ -7,6 +7,7 @@ and with no window in which a file could change between hashing and decoding).
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ class SampleRef:
     split: str
     files: dict[str, str]
     columns: dict[str, Any]
+    extra_files: tuple[str, ...] = ()  # e.g. an annotation sidecar that travels with the sample
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Rejection:
     path: str
     reason: str
     stage: str = "discover"
+    waitable: bool = False  # in an inbox, the missing part may still arrive
 
     def as_dict(self) -> dict[str, str]:
         return {"sample_id": self.sample_id, "path": self.path, "reason": self.reason, "stage": self.stage}
@@ -81,13 +84,13 @@ def _glob_field(root: Path, pattern: str) -> tuple[dict[str, str], list[Rejectio
     return found, problems
 
 
-def load_records(path: Path, id_key: str) -> tuple[dict[str, dict], list[Rejection]]:
+def load_records(path: Path, id_key: str, missing_ok: bool = False) -> tuple[dict[str, dict], list[Rejection]]:
     """Annotation records keyed by sample id (a file-name value is reduced to its stem)."""
     rel = path.name
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        return {}, [Rejection("", rel, "annotation file not found")]
+        return {}, [] if missing_ok else [Rejection("", rel, "annotation file not found")]
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         return {}, [Rejection("", rel, f"annotation file is not valid JSON: {err}")]
     if isinstance(data, dict) and isinstance(data.get("samples"), list):
@@ -115,22 +118,75 @@ def load_records(path: Path, id_key: str) -> tuple[dict[str, dict], list[Rejecti
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".gif", ".webp", ".dcm", ".npy", ".csv"}
 
 
-def discover(spec: DatasetSpec, root: Path | None = None) -> Inventory:
-    """Pair the files of every field by stem and join annotations; order is sorted by id."""
-    root = Path(root or spec.source.root)
+def load_sidecars(root: Path, id_key: str, skip: str | None) -> tuple[dict[str, dict], list[Rejection]]:
+    """One ``<id>.json`` record per sample at the top of ``root`` (the inbox style)."""
+    records, problems = {}, []
+    for p in sorted(root.glob("*.json")):
+        if p.name == skip or p.name.startswith("."):
+            continue
+        try:
+            rec = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            problems.append(Rejection(p.stem, p.name, f"annotation sidecar is not valid JSON: {err}"))
+            continue
+        if not isinstance(rec, dict):
+            problems.append(Rejection(p.stem, p.name, "annotation sidecar must hold one JSON object"))
+            continue
+        records[str(rec.get(id_key, p.stem))] = {**rec, "_sidecar": p.name}
+    return records, problems
+
+
+def processed_roots(spec: DatasetSpec) -> list[Path]:
+    """Inbox folders already appended (``<inbox>/processed/vNNNN``): part of the dataset's sources."""
+    if spec.source.inbox is None:
+        return []
+    base = spec.source.inbox / "processed"
+    return sorted(p for p in base.glob("v[0-9]*") if p.is_dir()) if base.is_dir() else []
+
+
+def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[Path] | None = None,
+             sidecars: bool = False) -> Inventory:
+    """Pair the files of every field by stem and join annotations; order is sorted by id.
+
+    ``root`` defaults to the spec's source root plus the inbox folders already appended, so a full
+    rebuild holds every sample the dataset ever took in. File paths are relative to ``root``.
+    """
+    if root is None:
+        root = Path(spec.source.root)
+        extra_roots = processed_roots(spec) if extra_roots is None else extra_roots
+    root = Path(root)
     inv = Inventory(root=root)
     if not root.is_dir():
         inv.rejections.append(Rejection("", str(root), "source folder does not exist"))
         return inv
-    per_field: dict[str, dict[str, str]] = {}
-    for name, f in spec.fields.items():
-        per_field[name], problems = _glob_field(root, f.files)
-        inv.rejections.extend(problems)
+    roots = [root, *(extra_roots or [])]
     ann = spec.annotations
+    per_field: dict[str, dict[str, str]] = {name: {} for name in spec.fields}
     records: dict[str, dict] = {}
-    if ann.file:
-        records, problems = load_records(root / ann.file, ann.id_key)
-        inv.rejections.extend(problems)
+    record_file: dict[str, str] = {}
+    for r in roots:
+        prefix = "" if r == root else os.path.relpath(r, root) + "/"
+        for name, f in spec.fields.items():
+            found, problems = _glob_field(r, f.files)
+            inv.rejections.extend(problems)
+            for stem, rel in found.items():
+                if stem in per_field[name]:
+                    inv.rejections.append(Rejection(stem, f"{per_field[name][stem]}, {prefix}{rel}",
+                                                    "ambiguous: the same sample id in two source folders"))
+                per_field[name][stem] = prefix + rel
+        found_records: dict[str, dict] = {}
+        if ann.file:
+            found_records, problems = load_records(r / ann.file, ann.id_key, missing_ok=r != root or sidecars)
+            inv.rejections.extend(problems)
+        if sidecars:
+            side, problems = load_sidecars(r, ann.id_key, ann.file)
+            inv.rejections.extend(problems)
+            found_records.update(side)
+        for sid, rec in found_records.items():
+            if sid in records:
+                inv.rejections.append(Rejection(sid, prefix + (ann.file or ""), "several annotation records for this sample"))
+            records[sid] = rec
+            record_file[sid] = prefix + rec.get("_sidecar", ann.file or "")
     already = {r.sample_id for r in inv.rejections if r.sample_id}  # reported once is enough
     all_ids = sorted(set().union(*per_field.values()) - already)
     for sid in all_ids:
@@ -138,9 +194,10 @@ def discover(spec: DatasetSpec, root: Path | None = None) -> Inventory:
         missing = [name for name in spec.fields if name not in files]
         if missing:
             where = ", ".join(f"{m} ({spec.fields[m].files})" for m in missing)
-            inv.rejections.append(Rejection(sid, ", ".join(files.values()), f"incomplete sample: no file for {where}"))
+            inv.rejections.append(Rejection(sid, ", ".join(files.values()), f"incomplete sample: no file for {where}",
+                                            waitable=True))
             continue
-        rejection, columns = _columns_for(spec, sid, records.get(sid), files)
+        rejection, columns = _columns_for(spec, sid, records.get(sid), files, record_file.get(sid, ""))
         if rejection:
             inv.rejections.append(rejection)
             continue
@@ -149,24 +206,27 @@ def discover(spec: DatasetSpec, root: Path | None = None) -> Inventory:
         except ValueError as err:
             inv.rejections.append(Rejection(sid, files[next(iter(files))], str(err)))
             continue
-        inv.samples.append(SampleRef(sid, split, files, columns))
+        extra = (record_file[sid],) if sid in record_file and "_sidecar" in records[sid] else ()
+        inv.samples.append(SampleRef(sid, split, files, columns, extra))
     paired = set().union(*per_field.values())
-    for sid in sorted(set(records) - paired):
-        inv.rejections.append(Rejection(sid, f"{ann.file}#{sid}", "annotation record without files"))
+    for sid in sorted(set(records) - paired - already):
+        inv.rejections.append(Rejection(sid, f"{record_file[sid]}#{sid}", "annotation record without files",
+                                        waitable=True))
     return inv
 
 
-def _columns_for(spec: DatasetSpec, sid: str, rec: dict | None, files: dict[str, str]) -> tuple[Rejection | None, dict]:
+def _columns_for(spec: DatasetSpec, sid: str, rec: dict | None, files: dict[str, str],
+                 where: str) -> tuple[Rejection | None, dict]:
     ann = spec.annotations
     first = next(iter(files.values()))
     if rec is None:
         if ann.file and ann.required:
-            return Rejection(sid, first, f"no annotation record in {ann.file}"), {}
+            return Rejection(sid, first, f"no annotation record in {ann.file}", waitable=True), {}
         return None, {}
     columns = {}
     for col, kind in ann.columns.items():
         try:
             columns[col] = _coerce(rec.get(col), kind)
         except (ValueError, TypeError) as err:
-            return Rejection(sid, f"{ann.file}#{sid}", f"annotation column {col!r}: {err}"), {}
+            return Rejection(sid, f"{where}#{sid}", f"annotation column {col!r}: {err}"), {}
     return None, columns

@@ -77,6 +77,13 @@ class Annotations(_Strict):
 
 class Source(_Strict):
     root: Path
+    inbox: Path | None = Field(None, description="folder new samples are dropped into (append/watch)")
+
+
+class Append(_Strict):
+    settle_seconds: float = Field(2.0, ge=0, description="a file must be this old (mtime) to be taken")
+    batch_window_seconds: float = Field(5.0, ge=0, description="watch: changes gathered into one append")
+    poll_seconds: float = Field(60.0, gt=0, description="watch: re-scan this often while samples wait")
 
 
 class Splits(_Strict):
@@ -136,6 +143,7 @@ class DatasetSpec(_Strict):
     output: Output
     compute: Compute = Compute()
     verify: Verification = Verification()
+    append: Append = Append()
 
     @model_validator(mode="after")
     def _check_fields(self) -> "DatasetSpec":
@@ -187,18 +195,21 @@ def parse_spec(data: dict, base: Path, origin: str = "<dict>") -> DatasetSpec:
         spec = DatasetSpec.model_validate(data)
     except ValidationError as err:
         raise SpecError(_format_errors(err, origin)) from None
-    root = spec.source.root if spec.source.root.is_absolute() else (base / spec.source.root)
-    out = spec.output.dir if spec.output.dir.is_absolute() else (base / spec.output.dir)
+    def absolute(p: Path | None) -> Path | None:
+        return None if p is None else (p if p.is_absolute() else base / p).resolve()
+
     return spec.model_copy(
         update={
-            "source": spec.source.model_copy(update={"root": root.resolve()}),
-            "output": spec.output.model_copy(update={"dir": out.resolve()}),
+            "source": spec.source.model_copy(update={"root": absolute(spec.source.root),
+                                                     "inbox": absolute(spec.source.inbox)}),
+            "output": spec.output.model_copy(update={"dir": absolute(spec.output.dir)}),
         }
     )
 
 
 def load_spec(
-    path: str | Path, output: str | Path | None = None, dask_address: str | None = None
+    path: str | Path, output: str | Path | None = None, dask_address: str | None = None,
+    inbox: str | Path | None = None,
 ) -> DatasetSpec:
     """Read a YAML spec; ``output`` and ``dask_address`` override the file (CLI flags)."""
     path = Path(path)
@@ -209,13 +220,16 @@ def load_spec(
     except yaml.YAMLError as err:
         raise SpecError(f"spec {path} is not valid YAML: {err}") from None
     spec = parse_spec(data, path.parent.resolve(), str(path))
-    return override(spec, output=output, dask_address=dask_address)
+    return override(spec, output=output, dask_address=dask_address, inbox=inbox)
 
 
 def override(
-    spec: DatasetSpec, output: str | Path | None = None, dask_address: str | None = None
+    spec: DatasetSpec, output: str | Path | None = None, dask_address: str | None = None,
+    inbox: str | Path | None = None,
 ) -> DatasetSpec:
     update: dict = {}
+    if inbox is not None:
+        update["source"] = spec.source.model_copy(update={"inbox": Path(inbox).resolve()})
     if output is not None:
         update["output"] = spec.output.model_copy(update={"dir": Path(output).resolve()})
     if dask_address is not None:

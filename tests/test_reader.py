@@ -246,6 +246,7 @@ def test_no_fd_leak_over_epochs(data, persistent):
         epoch = []
         for x, m, fds in loader:
             epoch.append(fds.tolist())
+        del x, m, fds  # the last batch's shared-memory tensors hold fds
         worker.append(np.array(epoch))
         main_counts.append(n_fds())
     assert before_h5 == 0 and h5_fds() == 0  # the main process never holds the file open
