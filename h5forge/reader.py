@@ -59,8 +59,12 @@ def _open(path: str, locking: bool | None, **kwargs) -> h5py.File:
             return h5py.File(path, "r", locking=locking, **kwargs)
         except FileNotFoundError:
             raise
-        except OSError as err:  # pragma: no cover - timing dependent
-            last = err
+        except OSError as err:
+            if "locking flag" in str(err):
+                raise ReadError(f"{path}: already open in this process with a different locking= setting "
+                                f"(HDF5 shares one handle per file per process); close the other reader or "
+                                f"open both with the same locking=") from None
+            last = err  # transient (e.g. a network file system hiccup): retry
             time.sleep(0.05 * (attempt + 1))
     raise ReadError(f"{path}: cannot be opened as an HDF5 file ({last})")
 

@@ -256,8 +256,11 @@ def test_no_fd_leak_over_epochs(data, persistent):
         assert max(main_counts) <= before, (before, main_counts)
     for epoch in worker:  # one HDF5 handle per worker, however many epochs
         assert set(epoch[:, 1].tolist()) == {1}
-    # all fds of a worker (shared-memory batches in flight vary a little): no growth
-    assert worker[-1][:, 0].max() <= worker[0][:, 0].max() + 2, [w[:, 0].tolist() for w in worker]
+    # all fds of a worker: shared-memory batches in flight (up to 2 per worker, 3 tensors each)
+    # make the count wobble; a leak would make it grow every epoch
+    counts = [w[:, 0].tolist() for w in worker]
+    assert len({min(c) for c in counts[1:]}) == 1, counts
+    assert max(counts[-1]) <= max(counts[0]) + 6, counts
     del loader
     import gc
 
@@ -277,8 +280,10 @@ def test_workers_zero_reuses_one_handle(data):
     assert n_fds() == after_one - 1
 
 
-def test_locking_false_and_cache_size(data):
-    ds = H5Dataset(data["c4"], split="train", fields=("images", "masks"), locking=False)
+def test_locking_false_and_cache_size(data, tmp_path):
+    path = tmp_path / "copy.h5"  # HDF5 refuses a second open of one file with other locking flags
+    shutil.copy(data["c4"], path)
+    ds = H5Dataset(path, split="train", fields=("images", "masks"), locking=False)
     x, m = ds[3]
     assert x.shape == (3, 64, 64)
     f = ds.reader._file
@@ -286,7 +291,9 @@ def test_locking_false_and_cache_size(data):
     chunk = 4 * 3 * 64 * 64
     assert nbytes >= chunk  # at least one chunk per field
     assert nbytes == ds.reader.rdcc_nbytes
-    big = SplitReader(data["c4"], "train", ("images",), cache_chunks=64)
+    with pytest.raises(ReadError, match="locking"):
+        H5Dataset(path, split="train", locking=True)[0]
+    big = SplitReader(path, "train", ("images",), cache_chunks=64, locking=False)
     assert big.rdcc_nbytes >= 64 * chunk
 
 
