@@ -257,10 +257,9 @@ def test_no_fd_leak_over_epochs(data, persistent):
     for epoch in worker:  # one HDF5 handle per worker, however many epochs
         assert set(epoch[:, 1].tolist()) == {1}
     # all fds of a worker: shared-memory batches in flight (up to 2 per worker, 3 tensors each)
-    # make the count wobble; a leak would make it grow every epoch
+    # make the count wobble by a few; a per-batch leak would add 5 or more per epoch
     counts = [w[:, 0].tolist() for w in worker]
-    assert len({min(c) for c in counts[1:]}) == 1, counts
-    assert max(counts[-1]) <= max(counts[0]) + 6, counts
+    assert max(counts[-1]) <= max(counts[0]) + 3, counts
     del loader
     import gc
 
