@@ -9,7 +9,7 @@ import time
 from typing import Callable
 
 from h5forge.discover import Inventory
-from h5forge.parallel import clean_stream, dask_client
+from h5forge.parallel import clean_all
 from h5forge.reports import write_health, write_quarantine
 from h5forge.spec import DatasetSpec
 from h5forge.verify import HealthReport, verify_file
@@ -39,25 +39,22 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
     writer = DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent)
     try:
         writer.add_rejections(inventory.rejections)
-        with dask_client(spec.compute.dask_address, spec.compute.workers) as client:
-            t_cluster = time.perf_counter() - t0
-            for batch in clean_stream(client, spec, inventory.root, inventory.samples,
-                                      spec.compute.batch_size, spec.in_flight()):
-                writer.add(batch)
-                progress(len(batch) + len(batch.rejections))
-            t_cleaned = time.perf_counter() - t0
-        summary = writer.finish({"cluster_start_seconds": round(t_cluster, 3),
-                                 "clean_write_seconds": round(t_cleaned - t_cluster, 3)})
+        timings: dict = {}
+        for batch in clean_all(spec, inventory.root, inventory.samples, timings):
+            writer.add(batch)
+            progress(len(batch) + len(batch.rejections))
+        summary = writer.finish(timings)
     except BaseException:
         writer.abort()
         candidate.discard()
         raise
-    write_quarantine(candidate.out, version_name(candidate.number).removesuffix(".h5"), writer.rejections)
+    rejections = [r.as_dict() for r in writer.rejections]
+    write_quarantine(candidate.out, version_name(candidate.number).removesuffix(".h5"), rejections)
     if summary["samples"] == 0:
         candidate.discard()
         raise NothingToBuild(f"all {len(inventory.samples)} sample(s) under {inventory.root} were rejected "
                              "while cleaning; nothing to publish (see the quarantine report)")
-    summary["rejections"] = [r.as_dict() for r in writer.rejections]
+    summary["rejections"] = rejections
     return summary
 
 

@@ -55,6 +55,18 @@ class CleanedBatch:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def take(self, keep: list[int], extra_rejections: list[Rejection]) -> "CleanedBatch":
+        """The samples at ``keep`` only (the rest are accounted for by ``extra_rejections``)."""
+        arrays = {name: a[keep] for name, a in self.arrays.items()}
+        splits = [self.splits[i] for i in keep]
+        return CleanedBatch(
+            ids=[self.ids[i] for i in keep], splits=splits, columns=[self.columns[i] for i in keep],
+            files=[self.files[i] for i in keep], arrays=arrays,
+            source_sha256=[self.source_sha256[i] for i in keep], checksums=[self.checksums[i] for i in keep],
+            histograms={name: pixel_histograms(arrays[name], splits) for name in self.histograms},
+            rejections=self.rejections + extra_rejections,
+        )
+
 
 # ---- decoding --------------------------------------------------------------------------------
 

@@ -30,12 +30,13 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
+    from h5forge.append import NoBaseVersion
     from h5forge.build import NothingToBuild, VerificationFailed
     from h5forge.spec import SpecError
     from h5forge.versions import OutputBusy, VersionError
 
     return (SpecError, OutputBusy, VersionError, NothingToBuild, VerificationFailed, ConnectionError,
-            FileNotFoundError)
+            FileNotFoundError, NoBaseVersion)
 
 
 @app.command()
@@ -61,13 +62,7 @@ def build(spec: Path = typer.Argument(..., help="dataset spec YAML"),
           output: Optional[Path] = typer.Option(None, help="output folder (overrides the spec)"),
           dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler")) -> None:
     """Full build: discover, clean on dask, write, verify, publish (a Prefect flow run)."""
-    from h5forge.spec import load_spec
-
-    try:
-        load_spec(spec, output, dask_address)  # fail fast, before starting Prefect
-    except _known_errors() as e:
-        _fail(str(e))
-    _prefect_defaults()
+    _check_spec(spec, output, dask_address)  # fail fast, before starting Prefect
     from flows.build import build_dataset
 
     try:
@@ -86,6 +81,112 @@ def _print_build(result: dict) -> None:
     for check, res in result["health"].items():
         t.add_row(f"verify {check}", res)
     out.print(t)
+
+
+@app.command()
+def append(spec: Path = typer.Argument(..., help="dataset spec YAML"),
+           inbox: Optional[Path] = typer.Option(None, "--from", help="inbox folder (default: source.inbox of the spec)"),
+           output: Optional[Path] = typer.Option(None, help="output folder (overrides the spec)"),
+           dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler")) -> None:
+    """Append the complete samples waiting in the inbox as a new version (a Prefect flow run)."""
+    _check_spec(spec, output, dask_address, inbox)
+    from flows.append import append_samples
+
+    try:
+        result = append_samples(str(spec), _opt(inbox), _opt(output), dask_address)
+    except _known_errors() as e:
+        _fail(str(e), 1)
+    _print_append(result)
+
+
+def _opt(p: Optional[Path]) -> Optional[str]:
+    return str(p) if p is not None else None
+
+
+def _check_spec(spec: Path, output, dask_address, inbox=None):
+    from h5forge.spec import load_spec
+
+    try:
+        loaded = load_spec(spec, output, dask_address, inbox)
+    except _known_errors() as e:
+        _fail(str(e))
+    _prefect_defaults()
+    return loaded
+
+
+def _print_append(result: dict) -> None:
+    if result.get("version"):
+        out.print(f"appended {result['added']} sample(s) {result['added_counts']} as v{result['version']:04d}; "
+                  f"now {result['counts']}")
+    else:
+        out.print("nothing appended")
+    for r in result.get("rejections", []):
+        out.print(f"  rejected {r['sample_id']} ({r['path']}): {r['reason']}", highlight=False)
+    if result.get("waiting"):
+        out.print(f"  {result['waiting']} sample(s) wait for a missing part or for their files to settle")
+
+
+@app.command()
+def watch(spec: Path = typer.Argument(..., help="dataset spec YAML"),
+          inbox: Optional[Path] = typer.Option(None, "--inbox", help="inbox folder (default: source.inbox)"),
+          output: Optional[Path] = typer.Option(None, help="output folder (overrides the spec)"),
+          dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler"),
+          deployment: Optional[str] = typer.Option(None, help="run this deployment (e.g. append-samples/inbox) "
+                                                               "on a Prefect server instead of in-process")) -> None:
+    """Long-running: append samples as they settle in the inbox; Ctrl-C / SIGTERM stops between appends."""
+    import logging
+    import threading
+
+    from h5forge.watch import stop_on_signals, watch_inbox
+
+    loaded = _check_spec(spec, output, dask_address, inbox)
+    if loaded.source.inbox is None:
+        _fail("no inbox: pass --inbox, or set source.inbox in the spec")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stop = threading.Event()
+    stop_on_signals(stop)
+    if deployment:
+        from deployments.trigger import trigger_append
+
+        def run_once() -> int:
+            return trigger_append(deployment, loaded.source.inbox)
+    else:
+        from flows.append import append_samples
+
+        def run_once() -> int:
+            try:
+                result = append_samples(str(spec), str(loaded.source.inbox), _opt(output), dask_address)
+            except _known_errors() as e:
+                err.print(f"[red]append failed:[/] {e}")
+                return 1
+            _print_append(result)
+            return result.get("waiting", 0)
+
+    out.print(f"watching {loaded.source.inbox} (Ctrl-C to stop)")
+    a = loaded.append
+    watch_inbox(loaded.source.inbox, run_once, settle_seconds=a.settle_seconds,
+                window_seconds=a.batch_window_seconds, poll_seconds=a.poll_seconds, stop=stop)
+    out.print("stopped")
+
+
+@app.command()
+def export(version: Path = typer.Argument(..., help="a version file (thin or not) or dataset_latest.h5"),
+           dest: Path = typer.Argument(..., help="the self-contained copy to write")) -> None:
+    """Write a self-contained copy of a version, to move to another machine."""
+    from h5forge.thin import export as export_version
+    from h5forge.verify import verify_file
+
+    if not version.exists():
+        _fail(f"{version}: no such file")
+    report = verify_file(version, checksums=False, resample=0, latency_reads=0)
+    if not report.ok:
+        _fail(f"{version} is broken: {'; '.join(report.errors)}", 1)
+    export_version(version, dest)
+    check = verify_file(dest, resample=0, latency_reads=0)
+    if not check.ok:
+        dest.unlink()
+        _fail(f"the copy failed verification: {'; '.join(check.errors)}", 1)
+    out.print(f"wrote {dest} ({dest.stat().st_size / 1e6:.1f} MB, self-contained, {check.checks['checksums']})")
 
 
 @app.command()

@@ -8,6 +8,7 @@ order with a bounded number of batches in flight, so memory does not grow with t
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,6 +48,27 @@ def dask_client(address: str | None, workers: int) -> Iterator[Client]:
 
 def batches(samples: Sequence[SampleRef], size: int) -> list[list[SampleRef]]:
     return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
+
+
+def clean_all(spec: DatasetSpec, root: Path, samples: Sequence[SampleRef],
+              timings: dict | None = None) -> Iterator[CleanedBatch]:
+    """Clean on dask, or in this process when there is too little work to pay for a cluster."""
+    size = spec.compute.batch_size
+    timings = {} if timings is None else timings
+    if not spec.compute.dask_address and len(samples) < spec.compute.inline_below:
+        timings["cleaned_in"] = "calling process"
+        t0 = time.perf_counter()
+        for batch in batches(samples, size):
+            yield clean_batch(spec, root, batch)
+        timings["clean_write_seconds"] = round(time.perf_counter() - t0, 3)
+        return
+    t0 = time.perf_counter()
+    with dask_client(spec.compute.dask_address, spec.compute.workers) as client:
+        timings["cleaned_in"] = spec.compute.dask_address or f"LocalCluster({spec.compute.workers})"
+        timings["cluster_start_seconds"] = round(time.perf_counter() - t0, 3)
+        t1 = time.perf_counter()
+        yield from clean_stream(client, spec, root, samples, size, spec.in_flight())
+        timings["clean_write_seconds"] = round(time.perf_counter() - t1, 3)  # cluster shutdown excluded
 
 
 def clean_stream(client: Client, spec: DatasetSpec, root: Path, samples: Sequence[SampleRef],

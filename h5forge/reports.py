@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from h5forge.discover import Rejection
 from h5forge.verify import HealthReport
 
 
-def write_quarantine(out: Path, tag: str, rejections: list[Rejection]) -> list[Path]:
-    """``<out>/quarantine/<tag>.rejections.json`` and ``.md``: every rejected input and why."""
+def write_quarantine(out: Path, tag: str, rows: list[dict]) -> list[Path]:
+    """``<out>/quarantine/<tag>.rejections.json`` and ``.md``: every rejected input and why.
+
+    ``rows`` are ``Rejection.as_dict()`` records.
+    """
     folder = out / "quarantine"
     folder.mkdir(parents=True, exist_ok=True)
-    rows = [r.as_dict() for r in rejections]
     js = folder / f"{tag}.rejections.json"
     js.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
     md = folder / f"{tag}.rejections.md"

@@ -125,6 +125,8 @@ class Compute(_Strict):
     workers: int = Field(2, ge=1, description="LocalCluster worker processes")
     batch_size: int = Field(64, ge=1, description="samples per dask task")
     in_flight: int = Field(0, ge=0, description="batches in flight; 0 means 2 per worker")
+    inline_below: int = Field(256, ge=0, description="fewer samples than this are cleaned in-process "
+                                                     "(starting a cluster costs seconds)")
 
 
 class Verification(_Strict):

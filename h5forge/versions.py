@@ -21,7 +21,8 @@ from typing import Iterator
 LATEST = "dataset_latest.h5"
 LOCK = ".h5forge.lock"
 _VERSION_RE = re.compile(r"^dataset_v(\d{4,})\.h5$")
-_PARTIAL_RE = re.compile(r"^\.dataset_v\d{4,}\.h5\.partial$")
+_PARTIAL_RE = re.compile(r"^\.dataset_v\d{4,}(\.delta)?\.h5\.partial$")
+_DELTA_RE = re.compile(r"^dataset_v(\d{4,})\.delta\.h5$")
 
 
 class OutputBusy(RuntimeError):
@@ -80,6 +81,11 @@ def _remove_partials(out: Path) -> None:
     """Leftovers of a killed run (we hold the lock, so nobody is writing them)."""
     for p in out.iterdir():
         if _PARTIAL_RE.match(p.name) or p.name.startswith(f".{LATEST}."):
+            p.unlink(missing_ok=True)
+    versions = published(out)
+    for p in out.iterdir():  # a delta whose version was never published
+        m = _DELTA_RE.match(p.name)
+        if m and int(m.group(1)) not in versions:
             p.unlink(missing_ok=True)
 
 
@@ -189,6 +195,10 @@ def retain(out: str | Path, keep: int) -> list[Path]:
         if number not in kept and path.resolve() not in protected:
             path.unlink()
             removed.append(path)
+    for p in sorted(out.iterdir()):
+        if _DELTA_RE.match(p.name) and p.resolve() not in protected:
+            p.unlink()
+            removed.append(p)
     if removed:
         _fsync_dir(out)
     return removed

@@ -25,6 +25,8 @@ from h5forge.discover import Rejection
 from h5forge.layout import FORMAT, FORMAT_VERSION, HEX, REJECTION_COLUMNS, SPLITS, STR
 from h5forge.spec import DatasetSpec, ImageField
 
+SMALL_ROWS = 1024  # rows per chunk of the per-sample columns (ids, hashes, annotations)
+SMALL_CODEC = {"compression": "gzip", "compression_opts": 1}  # portable; these are tiny
 _COLUMN_DTYPES = {"str": STR, "int": np.int64, "float": np.float64, "bool": np.bool_}
 
 
@@ -90,16 +92,16 @@ class DatasetWriter:
                 shape = spec.field_shape(name)
                 g.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), dtype=np.uint8,
                                  chunks=(chunk, *shape), **opts)
-            g.create_dataset("ids", shape=(0,), maxshape=(None,), dtype=STR, chunks=(4096,))
-            g.create_dataset("source_files", shape=(0, nf), maxshape=(None, nf), dtype=STR, chunks=(4096, nf))
+            g.create_dataset("ids", shape=(0,), maxshape=(None,), dtype=STR, chunks=(SMALL_ROWS,))
+            g.create_dataset("source_files", shape=(0, nf), maxshape=(None, nf), dtype=STR, chunks=(SMALL_ROWS, nf))
             g.create_dataset("source_sha256", shape=(0, nf), maxshape=(None, nf), dtype=HEX,
-                             chunks=(1024, nf), compression="gzip", compression_opts=1)
-            g.create_dataset("checksum", shape=(0,), maxshape=(None,), dtype=HEX, chunks=(1024,),
-                             compression="gzip", compression_opts=1)
+                             chunks=(SMALL_ROWS, nf), **SMALL_CODEC)
+            g.create_dataset("checksum", shape=(0,), maxshape=(None,), dtype=HEX, chunks=(SMALL_ROWS,), **SMALL_CODEC)
             g["source_sha256"].attrs["fields"] = self.fields
             for col, kind in self.columns.items():
-                g.create_dataset(f"meta/{col}", shape=(0,), maxshape=(None,), dtype=_COLUMN_DTYPES[kind],
-                                 chunks=(4096,))
+                dtype = _COLUMN_DTYPES[kind]
+                g.create_dataset(f"meta/{col}", shape=(0,), maxshape=(None,), dtype=dtype, chunks=(SMALL_ROWS,),
+                                 **({} if dtype == STR else SMALL_CODEC))
 
     # ---- data --------------------------------------------------------------------------------
     def add(self, batch: CleanedBatch) -> int:

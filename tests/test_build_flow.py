@@ -40,7 +40,7 @@ def built(prefect_server, raw_demo, tmp_path_factory):
     from flows.build import build_dataset
 
     tmp = tmp_path_factory.mktemp("flow")
-    spec_file = write_spec_file(raw_demo, tmp / "out", tmp / "spec.yaml")
+    spec_file = write_spec_file(raw_demo, tmp / "out", tmp / "spec.yaml", inline_below=0)  # clean on dask
     first = build_dataset(str(spec_file))
     second = build_dataset(str(spec_file))
     return tmp / "out", spec_file, first, second
@@ -51,6 +51,8 @@ def test_publishes_a_verified_version_with_every_good_sample(built, raw_demo):
     assert first["version"] == 1 and sum(first["counts"].values()) == 40
     assert os.readlink(out / LATEST) == "dataset_v0002.h5"
     assert first["health"]["checksums"] == "ok (40 samples)"
+    with h5py.File(out / "dataset_v0001.h5", "r") as f:
+        assert json.loads(f["diagnostics"].attrs["summary"])["timings"]["cleaned_in"] == "LocalCluster(2)"
     with h5py.File(out / "dataset_v0001.h5", "r") as f:
         assert f.attrs["format"] == "h5forge" and f.attrs["version"] == 1 and f.attrs["codec"] == "zstd"
         assert "hdf5plugin" in f.attrs["codec_needs"]

@@ -1,0 +1,54 @@
+"""append-samples: inbox -> clean -> dedupe -> delta -> thin version -> verify -> publish -> move."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+
+from h5forge.append import apply_moves, plan_moves, settle_inbox_rejections, stage_append
+from h5forge.reports import write_health, write_quarantine
+from h5forge.spec import load_spec
+from h5forge.versions import output_lock, version_name
+from tasks.append import (publish_append, recover_interrupted, scan_inbox, verify_append, write_delta,
+                          write_thin_version)
+from tasks.artifacts import publish_artifacts
+from tasks.build import apply_retention
+
+
+@flow(name="append-samples")
+def append_samples(spec_path: str, inbox: str | None = None, output: str | None = None,
+                   dask_address: str | None = None) -> dict:
+    """Append the complete samples waiting in ``inbox`` (default: the spec's) as a new version."""
+    spec = load_spec(spec_path, output=output, dask_address=dask_address, inbox=inbox)
+    if spec.source.inbox is None:
+        raise ValueError("no inbox: pass one, or set source.inbox in the spec")
+    box = Path(spec.source.inbox)
+    out = Path(spec.output.dir)
+    with output_lock(out, what=f"append-samples {spec.name}"):
+        recover_interrupted(out)
+        scan = scan_inbox(spec, box)
+        result = {"name": spec.name, "version": None, "added": 0, "waiting": len(scan.waiting),
+                  "rejected": len(scan.rejections)}
+        if not scan.ready:
+            result["quarantined"] = settle_inbox_rejections(scan)
+            return result
+        cand = stage_append(out)
+        summary = write_delta(spec, scan, cand)
+        if summary["samples"] == 0:
+            cand.delta_partial.unlink(missing_ok=True)
+            apply_moves(plan_moves(spec, scan, summary, cand.number))
+            get_run_logger().info("nothing new to append: every ready sample was a duplicate or rejected")
+            return {**result, "rejected": summary["rejected"]}
+        write_quarantine(out, version_name(cand.number).removesuffix(".h5"), summary["rejections"])
+        merged = write_thin_version(spec, cand, summary)
+        report = verify_append(cand)
+        write_health(out, version_name(cand.number).removesuffix(".h5") + ("" if report.ok else ".failed"), report)
+        publish_artifacts(spec.name, report, {**merged, "rejections": summary["rejections"]})
+        plan = plan_moves(spec, scan, summary, cand.number)
+        path = publish_append(cand, report, plan)
+        apply_retention(spec)
+    return {**result, "version": cand.number, "path": path, "added": summary["samples"],
+            "added_counts": summary["counts"], "counts": merged["counts"], "rejected": summary["rejected"],
+            "rejections": summary["rejections"]}
+

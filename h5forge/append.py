@@ -1,0 +1,319 @@
+"""Append: take the complete samples of an inbox into a new thin version, exactly once.
+
+Steps (the append flow composes them, under the output folder's lock):
+  recover  finish or undo what a killed append left (journal)
+  scan     complete, settled samples of the inbox; the rest waits for the next round
+  write    clean them, drop duplicates of what latest holds, write the delta file
+  thin     the new version: virtual datasets over the parent's files + the delta
+  verify   structure, every file it depends on, checksums of the new rows and a sample of the old
+  publish  journal the inbox moves, publish, move inbox files to processed/<version>/ or quarantine/
+
+A crash at any point converges on rerun: before publish nothing is visible and the inbox is
+untouched; after publish the journal says which moves are left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+
+from h5forge.clean import CleanedBatch
+from h5forge.discover import Rejection, SampleRef, discover
+from h5forge.faults import checkpoint
+from h5forge.layout import SPLITS, decode_str
+from h5forge.parallel import clean_all
+from h5forge.spec import DatasetSpec
+from h5forge.thin import delta_name, write_thin
+from h5forge.verify import HealthReport, verify_file
+from h5forge.versions import Candidate, latest, published, set_latest, version_name
+from h5forge.writer import DatasetWriter
+
+JOURNAL = ".append-journal.json"
+
+
+class NoBaseVersion(RuntimeError):
+    """Append needs a published version to extend."""
+
+
+@dataclass
+class InboxScan:
+    inbox: Path
+    ready: list[SampleRef] = field(default_factory=list)
+    waiting: list[Rejection] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+    records: dict[str, dict] = field(default_factory=dict)
+
+
+def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> InboxScan:
+    """Complete samples whose files have settled; incomplete or fresh ones wait."""
+    inbox = Path(inbox)
+    scan = InboxScan(inbox)
+    if not inbox.is_dir():
+        return scan
+    inv = discover(spec, root=inbox, extra_roots=[], sidecars=True)
+    now = time.time() if now is None else now
+    settle = spec.append.settle_seconds
+    for ref in inv.samples:
+        paths = [inbox / p for p in (*ref.files.values(), *ref.extra_files)]
+        young = [p for p in paths if now - p.stat().st_mtime < settle]
+        if young:
+            scan.waiting.append(Rejection(ref.id, young[0].relative_to(inbox).as_posix(),
+                                          f"still being written (changed less than {settle:g} s ago)", waitable=True))
+        else:
+            scan.ready.append(ref)
+    for r in inv.rejections:
+        (scan.waiting if r.waitable else scan.rejections).append(r)
+    return scan
+
+
+def known_samples(path: Path) -> tuple[dict[str, str], set[str]]:
+    """Content key -> id, and the ids, of every sample in the version at ``path``."""
+    by_content: dict[str, str] = {}
+    ids: set[str] = set()
+    with h5py.File(os.path.realpath(path), "r") as f:
+        for split in SPLITS:
+            g = f[split]
+            split_ids = decode_str(g["ids"][()])
+            hashes = g["source_sha256"][()]
+            for sid, row in zip(split_ids, hashes):
+                by_content[":".join(decode_str(row))] = sid
+            ids.update(split_ids)
+    return by_content, ids
+
+
+def _dedupe(batch: CleanedBatch, by_content: dict[str, str], ids: set[str], parent: str) -> CleanedBatch:
+    keep, dropped = [], []
+    for i, sid in enumerate(batch.ids):
+        key = ":".join(batch.source_sha256[i])
+        path = ", ".join(batch.files[i])
+        if key in by_content:
+            dropped.append(Rejection(sid, path, f"duplicate: identical content is already in the dataset "
+                                                f"as {by_content[key]!r} ({parent})", stage="append"))
+        elif sid in ids:
+            dropped.append(Rejection(sid, path, f"id {sid!r} is already in the dataset with other content; "
+                                                "rename the new sample, or replace the old one in the raw "
+                                                "folder and rebuild", stage="append"))
+        else:
+            keep.append(i)
+            by_content[key] = sid
+            ids.add(sid)
+    return batch.take(keep, dropped) if dropped else batch
+
+
+@dataclass
+class AppendCandidate:
+    """The files one append writes, by their temporary and final names."""
+
+    out: Path
+    number: int
+    parent: int
+
+    @property
+    def version(self) -> Candidate:
+        return Candidate(self.out, self.number, self.parent)
+
+    @property
+    def delta(self) -> Path:
+        return self.out / delta_name(self.number)
+
+    @property
+    def delta_partial(self) -> Path:
+        return self.out / f".{delta_name(self.number)}.partial"
+
+
+def stage_append(out: Path) -> AppendCandidate:
+    parent = latest(out)
+    if parent is None:
+        raise NoBaseVersion(f"no published version in {out} to append to; run `h5forge build` first")
+    return AppendCandidate(out, max(published(out)) + 1, parent)
+
+
+def processed_dir(inbox: Path, number: int) -> Path:
+    return inbox / "processed" / f"v{number:04d}"
+
+
+def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate) -> dict:
+    """Clean the ready samples and write the new ones to the delta file. Returns the summary."""
+    parent_path = cand.out / version_name(cand.parent)
+    by_content, ids = known_samples(parent_path)
+    final_dir = processed_dir(scan.inbox, cand.number)
+    checkpoint("append:before-write")
+    writer = DatasetWriter(cand.delta_partial, spec, cand.number, cand.parent)
+    t0 = time.perf_counter()
+    timings: dict = {}
+    try:
+        writer.add_rejections(scan.rejections)
+        for i, batch in enumerate(clean_all(spec, scan.inbox, scan.ready, timings)):
+            batch = _dedupe(batch, by_content, ids, version_name(cand.parent))
+            # record where the raw files will live once moved out of the inbox
+            batch.files = [[os.path.relpath(final_dir / rel, spec.source.root) for rel in row] for row in batch.files]
+            writer.add(batch)
+            if i == 0:
+                checkpoint("append:mid-write")
+        summary = writer.finish({**timings, "append_seconds": round(time.perf_counter() - t0, 3)})
+    except BaseException:
+        writer.abort()
+        cand.delta_partial.unlink(missing_ok=True)
+        raise
+    summary["rejections"] = [r.as_dict() for r in writer.rejections]
+    return summary
+
+
+def write_thin_version(spec: DatasetSpec, cand: AppendCandidate, summary: dict) -> dict:
+    os.replace(cand.delta_partial, cand.delta)  # not referenced by any published version yet
+    return write_thin(cand.version.partial, cand.out / version_name(cand.parent), cand.delta, spec,
+                      cand.number, cand.parent, summary)
+
+
+def verify_append(cand: AppendCandidate, seed: int = 0) -> HealthReport:
+    """The delta in full; the thin version's structure, dependencies and sampled rows of every segment."""
+    report = verify_file(cand.delta, resample=0, latency_reads=0)
+    thin = verify_file(cand.version.partial, checksum_sample=64, resample=0, latency_reads=50, seed=seed)
+    thin.checks = {**{f"delta {k}": v for k, v in report.checks.items()}, **thin.checks}
+    thin.errors = [f"delta: {e}" for e in report.errors] + thin.errors
+    thin.warnings += report.warnings
+    thin.ok = thin.ok and report.ok
+    return thin
+
+
+# ---- journal and inbox moves ------------------------------------------------------------------
+
+def plan_moves(spec: DatasetSpec, scan: InboxScan, summary: dict, number: int) -> dict:
+    """What to do with the inbox files once version ``number`` is published."""
+    inbox = scan.inbox
+    dest = processed_dir(inbox, number)
+    rejected = {r["sample_id"]: r for r in summary["rejections"] if r["sample_id"]}
+    moves, reasons, records = [], [], []
+    inbox_records = _read_list(inbox / spec.annotations.file) if spec.annotations.file else []
+    by_id = {str(r.get(spec.annotations.id_key)): r for r in inbox_records}
+    for ref in scan.ready:
+        rel_files = [*ref.files.values(), *ref.extra_files]
+        if ref.id in rejected:
+            for rel in rel_files:
+                moves.append([str(inbox / rel), str(inbox / "quarantine" / rel)])
+                reasons.append([str(inbox / "quarantine" / f"{rel}.reason"), rejected[ref.id]["reason"]])
+        else:
+            for rel in rel_files:
+                moves.append([str(inbox / rel), str(dest / rel)])
+            rec = by_id.get(ref.id)
+            if rec is None and ref.extra_files:
+                rec = json.loads((inbox / ref.extra_files[0]).read_text())
+            if rec is not None:
+                records.append(rec)
+    taken = {ref.id for ref in scan.ready}
+    for r in scan.rejections:  # discovery-time rejections: their files go to quarantine too
+        for rel in [p.strip() for p in r.path.split(",") if p.strip() and "#" not in p and (inbox / p.strip()).is_file()]:
+            moves.append([str(inbox / rel), str(inbox / "quarantine" / rel)])
+            reasons.append([str(inbox / "quarantine" / f"{rel}.reason"), r.reason])
+        taken.add(r.sample_id)
+    remaining = [r for r in inbox_records if str(r.get(spec.annotations.id_key)) not in taken]
+    return {
+        "version": number,
+        "inbox": str(inbox),
+        "moves": moves,
+        "reasons": reasons,
+        "processed_records": [str(dest / (spec.annotations.file or "annotations.json")), records],
+        "inbox_records": [str(inbox / spec.annotations.file), remaining] if spec.annotations.file and inbox_records else None,
+    }
+
+
+def _read_list(path: Path) -> list[dict]:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+    return data if isinstance(data, list) else []
+
+
+def _write_json_atomic(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def write_journal(out: Path, plan: dict) -> None:
+    _write_json_atomic(out / JOURNAL, plan)
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def apply_moves(plan: dict) -> None:
+    """Idempotent: a move already done is skipped, so a rerun after a crash finishes the job."""
+    path, records = plan["processed_records"]
+    if records:
+        _write_json_atomic(Path(path), records)
+    for i, (src, dst) in enumerate(plan["moves"]):
+        if os.path.exists(src):
+            Path(dst).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dst)
+        if i == 0:
+            checkpoint("append:mid-move")
+    for reason_path, reason in plan["reasons"]:
+        Path(reason_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(reason_path).write_text(reason + "\n")
+    if plan.get("inbox_records"):
+        path, remaining = plan["inbox_records"]
+        if remaining:
+            _write_json_atomic(Path(path), remaining)
+        else:
+            Path(path).unlink(missing_ok=True)
+
+
+def recover(out: Path) -> str | None:
+    """Finish (version published) or forget (not published) a killed append. Call under the lock."""
+    journal = out / JOURNAL
+    if not journal.exists():
+        return None
+    plan = json.loads(journal.read_text())
+    number = plan["version"]
+    if number in published(out):
+        if (latest(out) or 0) < number:
+            set_latest(out, number)
+        apply_moves(plan)
+        outcome = f"finished the append of {version_name(number)} (inbox moves completed)"
+    else:
+        outcome = f"discarded an unpublished append of {version_name(number)}; its inbox files stay put"
+    journal.unlink()
+    return outcome
+
+
+def publish_append(cand: AppendCandidate, report: HealthReport, plan: dict) -> str:
+    """Journal, publish, move the inbox files, drop the journal."""
+    from h5forge.build import VerificationFailed
+    from h5forge.versions import publish
+
+    if not report.ok:
+        cand.version.discard()
+        cand.delta.unlink(missing_ok=True)
+        raise VerificationFailed(report)
+    write_journal(cand.out, plan)
+    checkpoint("append:before-publish")
+    path = publish(cand.version)
+    checkpoint("append:before-move")
+    apply_moves(plan)
+    (cand.out / JOURNAL).unlink()
+    return str(path)
+
+
+def settle_inbox_rejections(scan: InboxScan) -> int:
+    """When nothing is ready, still move rejected inputs to quarantine (no version needed)."""
+    reasons_done = 0
+    for r in scan.rejections:
+        for rel in [p.strip() for p in r.path.split(",") if p.strip() and "#" not in p]:
+            src = scan.inbox / rel
+            if src.is_file():
+                dst = scan.inbox / "quarantine" / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(src, dst)
+                dst.with_name(dst.name + ".reason").write_text(r.reason + "\n")
+                reasons_done += 1
+    return reasons_done
