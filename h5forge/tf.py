@@ -1,0 +1,61 @@
+"""TensorFlow reader: ``tf.data.Dataset.from_generator`` with a declared output signature.
+
+    import h5forge.tf
+    ds = h5forge.tf.dataset("data/demo/dataset_latest.h5", split="train", batch_size=32, shuffle=True)
+    for images, masks in ds:   # float32 (B,H,W,3) in [0,1], int64 (B,H,W,1)
+        ...
+    model.fit(ds, epochs=10)   # each pass over ds is a new epoch (new chunk-aware order)
+
+Channels last by default (Keras' convention; ``channels_last=False`` keeps the stored (C,H,W)).
+Batches are read with the coalesced batched path and the chunk-aware order (seeded by
+(seed, epoch)); the version is pinned when ``dataset`` is called (docs/reading.md).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from h5forge.reader import DEFAULT_CACHE_CHUNKS, SplitReader, check_dtypes, model_batch
+from h5forge.sampler import DEFAULT_WINDOW, ChunkOrder
+
+__all__ = ["dataset"]
+
+
+def dataset(path: str | os.PathLike, split: str = "train", fields: Sequence[str] | str | None = None, *,
+            batch_size: int | None = 32, shuffle: bool = False, seed: int = 0, drop_remainder: bool = False,
+            image_dtype: str = "float32", mask_dtype: str = "int64", normalize: bool = False,
+            channels_last: bool = True, window: int = DEFAULT_WINDOW, num_replicas: int = 1, rank: int = 0,
+            locking: bool | None = None, cache_chunks: int = DEFAULT_CACHE_CHUNKS,
+            prefetch: int | None = 2) -> tf.data.Dataset:
+    """A tf.data.Dataset of tuples in ``fields`` order (a single tensor for one field); batched
+    when ``batch_size`` is given (much faster than per-sample generators), else one sample per
+    element. ``num_replicas``/``rank`` give this worker's equal-length shard."""
+    check_dtypes(image_dtype, mask_dtype)
+    reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks)
+    order = ChunkOrder(len(reader), reader.chunk_rows, shuffle=shuffle, seed=seed, window=window,
+                       num_replicas=num_replicas, rank=rank)
+    names = reader.field_names
+    specs = []
+    for name in names:
+        fi = reader.fields[name]
+        shape = tuple(fi.shape[1:]) + (fi.shape[0],) if channels_last else fi.shape
+        dtype = np.dtype(mask_dtype) if fi.kind == "mask" else np.dtype(image_dtype)
+        lead = () if batch_size is None else ((batch_size,) if drop_remainder else (None,))
+        specs.append(tf.TensorSpec(shape=lead + tuple(shape), dtype=tf.as_dtype(dtype), name=name))
+    signature = specs[0] if len(specs) == 1 else tuple(specs)
+
+    def generate():
+        idx = order.next_epoch()
+        step = batch_size or 1
+        stop = len(idx) - (len(idx) % step if (batch_size and drop_remainder) else 0)
+        for start in range(0, stop, step):
+            b = model_batch(reader, idx[start:start + step], image_dtype, mask_dtype, normalize, channels_last)
+            cols = tuple(b[n] if batch_size else b[n][0] for n in names)
+            yield cols[0] if len(cols) == 1 else cols
+
+    ds = tf.data.Dataset.from_generator(generate, output_signature=signature)
+    return ds.prefetch(prefetch) if prefetch else ds

@@ -1,0 +1,118 @@
+"""The TensorFlow and JAX adapters against a real version file (skipped where not installed).
+
+jax and tensorflow are imported only in child processes: both start threads, and the other test
+modules fork (DataLoader workers, dask) after this one; forking a process with those threads
+running can deadlock.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest_reader import REPO, build_file, make_raw, truth
+
+
+def in_child(function: str, *args: str) -> None:
+    """Run ``tests.test_tf_jax.<function>(*args)`` in a fresh interpreter; fail with its output."""
+    code = f"import sys; from tests.test_tf_jax import {function}; {function}(*sys.argv[1:])"
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    base = tmp_path_factory.mktemp("tfjax")
+    raw = make_raw(base / "raw", n=120)
+    path = build_file(base / "out" / "dataset_v0001.h5", raw, chunk_rows=4)
+    return {"path": path, "truth": truth(path)}
+
+
+def needs(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed")
+
+
+def test_jax_source_and_batches(data):
+    needs("jax")
+    from h5forge.jax import Source, batches
+    from h5forge.sampler import epoch_order, shard
+
+    t = data["truth"]
+    src = Source(data["path"], split="train", fields=("images", "masks"))
+    assert len(src) == len(t["ids"])
+    rec = src[5]
+    assert rec["images"].dtype == np.float32 and rec["masks"].dtype == np.int32
+    assert np.array_equal(rec["images"], t["images"][5].astype(np.float32) / 255)
+    clone = pickle.loads(pickle.dumps(src))  # Grain workers get a copy: path, no handle
+    assert np.array_equal(clone[7]["masks"], t["masks"][7])
+
+    got = list(batches(src, batch_size=16, seed=3, epoch=1))
+    order = epoch_order(len(src), src.chunk_rows, seed=3, epoch=1)
+    n = len(order) // 16 * 16
+    imgs = np.concatenate([b["images"] for b in got])
+    assert imgs.shape == (n, 3, 64, 64)
+    assert np.array_equal(imgs, t["images"][order[:n]].astype(np.float32) / 255)
+    assert np.array_equal(np.concatenate([b["masks"] for b in got]), t["masks"][order[:n]])
+
+    in_child("jax_checks", str(data["path"]))
+    # DDP-style: two processes' shards are disjoint and equal
+    a = [b["masks"] for b in batches(src, batch_size=4, num_replicas=2, rank=0, seed=1)]
+    b = [b["masks"] for b in batches(src, batch_size=4, num_replicas=2, rank=1, seed=1)]
+    assert len(a) == len(b) == len(src) // 2 // 4
+    order = epoch_order(len(src), src.chunk_rows, seed=1, epoch=0)
+    for rank, got_masks in ((0, a), (1, b)):
+        mine = shard(order, 2, rank)[: len(got_masks) * 4]
+        assert np.array_equal(np.concatenate(got_masks), t["masks"][mine])
+
+
+def jax_checks(path: str) -> None:
+    import jax
+
+    from h5forge.jax import batches
+
+    on_device = next(batches(path, "train", batch_size=8, as_jax=True))
+    assert isinstance(on_device["images"], jax.Array) and on_device["masks"].dtype == jax.numpy.int32
+    assert on_device["images"].shape == (8, 3, 64, 64)
+
+
+def test_tf_dataset(data):
+    needs("tensorflow")
+    in_child("tf_checks", str(data["path"]))
+
+
+def tf_checks(path: str) -> None:
+    import tensorflow as tf
+
+    import h5forge.tf
+    from h5forge.sampler import epoch_order
+
+    data = {"path": path, "truth": truth(path)}
+    t = data["truth"]
+    ds = h5forge.tf.dataset(data["path"], split="train", fields=("images", "masks"), batch_size=16,
+                            shuffle=True, seed=2)
+    spec = ds.element_spec
+    assert spec[0].shape.as_list() == [None, 64, 64, 3] and spec[0].dtype == tf.float32
+    assert spec[1].shape.as_list() == [None, 64, 64, 1] and spec[1].dtype == tf.int64
+    n = len(t["ids"])
+    for epoch in range(2):  # each pass over the dataset is the next epoch
+        order = epoch_order(n, 4, seed=2, epoch=epoch)
+        xs, ms = zip(*[(x.numpy(), m.numpy()) for x, m in ds])
+        x, m = np.concatenate(xs), np.concatenate(ms)
+        assert x.shape == (n, 64, 64, 3)
+        assert np.array_equal(x, np.moveaxis(t["images"][order], 1, -1).astype(np.float32) / 255)
+        assert np.array_equal(m, np.moveaxis(t["masks"][order], 1, -1).astype(np.int64))
+
+    single = h5forge.tf.dataset(data["path"], split="val", fields="masks", batch_size=None,
+                                channels_last=False, mask_dtype="uint8")
+    tv = truth(data["path"], "val")
+    got = np.stack([e.numpy() for e in single])
+    assert got.dtype == np.uint8 and np.array_equal(got, tv["masks"])
+    fixed = h5forge.tf.dataset(data["path"], batch_size=16, drop_remainder=True)
+    assert fixed.element_spec[0].shape.as_list() == [16, 64, 64, 3]
+    assert sum(1 for _ in fixed) == n // 16
