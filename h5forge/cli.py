@@ -135,16 +135,14 @@ def watch(spec: Path = typer.Argument(..., help="dataset spec YAML"),
                                                                "on a Prefect server instead of in-process")) -> None:
     """Long-running: append samples as they settle in the inbox; Ctrl-C / SIGTERM stops between appends."""
     import logging
-    import threading
 
-    from h5forge.watch import stop_on_signals, watch_inbox
+    from h5forge.watch import serve_inbox
 
     loaded = _check_spec(spec, output, dask_address, inbox)
     if loaded.source.inbox is None:
         _fail("no inbox: pass --inbox, or set source.inbox in the spec")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    stop = threading.Event()
-    stop_on_signals(stop)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     if deployment:
         from deployments.trigger import trigger_append
 
@@ -164,8 +162,9 @@ def watch(spec: Path = typer.Argument(..., help="dataset spec YAML"),
 
     out.print(f"watching {loaded.source.inbox} (Ctrl-C to stop)")
     a = loaded.append
-    watch_inbox(loaded.source.inbox, run_once, settle_seconds=a.settle_seconds,
-                window_seconds=a.batch_window_seconds, poll_seconds=a.poll_seconds, stop=stop)
+    patterns = [f.files for f in loaded.fields.values()]
+    serve_inbox(loaded.source.inbox, run_once, patterns=patterns, settle_seconds=a.settle_seconds,
+                window_seconds=a.batch_window_seconds, poll_seconds=a.poll_seconds)
     out.print("stopped")
 
 

@@ -83,7 +83,7 @@ class Source(_Strict):
 class Append(_Strict):
     settle_seconds: float = Field(2.0, ge=0, description="a file must be this old (mtime) to be taken")
     batch_window_seconds: float = Field(5.0, ge=0, description="watch: changes gathered into one append")
-    poll_seconds: float = Field(60.0, gt=0, description="watch: re-scan this often while samples wait")
+    poll_seconds: float = Field(15.0, gt=0, description="watch: without events, re-check the inbox this often")
 
 
 class Splits(_Strict):

@@ -159,7 +159,8 @@ class H5Dataset(Dataset):
             else:
                 outs[name] = _empty((n, *fi.shape), dtype)
         raw = self.reader.read(indices, out=raw_out)
-        cols = tuple(self._convert(name, torch.from_numpy(raw[name]), outs[name]) for name in self.reader.fields)
+        cols = tuple(outs[name] if name in raw_out else self._convert(name, torch.from_numpy(raw[name]), outs[name])
+                     for name in self.reader.fields)  # uint8 outputs were read in place
         if self.transform is not None:
             samples = [self.transform(cols[0][k] if self._single else tuple(c[k] for c in cols)) for k in range(n)]
             stacked = collate(samples) if n else cols

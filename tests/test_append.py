@@ -22,7 +22,7 @@ def raw_new(tmp_path_factory):
     from h5forge.demo import generate
 
     root = tmp_path_factory.mktemp("rawnew") / "new"
-    generate(root, n=24, seed=7, bad=False, workers=1)
+    generate(root, n=72, seed=7, bad=False, workers=1)
     return root
 
 
