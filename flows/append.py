@@ -9,7 +9,7 @@ from prefect import flow, get_run_logger
 from h5forge.append import apply_moves, plan_moves, settle_inbox_rejections, stage_append
 from h5forge.reports import write_health, write_quarantine
 from h5forge.spec import load_spec
-from h5forge.versions import output_lock, version_name
+from h5forge.versions import output_lock_or_skip, version_name
 from tasks.append import (publish_append, recover_interrupted, scan_inbox, verify_append, write_delta,
                           write_thin_version)
 from tasks.artifacts import publish_artifacts
@@ -18,14 +18,20 @@ from tasks.build import apply_retention
 
 @flow(name="append-samples")
 def append_samples(spec_path: str, inbox: str | None = None, output: str | None = None,
-                   dask_address: str | None = None) -> dict:
-    """Append the complete samples waiting in ``inbox`` (default: the spec's) as a new version."""
+                   dask_address: str | None = None, wait_for_lock: float = 0, skip_if_busy: bool = False) -> dict:
+    """Append the complete samples waiting in ``inbox`` (default: the spec's) as a new version.
+
+    ``wait_for_lock`` / ``skip_if_busy``: as for build-dataset.
+    """
     spec = load_spec(spec_path, output=output, dask_address=dask_address, inbox=inbox)
     if spec.source.inbox is None:
         raise ValueError("no inbox: pass one, or set source.inbox in the spec")
     box = Path(spec.source.inbox)
     out = Path(spec.output.dir)
-    with output_lock(out, what=f"append-samples {spec.name}"):
+    with output_lock_or_skip(out, f"append-samples {spec.name}", wait_for_lock, skip_if_busy) as busy:
+        if busy:
+            get_run_logger().warning("skipped: %s", busy)
+            return {"name": spec.name, "version": None, "added": 0, "waiting": 0, "rejected": 0, "skipped": busy}
         recover_interrupted(out)
         scan = scan_inbox(spec, box)
         result = {"name": spec.name, "version": None, "added": 0, "waiting": len(scan.waiting),

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from h5forge.spec import load_spec
-from h5forge.versions import output_lock
+from h5forge.versions import output_lock_or_skip
 from tasks.artifacts import publish_artifacts
 from tasks.build import (apply_retention, clean_and_write, discover_samples, publish_version,
                          stage_version, verify_candidate)
 
 
 @flow(name="build-dataset")
-def build_dataset(spec_path: str, output: str | None = None, dask_address: str | None = None) -> dict:
-    """Full rebuild of the dataset described by ``spec_path`` into a new published version."""
+def build_dataset(spec_path: str, output: str | None = None, dask_address: str | None = None,
+                  wait_for_lock: float = 0, skip_if_busy: bool = False) -> dict:
+    """Full rebuild of the dataset described by ``spec_path`` into a new published version.
+
+    Another run writing the same output folder: wait up to ``wait_for_lock`` seconds, then fail,
+    or with ``skip_if_busy`` log it and end the run without building.
+    """
     spec = load_spec(spec_path, output=output, dask_address=dask_address)
-    with output_lock(spec.output.dir, what=f"build-dataset {spec.name}"):
+    with output_lock_or_skip(spec.output.dir, f"build-dataset {spec.name}", wait_for_lock, skip_if_busy) as busy:
+        if busy:
+            get_run_logger().warning("skipped: %s", busy)
+            return {"name": spec.name, "skipped": busy}
         inventory = discover_samples(spec)
         candidate = stage_version(spec)
         summary = clean_and_write(spec, inventory, candidate)

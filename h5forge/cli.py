@@ -115,7 +115,9 @@ def _check_spec(spec: Path, output, dask_address, inbox=None):
 
 
 def _print_append(result: dict) -> None:
-    if result.get("version"):
+    if result.get("skipped"):
+        out.print(f"skipped: {result['skipped']}")
+    elif result.get("version"):
         out.print(f"appended {result['added']} sample(s) {result['added_counts']} as v{result['version']:04d}; "
                   f"now {result['counts']}")
     else:
@@ -152,11 +154,8 @@ def watch(spec: Path = typer.Argument(..., help="dataset spec YAML"),
         from flows.append import append_samples
 
         def run_once() -> int:
-            try:
-                result = append_samples(str(spec), str(loaded.source.inbox), _opt(output), dask_address)
-            except _known_errors() as e:
-                err.print(f"[red]append failed:[/] {e}")
-                return 1
+            result = append_samples(str(spec), str(loaded.source.inbox), _opt(output), dask_address,
+                                    skip_if_busy=True)
             _print_append(result)
             return result.get("waiting", 0)
 
@@ -166,6 +165,36 @@ def watch(spec: Path = typer.Argument(..., help="dataset spec YAML"),
     serve_inbox(loaded.source.inbox, run_once, patterns=patterns, settle_seconds=a.settle_seconds,
                 window_seconds=a.batch_window_seconds, poll_seconds=a.poll_seconds)
     out.print("stopped")
+
+
+@app.command()
+def serve(spec: Path = typer.Argument(..., help="dataset spec YAML"),
+          output: Optional[Path] = typer.Option(None, help="output folder (overrides the spec)"),
+          dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler"),
+          timezone: str = typer.Option("UTC", help="time zone of the schedules, e.g. Europe/Berlin"),
+          nightly_cron: str = typer.Option("0 2 * * *", help="when the full rebuild runs"),
+          poll_seconds: float = typer.Option(300, help="append-samples/inbox polling interval"),
+          suffix: str = typer.Option("", help="appended to the deployment names, e.g. -cells, when one "
+                                              "server runs several datasets")) -> None:
+    """Serve the deployments build-dataset/nightly, append-samples/inbox, verify-dataset/weekly.
+
+    Needs a Prefect server: PREFECT_API_URL (e.g. http://127.0.0.1:4200/api after `prefect server start`).
+    """
+    import os as _os
+
+    _check_spec(spec, output, dask_address)
+    if not _os.environ.get("PREFECT_API_URL"):
+        from prefect.settings import PREFECT_API_URL
+
+        if not PREFECT_API_URL.value():
+            _fail("serve needs a Prefect server: start one (`prefect server start`) and set PREFECT_API_URL")
+    from prefect import serve as prefect_serve
+
+    from deployments.definitions import dataset_deployments
+
+    deps = dataset_deployments(spec, _opt(output), dask_address, timezone, nightly_cron, poll_seconds,
+                               suffix=suffix)
+    prefect_serve(*deps, pause_on_shutdown=False, limit=2)
 
 
 @app.command()

@@ -13,7 +13,7 @@ import json
 import os
 import re
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -56,18 +56,26 @@ def _fsync_dir(path: Path) -> None:
 
 
 @contextmanager
-def output_lock(out: str | Path, what: str = "build") -> Iterator[Path]:
-    """Hold the folder's writer lock; a second writer fails at once with who holds it."""
+def output_lock(out: str | Path, what: str = "build", wait: float = 0) -> Iterator[Path]:
+    """Hold the folder's writer lock; a second writer waits up to ``wait`` seconds, then fails
+    with who holds it."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
-            raise OutputBusy(f"another h5forge run is writing to {out} ({holder}); "
-                             "wait for it to finish, or stop it, then retry") from None
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+                    continue
+                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+                waited = f" after waiting {wait:g} s" if wait else ""
+                raise OutputBusy(f"another h5forge run is writing to {out} ({holder}){waited}; "
+                                 "wait for it to finish, or stop it, then retry") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "what": what,
                                   "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode(), 0)
@@ -75,6 +83,20 @@ def output_lock(out: str | Path, what: str = "build") -> Iterator[Path]:
         yield out
     finally:
         os.close(fd)  # closing drops the flock
+
+
+@contextmanager
+def output_lock_or_skip(out: str | Path, what: str, wait: float, skip: bool) -> Iterator[str | None]:
+    """Like ``output_lock``; with ``skip`` a busy folder yields the reason instead of raising."""
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(output_lock(out, what, wait))
+        except OutputBusy as busy:
+            if not skip:
+                raise
+            yield str(busy)
+            return
+        yield None
 
 
 def _remove_partials(out: Path) -> None:

@@ -85,8 +85,19 @@ def watch_inbox(inbox: Path, append: Callable[[], int], *, patterns: list[str], 
     saw, so nothing dropped while an append ran (or on a filesystem without events) is missed.
     """
     inbox.mkdir(parents=True, exist_ok=True)
-    seen = snapshot(inbox, patterns)
-    append()  # nothing dropped while the service was down is missed
+
+    def attempt() -> frozenset:
+        """Append; on failure keep the old snapshot so the next poll tries again."""
+        now = snapshot(inbox, patterns)
+        try:
+            append()
+        except Exception as err:  # the service outlives one failed append
+            log.error("append failed (retrying at the next change or poll): %s", err)
+            return seen
+        return now
+
+    seen: frozenset = frozenset()
+    seen = attempt()  # nothing dropped while the service was down is missed
     for changes in watch(inbox, watch_filter=InboxFilter(inbox), debounce=int(window_seconds * 1000),
                          step=50, stop_event=stop, rust_timeout=int(poll_seconds * 1000),
                          yield_on_timeout=True, recursive=True):
@@ -101,5 +112,4 @@ def watch_inbox(inbox: Path, append: Callable[[], int], *, patterns: list[str], 
             log.info("%d change(s) in %s; appending once files settle", len(changes), inbox)
             if stop.wait(settle_seconds):
                 break
-        seen = snapshot(inbox, patterns)
-        append()
+        seen = attempt()

@@ -1,0 +1,45 @@
+"""The production deployments of one dataset, for `h5forge serve` (prefect.yaml holds the same for
+`prefect deploy --all` + a process worker).
+
+build-dataset/nightly   full, compact rebuild on a cron schedule (default 02:00, explicit time zone)
+append-samples/inbox    append what waits in the inbox; polls on an interval when no watcher runs
+verify-dataset/weekly   recompute every checksum of the latest version
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect.flows import EntrypointType
+from prefect.schedules import Cron, Interval
+
+from flows.append import append_samples
+from flows.build import build_dataset
+from flows.verify import verify_dataset
+
+NIGHTLY_CRON = "0 2 * * *"
+WEEKLY_CRON = "0 3 * * 0"
+
+
+def dataset_deployments(spec_path: str | Path, output: str | None = None, dask_address: str | None = None,
+                        timezone: str = "UTC", nightly_cron: str = NIGHTLY_CRON, poll_seconds: float = 300,
+                        weekly_cron: str = WEEKLY_CRON, suffix: str = "") -> list:
+    """``suffix`` tells apart the deployments of several datasets served by one Prefect server."""
+    spec = str(Path(spec_path).resolve())  # runs start in other working directories
+    common = {"spec_path": spec, "output": output}
+    # module entrypoints: the runner imports flows.* from the installed package, from any directory
+    opts = {"entrypoint_type": EntrypointType.MODULE_PATH, "concurrency_limit": 1,
+            "tags": ["h5forge"]}
+    return [
+        build_dataset.to_deployment(
+            name=f"nightly{suffix}", schedules=[Cron(nightly_cron, timezone=timezone)],
+            parameters={**common, "dask_address": dask_address, "wait_for_lock": 3600, "skip_if_busy": True},
+            description="Full rebuild into a compact, verified version", **opts),
+        append_samples.to_deployment(
+            name=f"inbox{suffix}", schedules=[Interval(poll_seconds, timezone=timezone)],
+            parameters={**common, "dask_address": dask_address, "skip_if_busy": True},
+            description="Append the samples waiting in the inbox (polling fallback of `h5forge watch`)", **opts),
+        verify_dataset.to_deployment(
+            name=f"weekly{suffix}", schedules=[Cron(weekly_cron, timezone=timezone)], parameters=common,
+            description="Recompute every checksum of the latest version", **opts),
+    ]

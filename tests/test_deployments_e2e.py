@@ -1,0 +1,180 @@
+"""End to end as a user runs production: `prefect server start`, `h5forge serve`, then
+`prefect deployment run` for each deployment; results checked through the Prefect client."""
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from h5forge.verify import verify_file
+from h5forge.versions import latest
+from tests.conftest import age_files, drop_samples, write_spec_file
+from tests.test_append import all_ids, raw_new  # noqa: F401  (fixture)
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real `prefect server start` on 127.0.0.1 and a free port, with its own PREFECT_HOME."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env = {**base, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    log = open(home / "server.log", "w")
+    proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
+                             "--no-ui"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("prefect server did not start:\n" + (home / "server.log").read_text())
+            time.sleep(0.5)
+        yield url, {**env, "PREFECT_API_URL": url, "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+    finally:
+        stop(proc)
+        log.close()
+
+
+def client_call(url: str, fn):
+    """Run ``fn(client)`` with a Prefect client on ``url``."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    async def go():
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            async with get_client() as client:
+                return await fn(client)
+
+    return asyncio.run(go())
+
+
+def deployment_run(env: dict, name: str, *params: str) -> subprocess.CompletedProcess:
+    args = [str(BIN / "prefect"), "deployment", "run", name, "--watch", "--watch-interval", "1",
+            "--watch-timeout", "300"]
+    for p in params:
+        args += ["--param", p]
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=360)
+
+
+def test_serve_and_run_every_deployment(server, raw_demo, raw_new, tmp_path):  # noqa: F811
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    url, env = server
+    out, inbox = tmp_path / "out", tmp_path / "inbox"
+    spec_file = write_spec_file(raw_demo, out, tmp_path / "spec.yaml", inbox=inbox)
+    serve_log = tmp_path / "serve.log"
+    with open(serve_log, "w") as sink:
+        served = subprocess.Popen([str(BIN / "h5forge"), "serve", str(spec_file), "--timezone", "Europe/Berlin",
+                                   "--poll-seconds", "86400"], env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                  cwd=tmp_path)  # not the repo: entrypoints must not depend on the cwd
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                dep = client_call(url, lambda c: c.read_deployment_by_name("build-dataset/nightly"))
+                break
+            except Exception:
+                if served.poll() is not None or time.time() > deadline:
+                    raise AssertionError("serve did not register its deployments:\n" + serve_log.read_text())
+                time.sleep(1)
+        schedule = dep.schedules[0].schedule
+        assert schedule.cron == "0 2 * * *" and schedule.timezone == "Europe/Berlin"
+        assert dep.parameters["spec_path"] == str(spec_file.resolve())
+
+        r = deployment_run(env, "build-dataset/nightly")
+        assert r.returncode == 0, r.stdout + r.stderr + serve_log.read_text()
+        assert "Completed" in r.stdout
+        assert latest(out) == 1 and verify_file(out / "dataset_latest.h5", resample=0).ok
+        arts = client_call(url, lambda c: c.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["demo-health", "demo-rejections"]))))
+        assert {a.key for a in arts} == {"demo-health", "demo-rejections"}
+        assert any("HEALTHY" in str(a.data) for a in arts if a.key == "demo-health")
+
+        new_ids = drop_samples(raw_new, inbox, ["cell_000001", "cell_000002", "cell_000003"], rename="dep_")
+        age_files(inbox)
+        r = deployment_run(env, "append-samples/inbox", f"inbox={inbox}")
+        assert r.returncode == 0, r.stdout + r.stderr + serve_log.read_text()
+        assert latest(out) == 2
+        assert set(new_ids) <= set(sum(all_ids(out / "dataset_latest.h5").values(), []))
+
+        r = deployment_run(env, "verify-dataset/weekly")
+        assert r.returncode == 0, r.stdout + r.stderr
+        runs = [fr for fr in client_call(url, lambda c: c.read_flow_runs())
+                if fr.deployment_id and fr.state.type.value != "SCHEDULED"]  # future cron runs
+        assert [fr.state.type.value for fr in runs] == ["COMPLETED"] * 3
+        assert len({fr.deployment_id for fr in runs}) == 3
+
+        bad = deployment_run(env, "build-dataset/nightly", "wait_for_lock=soon")
+        assert bad.returncode == 1 and "wait_for_lock" in bad.stdout + bad.stderr  # typed parameters
+    finally:
+        stop(served)
+    assert served.returncode is not None
+
+
+def test_watch_service_runs_the_append_deployment(server, raw_demo, raw_new, tmp_path):  # noqa: F811
+    url, env = server
+    out, inbox = tmp_path / "out", tmp_path / "inbox"
+    spec_file = write_spec_file(raw_demo, out, tmp_path / "spec.yaml", inbox=inbox)
+    subprocess.run([str(BIN / "h5forge"), "build", str(spec_file)], env=env, check=True, capture_output=True)
+    with open(tmp_path / "serve.log", "w") as sink:
+        served = subprocess.Popen([str(BIN / "h5forge"), "serve", str(spec_file), "--poll-seconds", "86400",
+                                   "--suffix", "-second"],
+                                  env=env, stdout=sink, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while True:
+        try:
+            client_call(url, lambda c: c.read_deployment_by_name("append-samples/inbox-second"))
+            break
+        except Exception:
+            assert time.time() < deadline and served.poll() is None, (tmp_path / "serve.log").read_text()
+            time.sleep(1)
+    with open(tmp_path / "watch.log", "w") as sink:
+        watcher = subprocess.Popen([str(BIN / "h5forge"), "watch", str(spec_file), "--deployment",
+                                    "append-samples/inbox-second"], env=env, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while "watching" not in (tmp_path / "watch.log").read_text():
+            assert time.time() < deadline and watcher.poll() is None, (tmp_path / "watch.log").read_text()
+            time.sleep(0.5)
+        drop_samples(raw_new, inbox, ["cell_000004", "cell_000005"], rename="evt_")
+        deadline = time.time() + 180
+        while latest(out) != 2:
+            assert time.time() < deadline, (tmp_path / "watch.log").read_text() + (tmp_path / "serve.log").read_text()
+            time.sleep(1)
+        runs = client_call(url, lambda c: c.read_flow_runs())
+        names = {fr.name for fr in runs}
+        assert any(name in (tmp_path / "watch.log").read_text() for name in names)
+    finally:
+        stop(watcher)
+        stop(served)
+    assert watcher.returncode == 0
