@@ -47,26 +47,38 @@ class RSSSampler:
     process separately (the largest single process: the writer, or one dask worker).
     """
 
-    def __init__(self, pid: int | None = None, interval: float = 0.05):
+    def __init__(self, pid: int | None = None, interval: float = 0.1, rescan: float = 1.0):
         self.root = psutil.Process(pid or os.getpid())
         self.interval = interval
+        # finding children walks all of /proc (psutil's ppid_map): costly, and it runs in the
+        # measured process, so the process list is refreshed every ``rescan`` seconds only; reading
+        # the RSS of known processes is cheap
+        self.rescan = rescan
+        self._procs: list[psutil.Process] = []
+        self._scanned = 0.0
         self.peak_sum = 0
         self.peak_main = 0
         self.peak_child = 0
         self.peak_by_pid: dict[int, int] = {}
+        self.cpu_by_pid: dict[int, float] = {}  # last seen user+system CPU seconds
+        self.cpu_start = sum(self.root.cpu_times()[:2])
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
         total = 0
-        try:
-            procs = [self.root] + self.root.children(recursive=True)
-        except psutil.NoSuchProcess:
-            return
-        for p in procs:
+        now = time.monotonic()
+        if now - self._scanned >= self.rescan:
+            try:
+                self._procs = [self.root] + self.root.children(recursive=True)
+            except psutil.NoSuchProcess:
+                return
+            self._scanned = now
+        for p in self._procs:
             try:
                 rss = p.memory_info().rss
+                self.cpu_by_pid[p.pid] = sum(p.cpu_times()[:2])
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             total += rss
@@ -94,7 +106,15 @@ class RSSSampler:
 
     def result(self) -> dict:
         mib = 1 << 20
+        cpu = sum(v for pid, v in self.cpu_by_pid.items() if pid != self.root.pid)
+        cpu += self.cpu_by_pid.get(self.root.pid, self.cpu_start) - self.cpu_start
         return {
+            # CPU seconds used by the process and its children while sampled (children that exited
+            # count up to their last sample): a measure the load of other jobs barely moves
+            "cpu_seconds": round(cpu, 2),
+            "cpu_seconds_main": round(self.cpu_by_pid.get(self.root.pid, self.cpu_start) - self.cpu_start, 2),
+            "cpu_seconds_children": sorted((round(v, 2) for pid, v in self.cpu_by_pid.items()
+                                            if pid != self.root.pid), reverse=True),
             "peak_sum_mib": round(self.peak_sum / mib, 1),
             "peak_main_mib": round(self.peak_main / mib, 1),
             "peak_max_child_mib": round(self.peak_child / mib, 1),
@@ -117,7 +137,16 @@ def machine() -> dict:
         "h5py": h5py.version.version,
         "hdf5": h5py.version.hdf5_version,
         "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "cpu_pressure": cpu_pressure(),
     }
+
+
+def cpu_pressure() -> str | None:
+    """Linux PSI: the share of time some runnable task waited for a CPU (avg10/60/300 %)."""
+    try:
+        return Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except OSError:
+        return None
 
 
 def _cpu_model() -> str:
