@@ -132,7 +132,7 @@ def infer_spec(raw: Path, spec_path: Path) -> str:
         "splits:",
         "  ratios: {train: 0.8, val: 0.1, test: 0.1}   # stable: a sample's split depends on its id only",
         "storage:",
-        "  codec: zstd              # zstd | lz4 | lzf | gzip-1/4/9 | none ... (README: codec choice)",
+        "  codec: lz4               # lz4 (fast) | zstd-1 (smaller) | gzip-1 (portable) | none ... (README: codec choice)",
         "  chunk_rows: 1            # samples per HDF5 chunk",
         "output:",
         f"  dir: {out_dir}",

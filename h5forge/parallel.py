@@ -14,11 +14,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import dask
 from distributed import Client, LocalCluster
 
 from h5forge.clean import CleanedBatch, clean_batch
 from h5forge.discover import SampleRef
 from h5forge.spec import DatasetSpec
+
+
+# Measured on the build (benchmarks/results/build.md): the nanny's MALLOC_TRIM_THRESHOLD_=65536
+# made workers return freed image buffers to the kernel and fault them back in (332 vs 38 page
+# faults a sample), and the worker's sampling profiler costs CPU on every task; together -30 %
+# worker CPU. Workers here do short CPU-bound batches and need neither.
+LEAN_WORKERS = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.nanny.pre-spawn-environ": {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1, "OPENBLAS_NUM_THREADS": 1},
+}
 
 
 @contextmanager
@@ -38,8 +49,9 @@ def dask_client(address: str | None, workers: int) -> Iterator[Client]:
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # the shutdown chatter of worker processes is not news
     try:
-        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                          dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+        with dask.config.set(LEAN_WORKERS), \
+                LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                             dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
                 Client(cluster) as client:
             yield client
     finally:

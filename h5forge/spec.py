@@ -104,7 +104,7 @@ class Splits(_Strict):
 
 
 class Storage(_Strict):
-    codec: str = "zstd"
+    codec: str = "lz4"
     chunk_rows: int = Field(1, ge=1, le=4096)
 
     @field_validator("codec")

@@ -54,7 +54,7 @@ def test_publishes_a_verified_version_with_every_good_sample(built, raw_demo):
     with h5py.File(out / "dataset_v0001.h5", "r") as f:
         assert json.loads(f["diagnostics"].attrs["summary"])["timings"]["cleaned_in"] == "LocalCluster(2)"
     with h5py.File(out / "dataset_v0001.h5", "r") as f:
-        assert f.attrs["format"] == "h5forge" and f.attrs["version"] == 1 and f.attrs["codec"] == "zstd"
+        assert f.attrs["format"] == "h5forge" and f.attrs["version"] == 1 and f.attrs["codec"] == "lz4"
         assert "hdf5plugin" in f.attrs["codec_needs"]
         spec = demo_spec(raw_demo, out)
         for split in ("train", "val", "test"):
@@ -80,7 +80,7 @@ def test_publishes_a_verified_version_with_every_good_sample(built, raw_demo):
         labels = decode_str(g["meta/label"][()])
         assert infected.tolist() == [i for i, lab in enumerate(labels) if lab == "infected"]
         stored = json.loads(f["meta/spec"][()].decode())
-        assert stored["storage"]["codec"] == "zstd"
+        assert stored["storage"]["codec"] == "lz4"
 
 
 def test_every_defect_is_quarantined_with_its_reason(built):
