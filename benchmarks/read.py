@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/read.py --n 2000 --grid-n 1000 --repeats 1   # a quick look
 
 Builds (once; reused from --work) a demo raw folder and a version file with the default spec
-(zstd, chunk_rows 1), every sample in the train split; derives the same arrays as .npy, the
+(the demo spec's codec, chunk_rows 1), every sample in the train split; derives the same arrays as .npy, the
 article's layout (chunks of 32 + LZF) and a grid of chunk_rows x codec variants. Then, in one
 run with the configurations interleaved round-robin (the machine is shared and noisy: compare the
 ratios, not the absolute numbers), measures samples/s of one shuffled epoch after a warm-up, batch
@@ -30,6 +30,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import torch
+import yaml
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
@@ -40,14 +41,17 @@ from h5forge.codecs import codec_options, ensure_filters  # noqa: E402
 from h5forge.torch import H5Dataset  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
+DEFAULT_CODEC = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())["storage"]["codec"]
 SIZE = 224
 
 
 # ---------------------------------------------------------------- data
-def _spec(raw: Path, out: Path, chunk_rows: int = 1, codec: str = "zstd"):
+def _spec(raw: Path, out: Path, chunk_rows: int = 1, codec: str | None = None):
+    """The demo spec (its codec unless ``codec`` is given), every sample in train."""
     from h5forge.spec import load_spec, override
 
     spec = load_spec(REPO / "config" / "demo.yaml")
+    codec = codec or spec.storage.codec
     spec = spec.model_copy(update={
         "source": spec.source.model_copy(update={"root": raw}),
         "splits": spec.splits.model_copy(update={"ratios": {"train": 1.0}}),
@@ -69,7 +73,7 @@ def build(work: Path, n: int) -> dict[str, Path]:
     from h5forge.writer import DatasetWriter
 
     raw, out = work / f"raw{n}", work / f"out{n}"
-    paths = {"raw": raw, "h5": out / "dataset_v0001.h5", "npy_images": out / "images.npy",
+    paths = {"raw": raw, "h5": out / f"dataset_{DEFAULT_CODEC}.h5", "npy_images": out / "images.npy",
              "npy_masks": out / "masks.npy", "article": out / "article_c32_lzf.h5"}
     if not (raw / "annotations.json").exists():
         t = time.perf_counter()
@@ -389,7 +393,7 @@ def main() -> None:
                     "h5py": h5py.version.version, "hdf5": h5py.version.hdf5_version,
                     "loadavg_end": os.getloadavg()},
         "setup": {"n": args.n, "grid_n": gn, "batch": B, "workers": W, "repeats": args.repeats,
-                  "default": "zstd, chunk_rows 1", "default_size_ratio": round(default_size, 3),
+                  "default": f"{DEFAULT_CODEC}, chunk_rows 1", "default_size_ratio": round(default_size, 3),
                   "slow_limit": args.slow_limit, "grid_limit": args.grid_limit, "setup_seconds": round(setup_s)},
         "samples_per_s": rate,
         "all_rounds": {k: [round(x) for x in v.rates] for k, v in {**main_runners, **grid_runners}.items()},
