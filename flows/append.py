@@ -45,7 +45,7 @@ def append_samples(spec_path: str, inbox: str | None = None, output: str | None 
             cand.delta_partial.unlink(missing_ok=True)
             apply_moves(plan_moves(spec, scan, summary, cand.number))
             get_run_logger().info("nothing new to append: every ready sample was a duplicate or rejected")
-            return {**result, "rejected": summary["rejected"]}
+            return {**result, "rejected": summary["rejected"], "rejections": summary["rejections"]}
         write_quarantine(out, version_name(cand.number).removesuffix(".h5"), summary["rejections"])
         merged = write_thin_version(spec, cand, summary)
         report = verify_append(cand)
