@@ -112,19 +112,20 @@ def test_duplicates_and_id_conflicts_are_quarantined(dataset, raw_demo, raw_new)
     assert len(ids) == len(set(ids)) == 41
 
 
-def test_partial_pairs_and_unsettled_files_wait(dataset, raw_new):
+def test_partial_pairs_and_unsettled_files_wait(dataset, raw_demo, raw_new):
     from flows.append import append_samples
 
     spec_file, out, inbox = dataset
+    spec_file = write_spec_file(raw_demo, out, spec_file, inbox=inbox, append={"settle_seconds": 30})
     drop_samples(raw_new, inbox, ["cell_000004", "cell_000005"], rename="w_")
     (inbox / "masks" / "w_cell_000004.png").rename(inbox.parent / "held_back.png")
-    age_files(inbox)
-    os.utime(inbox / "images" / "w_cell_000005.png")  # just written: not settled
+    age_files(inbox, seconds=60)
+    os.utime(inbox / "images" / "w_cell_000005.png")  # just written: not settled for 30 s
     result = append_samples(str(spec_file))
     assert result["version"] is None and result["waiting"] == 2
     assert (inbox / "images" / "w_cell_000004.png").exists()  # untouched, not quarantined
     (inbox.parent / "held_back.png").rename(inbox / "masks" / "w_cell_000004.png")
-    age_files(inbox)
+    age_files(inbox, seconds=60)
     result = append_samples(str(spec_file))
     assert result["added"] == 2 and result["waiting"] == 0
 
