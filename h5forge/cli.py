@@ -237,6 +237,8 @@ def verify(path: Path = typer.Argument(..., help="a version file or dataset_late
 @app.command()
 def versions(folder: Path = typer.Argument(..., help="output folder of a dataset")) -> None:
     """List published versions; the one latest points at is marked."""
+    import json
+
     import h5py
 
     from h5forge.codecs import ensure_filters
@@ -247,13 +249,15 @@ def versions(folder: Path = typer.Argument(..., help="output folder of a dataset
     if not found:
         _fail(f"no published version in {folder}", 1)
     current = latest(folder)
-    t = Table("", "version", "samples", "size", "created", "parent")
+    t = Table("", "version", "samples", "size", "kind", "created", "parent")
     for number, p in found.items():
         with h5py.File(p, "r") as f:
             count = sum(int(f[s].attrs.get("count", 0)) for s in ("train", "val", "test"))
             created, parent = f.attrs.get("created_at", ""), int(f.attrs.get("parent_version", -1))
+            segments = json.loads(f.attrs["segments"]) if "segments" in f.attrs else []
+        kind = f"thin over {len(segments)} files" if segments else "full"
         t.add_row("latest →" if number == current else "", f"v{number:04d}", str(count),
-                  f"{p.stat().st_size / 1e6:.1f} MB", str(created), f"v{parent:04d}" if parent > 0 else "")
+                  f"{p.stat().st_size / 1e6:.1f} MB", kind, str(created), f"v{parent:04d}" if parent > 0 else "")
     out.print(t)
 
 
