@@ -110,6 +110,13 @@ def _check_spec(spec: Path, output, dask_address, inbox=None):
         loaded = load_spec(spec, output, dask_address, inbox)
     except _known_errors() as e:
         _fail(str(e))
+    if loaded.compute.dask_address:
+        from h5forge.parallel import check_reachable
+
+        try:
+            check_reachable(loaded.compute.dask_address)
+        except ConnectionError as e:
+            _fail(str(e), 1)
     _prefect_defaults()
     return loaded
 

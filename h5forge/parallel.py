@@ -8,6 +8,7 @@ order with a bounded number of batches in flight, so memory does not grow with t
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -30,6 +31,19 @@ LEAN_WORKERS = {
     "distributed.worker.profile.enabled": False,
     "distributed.nanny.pre-spawn-environ": {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1, "OPENBLAS_NUM_THREADS": 1},
 }
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail fast, before any run starts, when nothing listens at a scheduler address."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(address if "://" in address else f"tcp://{address}")
+    if not parsed.hostname or not parsed.port:
+        raise ConnectionError(f"cannot reach the dask scheduler at {address}: expected tcp://host:port")
+    try:
+        socket.create_connection((parsed.hostname, parsed.port), timeout=timeout).close()
+    except OSError as err:
+        raise ConnectionError(f"cannot reach the dask scheduler at {address}: {err.strerror or err}") from None
 
 
 @contextmanager
