@@ -463,15 +463,18 @@ def markdown(record: dict) -> str:
     runs = record["scaling"]["runs"]
     if runs:
         L += ["## 1. Cleaning on 1 vs 2 dask workers", "",
-              f"{runs[0]['samples']:,} generated good samples (150-260 px RGB PNG + mask -> 224x224, zstd, "
-              "chunk_rows 1), batches of 64, 2 batches in flight per worker. Each build runs `discover -> stage -> "
+              f"{runs[0]['samples']:,} generated good samples (150-260 px RGB PNG + mask -> 224x224; storage "
+              f"{record['scaling'].get('storage')} from config/demo.yaml; code at {record['scaling'].get('git')}), "
+              "batches of 64, 2 batches in flight per worker. Each build runs `discover -> stage -> "
               "write_version` in a fresh child process (no Prefect). Throughput = samples / `clean_write_seconds` "
               "(cluster start excluded; it is reported apart). Configurations interleaved, order reversed every "
               f"other repetition. External: `dask scheduler` + 2 × `dask worker --nworkers 1 --nthreads 1`, started "
               f"once ({record['scaling'].get('external_cluster_start_seconds')} s to 2 workers connected) and "
-              "kept up across repetitions.", "",
+              "kept up across repetitions; started with dask's default settings, as a user would, so without "
+              "the lean worker settings h5forge applies to its own LocalCluster (`LEAN_WORKERS`: no profiler, "
+              "no malloc trim).", "",
               "CPU columns: CPU seconds per sample of the writer (the calling process: receiving batches, "
-              "writing HDF5 with zstd) and of all worker processes together, measured with psutil over the "
+              "writing HDF5) and of all worker processes together, measured with psutil over the "
               "same window (first batch received to last); cores busy = all of that CPU / window wall time.", "",
               "| rep | config | samples/s | clean+write s | cluster start s | writer CPU ms/sample | "
               "workers CPU ms/sample | per worker CPU s | cores busy | load before |",
@@ -501,7 +504,8 @@ def markdown(record: dict) -> str:
     o = record["overhead"]["runs"]
     if o:
         L += ["", "## 2. Prefect flow vs plain function calls", "",
-              f"{o[0]['samples']:,} samples, LocalCluster(2). Plain: `load_spec -> output_lock -> discover -> stage "
+              f"{o[0]['samples']:,} samples, LocalCluster(2), storage {record['overhead'].get('storage')}, code at "
+              f"{record['overhead'].get('git')}. Plain: `load_spec -> output_lock -> discover -> stage "
               "-> write_version -> verify_candidate -> publish_candidate -> retain` in a child process without Prefect. "
               "Flow: `flows.build.build_dataset(spec)` in a child process with `PREFECT_API_URL` pointing at a "
               f"`prefect server start` on 127.0.0.1 (fresh PREFECT_HOME; healthy after "
@@ -607,9 +611,19 @@ def main() -> None:
         return child(args.child, args.spec, args.result, [int(p) for p in args.pids.split(",") if p])
 
     RESULTS.mkdir(parents=True, exist_ok=True)
+    import yaml
+
+    git = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
+                         text=True).stdout.strip()
+    storage = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())["storage"]
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:], "machine": machine(),
               "loadavg_start": loadavg(), "pressure_start": cpu_pressure(),
-              "scaling": {"runs": []}, "overhead": {"runs": []}}
+              "scaling": {"runs": [], "git": git, "storage": storage},
+              "overhead": {"runs": [], "git": git, "storage": storage}}
+    previous = RESULTS / "orchestration.json"
+    if args.only and previous.exists():  # keep the other part's last results
+        other = "overhead" if args.only == "scaling" else "scaling"
+        record[other] = json.loads(previous.read_text())[other]
 
     def save():
         record["summary"] = summarise(record)
