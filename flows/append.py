@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.utilities.annotations import quote
 
 from h5forge.append import apply_moves, plan_moves, settle_inbox_rejections, stage_append
 from h5forge.reports import write_health, write_quarantine
@@ -40,7 +41,7 @@ def append_samples(spec_path: str, inbox: str | None = None, output: str | None 
             result["quarantined"] = settle_inbox_rejections(scan)
             return result
         cand = stage_append(out)
-        summary = write_delta(spec, scan, cand)
+        summary = write_delta(spec, quote(scan), cand)  # quote: no walk over every sample
         if summary["samples"] == 0:
             cand.delta_partial.unlink(missing_ok=True)
             apply_moves(plan_moves(spec, scan, summary, cand.number))

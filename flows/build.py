@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
+from prefect.utilities.annotations import quote
 
 from h5forge.spec import load_spec
 from h5forge.versions import output_lock_or_skip
@@ -26,7 +27,8 @@ def build_dataset(spec_path: str, output: str | None = None, dask_address: str |
             return {"name": spec.name, "skipped": busy}
         inventory = discover_samples(spec)
         candidate = stage_version(spec)
-        summary = clean_and_write(spec, inventory, candidate)
+        # quote: Prefect would otherwise walk every sample of the inventory looking for futures
+        summary = clean_and_write(spec, quote(inventory), candidate)
         report = verify_candidate(candidate)
         publish_artifacts(spec.name, report, summary)
         published = publish_version(candidate, report)

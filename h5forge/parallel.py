@@ -50,6 +50,7 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
 def dask_client(address: str | None, workers: int) -> Iterator[Client]:
     """A client on ``address``, or on a fresh LocalCluster of ``workers`` processes."""
     if address:
+        check_reachable(address)
         try:
             client = Client(address, timeout="20s")
         except (OSError, TimeoutError) as err:
