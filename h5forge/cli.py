@@ -293,14 +293,15 @@ def rollback(folder: Path = typer.Argument(..., help="output folder of a dataset
 def demo_data(folder: Path = typer.Argument(Path("data/raw/demo")),
               n: int = typer.Option(600, help="good samples to generate"),
               seed: int = typer.Option(0),
-              bad: bool = typer.Option(True, help="also write the usual defects of real collections")) -> None:
+              bad: bool = typer.Option(True, help="also write the usual defects of real collections"),
+              prefix: str = typer.Option("cell_", help="sample id prefix (another one makes new samples)")) -> None:
     """Generate a realistic raw folder (cell micrographs, masks, annotations, defects)."""
     from h5forge.demo import generate
 
     if (folder / "annotations.json").exists():
         out.print(f"{folder} already holds demo data; keeping it")
         return
-    defects = generate(folder, n=n, seed=seed, bad=bad)
+    defects = generate(folder, n=n, seed=seed, bad=bad, prefix=prefix)
     out.print(f"wrote {n} samples and {len(defects)} defective inputs to {folder}")
 
 

@@ -151,8 +151,11 @@ def _add_bad_inputs(root: Path, rng: np.random.Generator, records: list[dict]) -
 
 
 def generate(root: str | Path, n: int = 600, seed: int = 0, bad: bool = True,
-             size_range: tuple[int, int] = (150, 260), workers: int = 2) -> dict[str, str]:
-    """Write ``n`` good samples (plus defects when ``bad``) under ``root``; returns the defects."""
+             size_range: tuple[int, int] = (150, 260), workers: int = 2, prefix: str = "cell_") -> dict[str, str]:
+    """Write ``n`` good samples (plus defects when ``bad``) under ``root``; returns the defects.
+
+    Sample ids are ``<prefix><number>``: another prefix makes new samples for an inbox.
+    """
     root = Path(root)
     (root / "images").mkdir(parents=True, exist_ok=True)
     (root / "masks").mkdir(parents=True, exist_ok=True)
@@ -160,7 +163,7 @@ def generate(root: str | Path, n: int = 600, seed: int = 0, bad: bool = True,
     jobs = []
     for i in range(n):
         mode = modes[i % len(modes)] if bad else "rgb"
-        jobs.append((root, f"cell_{i:06d}", seed * 1_000_003 + i, size_range[0], size_range[1], mode))
+        jobs.append((root, f"{prefix}{i:06d}", seed * 1_000_003 + i, size_range[0], size_range[1], mode))
     if workers > 1 and n >= 64:
         with ProcessPoolExecutor(workers) as pool:
             records = list(pool.map(_write_sample, jobs, chunksize=32))
