@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import h5py
+import numpy as np
 
 from h5forge.clean import CleanedBatch
 from h5forge.discover import Rejection, SampleRef, discover
@@ -71,37 +72,54 @@ def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> Inbo
     return scan
 
 
-def known_samples(path: Path) -> tuple[dict[str, str], set[str]]:
-    """Content key -> id, and the ids, of every sample in the version at ``path``."""
-    by_content: dict[str, str] = {}
-    ids: set[str] = set()
+def known_samples(path: Path) -> tuple[dict[bytes, int], set[bytes], list]:
+    """Content keys and ids of every sample in the version at ``path``, kept as bytes.
+
+    A content key is the sample's raw-file hashes concatenated; read as one fixed-size byte string
+    per row, nothing is decoded, so this stays cheap at 100k samples.
+    """
+    keys: dict[bytes, int] = {}
+    ids: set[bytes] = set()
+    id_rows: list = []
     with h5py.File(os.path.realpath(path), "r") as f:
         for split in SPLITS:
             g = f[split]
-            split_ids = decode_str(g["ids"][()])
             hashes = g["source_sha256"][()]
-            for sid, row in zip(split_ids, hashes):
-                by_content[":".join(decode_str(row))] = sid
-            ids.update(split_ids)
-    return by_content, ids
+            if not len(hashes):
+                continue
+            joined = np.ascontiguousarray(hashes).view(f"S{hashes.dtype.itemsize * hashes.shape[1]}").ravel()
+            split_ids = g["ids"][()]
+            base = len(id_rows)
+            keys.update((k, base + i) for i, k in enumerate(joined.tolist()))
+            id_rows.extend(split_ids.tolist())
+            ids.update(split_ids.tolist())
+    return keys, ids, id_rows
 
 
-def _dedupe(batch: CleanedBatch, by_content: dict[str, str], ids: set[str], parent: str) -> CleanedBatch:
+def _content_key(hexes: list[str]) -> bytes:
+    return "".join(hexes).encode()
+
+
+def _dedupe(batch: CleanedBatch, known: tuple[dict[bytes, int], set[bytes], list], parent: str) -> CleanedBatch:
+    keys, ids, id_rows = known
     keep, dropped = [], []
     for i, sid in enumerate(batch.ids):
-        key = ":".join(batch.source_sha256[i])
+        key = _content_key(batch.source_sha256[i])
         path = ", ".join(batch.files[i])
-        if key in by_content:
+        if key in keys:
+            same = id_rows[keys[key]]
+            same = same.decode() if isinstance(same, bytes) else same
             dropped.append(Rejection(sid, path, f"duplicate: identical content is already in the dataset "
-                                                f"as {by_content[key]!r} ({parent})", stage="append"))
-        elif sid in ids:
+                                                f"as {same!r} ({parent})", stage="append"))
+        elif sid.encode() in ids:
             dropped.append(Rejection(sid, path, f"id {sid!r} is already in the dataset with other content; "
                                                 "rename the new sample, or replace the old one in the raw "
                                                 "folder and rebuild", stage="append"))
         else:
             keep.append(i)
-            by_content[key] = sid
-            ids.add(sid)
+            keys[key] = len(id_rows)
+            id_rows.append(sid)
+            ids.add(sid.encode())
     return batch.take(keep, dropped) if dropped else batch
 
 
@@ -140,7 +158,7 @@ def processed_dir(inbox: Path, number: int) -> Path:
 def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate) -> dict:
     """Clean the ready samples and write the new ones to the delta file. Returns the summary."""
     parent_path = cand.out / version_name(cand.parent)
-    by_content, ids = known_samples(parent_path)
+    known = known_samples(parent_path)
     final_dir = processed_dir(scan.inbox, cand.number)
     checkpoint("append:before-write")
     writer = DatasetWriter(cand.delta_partial, spec, cand.number, cand.parent)
@@ -149,7 +167,7 @@ def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate) -> di
     try:
         writer.add_rejections(scan.rejections)
         for i, batch in enumerate(clean_all(spec, scan.inbox, scan.ready, timings)):
-            batch = _dedupe(batch, by_content, ids, version_name(cand.parent))
+            batch = _dedupe(batch, known, version_name(cand.parent))
             # record where the raw files will live once moved out of the inbox
             batch.files = [[os.path.relpath(final_dir / rel, spec.source.root) for rel in row] for row in batch.files]
             writer.add(batch)

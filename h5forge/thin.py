@@ -24,7 +24,7 @@ import numpy as np
 from h5forge.codecs import codec_options, ensure_filters
 from h5forge.layout import PER_SAMPLE, SPLITS, STR
 from h5forge.spec import DatasetSpec, ImageField, spec_from_json
-from h5forge.writer import write_channel_stats, write_index
+from h5forge.writer import SMALL_CODEC, SMALL_ROWS, write_channel_stats
 
 
 def delta_name(number: int) -> str:
@@ -66,32 +66,18 @@ def write_thin(path: Path, parent: Path, delta: Path, spec: DatasetSpec, number:
         for split in SPLITS:
             g = f.create_group(split)
             total = sum(s["counts"][split] for s in segments)
-            for name in fields:
-                shape = d[split][name].shape[1:]
-                layout = h5py.VirtualLayout(shape=(total, *shape), dtype=np.uint8)
-                offset = 0
-                for seg in segments:
-                    n = seg["counts"][split]
-                    if n:
-                        layout[offset:offset + n] = h5py.VirtualSource(seg["file"], f"{split}/{name}", shape=(n, *shape))
-                    offset += n
-                g.create_virtual_dataset(name, layout, fillvalue=0)
-            small = [*PER_SAMPLE, *(f"meta/{c}" for c in spec.annotations.columns)]
-            for key in small:
-                old, new = p[split][key], d[split][key]
-                data = np.concatenate([old[()], new[()]]) if len(old) or len(new) else new[()]
-                g.create_dataset(key, data=data, dtype=new.dtype, maxshape=(None, *new.shape[1:]),
-                                 chunks=new.chunks, compression=new.compression,
-                                 compression_opts=new.compression_opts)
-                g[key].attrs.update(dict(new.attrs))
+            # every per-sample dataset maps onto the segments: nothing of the earlier rows is copied
+            for key in [*fields, *PER_SAMPLE, *(f"meta/{c}" for c in spec.annotations.columns)]:
+                _virtual(g, key, d[split][key], segments, split, total)
             g.attrs.update({k: v for k, v in d[split].attrs.items()})
             g.attrs["count"] = total
             for name, fs in spec.fields.items():
                 if isinstance(fs, ImageField):
                     hist = p[split].attrs[f"{name}_histogram"] + d[split].attrs[f"{name}_histogram"]
                     write_channel_stats(g, name, hist)
+            n_parent = int(p[split].attrs["count"])
             for col in spec.annotations.index_by:
-                write_index(f, split, col, g[f"meta/{col}"][()])
+                merge_index(f, split, col, p[f"index/{split}/{col}"], d[f"index/{split}/{col}"], n_parent)
         diag = f.create_group("diagnostics")
         summary = {**summary, "counts": counts_of(f), "samples": sum(counts_of(f).values()),
                    "segments": len(segments)}
@@ -99,6 +85,47 @@ def write_thin(path: Path, parent: Path, delta: Path, spec: DatasetSpec, number:
         if "diagnostics/rejections" in d:
             d.copy(d["diagnostics/rejections"], diag, "rejections")
     return summary
+
+
+def _virtual(g: h5py.Group, key: str, like: h5py.Dataset, segments: list[dict], split: str, total: int) -> None:
+    """``g[key]``: rows of every segment's ``<split>/<key>``, in segment order."""
+    tail = like.shape[1:]
+    layout = h5py.VirtualLayout(shape=(total, *tail), dtype=like.dtype)
+    offset = 0
+    for seg in segments:
+        n = seg["counts"][split]
+        if n:
+            layout[offset:offset + n] = h5py.VirtualSource(seg["file"], f"{split}/{key}", shape=(n, *tail),
+                                                           dtype=like.dtype)
+        offset += n
+    fill = 0 if like.dtype.kind in "biuf" else None
+    g.create_virtual_dataset(key, layout, fillvalue=fill)
+    g[key].attrs.update(dict(like.attrs))
+
+
+def _index_parts(group: h5py.Group) -> dict:
+    values = [v.decode() if isinstance(v, bytes) else v.item() if hasattr(v, "item") else v
+              for v in group["values"][()]]
+    offsets, rows = group["offsets"][()], group["rows"][()]
+    return {v: rows[offsets[k]:offsets[k + 1]] for k, v in enumerate(values)}
+
+
+def merge_index(f: h5py.File, split: str, column: str, parent: h5py.Group, delta: h5py.Group,
+                n_parent: int) -> None:
+    """The parent's row index plus the delta's (rows shifted past the parent's): no column re-read."""
+    old, new = _index_parts(parent), _index_parts(delta)
+    g = f.require_group(f"index/{split}/{column}")
+    keys = sorted(set(old) | set(new), key=str)
+    parts = [np.concatenate([old.get(k, np.zeros(0, np.int64)), new.get(k, np.zeros(0, np.int64)) + n_parent])
+             for k in keys]
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in parts])]).astype(np.int64)
+    rows = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+    if keys and all(isinstance(k, str) for k in keys):
+        g.create_dataset("values", data=np.array(keys, dtype=object), dtype=STR)
+    else:
+        g.create_dataset("values", data=np.asarray(keys))
+    g.create_dataset("offsets", data=offsets)
+    g.create_dataset("rows", data=rows)
 
 
 def export(version: Path, dest: Path) -> Path:
@@ -120,14 +147,22 @@ def export(version: Path, dest: Path) -> Path:
             g_src = src[split]
             g = out.create_group(split)
             g.attrs.update(dict(g_src.attrs))
-            for key in g_src:
-                if key not in fields:
-                    src.copy(g_src[key], g, key)
+            g_src.visititems(lambda name, obj: _materialize(name, obj, g, fields))
             for name in fields:
                 _copy_field(src_path.parent, segments, split, name, g, spec)
         out.flush()
     os.replace(tmp, dest)
     return dest
+
+
+def _materialize(name: str, obj, g: h5py.Group, fields: list[str]) -> None:
+    """A real copy of a per-sample dataset (virtual in a thin version) other than the fields."""
+    if not isinstance(obj, h5py.Dataset) or name in fields:
+        return
+    tail = obj.shape[1:]
+    opts = {} if obj.dtype.kind == "O" else SMALL_CODEC
+    g.create_dataset(name, data=obj[()], dtype=obj.dtype, maxshape=(None, *tail), chunks=(SMALL_ROWS, *tail), **opts)
+    g[name].attrs.update(dict(obj.attrs))
 
 
 def _copy_field(folder: Path, segments: list[dict], split: str, name: str, g: h5py.Group,
