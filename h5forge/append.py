@@ -26,7 +26,7 @@ import numpy as np
 from h5forge.clean import CleanedBatch
 from h5forge.discover import Rejection, SampleRef, discover
 from h5forge.faults import checkpoint
-from h5forge.layout import SPLITS, decode_str
+from h5forge.layout import SPLITS
 from h5forge.parallel import clean_all
 from h5forge.spec import DatasetSpec
 from h5forge.thin import delta_name, write_thin

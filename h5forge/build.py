@@ -5,7 +5,6 @@ Each step is a plain function so it can be tested and timed without Prefect.
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 from h5forge.discover import Inventory
@@ -35,7 +34,6 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
     if not inventory.samples:
         raise NothingToBuild(f"no complete sample under {inventory.root} "
                              f"({len(inventory.rejections)} input(s) rejected; see the quarantine report)")
-    t0 = time.perf_counter()
     writer = DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent)
     try:
         writer.add_rejections(inventory.rejections)

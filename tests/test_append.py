@@ -1,7 +1,6 @@
 """Appending from an inbox: thin versions, exactly once, waiting pairs, retention, export, rebuild."""
 
 import hashlib
-import json
 import os
 import shutil
 
