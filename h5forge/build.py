@@ -32,6 +32,8 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
                   progress: Callable[[int], None] = lambda n: None) -> dict:
     """Clean every sample on dask and stream it into the candidate file. Returns the summary."""
     if not inventory.samples:
+        write_quarantine(candidate.out, version_name(candidate.number).removesuffix(".h5"),
+                         [r.as_dict() for r in inventory.rejections])
         raise NothingToBuild(f"no complete sample under {inventory.root} "
                              f"({len(inventory.rejections)} input(s) rejected; see the quarantine report)")
     writer = DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent)
