@@ -153,3 +153,19 @@ def _flip_a_stored_byte(path: Path) -> None:
         b = fh.read(1)
         fh.seek(offset + 5000)
         fh.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_a_source_without_any_good_sample_publishes_nothing(tmp_path):
+    from h5forge.build import NothingToBuild
+
+    raw = tmp_path / "raw"
+    (raw / "images").mkdir(parents=True)
+    (raw / "images" / "lonely.png").write_bytes(b"")
+    (raw / "annotations.json").write_text("[]")
+    out = tmp_path / "out"
+    spec = demo_spec(raw, out)
+    with pytest.raises(NothingToBuild, match="no complete sample under"):
+        write_version(spec, discover(spec), stage(out))
+    assert latest(out) is None and not published(out)
+    rows = (out / "quarantine" / "dataset_v0001.rejections.json").read_text()
+    assert "lonely" in rows and "incomplete sample" in rows
