@@ -165,3 +165,20 @@ def loadavg() -> list[float]:
 
 def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def random_read_latency(get, n_items: int, reads: int, seed: int) -> dict:
+    """p50/p99/mean in µs of ``get(i)`` for random ``i`` (20 warm-up reads first)."""
+    import numpy as np
+
+    idx = np.random.default_rng(seed).integers(0, n_items, reads)
+    for i in idx[:20]:
+        get(int(i))
+    times = []
+    for i in idx:
+        t = time.perf_counter_ns()
+        get(int(i))
+        times.append(time.perf_counter_ns() - t)
+    a = np.array(times) / 1000
+    return {"p50_us": round(float(np.percentile(a, 50)), 1), "p99_us": round(float(np.percentile(a, 99)), 1),
+            "mean_us": round(float(a.mean()), 1)}

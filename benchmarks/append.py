@@ -41,7 +41,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent))
-from _common import CACHE, REPO, RESULTS, cpu_pressure, loadavg, machine, raw_folder  # noqa: E402
+from _common import (CACHE, REPO, RESULTS, cpu_pressure, loadavg, machine, random_read_latency,  # noqa: E402
+                     raw_folder)
 
 WORK = CACHE / "append"
 # a Prefect home of our own (no lock contention with other ephemeral servers); set before any import
@@ -508,30 +509,16 @@ def seg_sequential(path: Path, batch: int, limit: int | None) -> float:
     return rate
 
 
-def random_reads(get, n: int, reads: int, seed: int) -> dict:
-    idx = np.random.default_rng(seed).integers(0, n, reads)
-    for i in idx[:20]:
-        get(int(i))
-    times = []
-    for i in idx:
-        t = time.perf_counter_ns()
-        get(int(i))
-        times.append(time.perf_counter_ns() - t)
-    a = np.array(times) / 1000
-    return {"p50_us": round(float(np.percentile(a, 50)), 1), "p99_us": round(float(np.percentile(a, 99)), 1),
-            "mean_us": round(float(a.mean()), 1)}
-
-
 def h5_random(path: Path, reads: int, seed: int) -> dict:
     with h5py.File(os.path.realpath(path), "r") as f:
         im, ma = f["train"]["images"], f["train"]["masks"]
-        return random_reads(lambda i: (im[i], ma[i]), im.shape[0], reads, seed)
+        return random_read_latency(lambda i: (im[i], ma[i]), im.shape[0], reads, seed)
 
 
 def seg_random(path: Path, reads: int, seed: int) -> dict:
     r = SegmentReader(path)
     try:
-        return random_reads(r.one, r.n, reads, seed)
+        return random_read_latency(r.one, r.n, reads, seed)
     finally:
         r.close()
 
@@ -675,7 +662,6 @@ def profile_random(path: Path, reads: int) -> str:
 # ---- report --------------------------------------------------------------------------------------
 
 def markdown(r: dict) -> str:
-    a = r["args"]
     L = [f"# Append benchmark ({r['started']})", "",
          f"Command: `{r['command']}` at commit {r.get('git_head')} (append code key {r.get('code_key')})  ",
          f"Machine: {r['machine']['cpu_count']} CPUs ({r['machine']['cpu_model']}), {r['machine']['memory_gib']} GiB, "
@@ -794,9 +780,6 @@ def notes_for(r: dict) -> list[str]:
     t = r.get("time")
     if t and "ratio" in t:
         s, l = t["bases"]["small"], t["bases"]["large"]
-        grow = ("known_samples", "thin")
-        rest_s = sum(v for k, v in s["steps_median"].items() if k not in grow)
-        rest_l = sum(v for k, v in l["steps_median"].items() if k not in grow)
         grown = [k for k, v in t.get("step_ratios", {}).items() if v and v >= 1.5 and l["steps_median"][k] >= 0.05]
         notes.append(
             "What grows with N (steps >= 0.05 s at the large base with a ratio >= 1.5): "

@@ -36,7 +36,9 @@ from torch.utils.data import DataLoader, Dataset
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
+from _common import random_read_latency  # noqa: E402
 from h5forge.codecs import codec_options, ensure_filters  # noqa: E402
 from h5forge.torch import H5Dataset  # noqa: E402
 
@@ -234,21 +236,6 @@ class Runner:
         return statistics.median(self.rates)
 
 
-def latency(get, n_items: int, reads: int, seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n_items, reads)
-    for i in idx[:20]:
-        get(int(i))
-    times = []
-    for i in idx:
-        t = time.perf_counter_ns()
-        get(int(i))
-        times.append(time.perf_counter_ns() - t)
-    a = np.array(times) / 1000
-    return {"p50_us": round(float(np.percentile(a, 50)), 1), "p99_us": round(float(np.percentile(a, 99)), 1),
-            "mean_us": round(float(a.mean()), 1)}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=10_000, help="samples in the dataset (all in train)")
@@ -261,6 +248,9 @@ def main() -> None:
     ap.add_argument("--grid-limit", type=int, default=2_560, help="samples timed per grid variant")
     ap.add_argument("--reads", type=int, default=2_000, help="random single-sample reads for latency")
     ap.add_argument("--setup-only", action="store_true", help="build the files and stop")
+    ap.add_argument("--latency-only", action="store_true",
+                    help="only random single-sample latency of the chunk_rows-1 grid files vs npy "
+                         "(results to read_latency.json/.md)")
     ap.add_argument("--grid", default="1:zstd,4:zstd,16:zstd,1:lz4,4:lz4,16:lz4,1:none,4:none,16:none")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -281,6 +271,8 @@ def main() -> None:
     if args.setup_only:
         print(f"setup done in {setup_s:.0f} s")
         return
+    if args.latency_only:
+        return latency_by_codec(args, paths, [(c, p) for rows, c, p in grid if rows == 1], gn)
 
     B, W = args.batch, args.workers
     ds = H5Dataset(paths["h5"], "train", ("images", "masks"))
@@ -327,11 +319,11 @@ def main() -> None:
     art = ArticleDataset(paths["article"])
     for r in range(2):  # interleaved twice; the second round is reported
         lat = {
-            "h5forge": latency(lambda i: ds[i], args.n, args.reads, r),
-            "npy_mmap": latency(lambda i: npy[i], args.n, args.reads, r),
-            "h5forge_raw_uint8": latency(lambda i: ds.reader.read_one(i), args.n, args.reads, r),
-            "npy_mmap_raw_copy": latency(lambda i: (np.array(npy._mm[0][i]), np.array(npy._mm[1][i])), args.n, args.reads, r),
-            "article": latency(lambda i: art[i], args.n, max(50, args.reads // 20), r),
+            "h5forge": random_read_latency(lambda i: ds[i], args.n, args.reads, r),
+            "npy_mmap": random_read_latency(lambda i: npy[i], args.n, args.reads, r),
+            "h5forge_raw_uint8": random_read_latency(lambda i: ds.reader.read_one(i), args.n, args.reads, r),
+            "npy_mmap_raw_copy": random_read_latency(lambda i: (np.array(npy._mm[0][i]), np.array(npy._mm[1][i])), args.n, args.reads, r),
+            "article": random_read_latency(lambda i: art[i], args.n, max(50, args.reads // 20), r),
         }
     ds.close()
 
@@ -408,6 +400,38 @@ def main() -> None:
     (RESULTS / "read.md").write_text(markdown(result))
     print(json.dumps(ratios, indent=2))
     print(f"wrote {RESULTS / 'read.json'} and read.md in {result['seconds']} s")
+
+
+def latency_by_codec(args, paths: dict, files: list[tuple[str, Path]], n: int) -> None:
+    """Random single-sample latency per codec (chunk_rows 1) against the same rows as .npy: read +
+    convert as a training item, and the raw uint8 read alone; rounds interleaved, the last kept."""
+    npy = NpyDataset(paths["npy_images"], paths["npy_masks"])
+    npy[0]
+    res: dict[str, dict] = {}
+    for r in range(2):
+        for codec, p in files:
+            ds = H5Dataset(p, "train", ("images", "masks"))
+            res[codec] = random_read_latency(lambda i: ds[i], n, args.reads, r)
+            res[f"{codec}_raw"] = random_read_latency(lambda i: ds.reader.read_one(i), n, args.reads, r)
+            ds.close()
+        res["npy"] = random_read_latency(lambda i: npy[i], n, args.reads, r)
+        res["npy_raw"] = random_read_latency(lambda i: (np.array(npy._mm[0][i]), np.array(npy._mm[1][i])),
+                                             n, args.reads, r)
+    rows = []
+    for key, v in res.items():
+        base = res["npy_raw" if key.endswith("_raw") else "npy"]["p50_us"]
+        rows.append({"reader": key, **v, "p50_vs_npy": round(v["p50_us"] / base, 2)})
+        print(f"{key:12s} p50 {v['p50_us']:8.1f} us  p99 {v['p99_us']:9.1f} us  p50 vs npy {v['p50_us'] / base:.2f}")
+    out = {"n": n, "reads": args.reads, "loadavg_end": os.getloadavg(), "rows": rows}
+    (RESULTS / "read_latency.json").write_text(json.dumps(out, indent=1))
+    md = ["# Random single-sample latency by codec (benchmarks/read.py --latency-only)", "",
+          f"{n} samples of 224x224 image + mask, chunk_rows 1, {args.reads} random reads per reader, one "
+          "process; `<codec>` = read + convert to float32/255 and int64 (a training item), `<codec>_raw` = "
+          "the uint8 read alone; npy = the same rows memory-mapped. Load average at the end: "
+          f"{[round(x, 2) for x in os.getloadavg()]}.", "",
+          "| reader | p50 µs | p99 µs | p50 vs npy |", "|---|---|---|---|"]
+    md += [f"| {r['reader']} | {r['p50_us']} | {r['p99_us']} | {r['p50_vs_npy']} |" for r in rows]
+    (RESULTS / "read_latency.md").write_text("\n".join(md) + "\n")
 
 
 def markdown(r: dict) -> str:
