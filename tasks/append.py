@@ -12,6 +12,7 @@ from h5forge.append import AppendCandidate, InboxScan
 from h5forge.spec import DatasetSpec
 from h5forge.verify import HealthReport
 from h5forge.versions import version_name
+from tasks.artifacts import log_report
 
 
 @task(name="recover", cache_policy=NONE, persist_result=False)
@@ -53,11 +54,7 @@ def write_thin_version(spec: DatasetSpec, cand: AppendCandidate, summary: dict) 
 @task(name="verify", cache_policy=NONE, persist_result=False)
 def verify_append(cand: AppendCandidate) -> HealthReport:
     report = append.verify_append(cand)
-    logger = get_run_logger()
-    for check, result in report.checks.items():
-        logger.info("verify %s: %s", check, result)
-    for err in report.errors:
-        logger.error("verify: %s", err)
+    log_report(report)
     return report
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 
@@ -14,6 +14,17 @@ from h5forge.verify import HealthReport
 def artifact_key(name: str, what: str) -> str:
     """Keys allow lowercase letters, digits and dashes only."""
     return re.sub(r"[^a-z0-9-]+", "-", f"{name}-{what}".lower()).strip("-")
+
+
+def log_report(report: HealthReport) -> None:
+    """Every check, error and warning of a health report, in the run log."""
+    logger = get_run_logger()
+    for check, result in report.checks.items():
+        logger.info("verify %s: %s", check, result)
+    for err in report.errors:
+        logger.error("verify: %s", err)
+    for warning in report.warnings:
+        logger.warning("verify: %s", warning)
 
 
 @task(name="report", cache_policy=NONE, persist_result=False)

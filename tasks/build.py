@@ -10,6 +10,7 @@ from h5forge.discover import Inventory
 from h5forge.spec import DatasetSpec
 from h5forge.verify import HealthReport
 from h5forge.versions import Candidate
+from tasks.artifacts import log_report
 from tasks.progress import progress
 
 
@@ -46,13 +47,7 @@ def clean_and_write(spec: DatasetSpec, inventory: Inventory, candidate: Candidat
 @task(name="verify", cache_policy=NONE, persist_result=False)
 def verify_candidate(candidate: Candidate) -> HealthReport:
     report = build.verify_candidate(candidate)
-    logger = get_run_logger()
-    for check, result in report.checks.items():
-        logger.info("verify %s: %s", check, result)
-    for err in report.errors:
-        logger.error("verify: %s", err)
-    for warning in report.warnings:
-        logger.warning("verify: %s", warning)
+    log_report(report)
     return report
 
 
