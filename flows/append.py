@@ -7,8 +7,8 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
-from h5forge.append import apply_moves, plan_moves, settle_inbox_rejections, stage_append
-from h5forge.reports import write_health, write_quarantine
+from h5forge.append import apply_moves, plan_moves, stage_append
+from h5forge.reports import write_quarantine
 from h5forge.spec import load_spec
 from h5forge.versions import output_lock_or_skip, version_name
 from tasks.append import (publish_append, recover_interrupted, scan_inbox, verify_append, write_delta,
@@ -38,21 +38,20 @@ def append_samples(spec_path: str, inbox: str | None = None, output: str | None 
         result = {"name": spec.name, "version": None, "added": 0, "waiting": len(scan.waiting),
                   "rejected": len(scan.rejections)}
         if not scan.ready:
-            result["quarantined"] = settle_inbox_rejections(scan)
+            apply_moves(plan_moves(spec, scan, [], None))  # rejected inputs still go to quarantine/
             return result
         cand = stage_append(out)
         summary = write_delta(spec, quote(scan), cand)  # quote: no walk over every sample
         if summary["samples"] == 0:
             cand.delta_partial.unlink(missing_ok=True)
-            apply_moves(plan_moves(spec, scan, summary, cand.number))
+            apply_moves(plan_moves(spec, scan, summary["rejections"], None))
             get_run_logger().info("nothing new to append: every ready sample was a duplicate or rejected")
             return {**result, "rejected": summary["rejected"], "rejections": summary["rejections"]}
         write_quarantine(out, version_name(cand.number).removesuffix(".h5"), summary["rejections"])
         merged = write_thin_version(spec, cand, summary)
         report = verify_append(cand)
-        write_health(out, version_name(cand.number).removesuffix(".h5") + ("" if report.ok else ".failed"), report)
         publish_artifacts(spec.name, report, {**merged, "rejections": summary["rejections"]})
-        plan = plan_moves(spec, scan, summary, cand.number)
+        plan = plan_moves(spec, scan, summary["rejections"], cand.number)
         path = publish_append(cand, report, plan)
         apply_retention(spec)
     return {**result, "version": cand.number, "path": path, "added": summary["samples"],

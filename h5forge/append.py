@@ -28,6 +28,7 @@ from h5forge.discover import Rejection, SampleRef, discover
 from h5forge.faults import checkpoint
 from h5forge.layout import SPLITS
 from h5forge.parallel import clean_all
+from h5forge.reports import write_health
 from h5forge.spec import DatasetSpec
 from h5forge.thin import delta_name, write_thin
 from h5forge.verify import HealthReport, verify_file
@@ -189,53 +190,62 @@ def write_thin_version(spec: DatasetSpec, cand: AppendCandidate, summary: dict) 
 
 
 def verify_append(cand: AppendCandidate, seed: int = 0) -> HealthReport:
-    """The delta in full; the thin version's structure, dependencies and sampled rows of every segment."""
+    """The delta in full; the thin version's structure, dependencies and sampled rows of every
+    segment. The health report is written beside the versions."""
     report = verify_file(cand.delta, resample=0, latency_reads=0)
     thin = verify_file(cand.version.partial, checksum_sample=64, resample=0, latency_reads=50, seed=seed)
     thin.checks = {**{f"delta {k}": v for k, v in report.checks.items()}, **thin.checks}
     thin.errors = [f"delta: {e}" for e in report.errors] + thin.errors
     thin.warnings += report.warnings
     thin.ok = thin.ok and report.ok
+    tag = version_name(cand.number).removesuffix(".h5")
+    write_health(cand.out, tag if thin.ok else f"{tag}.failed", thin)
     return thin
 
 
 # ---- journal and inbox moves ------------------------------------------------------------------
 
-def plan_moves(spec: DatasetSpec, scan: InboxScan, summary: dict, number: int) -> dict:
-    """What to do with the inbox files once version ``number`` is published."""
+def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: list[dict], number: int | None) -> dict:
+    """What to do with the inbox files once version ``number`` is published (``None``: no version,
+    every ready sample was rejected): taken samples to processed/, rejected inputs to quarantine/."""
     inbox = scan.inbox
-    dest = processed_dir(inbox, number)
-    rejected = {r["sample_id"]: r for r in summary["rejections"] if r["sample_id"]}
     moves, reasons, records = [], [], []
+
+    def quarantine(rel: str, reason: str) -> None:
+        moves.append([str(inbox / rel), str(inbox / "quarantine" / rel)])
+        reasons.append([str(inbox / "quarantine" / f"{rel}.reason"), reason])
+
+    rejected = {r["sample_id"]: r["reason"] for r in rejections if r["sample_id"]}
     inbox_records = _read_list(inbox / spec.annotations.file) if spec.annotations.file else []
     by_id = {str(r.get(spec.annotations.id_key)): r for r in inbox_records}
     for ref in scan.ready:
         rel_files = [*ref.files.values(), *ref.extra_files]
         if ref.id in rejected:
             for rel in rel_files:
-                moves.append([str(inbox / rel), str(inbox / "quarantine" / rel)])
-                reasons.append([str(inbox / "quarantine" / f"{rel}.reason"), rejected[ref.id]["reason"]])
-        else:
-            for rel in rel_files:
-                moves.append([str(inbox / rel), str(dest / rel)])
-            rec = by_id.get(ref.id)
-            if rec is None and ref.extra_files:
-                rec = json.loads((inbox / ref.extra_files[0]).read_text())
-            if rec is not None:
-                records.append(rec)
+                quarantine(rel, rejected[ref.id])
+            continue
+        assert number is not None, "a taken sample needs the version it went into"
+        moves += [[str(inbox / rel), str(processed_dir(inbox, number) / rel)] for rel in rel_files]
+        rec = by_id.get(ref.id)
+        if rec is None and ref.extra_files:
+            rec = json.loads((inbox / ref.extra_files[0]).read_text())
+        if rec is not None:
+            records.append(rec)
     taken = {ref.id for ref in scan.ready}
     for r in scan.rejections:  # discovery-time rejections: their files go to quarantine too
-        for rel in [p.strip() for p in r.path.split(",") if p.strip() and "#" not in p and (inbox / p.strip()).is_file()]:
-            moves.append([str(inbox / rel), str(inbox / "quarantine" / rel)])
-            reasons.append([str(inbox / "quarantine" / f"{rel}.reason"), r.reason])
+        for rel in (p.strip() for p in r.path.split(",")):
+            if rel and "#" not in rel and (inbox / rel).is_file():
+                quarantine(rel, r.reason)
         taken.add(r.sample_id)
     remaining = [r for r in inbox_records if str(r.get(spec.annotations.id_key)) not in taken]
+    processed = (str(processed_dir(inbox, number) / (spec.annotations.file or "annotations.json"))
+                 if number is not None else None)
     return {
         "version": number,
         "inbox": str(inbox),
         "moves": moves,
         "reasons": reasons,
-        "processed_records": [str(dest / (spec.annotations.file or "annotations.json")), records],
+        "processed_records": [processed, records],
         "inbox_records": [str(inbox / spec.annotations.file), remaining] if spec.annotations.file and inbox_records else None,
     }
 
@@ -267,7 +277,7 @@ def write_journal(out: Path, plan: dict) -> None:
 def apply_moves(plan: dict) -> None:
     """Idempotent: a move already done is skipped, so a rerun after a crash finishes the job."""
     path, records = plan["processed_records"]
-    if records:
+    if path and records:
         _write_json_atomic(Path(path), records)
     for i, (src, dst) in enumerate(plan["moves"]):
         if os.path.exists(src):
@@ -320,18 +330,3 @@ def publish_append(cand: AppendCandidate, report: HealthReport, plan: dict) -> s
     apply_moves(plan)
     (cand.out / JOURNAL).unlink()
     return str(path)
-
-
-def settle_inbox_rejections(scan: InboxScan) -> int:
-    """When nothing is ready, still move rejected inputs to quarantine (no version needed)."""
-    reasons_done = 0
-    for r in scan.rejections:
-        for rel in [p.strip() for p in r.path.split(",") if p.strip() and "#" not in p]:
-            src = scan.inbox / rel
-            if src.is_file():
-                dst = scan.inbox / "quarantine" / rel
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(src, dst)
-                dst.with_name(dst.name + ".reason").write_text(r.reason + "\n")
-                reasons_done += 1
-    return reasons_done

@@ -30,10 +30,13 @@ class VerificationFailed(RuntimeError):
 
 def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
                   progress: Callable[[int], None] = lambda n: None) -> dict:
-    """Clean every sample on dask and stream it into the candidate file. Returns the summary."""
+    """Clean every sample on dask and stream it into the candidate file. Returns the summary.
+
+    The quarantine report is written whatever happens to the samples, so an empty result says why.
+    """
+    tag = version_name(candidate.number).removesuffix(".h5")
     if not inventory.samples:
-        write_quarantine(candidate.out, version_name(candidate.number).removesuffix(".h5"),
-                         [r.as_dict() for r in inventory.rejections])
+        write_quarantine(candidate.out, tag, [r.as_dict() for r in inventory.rejections])
         raise NothingToBuild(f"no complete sample under {inventory.root} "
                              f"({len(inventory.rejections)} input(s) rejected; see the quarantine report)")
     writer = DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent)
@@ -48,13 +51,12 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
         writer.abort()
         candidate.discard()
         raise
-    rejections = [r.as_dict() for r in writer.rejections]
-    write_quarantine(candidate.out, version_name(candidate.number).removesuffix(".h5"), rejections)
+    summary["rejections"] = [r.as_dict() for r in writer.rejections]
+    write_quarantine(candidate.out, tag, summary["rejections"])
     if summary["samples"] == 0:
         candidate.discard()
         raise NothingToBuild(f"all {len(inventory.samples)} sample(s) under {inventory.root} were rejected "
                              "while cleaning; nothing to publish (see the quarantine report)")
-    summary["rejections"] = rejections
     return summary
 
 
