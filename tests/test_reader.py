@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import os
+import time
 import pickle
 import shutil
 from pathlib import Path
@@ -237,6 +238,15 @@ def with_worker_fds(batch):
     return x, m, torch.tensor([n_fds(), h5_fds()])
 
 
+def settled_fds(limit: int, seconds: float = 5.0) -> int:
+    """The fd count once exited workers' pipes are closed (they may close a moment after the
+    epoch ends); a real leak never drops back to ``limit``, so it still shows."""
+    deadline = time.monotonic() + seconds
+    while n_fds() > limit and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return n_fds()
+
+
 @pytest.mark.parametrize("persistent", [True, False])
 def test_no_fd_leak_over_epochs(data, persistent):
     ds = H5Dataset(data["c1"], split="train", fields=("images", "masks"), batch_transform=with_worker_fds)
@@ -250,7 +260,7 @@ def test_no_fd_leak_over_epochs(data, persistent):
         del x, m, fds  # the last batch's shared-memory tensors hold fds
         gc.collect()
         worker.append(np.array(epoch))
-        main_counts.append(n_fds())
+        main_counts.append(n_fds() if persistent else settled_fds(before))
     assert before_h5 == 0 and h5_fds() == 0  # the main process never holds the file open
     if persistent:
         assert len(set(main_counts)) == 1, main_counts
