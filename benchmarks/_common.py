@@ -24,7 +24,7 @@ def raw_folder(n: int, seed: int = 0, size_range: tuple[int, int] = (150, 260), 
     A folder is complete only once its ``.complete`` marker exists; an interrupted generation is
     thrown away and redone.
     """
-    from h5forge.demo import generate
+    from h5forge.ingest.demo import generate
 
     root = CACHE / f"raw-n{n}-s{seed}-{size_range[0]}-{size_range[1]}{'-bad' if bad else ''}"
     marker = root / ".complete"

@@ -15,7 +15,7 @@
    (total - base - sum(delta files)) / base, and every thin file's size. At 64 px (required) and
    at the read test's size.
 3. Read speed of the thin version (base + 5 appends) vs a self-contained copy with the same samples
-   (h5forge.thin.export: identical content, the same chunks), through the project reader (H5Dataset
+   (h5forge.store.thin.export: identical content, the same chunks), through the project reader (H5Dataset
    loader, batch 32, 2 workers, one shuffled epoch after a warm-up) and through plain h5py
    (sequential batches of 32, random single-sample reads), plus the same reads done straight on the
    segment files (what a reader that bypasses the virtual datasets would get). Goal >= 0.9x.
@@ -96,9 +96,9 @@ def spec_file(raw: Path, out: Path, inbox: Path, size: int, path: Path) -> Path:
 
 def build_base(raw: Path, n: int, size: int) -> tuple[Path, dict]:
     """A published one-version output folder built from ``raw`` (cached)."""
-    from h5forge.build import publish_candidate, verify_candidate, write_version
-    from h5forge.discover import discover
-    from h5forge.versions import stage
+    from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
+    from h5forge.ingest.discover import discover
+    from h5forge.store.versions import stage
 
     spec = make_spec(raw, WORK, size)
     out = WORK / f"base-n{n}-{size}px-{spec.storage.codec}-{raw.name}"  # the default codec has changed before
@@ -170,8 +170,8 @@ def fill_inbox(src_raw: Path, inbox: Path, start: int, count: int, prefix: str) 
 def append_steps(spec, out: Path, inbox: Path, expect: int = APPEND) -> dict:
     """The library steps as flows/append.py composes them (Prefect-only publish_artifacts left out)."""
     from h5forge import append as ap
-    from h5forge.reports import write_health, write_quarantine
-    from h5forge.versions import output_lock, retain, version_name
+    from h5forge.store.reports import write_health, write_quarantine
+    from h5forge.store.versions import output_lock, retain, version_name
 
     steps: dict[str, float] = {}
     inner: dict[str, float] = {"known_samples": 0.0}
@@ -320,7 +320,7 @@ def flow_runs(bases: dict[str, tuple[Path, int]], src: Path, size: int) -> dict:
     """The Prefect flow once per base, in this process (ephemeral server started by a trivial flow first)."""
     from prefect import flow
 
-    from flows.append import append_samples
+    from h5forge.flows.append import append_samples
 
     @flow(name="bench-noop")
     def noop() -> int:
@@ -419,7 +419,7 @@ def make_chain(base: Path, src: Path, size: int, name: str) -> tuple[Path, dict]
 
 class LoaderRun:
     def __init__(self, path: Path, batch: int, workers: int):
-        from h5forge.torch import H5Dataset
+        from h5forge.read.torch import H5Dataset
 
         self.ds = H5Dataset(path, "train", ("images", "masks"))
         self.loader = self.ds.loader(batch_size=batch, num_workers=workers, shuffle=True, seed=0)
@@ -537,7 +537,7 @@ def open_cost(path: Path, reps: int = 20) -> dict:
 
 def part_read(thin: Path, size: int, repeats: int, batch: int, workers: int, reads: int,
               seq_limit: int | None) -> dict:
-    from h5forge.thin import export
+    from h5forge.store.thin import export
 
     real = Path(os.path.realpath(thin))
     fresh = WORK / f"export-{real.parent.name}" / real.name
@@ -562,7 +562,7 @@ def part_read(thin: Path, size: int, repeats: int, batch: int, workers: int, rea
                 pass
     loaders = {k: LoaderRun(p, batch, workers) for k, p in configs.items()}
     res: dict = {"size": size, "train_samples": n, "segments": thin_segments, "thin_is_virtual": is_virtual,
-                 "fresh": f"h5forge.thin.export of {real.name} (identical content, compressed chunks copied as they are)",
+                 "fresh": f"h5forge.store.thin.export of {real.name} (identical content, compressed chunks copied as they are)",
                  "batch": batch, "workers": workers, "repeats": repeats, "page_cache": "all files read once before the rounds",
                  "thin_bytes": real.stat().st_size, "fresh_bytes": fresh.stat().st_size,
                  "rounds": []}

@@ -147,9 +147,9 @@ class WriterTimer:
 
 
 def build_once(raw: Path, out: Path, workers: int, **storage) -> dict:
-    from h5forge.build import write_version
-    from h5forge.discover import discover
-    from h5forge.versions import stage
+    from h5forge.ingest.build import write_version
+    from h5forge.ingest.discover import discover
+    from h5forge.store.versions import stage
 
     if out.exists():
         shutil.rmtree(out)
@@ -281,8 +281,8 @@ def cli_phases(output: str, started: float, ended: float) -> dict:
 
 def clean_subset(raw: Path, n: int, batch_size: int = 64):
     """Clean the first ``n`` samples once, in this process; the codec runs only write them."""
-    from h5forge.clean import clean_batch
-    from h5forge.discover import discover
+    from h5forge.ingest.clean import clean_batch
+    from h5forge.ingest.discover import discover
 
     spec = make_spec(raw, CACHE / "unused")
     inventory = discover(spec)
@@ -293,7 +293,7 @@ def clean_subset(raw: Path, n: int, batch_size: int = 64):
 def codec_run(spec, batches, codec: str, chunk_rows: int, path: Path, reads: int, seed: int = 0) -> dict:
     import h5py
 
-    from h5forge.writer import DatasetWriter
+    from h5forge.ingest.writer import DatasetWriter
 
     spec = spec.model_copy(update={"storage": spec.storage.model_copy(update={"codec": codec,
                                                                                "chunk_rows": chunk_rows})})
@@ -355,7 +355,7 @@ def codec_run(spec, batches, codec: str, chunk_rows: int, path: Path, reads: int
 
 
 def codec_table(raw: Path, n: int, reads: int, workdir: Path) -> dict:
-    from h5forge.codecs import CODECS
+    from h5forge.format.codecs import CODECS
 
     t0 = time.perf_counter()
     spec, batches = clean_subset(raw, n)
@@ -394,8 +394,8 @@ def profile_clean(raw: Path, n: int, workers: int) -> dict:
     import pickle
 
     from h5forge import clean as c
-    from h5forge.discover import discover
-    from h5forge.writer import DatasetWriter
+    from h5forge.ingest.discover import discover
+    from h5forge.ingest.writer import DatasetWriter
 
     cpu = time.process_time
     spec = make_spec(raw, CACHE / "unused")

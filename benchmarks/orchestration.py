@@ -258,7 +258,7 @@ def child(mode: str, spec_path: Path, result: Path, pids: list[int]) -> None:
     t_import = time.perf_counter()
     out: dict = {"mode": mode, "loadavg_before": loadavg()}
     if mode == "flow":
-        from flows.build import build_dataset
+        from h5forge.flows.build import build_dataset
 
         out["import_seconds"] = round(time.perf_counter() - t_import, 2)
         t0 = time.perf_counter()
@@ -268,10 +268,10 @@ def child(mode: str, spec_path: Path, result: Path, pids: list[int]) -> None:
         out["counts"] = summary["counts"]
         out["health_ok"] = bool(summary["path"])  # the flow raises VerificationFailed otherwise
     else:
-        from h5forge.build import publish_candidate, verify_candidate, write_version
-        from h5forge.discover import discover
+        from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
+        from h5forge.ingest.discover import discover
         from h5forge.spec import load_spec
-        from h5forge.versions import output_lock, retain, stage
+        from h5forge.store.versions import output_lock, retain, stage
 
         out["import_seconds"] = round(time.perf_counter() - t_import, 2)
         t0 = time.perf_counter()

@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _common import random_read_latency  # noqa: E402
-from h5forge.codecs import codec_options, ensure_filters  # noqa: E402
-from h5forge.torch import H5Dataset  # noqa: E402
+from h5forge.format.codecs import codec_options, ensure_filters  # noqa: E402
+from h5forge.read.torch import H5Dataset  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_CODEC = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())["storage"]["codec"]
@@ -63,16 +63,16 @@ def _spec(raw: Path, out: Path, chunk_rows: int = 1, codec: str | None = None):
 
 
 def _clean(args):
-    from h5forge.clean import clean_batch
+    from h5forge.ingest.clean import clean_batch
 
     spec, root, refs = args
     return clean_batch(spec, root, refs)
 
 
 def build(work: Path, n: int) -> dict[str, Path]:
-    from h5forge.demo import generate
-    from h5forge.discover import discover
-    from h5forge.writer import DatasetWriter
+    from h5forge.ingest.demo import generate
+    from h5forge.ingest.discover import discover
+    from h5forge.ingest.writer import DatasetWriter
 
     raw, out = work / f"raw{n}", work / f"out{n}"
     paths = {"raw": raw, "h5": out / f"dataset_{DEFAULT_CODEC}.h5", "npy_images": out / "images.npy",

@@ -13,9 +13,9 @@ from pathlib import Path
 from prefect.flows import EntrypointType
 from prefect.schedules import Cron, Interval
 
-from flows.append import append_samples
-from flows.build import build_dataset
-from flows.verify import verify_dataset
+from h5forge.flows.append import append_samples
+from h5forge.flows.build import build_dataset
+from h5forge.flows.verify import verify_dataset
 
 NIGHTLY_CRON = "0 2 * * *"
 WEEKLY_CRON = "0 3 * * 0"

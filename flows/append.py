@@ -7,14 +7,14 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
-from h5forge.append import apply_moves, plan_moves, stage_append
-from h5forge.reports import write_quarantine
+from h5forge.store.append import apply_moves, plan_moves, stage_append
+from h5forge.store.reports import write_quarantine
 from h5forge.spec import load_spec
-from h5forge.versions import output_lock_or_skip, version_name
-from tasks.append import (publish_append, recover_interrupted, scan_inbox, verify_append, write_delta,
+from h5forge.store.versions import output_lock_or_skip, version_name
+from h5forge.tasks.append import (publish_append, recover_interrupted, scan_inbox, verify_append, write_delta,
                           write_thin_version)
-from tasks.artifacts import publish_artifacts
-from tasks.build import apply_retention
+from h5forge.tasks.artifacts import publish_artifacts
+from h5forge.tasks.build import apply_retention
 
 
 @flow(name="append-samples")

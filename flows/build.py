@@ -6,9 +6,9 @@ from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
 from h5forge.spec import load_spec
-from h5forge.versions import output_lock_or_skip
-from tasks.artifacts import publish_artifacts
-from tasks.build import (apply_retention, clean_and_write, discover_samples, publish_version,
+from h5forge.store.versions import output_lock_or_skip
+from h5forge.tasks.artifacts import publish_artifacts
+from h5forge.tasks.build import (apply_retention, clean_and_write, discover_samples, publish_version,
                          stage_version, verify_candidate)
 
 

@@ -8,8 +8,8 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from h5forge.spec import load_spec
-from tasks.artifacts import artifact_key
-from tasks.verify import verify_latest
+from h5forge.tasks.artifacts import artifact_key
+from h5forge.tasks.verify import verify_latest
 
 
 class DatasetBroken(RuntimeError):

@@ -30,10 +30,10 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
-    from h5forge.append import NoBaseVersion
-    from h5forge.build import NothingToBuild, VerificationFailed
+    from h5forge.store.append import NoBaseVersion
+    from h5forge.ingest.build import NothingToBuild, VerificationFailed
     from h5forge.spec import SpecError
-    from h5forge.versions import OutputBusy, VersionError
+    from h5forge.store.versions import OutputBusy, VersionError
 
     return (SpecError, OutputBusy, VersionError, NothingToBuild, VerificationFailed, ConnectionError,
             FileNotFoundError, NoBaseVersion)
@@ -44,7 +44,7 @@ def init(raw: Path = typer.Argument(..., help="raw folder (images/, masks/, anno
          out_path: Path = typer.Option(..., "--out", help="where to write the spec YAML"),
          force: bool = typer.Option(False, help="overwrite an existing spec")) -> None:
     """Write a spec inferred from a raw folder, with comments."""
-    from h5forge.infer import infer_spec
+    from h5forge.ingest.infer import infer_spec
 
     if out_path.exists() and not force:
         _fail(f"{out_path} exists; pass --force to overwrite it")
@@ -63,7 +63,7 @@ def build(spec: Path = typer.Argument(..., help="dataset spec YAML"),
           dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler")) -> None:
     """Full build: discover, clean on dask, write, verify, publish (a Prefect flow run)."""
     _check_spec(spec, output, dask_address)  # fail fast, before starting Prefect
-    from flows.build import build_dataset
+    from h5forge.flows.build import build_dataset
 
     try:
         result = build_dataset(str(spec), str(output) if output else None, dask_address)
@@ -90,7 +90,7 @@ def append(spec: Path = typer.Argument(..., help="dataset spec YAML"),
            dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler")) -> None:
     """Append the complete samples waiting in the inbox as a new version (a Prefect flow run)."""
     _check_spec(spec, output, dask_address, inbox)
-    from flows.append import append_samples
+    from h5forge.flows.append import append_samples
 
     try:
         result = append_samples(str(spec), _opt(inbox), _opt(output), dask_address)
@@ -111,7 +111,7 @@ def _check_spec(spec: Path, output, dask_address, inbox=None):
     except _known_errors() as e:
         _fail(str(e))
     if loaded.compute.dask_address:
-        from h5forge.parallel import check_reachable
+        from h5forge.ingest.parallel import check_reachable
 
         try:
             check_reachable(loaded.compute.dask_address)
@@ -145,7 +145,7 @@ def watch(spec: Path = typer.Argument(..., help="dataset spec YAML"),
     """Long-running: append samples as they settle in the inbox; Ctrl-C / SIGTERM stops between appends."""
     import logging
 
-    from h5forge.watch import serve_inbox
+    from h5forge.store.watch import serve_inbox
 
     loaded = _check_spec(spec, output, dask_address, inbox)
     if loaded.source.inbox is None:
@@ -153,12 +153,12 @@ def watch(spec: Path = typer.Argument(..., help="dataset spec YAML"),
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if deployment:
-        from deployments.trigger import trigger_append
+        from h5forge.deployments.trigger import trigger_append
 
         def run_once() -> int:
             return trigger_append(deployment, loaded.source.inbox)
     else:
-        from flows.append import append_samples
+        from h5forge.flows.append import append_samples
 
         def run_once() -> int:
             result = append_samples(str(spec), str(loaded.source.inbox), _opt(output), dask_address,
@@ -197,7 +197,7 @@ def serve(spec: Path = typer.Argument(..., help="dataset spec YAML"),
             _fail("serve needs a Prefect server: start one (`prefect server start`) and set PREFECT_API_URL")
     from prefect import serve as prefect_serve
 
-    from deployments.definitions import dataset_deployments
+    from h5forge.deployments.definitions import dataset_deployments
 
     deps = dataset_deployments(spec, _opt(output), dask_address, timezone, nightly_cron, poll_seconds,
                                suffix=suffix)
@@ -208,8 +208,8 @@ def serve(spec: Path = typer.Argument(..., help="dataset spec YAML"),
 def export(version: Path = typer.Argument(..., help="a version file (thin or not) or dataset_latest.h5"),
            dest: Path = typer.Argument(..., help="the self-contained copy to write")) -> None:
     """Write a self-contained copy of a version, to move to another machine."""
-    from h5forge.thin import export as export_version
-    from h5forge.verify import verify_file
+    from h5forge.store.thin import export as export_version
+    from h5forge.store.verify import verify_file
 
     if not version.exists():
         _fail(f"{version}: no such file")
@@ -231,7 +231,7 @@ def verify(path: Path = typer.Argument(..., help="a version file or dataset_late
            source_root: Optional[Path] = typer.Option(None, help="raw folder, if it moved"),
            as_json: bool = typer.Option(False, "--json", help="print the report as JSON")) -> None:
     """Check a version; exit 0 if healthy, 1 with the reasons if not."""
-    from h5forge.verify import verify_file
+    from h5forge.store.verify import verify_file
 
     report = verify_file(path, checksums=not quick, resample=resample, source_root=source_root)
     if as_json:
@@ -248,8 +248,8 @@ def versions(folder: Path = typer.Argument(..., help="output folder of a dataset
 
     import h5py
 
-    from h5forge.codecs import ensure_filters
-    from h5forge.versions import latest, published
+    from h5forge.format.codecs import ensure_filters
+    from h5forge.store.versions import latest, published
 
     ensure_filters()
     found = published(folder)
@@ -272,8 +272,8 @@ def versions(folder: Path = typer.Argument(..., help="output folder of a dataset
 def rollback(folder: Path = typer.Argument(..., help="output folder of a dataset"),
              version: str = typer.Argument(..., help="version to point latest at, e.g. v0002")) -> None:
     """Point dataset_latest.h5 at an earlier (or later) published version."""
-    from h5forge.verify import verify_file
-    from h5forge.versions import output_lock, parse_version, published, set_latest, version_name
+    from h5forge.store.verify import verify_file
+    from h5forge.store.versions import output_lock, parse_version, published, set_latest, version_name
 
     try:
         number = parse_version(version)
@@ -296,7 +296,7 @@ def demo_data(folder: Path = typer.Argument(Path("data/raw/demo")),
               bad: bool = typer.Option(True, help="also write the usual defects of real collections"),
               prefix: str = typer.Option("cell_", help="sample id prefix (another one makes new samples)")) -> None:
     """Generate a realistic raw folder (cell micrographs, masks, annotations, defects)."""
-    from h5forge.demo import generate
+    from h5forge.ingest.demo import generate
 
     if (folder / "annotations.json").exists():
         out.print(f"{folder} already holds demo data; keeping it")

@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from h5forge.codecs import CODECS
+from h5forge.format.codecs import CODECS
 
 
 class SpecError(ValueError):

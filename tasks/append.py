@@ -1,4 +1,4 @@
-"""Tasks of the append flow (thin wrappers over h5forge.append)."""
+"""Tasks of the append flow (thin wrappers over h5forge.store.append)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
-from h5forge import append
-from h5forge.append import AppendCandidate, InboxScan
+from h5forge.store import append
+from h5forge.store.append import AppendCandidate, InboxScan
 from h5forge.spec import DatasetSpec
-from h5forge.verify import HealthReport
-from h5forge.versions import version_name
-from tasks.artifacts import log_report
+from h5forge.store.verify import HealthReport
+from h5forge.store.versions import version_name
+from h5forge.tasks.artifacts import log_report
 
 
 @task(name="recover", cache_policy=NONE, persist_result=False)

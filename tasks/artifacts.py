@@ -8,7 +8,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 
-from h5forge.verify import HealthReport
+from h5forge.store.verify import HealthReport
 
 
 def artifact_key(name: str, what: str) -> str:

@@ -5,13 +5,15 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.cache_policies import NONE
 
-from h5forge import build, discover as discovery, versions
-from h5forge.discover import Inventory
+from h5forge.ingest import build
+from h5forge.ingest import discover as discovery
+from h5forge.store import versions
+from h5forge.ingest.discover import Inventory
 from h5forge.spec import DatasetSpec
-from h5forge.verify import HealthReport
-from h5forge.versions import Candidate
-from tasks.artifacts import log_report
-from tasks.progress import progress
+from h5forge.store.verify import HealthReport
+from h5forge.store.versions import Candidate
+from h5forge.tasks.artifacts import log_report
+from h5forge.tasks.progress import progress
 
 
 @task(name="discover", cache_policy=NONE, persist_result=False)

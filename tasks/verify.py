@@ -7,10 +7,10 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NONE
 
-from h5forge.reports import write_health
-from h5forge.verify import HealthReport, verify_file
-from h5forge.versions import LATEST, latest, version_name
-from tasks.artifacts import log_report
+from h5forge.store.reports import write_health
+from h5forge.store.verify import HealthReport, verify_file
+from h5forge.store.versions import LATEST, latest, version_name
+from h5forge.tasks.artifacts import log_report
 
 
 @task(name="verify-latest", cache_policy=NONE, persist_result=False)

@@ -35,7 +35,7 @@ def prefect_server():
 @pytest.fixture(scope="session")
 def raw_demo(tmp_path_factory) -> Path:
     """A raw folder of 40 good samples plus every kind of defect the demo knows."""
-    from h5forge.demo import generate
+    from h5forge.ingest.demo import generate
 
     root = tmp_path_factory.mktemp("raw") / "demo"
     generate(root, n=40, seed=1, bad=True, workers=1)

@@ -29,7 +29,7 @@ def spec_for(raw: Path, out: Path, size=(64, 64), **storage):
 
 
 def make_raw(root: Path, n: int = 200, seed: int = 0) -> Path:
-    from h5forge.demo import generate
+    from h5forge.ingest.demo import generate
 
     generate(root, n=n, seed=seed, bad=False, size_range=(64, 96), workers=1)
     return root
@@ -37,8 +37,8 @@ def make_raw(root: Path, n: int = 200, seed: int = 0) -> Path:
 
 @lru_cache(maxsize=8)
 def _cleaned(raw: str, size: tuple[int, int]):
-    from h5forge.clean import clean_batch
-    from h5forge.discover import discover
+    from h5forge.ingest.clean import clean_batch
+    from h5forge.ingest.discover import discover
 
     spec = spec_for(Path(raw), Path(raw).parent / "unused", size)
     inv = discover(spec)
@@ -48,7 +48,7 @@ def _cleaned(raw: str, size: tuple[int, int]):
 def build_file(path: Path, raw: Path, *, version: int = 1, size=(64, 64), chunk_rows: int = 1,
                codec: str = "zstd") -> Path:
     """Write one version file at ``path`` from the raw folder (cleaning is cached per raw folder)."""
-    from h5forge.writer import DatasetWriter
+    from h5forge.ingest.writer import DatasetWriter
 
     path.parent.mkdir(parents=True, exist_ok=True)
     spec = spec_for(raw, path.parent, size, chunk_rows=chunk_rows, codec=codec)
@@ -61,7 +61,7 @@ def build_file(path: Path, raw: Path, *, version: int = 1, size=(64, 64), chunk_
 
 def truth(path: Path, split: str = "train") -> dict[str, np.ndarray]:
     """Everything the file holds for ``split``, read plainly (the ground truth)."""
-    from h5forge.codecs import ensure_filters
+    from h5forge.format.codecs import ensure_filters
 
     ensure_filters()
     with h5py.File(os.path.realpath(path), "r") as f:

@@ -8,17 +8,17 @@ import h5py
 import numpy as np
 import pytest
 
-from h5forge.layout import decode_str
-from h5forge.splits import assign_split
-from h5forge.thin import segments_of
-from h5forge.verify import verify_file
-from h5forge.versions import latest, published, retain
+from h5forge.format.layout import decode_str
+from h5forge.ingest.splits import assign_split
+from h5forge.store.thin import segments_of
+from h5forge.store.verify import verify_file
+from h5forge.store.versions import latest, published, retain
 from tests.conftest import age_files, demo_spec, drop_samples, write_spec_file
 
 
 @pytest.fixture(scope="session")
 def raw_new(tmp_path_factory):
-    from h5forge.demo import generate
+    from h5forge.ingest.demo import generate
 
     root = tmp_path_factory.mktemp("rawnew") / "new"
     generate(root, n=72, seed=7, bad=False, workers=1)
@@ -28,7 +28,7 @@ def raw_new(tmp_path_factory):
 @pytest.fixture
 def dataset(prefect_server, raw_demo, tmp_path):
     """A built v1 and its spec file; the inbox is tmp_path/inbox."""
-    from flows.build import build_dataset
+    from h5forge.flows.build import build_dataset
 
     spec_file = write_spec_file(raw_demo, tmp_path / "out", tmp_path / "spec.yaml", inbox=tmp_path / "inbox")
     build_dataset(str(spec_file))
@@ -45,7 +45,7 @@ def all_ids(path):
 
 
 def test_append_extends_every_split_and_leaves_the_old_version_alone(dataset, raw_new):
-    from flows.append import append_samples
+    from h5forge.flows.append import append_samples
 
     spec_file, out, inbox = dataset
     v1 = out / "dataset_v0001.h5"
@@ -87,7 +87,7 @@ def test_append_extends_every_split_and_leaves_the_old_version_alone(dataset, ra
 
 
 def test_duplicates_and_id_conflicts_are_quarantined(dataset, raw_demo, raw_new):
-    from flows.append import append_samples
+    from h5forge.flows.append import append_samples
 
     spec_file, out, inbox = dataset
     drop_samples(raw_demo, inbox, ["cell_000003"], rename="copy_of_")  # same content, new name
@@ -112,7 +112,7 @@ def test_duplicates_and_id_conflicts_are_quarantined(dataset, raw_demo, raw_new)
 
 
 def test_partial_pairs_and_unsettled_files_wait(dataset, raw_demo, raw_new):
-    from flows.append import append_samples
+    from h5forge.flows.append import append_samples
 
     spec_file, out, inbox = dataset
     spec_file = write_spec_file(raw_demo, out, spec_file, inbox=inbox, append={"settle_seconds": 30})
@@ -130,7 +130,7 @@ def test_partial_pairs_and_unsettled_files_wait(dataset, raw_demo, raw_new):
 
 
 def test_retention_keeps_what_kept_versions_read_and_export_is_self_contained(dataset, raw_new, tmp_path):
-    from flows.append import append_samples
+    from h5forge.flows.append import append_samples
 
     spec_file, out, inbox = dataset
     for k in range(3):
@@ -146,7 +146,7 @@ def test_retention_keeps_what_kept_versions_read_and_export_is_self_contained(da
     assert verify_file(out / "dataset_latest.h5").ok
     copy = tmp_path / "elsewhere" / "copy.h5"
     copy.parent.mkdir()
-    from h5forge.thin import export
+    from h5forge.store.thin import export
 
     export(out / "dataset_latest.h5", copy)
     with h5py.File(copy, "r") as c, h5py.File(out / "dataset_v0004.h5", "r") as f:
@@ -158,7 +158,7 @@ def test_retention_keeps_what_kept_versions_read_and_export_is_self_contained(da
 
 
 def test_a_missing_delta_is_an_error_never_silent_zeros(dataset, raw_new, tmp_path):
-    from flows.append import append_samples
+    from h5forge.flows.append import append_samples
 
     spec_file, out, inbox = dataset
     drop_samples(raw_new, inbox, ["cell_000006"], rename="m_")
@@ -173,8 +173,8 @@ def test_a_missing_delta_is_an_error_never_silent_zeros(dataset, raw_new, tmp_pa
 
 
 def test_nightly_rebuild_is_compact_and_keeps_appended_samples(dataset, raw_new):
-    from flows.append import append_samples
-    from flows.build import build_dataset
+    from h5forge.flows.append import append_samples
+    from h5forge.flows.build import build_dataset
 
     spec_file, out, inbox = dataset
     new_ids = drop_samples(raw_new, inbox, ["cell_000010", "cell_000011"], rename="n_")

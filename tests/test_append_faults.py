@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from h5forge.verify import verify_file
-from h5forge.versions import latest, published
+from h5forge.store.verify import verify_file
+from h5forge.store.versions import latest, published
 from tests.conftest import age_files, drop_samples, write_spec_file
 from tests.test_append import all_ids, raw_new  # noqa: F401  (fixture)
 
@@ -35,7 +35,7 @@ POINTS = ["append:before-write", "append:mid-write", "append:before-publish", "a
 
 @pytest.fixture(scope="module")
 def base_version(prefect_server, raw_demo, tmp_path_factory):
-    from flows.build import build_dataset
+    from h5forge.flows.build import build_dataset
 
     tmp = tmp_path_factory.mktemp("base")
     build_dataset(str(write_spec_file(raw_demo, tmp / "out", tmp / "spec.yaml")))
@@ -44,7 +44,7 @@ def base_version(prefect_server, raw_demo, tmp_path_factory):
 
 @pytest.mark.parametrize("point", POINTS)
 def test_killed_append_converges_on_rerun(point, api_url, base_version, raw_demo, raw_new, tmp_path):  # noqa: F811
-    from flows.append import append_samples
+    from h5forge.flows.append import append_samples
 
     out, inbox = tmp_path / "out", tmp_path / "inbox"
     shutil.copytree(base_version, out, symlinks=True)
@@ -77,7 +77,7 @@ def test_killed_append_converges_on_rerun(point, api_url, base_version, raw_demo
 
 
 def test_watch_service_appends_files_dropped_after_it_started(api_url, raw_demo, raw_new, tmp_path):  # noqa: F811
-    from flows.build import build_dataset
+    from h5forge.flows.build import build_dataset
 
     out, inbox = tmp_path / "out", tmp_path / "inbox"
     spec_file = write_spec_file(raw_demo, out, tmp_path / "spec.yaml", inbox=inbox)

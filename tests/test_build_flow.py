@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from prefect.artifacts import Artifact
 
-from h5forge.clean import clean_sample
-from h5forge.discover import SampleRef
-from h5forge.layout import decode_str, index_rows
-from h5forge.splits import assign_split
-from h5forge.versions import LATEST, latest, output_lock
+from h5forge.ingest.clean import clean_sample
+from h5forge.ingest.discover import SampleRef
+from h5forge.format.layout import decode_str, index_rows
+from h5forge.ingest.splits import assign_split
+from h5forge.store.versions import LATEST, latest, output_lock
 from tests.conftest import demo_spec, write_spec_file
 
 DEFECTS = {
@@ -37,7 +37,7 @@ def read_split(path, split):
 
 @pytest.fixture(scope="module")
 def built(prefect_server, raw_demo, tmp_path_factory):
-    from flows.build import build_dataset
+    from h5forge.flows.build import build_dataset
 
     tmp = tmp_path_factory.mktemp("flow")
     spec_file = write_spec_file(raw_demo, tmp / "out", tmp / "spec.yaml", inline_below=0)  # clean on dask
@@ -121,7 +121,7 @@ def test_health_reports_and_artifacts(built):
 
 
 def test_a_concurrent_build_fails_and_leaves_latest_alone(built):
-    from flows.build import build_dataset
+    from h5forge.flows.build import build_dataset
 
     out, spec_file, _, _ = built
     with output_lock(out, what="another build"):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from h5forge.clean import Reject, clean_batch, clean_sample, plan_geometry
-from h5forge.demo import _bomb_png
-from h5forge.discover import SampleRef
+from h5forge.ingest.clean import Reject, clean_batch, clean_sample, plan_geometry
+from h5forge.ingest.demo import _bomb_png
+from h5forge.ingest.discover import SampleRef
 from tests.conftest import demo_spec
 
 

@@ -10,10 +10,10 @@ import h5py
 import pytest
 import yaml
 
-from h5forge.build import publish_candidate, verify_candidate, write_version
-from h5forge.discover import discover
+from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
+from h5forge.ingest.discover import discover
 from h5forge.spec import load_spec
-from h5forge.versions import latest, stage
+from h5forge.store.versions import latest, stage
 from tests.conftest import demo_spec
 
 H5FORGE = str(Path(sys.executable).parent / "h5forge")

@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from h5forge.verify import verify_file
-from h5forge.versions import LATEST, latest
+from h5forge.store.verify import verify_file
+from h5forge.store.versions import LATEST, latest
 from tests.conftest import write_spec_file
 
 BIN = Path(sys.executable).parent
@@ -105,7 +105,7 @@ def executed_per_worker(address: str) -> dict[str, int]:
 
 
 def test_build_cleans_on_the_external_scheduler(prefect_server, dask_cluster, raw_demo, tmp_path):
-    from flows.build import build_dataset
+    from h5forge.flows.build import build_dataset
 
     address = dask_cluster
     before = executed_per_worker(address)

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from h5forge.verify import verify_file
-from h5forge.versions import latest
+from h5forge.store.verify import verify_file
+from h5forge.store.versions import latest
 from tests.conftest import age_files, drop_samples, write_spec_file
 from tests.test_append import all_ids, raw_new  # noqa: F401  (fixture)
 

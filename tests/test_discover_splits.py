@@ -1,8 +1,8 @@
 import json
 from collections import Counter
 
-from h5forge.discover import discover
-from h5forge.splits import assign_split
+from h5forge.ingest.discover import discover
+from h5forge.ingest.splits import assign_split
 from h5forge.spec import Splits
 from tests.conftest import demo_spec
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from h5forge.reader import ReadError, SplitReader, coalesce
-from h5forge.sampler import epoch_order, shard
-from h5forge.torch import ChunkShuffleSampler, H5Dataset
-from h5forge.versions import LATEST, set_latest, version_name
+from h5forge.read.reader import ReadError, SplitReader, coalesce
+from h5forge.read.sampler import epoch_order, shard
+from h5forge.read.torch import ChunkShuffleSampler, H5Dataset
+from h5forge.store.versions import LATEST, set_latest, version_name
 from tests.conftest_reader import build_file, make_raw, n_fds, truth
 
 

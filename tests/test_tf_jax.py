@@ -40,8 +40,8 @@ def needs(module: str) -> None:
 
 def test_jax_source_and_batches(data):
     needs("jax")
-    from h5forge.jax import Source, batches
-    from h5forge.sampler import epoch_order, shard
+    from h5forge.read.jax import Source, batches
+    from h5forge.read.sampler import epoch_order, shard
 
     t = data["truth"]
     src = Source(data["path"], split="train", fields=("images", "masks"))
@@ -74,7 +74,7 @@ def test_jax_source_and_batches(data):
 def jax_checks(path: str) -> None:
     import jax
 
-    from h5forge.jax import batches
+    from h5forge.read.jax import batches
 
     on_device = next(batches(path, "train", batch_size=8, as_jax=True))
     assert isinstance(on_device["images"], jax.Array) and on_device["masks"].dtype == jax.numpy.int32
@@ -89,12 +89,12 @@ def test_tf_dataset(data):
 def tf_checks(path: str) -> None:
     import tensorflow as tf
 
-    import h5forge.tf
-    from h5forge.sampler import epoch_order
+    import h5forge.read.tf
+    from h5forge.read.sampler import epoch_order
 
     data = {"path": path, "truth": truth(path)}
     t = data["truth"]
-    ds = h5forge.tf.dataset(data["path"], split="train", fields=("images", "masks"), batch_size=16,
+    ds = h5forge.read.tf.dataset(data["path"], split="train", fields=("images", "masks"), batch_size=16,
                             shuffle=True, seed=2)
     spec = ds.element_spec
     assert spec[0].shape.as_list() == [None, 64, 64, 3] and spec[0].dtype == tf.float32
@@ -108,11 +108,11 @@ def tf_checks(path: str) -> None:
         assert np.array_equal(x, np.moveaxis(t["images"][order], 1, -1).astype(np.float32) / 255)
         assert np.array_equal(m, np.moveaxis(t["masks"][order], 1, -1).astype(np.int64))
 
-    single = h5forge.tf.dataset(data["path"], split="val", fields="masks", batch_size=None,
+    single = h5forge.read.tf.dataset(data["path"], split="val", fields="masks", batch_size=None,
                                 channels_last=False, mask_dtype="uint8")
     tv = truth(data["path"], "val")
     got = np.stack([e.numpy() for e in single])
     assert got.dtype == np.uint8 and np.array_equal(got, tv["masks"])
-    fixed = h5forge.tf.dataset(data["path"], batch_size=16, drop_remainder=True)
+    fixed = h5forge.read.tf.dataset(data["path"], batch_size=16, drop_remainder=True)
     assert fixed.element_spec[0].shape.as_list() == [16, 64, 64, 3]
     assert sum(1 for _ in fixed) == n // 16

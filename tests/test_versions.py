@@ -11,9 +11,9 @@ from pathlib import Path
 import h5py
 import pytest
 
-from h5forge.build import VerificationFailed, publish_candidate, verify_candidate, write_version
-from h5forge.discover import discover
-from h5forge.versions import (LATEST, OutputBusy, latest, output_lock, publish, published, retain,
+from h5forge.ingest.build import VerificationFailed, publish_candidate, verify_candidate, write_version
+from h5forge.ingest.discover import discover
+from h5forge.store.versions import (LATEST, OutputBusy, latest, output_lock, publish, published, retain,
                               set_latest, stage)
 from tests.conftest import demo_spec
 
@@ -31,8 +31,8 @@ def small_inventory(raw_demo, tmp_path_factory):
 def make_version(out: Path, inv, raw) -> int:
     spec = demo_spec(raw, out)
     candidate = stage(out)
-    from h5forge.writer import DatasetWriter
-    from h5forge.clean import clean_batch
+    from h5forge.ingest.writer import DatasetWriter
+    from h5forge.ingest.clean import clean_batch
 
     w = DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent)
     w.add(clean_batch(spec, inv.root, inv.samples))
@@ -86,7 +86,7 @@ def test_published_versions_are_read_only(tmp_path, small_inventory, raw_demo):
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from h5forge.versions import output_lock
+    from h5forge.store.versions import output_lock
     with output_lock(sys.argv[1], what="test-holder"):
         open(sys.argv[1] + "/.dataset_v0009.h5.partial", "w").write("half")
         print("held", flush=True)
@@ -156,7 +156,7 @@ def _flip_a_stored_byte(path: Path) -> None:
 
 
 def test_a_source_without_any_good_sample_publishes_nothing(tmp_path):
-    from h5forge.build import NothingToBuild
+    from h5forge.ingest.build import NothingToBuild
 
     raw = tmp_path / "raw"
     (raw / "images").mkdir(parents=True)

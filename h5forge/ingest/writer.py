@@ -19,10 +19,10 @@ import h5py
 import numpy as np
 
 from h5forge import __version__
-from h5forge.clean import CleanedBatch
-from h5forge.codecs import CODECS, codec_options, ensure_filters
-from h5forge.discover import Rejection
-from h5forge.layout import FORMAT, FORMAT_VERSION, HEX, REJECTION_COLUMNS, SPLITS, STR
+from h5forge.ingest.clean import CleanedBatch
+from h5forge.format.codecs import CODECS, codec_options, ensure_filters
+from h5forge.ingest.discover import Rejection
+from h5forge.format.layout import FORMAT, FORMAT_VERSION, HEX, REJECTION_COLUMNS, SPLITS, STR
 from h5forge.spec import DatasetSpec, ImageField
 
 SMALL_ROWS = 1024  # rows per chunk of the per-sample columns (ids, hashes, annotations)

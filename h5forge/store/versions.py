@@ -194,7 +194,7 @@ def dependencies(path: Path) -> set[Path]:
     """Other files a version reads from (sources of its virtual datasets)."""
     import h5py
 
-    from h5forge.verify import virtual_sources
+    from h5forge.store.verify import virtual_sources
 
     with h5py.File(os.path.realpath(path), "r") as f:
         return {Path(s) for s in virtual_sources(f)}

@@ -1,6 +1,6 @@
 """JAX reader: numpy batches, and a random-access source usable by Grain.
 
-    from h5forge.jax import Source, batches
+    from h5forge.read.jax import Source, batches
     for batch in batches("data/demo/dataset_latest.h5", split="train", batch_size=32, seed=0, epoch=e):
         images, masks = batch["images"], batch["masks"]   # numpy float32 (B,3,H,W), int32 (B,1,H,W)
         step(jax.device_put(images), ...)                 # or batches(..., as_jax=True)
@@ -22,8 +22,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from h5forge.reader import DEFAULT_CACHE_CHUNKS, ReadError, SplitReader, check_dtypes, convert, model_batch
-from h5forge.sampler import DEFAULT_WINDOW, ChunkOrder
+from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, ReadError, SplitReader, check_dtypes, convert, model_batch
+from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["Source", "batches", "ReadError"]
 
@@ -68,7 +68,7 @@ class Source:
         self.reader.close()
 
     def __repr__(self) -> str:
-        return f"h5forge.jax.Source({self.reader.path!r}, split={self.reader.split!r}, n={len(self)})"
+        return f"h5forge.read.jax.Source({self.reader.path!r}, split={self.reader.split!r}, n={len(self)})"
 
 
 def batches(source: Source | str | os.PathLike, split: str = "train", fields: Sequence[str] | str | None = None,

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from h5forge.discover import Rejection, SampleRef
+from h5forge.ingest.discover import Rejection, SampleRef
 from h5forge.spec import DatasetSpec, ImageField, MaskField
 
 Image.MAX_IMAGE_PIXELS = None  # our own per-field limit applies, checked before decoding

@@ -1,7 +1,7 @@
 """TensorFlow reader: ``tf.data.Dataset.from_generator`` with a declared output signature.
 
-    import h5forge.tf
-    ds = h5forge.tf.dataset("data/demo/dataset_latest.h5", split="train", batch_size=32, shuffle=True)
+    import h5forge.read.tf
+    ds = h5forge.read.tf.dataset("data/demo/dataset_latest.h5", split="train", batch_size=32, shuffle=True)
     for images, masks in ds:   # float32 (B,H,W,3) in [0,1], int64 (B,H,W,1)
         ...
     model.fit(ds, epochs=10)   # each pass over ds is a new epoch (new chunk-aware order)
@@ -19,8 +19,8 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from h5forge.reader import DEFAULT_CACHE_CHUNKS, SplitReader, check_dtypes, model_batch
-from h5forge.sampler import DEFAULT_WINDOW, ChunkOrder
+from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, SplitReader, check_dtypes, model_batch
+from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["dataset"]
 

@@ -18,8 +18,8 @@ from typing import Iterator, Sequence
 import dask
 from distributed import Client, LocalCluster
 
-from h5forge.clean import CleanedBatch, clean_batch
-from h5forge.discover import SampleRef
+from h5forge.ingest.clean import CleanedBatch, clean_batch
+from h5forge.ingest.discover import SampleRef
 from h5forge.spec import DatasetSpec
 
 

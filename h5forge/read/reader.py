@@ -27,8 +27,8 @@ from typing import Iterable, Sequence
 import h5py
 import numpy as np
 
-from h5forge.codecs import ensure_filters
-from h5forge.layout import FORMAT, FORMAT_VERSION
+from h5forge.format.codecs import ensure_filters
+from h5forge.format.layout import FORMAT, FORMAT_VERSION
 
 DEFAULT_CACHE_CHUNKS = 8  # chunks per field kept decompressed (covers the sampler's default window)
 OPEN_RETRIES = 3
@@ -187,7 +187,7 @@ class SplitReader:
         self.count = count
 
     def _check_sources(self, f: h5py.File) -> None:
-        from h5forge.verify import virtual_sources
+        from h5forge.store.verify import virtual_sources
 
         self.sources = sorted(virtual_sources(f))
         self._check_sources_exist()

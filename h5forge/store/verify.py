@@ -16,10 +16,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from h5forge.clean import Reject, clean_sample
-from h5forge.codecs import ensure_filters
-from h5forge.discover import SampleRef
-from h5forge.layout import FORMAT, FORMAT_VERSION, PER_SAMPLE, SPLITS, decode_str
+from h5forge.ingest.clean import Reject, clean_sample
+from h5forge.format.codecs import ensure_filters
+from h5forge.ingest.discover import SampleRef
+from h5forge.format.layout import FORMAT, FORMAT_VERSION, PER_SAMPLE, SPLITS, decode_str
 from h5forge.spec import DatasetSpec, ImageField, spec_from_json
 
 MAX_LISTED = 20  # errors of one kind listed before summarising the rest

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from h5forge.discover import Inventory
-from h5forge.parallel import clean_all
-from h5forge.reports import write_health, write_quarantine
+from h5forge.ingest.discover import Inventory
+from h5forge.ingest.parallel import clean_all
+from h5forge.store.reports import write_health, write_quarantine
 from h5forge.spec import DatasetSpec
-from h5forge.verify import HealthReport, verify_file
-from h5forge.versions import Candidate, publish, version_name
-from h5forge.writer import DatasetWriter
+from h5forge.store.verify import HealthReport, verify_file
+from h5forge.store.versions import Candidate, publish, version_name
+from h5forge.ingest.writer import DatasetWriter
 
 
 class NothingToBuild(RuntimeError):

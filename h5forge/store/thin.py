@@ -21,10 +21,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from h5forge.codecs import codec_options, ensure_filters
-from h5forge.layout import PER_SAMPLE, SPLITS, STR
+from h5forge.format.codecs import codec_options, ensure_filters
+from h5forge.format.layout import PER_SAMPLE, SPLITS, STR
 from h5forge.spec import DatasetSpec, ImageField, spec_from_json
-from h5forge.writer import SMALL_CODEC, SMALL_ROWS, write_channel_stats
+from h5forge.ingest.writer import SMALL_CODEC, SMALL_ROWS, write_channel_stats
 
 
 def delta_name(number: int) -> str:

@@ -23,17 +23,17 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from h5forge.clean import CleanedBatch
-from h5forge.discover import Rejection, SampleRef, discover
-from h5forge.faults import checkpoint
-from h5forge.layout import SPLITS
-from h5forge.parallel import clean_all
-from h5forge.reports import write_health
+from h5forge.ingest.clean import CleanedBatch
+from h5forge.ingest.discover import Rejection, SampleRef, discover
+from h5forge.store.faults import checkpoint
+from h5forge.format.layout import SPLITS
+from h5forge.ingest.parallel import clean_all
+from h5forge.store.reports import write_health
 from h5forge.spec import DatasetSpec
-from h5forge.thin import delta_name, write_thin
-from h5forge.verify import HealthReport, verify_file
-from h5forge.versions import Candidate, latest, published, set_latest, version_name
-from h5forge.writer import DatasetWriter
+from h5forge.store.thin import delta_name, write_thin
+from h5forge.store.verify import HealthReport, verify_file
+from h5forge.store.versions import Candidate, latest, published, set_latest, version_name
+from h5forge.ingest.writer import DatasetWriter
 
 JOURNAL = ".append-journal.json"
 
@@ -316,8 +316,8 @@ def recover(out: Path) -> str | None:
 
 def publish_append(cand: AppendCandidate, report: HealthReport, plan: dict) -> str:
     """Journal, publish, move the inbox files, drop the journal."""
-    from h5forge.build import VerificationFailed
-    from h5forge.versions import publish
+    from h5forge.ingest.build import VerificationFailed
+    from h5forge.store.versions import publish
 
     if not report.ok:
         cand.version.discard()

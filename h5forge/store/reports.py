@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from h5forge.verify import HealthReport
+from h5forge.store.verify import HealthReport
 
 
 def write_quarantine(out: Path, tag: str, rows: list[dict]) -> list[Path]:

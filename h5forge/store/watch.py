@@ -14,7 +14,7 @@ from typing import Callable
 
 from watchfiles import Change, DefaultFilter, watch
 
-log = logging.getLogger("h5forge.watch")
+log = logging.getLogger("h5forge.store.watch")
 
 
 class InboxFilter(DefaultFilter):

@@ -1,6 +1,6 @@
 """PyTorch reader: a map-style Dataset with a batched fast path and a chunk-aware sampler.
 
-    from h5forge.torch import H5Dataset, ChunkShuffleSampler
+    from h5forge.read.torch import H5Dataset, ChunkShuffleSampler
     ds = H5Dataset("data/demo/dataset_latest.h5", split="train", fields=("images", "masks"))
     loader = ds.loader(batch_size=32, num_workers=2, shuffle=True, seed=0)
     for images, masks in loader:   # float32 (B,3,H,W) in [0,1], int64 (B,1,H,W)
@@ -22,8 +22,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from h5forge.reader import DEFAULT_CACHE_CHUNKS, FieldInfo, ReadError, SplitReader, check_dtypes
-from h5forge.sampler import DEFAULT_WINDOW, ChunkOrder
+from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, FieldInfo, ReadError, SplitReader, check_dtypes
+from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["H5Dataset", "ChunkShuffleSampler", "ReadError", "collate"]
 
@@ -204,7 +204,7 @@ class H5Dataset(Dataset):
 
 
 class ChunkShuffleSampler(Sampler[int]):
-    """Chunk-aware shuffling sampler (h5forge.sampler explains the order).
+    """Chunk-aware shuffling sampler (h5forge.read.sampler explains the order).
 
     ``ChunkShuffleSampler(dataset_or_length, chunk_rows=None, shuffle=True, seed=0, window=8,
     num_replicas=None, rank=None, drop_last=True)``. ``chunk_rows`` defaults to the dataset's

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from h5forge.spec import DatasetSpec
-from h5forge.splits import assign_split
+from h5forge.ingest.splits import assign_split
 
 
 @dataclass(frozen=True)
