@@ -7,54 +7,54 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
-from h5forge.store.append import apply_moves, plan_moves, stage_append
-from h5forge.store.reports import write_quarantine
+from h5forge.errors import UsageError
+from h5forge.flows.results import AppendResult
+from h5forge.ingest.append import apply_moves, plan_moves, stage_append
 from h5forge.spec import load_spec
-from h5forge.store.versions import output_lock_or_skip, version_name
+from h5forge.store.reports import write_quarantine
+from h5forge.store.versions import output_lock_or_skip
 from h5forge.tasks.append import (publish_append, recover_interrupted, scan_inbox, verify_append, write_delta,
-                          write_thin_version)
+                                  write_thin_version)
 from h5forge.tasks.artifacts import publish_artifacts
 from h5forge.tasks.build import apply_retention
 
 
 @flow(name="append-samples")
 def append_samples(spec_path: str, inbox: str | None = None, output: str | None = None,
-                   dask_address: str | None = None, wait_for_lock: float = 0, skip_if_busy: bool = False) -> dict:
+                   dask_address: str | None = None, wait_for_lock: float = 0,
+                   skip_if_busy: bool = False) -> AppendResult:
     """Append the complete samples waiting in ``inbox`` (default: the spec's) as a new version.
 
     ``wait_for_lock`` / ``skip_if_busy``: as for build-dataset.
     """
     spec = load_spec(spec_path, output=output, dask_address=dask_address, inbox=inbox)
     if spec.source.inbox is None:
-        raise ValueError("no inbox: pass one, or set source.inbox in the spec")
+        raise UsageError("no inbox: pass one, or set source.inbox in the spec")
     box = Path(spec.source.inbox)
     out = Path(spec.output.dir)
     with output_lock_or_skip(out, f"append-samples {spec.name}", wait_for_lock, skip_if_busy) as busy:
         if busy:
             get_run_logger().warning("skipped: %s", busy)
-            return {"name": spec.name, "version": None, "added": 0, "waiting": 0, "rejected": 0, "skipped": busy}
+            return AppendResult(spec.name, skipped=busy)
         recover_interrupted(out)
         scan = scan_inbox(spec, box)
-        result = {"name": spec.name, "version": None, "added": 0, "waiting": len(scan.waiting),
-                  "rejected": len(scan.rejections)}
+        waiting = len(scan.waiting)
         if not scan.ready:
-            apply_moves(plan_moves(spec, scan, [], None))  # rejected inputs still go to quarantine/
-            return result
+            apply_moves(plan_moves(spec, scan, (), None))  # rejected inputs still go to quarantine/
+            return AppendResult(spec.name, waiting=waiting, rejections=tuple(scan.rejections))
         cand = stage_append(out)
         summary = write_delta(spec, quote(scan), cand)  # quote: no walk over every sample
-        if summary["samples"] == 0:
+        if summary.samples == 0:
             cand.delta_partial.unlink(missing_ok=True)
-            apply_moves(plan_moves(spec, scan, summary["rejections"], None))
+            apply_moves(plan_moves(spec, scan, summary.rejections, None))
             get_run_logger().info("nothing new to append: every ready sample was a duplicate or rejected")
-            return {**result, "rejected": summary["rejected"], "rejections": summary["rejections"]}
-        write_quarantine(out, version_name(cand.number).removesuffix(".h5"), summary["rejections"])
-        merged = write_thin_version(spec, cand, summary)
+            return AppendResult(spec.name, waiting=waiting, rejections=summary.rejections)
+        write_quarantine(out, cand.number, summary.rejections)
+        merged = write_thin_version(spec, cand, quote(summary))
         report = verify_append(cand)
-        publish_artifacts(spec.name, report, {**merged, "rejections": summary["rejections"]})
-        plan = plan_moves(spec, scan, summary["rejections"], cand.number)
-        path = publish_append(cand, report, plan)
+        publish_artifacts(spec.name, report, quote(merged))
+        plan = plan_moves(spec, scan, summary.rejections, cand.number)
+        path = publish_append(cand, report, quote(plan))
         apply_retention(spec)
-    return {**result, "version": cand.number, "path": path, "added": summary["samples"],
-            "added_counts": summary["counts"], "counts": merged["counts"], "rejected": summary["rejected"],
-            "rejections": summary["rejections"]}
-
+    return AppendResult(spec.name, cand.number, path, summary.samples, summary.counts, merged.counts, waiting,
+                        summary.rejections)

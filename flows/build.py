@@ -5,16 +5,17 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
+from h5forge.flows.results import BuildResult
 from h5forge.spec import load_spec
 from h5forge.store.versions import output_lock_or_skip
 from h5forge.tasks.artifacts import publish_artifacts
 from h5forge.tasks.build import (apply_retention, clean_and_write, discover_samples, publish_version,
-                         stage_version, verify_candidate)
+                                 stage_version, verify_candidate)
 
 
 @flow(name="build-dataset")
 def build_dataset(spec_path: str, output: str | None = None, dask_address: str | None = None,
-                  wait_for_lock: float = 0, skip_if_busy: bool = False) -> dict:
+                  wait_for_lock: float = 0, skip_if_busy: bool = False) -> BuildResult:
     """Full rebuild of the dataset described by ``spec_path`` into a new published version.
 
     Another run writing the same output folder: wait up to ``wait_for_lock`` seconds, then fail,
@@ -24,23 +25,14 @@ def build_dataset(spec_path: str, output: str | None = None, dask_address: str |
     with output_lock_or_skip(spec.output.dir, f"build-dataset {spec.name}", wait_for_lock, skip_if_busy) as busy:
         if busy:
             get_run_logger().warning("skipped: %s", busy)
-            return {"name": spec.name, "skipped": busy}
+            return BuildResult(spec.name, skipped=busy)
         inventory = discover_samples(spec)
         candidate = stage_version(spec)
         # quote: Prefect would otherwise walk every sample of the inventory looking for futures
         summary = clean_and_write(spec, quote(inventory), candidate)
         report = verify_candidate(candidate)
-        publish_artifacts(spec.name, report, summary)
+        publish_artifacts(spec.name, report, quote(summary))
         published = publish_version(candidate, report)
         removed = apply_retention(spec)
-    return {
-        "name": spec.name,
-        "version": candidate.number,
-        "path": published,
-        "counts": summary["counts"],
-        "rejected": summary["rejected"],
-        "compression_ratio": summary["compression_ratio"],
-        "timings": summary["timings"],
-        "health": report.checks,
-        "removed": removed,
-    }
+    return BuildResult(spec.name, candidate.number, published, summary.counts, summary.rejected,
+                       summary.compression_ratio, summary.timings, report.checks, removed)

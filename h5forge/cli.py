@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from h5forge.errors import H5forgeError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Labelled raw data in, versioned and verified HDF5 training sets out.")
@@ -29,14 +32,14 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _known_errors() -> tuple[type[BaseException], ...]:
-    from h5forge.store.append import NoBaseVersion
-    from h5forge.ingest.build import NothingToBuild, VerificationFailed
-    from h5forge.spec import SpecError
-    from h5forge.store.versions import OutputBusy, VersionError
-
-    return (SpecError, OutputBusy, VersionError, NothingToBuild, VerificationFailed, ConnectionError,
-            FileNotFoundError, NoBaseVersion)
+@contextmanager
+def _reported() -> Iterator[None]:
+    """An h5forge error ends the command with its one-line message and its exit code
+    (2: bad usage or spec, 1: the run failed); anything else is a bug and keeps its traceback."""
+    try:
+        yield
+    except H5forgeError as e:
+        _fail(str(e), e.exit_code)
 
 
 @app.command()
@@ -48,10 +51,8 @@ def init(raw: Path = typer.Argument(..., help="raw folder (images/, masks/, anno
 
     if out_path.exists() and not force:
         _fail(f"{out_path} exists; pass --force to overwrite it")
-    try:
+    with _reported():
         text = infer_spec(raw, out_path)
-    except ValueError as e:
-        _fail(str(e))
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(text)
     out.print(f"wrote {out_path}; review it, then run: h5forge build {out_path}")
@@ -65,20 +66,18 @@ def build(spec: Path = typer.Argument(..., help="dataset spec YAML"),
     _check_spec(spec, output, dask_address)  # fail fast, before starting Prefect
     from h5forge.flows.build import build_dataset
 
-    try:
+    with _reported():
         result = build_dataset(str(spec), str(output) if output else None, dask_address)
-    except _known_errors() as e:
-        _fail(str(e), 1)
     _print_build(result)
 
 
-def _print_build(result: dict) -> None:
-    t = Table(title=f"{result['name']}: published v{result['version']:04d}", show_header=False)
-    t.add_row("file", result["path"])
-    t.add_row("samples", ", ".join(f"{k} {v}" for k, v in result["counts"].items()))
-    t.add_row("rejected", f"{result['rejected']} (see quarantine/)")
-    t.add_row("compression", f"{result['compression_ratio']:.3f} of raw array bytes")
-    for check, res in result["health"].items():
+def _print_build(result) -> None:
+    t = Table(title=f"{result.name}: published v{result.version:04d}", show_header=False)
+    t.add_row("file", result.path)
+    t.add_row("samples", ", ".join(f"{k} {v}" for k, v in result.counts.items()))
+    t.add_row("rejected", f"{result.rejected} (see quarantine/)")
+    t.add_row("compression", f"{result.compression_ratio:.3f} of raw array bytes")
+    for check, res in result.health.items():
         t.add_row(f"verify {check}", res)
     out.print(t)
 
@@ -92,10 +91,8 @@ def append(spec: Path = typer.Argument(..., help="dataset spec YAML"),
     _check_spec(spec, output, dask_address, inbox)
     from h5forge.flows.append import append_samples
 
-    try:
+    with _reported():
         result = append_samples(str(spec), _opt(inbox), _opt(output), dask_address)
-    except _known_errors() as e:
-        _fail(str(e), 1)
     _print_append(result)
 
 
@@ -106,33 +103,28 @@ def _opt(p: Optional[Path]) -> Optional[str]:
 def _check_spec(spec: Path, output, dask_address, inbox=None):
     from h5forge.spec import load_spec
 
-    try:
+    with _reported():
         loaded = load_spec(spec, output, dask_address, inbox)
-    except _known_errors() as e:
-        _fail(str(e))
-    if loaded.compute.dask_address:
-        from h5forge.ingest.parallel import check_reachable
+        if loaded.compute.dask_address:
+            from h5forge.ingest.parallel import check_reachable
 
-        try:
             check_reachable(loaded.compute.dask_address)
-        except ConnectionError as e:
-            _fail(str(e), 1)
     _prefect_defaults()
     return loaded
 
 
-def _print_append(result: dict) -> None:
-    if result.get("skipped"):
-        out.print(f"skipped: {result['skipped']}")
-    elif result.get("version"):
-        out.print(f"appended {result['added']} sample(s) {result['added_counts']} as v{result['version']:04d}; "
-                  f"now {result['counts']}")
+def _print_append(result) -> None:
+    if result.skipped:
+        out.print(f"skipped: {result.skipped}")
+    elif result.version:
+        out.print(f"appended {result.added} sample(s) {result.added_counts} as v{result.version:04d}; "
+                  f"now {result.counts}")
     else:
         out.print("nothing appended")
-    for r in result.get("rejections", []):
-        out.print(f"  rejected {r['sample_id']} ({r['path']}): {r['reason']}", highlight=False)
-    if result.get("waiting"):
-        out.print(f"  {result['waiting']} sample(s) wait for a missing part or for their files to settle")
+    for r in result.rejections:
+        out.print(f"  rejected {r.sample_id} ({r.path}): {r.reason}", highlight=False)
+    if result.waiting:
+        out.print(f"  {result.waiting} sample(s) wait for a missing part or for their files to settle")
 
 
 @app.command()
@@ -145,7 +137,7 @@ def watch(spec: Path = typer.Argument(..., help="dataset spec YAML"),
     """Long-running: append samples as they settle in the inbox; Ctrl-C / SIGTERM stops between appends."""
     import logging
 
-    from h5forge.store.watch import serve_inbox
+    from h5forge.ingest.watch import serve_inbox
 
     loaded = _check_spec(spec, output, dask_address, inbox)
     if loaded.source.inbox is None:
@@ -164,7 +156,7 @@ def watch(spec: Path = typer.Argument(..., help="dataset spec YAML"),
             result = append_samples(str(spec), str(loaded.source.inbox), _opt(output), dask_address,
                                     skip_if_busy=True)
             _print_append(result)
-            return result.get("waiting", 0)
+            return result.waiting
 
     out.print(f"watching {loaded.source.inbox} (Ctrl-C to stop)")
     a = loaded.append
@@ -244,11 +236,11 @@ def verify(path: Path = typer.Argument(..., help="a version file or dataset_late
 @app.command()
 def versions(folder: Path = typer.Argument(..., help="output folder of a dataset")) -> None:
     """List published versions; the one latest points at is marked."""
-    import json
-
     import h5py
 
     from h5forge.format.codecs import ensure_filters
+    from h5forge.format.names import Attr
+    from h5forge.format.segments import counts_of, segments_of
     from h5forge.store.versions import latest, published
 
     ensure_filters()
@@ -259,10 +251,10 @@ def versions(folder: Path = typer.Argument(..., help="output folder of a dataset
     t = Table("", "version", "samples", "size", "kind", "created", "parent")
     for number, p in found.items():
         with h5py.File(p, "r") as f:
-            count = sum(int(f[s].attrs.get("count", 0)) for s in ("train", "val", "test"))
-            created, parent = f.attrs.get("created_at", ""), int(f.attrs.get("parent_version", -1))
-            segments = json.loads(f.attrs["segments"]) if "segments" in f.attrs else []
-        kind = f"thin over {len(segments)} files" if segments else "full"
+            count = sum(counts_of(f).values())
+            created, parent = f.attrs.get(Attr.CREATED, ""), int(f.attrs.get(Attr.PARENT, -1))
+        segments = segments_of(p)
+        kind = f"thin over {len(segments)} files" if len(segments) > 1 else "full"
         t.add_row("latest →" if number == current else "", f"v{number:04d}", str(count),
                   f"{p.stat().st_size / 1e6:.1f} MB", kind, str(created), f"v{parent:04d}" if parent > 0 else "")
     out.print(t)
@@ -273,10 +265,11 @@ def rollback(folder: Path = typer.Argument(..., help="output folder of a dataset
              version: str = typer.Argument(..., help="version to point latest at, e.g. v0002")) -> None:
     """Point dataset_latest.h5 at an earlier (or later) published version."""
     from h5forge.store.verify import verify_file
-    from h5forge.store.versions import output_lock, parse_version, published, set_latest, version_name
+    from h5forge.format.names import version_name
+    from h5forge.store.versions import output_lock, published, set_latest, version_number
 
-    try:
-        number = parse_version(version)
+    with _reported():
+        number = version_number(version)
         with output_lock(folder, what="rollback"):
             if number not in published(folder):
                 _fail(f"{folder / version_name(number)} is not a published version")
@@ -284,8 +277,6 @@ def rollback(folder: Path = typer.Argument(..., help="output folder of a dataset
             if not report.ok:
                 _fail(f"refusing to roll back to a broken version: {'; '.join(report.errors)}", 1)
             set_latest(folder, number)
-    except _known_errors() as e:
-        _fail(str(e))
     out.print(f"dataset_latest.h5 -> {version_name(number)}")
 
 

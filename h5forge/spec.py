@@ -11,51 +11,16 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from h5forge.errors import SpecError
 from h5forge.format.codecs import CODECS
+from h5forge.format.names import RESERVED
+from h5forge.kinds import REGISTRY
+from h5forge.kinds.base import StrictModel as _Strict
 
-
-class SpecError(ValueError):
-    """A spec that cannot be used; the message names the offending key."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-LargerPolicy = Literal["crop", "shrink", "reject"]
-
-
-class ImageField(_Strict):
-    """An RGB (or grey) picture, stored uint8 CHW at a fixed size."""
-
-    kind: Literal["image"] = "image"
-    files: str = Field(description="glob relative to source.root, e.g. images/*.png")
-    size: tuple[int, int] = Field(description="target (height, width)")
-    channels: Literal[1, 3] = 3
-    larger: LargerPolicy = "crop"
-    fill: int = Field(0, ge=0, le=255)
-    max_pixels: int = Field(64_000_000, gt=0, description="larger headers are decompression bombs")
-
-    @field_validator("size")
-    @classmethod
-    def _positive(cls, v: tuple[int, int]) -> tuple[int, int]:
-        if v[0] <= 0 or v[1] <= 0:
-            raise ValueError("size must be two positive integers (height, width)")
-        return v
-
-
-class MaskField(_Strict):
-    """A single-channel label mask with values {0,1} or {0,255}, stored as {0,1}."""
-
-    kind: Literal["mask"] = "mask"
-    files: str
-    like: str = Field(description="the image field whose size and geometry this mask follows")
-    max_pixels: int = Field(64_000_000, gt=0)
-
-
-FieldSpec = Annotated[Union[ImageField, MaskField], Field(discriminator="kind")]
+# a field's ``kind`` picks its model from the registry
+FieldSpec = Annotated[Union[tuple(k.Spec for k in REGISTRY.values())], Field(discriminator="kind")]
 
 ColumnType = Literal["str", "int", "float", "bool"]
 
@@ -152,24 +117,14 @@ class DatasetSpec(_Strict):
         if not self.fields:
             raise ValueError("fields: at least one field is needed")
         for name, f in self.fields.items():
-            if name in ("ids", "checksum", "source_sha256", "source_files", "meta"):
+            if name in RESERVED:
                 raise ValueError(f"fields.{name}: name is reserved")
-            if isinstance(f, MaskField):
-                target = self.fields.get(f.like)
-                if not isinstance(target, ImageField):
-                    raise ValueError(f"fields.{name}.like: {f.like!r} is not an image field")
+            REGISTRY[f.kind].check_spec(name, f, self)
+        if not any(getattr(f, "files", None) for f in self.fields.values()):
+            raise ValueError("fields: at least one field must be read from files")
         if self.splits.column and self.splits.column not in self.annotations.columns:
             raise ValueError(f"splits.column: {self.splits.column!r} is not an annotation column")
         return self
-
-    # ---- derived values -------------------------------------------------------------------
-    def field_shape(self, name: str) -> tuple[int, ...]:
-        f = self.fields[name]
-        if isinstance(f, ImageField):
-            return (f.channels, *f.size)
-        image = self.fields[f.like]
-        assert isinstance(image, ImageField)
-        return (1, *image.size)
 
     def in_flight(self) -> int:
         return self.compute.in_flight or 2 * self.compute.workers
@@ -218,7 +173,9 @@ def load_spec(
     if not path.is_file():
         raise SpecError(f"spec file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise SpecError(f"spec {path} is not UTF-8 text: {err}") from None
     except yaml.YAMLError as err:
         raise SpecError(f"spec {path} is not valid YAML: {err}") from None
     spec = parse_spec(data, path.parent.resolve(), str(path))

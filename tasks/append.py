@@ -1,21 +1,22 @@
-"""Tasks of the append flow (thin wrappers over h5forge.store.append)."""
+"""Tasks of the append flow (thin wrappers over h5forge.ingest.append)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import NONE
+from prefect import get_run_logger
 
-from h5forge.store import append
-from h5forge.store.append import AppendCandidate, InboxScan
+from h5forge.format.names import version_name
+from h5forge.format.summary import WriteSummary
+from h5forge.ingest import append
+from h5forge.ingest.append import AppendCandidate, InboxScan, MovePlan
 from h5forge.spec import DatasetSpec
 from h5forge.store.verify import HealthReport
-from h5forge.store.versions import version_name
+from h5forge.tasks import step
 from h5forge.tasks.artifacts import log_report
 
 
-@task(name="recover", cache_policy=NONE, persist_result=False)
+@step(name="recover")
 def recover_interrupted(out: Path) -> str | None:
     outcome = append.recover(out)
     if outcome:
@@ -23,7 +24,7 @@ def recover_interrupted(out: Path) -> str | None:
     return outcome
 
 
-@task(name="scan-inbox", cache_policy=NONE, persist_result=False)
+@step(name="scan-inbox")
 def scan_inbox(spec: DatasetSpec, inbox: Path) -> InboxScan:
     scan = append.scan_inbox(spec, inbox)
     logger = get_run_logger()
@@ -34,33 +35,31 @@ def scan_inbox(spec: DatasetSpec, inbox: Path) -> InboxScan:
     return scan
 
 
-@task(name="write-delta", cache_policy=NONE, persist_result=False)
-def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate) -> dict:
+@step(name="write-delta")
+def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate) -> WriteSummary:
     summary = append.write_delta(spec, scan, cand)
-    dupes = sum(r["reason"].startswith("duplicate") for r in summary["rejections"])
-    get_run_logger().info("new samples %s, %d duplicate(s), %d rejected in all", summary["counts"], dupes,
-                          summary["rejected"])
+    dupes = sum(r.reason.startswith("duplicate") for r in summary.rejections)
+    get_run_logger().info("new samples %s, %d duplicate(s), %d rejected in all", summary.counts, dupes,
+                          summary.rejected)
     return summary
 
 
-@task(name="write-thin-version", cache_policy=NONE, persist_result=False)
-def write_thin_version(spec: DatasetSpec, cand: AppendCandidate, summary: dict) -> dict:
+@step(name="write-thin-version")
+def write_thin_version(spec: DatasetSpec, cand: AppendCandidate, summary: WriteSummary) -> WriteSummary:
     merged = append.write_thin_version(spec, cand, summary)
     get_run_logger().info("%s = %s + %s: %s samples over %d file(s)", version_name(cand.number),
-                          version_name(cand.parent), cand.delta.name, merged["counts"], merged["segments"])
+                          version_name(cand.parent), cand.delta.name, merged.counts, merged.segments)
     return merged
 
 
-@task(name="verify", cache_policy=NONE, persist_result=False)
+@step(name="verify")
 def verify_append(cand: AppendCandidate) -> HealthReport:
-    report = append.verify_append(cand)
-    log_report(report)
-    return report
+    return log_report(append.verify_append(cand))
 
 
-@task(name="publish", cache_policy=NONE, persist_result=False)
-def publish_append(cand: AppendCandidate, report: HealthReport, plan: dict) -> str:
+@step(name="publish")
+def publish_append(cand: AppendCandidate, report: HealthReport, plan: MovePlan) -> str:
     path = append.publish_append(cand, report, plan)
-    get_run_logger().info("published %s; inbox files moved to %s", path, plan["moves"][0][1].rsplit("/", 2)[0]
-                          if plan["moves"] else "-")
+    where = Path(plan.moves[0][1]).parent.parent if plan.moves else "-"
+    get_run_logger().info("published %s; inbox files moved to %s", path, where)
     return path

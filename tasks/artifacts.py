@@ -1,14 +1,16 @@
-"""Prefect artifacts of a run: the health report, the rejected inputs, per-split counts and sizes."""
+"""What a run shows besides its result: the verification in the run log, and Prefect artifacts
+(the health report, the rejected inputs, per-split counts and sizes)."""
 
 from __future__ import annotations
 
 import re
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NONE
 
+from h5forge.format.summary import WriteSummary
 from h5forge.store.verify import HealthReport
+from h5forge.tasks import step
 
 
 def artifact_key(name: str, what: str) -> str:
@@ -16,7 +18,7 @@ def artifact_key(name: str, what: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"{name}-{what}".lower()).strip("-")
 
 
-def log_report(report: HealthReport) -> None:
+def log_report(report: HealthReport) -> HealthReport:
     """Every check, error and warning of a health report, in the run log."""
     logger = get_run_logger()
     for check, result in report.checks.items():
@@ -25,18 +27,19 @@ def log_report(report: HealthReport) -> None:
         logger.error("verify: %s", err)
     for warning in report.warnings:
         logger.warning("verify: %s", warning)
+    return report
 
 
-@task(name="report", cache_policy=NONE, persist_result=False)
-def publish_artifacts(name: str, report: HealthReport, summary: dict) -> None:
+@step(name="report")
+def publish_artifacts(name: str, report: HealthReport, summary: WriteSummary) -> None:
     create_markdown_artifact(key=artifact_key(name, "health"), markdown=report.to_markdown(),
                              description=f"health report of {name}")
-    rejections = summary.get("rejections", [])
+    rejections = [r.as_dict() for r in summary.rejections]
     create_table_artifact(key=artifact_key(name, "rejections"),
                           table=rejections or [{"sample_id": "", "path": "", "reason": "none", "stage": ""}],
                           description=f"{len(rejections)} rejected input(s)")
-    sizes = summary.get("split_bytes", {})
     create_table_artifact(
         key=artifact_key(name, "splits"),
-        table=[{"split": s, "samples": n, "stored_bytes": sizes.get(s, 0)} for s, n in summary["counts"].items()],
+        table=[{"split": s, "samples": n, "stored_bytes": summary.split_bytes.get(s, 0)}
+               for s, n in summary.counts.items()],
         description="samples and stored bytes per split")

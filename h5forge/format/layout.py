@@ -1,52 +1,83 @@
-"""The file layout (format_version 1), in one place. docs/format.md describes it for users.
-
-/                      attrs: format, format_version, name, version, parent_version, created_at,
-                              description, creator, h5forge/h5py/hdf5 versions, codec, codec_needs
-/<split>/              train | val | test; attrs: count, fields, <field>_mean, <field>_std,
-                              <field>_histogram (C, 256) for exact incremental updates
-/<split>/<field>       (N, C, H, W) uint8, chunked (chunk_rows, C, H, W), sample axis resizable
-/<split>/ids           (N,) UTF-8 sample ids, exactly as given
-/<split>/source_files  (N, F) raw file paths relative to the source root (F = fields, in order)
-/<split>/source_sha256 (N, F) hex sha256 of each raw file
-/<split>/checksum      (N,) hex sha256 of the stored bytes of the sample's fields, in order
-/<split>/meta/<col>    (N,) annotation column
-/index/<split>/<col>/  values (K,), offsets (K+1,), rows (N,): rows[offsets[k]:offsets[k+1]]
-                       are the rows of <split> whose <col> equals values[k]
-/meta/spec             the spec that built the file (JSON)
-/diagnostics           attrs: timings, sizes, compression ratio; rejections (R, 4) table
-"""
+"""Storage of the small per-sample columns and of the row indexes (format in ``names``)."""
 
 from __future__ import annotations
 
 import h5py
 import numpy as np
 
-FORMAT = "h5forge"
-FORMAT_VERSION = 1
-SPLITS = ("train", "val", "test")
-PER_SAMPLE = ("ids", "source_files", "source_sha256", "checksum")
-REJECTION_COLUMNS = ("sample_id", "path", "reason", "stage")
+from h5forge.format.names import INDEX
 
 STR = h5py.string_dtype("utf-8")
 HEX = h5py.string_dtype("ascii", 64)
+SMALL_ROWS = 1024  # rows per chunk of the per-sample columns (ids, hashes, annotations)
+SMALL_CODEC = {"compression": "gzip", "compression_opts": 1}  # portable; these are tiny
+
+
+def small_options(dtype) -> dict:
+    """Chunking and compression of a per-sample column (variable-length strings stay unfiltered)."""
+    info = h5py.check_string_dtype(np.dtype(dtype))
+    return {} if info is not None and info.length is None else dict(SMALL_CODEC)
+
+
+def decode_str(values: np.ndarray) -> list[str]:
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+
+
+def _index_values(values: np.ndarray) -> list:
+    return [v.decode() if isinstance(v, bytes) else v.item() if hasattr(v, "item") else v for v in values]
 
 
 def index_rows(f: h5py.File, split: str, column: str, value) -> np.ndarray:
     """Row numbers of ``split`` whose annotation ``column`` equals ``value`` (sorted)."""
     try:
-        group = f["index"][split][column]
+        group = f[INDEX][split][column]
     except KeyError:
         raise KeyError(f"no index for column {column!r} in split {split!r} of {f.filename}") from None
-    values = group["values"][()]
-    if values.dtype.kind == "O" or values.dtype.kind == "S":
-        values = np.array([v.decode() if isinstance(v, bytes) else v for v in values], dtype=object)
-    hits = np.flatnonzero(values == value)
-    if hits.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    k = int(hits[0])
-    offsets = group["offsets"]
-    return group["rows"][int(offsets[k]) : int(offsets[k + 1])]
+    parts = index_parts(group)
+    return parts.get(value, np.zeros(0, dtype=np.int64))
 
 
-def decode_str(values: np.ndarray) -> list[str]:
-    return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+def index_parts(group: h5py.Group) -> dict:
+    """{value: rows} of one index group."""
+    values = _index_values(group["values"][()])
+    offsets, rows = group["offsets"][()], group["rows"][()]
+    return {v: rows[offsets[k]:offsets[k + 1]] for k, v in enumerate(values)}
+
+
+def _write_index_group(g: h5py.Group, keys: list, parts: list[np.ndarray]) -> None:
+    for name in ("values", "offsets", "rows"):
+        if name in g:
+            del g[name]
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in parts])]).astype(np.int64)
+    rows = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+    if keys and all(isinstance(k, str) for k in keys):
+        g.create_dataset("values", data=np.array(keys, dtype=object), dtype=STR)
+    else:
+        g.create_dataset("values", data=np.asarray(keys))
+    g.create_dataset("offsets", data=offsets)
+    g.create_dataset("rows", data=rows)
+
+
+def write_index(f: h5py.File, split: str, column: str, values: np.ndarray) -> None:
+    """CSR-style index of rows by column value."""
+    keys = _index_values(values)
+    order = sorted(range(len(keys)), key=lambda i: (str(keys[i]) if isinstance(keys[i], str) else keys[i], i))
+    uniq: list = []
+    parts: list[list[int]] = []
+    for i in order:
+        if not uniq or keys[i] != uniq[-1]:
+            uniq.append(keys[i])
+            parts.append([])
+        parts[-1].append(i)
+    _write_index_group(f.require_group(f"{INDEX}/{split}/{column}"), uniq,
+                       [np.asarray(p, dtype=np.int64) for p in parts])
+
+
+def merge_index(f: h5py.File, split: str, column: str, parent: h5py.Group, delta: h5py.Group,
+                n_parent: int) -> None:
+    """The parent's row index plus the delta's (rows shifted past the parent's): no column re-read."""
+    old, new = index_parts(parent), index_parts(delta)
+    keys = sorted(set(old) | set(new), key=str)
+    empty = np.zeros(0, np.int64)
+    parts = [np.concatenate([old.get(k, empty), new.get(k, empty) + n_parent]) for k in keys]
+    _write_index_group(f.require_group(f"{INDEX}/{split}/{column}"), keys, parts)

@@ -7,53 +7,36 @@ from __future__ import annotations
 
 from typing import Callable
 
+from h5forge.errors import NothingToBuild, VerificationFailed
+from h5forge.format.summary import WriteSummary
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.parallel import clean_all
-from h5forge.store.reports import write_health, write_quarantine
-from h5forge.spec import DatasetSpec
-from h5forge.store.verify import HealthReport, verify_file
-from h5forge.store.versions import Candidate, publish, version_name
 from h5forge.ingest.writer import DatasetWriter
-
-
-class NothingToBuild(RuntimeError):
-    """The source holds no usable sample."""
-
-
-class VerificationFailed(RuntimeError):
-    """The candidate version failed verification; latest was not moved."""
-
-    def __init__(self, report: HealthReport):
-        super().__init__("verification failed: " + "; ".join(report.errors[:5]))
-        self.report = report
+from h5forge.spec import DatasetSpec
+from h5forge.store.reports import write_health, write_quarantine
+from h5forge.store.verify import HealthReport, verify_file
+from h5forge.store.versions import Candidate, publish
 
 
 def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
-                  progress: Callable[[int], None] = lambda n: None) -> dict:
+                  progress: Callable[[int], None] = lambda n: None) -> WriteSummary:
     """Clean every sample on dask and stream it into the candidate file. Returns the summary.
 
     The quarantine report is written whatever happens to the samples, so an empty result says why.
     """
-    tag = version_name(candidate.number).removesuffix(".h5")
     if not inventory.samples:
-        write_quarantine(candidate.out, tag, [r.as_dict() for r in inventory.rejections])
+        write_quarantine(candidate.out, candidate.number, inventory.rejections)
         raise NothingToBuild(f"no complete sample under {inventory.root} "
                              f"({len(inventory.rejections)} input(s) rejected; see the quarantine report)")
-    writer = DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent)
-    try:
+    timings: dict = {}
+    with DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent) as writer:
         writer.add_rejections(inventory.rejections)
-        timings: dict = {}
         for batch in clean_all(spec, inventory.root, inventory.samples, timings):
             writer.add(batch)
             progress(len(batch) + len(batch.rejections))
         summary = writer.finish(timings)
-    except BaseException:
-        writer.abort()
-        candidate.discard()
-        raise
-    summary["rejections"] = [r.as_dict() for r in writer.rejections]
-    write_quarantine(candidate.out, tag, summary["rejections"])
-    if summary["samples"] == 0:
+    write_quarantine(candidate.out, candidate.number, summary.rejections)
+    if summary.samples == 0:
         candidate.discard()
         raise NothingToBuild(f"all {len(inventory.samples)} sample(s) under {inventory.root} were rejected "
                              "while cleaning; nothing to publish (see the quarantine report)")
@@ -62,8 +45,7 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
 
 def verify_candidate(candidate: Candidate) -> HealthReport:
     report = verify_file(candidate.partial)
-    tag = version_name(candidate.number).removesuffix(".h5")
-    write_health(candidate.out, tag if report.ok else f"{tag}.failed", report)
+    write_health(candidate.out, candidate.number, report)
     return report
 
 
@@ -71,5 +53,5 @@ def publish_candidate(candidate: Candidate, report: HealthReport) -> str:
     """Publish a verified candidate; a failed one is deleted and latest stays where it was."""
     if not report.ok:
         candidate.discard()
-        raise VerificationFailed(report)
+        raise VerificationFailed(report.errors)
     return str(publish(candidate))

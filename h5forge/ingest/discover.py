@@ -13,33 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from h5forge.spec import DatasetSpec
 from h5forge.ingest.splits import assign_split
-
-
-@dataclass(frozen=True)
-class SampleRef:
-    """One sample to clean: its id, split, raw files (relative to the source root), columns."""
-
-    id: str
-    split: str
-    files: dict[str, str]
-    columns: dict[str, Any]
-    extra_files: tuple[str, ...] = ()  # e.g. an annotation sidecar that travels with the sample
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """A raw input that did not become a sample, and why."""
-
-    sample_id: str
-    path: str
-    reason: str
-    stage: str = "discover"
-    waitable: bool = False  # in an inbox, the missing part may still arrive
-
-    def as_dict(self) -> dict[str, str]:
-        return {"sample_id": self.sample_id, "path": self.path, "reason": self.reason, "stage": self.stage}
+from h5forge.kinds import field_kinds
+from h5forge.samples import Rejection, SampleRef
+from h5forge.spec import DatasetSpec
 
 
 @dataclass
@@ -78,7 +55,7 @@ def _glob_field(root: Path, pattern: str) -> tuple[dict[str, str], list[Rejectio
     found, problems = {}, []
     for stem, paths in by_stem.items():
         if len(paths) > 1:
-            problems.append(Rejection(stem, ", ".join(paths), f"ambiguous: {len(paths)} files share the stem"))
+            problems.append(Rejection(stem, tuple(paths), f"ambiguous: {len(paths)} files share the stem"))
         else:
             found[stem] = paths[0]
     return found, problems
@@ -90,19 +67,19 @@ def load_records(path: Path, id_key: str, missing_ok: bool = False) -> tuple[dic
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        return {}, [] if missing_ok else [Rejection("", rel, "annotation file not found")]
+        return {}, [] if missing_ok else [Rejection("", (rel,), "annotation file not found")]
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        return {}, [Rejection("", rel, f"annotation file is not valid JSON: {err}")]
+        return {}, [Rejection("", (rel,), f"annotation file is not valid JSON: {err}")]
     if isinstance(data, dict) and isinstance(data.get("samples"), list):
         data = data["samples"]
     if not isinstance(data, list):
-        return {}, [Rejection("", rel, "annotation file must hold a JSON list of records")]
+        return {}, [Rejection("", (rel,), "annotation file must hold a JSON list of records")]
     records: dict[str, dict] = {}
     problems: list[Rejection] = []
     seen_twice: set[str] = set()
     for i, rec in enumerate(data):
         if not isinstance(rec, dict) or id_key not in rec:
-            problems.append(Rejection("", f"{rel}[{i}]", f"record has no {id_key!r} key"))
+            problems.append(Rejection("", (f"{rel}[{i}]",), f"record has no {id_key!r} key"))
             continue
         raw_id = str(rec[id_key])
         sid = Path(raw_id).stem if Path(raw_id).suffix.lower() in _IMAGE_SUFFIXES else raw_id
@@ -110,7 +87,7 @@ def load_records(path: Path, id_key: str, missing_ok: bool = False) -> tuple[dic
             seen_twice.add(sid)
         records[sid] = rec
     for sid in sorted(seen_twice):
-        problems.append(Rejection(sid, rel, "several annotation records for this sample"))
+        problems.append(Rejection(sid, (rel,), "several annotation records for this sample"))
         del records[sid]
     return records, problems
 
@@ -127,10 +104,10 @@ def load_sidecars(root: Path, id_key: str, skip: str | None) -> tuple[dict[str, 
         try:
             rec = json.loads(p.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            problems.append(Rejection(p.stem, p.name, f"annotation sidecar is not valid JSON: {err}"))
+            problems.append(Rejection(p.stem, (p.name,), f"annotation sidecar is not valid JSON: {err}"))
             continue
         if not isinstance(rec, dict):
-            problems.append(Rejection(p.stem, p.name, "annotation sidecar must hold one JSON object"))
+            problems.append(Rejection(p.stem, (p.name,), "annotation sidecar must hold one JSON object"))
             continue
         records[str(rec.get(id_key, p.stem))] = {**rec, "_sidecar": p.name}
     return records, problems
@@ -157,21 +134,22 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
     root = Path(root)
     inv = Inventory(root=root)
     if not root.is_dir():
-        inv.rejections.append(Rejection("", str(root), "source folder does not exist"))
+        inv.rejections.append(Rejection("", (str(root),), "source folder does not exist"))
         return inv
     roots = [root, *(extra_roots or [])]
     ann = spec.annotations
-    per_field: dict[str, dict[str, str]] = {name: {} for name in spec.fields}
+    globs = {name: kind.files for name, kind in field_kinds(spec).items() if kind.files}
+    per_field: dict[str, dict[str, str]] = {name: {} for name in globs}
     records: dict[str, dict] = {}
     record_file: dict[str, str] = {}
     for r in roots:
         prefix = "" if r == root else os.path.relpath(r, root) + "/"
-        for name, f in spec.fields.items():
-            found, problems = _glob_field(r, f.files)
+        for name, pattern in globs.items():
+            found, problems = _glob_field(r, pattern)
             inv.rejections.extend(problems)
             for stem, rel in found.items():
                 if stem in per_field[name]:
-                    inv.rejections.append(Rejection(stem, f"{per_field[name][stem]}, {prefix}{rel}",
+                    inv.rejections.append(Rejection(stem, (per_field[name][stem], prefix + rel),
                                                     "ambiguous: the same sample id in two source folders"))
                 per_field[name][stem] = prefix + rel
         found_records: dict[str, dict] = {}
@@ -184,17 +162,18 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
             found_records.update(side)
         for sid, rec in found_records.items():
             if sid in records:
-                inv.rejections.append(Rejection(sid, prefix + (ann.file or ""), "several annotation records for this sample"))
+                inv.rejections.append(Rejection(sid, (prefix + (ann.file or ""),),
+                                                "several annotation records for this sample"))
             records[sid] = rec
             record_file[sid] = prefix + rec.get("_sidecar", ann.file or "")
     already = {r.sample_id for r in inv.rejections if r.sample_id}  # reported once is enough
     all_ids = sorted(set().union(*per_field.values()) - already)
     for sid in all_ids:
         files = {name: found[sid] for name, found in per_field.items() if sid in found}
-        missing = [name for name in spec.fields if name not in files]
+        missing = [name for name in globs if name not in files]
         if missing:
-            where = ", ".join(f"{m} ({spec.fields[m].files})" for m in missing)
-            inv.rejections.append(Rejection(sid, ", ".join(files.values()), f"incomplete sample: no file for {where}",
+            where = ", ".join(f"{m} ({globs[m]})" for m in missing)
+            inv.rejections.append(Rejection(sid, tuple(files.values()), f"incomplete sample: no file for {where}",
                                             waitable=True))
             continue
         rejection, columns = _columns_for(spec, sid, records.get(sid), files, record_file.get(sid, ""))
@@ -204,13 +183,13 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
         try:
             split = assign_split(sid, spec.splits, columns)
         except ValueError as err:
-            inv.rejections.append(Rejection(sid, files[next(iter(files))], str(err)))
+            inv.rejections.append(Rejection(sid, (files[next(iter(files))],), str(err)))
             continue
         extra = (record_file[sid],) if sid in record_file and "_sidecar" in records[sid] else ()
         inv.samples.append(SampleRef(sid, split, files, columns, extra))
     paired = set().union(*per_field.values())
     for sid in sorted(set(records) - paired - already):
-        inv.rejections.append(Rejection(sid, f"{record_file[sid]}#{sid}", "annotation record without files",
+        inv.rejections.append(Rejection(sid, (f"{record_file[sid]}#{sid}",), "annotation record without files",
                                         waitable=True))
     return inv
 
@@ -221,12 +200,12 @@ def _columns_for(spec: DatasetSpec, sid: str, rec: dict | None, files: dict[str,
     first = next(iter(files.values()))
     if rec is None:
         if ann.file and ann.required:
-            return Rejection(sid, first, f"no annotation record in {ann.file}", waitable=True), {}
+            return Rejection(sid, (first,), f"no annotation record in {ann.file}", waitable=True), {}
         return None, {}
     columns = {}
     for col, kind in ann.columns.items():
         try:
             columns[col] = _coerce(rec.get(col), kind)
         except (ValueError, TypeError) as err:
-            return Rejection(sid, f"{where}#{sid}", f"annotation column {col!r}: {err}"), {}
+            return Rejection(sid, (f"{where}#{sid}",), f"annotation column {col!r}: {err}"), {}
     return None, columns

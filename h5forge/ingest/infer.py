@@ -10,6 +10,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from h5forge.errors import UsageError
 from h5forge.spec import parse_spec
 
 _PICTURES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
@@ -51,10 +52,10 @@ def infer_spec(raw: Path, spec_path: Path) -> str:
     """YAML text of a spec for ``raw``; paths in it are relative to ``spec_path``'s folder."""
     raw = raw.resolve()
     if not raw.is_dir():
-        raise ValueError(f"{raw} is not a folder")
+        raise UsageError(f"{raw} is not a folder")
     images = _picture_folder(raw, ("images", "imgs", "image", "img"))
     if images is None:
-        raise ValueError(f"no images/ folder with pictures under {raw}")
+        raise UsageError(f"no images/ folder with pictures under {raw}")
     masks = _picture_folder(raw, ("masks", "mask", "labels", "annotations_masks"))
     sample = sorted((raw / images[0]).glob(f"*{images[1]}"))[:200]
     sizes, modes = [], Counter()
@@ -67,7 +68,7 @@ def infer_spec(raw: Path, spec_path: Path) -> str:
         except Exception:
             continue
     if not sizes:
-        raise ValueError(f"no readable picture in {raw / images[0]}")
+        raise UsageError(f"no readable picture in {raw / images[0]}")
     # the 95th percentile, so a few outsized pictures are cropped rather than padding everything
     ordered_h, ordered_w = sorted(h for _, h in sizes), sorted(w for w, _ in sizes)
     height = _round_up(ordered_h[int(0.95 * (len(sizes) - 1))])
@@ -81,10 +82,10 @@ def infer_spec(raw: Path, spec_path: Path) -> str:
         try:
             data = json.loads(ann_file.read_text())
         except json.JSONDecodeError as e:
-            raise ValueError(f"{ann_file} is not valid JSON: {e}") from None
+            raise UsageError(f"{ann_file} is not valid JSON: {e}") from None
         records = data["samples"] if isinstance(data, dict) and "samples" in data else data
         if not isinstance(records, list) or not records or not isinstance(records[0], dict):
-            raise ValueError(f"{ann_file} must hold a JSON list of records")
+            raise UsageError(f"{ann_file} must hold a JSON list of records")
         id_key = max(_ID_KEYS, key=lambda k: sum(Path(str(r.get(k, ""))).stem in stems for r in records[:500]))
         columns = _columns(records, id_key)
         for col, kind in columns.items():

@@ -18,8 +18,9 @@ from typing import Iterator, Sequence
 import dask
 from distributed import Client, LocalCluster
 
+from h5forge.errors import SchedulerUnreachable
 from h5forge.ingest.clean import CleanedBatch, clean_batch
-from h5forge.ingest.discover import SampleRef
+from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
 
 
@@ -39,11 +40,11 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
 
     parsed = urlparse(address if "://" in address else f"tcp://{address}")
     if not parsed.hostname or not parsed.port:
-        raise ConnectionError(f"cannot reach the dask scheduler at {address}: expected tcp://host:port")
+        raise SchedulerUnreachable(f"cannot reach the dask scheduler at {address}: expected tcp://host:port")
     try:
         socket.create_connection((parsed.hostname, parsed.port), timeout=timeout).close()
     except OSError as err:
-        raise ConnectionError(f"cannot reach the dask scheduler at {address}: {err.strerror or err}") from None
+        raise SchedulerUnreachable(f"cannot reach the dask scheduler at {address}: {err.strerror or err}") from None
 
 
 @contextmanager
@@ -54,7 +55,7 @@ def dask_client(address: str | None, workers: int) -> Iterator[Client]:
         try:
             client = Client(address, timeout="20s")
         except (OSError, TimeoutError) as err:
-            raise ConnectionError(f"cannot reach the dask scheduler at {address}: {err}") from None
+            raise SchedulerUnreachable(f"cannot reach the dask scheduler at {address}: {err}") from None
         try:
             yield client
         finally:

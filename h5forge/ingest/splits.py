@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-SPLITS = ("train", "val", "test")
+from h5forge.format.names import SPLITS
 
 
 def unit_hash(sample_id: str, seed: str) -> float:

@@ -22,7 +22,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, ReadError, SplitReader, check_dtypes, convert, model_batch
+from h5forge.errors import ReadError
+from h5forge.kinds import ReadOptions
+from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, SplitReader, model_batch, model_values, output_dtypes
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["Source", "batches", "ReadError"]
@@ -36,10 +38,10 @@ class Source:
                  *, image_dtype: str = "float32", mask_dtype: str = "int32", normalize: bool = False,
                  channels_last: bool = False, locking: bool | None = None,
                  cache_chunks: int = DEFAULT_CACHE_CHUNKS):
-        check_dtypes(image_dtype, mask_dtype)
         self.reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks)
-        self.image_dtype, self.mask_dtype = image_dtype, mask_dtype
-        self.normalize, self.channels_last = normalize, channels_last
+        self.options = ReadOptions(image_dtype, mask_dtype, normalize)
+        self._dtypes = output_dtypes(self.reader, self.options)
+        self.channels_last = channels_last
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -48,13 +50,12 @@ class Source:
         raw = self.reader.read_one(int(record_key))
         out = {}
         for name, a in raw.items():
-            v = convert(self.reader.fields[name], a[None], self.image_dtype, self.mask_dtype, self.normalize)[0]
-            out[name] = np.ascontiguousarray(np.moveaxis(v, 0, -1)) if self.channels_last else v
+            v = model_values(self.reader.fields[name], np.asarray(a)[None], self.options, self._dtypes[name])[0]
+            out[name] = np.ascontiguousarray(np.moveaxis(v, 0, -1)) if self.channels_last and np.ndim(v) > 1 else v
         return out
 
     def get_batch(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
-        return model_batch(self.reader, indices, self.image_dtype, self.mask_dtype, self.normalize,
-                           self.channels_last)
+        return model_batch(self.reader, indices, self.options, self.channels_last)
 
     @property
     def version(self) -> int:

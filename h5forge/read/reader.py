@@ -22,31 +22,37 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import h5py
 import numpy as np
 
+from h5forge.errors import ReadError
 from h5forge.format.codecs import ensure_filters
-from h5forge.format.layout import FORMAT, FORMAT_VERSION
+from h5forge.format.layout import decode_str
+from h5forge.format.names import DIAGNOSTICS, FORMAT, FORMAT_VERSION, IDS, INDEX, META, SPEC, Attr, column_path
+from h5forge.format.segments import virtual_sources
+from h5forge.kinds import FieldKind, ReadOptions, stored_kinds
+from h5forge.spec import spec_from_json
 
 DEFAULT_CACHE_CHUNKS = 8  # chunks per field kept decompressed (covers the sampler's default window)
 OPEN_RETRIES = 3
 
 
-class ReadError(ValueError):
-    """The file, split or field cannot be read as asked; the message names what and where."""
-
-
 @dataclass(frozen=True)
 class FieldInfo:
-    name: str
-    kind: str  # "image" | "mask" (from the spec stored in the file)
-    shape: tuple[int, ...]  # per sample, e.g. (3, 224, 224)
+    name: str  # the dataset's path in the split group (a field name, or meta/<column>)
+    kind: FieldKind  # what the field is: how its rows become model values
+    shape: tuple[int, ...]  # per sample, e.g. (3, 224, 224); () for a scalar column
+    dtype: np.dtype  # as stored
     chunk_rows: int  # samples per HDF5 chunk (1 for contiguous storage: rows are independent)
     chunk_nbytes: int  # bytes of one decompressed chunk
-    mean: np.ndarray | None  # per-channel mean of values/255 (image fields)
-    std: np.ndarray | None
+    stats: dict[str, np.ndarray]  # the split's statistics of the field (e.g. image mean/std)
+
+    @property
+    def bulk(self) -> bool:
+        """Sample arrays, read chunk by chunk; otherwise a small column, read whole and kept."""
+        return self.kind.stored().bulk
 
 
 def _open(path: str, locking: bool | None, **kwargs) -> h5py.File:
@@ -138,11 +144,12 @@ class SplitReader:
             fields = (fields,)
         with _open(real, locking) as f:
             self._read_layout(f, fields)
-        chunk_max = max(fi.chunk_nbytes for fi in self.fields.values())
+        chunk_max = max(fi.chunk_nbytes for fi in self.fields.values() if fi.bulk) if self._bulk else 4096
         self.rdcc_nbytes = int(rdcc_nbytes) if rdcc_nbytes is not None else max(1 << 20, max(1, cache_chunks) * chunk_max + 4096)
         self.rdcc_nslots = _next_prime(max(521, 100 * max(1, self.rdcc_nbytes // max(1, chunk_max))))
         self._file: h5py.File | None = None
         self._dsets: dict[str, h5py.Dataset] = {}
+        self._columns: dict[str, np.ndarray] = {}
         self._pid: int | None = None
 
     # ---- layout ------------------------------------------------------------------------------
@@ -151,44 +158,42 @@ class SplitReader:
 
     def _read_layout(self, f: h5py.File, fields: Sequence[str] | None) -> None:
         where = self._where()
-        if f.attrs.get("format") != FORMAT:
-            raise ReadError(f"{where}: not an h5forge dataset file (format attribute {f.attrs.get('format')!r})")
-        if int(f.attrs.get("format_version", -1)) > FORMAT_VERSION:
-            raise ReadError(f"{where}: format_version {int(f.attrs['format_version'])} is newer than this h5forge reads")
-        self.version = int(f.attrs.get("version", -1))
-        self.codec = str(f.attrs.get("codec", ""))
-        all_fields = [str(x) for x in f.attrs.get("fields", [])]
-        kinds = _field_kinds(f)
+        if f.attrs.get(Attr.FORMAT) != FORMAT:
+            raise ReadError(f"{where}: not an h5forge dataset file (format attribute {f.attrs.get(Attr.FORMAT)!r})")
+        if int(f.attrs.get(Attr.FORMAT_VERSION, -1)) > FORMAT_VERSION:
+            raise ReadError(f"{where}: format_version {int(f.attrs[Attr.FORMAT_VERSION])} is newer than this "
+                            "h5forge reads")
+        self.version = int(f.attrs.get(Attr.VERSION, -1))
+        self.codec = str(f.attrs.get(Attr.CODEC, ""))
+        try:
+            kinds = stored_kinds(spec_from_json(f[SPEC][()].decode()))
+        except (KeyError, ValueError, UnicodeDecodeError) as err:
+            raise ReadError(f"{where}: the spec stored in /{SPEC} is missing or unreadable ({err})") from None
         self._check_sources(f)
         if self.split not in f or not isinstance(f[self.split], h5py.Group):
-            present = [k for k in f.keys() if k not in ("meta", "index", "diagnostics")]
+            present = [k for k in f.keys() if k not in (META, INDEX, DIAGNOSTICS)]
             raise ReadError(f"{where}: no split {self.split!r}; the file has {present}")
         g = f[self.split]
-        wanted = list(fields) if fields is not None else all_fields
+        declared = [str(x) for x in f.attrs.get(Attr.FIELDS, [])]
+        wanted = list(fields) if fields is not None else declared
         if not wanted:
             raise ReadError(f"{where}: no fields to read")
-        count = int(g.attrs.get("count", -1))
+        count = int(g.attrs.get(Attr.COUNT, -1))
         infos: dict[str, FieldInfo] = {}
         for name in wanted:
-            if name not in g or not isinstance(g[name], h5py.Dataset):
-                raise ReadError(f"{where}: split {self.split!r} has no field {name!r}; fields are {all_fields}")
+            if name not in kinds or name not in g:
+                raise ReadError(f"{where}: split {self.split!r} has no field {name!r}; fields are {list(kinds)}")
             ds = g[name]
-            if count < 0:
-                count = ds.shape[0]
             if ds.shape[0] != count:
                 raise ReadError(f"{where}: /{self.split}/{name} has {ds.shape[0]} rows but the split count is {count}")
             shape = tuple(int(s) for s in ds.shape[1:])
             rows = int(ds.chunks[0]) if ds.chunks else 1
-            cbytes = int(np.prod(ds.chunks)) * ds.dtype.itemsize if ds.chunks else int(np.prod(shape)) * ds.dtype.itemsize
-            mean = np.asarray(g.attrs[f"{name}_mean"], dtype=np.float32) if f"{name}_mean" in g.attrs else None
-            std = np.asarray(g.attrs[f"{name}_std"], dtype=np.float32) if f"{name}_std" in g.attrs else None
-            infos[name] = FieldInfo(name, kinds.get(name, "image"), shape, rows, cbytes, mean, std)
+            cbytes = int(np.prod(ds.chunks if ds.chunks else shape)) * ds.dtype.itemsize
+            infos[name] = FieldInfo(name, kinds[name], shape, ds.dtype, rows, cbytes, kinds[name].read_stats(g))
         self.fields = infos
         self.count = count
 
     def _check_sources(self, f: h5py.File) -> None:
-        from h5forge.store.verify import virtual_sources
-
         self.sources = sorted(virtual_sources(f))
         self._check_sources_exist()
 
@@ -204,7 +209,11 @@ class SplitReader:
 
     @property
     def chunk_rows(self) -> int:
-        return max(fi.chunk_rows for fi in self.fields.values())
+        return max(fi.chunk_rows for fi in self.fields.values() if fi.bulk) if self._bulk else 1
+
+    @property
+    def _bulk(self) -> bool:
+        return any(fi.bulk for fi in self.fields.values())
 
     def __len__(self) -> int:
         return self.count
@@ -221,12 +230,15 @@ class SplitReader:
             self._file = _open(self.real_path, self.locking, rdcc_nbytes=self.rdcc_nbytes,
                                rdcc_nslots=self.rdcc_nslots)
             g = self._file[self.split]
-            self._dsets = {name: g[name] for name in self.fields}
+            self._dsets = {name: g[name] for name, fi in self.fields.items() if fi.bulk}
+            # small columns (labels, annotations) are read whole, once per process: a batch then
+            # costs a take() instead of an HDF5 call per row
+            self._columns = {name: g[name][()] for name, fi in self.fields.items() if not fi.bulk}
             self._pid = pid
         return self._dsets
 
     def _drop(self) -> None:
-        f, self._file, self._dsets = self._file, None, {}
+        f, self._file, self._dsets, self._columns = self._file, None, {}, {}
         if f is not None:
             try:
                 f.close()
@@ -238,7 +250,7 @@ class SplitReader:
         if self._pid == os.getpid():
             self._drop()
         else:
-            self._file, self._dsets = None, {}
+            self._file, self._dsets, self._columns = None, {}, {}
 
     def __enter__(self) -> "SplitReader":
         return self
@@ -248,7 +260,7 @@ class SplitReader:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_file=None, _dsets={}, _pid=None)
+        state.update(_file=None, _dsets={}, _columns={}, _pid=None)
         return state
 
     def __del__(self) -> None:
@@ -268,7 +280,8 @@ class SplitReader:
 
     def read_one(self, i: int) -> dict[str, np.ndarray]:
         j = self._index(i)
-        return {name: d[j] for name, d in self._handles().items()}
+        dsets = self._handles()
+        return {name: dsets[name][j] if fi.bulk else self._columns[name][j] for name, fi in self.fields.items()}
 
     def read(self, indices: Iterable[int], out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Rows ``indices`` of every field, in the order asked: {field: (len(indices), *shape) uint8}.
@@ -287,11 +300,14 @@ class SplitReader:
         runs = coalesce(uniq)
         dups = np.flatnonzero(np.diff(rows_sorted) == 0) + 1
         result: dict[str, np.ndarray] = {}
-        for name, d in self._handles().items():
-            shape = self.fields[name].shape
-            target = out[name] if out is not None and name in out else np.empty((idx.size, *shape), dtype=d.dtype)
+        dsets = self._handles()
+        for name, fi in self.fields.items():
+            if not fi.bulk:
+                result[name] = self._columns[name][idx]
+                continue
+            target = out[name] if out is not None and name in out else np.empty((idx.size, *fi.shape), dtype=fi.dtype)
             if idx.size:
-                _read_runs(d, target, runs, order[first])
+                _read_runs(dsets[name], target, runs, order[first])
                 for k in dups:  # a row asked for twice: copy it
                     target[order[k]] = target[order[k - 1]]
             result[name] = target
@@ -300,25 +316,14 @@ class SplitReader:
     # ---- per-sample columns ------------------------------------------------------------------
     def ids(self) -> list[str]:
         with _open(self.real_path, self.locking) as f:
-            return [v.decode() if isinstance(v, bytes) else str(v) for v in f[self.split]["ids"][()]]
+            return decode_str(f[self.split][IDS][()])
 
     def meta(self, column: str) -> np.ndarray:
         with _open(self.real_path, self.locking) as f:
             g = f[self.split]
-            if f"meta/{column}" not in g:
+            if column_path(column) not in g:
                 raise ReadError(f"{self._where()}: split {self.split!r} has no annotation column {column!r}")
-            return g[f"meta/{column}"][()]
-
-
-def _field_kinds(f: h5py.File) -> dict[str, str]:
-    """Field name -> "image" | "mask", from the spec stored in the file."""
-    try:
-        from h5forge.spec import spec_from_json
-
-        spec = spec_from_json(f["meta/spec"][()].decode())
-        return {name: fs.kind for name, fs in spec.fields.items()}
-    except Exception:
-        return {}
+            return g[column_path(column)][()]
 
 
 def resolve(path: str | os.PathLike) -> Path:
@@ -326,42 +331,29 @@ def resolve(path: str | os.PathLike) -> Path:
     return Path(os.path.realpath(os.fspath(path)))
 
 
-IMAGE_DTYPES = ("float32", "uint8")
+def output_dtypes(reader: SplitReader, opts: ReadOptions) -> dict[str, np.dtype | None]:
+    """What each field of ``reader`` is returned as (None: a list of Python values); refuses bad options."""
+    return {name: fi.kind.output_dtype(opts) for name, fi in reader.fields.items()}
 
 
-def check_dtypes(image_dtype: str, mask_dtype: str) -> None:
-    if image_dtype not in IMAGE_DTYPES:
-        raise ValueError(f"image_dtype must be one of {IMAGE_DTYPES}, got {image_dtype!r}")
-    if np.dtype(mask_dtype).kind not in "iu":
-        raise ValueError(f"mask_dtype must be an integer type, got {mask_dtype!r}")
-
-
-def convert(info: FieldInfo, a: np.ndarray, image_dtype: str = "float32", mask_dtype: str = "int64",
-            normalize: bool = False, axis: int = 1) -> np.ndarray:
-    """Model-ready numpy values of a uint8 batch (``axis`` is the channel axis): images float32 in
-    [0, 1] (standardised per channel with the split's mean/std when ``normalize``) or uint8 as
-    stored; masks as ``mask_dtype``."""
-    if info.kind == "mask":
-        return a if np.dtype(mask_dtype) == a.dtype else a.astype(mask_dtype)
-    if image_dtype == "uint8":
-        return a
-    out = a.astype(np.float32)
-    out /= 255
-    if normalize and info.mean is not None and info.std is not None:
-        shape = [1] * out.ndim
-        shape[axis] = -1
-        out -= info.mean.reshape(shape)
-        out /= np.where(info.std > 0, info.std, 1).astype(np.float32).reshape(shape)
+def model_values(info: FieldInfo, raw: np.ndarray, opts: ReadOptions, dtype: np.dtype | None,
+                 axis: int = 1) -> Any:
+    """Model-ready values of stored rows (``axis`` is the channel axis), as the field's kind says."""
+    if dtype is None:
+        return decode_str(raw)
+    if raw.dtype == dtype:
+        return raw
+    out = np.empty(raw.shape, dtype=dtype)
+    info.kind.convert(raw, out, opts, info.stats, axis)
     return out
 
 
-def model_batch(reader: SplitReader, indices, image_dtype: str = "float32", mask_dtype: str = "int64",
-                normalize: bool = False, channels_last: bool = False) -> dict[str, np.ndarray]:
-    """Rows ``indices`` as model-ready numpy arrays {field: (B, C, H, W)} (or (B, H, W, C) when
+def model_batch(reader: SplitReader, indices, opts: ReadOptions, channels_last: bool = False) -> dict[str, Any]:
+    """Rows ``indices`` as model-ready values {field: (B, C, H, W)} (or (B, H, W, C) when
     ``channels_last``), in the order asked."""
-    raw = reader.read(indices)
+    dtypes = output_dtypes(reader, opts)
     out = {}
-    for name, a in raw.items():
-        v = convert(reader.fields[name], a, image_dtype, mask_dtype, normalize)
-        out[name] = np.ascontiguousarray(np.moveaxis(v, 1, -1)) if channels_last else v
+    for name, raw in reader.read(indices).items():
+        v = model_values(reader.fields[name], raw, opts, dtypes[name])
+        out[name] = np.ascontiguousarray(np.moveaxis(v, 1, -1)) if channels_last and getattr(v, "ndim", 0) > 2 else v
     return out

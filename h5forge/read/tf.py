@@ -16,10 +16,10 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-import numpy as np
 import tensorflow as tf
 
-from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, SplitReader, check_dtypes, model_batch
+from h5forge.kinds import ReadOptions
+from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, SplitReader, model_batch, output_dtypes
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["dataset"]
@@ -34,18 +34,19 @@ def dataset(path: str | os.PathLike, split: str = "train", fields: Sequence[str]
     """A tf.data.Dataset of tuples in ``fields`` order (a single tensor for one field); batched
     when ``batch_size`` is given (much faster than per-sample generators), else one sample per
     element. ``num_replicas``/``rank`` give this worker's equal-length shard."""
-    check_dtypes(image_dtype, mask_dtype)
     reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks)
+    opts = ReadOptions(image_dtype, mask_dtype, normalize)
+    dtypes = output_dtypes(reader, opts)
     order = ChunkOrder(len(reader), reader.chunk_rows, shuffle=shuffle, seed=seed, window=window,
                        num_replicas=num_replicas, rank=rank)
     names = reader.field_names
     specs = []
     for name in names:
         fi = reader.fields[name]
-        shape = tuple(fi.shape[1:]) + (fi.shape[0],) if channels_last else fi.shape
-        dtype = np.dtype(mask_dtype) if fi.kind == "mask" else np.dtype(image_dtype)
+        shape = tuple(fi.shape[1:]) + (fi.shape[0],) if channels_last and len(fi.shape) > 1 else fi.shape
+        dtype = tf.string if dtypes[name] is None else tf.as_dtype(dtypes[name])
         lead = () if batch_size is None else ((batch_size,) if drop_remainder else (None,))
-        specs.append(tf.TensorSpec(shape=lead + tuple(shape), dtype=tf.as_dtype(dtype), name=name))
+        specs.append(tf.TensorSpec(shape=lead + tuple(shape), dtype=dtype, name=name))
     signature = specs[0] if len(specs) == 1 else tuple(specs)
 
     def generate():
@@ -53,7 +54,7 @@ def dataset(path: str | os.PathLike, split: str = "train", fields: Sequence[str]
         step = batch_size or 1
         stop = len(idx) - (len(idx) % step if (batch_size and drop_remainder) else 0)
         for start in range(0, stop, step):
-            b = model_batch(reader, idx[start:start + step], image_dtype, mask_dtype, normalize, channels_last)
+            b = model_batch(reader, idx[start:start + step], opts, channels_last)
             cols = tuple(b[n] if batch_size else b[n][0] for n in names)
             yield cols[0] if len(cols) == 1 else cols
 

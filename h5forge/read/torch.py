@@ -22,13 +22,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, FieldInfo, ReadError, SplitReader, check_dtypes
+from h5forge.errors import ReadError
+from h5forge.kinds import ReadOptions
+from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, SplitReader, model_values, output_dtypes
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["H5Dataset", "ChunkShuffleSampler", "ReadError", "collate"]
-
-_TORCH_DTYPES = {"float32": torch.float32, "uint8": torch.uint8, "int64": torch.int64,
-                 "int32": torch.int32, "int16": torch.int16}
 
 
 def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
@@ -77,18 +76,12 @@ class H5Dataset(Dataset):
                  batch_transform: Callable[[Any], Any] | None = None,
                  locking: bool | None = None, cache_chunks: int = DEFAULT_CACHE_CHUNKS,
                  rdcc_nbytes: int | None = None):
-        check_dtypes(image_dtype, mask_dtype)
         self.reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks,
                                   rdcc_nbytes=rdcc_nbytes)
-        self.image_dtype, self.mask_dtype, self.normalize = image_dtype, mask_dtype, normalize
+        self.options = ReadOptions(image_dtype, mask_dtype, normalize)
+        self._dtypes = output_dtypes(self.reader, self.options)  # refuses unknown dtypes here, not in a worker
         self.transform, self.batch_transform = transform, batch_transform
         self._single = len(self.reader.fields) == 1
-        self._norm = {}
-        for name, fi in self.reader.fields.items():
-            if fi.kind == "image" and normalize and fi.mean is not None and fi.std is not None:
-                std = np.where(fi.std > 0, fi.std, 1).astype(np.float32)
-                self._norm[name] = (torch.from_numpy(fi.mean.reshape(-1, 1, 1).copy()),
-                                    torch.from_numpy(std.reshape(-1, 1, 1)))
 
     # ---- description -------------------------------------------------------------------------
     path = property(lambda self: self.reader.path)
@@ -116,32 +109,23 @@ class H5Dataset(Dataset):
         self.reader.close()
 
     # ---- conversion --------------------------------------------------------------------------
-    def _out_dtype(self, fi: FieldInfo) -> torch.dtype:
-        if fi.kind == "mask":
-            return _TORCH_DTYPES.get(self.mask_dtype) or torch.from_numpy(np.zeros(0, self.mask_dtype)).dtype
-        return torch.uint8 if self.image_dtype == "uint8" else torch.float32
-
-    def _convert(self, name: str, raw: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        fi = self.reader.fields[name]
-        dtype = self._out_dtype(fi)
+    def _value(self, name: str, raw: np.ndarray, out: torch.Tensor | None = None) -> Any:
+        """The model value of stored rows: a tensor (written into ``out`` when given), or a list of
+        strings for a text column."""
+        fi, dtype = self.reader.fields[name], self._dtypes[name]
+        if dtype is None or out is None:
+            v = model_values(fi, raw, self.options, dtype)
+            return v if dtype is None else torch.from_numpy(np.asarray(v))
         if raw.dtype == dtype:
-            return raw
-        if out is None:
-            out = torch.empty(raw.shape, dtype=dtype)
-        # numpy's ufuncs into the output's buffer: about 2x less CPU than torch.div(out=) here
-        if fi.kind == "image":
-            np.divide(raw.numpy(), np.float32(255), out=out.numpy())
-            if name in self._norm:
-                mean, std = self._norm[name]
-                out.sub_(mean).div_(std)
+            np.copyto(out.numpy(), raw)
         else:
-            np.copyto(out.numpy(), raw.numpy())
+            fi.kind.convert(raw, out.numpy(), self.options, fi.stats)
         return out
 
     # ---- access ------------------------------------------------------------------------------
     def __getitem__(self, i: int) -> Any:
         raw = self.reader.read_one(i)
-        sample = tuple(self._convert(n, torch.from_numpy(a)) for n, a in raw.items())
+        sample = tuple(self._value(n, np.asarray(a)[None])[0] for n, a in raw.items())  # a batch of one
         sample = sample[0] if self._single else sample
         return self.transform(sample) if self.transform is not None else sample
 
@@ -152,15 +136,15 @@ class H5Dataset(Dataset):
         outs: dict[str, torch.Tensor] = {}
         raw_out: dict[str, np.ndarray] = {}
         for name, fi in self.reader.fields.items():
-            dtype = self._out_dtype(fi)
-            if dtype == torch.uint8:  # stored dtype: read straight into the (shared) output
-                outs[name] = _empty((n, *fi.shape), torch.uint8)
+            dtype = self._dtypes[name]
+            if dtype is None:
+                continue
+            outs[name] = _empty((n, *fi.shape), torch.from_numpy(np.zeros(0, dtype)).dtype)
+            if dtype == fi.dtype and fi.bulk:  # stored dtype: read straight into the (shared) output
                 raw_out[name] = outs[name].numpy()
-            else:
-                outs[name] = _empty((n, *fi.shape), dtype)
         raw = self.reader.read(indices, out=raw_out)
-        cols = tuple(outs[name] if name in raw_out else self._convert(name, torch.from_numpy(raw[name]), outs[name])
-                     for name in self.reader.fields)  # uint8 outputs were read in place
+        cols = tuple(outs[name] if name in raw_out else self._value(name, raw[name], outs.get(name))
+                     for name in self.reader.fields)
         if self.transform is not None:
             samples = [self.transform(cols[0][k] if self._single else tuple(c[k] for c in cols)) for k in range(n)]
             stacked = collate(samples) if n else cols

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Sequence
 
+from h5forge.format.names import QUARANTINE_DIR, REPORTS_DIR, version_tag
+from h5forge.samples import Rejection
 from h5forge.store.verify import HealthReport
 
 
-def write_quarantine(out: Path, tag: str, rows: list[dict]) -> list[Path]:
-    """``<out>/quarantine/<tag>.rejections.json`` and ``.md``: every rejected input and why.
-
-    ``rows`` are ``Rejection.as_dict()`` records.
-    """
-    folder = out / "quarantine"
+def write_quarantine(out: Path, number: int, rejections: Sequence[Rejection]) -> list[Path]:
+    """``<out>/quarantine/dataset_vNNNN.rejections.json`` and ``.md``: every rejected input and why."""
+    folder = out / QUARANTINE_DIR
     folder.mkdir(parents=True, exist_ok=True)
+    tag = version_tag(number)
+    rows = [r.as_dict() for r in rejections]
     js = folder / f"{tag}.rejections.json"
     js.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
     md = folder / f"{tag}.rejections.md"
@@ -25,10 +27,11 @@ def write_quarantine(out: Path, tag: str, rows: list[dict]) -> list[Path]:
     return [js, md]
 
 
-def write_health(out: Path, tag: str, report: HealthReport) -> list[Path]:
-    """``<out>/reports/<tag>.health.json`` and ``.md``."""
-    folder = out / "reports"
+def write_health(out: Path, number: int, report: HealthReport, run: str = "") -> list[Path]:
+    """``<out>/reports/dataset_vNNNN[.run][.failed].health.json`` and ``.md``."""
+    folder = out / REPORTS_DIR
     folder.mkdir(parents=True, exist_ok=True)
+    tag = version_tag(number) + (f".{run}" if run else "") + ("" if report.ok else ".failed")
     js, md = folder / f"{tag}.health.json", folder / f"{tag}.health.md"
     js.write_text(report.to_json())
     md.write_text(report.to_markdown())

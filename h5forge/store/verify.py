@@ -1,7 +1,8 @@
 """Verify a version file: structure, every checksum, samples against their sources, read latency.
 
 A version passes when it has no errors. Warnings (slow reads, a raw file changed since the
-build) are reported but do not fail it: they say nothing about the file's integrity.
+build) are reported but do not fail it: they say nothing about the file's integrity. What a field
+must look like, and how it is re-derived from its source, is its kind's business.
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from h5forge.ingest.clean import Reject, clean_sample
 from h5forge.format.codecs import ensure_filters
-from h5forge.ingest.discover import SampleRef
-from h5forge.format.layout import FORMAT, FORMAT_VERSION, PER_SAMPLE, SPLITS, decode_str
-from h5forge.spec import DatasetSpec, ImageField, spec_from_json
+from h5forge.format.layout import decode_str
+from h5forge.format.names import (CHECKSUM, FORMAT, FORMAT_VERSION, IDS, INDEX, PER_SAMPLE, SOURCE_FILES,
+                                  SOURCE_SHA256, SPEC, SPLITS, Attr, block_rows)
+from h5forge.format.segments import virtual_sources
+from h5forge.format.summary import read_summary
+from h5forge.kinds import FieldKind, decode_sample, stored_kinds
+from h5forge.samples import Reject, SampleRef
+from h5forge.spec import DatasetSpec, spec_from_json
 
 MAX_LISTED = 20  # errors of one kind listed before summarising the rest
 
@@ -38,6 +43,22 @@ class HealthReport:
         self.ok = False
         self.errors.append(message)
         self.checks[check] = "FAILED"
+
+    def errors_of(self, check: str, problems: list[str], ok: str) -> None:
+        """Record the problems of one check (the first MAX_LISTED of them), or its ok line."""
+        for p in problems[:MAX_LISTED]:
+            self.error(check, p)
+        if len(problems) > MAX_LISTED:
+            self.error(check, f"... and {len(problems) - MAX_LISTED} more {check} problems")
+        if not problems:
+            self.checks[check] = ok
+
+    def merge(self, other: "HealthReport", prefix: str) -> None:
+        """Fold another file's report in (e.g. an append's delta file), its lines prefixed."""
+        self.checks = {**{f"{prefix} {k}": v for k, v in other.checks.items()}, **self.checks}
+        self.errors = [f"{prefix}: {e}" for e in other.errors] + self.errors
+        self.warnings += other.warnings
+        self.ok = self.ok and other.ok
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str)
@@ -78,63 +99,48 @@ def verify_file(path: str | Path, *, checksums: bool = True, resample: int | Non
         spec = _check_header(f, report)
         if spec is None:
             return report
+        kinds = stored_kinds(spec)
         _check_sources_exist(f, report)
         if not report.ok:
             return report
-        _check_structure(f, spec, report)
+        _check_structure(f, spec, kinds, report)
         if not report.ok:
             return report
         if checksums:
             rows = None if checksum_sample is None else _sampled_rows(f, checksum_sample, seed)
-            _check_checksums(f, spec, report, rows)
+            _check_checksums(f, spec, kinds, report, rows)
         n_resample = spec.verify.resample if resample is None else resample
         if n_resample:
             root = Path(source_root) if source_root else spec.source.root
-            _check_against_sources(f, spec, root, n_resample, seed, report)
+            _check_against_sources(f, kinds, root, n_resample, seed, report)
         reads = spec.verify.latency_reads if latency_reads is None else latency_reads
-        summary = json.loads(f["diagnostics"].attrs.get("summary", "{}")) if "diagnostics" in f else {}
+        summary = read_summary(f)
         report.stats.update({
-            "version": int(f.attrs["version"]),
-            "counts": {s: int(f[s].attrs.get("count", 0)) for s in SPLITS},
-            "codec": str(f.attrs.get("codec")),
+            "version": int(f.attrs[Attr.VERSION]),
+            "counts": {s: int(f[s].attrs.get(Attr.COUNT, 0)) for s in SPLITS},
+            "codec": str(f.attrs.get(Attr.CODEC)),
             "compression_ratio": summary.get("compression_ratio"),
             "file_bytes": path.stat().st_size,
         })
     if reads:
-        _measure_latency(path, spec, reads, seed, report)
+        _measure_latency(path, kinds, reads, seed, report)
     return report
 
 
 def _check_header(f: h5py.File, report: HealthReport) -> DatasetSpec | None:
-    if f.attrs.get("format") != FORMAT:
-        report.error("format", f"not an h5forge file (format attribute is {f.attrs.get('format')!r})")
+    if f.attrs.get(Attr.FORMAT) != FORMAT:
+        report.error("format", f"not an h5forge file (format attribute is {f.attrs.get(Attr.FORMAT)!r})")
         return None
-    if int(f.attrs.get("format_version", -1)) > FORMAT_VERSION:
-        report.error("format", f"format_version {f.attrs['format_version']} is newer than this h5forge reads")
+    if int(f.attrs.get(Attr.FORMAT_VERSION, -1)) > FORMAT_VERSION:
+        report.error("format", f"format_version {f.attrs[Attr.FORMAT_VERSION]} is newer than this h5forge reads")
         return None
     try:
-        spec = spec_from_json(f["meta/spec"][()].decode())
-    except Exception as err:
-        report.error("format", f"/meta/spec is missing or unreadable: {err}")
+        spec = spec_from_json(f[SPEC][()].decode())
+    except (KeyError, OSError, ValueError, UnicodeDecodeError) as err:
+        report.error("format", f"/{SPEC} is missing or unreadable: {err}")
         return None
-    report.checks["format"] = f"ok ({FORMAT} v{int(f.attrs['format_version'])})"
+    report.checks["format"] = f"ok ({FORMAT} v{int(f.attrs[Attr.FORMAT_VERSION])})"
     return spec
-
-
-def virtual_sources(f: h5py.File) -> set[str]:
-    """Files the virtual datasets of ``f`` read from (absolute paths)."""
-    sources: set[str] = set()
-    base = Path(os.path.realpath(f.filename)).parent
-
-    def visit(_name: str, obj) -> None:
-        if isinstance(obj, h5py.Dataset) and obj.is_virtual:
-            for vs in obj.virtual_sources():
-                src = vs.file_name
-                sources.add(str(Path(src) if os.path.isabs(src) or src == "." else base / src))
-
-    f.visititems(visit)
-    sources.discard(str(base / "."))
-    return sources
 
 
 def _check_sources_exist(f: h5py.File, report: HealthReport) -> None:
@@ -146,36 +152,41 @@ def _check_sources_exist(f: h5py.File, report: HealthReport) -> None:
         report.checks["dependencies"] = f"ok ({len(sources)} other file(s))" if sources else "ok (self-contained)"
 
 
-def _check_structure(f: h5py.File, spec: DatasetSpec, report: HealthReport) -> None:
+def _dtype_matches(ds: h5py.Dataset, want) -> bool:
+    want_str = h5py.check_string_dtype(np.dtype(want))
+    if want_str is not None:
+        have = h5py.check_string_dtype(ds.dtype)
+        return have is not None and have.length == want_str.length
+    return ds.dtype == np.dtype(want)
+
+
+def _check_structure(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind], report: HealthReport) -> None:
     problems: list[str] = []
     for split in SPLITS:
         if split not in f:
             problems.append(f"/{split} is missing")
             continue
         g = f[split]
-        count = int(g.attrs.get("count", -1))
-        for name in spec.fields:
-            if name not in g:
-                problems.append(f"/{split}/{name} is missing")
+        count = int(g.attrs.get(Attr.COUNT, -1))
+        for path, kind in kinds.items():
+            if path not in g:
+                problems.append(f"/{split}/{path} is missing")
                 continue
-            ds = g[name]
-            want = (count, *spec.field_shape(name))
-            if ds.shape != want:
-                problems.append(f"/{split}/{name} has shape {ds.shape}, expected {want}")
-            if ds.dtype != np.uint8:
-                problems.append(f"/{split}/{name} has dtype {ds.dtype}, expected uint8")
-            if not ds.is_virtual and ds.chunks and ds.chunks[0] != spec.storage.chunk_rows:
-                problems.append(f"/{split}/{name} has chunks {ds.chunks}, spec asks {spec.storage.chunk_rows} rows")
-        for key in [*PER_SAMPLE, *(f"meta/{c}" for c in spec.annotations.columns)]:
+            ds, st = g[path], kind.stored()
+            if ds.shape != (count, *st.shape):
+                problems.append(f"/{split}/{path} has shape {ds.shape}, expected {(count, *st.shape)}")
+            if not _dtype_matches(ds, st.dtype):
+                problems.append(f"/{split}/{path} has dtype {ds.dtype}, expected {np.dtype(st.dtype)}")
+            if st.bulk and not ds.is_virtual and ds.chunks and ds.chunks[0] != spec.storage.chunk_rows:
+                problems.append(f"/{split}/{path} has chunks {ds.chunks}, spec asks {spec.storage.chunk_rows} rows")
+            problems += [f"/{split} lacks the {a} attribute" for a in kind.stats_attrs() if a not in g.attrs]
+        for key in PER_SAMPLE:
             if key not in g:
                 problems.append(f"/{split}/{key} is missing")
             elif g[key].shape[0] != count:
                 problems.append(f"/{split}/{key} has {g[key].shape[0]} rows, count attribute says {count}")
-        for name, fs in spec.fields.items():
-            if isinstance(fs, ImageField) and f"{name}_mean" not in g.attrs:
-                problems.append(f"/{split} lacks the {name}_mean attribute")
         for col in spec.annotations.index_by:
-            key = f"index/{split}/{col}"
+            key = f"{INDEX}/{split}/{col}"
             if key not in f:
                 problems.append(f"/{key} is missing")
                 continue
@@ -184,12 +195,7 @@ def _check_structure(f: h5py.File, spec: DatasetSpec, report: HealthReport) -> N
                 problems.append(f"/{key} is inconsistent with {count} rows")
             elif count and not np.array_equal(np.sort(rows), np.arange(count)):
                 problems.append(f"/{key}/rows is not a permutation of the split's rows")
-    for p in problems[:MAX_LISTED]:
-        report.error("structure", p)
-    if len(problems) > MAX_LISTED:
-        report.error("structure", f"... and {len(problems) - MAX_LISTED} more structure problems")
-    if not problems:
-        report.checks["structure"] = "ok"
+    report.errors_of("structure", problems, "ok")
 
 
 def _sampled_rows(f: h5py.File, k: int, seed: int) -> dict[str, list[tuple[int, int]]]:
@@ -197,66 +203,69 @@ def _sampled_rows(f: h5py.File, k: int, seed: int) -> dict[str, list[tuple[int, 
     rng = np.random.default_rng(seed)
     out = {}
     for split in SPLITS:
-        n = int(f[split].attrs["count"])
+        n = int(f[split].attrs[Attr.COUNT])
         picks = set(rng.choice(n, size=min(k, n), replace=False).tolist()) | {n - 1} if n else set()
         out[split] = [(r, r + 1) for r in sorted(picks)]
     return out
 
 
-def _check_checksums(f: h5py.File, spec: DatasetSpec, report: HealthReport,
+def _check_checksums(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind], report: HealthReport,
                      ranges: dict[str, list[tuple[int, int]]] | None = None) -> None:
     bad: list[str] = []
     checked = 0
-    step = spec.storage.chunk_rows * max(1, 64 // spec.storage.chunk_rows)
+    summed = [path for path, kind in kinds.items() if kind.checksummed]
+    step = block_rows(spec.storage.chunk_rows)
     for split in SPLITS:
         g = f[split]
-        n = int(g.attrs["count"])
-        ids = g["ids"]
+        n = int(g.attrs[Attr.COUNT])
         spans = [(0, n)] if ranges is None else ranges[split]
-        blocks_of: list[tuple[int, int]] = []
-        for lo, hi in spans:
-            blocks_of += [(a, min(hi, a + step)) for a in range(lo, hi, step)]
+        blocks_of = [(a, min(hi, a + step)) for lo, hi in spans for a in range(lo, hi, step)]
         for start, stop in blocks_of:
-            stored = g["checksum"][start:stop]
+            stored = g[CHECKSUM][start:stop]
             try:
-                blocks = {name: g[name][start:stop] for name in spec.fields}
+                blocks = [g[path][start:stop] for path in summed]
             except OSError as err:
-                bad.extend(_locate_unreadable(g, spec, split, start, stop, err))
+                bad.extend(_locate_unreadable(g, summed, split, start, stop, err))
                 continue
             for i in range(stop - start):
                 h = hashlib.sha256()
-                for name in spec.fields:
-                    h.update(np.ascontiguousarray(blocks[name][i]).data)
+                for block in blocks:
+                    h.update(np.ascontiguousarray(block[i]).data)
                 if h.hexdigest().encode() != stored[i]:
-                    bad.append(f"{split}[{start + i}] (id {decode_str(ids[start + i:start + i + 1])[0]!r}): "
+                    bad.append(f"{split}[{start + i}] (id {decode_str(g[IDS][start + i:start + i + 1])[0]!r}): "
                                "stored data does not match its checksum")
             checked += stop - start
-    for b in bad[:MAX_LISTED]:
-        report.error("checksums", b)
-    if len(bad) > MAX_LISTED:
-        report.error("checksums", f"... and {len(bad) - MAX_LISTED} more corrupt samples")
-    if not bad:
-        scope = "" if ranges is None else ", sampled"
-        report.checks["checksums"] = f"ok ({checked} samples{scope})"
+    report.errors_of("checksums", bad, f"ok ({checked} samples{'' if ranges is None else ', sampled'})")
     report.stats["checksums_checked"] = checked
 
 
-def _locate_unreadable(g: h5py.Group, spec: DatasetSpec, split: str, start: int, stop: int,
+def _locate_unreadable(g: h5py.Group, paths: list[str], split: str, start: int, stop: int,
                        err: Exception) -> list[str]:
     out = []
     for row in range(start, stop):
-        for name in spec.fields:
+        for path in paths:
             try:
-                g[name][row]
+                g[path][row]
             except OSError as e:
-                out.append(f"{split}[{row}] field {name!r} cannot be read (corrupt chunk): {e}")
+                out.append(f"{split}[{row}] field {path!r} cannot be read (corrupt chunk): {e}")
     return out or [f"{split}[{start}:{stop}] cannot be read: {err}"]
 
 
-def _check_against_sources(f: h5py.File, spec: DatasetSpec, root: Path, k: int, seed: int,
+def _stored_ref(g: h5py.Group, kinds: dict[str, FieldKind], split: str, row: int) -> SampleRef:
+    """The sample of a stored row as discovery saw it: its files and its annotation columns."""
+    files = dict(zip(decode_str(g[SOURCE_SHA256].attrs[Attr.FIELDS]), decode_str(g[SOURCE_FILES][row])))
+    columns = {}
+    for kind in kinds.values():
+        if kind.annotation_column:
+            value = g[kind.path][row]
+            columns[kind.annotation_column] = value.decode() if isinstance(value, bytes) else value.item()
+    return SampleRef(decode_str(g[IDS][row:row + 1])[0], split, files, columns)
+
+
+def _check_against_sources(f: h5py.File, kinds: dict[str, FieldKind], root: Path, k: int, seed: int,
                            report: HealthReport) -> None:
     rng = np.random.default_rng(seed)
-    population = [(s, i) for s in SPLITS for i in range(int(f[s].attrs["count"]))]
+    population = [(s, i) for s in SPLITS for i in range(int(f[s].attrs[Attr.COUNT]))]
     if not population:
         report.checks["sources"] = "ok (empty dataset)"
         return
@@ -264,36 +273,35 @@ def _check_against_sources(f: h5py.File, spec: DatasetSpec, root: Path, k: int, 
     compared, changed = 0, []
     for split, row in picks:
         g = f[split]
-        files = decode_str(g["source_files"][row])
-        hashes = decode_str(g["source_sha256"][row])
-        ref = SampleRef(decode_str(g["ids"][row:row + 1])[0], split, dict(zip(spec.fields, files)), {})
+        ref = _stored_ref(g, kinds, split, row)
         try:
-            arrays, raw_hashes = clean_sample(spec, root, ref)
+            decoded = decode_sample(kinds, root, ref)
         except Reject as rej:
             changed.append(f"{split}[{row}] source {rej.path} no longer cleans: {rej.reason}")
             continue
-        if raw_hashes != hashes:
+        if [decoded[n].sha256 for n in ref.files] != decode_str(g[SOURCE_SHA256][row]):
             changed.append(f"{split}[{row}] raw files of {ref.id!r} changed since the build; not compared")
             continue
-        for name in spec.fields:
-            if not np.array_equal(arrays[name], g[name][row]):
-                report.error("sources", f"{split}[{row}] field {name!r} (id {ref.id!r}) differs from its "
-                                        f"source cleaned again ({files[list(spec.fields).index(name)]})")
+        for path, kind in kinds.items():
+            if kind.checksummed and not np.array_equal(decoded[path].value, g[path][row]):
+                source = ref.files.get(path, "its annotation record")
+                report.error("sources", f"{split}[{row}] field {path!r} (id {ref.id!r}) differs from its "
+                                        f"source cleaned again ({source})")
         compared += 1
     report.warnings.extend(changed)
     if "sources" not in report.checks:
         report.checks["sources"] = f"ok ({compared} compared, {len(changed)} sources changed or gone)"
 
 
-def _measure_latency(path: Path, spec: DatasetSpec, reads: int, seed: int, report: HealthReport) -> None:
-    """Random single-sample reads (all fields) with a fresh handle, as a training job does."""
+def _measure_latency(path: Path, kinds: dict[str, FieldKind], reads: int, seed: int, report: HealthReport) -> None:
+    """Random single-sample reads (every field) with a fresh handle, as a training job does."""
     rng = np.random.default_rng(seed + 1)
     with h5py.File(os.path.realpath(path), "r") as f:
-        split = max(SPLITS, key=lambda s: int(f[s].attrs["count"]))
-        n = int(f[split].attrs["count"])
+        split = max(SPLITS, key=lambda s: int(f[s].attrs[Attr.COUNT]))
+        n = int(f[split].attrs[Attr.COUNT])
         if n == 0:
             return
-        dsets = [f[split][name] for name in spec.fields]
+        dsets = [f[split][p] for p, kind in kinds.items() if kind.checksummed]
         rows = rng.integers(0, n, size=reads)
         times = np.empty(reads)
         for i, row in enumerate(rows):

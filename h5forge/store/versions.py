@@ -11,40 +11,26 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-LATEST = "dataset_latest.h5"
-LOCK = ".h5forge.lock"
-_VERSION_RE = re.compile(r"^dataset_v(\d{4,})\.h5$")
-_PARTIAL_RE = re.compile(r"^\.dataset_v\d{4,}(\.delta)?\.h5\.partial$")
-_DELTA_RE = re.compile(r"^dataset_v(\d{4,})\.delta\.h5$")
+import h5py
+
+from h5forge.errors import OutputBusy, VersionError
+from h5forge.format.names import (DELTA_RE, LATEST, LOCK, PARTIAL_RE, VERSION_RE, parse_version, partial_name,
+                                  version_name)
+from h5forge.format.segments import virtual_sources
 
 
-class OutputBusy(RuntimeError):
-    """Another h5forge run is writing into the same output folder."""
-
-
-class VersionError(ValueError):
-    """A version that does not exist or cannot be used."""
-
-
-def version_name(number: int) -> str:
-    return f"dataset_v{number:04d}.h5"
-
-
-def parse_version(text: str | int) -> int:
+def version_number(text: str | int) -> int:
     """Accept 3, '3', 'v3', 'v0003', 'dataset_v0003.h5'."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"(?:dataset_)?v?(\d+)(?:\.h5)?", str(text).strip())
-    if not m:
+    number = parse_version(text)
+    if number is None:
         raise VersionError(f"not a version: {text!r} (expected e.g. v0003)")
-    return int(m.group(1))
+    return number
 
 
 def _fsync_dir(path: Path) -> None:
@@ -61,7 +47,7 @@ def output_lock(out: str | Path, what: str = "build", wait: float = 0) -> Iterat
     with who holds it."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     deadline = time.monotonic() + wait
     try:
         while True:
@@ -102,11 +88,11 @@ def output_lock_or_skip(out: str | Path, what: str, wait: float, skip: bool) -> 
 def _remove_partials(out: Path) -> None:
     """Leftovers of a killed run (we hold the lock, so nobody is writing them)."""
     for p in out.iterdir():
-        if _PARTIAL_RE.match(p.name) or p.name.startswith(f".{LATEST}."):
+        if PARTIAL_RE.match(p.name) or p.name.startswith(f".{LATEST}."):
             p.unlink(missing_ok=True)
     versions = published(out)
     for p in out.iterdir():  # a delta whose version was never published
-        m = _DELTA_RE.match(p.name)
+        m = DELTA_RE.match(p.name)
         if m and int(m.group(1)) not in versions:
             p.unlink(missing_ok=True)
 
@@ -117,7 +103,7 @@ def published(out: str | Path) -> dict[int, Path]:
         return {}
     found = {}
     for p in out.iterdir():
-        m = _VERSION_RE.match(p.name)
+        m = VERSION_RE.match(p.name)
         if m and p.is_file() and not p.is_symlink():
             found[int(m.group(1))] = p
     return dict(sorted(found.items()))
@@ -130,7 +116,7 @@ def latest(out: str | Path) -> int | None:
         target = os.readlink(link)
     except (FileNotFoundError, OSError):
         return None
-    m = _VERSION_RE.match(Path(target).name)
+    m = VERSION_RE.match(Path(target).name)
     return int(m.group(1)) if m else None
 
 
@@ -144,7 +130,7 @@ class Candidate:
 
     @property
     def partial(self) -> Path:
-        return self.out / f".{version_name(self.number)}.partial"
+        return self.out / partial_name(version_name(self.number))
 
     @property
     def final(self) -> Path:
@@ -192,10 +178,6 @@ def set_latest(out: str | Path, number: int) -> None:
 
 def dependencies(path: Path) -> set[Path]:
     """Other files a version reads from (sources of its virtual datasets)."""
-    import h5py
-
-    from h5forge.store.verify import virtual_sources
-
     with h5py.File(os.path.realpath(path), "r") as f:
         return {Path(s) for s in virtual_sources(f)}
 
@@ -218,7 +200,7 @@ def retain(out: str | Path, keep: int) -> list[Path]:
             path.unlink()
             removed.append(path)
     for p in sorted(out.iterdir()):
-        if _DELTA_RE.match(p.name) and p.resolve() not in protected:
+        if DELTA_RE.match(p.name) and p.resolve() not in protected:
             p.unlink()
             removed.append(p)
     if removed:

@@ -17,29 +17,27 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import h5py
 import numpy as np
 
+from h5forge.errors import NoBaseVersion, VerificationFailed
+from h5forge.format.names import IDS, JOURNAL, SOURCE_SHA256, SPLITS, delta_name, partial_name, version_name
+from h5forge.format.summary import WriteSummary
 from h5forge.ingest.clean import CleanedBatch
-from h5forge.ingest.discover import Rejection, SampleRef, discover
-from h5forge.store.faults import checkpoint
-from h5forge.format.layout import SPLITS
+from h5forge.ingest.discover import discover
 from h5forge.ingest.parallel import clean_all
-from h5forge.store.reports import write_health
-from h5forge.spec import DatasetSpec
-from h5forge.store.thin import delta_name, write_thin
-from h5forge.store.verify import HealthReport, verify_file
-from h5forge.store.versions import Candidate, latest, published, set_latest, version_name
 from h5forge.ingest.writer import DatasetWriter
-
-JOURNAL = ".append-journal.json"
-
-
-class NoBaseVersion(RuntimeError):
-    """Append needs a published version to extend."""
+from h5forge.kinds import FieldKind, stored_kinds
+from h5forge.samples import Rejection, SampleRef
+from h5forge.spec import DatasetSpec
+from h5forge.store.faults import checkpoint
+from h5forge.store.reports import write_health
+from h5forge.store.thin import write_thin
+from h5forge.store.verify import HealthReport, verify_file
+from h5forge.store.versions import Candidate, latest, publish, published, set_latest
 
 
 @dataclass
@@ -64,7 +62,7 @@ def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> Inbo
         paths = [inbox / p for p in (*ref.files.values(), *ref.extra_files)]
         young = [p for p in paths if now - p.stat().st_mtime < settle]
         if young:
-            scan.waiting.append(Rejection(ref.id, young[0].relative_to(inbox).as_posix(),
+            scan.waiting.append(Rejection(ref.id, (young[0].relative_to(inbox).as_posix(),),
                                           f"still being written (changed less than {settle:g} s ago)", waitable=True))
         else:
             scan.ready.append(ref)
@@ -85,11 +83,11 @@ def known_samples(path: Path) -> tuple[dict[bytes, int], set[bytes], list]:
     with h5py.File(os.path.realpath(path), "r") as f:
         for split in SPLITS:
             g = f[split]
-            hashes = g["source_sha256"][()]
+            hashes = g[SOURCE_SHA256][()]
             if not len(hashes):
                 continue
             joined = np.ascontiguousarray(hashes).view(f"S{hashes.dtype.itemsize * hashes.shape[1]}").ravel()
-            split_ids = g["ids"][()]
+            split_ids = g[IDS][()]
             base = len(id_rows)
             keys.update((k, base + i) for i, k in enumerate(joined.tolist()))
             id_rows.extend(split_ids.tolist())
@@ -101,12 +99,13 @@ def _content_key(hexes: list[str]) -> bytes:
     return "".join(hexes).encode()
 
 
-def _dedupe(batch: CleanedBatch, known: tuple[dict[bytes, int], set[bytes], list], parent: str) -> CleanedBatch:
+def _dedupe(batch: CleanedBatch, kinds: dict[str, FieldKind], known: tuple[dict[bytes, int], set[bytes], list],
+            parent: str) -> CleanedBatch:
     keys, ids, id_rows = known
     keep, dropped = [], []
     for i, sid in enumerate(batch.ids):
         key = _content_key(batch.source_sha256[i])
-        path = ", ".join(batch.files[i])
+        path = tuple(batch.files[i])
         if key in keys:
             same = id_rows[keys[key]]
             same = same.decode() if isinstance(same, bytes) else same
@@ -121,7 +120,7 @@ def _dedupe(batch: CleanedBatch, known: tuple[dict[bytes, int], set[bytes], list
             keys[key] = len(id_rows)
             id_rows.append(sid)
             ids.add(sid.encode())
-    return batch.take(keep, dropped) if dropped else batch
+    return batch.take(kinds, keep, dropped) if dropped else batch
 
 
 @dataclass
@@ -142,7 +141,7 @@ class AppendCandidate:
 
     @property
     def delta_partial(self) -> Path:
-        return self.out / f".{delta_name(self.number)}.partial"
+        return self.out / partial_name(delta_name(self.number))
 
 
 def stage_append(out: Path) -> AppendCandidate:
@@ -156,34 +155,28 @@ def processed_dir(inbox: Path, number: int) -> Path:
     return inbox / "processed" / f"v{number:04d}"
 
 
-def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate) -> dict:
+def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate) -> WriteSummary:
     """Clean the ready samples and write the new ones to the delta file. Returns the summary."""
     parent_path = cand.out / version_name(cand.parent)
     known = known_samples(parent_path)
+    kinds = stored_kinds(spec)
     final_dir = processed_dir(scan.inbox, cand.number)
     checkpoint("append:before-write")
-    writer = DatasetWriter(cand.delta_partial, spec, cand.number, cand.parent)
     t0 = time.perf_counter()
     timings: dict = {}
-    try:
+    with DatasetWriter(cand.delta_partial, spec, cand.number, cand.parent) as writer:
         writer.add_rejections(scan.rejections)
         for i, batch in enumerate(clean_all(spec, scan.inbox, scan.ready, timings)):
-            batch = _dedupe(batch, known, version_name(cand.parent))
+            batch = _dedupe(batch, kinds, known, version_name(cand.parent))
             # record where the raw files will live once moved out of the inbox
             batch.files = [[os.path.relpath(final_dir / rel, spec.source.root) for rel in row] for row in batch.files]
             writer.add(batch)
             if i == 0:
                 checkpoint("append:mid-write")
-        summary = writer.finish({**timings, "append_seconds": round(time.perf_counter() - t0, 3)})
-    except BaseException:
-        writer.abort()
-        cand.delta_partial.unlink(missing_ok=True)
-        raise
-    summary["rejections"] = [r.as_dict() for r in writer.rejections]
-    return summary
+        return writer.finish({**timings, "append_seconds": round(time.perf_counter() - t0, 3)})
 
 
-def write_thin_version(spec: DatasetSpec, cand: AppendCandidate, summary: dict) -> dict:
+def write_thin_version(spec: DatasetSpec, cand: AppendCandidate, summary: WriteSummary) -> WriteSummary:
     os.replace(cand.delta_partial, cand.delta)  # not referenced by any published version yet
     return write_thin(cand.version.partial, cand.out / version_name(cand.parent), cand.delta, spec,
                       cand.number, cand.parent, summary)
@@ -192,32 +185,52 @@ def write_thin_version(spec: DatasetSpec, cand: AppendCandidate, summary: dict) 
 def verify_append(cand: AppendCandidate, seed: int = 0) -> HealthReport:
     """The delta in full; the thin version's structure, dependencies and sampled rows of every
     segment. The health report is written beside the versions."""
-    report = verify_file(cand.delta, resample=0, latency_reads=0)
     thin = verify_file(cand.version.partial, checksum_sample=64, resample=0, latency_reads=50, seed=seed)
-    thin.checks = {**{f"delta {k}": v for k, v in report.checks.items()}, **thin.checks}
-    thin.errors = [f"delta: {e}" for e in report.errors] + thin.errors
-    thin.warnings += report.warnings
-    thin.ok = thin.ok and report.ok
-    tag = version_name(cand.number).removesuffix(".h5")
-    write_health(cand.out, tag if thin.ok else f"{tag}.failed", thin)
+    thin.merge(verify_file(cand.delta, resample=0, latency_reads=0), "delta")
+    write_health(cand.out, cand.number, thin)
     return thin
 
 
 # ---- journal and inbox moves ------------------------------------------------------------------
 
-def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: list[dict], number: int | None) -> dict:
+@dataclass
+class MovePlan:
+    """What happens to the inbox once a version is published; journalled so a rerun finishes it."""
+
+    version: int | None  # None: no version (every ready sample was rejected)
+    inbox: str
+    moves: list[tuple[str, str]] = field(default_factory=list)  # (from, to)
+    reasons: list[tuple[str, str]] = field(default_factory=list)  # (reason file, text)
+    processed_records: tuple[str | None, list[dict]] = (None, [])  # annotations of the taken samples
+    inbox_records: tuple[str, list[dict]] | None = None  # what stays in the inbox's annotation list
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "MovePlan":
+        data = json.loads(text)
+        data["moves"] = [tuple(m) for m in data["moves"]]
+        data["reasons"] = [tuple(r) for r in data["reasons"]]
+        data["processed_records"] = tuple(data["processed_records"])
+        data["inbox_records"] = tuple(data["inbox_records"]) if data["inbox_records"] else None
+        return cls(**data)
+
+
+def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, ...], number: int | None) -> MovePlan:
     """What to do with the inbox files once version ``number`` is published (``None``: no version,
     every ready sample was rejected): taken samples to processed/, rejected inputs to quarantine/."""
     inbox = scan.inbox
-    moves, reasons, records = [], [], []
+    plan = MovePlan(number, str(inbox))
 
     def quarantine(rel: str, reason: str) -> None:
-        moves.append([str(inbox / rel), str(inbox / "quarantine" / rel)])
-        reasons.append([str(inbox / "quarantine" / f"{rel}.reason"), reason])
+        plan.moves.append((str(inbox / rel), str(inbox / "quarantine" / rel)))
+        plan.reasons.append((str(inbox / "quarantine" / f"{rel}.reason"), reason))
 
-    rejected = {r["sample_id"]: r["reason"] for r in rejections if r["sample_id"]}
+    rejected = {r.sample_id: r.reason for r in rejections if r.sample_id}
     inbox_records = _read_list(inbox / spec.annotations.file) if spec.annotations.file else []
     by_id = {str(r.get(spec.annotations.id_key)): r for r in inbox_records}
+    records = []
     for ref in scan.ready:
         rel_files = [*ref.files.values(), *ref.extra_files]
         if ref.id in rejected:
@@ -225,7 +238,7 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: list[dict], numbe
                 quarantine(rel, rejected[ref.id])
             continue
         assert number is not None, "a taken sample needs the version it went into"
-        moves += [[str(inbox / rel), str(processed_dir(inbox, number) / rel)] for rel in rel_files]
+        plan.moves += [(str(inbox / rel), str(processed_dir(inbox, number) / rel)) for rel in rel_files]
         rec = by_id.get(ref.id)
         if rec is None and ref.extra_files:
             rec = json.loads((inbox / ref.extra_files[0]).read_text())
@@ -233,21 +246,17 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: list[dict], numbe
             records.append(rec)
     taken = {ref.id for ref in scan.ready}
     for r in scan.rejections:  # discovery-time rejections: their files go to quarantine too
-        for rel in (p.strip() for p in r.path.split(",")):
+        for rel in r.paths:
             if rel and "#" not in rel and (inbox / rel).is_file():
                 quarantine(rel, r.reason)
         taken.add(r.sample_id)
     remaining = [r for r in inbox_records if str(r.get(spec.annotations.id_key)) not in taken]
-    processed = (str(processed_dir(inbox, number) / (spec.annotations.file or "annotations.json"))
-                 if number is not None else None)
-    return {
-        "version": number,
-        "inbox": str(inbox),
-        "moves": moves,
-        "reasons": reasons,
-        "processed_records": [processed, records],
-        "inbox_records": [str(inbox / spec.annotations.file), remaining] if spec.annotations.file and inbox_records else None,
-    }
+    if number is not None:
+        plan.processed_records = (str(processed_dir(inbox, number) / (spec.annotations.file or "annotations.json")),
+                                  records)
+    if spec.annotations.file and inbox_records:
+        plan.inbox_records = (str(inbox / spec.annotations.file), remaining)
+    return plan
 
 
 def _read_list(path: Path) -> list[dict]:
@@ -265,8 +274,10 @@ def _write_json_atomic(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-def write_journal(out: Path, plan: dict) -> None:
-    _write_json_atomic(out / JOURNAL, plan)
+def write_journal(out: Path, plan: MovePlan) -> None:
+    tmp = out / f".{JOURNAL}.tmp"
+    tmp.write_text(plan.to_json())
+    os.replace(tmp, out / JOURNAL)
     fd = os.open(out, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -274,22 +285,22 @@ def write_journal(out: Path, plan: dict) -> None:
         os.close(fd)
 
 
-def apply_moves(plan: dict) -> None:
+def apply_moves(plan: MovePlan) -> None:
     """Idempotent: a move already done is skipped, so a rerun after a crash finishes the job."""
-    path, records = plan["processed_records"]
+    path, records = plan.processed_records
     if path and records:
         _write_json_atomic(Path(path), records)
-    for i, (src, dst) in enumerate(plan["moves"]):
+    for i, (src, dst) in enumerate(plan.moves):
         if os.path.exists(src):
             Path(dst).parent.mkdir(parents=True, exist_ok=True)
             os.replace(src, dst)
         if i == 0:
             checkpoint("append:mid-move")
-    for reason_path, reason in plan["reasons"]:
+    for reason_path, reason in plan.reasons:
         Path(reason_path).parent.mkdir(parents=True, exist_ok=True)
         Path(reason_path).write_text(reason + "\n")
-    if plan.get("inbox_records"):
-        path, remaining = plan["inbox_records"]
+    if plan.inbox_records:
+        path, remaining = plan.inbox_records
         if remaining:
             _write_json_atomic(Path(path), remaining)
         else:
@@ -301,8 +312,8 @@ def recover(out: Path) -> str | None:
     journal = out / JOURNAL
     if not journal.exists():
         return None
-    plan = json.loads(journal.read_text())
-    number = plan["version"]
+    plan = MovePlan.from_json(journal.read_text())
+    number = plan.version
     if number in published(out):
         if (latest(out) or 0) < number:
             set_latest(out, number)
@@ -314,15 +325,12 @@ def recover(out: Path) -> str | None:
     return outcome
 
 
-def publish_append(cand: AppendCandidate, report: HealthReport, plan: dict) -> str:
+def publish_append(cand: AppendCandidate, report: HealthReport, plan: MovePlan) -> str:
     """Journal, publish, move the inbox files, drop the journal."""
-    from h5forge.ingest.build import VerificationFailed
-    from h5forge.store.versions import publish
-
     if not report.ok:
         cand.version.discard()
         cand.delta.unlink(missing_ok=True)
-        raise VerificationFailed(report)
+        raise VerificationFailed(report.errors)
     write_journal(cand.out, plan)
     checkpoint("append:before-publish")
     path = publish(cand.version)

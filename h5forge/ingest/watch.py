@@ -14,7 +14,7 @@ from typing import Callable
 
 from watchfiles import Change, DefaultFilter, watch
 
-log = logging.getLogger("h5forge.store.watch")
+log = logging.getLogger("h5forge.ingest.watch")
 
 
 class InboxFilter(DefaultFilter):

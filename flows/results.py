@@ -1,0 +1,38 @@
+"""What the flows return (and the CLI prints): small records, never arrays."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from h5forge.samples import Rejection
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    name: str
+    version: int | None = None  # None: skipped, nothing built
+    path: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    rejected: int = 0
+    compression_ratio: float = 1.0
+    timings: dict = field(default_factory=dict)
+    health: dict[str, str] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+    skipped: str | None = None  # why the run did not build
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    name: str
+    version: int | None = None  # None: nothing appended
+    path: str | None = None
+    added: int = 0
+    added_counts: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    waiting: int = 0  # samples waiting for a missing part or for their files to settle
+    rejections: tuple[Rejection, ...] = ()
+    skipped: str | None = None
+
+    @property
+    def rejected(self) -> int:
+        return len(self.rejections)

@@ -1,0 +1,131 @@
+"""Every name of the format in one place: files of an output folder, groups, datasets and
+attributes of a version file. ``LAYOUT`` describes them for users; docs/format.md embeds
+``render_layout()`` and a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import re
+
+FORMAT = "h5forge"
+FORMAT_VERSION = 1
+SPLITS = ("train", "val", "test")
+
+# ---- files of an output folder ----------------------------------------------------------------
+LATEST = "dataset_latest.h5"
+LOCK = ".h5forge.lock"
+JOURNAL = ".append-journal.json"
+QUARANTINE_DIR = "quarantine"
+REPORTS_DIR = "reports"
+VERSION_RE = re.compile(r"^dataset_v(\d{4,})\.h5$")
+DELTA_RE = re.compile(r"^dataset_v(\d{4,})\.delta\.h5$")
+PARTIAL_RE = re.compile(r"^\.dataset_v\d{4,}(\.delta)?\.h5\.partial$")
+
+
+def version_tag(number: int) -> str:
+    """``dataset_v0007``: the stem every file of a version is named after."""
+    return f"dataset_v{number:04d}"
+
+
+def version_name(number: int) -> str:
+    return f"{version_tag(number)}.h5"
+
+
+def delta_name(number: int) -> str:
+    return f"{version_tag(number)}.delta.h5"
+
+
+def partial_name(final_name: str) -> str:
+    """Where a file is written before it is complete (a leading dot: no tool lists it)."""
+    return f".{final_name}.partial"
+
+
+def parse_version(text: str | int) -> int | None:
+    """3, '3', 'v3', 'v0003', 'dataset_v0003.h5' -> 3; None if it is not a version."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"(?:dataset_)?v?(\d+)(?:\.h5)?", str(text).strip())
+    return int(m.group(1)) if m else None
+
+
+# ---- inside a version file --------------------------------------------------------------------
+IDS = "ids"
+SOURCE_FILES = "source_files"
+SOURCE_SHA256 = "source_sha256"
+CHECKSUM = "checksum"
+PER_SAMPLE = (IDS, SOURCE_FILES, SOURCE_SHA256, CHECKSUM)
+META = "meta"
+SPEC = "meta/spec"
+INDEX = "index"
+DIAGNOSTICS = "diagnostics"
+REJECTIONS = "diagnostics/rejections"
+REJECTION_COLUMNS = ("sample_id", "path", "reason", "stage")
+RESERVED = (*PER_SAMPLE, META)  # field names a spec may not use
+
+
+def column_path(column: str) -> str:
+    """Where an annotation column lives inside a split group."""
+    return f"{META}/{column}"
+
+
+class Attr:
+    """Attribute names."""
+
+    FORMAT = "format"
+    FORMAT_VERSION = "format_version"
+    NAME = "name"
+    DESCRIPTION = "description"
+    VERSION = "version"
+    PARENT = "parent_version"
+    CREATED = "created_at"
+    CREATOR = "creator"
+    CODEC = "codec"
+    CODEC_NEEDS = "codec_needs"
+    FIELDS = "fields"
+    SEGMENTS = "segments"
+    SELF_CONTAINED = "self_contained"
+    EXPORTED_FROM = "exported_from"
+    COUNT = "count"
+    KIND = "kind"
+    SUMMARY = "summary"
+    COLUMNS = "columns"
+
+
+# rows written, verified and copied per block: whole chunks, and at least this many rows
+BLOCK_ROWS = 64
+
+
+def block_rows(chunk_rows: int) -> int:
+    """The smallest whole number of chunks holding at least BLOCK_ROWS rows."""
+    return chunk_rows * max(1, -(-BLOCK_ROWS // chunk_rows))
+
+
+LAYOUT: tuple[tuple[str, str], ...] = (
+    ("/", f"attrs: {Attr.FORMAT}=\"{FORMAT}\", {Attr.FORMAT_VERSION}={FORMAT_VERSION}, {Attr.NAME}, "
+          f"{Attr.DESCRIPTION}, {Attr.VERSION}, {Attr.PARENT} (-1 for none), {Attr.CREATED} (UTC ISO-8601), "
+          f"{Attr.CREATOR}, h5forge_version, h5py_version, hdf5_version, python_version, {Attr.CODEC}, "
+          f"{Attr.CODEC_NEEDS} (what a reader must have), {Attr.FIELDS}; thin versions also "
+          f"{Attr.SEGMENTS} (JSON) and {Attr.SELF_CONTAINED}=False; exports {Attr.EXPORTED_FROM}"),
+    ("/<split>/", f"{' | '.join(SPLITS)}; attrs: {Attr.COUNT}, {Attr.FIELDS}, and each field kind's "
+                  "statistics (below)"),
+    ("/<split>/<field>", f"one dataset per field, sample axis first and resizable; attr {Attr.KIND}. "
+                         "Its shape, dtype and statistics are the field kind's (below)"),
+    (f"/<split>/{IDS}", "(N,) UTF-8 strings: sample ids exactly as given (data, never path names)"),
+    (f"/<split>/{SOURCE_FILES}", "(N, F) raw file paths relative to the spec's source root "
+                                 f"(F = the fields read from files, listed in its attr {Attr.FIELDS})"),
+    (f"/<split>/{SOURCE_SHA256}", "(N, F) hex sha256 of each raw file"),
+    (f"/<split>/{CHECKSUM}", "(N,) hex sha256 of the stored bytes of the sample's fields, in field order"),
+    (f"/<split>/{META}/<col>", "(N,) annotation column (UTF-8 string, int64, float64 or bool)"),
+    (f"/{INDEX}/<split>/<col>/", "values (K,), offsets (K+1,), rows (N,): rows[offsets[k]:offsets[k+1]] "
+                                 "are the rows whose <col> equals values[k]"),
+    (f"/{SPEC}", "the spec that built the file, as JSON"),
+    (f"/{DIAGNOSTICS}", f"attrs: {Attr.SUMMARY} (JSON: counts, timings, sizes, compression ratio, codec)"),
+    (f"/{REJECTIONS}", f"(R, {len(REJECTION_COLUMNS)}) strings: {', '.join(REJECTION_COLUMNS)}"),
+)
+
+
+def render_layout() -> str:
+    """The layout as a Markdown table (with each field kind's rows appended by the caller)."""
+    rows = ["| path | content |", "|---|---|"]
+    rows += [f"| `{path}` | {text} |" for path, text in LAYOUT]
+    return "\n".join(rows)

@@ -1,0 +1,61 @@
+"""Segments: the files holding a version's real rows. A full version is its own single segment;
+a thin version maps every per-sample dataset onto its segments with HDF5 virtual datasets.
+
+A segment is ``{"file": name, "counts": {split: n}}``; names are relative to the version's folder.
+Missing VDS sources read silently as fill values in HDF5, so ``virtual_sources`` is what every
+reader and ``verify`` check first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import h5py
+
+from h5forge.format.names import SPLITS, Attr
+
+
+def counts_of(f: h5py.File) -> dict[str, int]:
+    return {s: int(f[s].attrs[Attr.COUNT]) for s in SPLITS}
+
+
+def segments_of(path: Path) -> list[dict]:
+    with h5py.File(os.path.realpath(path), "r") as f:
+        if Attr.SEGMENTS in f.attrs:
+            return json.loads(f.attrs[Attr.SEGMENTS])
+        return [{"file": Path(os.path.realpath(path)).name, "counts": counts_of(f)}]
+
+
+def virtual_sources(f: h5py.File) -> set[str]:
+    """Files the virtual datasets of ``f`` read from (absolute paths)."""
+    sources: set[str] = set()
+    base = Path(os.path.realpath(f.filename)).parent
+
+    def visit(_name: str, obj) -> None:
+        if isinstance(obj, h5py.Dataset) and obj.is_virtual:
+            for vs in obj.virtual_sources():
+                src = vs.file_name
+                sources.add(str(Path(src) if os.path.isabs(src) or src == "." else base / src))
+
+    f.visititems(visit)
+    sources.discard(str(base / "."))
+    return sources
+
+
+def map_virtual(g: h5py.Group, key: str, like: h5py.Dataset, segments: list[dict], split: str) -> None:
+    """``g[key]``: the rows of every segment's ``<split>/<key>``, in segment order."""
+    tail = like.shape[1:]
+    total = sum(seg["counts"][split] for seg in segments)
+    layout = h5py.VirtualLayout(shape=(total, *tail), dtype=like.dtype)
+    offset = 0
+    for seg in segments:
+        n = seg["counts"][split]
+        if n:
+            layout[offset:offset + n] = h5py.VirtualSource(seg["file"], f"{split}/{key}", shape=(n, *tail),
+                                                           dtype=like.dtype)
+        offset += n
+    fill = 0 if like.dtype.kind in "biuf" else None
+    g.create_virtual_dataset(key, layout, fillvalue=fill)
+    g[key].attrs.update(dict(like.attrs))

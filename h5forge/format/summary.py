@@ -1,0 +1,59 @@
+"""The diagnostics a version file carries: its write summary and the table of rejected inputs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+
+import h5py
+import numpy as np
+
+from h5forge.format.layout import STR
+from h5forge.format.names import DIAGNOSTICS, REJECTION_COLUMNS, REJECTIONS, Attr
+from h5forge.samples import Rejection
+
+
+@dataclass(frozen=True)
+class WriteSummary:
+    """What a written version holds and what it cost."""
+
+    counts: dict[str, int]
+    samples: int
+    array_bytes_raw: int
+    array_bytes_stored: int
+    split_bytes: dict[str, int]
+    compression_ratio: float
+    codec: str
+    chunk_rows: int
+    timings: dict = field(default_factory=dict)
+    rejections: tuple[Rejection, ...] = ()
+    segments: int = 1  # files holding the rows (more than one for a thin version)
+
+    @property
+    def rejected(self) -> int:
+        return len(self.rejections)
+
+    def with_(self, **changes) -> "WriteSummary":
+        return replace(self, **changes)
+
+    def to_json(self) -> str:
+        """The summary as stored in the file (the rejections have their own table)."""
+        data = asdict(self)
+        data.pop("rejections")
+        data["rejected"] = self.rejected
+        return json.dumps(data)
+
+
+def write_diagnostics(f: h5py.File, summary: WriteSummary) -> None:
+    d = f.require_group(DIAGNOSTICS)
+    d.attrs[Attr.SUMMARY] = summary.to_json()
+    width = len(REJECTION_COLUMNS)
+    table = np.array([[getattr(r, c) for c in REJECTION_COLUMNS] for r in summary.rejections], dtype=object)
+    f.create_dataset(REJECTIONS, data=table.reshape(-1, width), dtype=STR, maxshape=(None, width),
+                     chunks=(256, width))
+    f[REJECTIONS].attrs[Attr.COLUMNS] = list(REJECTION_COLUMNS)
+
+
+def read_summary(f: h5py.File) -> dict:
+    """The stored summary as a dict ({} when the file has none)."""
+    return json.loads(f[DIAGNOSTICS].attrs.get(Attr.SUMMARY, "{}")) if DIAGNOSTICS in f else {}

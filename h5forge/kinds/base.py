@@ -1,0 +1,163 @@
+"""The contract of a field kind: everything kind-specific about one field lives in its kind.
+
+The writer, thin versions, verify, export, the readers and preview go through these methods and
+never name a kind. A kind module defines its spec model (pydantic, strict, with a ``kind``
+literal) and a ``FieldKind`` subclass; ``h5forge.kinds`` registers it. Decoding may import heavy
+libraries (Pillow, ...) inside ``decode`` only, so that the read side never loads them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import h5py
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from h5forge.samples import Reject, SampleRef
+
+if TYPE_CHECKING:
+    from h5forge.spec import DatasetSpec
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """How a field's rows are stored in each split group."""
+
+    shape: tuple[int, ...]  # one sample's shape
+    dtype: Any  # numpy dtype, or an h5py string dtype
+    bulk: bool  # True: sample arrays (the spec's codec, chunk_rows per chunk); False: a small column
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """What a reader asked for; each kind takes the options that concern it."""
+
+    image_dtype: str = "float32"
+    mask_dtype: str = "int64"
+    normalize: bool = False
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One field of one sample, cleaned."""
+
+    value: Any  # the stored value: an array of ``Stored.shape`` or a scalar
+    sha256: str | None = None  # of the raw file it came from
+    context: Any = None  # what later fields of the same sample need (an image's geometry, ...)
+
+
+def read_source(root: Path, rel: str) -> tuple[bytes, str]:
+    """The bytes of a raw file and their sha256; a file that cannot be read rejects the sample."""
+    try:
+        data = (root / rel).read_bytes()
+    except OSError as err:
+        raise Reject(rel, f"cannot read file: {err.strerror or err}") from None
+    return data, hashlib.sha256(data).hexdigest()
+
+
+class FieldKind:
+    """One field of a dataset, bound to its spec. Subclasses override what their kind needs."""
+
+    kind: ClassVar[str]
+    Spec: ClassVar[type[BaseModel]]
+    checksummed: ClassVar[bool] = True  # part of each sample's checksum
+
+    def __init__(self, name: str, spec: Any, dataset: "DatasetSpec"):
+        self.name = name
+        self.spec = spec
+        self.dataset = dataset
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    # ---- spec ------------------------------------------------------------------------------
+    @classmethod
+    def check_spec(cls, name: str, spec: Any, dataset: "DatasetSpec") -> None:
+        """Raise ValueError naming the key when the field cannot work with the rest of the spec."""
+
+    @property
+    def path(self) -> str:
+        """The dataset's name inside a split group."""
+        return self.name
+
+    @property
+    def files(self) -> str | None:
+        """The glob of its raw files (relative to the source root), or None when it has none."""
+        return getattr(self.spec, "files", None)
+
+    @property
+    def annotation_column(self) -> str | None:
+        """The annotation column this dataset stores as is (discovery's ``SampleRef.columns``)."""
+        return None
+
+    @property
+    def after(self) -> tuple[str, ...]:
+        """Fields of the same sample decoded before this one (their ``Decoded.context`` is needed)."""
+        return ()
+
+    # ---- storage ---------------------------------------------------------------------------
+    def stored(self) -> Stored:
+        raise NotImplementedError
+
+    def dataset_attrs(self) -> dict[str, Any]:
+        """Attributes of the field's dataset besides its kind."""
+        return {}
+
+    def stack(self, values: list[Any]) -> np.ndarray:
+        """One block of stored rows from per-sample values."""
+        st = self.stored()
+        if h5py.check_string_dtype(np.dtype(st.dtype)):
+            return np.asarray(values, dtype=object)
+        if not values:
+            return np.zeros((0, *st.shape), dtype=st.dtype)
+        return np.stack(values).astype(st.dtype, copy=False) if st.shape else np.asarray(values, dtype=st.dtype)
+
+    # ---- ingest ----------------------------------------------------------------------------
+    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
+        """Clean this field of one sample, or raise Reject with the path and the reason."""
+        raise NotImplementedError
+
+    # ---- statistics (additive, so appends merge them without re-reading rows) ---------------
+    def counts(self, block: np.ndarray) -> np.ndarray | None:
+        """The additive statistic of a block of stored rows, or None for a kind without one."""
+        return None
+
+    def write_stats(self, group: h5py.Group, counts: np.ndarray | None) -> None:
+        """Split attributes derived from the split's counts (None: an empty split)."""
+
+    def stored_counts(self, group: h5py.Group) -> np.ndarray | None:
+        return None
+
+    def stats_attrs(self) -> tuple[str, ...]:
+        """The split-group attributes ``write_stats`` writes (verify checks they exist)."""
+        return ()
+
+    def read_stats(self, group: h5py.Group) -> dict[str, np.ndarray]:
+        return {}
+
+    # ---- reading ---------------------------------------------------------------------------
+    def output_dtype(self, opts: ReadOptions) -> np.dtype | None:
+        """The dtype a reader returns, or None for Python values (strings come back as lists)."""
+        return np.dtype(self.stored().dtype)
+
+    def convert(self, raw: np.ndarray, out: np.ndarray, opts: ReadOptions, stats: dict[str, np.ndarray],
+                axis: int = 1) -> None:
+        """Model values of the stored rows ``raw`` into ``out`` (``axis``: the channel axis)."""
+        np.copyto(out, raw, casting="unsafe")
+
+    # ---- preview ---------------------------------------------------------------------------
+    def preview(self, value: Any) -> np.ndarray | None:
+        """An (H, W, 3) uint8 picture of one stored value, or None when the kind draws nothing."""
+        return None
+
+    def caption(self, value: Any) -> str | None:
+        """A short text shown under a preview tile."""
+        return None

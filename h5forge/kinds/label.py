@@ -1,0 +1,96 @@
+"""``kind: label``: a class label taken from an annotation column, stored as an int64 class index.
+
+    fields:
+      label: {kind: label, column: diagnosis, classes: [healthy, infected, dividing]}
+
+A ``str`` column is mapped to the index of its value in ``classes`` (a value outside them rejects
+the sample, naming the value and the classes); an ``int`` column is taken as the index itself
+(``classes`` then only names them). The class names are the dataset's ``classes`` attribute, and
+each split records how many samples each class has (``<field>_class_counts``): the balance a loss
+weighting needs. Readers return int64.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import h5py
+import numpy as np
+from pydantic import Field, field_validator
+
+from h5forge.kinds.base import Decoded, FieldKind, ReadOptions, Stored, StrictModel
+from h5forge.samples import Reject, SampleRef
+
+
+class LabelField(StrictModel):
+    """A class label from an annotation column."""
+
+    kind: Literal["label"] = "label"
+    column: str = Field(description="the annotation column holding each sample's class")
+    classes: tuple[str, ...] | None = Field(None, description="class names, in index order")
+
+    @field_validator("classes")
+    @classmethod
+    def _distinct(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is not None and (not v or len(set(v)) != len(v)):
+            raise ValueError("classes must be a non-empty list of distinct names")
+        return v
+
+
+class LabelKind(FieldKind):
+    kind = "label"
+    Spec = LabelField
+
+    @classmethod
+    def check_spec(cls, name: str, spec: LabelField, dataset: Any) -> None:
+        ctype = dataset.annotations.columns.get(spec.column)
+        if ctype is None:
+            raise ValueError(f"fields.{name}.column: {spec.column!r} is not declared in annotations.columns")
+        if ctype not in ("str", "int"):
+            raise ValueError(f"fields.{name}.column: {spec.column!r} is a {ctype} column; a label needs str or int")
+        if ctype == "str" and spec.classes is None:
+            raise ValueError(f"fields.{name}.classes: needed to map the str column {spec.column!r} to class indices")
+
+    def stored(self) -> Stored:
+        return Stored((), np.int64, bulk=False)
+
+    def dataset_attrs(self) -> dict[str, Any]:
+        return {"classes": list(self.spec.classes)} if self.spec.classes else {}
+
+    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
+        value, classes = ref.columns[self.spec.column], self.spec.classes
+        where = f"{ref.extra_files[0] if ref.extra_files else self.dataset.annotations.file or ''}#{ref.id}"
+        if isinstance(value, str):
+            if value not in classes:
+                raise Reject(where, f"label {value!r} (column {self.spec.column!r}) is not one of the classes "
+                                    f"{list(classes)}")
+            return Decoded(classes.index(value))
+        if value < 0 or (classes and value >= len(classes)):
+            bound = f"0..{len(classes) - 1}" if classes else ">= 0"
+            raise Reject(where, f"label {value} (column {self.spec.column!r}) is not a class index {bound}")
+        return Decoded(int(value))
+
+    # ---- statistics: samples per class
+    def _attr(self) -> str:
+        return f"{self.name}_class_counts"
+
+    def counts(self, block: np.ndarray) -> np.ndarray | None:
+        return np.bincount(block, minlength=len(self.spec.classes)) if self.spec.classes else None
+
+    def write_stats(self, group: h5py.Group, counts: np.ndarray | None) -> None:
+        if self.spec.classes:
+            group.attrs[self._attr()] = np.zeros(len(self.spec.classes), np.int64) if counts is None else counts
+
+    def stored_counts(self, group: h5py.Group) -> np.ndarray | None:
+        return np.asarray(group.attrs[self._attr()], np.int64) if self.spec.classes else None
+
+    def stats_attrs(self) -> tuple[str, ...]:
+        return (self._attr(),) if self.spec.classes else ()
+
+    def output_dtype(self, opts: ReadOptions) -> np.dtype:
+        return np.dtype(np.int64)
+
+    def caption(self, value: Any) -> str:
+        i = int(value)
+        return self.spec.classes[i] if self.spec.classes else str(i)

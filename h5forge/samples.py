@@ -1,0 +1,45 @@
+"""What flows between discovery, cleaning and the writer: a sample to clean, and a rejected input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    """One sample to clean: its id, split, raw files (relative to the source root), columns."""
+
+    id: str
+    split: str
+    files: dict[str, str]
+    columns: dict[str, Any]
+    extra_files: tuple[str, ...] = ()  # e.g. an annotation sidecar that travels with the sample
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A raw input that did not become a sample, and why. ``paths`` are relative to the source."""
+
+    sample_id: str
+    paths: tuple[str, ...]
+    reason: str
+    stage: str = "discover"
+    waitable: bool = False  # in an inbox, the missing part may still arrive
+
+    @property
+    def path(self) -> str:
+        """The paths as one line, for reports (never split again: ``paths`` is the data)."""
+        return ", ".join(self.paths)
+
+    def as_dict(self) -> dict[str, str]:
+        return {"sample_id": self.sample_id, "path": self.path, "reason": self.reason, "stage": self.stage}
+
+
+class Reject(Exception):
+    """Raised while cleaning one sample; becomes a Rejection of that sample."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(reason)
+        self.path = path
+        self.reason = reason
