@@ -106,7 +106,7 @@ LAYOUT: tuple[tuple[str, str], ...] = (
           f"{Attr.CREATOR}, h5forge_version, h5py_version, hdf5_version, python_version, {Attr.CODEC}, "
           f"{Attr.CODEC_NEEDS} (what a reader must have), {Attr.FIELDS}; thin versions also "
           f"{Attr.SEGMENTS} (JSON) and {Attr.SELF_CONTAINED}=False; exports {Attr.EXPORTED_FROM}"),
-    ("/<split>/", f"{' | '.join(SPLITS)}; attrs: {Attr.COUNT}, {Attr.FIELDS}, and each field kind's "
+    ("/<split>/", f"{', '.join(SPLITS)}; attrs: {Attr.COUNT}, {Attr.FIELDS}, and each field kind's "
                   "statistics (below)"),
     ("/<split>/<field>", f"one dataset per field, sample axis first and resizable; attr {Attr.KIND}. "
                          "Its shape, dtype and statistics are the field kind's (below)"),
@@ -115,7 +115,6 @@ LAYOUT: tuple[tuple[str, str], ...] = (
                                  f"(F = the fields read from files, listed in its attr {Attr.FIELDS})"),
     (f"/<split>/{SOURCE_SHA256}", "(N, F) hex sha256 of each raw file"),
     (f"/<split>/{CHECKSUM}", "(N,) hex sha256 of the stored bytes of the sample's fields, in field order"),
-    (f"/<split>/{META}/<col>", "(N,) annotation column (UTF-8 string, int64, float64 or bool)"),
     (f"/{INDEX}/<split>/<col>/", "values (K,), offsets (K+1,), rows (N,): rows[offsets[k]:offsets[k+1]] "
                                  "are the rows whose <col> equals values[k]"),
     (f"/{SPEC}", "the spec that built the file, as JSON"),

@@ -1,0 +1,1 @@
+"""The write side: discover raw samples, split, clean (on dask), write a version, append, watch."""

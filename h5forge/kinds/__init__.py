@@ -25,6 +25,15 @@ __all__ = ["REGISTRY", "Decoded", "FieldKind", "ReadOptions", "Stored", "field_k
 REGISTRY: dict[str, type[FieldKind]] = {k.kind: k for k in (ImageKind, MaskKind, LabelKind)}
 
 
+def format_table() -> str:
+    """The file layout as a Markdown table: the format's names, then one row per field kind.
+    docs/format.md embeds it (``make docs`` rewrites it; a test keeps them equal)."""
+    from h5forge.format.names import render_layout
+
+    rows = [f"| `<field>` of kind `{k.kind}` | {k.layout_doc} |" for k in (*REGISTRY.values(), ColumnKind)]
+    return "\n".join([render_layout(), *rows])
+
+
 def field_kinds(spec: "DatasetSpec") -> dict[str, FieldKind]:
     """The declared fields, in spec order, each bound to its kind."""
     return {name: REGISTRY[f.kind](name, f, spec) for name, f in spec.fields.items()}

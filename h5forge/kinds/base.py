@@ -69,6 +69,7 @@ class FieldKind:
     kind: ClassVar[str]
     Spec: ClassVar[type[BaseModel]]
     checksummed: ClassVar[bool] = True  # part of each sample's checksum
+    layout_doc: ClassVar[str] = ""  # its stored form, for docs/format.md
 
     def __init__(self, name: str, spec: Any, dataset: "DatasetSpec"):
         self.name = name

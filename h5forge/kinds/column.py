@@ -24,6 +24,7 @@ class ColumnKind(FieldKind):
 
     kind = "column"
     checksummed = False
+    layout_doc = "(N,) at /<split>/meta/<col>: UTF-8 string, int64, float64 or bool, as the column is declared"
 
     @property
     def path(self) -> str:

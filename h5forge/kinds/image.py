@@ -170,6 +170,8 @@ def channel_stats(hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class ImageKind(FieldKind):
     kind = "image"
     Spec = ImageField
+    layout_doc = ("(N, C, H, W) uint8, chunks (chunk_rows, C, H, W), the spec's codec; split attrs "
+                  "<field>_mean, <field>_std (per channel, of value/255), <field>_histogram (C, 256) exact counts")
 
     def stored(self) -> Stored:
         return Stored((self.spec.channels, *self.spec.size), np.uint8, bulk=True)

@@ -41,6 +41,8 @@ class LabelField(StrictModel):
 class LabelKind(FieldKind):
     kind = "label"
     Spec = LabelField
+    layout_doc = ("(N,) int64 class index; dataset attr classes (names, in index order); split attr "
+                  "<field>_class_counts (K,) samples per class")
 
     @classmethod
     def check_spec(cls, name: str, spec: LabelField, dataset: Any) -> None:

@@ -57,6 +57,7 @@ def mask_values(img, path: str) -> np.ndarray:
 class MaskKind(FieldKind):
     kind = "mask"
     Spec = MaskField
+    layout_doc = "(N, 1, H, W) uint8 with values {0,1}, chunked and compressed like its image"
 
     @classmethod
     def check_spec(cls, name: str, spec: MaskField, dataset: Any) -> None:

@@ -1,0 +1,1 @@
+"""Published versions: locking, publishing, retention, thin versions and export, verify, reports."""

@@ -1,0 +1,25 @@
+"""The read side in a training process: no Pillow, dask or Prefect gets imported, and Pillow's own
+decompression-bomb guard is left as it is."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def _run(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_importing_the_readers_loads_no_pillow_dask_or_prefect():
+    loaded = _run("import sys, h5forge.read.reader, h5forge.read.torch, h5forge.read.jax, h5forge.read.sampler, "
+                  "h5forge.read.collate\n"
+                  "print(sorted(m for m in ('PIL', 'dask', 'distributed', 'prefect') if m in sys.modules))")
+    assert loaded == "[]"
+
+
+def test_the_write_side_keeps_pillows_bomb_guard():
+    limit = _run("from PIL import Image; before = Image.MAX_IMAGE_PIXELS\n"
+                 "import h5forge.ingest.clean, h5forge.ingest.writer, h5forge.store.verify\n"
+                 "print(Image.MAX_IMAGE_PIXELS == before and before is not None)")
+    assert limit == "True"
