@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from h5forge.kinds import field_kinds
 from h5forge.spec import SpecError, load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -16,8 +17,9 @@ def test_demo_spec_loads_with_paths_relative_to_the_spec_file():
     spec = load_spec(REPO / "config" / "demo.yaml")
     assert spec.source.root == (REPO / "data" / "raw" / "demo").resolve()
     assert spec.output.dir == (REPO / "data" / "demo").resolve()
-    assert spec.field_shape("images") == (3, 224, 224)
-    assert spec.field_shape("masks") == (1, 224, 224)
+    kinds = field_kinds(spec)
+    assert kinds["images"].stored().shape == (3, 224, 224)
+    assert kinds["masks"].stored().shape == (1, 224, 224)
 
 
 @pytest.mark.parametrize("mutate, key, words", [

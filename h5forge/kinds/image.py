@@ -15,7 +15,7 @@ follow; appends add histograms. Readers get float32 in [0, 1] (or uint8 as store
 from __future__ import annotations
 
 import io
-import warnings
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -51,26 +51,37 @@ class ImageField(StrictModel):
 
 # ---- decoding (Pillow is imported here only, so readers never load it) -------------------------
 
+_PILLOW_LIMIT = threading.Lock()
+
+
+def _open_unchecked(data: bytes):
+    """Image.open without Pillow's own size guard, which would answer before ``max_pixels`` does;
+    the guard is put back at once, so nothing else in the process runs without it."""
+    from PIL import Image
+
+    with _PILLOW_LIMIT:
+        saved, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+        try:
+            return Image.open(io.BytesIO(data))
+        finally:
+            Image.MAX_IMAGE_PIXELS = saved
+
+
 def open_picture(data: bytes, path: str, max_pixels: int):
     """A loaded Pillow image; a bomb, an empty, truncated or unknown file rejects the sample."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import UnidentifiedImageError
 
     if not data:
         raise Reject(path, "empty file (0 bytes)")
     try:
-        with warnings.catch_warnings():
-            # the field's own max_pixels decides, from the header, before anything is decoded
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
-            w, h = img.size
-            if w * h > max_pixels:
-                raise Reject(path, f"decompression bomb: header declares {w}x{h} = {w * h:,} pixels, "
-                                   f"limit is {max_pixels:,} (max_pixels)")
-            img.load()
+        img = _open_unchecked(data)
+        w, h = img.size  # from the header: nothing is decoded yet
+        if w * h > max_pixels:
+            raise Reject(path, f"decompression bomb: header declares {w}x{h} = {w * h:,} pixels, "
+                               f"limit is {max_pixels:,} (max_pixels)")
+        img.load()
     except Reject:
         raise
-    except Image.DecompressionBombError as err:
-        raise Reject(path, f"decompression bomb: {err}") from None
     except UnidentifiedImageError:
         raise Reject(path, "not an image Pillow can read (unknown or corrupt format)") from None
     except (OSError, SyntaxError, ValueError, EOFError) as err:

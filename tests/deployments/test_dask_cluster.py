@@ -20,7 +20,9 @@ import pytest
 
 from h5forge.store.verify import verify_file
 from h5forge.store.versions import LATEST, latest
-from tests.conftest import write_spec_file
+from tests.helpers.data import write_spec_file
+
+pytestmark = pytest.mark.e2e
 
 BIN = Path(sys.executable).parent
 BATCH = 4  # 40 good samples -> 10 dask tasks, enough for both workers to get some
@@ -116,10 +118,10 @@ def test_build_cleans_on_the_external_scheduler(prefect_server, dask_cluster, ra
                                 workers=2)
     result = build_dataset(str(spec_file), dask_address=address)
 
-    assert result["version"] == 1 and latest(out) == 1
-    assert sum(result["counts"].values()) == 40 and result["rejected"] > 0
-    assert result["timings"]["cleaned_in"] == address
-    assert result["health"]["checksums"] == "ok (40 samples)"
+    assert result.version == 1 and latest(out) == 1
+    assert sum(result.counts.values()) == 40 and result.rejected > 0
+    assert result.timings["cleaned_in"] == address
+    assert result.health["checksums"] == "ok (40 samples)"
     assert verify_file(out / LATEST, resample=4).ok
 
     after = executed_per_worker(address)

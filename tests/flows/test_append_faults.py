@@ -12,8 +12,10 @@ import pytest
 
 from h5forge.store.verify import verify_file
 from h5forge.store.versions import latest, published
-from tests.conftest import age_files, drop_samples, write_spec_file
-from tests.test_append import all_ids, raw_new  # noqa: F401  (fixture)
+from tests.helpers.data import age_files, drop_samples, write_spec_file
+from tests.helpers.files import all_ids
+
+pytestmark = pytest.mark.e2e
 
 H5FORGE = str(Path(sys.executable).parent / "h5forge")
 
@@ -62,7 +64,7 @@ def test_killed_append_converges_on_rerun(point, api_url, base_version, raw_demo
 
     rerun = append_samples(str(spec_file))
     if point in ("append:before-move", "append:mid-move"):
-        assert rerun["version"] is None  # published before the crash; the rerun only finished the moves
+        assert rerun.version is None  # published before the crash; the rerun only finished the moves
     ids = sum(all_ids(out / "dataset_latest.h5").values(), [])
     assert sorted(ids) == sorted(base_ids + new_ids)  # none lost, none twice
     assert latest(out) == 2 and list(published(out)) == [1, 2]

@@ -13,7 +13,9 @@ from h5forge.ingest.discover import SampleRef
 from h5forge.format.layout import decode_str, index_rows
 from h5forge.ingest.splits import assign_split
 from h5forge.store.versions import LATEST, latest, output_lock
-from tests.conftest import demo_spec, write_spec_file
+from tests.helpers.data import demo_spec, write_spec_file
+
+pytestmark = pytest.mark.e2e  # the session's real Prefect server
 
 DEFECTS = {
     "bad_truncated": "corrupt or truncated image",
@@ -48,9 +50,9 @@ def built(prefect_server, raw_demo, tmp_path_factory):
 
 def test_publishes_a_verified_version_with_every_good_sample(built, raw_demo):
     out, _, first, _ = built
-    assert first["version"] == 1 and sum(first["counts"].values()) == 40
+    assert first.version == 1 and sum(first.counts.values()) == 40
     assert os.readlink(out / LATEST) == "dataset_v0002.h5"
-    assert first["health"]["checksums"] == "ok (40 samples)"
+    assert first.health["checksums"] == "ok (40 samples)"
     with h5py.File(out / "dataset_v0001.h5", "r") as f:
         assert json.loads(f["diagnostics"].attrs["summary"])["timings"]["cleaned_in"] == "LocalCluster(2)"
     with h5py.File(out / "dataset_v0001.h5", "r") as f:
@@ -69,11 +71,12 @@ def test_publishes_a_verified_version_with_every_good_sample(built, raw_demo):
         row = 3
         sid = decode_str(g["ids"][row:row + 1])[0]
         files = decode_str(g["source_files"][row])
-        arrays, hashes = clean_sample(spec, raw_demo, SampleRef(sid, "train", dict(zip(spec.fields, files)), {}))
+        records = {r["id"]: r for r in json.loads((raw_demo / "annotations.json").read_text())}
+        columns = {c: records[sid][c] for c in spec.annotations.columns}
+        arrays, hashes = clean_sample(spec, raw_demo, SampleRef(sid, "train", dict(zip(spec.fields, files)), columns))
         assert np.array_equal(arrays["images"], g["images"][row])
         assert np.array_equal(arrays["masks"], g["masks"][row])
         assert decode_str(g["source_sha256"][row]) == hashes
-        records = {r["id"]: r for r in json.loads((raw_demo / "annotations.json").read_text())}
         assert decode_str(g["meta/label"][()]) == [records[i]["label"] for i in decode_str(g["ids"][()])]
         assert g["meta/num_cells"][row] == records[sid]["num_cells"]
         infected = index_rows(f, "train", "label", "infected")
@@ -85,7 +88,7 @@ def test_publishes_a_verified_version_with_every_good_sample(built, raw_demo):
 
 def test_every_defect_is_quarantined_with_its_reason(built):
     out, _, first, _ = built
-    assert first["rejected"] == len(DEFECTS)
+    assert first.rejected == len(DEFECTS)
     rows = json.loads((out / "quarantine" / "dataset_v0001.rejections.json").read_text())
     reasons = {r["sample_id"]: r["reason"] for r in rows}
     assert set(reasons) == set(DEFECTS)
@@ -100,7 +103,7 @@ def test_every_defect_is_quarantined_with_its_reason(built):
 
 def test_same_raw_data_and_spec_give_the_same_content(built):
     out, _, _, second = built
-    assert second["version"] == 2
+    assert second.version == 2
     for split in ("train", "val", "test"):
         assert read_split(out / "dataset_v0001.h5", split) == read_split(out / "dataset_v0002.h5", split)
     with h5py.File(out / "dataset_v0002.h5", "r") as f:

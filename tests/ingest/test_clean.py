@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from h5forge.ingest.clean import Reject, clean_batch, clean_sample, plan_geometry
+from h5forge.ingest.clean import Reject, clean_batch, clean_sample
+from h5forge.kinds.image import plan_geometry
 from h5forge.ingest.demo import _bomb_png
 from h5forge.ingest.discover import SampleRef
-from tests.conftest import demo_spec
+from tests.helpers.data import demo_spec
 
 
 @pytest.fixture
@@ -28,7 +29,10 @@ def save(root: Path, sid: str, image, mask) -> SampleRef:
             pic.save(target)
         else:
             Image.fromarray(pic).save(target)
-    return SampleRef(sid, "train", {"images": f"images/{sid}.png", "masks": f"masks/{sid}.png"}, {})
+    return SampleRef(sid, "train", {"images": f"images/{sid}.png", "masks": f"masks/{sid}.png"}, COLUMNS)
+
+
+COLUMNS = {"label": "healthy", "num_cells": 3, "stain": "DAPI", "focus_score": 0.5}  # the demo spec's columns
 
 
 def rgb(h, w, value=100):
@@ -182,7 +186,7 @@ def test_one_bad_sample_does_not_lose_the_good_ones(spec, tmp_path):
     assert batch.ids == ["g0", "g1", "g2"]
     assert [r.sample_id for r in batch.rejections] == ["bad"]
     assert batch.arrays["images"][:, 0, 112, 112].tolist() == [1, 2, 3]
-    hist = batch.histograms["images"]["train"]
+    hist = batch.stats["images"]["train"]
     assert hist.shape == (3, 256) and hist.sum() == 3 * 3 * 224 * 224
 
 

@@ -1,8 +1,7 @@
-"""Appending from an inbox: thin versions, exactly once, waiting pairs, retention, export, rebuild."""
+"""Appending from an inbox: thin versions, exactly once, waiting pairs, rebuild."""
 
 import hashlib
 import os
-import shutil
 
 import h5py
 import numpy as np
@@ -10,38 +9,16 @@ import pytest
 
 from h5forge.format.layout import decode_str
 from h5forge.ingest.splits import assign_split
-from h5forge.store.thin import segments_of
 from h5forge.store.verify import verify_file
-from h5forge.store.versions import latest, published, retain
-from tests.conftest import age_files, demo_spec, drop_samples, write_spec_file
+from h5forge.store.versions import latest
+from tests.helpers.data import age_files, demo_spec, drop_samples, write_spec_file
+from tests.helpers.files import all_ids
 
-
-@pytest.fixture(scope="session")
-def raw_new(tmp_path_factory):
-    from h5forge.ingest.demo import generate
-
-    root = tmp_path_factory.mktemp("rawnew") / "new"
-    generate(root, n=72, seed=7, bad=False, workers=1)
-    return root
-
-
-@pytest.fixture
-def dataset(prefect_server, raw_demo, tmp_path):
-    """A built v1 and its spec file; the inbox is tmp_path/inbox."""
-    from h5forge.flows.build import build_dataset
-
-    spec_file = write_spec_file(raw_demo, tmp_path / "out", tmp_path / "spec.yaml", inbox=tmp_path / "inbox")
-    build_dataset(str(spec_file))
-    return spec_file, tmp_path / "out", tmp_path / "inbox"
+pytestmark = pytest.mark.e2e  # appends through the flow on the session's real Prefect server
 
 
 def sha(path):
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
-
-
-def all_ids(path):
-    with h5py.File(os.path.realpath(path), "r") as f:
-        return {s: decode_str(f[s]["ids"][()]) for s in ("train", "val", "test")}
 
 
 def test_append_extends_every_split_and_leaves_the_old_version_alone(dataset, raw_new):
@@ -54,7 +31,7 @@ def test_append_extends_every_split_and_leaves_the_old_version_alone(dataset, ra
     new_ids = drop_samples(raw_new, inbox, [f"cell_{i:06d}" for i in range(10)], rename="new_")
     age_files(inbox)
     result = append_samples(str(spec_file))
-    assert result["version"] == 2 and result["added"] == 10 and result["rejected"] == 0
+    assert result.version == 2 and result.added == 10 and result.rejected == 0
     assert sha(v1) == before  # byte for byte
     assert latest(out) == 2
     spec = demo_spec(raw_new, out)
@@ -95,8 +72,8 @@ def test_duplicates_and_id_conflicts_are_quarantined(dataset, raw_demo, raw_new)
     drop_samples(raw_new, inbox, ["cell_000002"], rename="fresh_")
     age_files(inbox)
     result = append_samples(str(spec_file))
-    assert result["added"] == 1
-    reasons = {r["sample_id"]: r["reason"] for r in result["rejections"]}
+    assert result.added == 1
+    reasons = {r.sample_id: r.reason for r in result.rejections}
     assert reasons["copy_of_cell_000003"].startswith("duplicate: identical content is already in the dataset as 'cell_000003'")
     assert "already in the dataset with other content" in reasons["cell_000001"]
     reason_file = inbox / "quarantine" / "images" / "copy_of_cell_000003.png.reason"
@@ -105,7 +82,7 @@ def test_duplicates_and_id_conflicts_are_quarantined(dataset, raw_demo, raw_new)
     drop_samples(raw_new, inbox, ["cell_000002"], rename="fresh_")
     age_files(inbox)
     again = append_samples(str(spec_file))
-    assert again["version"] is None and again["added"] == 0
+    assert again.version is None and again.added == 0
     assert latest(out) == 2
     ids = sum(all_ids(out / "dataset_latest.h5").values(), [])
     assert len(ids) == len(set(ids)) == 41
@@ -121,55 +98,12 @@ def test_partial_pairs_and_unsettled_files_wait(dataset, raw_demo, raw_new):
     age_files(inbox, seconds=60)
     os.utime(inbox / "images" / "w_cell_000005.png")  # just written: not settled for 30 s
     result = append_samples(str(spec_file))
-    assert result["version"] is None and result["waiting"] == 2
+    assert result.version is None and result.waiting == 2
     assert (inbox / "images" / "w_cell_000004.png").exists()  # untouched, not quarantined
     (inbox.parent / "held_back.png").rename(inbox / "masks" / "w_cell_000004.png")
     age_files(inbox, seconds=60)
     result = append_samples(str(spec_file))
-    assert result["added"] == 2 and result["waiting"] == 0
-
-
-def test_retention_keeps_what_kept_versions_read_and_export_is_self_contained(dataset, raw_new, tmp_path):
-    from h5forge.flows.append import append_samples
-
-    spec_file, out, inbox = dataset
-    for k in range(3):
-        drop_samples(raw_new, inbox, [f"cell_{i:06d}" for i in range(3 * k, 3 * k + 3)], rename=f"r{k}_")
-        age_files(inbox)
-        append_samples(str(spec_file))
-    assert list(published(out)) == [1, 2, 3, 4]
-    assert [s["file"] for s in segments_of(out / "dataset_v0004.h5")] == [
-        "dataset_v0001.h5", "dataset_v0002.delta.h5", "dataset_v0003.delta.h5", "dataset_v0004.delta.h5"]
-    removed = retain(out, keep=1)
-    assert sorted(p.name for p in removed) == ["dataset_v0002.h5", "dataset_v0003.h5"]
-    assert (out / "dataset_v0001.h5").exists() and (out / "dataset_v0002.delta.h5").exists()
-    assert verify_file(out / "dataset_latest.h5").ok
-    copy = tmp_path / "elsewhere" / "copy.h5"
-    copy.parent.mkdir()
-    from h5forge.store.thin import export
-
-    export(out / "dataset_latest.h5", copy)
-    with h5py.File(copy, "r") as c, h5py.File(out / "dataset_v0004.h5", "r") as f:
-        assert not c["train/images"].is_virtual and c.attrs["self_contained"]
-        assert np.array_equal(c["train/images"][()], f["train/images"][()])
-        assert decode_str(c["val/ids"][()]) == decode_str(f["val/ids"][()])
-    shutil.rmtree(out)  # the copy needs nothing from the old folder
-    assert verify_file(copy, resample=0).ok
-
-
-def test_a_missing_delta_is_an_error_never_silent_zeros(dataset, raw_new, tmp_path):
-    from h5forge.flows.append import append_samples
-
-    spec_file, out, inbox = dataset
-    drop_samples(raw_new, inbox, ["cell_000006"], rename="m_")
-    age_files(inbox)
-    append_samples(str(spec_file))
-    moved = tmp_path / "moved"
-    shutil.copytree(out, moved, symlinks=True)
-    (moved / "dataset_v0002.delta.h5").unlink()
-    report = verify_file(moved / "dataset_latest.h5")
-    assert not report.ok
-    assert any("dataset_v0002.delta.h5" in e and "missing" in e for e in report.errors)
+    assert result.added == 2 and result.waiting == 0
 
 
 def test_nightly_rebuild_is_compact_and_keeps_appended_samples(dataset, raw_new):
@@ -182,7 +116,7 @@ def test_nightly_rebuild_is_compact_and_keeps_appended_samples(dataset, raw_new)
     append_samples(str(spec_file))
     thin_ids = all_ids(out / "dataset_latest.h5")
     result = build_dataset(str(spec_file))
-    assert result["version"] == 3
+    assert result.version == 3
     rebuilt = all_ids(out / "dataset_latest.h5")
     assert {s: sorted(v) for s, v in rebuilt.items()} == {s: sorted(v) for s, v in thin_ids.items()}
     assert set(new_ids) <= set(sum(rebuilt.values(), []))
