@@ -1,4 +1,7 @@
-"""Shared fixtures. Prefect runs against one session-wide test server (never one per test)."""
+"""Shared fixtures. Prefect runs against one session-wide test server (never one per test).
+
+Plain helpers are in tests/helpers/ (``from tests.helpers.data import demo_spec``); only fixtures live here.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.data import demo_spec
+
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_TASKS_DEFAULT_NO_CACHE", "true")
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _sigterm_to_exit(signum, frame):  # a CI timeout's SIGTERM still runs fixture teardown
@@ -49,60 +52,22 @@ def raw_copy(raw_demo, tmp_path) -> Path:
     return dst
 
 
-def demo_spec(raw: Path, out: Path, **storage):
-    """The demo spec pointed at ``raw`` and ``out``."""
-    from h5forge.spec import load_spec, override
+@pytest.fixture(scope="session")
+def raw_new(tmp_path_factory):
+    """72 more good samples (other seed) to drop into an inbox."""
+    from h5forge.ingest.demo import generate
 
-    spec = load_spec(REPO / "config" / "demo.yaml")
-    spec = spec.model_copy(update={"source": spec.source.model_copy(update={"root": raw.resolve()})})
-    if storage:
-        spec = spec.model_copy(update={"storage": spec.storage.model_copy(update=storage)})
-    return override(spec, output=out)
-
-
-def write_spec_file(raw: Path, out: Path, path: Path, inbox: Path | None = None, append: dict | None = None,
-                    **compute) -> Path:
-    """A YAML spec file like config/demo.yaml, pointed at ``raw``, ``out`` and ``inbox``."""
-    import yaml
-
-    data = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
-    data["source"]["root"] = str(raw)
-    data["source"]["inbox"] = str(inbox or path.parent / "inbox")
-    data["output"]["dir"] = str(out)
-    data["compute"] = {**data.get("compute", {}), **compute}
-    data["append"] = {"settle_seconds": 0.5, "batch_window_seconds": 0.5, "poll_seconds": 2, **(append or {})}
-    path.write_text(yaml.safe_dump(data))
-    return path
+    root = tmp_path_factory.mktemp("rawnew") / "new"
+    generate(root, n=72, seed=7, bad=False, workers=1)
+    return root
 
 
-def drop_samples(src_raw: Path, inbox: Path, ids: list[str], rename: str = "") -> list[str]:
-    """Copy samples of a raw folder into an inbox as a user would (temp name, then rename).
+@pytest.fixture(scope="module")
+def small_inventory(raw_demo, tmp_path_factory):
+    """The first 6 good samples of ``raw_demo``, discovered with the demo spec."""
+    from h5forge.ingest.discover import discover
 
-    Each sample gets a ``<id>.json`` sidecar record; ``rename`` prefixes the new ids.
-    """
-    import json
-    import os
-
-    records = {r["id"]: r for r in json.loads((src_raw / "annotations.json").read_text())}
-    new_ids = []
-    for sid in ids:
-        new = rename + sid
-        for folder in ("images", "masks"):
-            (inbox / folder).mkdir(parents=True, exist_ok=True)
-            tmp = inbox / folder / f".{new}.png.tmp"
-            shutil.copy(src_raw / folder / f"{sid}.png", tmp)
-            os.replace(tmp, inbox / folder / f"{new}.png")
-        (inbox / f"{new}.json").write_text(json.dumps({**records[sid], "id": new}))
-        new_ids.append(new)
-    return new_ids
-
-
-def age_files(folder: Path, seconds: float = 10) -> None:
-    """Backdate mtimes so the inbox settle delay is over without sleeping."""
-    import os
-    import time
-
-    past = time.time() - seconds
-    for p in folder.rglob("*"):
-        if p.is_file():
-            os.utime(p, (past, past))
+    spec = demo_spec(raw_demo, tmp_path_factory.mktemp("o"))
+    inv = discover(spec)
+    inv.samples = [s for s in inv.samples if s.id.startswith("cell_")][:6]
+    return inv

@@ -14,7 +14,7 @@ from h5forge.ingest.build import publish_candidate, verify_candidate, write_vers
 from h5forge.ingest.discover import discover
 from h5forge.spec import load_spec
 from h5forge.store.versions import latest, stage
-from tests.conftest import demo_spec
+from tests.helpers.data import demo_spec
 
 H5FORGE = str(Path(sys.executable).parent / "h5forge")
 

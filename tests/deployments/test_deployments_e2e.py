@@ -15,8 +15,10 @@ import pytest
 
 from h5forge.store.verify import verify_file
 from h5forge.store.versions import latest
-from tests.conftest import age_files, drop_samples, write_spec_file
-from tests.test_append import all_ids, raw_new  # noqa: F401  (fixture)
+from tests.helpers.data import age_files, drop_samples, write_spec_file
+from tests.helpers.files import all_ids
+
+pytestmark = pytest.mark.e2e
 
 BIN = Path(sys.executable).parent
 

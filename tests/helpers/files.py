@@ -1,7 +1,4 @@
-"""Small real version files for the reader tests (built with the real writer, no Prefect).
-
-Not a conftest (tests/conftest.py belongs to the build tests): the reader tests import these.
-"""
+"""Small real version files for the tests (built with the real writer, no Prefect), and reading them back."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers.data import REPO, demo_spec
 
 
 def spec_for(raw: Path, out: Path, size=(64, 64), **storage):
@@ -59,6 +56,21 @@ def build_file(path: Path, raw: Path, *, version: int = 1, size=(64, 64), chunk_
     return path
 
 
+def make_version(out: Path, inv, raw) -> int:
+    """Stage, write and publish one version of ``inv`` in ``out`` with the demo spec; its number."""
+    from h5forge.ingest.clean import clean_batch
+    from h5forge.ingest.writer import DatasetWriter
+    from h5forge.store.versions import publish, stage
+
+    spec = demo_spec(raw, out)
+    candidate = stage(out)
+    w = DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent)
+    w.add(clean_batch(spec, inv.root, inv.samples))
+    w.finish()
+    publish(candidate)
+    return candidate.number
+
+
 def truth(path: Path, split: str = "train") -> dict[str, np.ndarray]:
     """Everything the file holds for ``split``, read plainly (the ground truth)."""
     from h5forge.format.codecs import ensure_filters
@@ -68,6 +80,14 @@ def truth(path: Path, split: str = "train") -> dict[str, np.ndarray]:
         g = f[split]
         return {"images": g["images"][()], "masks": g["masks"][()],
                 "ids": np.array([v.decode() for v in g["ids"][()]])}
+
+
+def all_ids(path):
+    """The sample ids of each split of the version file (or link) at ``path``."""
+    from h5forge.format.layout import decode_str
+
+    with h5py.File(os.path.realpath(path), "r") as f:
+        return {s: decode_str(f[s]["ids"][()]) for s in ("train", "val", "test")}
 
 
 def n_fds() -> int:

@@ -4,7 +4,7 @@ from collections import Counter
 from h5forge.ingest.discover import discover
 from h5forge.ingest.splits import assign_split
 from h5forge.spec import Splits
-from tests.conftest import demo_spec
+from tests.helpers.data import demo_spec
 
 
 def test_pairs_by_stem_and_reports_every_unusable_input(raw_demo, tmp_path):

@@ -20,7 +20,7 @@ from h5forge.read.reader import ReadError, SplitReader, coalesce
 from h5forge.read.sampler import epoch_order, shard
 from h5forge.read.torch import ChunkShuffleSampler, H5Dataset
 from h5forge.store.versions import LATEST, set_latest, version_name
-from tests.conftest_reader import build_file, make_raw, n_fds, truth
+from tests.helpers.files import build_file, make_raw, n_fds, truth
 
 
 @pytest.fixture(scope="module")

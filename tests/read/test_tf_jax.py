@@ -15,12 +15,13 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest_reader import REPO, build_file, make_raw, truth
+from tests.helpers.data import REPO
+from tests.helpers.files import build_file, make_raw, truth
 
 
 def in_child(function: str, *args: str) -> None:
-    """Run ``tests.test_tf_jax.<function>(*args)`` in a fresh interpreter; fail with its output."""
-    code = f"import sys; from tests.test_tf_jax import {function}; {function}(*sys.argv[1:])"
+    """Run ``<this module>.<function>(*args)`` in a fresh interpreter; fail with its output."""
+    code = f"import sys; from {__name__} import {function}; {function}(*sys.argv[1:])"
     proc = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
