@@ -65,7 +65,7 @@ def infer_spec(raw: Path, spec_path: Path) -> str:
                 if im.size[0] * im.size[1] <= 64_000_000:  # bombs and corrupt headers say nothing
                     sizes.append(im.size)
                     modes[im.mode] += 1
-        except Exception:
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):  # unreadable: says nothing
             continue
     if not sizes:
         raise UsageError(f"no readable picture in {raw / images[0]}")
