@@ -24,7 +24,8 @@ import numpy as np
 
 from h5forge.errors import ReadError
 from h5forge.kinds import ReadOptions
-from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, SplitReader, model_batch, model_values, output_dtypes
+from h5forge.read.reader import (DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SplitReader, model_batch, model_values,
+                                 output_dtypes)
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["Source", "batches", "ReadError"]
@@ -37,11 +38,12 @@ class Source:
     def __init__(self, path: str | os.PathLike, split: str = "train", fields: Sequence[str] | str | None = None,
                  *, image_dtype: str = "float32", mask_dtype: str = "int32", normalize: bool = False,
                  channels_last: bool = False, locking: bool | None = None,
-                 cache_chunks: int = DEFAULT_CACHE_CHUNKS):
+                 cache_chunks: int = DEFAULT_CACHE_CHUNKS, return_index: bool = False):
         self.reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks)
         self.options = ReadOptions(image_dtype, mask_dtype, normalize)
         self._dtypes = output_dtypes(self.reader, self.options)
         self.channels_last = channels_last
+        self.return_index = return_index
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -52,10 +54,12 @@ class Source:
         for name, a in raw.items():
             v = model_values(self.reader.fields[name], np.asarray(a)[None], self.options, self._dtypes[name])[0]
             out[name] = np.ascontiguousarray(np.moveaxis(v, 0, -1)) if self.channels_last and np.ndim(v) > 1 else v
+        if self.return_index:
+            out[INDEX_FIELD] = np.int64(self.reader.row(record_key))
         return out
 
     def get_batch(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
-        return model_batch(self.reader, indices, self.options, self.channels_last)
+        return model_batch(self.reader, indices, self.options, self.channels_last, self.return_index)
 
     @property
     def version(self) -> int:

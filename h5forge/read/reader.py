@@ -41,7 +41,8 @@ OPEN_RETRIES = 3
 
 @dataclass(frozen=True)
 class FieldInfo:
-    name: str  # the dataset's path in the split group (a field name, or meta/<column>)
+    name: str  # as asked for: a field, an annotation column, or meta/<column>
+    path: str  # the dataset's path in the split group
     kind: FieldKind  # what the field is: how its rows become model values
     shape: tuple[int, ...]  # per sample, e.g. (3, 224, 224); () for a scalar column
     dtype: np.dtype  # as stored
@@ -181,15 +182,20 @@ class SplitReader:
         count = int(g.attrs.get(Attr.COUNT, -1))
         infos: dict[str, FieldInfo] = {}
         for name in wanted:
-            if name not in kinds or name not in g:
-                raise ReadError(f"{where}: split {self.split!r} has no field {name!r}; fields are {list(kinds)}")
-            ds = g[name]
+            # an annotation column may be asked for by its bare name when no field has that name
+            path = name if name in kinds else column_path(name)
+            if path not in kinds or path not in g:
+                readable = [*kinds, *(k.annotation_column for k in kinds.values() if k.annotation_column
+                                      and k.annotation_column not in kinds)]
+                raise ReadError(f"{where}: split {self.split!r} has no field or column {name!r}; "
+                                f"it has {readable}")
+            ds = g[path]
             if ds.shape[0] != count:
-                raise ReadError(f"{where}: /{self.split}/{name} has {ds.shape[0]} rows but the split count is {count}")
+                raise ReadError(f"{where}: /{self.split}/{path} has {ds.shape[0]} rows but the split count is {count}")
             shape = tuple(int(s) for s in ds.shape[1:])
             rows = int(ds.chunks[0]) if ds.chunks else 1
             cbytes = int(np.prod(ds.chunks if ds.chunks else shape)) * ds.dtype.itemsize
-            infos[name] = FieldInfo(name, kinds[name], shape, ds.dtype, rows, cbytes, kinds[name].read_stats(g))
+            infos[name] = FieldInfo(name, path, kinds[path], shape, ds.dtype, rows, cbytes, kinds[path].read_stats(g))
         self.fields = infos
         self.count = count
 
@@ -230,10 +236,10 @@ class SplitReader:
             self._file = _open(self.real_path, self.locking, rdcc_nbytes=self.rdcc_nbytes,
                                rdcc_nslots=self.rdcc_nslots)
             g = self._file[self.split]
-            self._dsets = {name: g[name] for name, fi in self.fields.items() if fi.bulk}
+            self._dsets = {name: g[fi.path] for name, fi in self.fields.items() if fi.bulk}
             # small columns (labels, annotations) are read whole, once per process: a batch then
             # costs a take() instead of an HDF5 call per row
-            self._columns = {name: g[name][()] for name, fi in self.fields.items() if not fi.bulk}
+            self._columns = {name: g[fi.path][()] for name, fi in self.fields.items() if not fi.bulk}
             self._pid = pid
         return self._dsets
 
@@ -270,7 +276,8 @@ class SplitReader:
             pass
 
     # ---- reads -------------------------------------------------------------------------------
-    def _index(self, i) -> int:
+    def row(self, i) -> int:
+        """The row of index ``i`` (negative counts from the end); IndexError when out of range."""
         j = int(i)
         if j < 0:
             j += self.count
@@ -279,7 +286,7 @@ class SplitReader:
         return j
 
     def read_one(self, i: int) -> dict[str, np.ndarray]:
-        j = self._index(i)
+        j = self.row(i)
         dsets = self._handles()
         return {name: dsets[name][j] if fi.bulk else self._columns[name][j] for name, fi in self.fields.items()}
 
@@ -348,12 +355,19 @@ def model_values(info: FieldInfo, raw: np.ndarray, opts: ReadOptions, dtype: np.
     return out
 
 
-def model_batch(reader: SplitReader, indices, opts: ReadOptions, channels_last: bool = False) -> dict[str, Any]:
+INDEX_FIELD = "index"  # the key of the row numbers when a reader is asked to return them
+
+
+def model_batch(reader: SplitReader, indices, opts: ReadOptions, channels_last: bool = False,
+                return_index: bool = False) -> dict[str, Any]:
     """Rows ``indices`` as model-ready values {field: (B, C, H, W)} (or (B, H, W, C) when
-    ``channels_last``), in the order asked."""
+    ``channels_last``), in the order asked; with ``return_index`` also {"index": the rows}."""
     dtypes = output_dtypes(reader, opts)
     out = {}
     for name, raw in reader.read(indices).items():
         v = model_values(reader.fields[name], raw, opts, dtypes[name])
         out[name] = np.ascontiguousarray(np.moveaxis(v, 1, -1)) if channels_last and getattr(v, "ndim", 0) > 2 else v
+    if return_index:
+        rows = np.asarray(indices, dtype=np.int64).reshape(-1)
+        out[INDEX_FIELD] = np.where(rows < 0, rows + len(reader), rows)
     return out

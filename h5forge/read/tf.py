@@ -19,7 +19,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from h5forge.kinds import ReadOptions
-from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, SplitReader, model_batch, output_dtypes
+from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SplitReader, model_batch, output_dtypes
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["dataset"]
@@ -30,23 +30,26 @@ def dataset(path: str | os.PathLike, split: str = "train", fields: Sequence[str]
             image_dtype: str = "float32", mask_dtype: str = "int64", normalize: bool = False,
             channels_last: bool = True, window: int = DEFAULT_WINDOW, num_replicas: int = 1, rank: int = 0,
             locking: bool | None = None, cache_chunks: int = DEFAULT_CACHE_CHUNKS,
-            prefetch: int | None = 2) -> tf.data.Dataset:
+            prefetch: int | None = 2, return_index: bool = False) -> tf.data.Dataset:
     """A tf.data.Dataset of tuples in ``fields`` order (a single tensor for one field); batched
     when ``batch_size`` is given (much faster than per-sample generators), else one sample per
-    element. ``num_replicas``/``rank`` give this worker's equal-length shard."""
+    element. ``num_replicas``/``rank`` give this worker's equal-length shard. Text columns come as
+    tf.string; ``return_index`` adds each sample's row (int64) as the last element."""
     reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks)
     opts = ReadOptions(image_dtype, mask_dtype, normalize)
     dtypes = output_dtypes(reader, opts)
     order = ChunkOrder(len(reader), reader.chunk_rows, shuffle=shuffle, seed=seed, window=window,
                        num_replicas=num_replicas, rank=rank)
-    names = reader.field_names
+    names = (*reader.field_names, *((INDEX_FIELD,) if return_index else ()))
+    lead = () if batch_size is None else ((batch_size,) if drop_remainder else (None,))
     specs = []
-    for name in names:
+    for name in reader.field_names:
         fi = reader.fields[name]
         shape = tuple(fi.shape[1:]) + (fi.shape[0],) if channels_last and len(fi.shape) > 1 else fi.shape
         dtype = tf.string if dtypes[name] is None else tf.as_dtype(dtypes[name])
-        lead = () if batch_size is None else ((batch_size,) if drop_remainder else (None,))
         specs.append(tf.TensorSpec(shape=lead + tuple(shape), dtype=dtype, name=name))
+    if return_index:
+        specs.append(tf.TensorSpec(shape=lead, dtype=tf.int64, name=INDEX_FIELD))
     signature = specs[0] if len(specs) == 1 else tuple(specs)
 
     def generate():
@@ -54,7 +57,7 @@ def dataset(path: str | os.PathLike, split: str = "train", fields: Sequence[str]
         step = batch_size or 1
         stop = len(idx) - (len(idx) % step if (batch_size and drop_remainder) else 0)
         for start in range(0, stop, step):
-            b = model_batch(reader, idx[start:start + step], opts, channels_last)
+            b = model_batch(reader, idx[start:start + step], opts, channels_last, return_index)
             cols = tuple(b[n] if batch_size else b[n][0] for n in names)
             yield cols[0] if len(cols) == 1 else cols
 

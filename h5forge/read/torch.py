@@ -59,10 +59,13 @@ def collate(batch: Any) -> Any:
 class H5Dataset(Dataset):
     """One split of an h5forge version file as a torch map-style Dataset.
 
-    Items are tuples in ``fields`` order (a single tensor when one field is asked for).
-    Image fields come as float32 in [0, 1] (``image_dtype="uint8"`` leaves them as stored, for
-    conversion on the GPU; ``normalize=True`` standardises with the split's per-channel mean/std);
-    mask fields as int64 (``mask_dtype``), shape (1, H, W) as stored.
+    Items are tuples in ``fields`` order (a single tensor when one field is asked for), each value
+    as its field's kind returns it: images float32 in [0, 1] (``image_dtype="uint8"`` leaves them
+    as stored, for conversion on the GPU; ``normalize=True`` standardises with the split's
+    per-channel mean/std), masks int64 (``mask_dtype``) of shape (1, H, W), labels int64,
+    annotation columns (``"label"`` or ``"meta/label"``) as int64 / float32 / bool tensors, or
+    lists of strings. ``return_index=True`` adds each sample's row as a last int64 element, so
+    shuffled batches can be matched to ``ids()`` and ``meta()``.
 
     ``transform(sample) -> sample`` runs on each sample (augmentation); ``batch_transform(batch) ->
     batch`` on each batch in the worker. ``locking=False`` opens without HDF5 file locks (network
@@ -75,13 +78,14 @@ class H5Dataset(Dataset):
                  transform: Callable[[Any], Any] | None = None,
                  batch_transform: Callable[[Any], Any] | None = None,
                  locking: bool | None = None, cache_chunks: int = DEFAULT_CACHE_CHUNKS,
-                 rdcc_nbytes: int | None = None):
+                 rdcc_nbytes: int | None = None, return_index: bool = False):
         self.reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks,
                                   rdcc_nbytes=rdcc_nbytes)
         self.options = ReadOptions(image_dtype, mask_dtype, normalize)
         self._dtypes = output_dtypes(self.reader, self.options)  # refuses unknown dtypes here, not in a worker
         self.transform, self.batch_transform = transform, batch_transform
-        self._single = len(self.reader.fields) == 1
+        self.return_index = return_index
+        self._single = len(self.reader.fields) == 1 and not return_index
 
     # ---- description -------------------------------------------------------------------------
     path = property(lambda self: self.reader.path)
@@ -126,6 +130,8 @@ class H5Dataset(Dataset):
     def __getitem__(self, i: int) -> Any:
         raw = self.reader.read_one(i)
         sample = tuple(self._value(n, np.asarray(a)[None])[0] for n, a in raw.items())  # a batch of one
+        if self.return_index:
+            sample += (torch.tensor(self.reader.row(i)),)
         sample = sample[0] if self._single else sample
         return self.transform(sample) if self.transform is not None else sample
 
@@ -145,6 +151,9 @@ class H5Dataset(Dataset):
         raw = self.reader.read(indices, out=raw_out)
         cols = tuple(outs[name] if name in raw_out else self._value(name, raw[name], outs.get(name))
                      for name in self.reader.fields)
+        if self.return_index:
+            rows = np.asarray(indices, dtype=np.int64)
+            cols += (torch.from_numpy(np.where(rows < 0, rows + len(self), rows)),)
         if self.transform is not None:
             samples = [self.transform(cols[0][k] if self._single else tuple(c[k] for c in cols)) for k in range(n)]
             stacked = collate(samples) if n else cols
