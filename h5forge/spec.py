@@ -26,23 +26,31 @@ ColumnType = Literal["str", "int", "float", "bool"]
 
 
 class Annotations(_Strict):
-    file: str | None = Field(None, description="JSON list of records, relative to source.root")
+    file: str | None = Field(None, description="JSON list, JSON Lines (.jsonl) or CSV (.csv) of records, "
+                                               "relative to source.root")
     id_key: str = Field("id", description="record key naming the sample (id or file name)")
     columns: dict[str, ColumnType] = Field(default_factory=dict)
     required: bool = Field(True, description="a sample without a record is rejected")
     index_by: list[str] = Field(default_factory=list, description="columns to build index arrays for")
+    folders: dict[str, int] = Field(default_factory=dict, description="columns taken from the folders of a "
+                                    "sample's file: -1 its folder, -2 the one above (class-folder layouts)")
 
     @model_validator(mode="after")
     def _index_columns_exist(self) -> "Annotations":
-        for col in self.index_by:
+        for col in [*self.index_by, *self.folders]:
             if col not in self.columns:
-                raise ValueError(f"index_by: column {col!r} is not declared in columns")
+                raise ValueError(f"column {col!r} is not declared in columns")
+        for col, k in self.folders.items():
+            if k >= 0:
+                raise ValueError(f"folders.{col}: {k} must be negative (-1 is the file's own folder)")
         return self
 
 
 class Source(_Strict):
     root: Path
     inbox: Path | None = Field(None, description="folder new samples are dropped into (append/watch)")
+    ids: Literal["stem", "path"] = Field("stem", description="a sample's id: its files' stem, or their path "
+                                         "below the glob's fixed folders without the suffix (class folders)")
 
 
 class Append(_Strict):

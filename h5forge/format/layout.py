@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import h5py
 import numpy as np
 
@@ -60,17 +62,18 @@ def _write_index_group(g: h5py.Group, keys: list, parts: list[np.ndarray]) -> No
 
 def write_index(f: h5py.File, split: str, column: str, values: np.ndarray) -> None:
     """CSR-style index of rows by column value."""
-    keys = _index_values(values)
-    order = sorted(range(len(keys)), key=lambda i: (str(keys[i]) if isinstance(keys[i], str) else keys[i], i))
-    uniq: list = []
-    parts: list[list[int]] = []
-    for i in order:
-        if not uniq or keys[i] != uniq[-1]:
-            uniq.append(keys[i])
-            parts.append([])
-        parts[-1].append(i)
-    _write_index_group(f.require_group(f"{INDEX}/{split}/{column}"), uniq,
-                       [np.asarray(p, dtype=np.int64) for p in parts])
+    write_index_lists(f, split, column, [[v] for v in _index_values(values)])
+
+
+def write_index_lists(f: h5py.File, split: str, name: str, values_per_row: list[list]) -> None:
+    """CSR-style index of rows by value, where a row may be listed under several values."""
+    rows_of: dict = defaultdict(list)
+    for row, values in enumerate(values_per_row):
+        for v in values:
+            rows_of[v].append(row)
+    keys = sorted(rows_of, key=lambda k: (str(k) if isinstance(k, str) else k))
+    _write_index_group(f.require_group(f"{INDEX}/{split}/{name}"), keys,
+                       [np.asarray(rows_of[k], dtype=np.int64) for k in keys])
 
 
 def merge_index(f: h5py.File, split: str, column: str, parent: h5py.Group, delta: h5py.Group,

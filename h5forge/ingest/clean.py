@@ -29,6 +29,7 @@ class CleanedBatch:
     source_sha256: list[list[str]]  # per sample, hex digest per raw file
     checksums: list[str]  # sha256 of the stored bytes of every checksummed field of the sample
     stats: dict[str, dict[str, np.ndarray]]  # dataset path -> split -> additive statistic
+    listed: dict[str, list[list]]  # indexed dataset path -> per sample, the values it is listed under
     rejections: list[Rejection]
 
     def __len__(self) -> int:
@@ -41,7 +42,9 @@ class CleanedBatch:
         return CleanedBatch(
             ids=[self.ids[i] for i in keep], splits=splits, files=[self.files[i] for i in keep], arrays=arrays,
             source_sha256=[self.source_sha256[i] for i in keep], checksums=[self.checksums[i] for i in keep],
-            stats=split_stats(kinds, arrays, splits), rejections=self.rejections + extra,
+            stats=split_stats(kinds, arrays, splits),
+            listed={path: [rows[i] for i in keep] for path, rows in self.listed.items()},
+            rejections=self.rejections + extra,
         )
 
 
@@ -103,5 +106,6 @@ def clean_batch(spec: DatasetSpec, root: str | Path, refs: list[SampleRef]) -> C
         source_sha256=[k[2] for k in kept],
         checksums=[sample_checksum([arrays[p][i] for p in summed]) for i in range(len(kept))],
         stats=split_stats(kinds, arrays, splits),
+        listed={path: kind.index_values(arrays[path]) for path, kind in kinds.items() if kind.indexed},
         rejections=rejections,
     )

@@ -6,8 +6,10 @@ and with no window in which a file could change between hashing and decoding).
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,9 +37,29 @@ class Inventory:
 _COERCE = {"str": str, "int": int, "float": float, "bool": bool}
 
 
-def _coerce(value: Any, kind: str) -> Any:
+_TRUE, _FALSE = {"true", "yes", "1"}, {"false", "no", "0"}
+
+
+def _from_text(value: str, kind: str) -> Any:
+    """A value of a text format (CSV): parsed to the column's type, or ValueError saying why."""
+    text = value.strip()
+    if text == "":
+        raise ValueError("missing")
+    if kind == "bool":
+        if text.lower() not in _TRUE | _FALSE:
+            raise ValueError(f"{value!r} is not true/false")
+        return text.lower() in _TRUE
+    try:
+        return _COERCE[kind](text)
+    except ValueError:
+        raise ValueError(f"{value!r} is not {'an integer' if kind == 'int' else 'a number'}") from None
+
+
+def _coerce(value: Any, kind: str, text: bool = False) -> Any:
     if value is None:
         raise ValueError("missing")
+    if text and kind != "str":
+        return _from_text(str(value), kind)
     if kind == "int" and (isinstance(value, bool) or (isinstance(value, float) and not value.is_integer())):
         raise ValueError(f"{value!r} is not an integer")
     if kind == "bool" and not isinstance(value, bool):
@@ -47,11 +69,32 @@ def _coerce(value: Any, kind: str) -> Any:
     return _COERCE[kind](value)
 
 
-def _glob_field(root: Path, pattern: str) -> tuple[dict[str, str], list[Rejection]]:
+_WILDCARD = re.compile(r"[*?\[]")
+
+
+def sample_id(rel: str, pattern: str, ids: str) -> str:
+    """The id a file gives its sample: its stem, or (``ids: path``) its path below the pattern's
+    fixed folders, without the suffix (``images/*/*.png`` makes ``images/cat/x.png`` ``cat/x``)."""
+    if ids == "stem":
+        return Path(rel).stem
+    fixed = 0
+    for part in pattern.split("/")[:-1]:
+        if _WILDCARD.search(part):
+            break
+        fixed += 1
+    below = Path(*Path(rel).parts[fixed:])
+    return below.with_suffix("").as_posix()
+
+
+def _glob_field(root: Path, patterns: tuple[str, ...], ids: str) -> tuple[dict[str, str], list[Rejection]]:
     by_stem: dict[str, list[str]] = defaultdict(list)
-    for p in sorted(root.glob(pattern)):
-        if p.is_file() and not p.name.startswith("."):
-            by_stem[p.stem].append(p.relative_to(root).as_posix())
+    seen: set[Path] = set()
+    for pattern in patterns:
+        for p in sorted(root.glob(pattern)):
+            if p.is_file() and not p.name.startswith(".") and p not in seen:
+                seen.add(p)
+                rel = p.relative_to(root).as_posix()
+                by_stem[sample_id(rel, pattern, ids)].append(rel)
     found, problems = {}, []
     for stem, paths in by_stem.items():
         if len(paths) > 1:
@@ -61,19 +104,43 @@ def _glob_field(root: Path, pattern: str) -> tuple[dict[str, str], list[Rejectio
     return found, problems
 
 
-def load_records(path: Path, id_key: str, missing_ok: bool = False) -> tuple[dict[str, dict], list[Rejection]]:
-    """Annotation records keyed by sample id (a file-name value is reduced to its stem)."""
-    rel = path.name
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}, [] if missing_ok else [Rejection("", (rel,), "annotation file not found")]
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        return {}, [Rejection("", (rel,), f"annotation file is not valid JSON: {err}")]
+TEXT_FORMAT = "_text"  # marks a record whose values are all text (CSV): parsed per column type
+
+
+def read_annotation_file(path: Path) -> list:
+    """The records of a JSON list, JSON Lines or CSV file (by its suffix); ValueError says what is wrong."""
+    text = path.read_text(encoding="utf-8")
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return [{**row, TEXT_FORMAT: True} for row in csv.DictReader(text.splitlines())]
+    if suffix == ".jsonl":
+        records = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"line {n} is not valid JSON: {err}") from None
+        return records
+    data = json.loads(text)
     if isinstance(data, dict) and isinstance(data.get("samples"), list):
         data = data["samples"]
     if not isinstance(data, list):
-        return {}, [Rejection("", (rel,), "annotation file must hold a JSON list of records")]
+        raise ValueError("the annotation file must hold a JSON list of records")
+    return data
+
+
+def load_records(path: Path, id_key: str, missing_ok: bool = False,
+                 ids: str = "stem") -> tuple[dict[str, dict], list[Rejection]]:
+    """Annotation records keyed by sample id (a file-name value loses its suffix, and with
+    ``ids: stem`` its folders)."""
+    rel = path.name
+    try:
+        data = read_annotation_file(path)
+    except FileNotFoundError:
+        return {}, [] if missing_ok else [Rejection("", (rel,), "annotation file not found")]
+    except (ValueError, UnicodeDecodeError, RecursionError, csv.Error) as err:
+        return {}, [Rejection("", (rel,), f"annotation file cannot be read: {err}")]
     records: dict[str, dict] = {}
     problems: list[Rejection] = []
     seen_twice: set[str] = set()
@@ -82,7 +149,9 @@ def load_records(path: Path, id_key: str, missing_ok: bool = False) -> tuple[dic
             problems.append(Rejection("", (f"{rel}[{i}]",), f"record has no {id_key!r} key"))
             continue
         raw_id = str(rec[id_key])
-        sid = Path(raw_id).stem if Path(raw_id).suffix.lower() in _IMAGE_SUFFIXES else raw_id
+        if Path(raw_id).suffix.lower() in _IMAGE_SUFFIXES:
+            raw_id = Path(raw_id).stem if ids == "stem" else raw_id[: -len(Path(raw_id).suffix)]
+        sid = raw_id
         if sid in records:
             seen_twice.add(sid)
         records[sid] = rec
@@ -92,7 +161,8 @@ def load_records(path: Path, id_key: str, missing_ok: bool = False) -> tuple[dic
     return records, problems
 
 
-_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".gif", ".webp", ".dcm", ".npy", ".csv"}
+_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".gif", ".webp", ".dcm", ".npy", ".csv",
+                   ".nii", ".gz", ".edf", ".bdf"}
 
 
 def load_sidecars(root: Path, id_key: str, skip: str | None) -> tuple[dict[str, dict], list[Rejection]]:
@@ -139,13 +209,14 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
     roots = [root, *(extra_roots or [])]
     ann = spec.annotations
     globs = {name: kind.files for name, kind in field_kinds(spec).items() if kind.files}
+    ids = spec.source.ids
     per_field: dict[str, dict[str, str]] = {name: {} for name in globs}
     records: dict[str, dict] = {}
     record_file: dict[str, str] = {}
     for r in roots:
         prefix = "" if r == root else os.path.relpath(r, root) + "/"
         for name, pattern in globs.items():
-            found, problems = _glob_field(r, pattern)
+            found, problems = _glob_field(r, pattern, ids)
             inv.rejections.extend(problems)
             for stem, rel in found.items():
                 if stem in per_field[name]:
@@ -154,7 +225,8 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
                 per_field[name][stem] = prefix + rel
         found_records: dict[str, dict] = {}
         if ann.file:
-            found_records, problems = load_records(r / ann.file, ann.id_key, missing_ok=r != root or sidecars)
+            found_records, problems = load_records(r / ann.file, ann.id_key, missing_ok=r != root or sidecars,
+                                                   ids=ids)
             inv.rejections.extend(problems)
         if sidecars:
             side, problems = load_sidecars(r, ann.id_key, ann.file)
@@ -172,7 +244,7 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
         files = {name: found[sid] for name, found in per_field.items() if sid in found}
         missing = [name for name in globs if name not in files]
         if missing:
-            where = ", ".join(f"{m} ({globs[m]})" for m in missing)
+            where = ", ".join(f"{m} ({', '.join(globs[m])})" for m in missing)
             inv.rejections.append(Rejection(sid, tuple(files.values()), f"incomplete sample: no file for {where}",
                                             waitable=True))
             continue
@@ -201,11 +273,20 @@ def _columns_for(spec: DatasetSpec, sid: str, rec: dict | None, files: dict[str,
     if rec is None:
         if ann.file and ann.required:
             return Rejection(sid, (first,), f"no annotation record in {ann.file}", waitable=True), {}
-        return None, {}
+        if not ann.folders:
+            return None, {}
+    rec = {**folder_columns(first, ann.folders), **(rec or {})}
+    text = bool(rec.get(TEXT_FORMAT))
     columns = {}
     for col, kind in ann.columns.items():
         try:
-            columns[col] = _coerce(rec.get(col), kind)
+            columns[col] = _coerce(rec.get(col), kind, text or col in ann.folders)
         except (ValueError, TypeError) as err:
-            return Rejection(sid, (f"{where}#{sid}",), f"annotation column {col!r}: {err}"), {}
+            return Rejection(sid, (f"{where}#{sid}" if where else first,), f"annotation column {col!r}: {err}"), {}
     return None, columns
+
+
+def folder_columns(rel: str, folders: dict[str, int]) -> dict[str, str]:
+    """Column values taken from the folders of a sample's file (-1: its folder, -2: the one above)."""
+    parents = Path(rel).parts[:-1]
+    return {col: parents[k] for col, k in folders.items() if -len(parents) <= k < 0}

@@ -18,10 +18,14 @@ def unit_hash(sample_id: str, seed: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
+ALIASES = {"training": "train", "validation": "val", "valid": "val", "testing": "test"}  # common folder names
+
+
 def assign_split(sample_id: str, splits: Any, columns: dict[str, Any] | None = None) -> str:
     """The split of one sample; from an annotation column when the spec names one."""
     if splits.column:
         value = (columns or {}).get(splits.column)
+        value = ALIASES.get(str(value).lower(), value)
         if value not in SPLITS:
             raise ValueError(f"split column {splits.column!r} is {value!r}; expected one of {', '.join(SPLITS)}")
         return value

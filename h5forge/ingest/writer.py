@@ -25,7 +25,7 @@ import numpy as np
 
 from h5forge import __version__
 from h5forge.format.codecs import CODECS, codec_options, ensure_filters
-from h5forge.format.layout import HEX, SMALL_ROWS, STR, small_options, write_index
+from h5forge.format.layout import HEX, SMALL_ROWS, STR, small_options, write_index, write_index_lists
 from h5forge.format.names import (CHECKSUM, FORMAT, FORMAT_VERSION, IDS, SOURCE_FILES, SOURCE_SHA256, SPEC,
                                   SPLITS, Attr, block_rows, column_path)
 from h5forge.format.summary import WriteSummary, write_diagnostics
@@ -52,6 +52,7 @@ class DatasetWriter:
         self.started = time.perf_counter()
         self._buffers: dict[str, dict[str, list[np.ndarray]]] = {s: {} for s in SPLITS}
         self._buffered = {s: 0 for s in SPLITS}
+        self._indexed = {s: {p: [] for p, k in self.kinds.items() if k.indexed} for s in SPLITS}
         self._finished = False
         self.file = h5py.File(self.path, "w")
         self._create(version, parent_version)
@@ -124,6 +125,8 @@ class DatasetWriter:
             buf = self._buffers[split]
             for path, block in (*batch.arrays.items(), *provenance.items()):
                 buf.setdefault(path, []).append(block[rows])
+            for path, listed in self._indexed[split].items():
+                listed.extend(batch.listed[path][i] for i in rows)
             self._buffered[split] += rows.size
             if self._buffered[split] >= self.write_rows:
                 self._flush(split, final=False)
@@ -162,6 +165,8 @@ class DatasetWriter:
                 kind.write_stats(g, self.stats.get(path, {}).get(split))
             for col in self.spec.annotations.index_by:
                 write_index(f, split, col, g[column_path(col)][()])
+            for path, listed in self._indexed[split].items():
+                write_index_lists(f, split, path, listed)
         summary = self._summary(timings or {})
         write_diagnostics(f, summary)
         f.flush()

@@ -27,6 +27,10 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# a field's raw files: one glob, or several (e.g. one per picture format), relative to source.root
+Globs = str | tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class Stored:
     """How a field's rows are stored in each split group."""
@@ -90,9 +94,10 @@ class FieldKind:
         return self.name
 
     @property
-    def files(self) -> str | None:
-        """The glob of its raw files (relative to the source root), or None when it has none."""
-        return getattr(self.spec, "files", None)
+    def files(self) -> tuple[str, ...]:
+        """The globs of its raw files (relative to the source root); empty when it has none."""
+        files = getattr(self.spec, "files", None)
+        return () if files is None else (files,) if isinstance(files, str) else tuple(files)
 
     @property
     def annotation_column(self) -> str | None:
@@ -143,6 +148,13 @@ class FieldKind:
 
     def read_stats(self, group: h5py.Group) -> dict[str, np.ndarray]:
         return {}
+
+    # ---- row index (``/index/<split>/<field>``: the rows under each value) -------------------
+    indexed: ClassVar[bool] = False
+
+    def index_values(self, block: np.ndarray) -> list[list]:
+        """For each stored row of ``block``, the values it is listed under (an ``indexed`` kind)."""
+        raise NotImplementedError
 
     # ---- reading ---------------------------------------------------------------------------
     def output_dtype(self, opts: ReadOptions) -> np.dtype | None:

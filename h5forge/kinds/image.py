@@ -24,7 +24,7 @@ import h5py
 import numpy as np
 from pydantic import Field, field_validator
 
-from h5forge.kinds.base import Decoded, FieldKind, ReadOptions, Stored, StrictModel, read_source
+from h5forge.kinds.base import Decoded, FieldKind, Globs, ReadOptions, Stored, StrictModel, read_source
 from h5forge.samples import Reject, SampleRef
 
 IMAGE_DTYPES = ("float32", "uint8")
@@ -34,7 +34,7 @@ class ImageField(StrictModel):
     """An RGB (or grey) picture, stored uint8 CHW at a fixed size."""
 
     kind: Literal["image"] = "image"
-    files: str = Field(description="glob relative to source.root, e.g. images/*.png")
+    files: Globs = Field(description="glob(s) relative to source.root, e.g. images/*.png")
     size: tuple[int, int] = Field(description="target (height, width)")
     channels: Literal[1, 3] = 3
     larger: Literal["crop", "shrink", "reject"] = "crop"
@@ -80,6 +80,7 @@ def open_picture(data: bytes, path: str, max_pixels: int):
             raise Reject(path, f"decompression bomb: header declares {w}x{h} = {w * h:,} pixels, "
                                f"limit is {max_pixels:,} (max_pixels)")
         img.load()
+        img = _upright(img)
     except Reject:
         raise
     except UnidentifiedImageError:
@@ -87,6 +88,14 @@ def open_picture(data: bytes, path: str, max_pixels: int):
     except (OSError, SyntaxError, ValueError, EOFError) as err:
         raise Reject(path, f"corrupt or truncated image: {err}") from None
     return img
+
+
+def _upright(img):
+    """The picture as a viewer shows it: the EXIF orientation tag (phones, cameras) applied."""
+    from PIL import ImageOps
+
+    orientation = img.getexif().get(0x0112, 1) if hasattr(img, "getexif") else 1
+    return ImageOps.exif_transpose(img) if orientation not in (0, 1) else img
 
 
 def _sixteen_to_eight(arr: np.ndarray, path: str) -> np.ndarray:

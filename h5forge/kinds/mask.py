@@ -1,8 +1,15 @@
-"""``kind: mask``: a single-channel label mask that follows an image field.
+"""``kind: mask``: a label mask that follows an image field.
 
-Values must be a subset of {0,1} or {0,255} (stored {0,1}); anything else, such as 128, rejects
-the sample, since it would otherwise become a silent NaN loss. Three equal channels are accepted.
-A mask has its image's raw size and is cropped, shrunk (nearest) and padded exactly like it.
+Binary (the default): values must be a subset of {0,1} or {0,255}, stored {0,1}; anything else,
+such as 128, rejects the sample, since it would otherwise become a silent NaN loss.
+Multi-class (``classes: K``): values 0..K-1, plus ``ignore_value`` if declared (255 by the VOC /
+Cityscapes convention), stored as they are. A palette PNG is read by its palette index; an RGB
+mask goes through ``palette`` (class -> [r, g, b]). A value or colour outside the declared ones
+rejects the sample, naming what was found.
+Three equal channels count as one. A mask has its image's raw size and is cropped, shrunk
+(nearest) and padded exactly like it (padding with ``ignore_value`` when declared, else 0).
+Statistics: pixels per class per split (the class balance loss weights need), and
+``/index/<split>/<field>`` lists the rows that contain each class.
 Readers get integers (int64 by default), shape (1, H, W).
 """
 
@@ -11,53 +18,110 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import h5py
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from h5forge.kinds.base import Decoded, FieldKind, ReadOptions, Stored, StrictModel, read_source
+from h5forge.kinds.base import Decoded, FieldKind, Globs, ReadOptions, Stored, StrictModel, read_source
 from h5forge.kinds.image import apply_geometry, open_picture
 from h5forge.samples import Reject, SampleRef
 
-OVERLAY = np.array([230, 40, 40], dtype=np.uint8)  # preview colour of the mask's pixels
+OVERLAY = np.array([[230, 40, 40], [40, 160, 230], [240, 200, 40], [60, 200, 90], [200, 80, 220],
+                    [250, 140, 40], [40, 220, 200], [150, 150, 150]], dtype=np.uint8)  # preview colours
 
 
 class MaskField(StrictModel):
-    """A single-channel label mask with values {0,1} or {0,255}, stored as {0,1}."""
+    """A label mask: binary ({0,1} or {0,255}, stored {0,1}) or with ``classes`` values 0..K-1."""
 
     kind: Literal["mask"] = "mask"
-    files: str
+    files: Globs
     like: str = Field(description="the image field whose size and geometry this mask follows")
+    classes: int | None = Field(None, ge=2, le=255, description="multi-class: values 0..classes-1")
+    ignore_value: int | None = Field(None, ge=0, le=255, description="a value that marks pixels to ignore")
+    palette: dict[int, tuple[int, int, int]] | None = Field(None, description="RGB masks: class -> [r, g, b]")
     max_pixels: int = Field(64_000_000, gt=0)
 
+    @model_validator(mode="after")
+    def _consistent(self) -> "MaskField":
+        if (self.ignore_value is not None or self.palette) and self.classes is None:
+            raise ValueError("ignore_value and palette need classes")
+        if self.classes is not None and self.ignore_value is not None and self.ignore_value < self.classes:
+            raise ValueError(f"ignore_value {self.ignore_value} is one of the classes 0..{self.classes - 1}")
+        for cls in self.palette or {}:
+            if not 0 <= cls < (self.classes or 0) and cls != self.ignore_value:
+                raise ValueError(f"palette: {cls} is not a class (0..{(self.classes or 0) - 1}) or the ignore_value")
+        if self.palette and len(set(self.palette.values())) != len(self.palette):
+            raise ValueError("palette: two classes share a colour")
+        return self
 
-def mask_values(img, path: str) -> np.ndarray:
-    """HW uint8 with values {0,1}."""
+
+def _present(arr: np.ndarray) -> np.ndarray:
+    return np.unique(arr) if arr.dtype != np.uint8 else np.flatnonzero(np.bincount(arr.ravel(), minlength=256))
+
+
+def _listed(values, limit: int = 8) -> str:
+    values = sorted(int(v) if np.ndim(v) == 0 else tuple(int(x) for x in v) for v in values)
+    return f"{values[:limit]}{'...' if len(values) > limit else ''}"
+
+
+def _single_channel(img, arr: np.ndarray, path: str) -> np.ndarray:
     mode = img.mode
-    if mode == "1":
+    if mode in ("RGBA", "LA") and (arr[..., -1] != 255).any():
+        raise Reject(path, "mask has transparency; masks must be a single opaque channel")
+    colour = arr[..., :3] if arr.shape[2] >= 3 else arr[..., :1]
+    if not (colour == colour[..., :1]).all():
+        raise Reject(path, f"mask has {colour.shape[2]} different channels ({mode}); masks must be single-channel "
+                           "(or declare a palette)")
+    return colour[..., 0]
+
+
+def binary_values(img, path: str) -> np.ndarray:
+    """HW uint8 with values {0,1}."""
+    if img.mode == "1":
         return np.asarray(img, dtype=np.uint8)
     arr = np.asarray(img)
     if arr.ndim == 3:
-        if mode in ("RGBA", "LA") and (arr[..., -1] != 255).any():
-            raise Reject(path, "mask has transparency; masks must be a single opaque channel")
-        colour = arr[..., :3] if arr.shape[2] >= 3 else arr[..., :1]
-        if not (colour == colour[..., :1]).all():
-            raise Reject(path, f"mask has {colour.shape[2]} different channels ({mode}); masks must be single-channel")
-        arr = colour[..., 0]
-    values = np.unique(arr) if arr.dtype != np.uint8 else np.flatnonzero(np.bincount(arr.ravel(), minlength=256))
-    present = set(int(v) for v in values)
+        arr = _single_channel(img, arr, path)
+    present = set(int(v) for v in _present(arr))
     if present <= {0, 1}:
         return arr.astype(np.uint8, copy=False)
     if present <= {0, 255}:
         return (arr == 255).astype(np.uint8)
-    shown = sorted(present)[:8]
-    raise Reject(path, f"mask values {shown}{'...' if len(present) > 8 else ''} not allowed: "
-                       "a mask must hold {0,1} or {0,255}")
+    raise Reject(path, f"mask values {_listed(present)} not allowed: a mask must hold {{0,1}} or {{0,255}}")
+
+
+def class_values(img, spec: MaskField, path: str) -> np.ndarray:
+    """HW uint8 class indices (and the ignore value), by palette index, palette colour or value."""
+    allowed = set(range(spec.classes)) | ({spec.ignore_value} if spec.ignore_value is not None else set())
+    if img.mode == "P":
+        arr = np.asarray(img)  # the palette index of each pixel is its class
+    elif spec.palette:
+        rgb = np.asarray(img.convert("RGB"))
+        arr = np.full(rgb.shape[:2], 256, np.uint16)
+        for cls, colour in spec.palette.items():
+            arr[(rgb == np.asarray(colour, np.uint8)).all(axis=2)] = cls
+        unknown = arr == 256
+        if unknown.any():
+            colours = np.unique(rgb[unknown].reshape(-1, 3), axis=0)
+            raise Reject(path, f"mask colours {_listed(colours)} are not in the palette")
+        return arr.astype(np.uint8)
+    else:
+        arr = np.asarray(img)
+        if arr.ndim == 3:
+            arr = _single_channel(img, arr, path)
+    present = set(int(v) for v in _present(arr))
+    if not present <= allowed:
+        raise Reject(path, f"mask values {_listed(present - allowed)} are not classes 0..{spec.classes - 1}"
+                           + (f" or the ignore value {spec.ignore_value}" if spec.ignore_value is not None else ""))
+    return arr.astype(np.uint8, copy=False)
 
 
 class MaskKind(FieldKind):
     kind = "mask"
     Spec = MaskField
-    layout_doc = "(N, 1, H, W) uint8 with values {0,1}, chunked and compressed like its image"
+    indexed = True
+    layout_doc = ("(N, 1, H, W) uint8: {0,1}, or class indices 0..K-1 (and ignore_value), chunked and compressed "
+                  "like its image; split attr <field>_class_pixels (K,); /index/<split>/<field>: rows by class present")
 
     @classmethod
     def check_spec(cls, name: str, spec: MaskField, dataset: Any) -> None:
@@ -69,21 +133,54 @@ class MaskKind(FieldKind):
     def after(self) -> tuple[str, ...]:
         return (self.spec.like,)
 
+    @property
+    def n_classes(self) -> int:
+        return self.spec.classes or 2
+
     def stored(self) -> Stored:
         return Stored((1, *self.dataset.fields[self.spec.like].size), np.uint8, bulk=True)
+
+    def dataset_attrs(self) -> dict[str, Any]:
+        attrs: dict[str, Any] = {"classes": self.n_classes}
+        if self.spec.ignore_value is not None:
+            attrs["ignore_value"] = self.spec.ignore_value
+        return attrs
 
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         rel = ref.files[self.name]
         data, digest = read_source(root, rel)
-        values = mask_values(open_picture(data, rel, self.spec.max_pixels), rel)
+        img = open_picture(data, rel, self.spec.max_pixels)
+        values = binary_values(img, rel) if self.spec.classes is None else class_values(img, self.spec, rel)
         geometry = done[self.spec.like].context
         if values.shape != geometry.raw:
             ih, iw = geometry.raw
             raise Reject(rel, f"mask is {values.shape[0]}x{values.shape[1]} (HxW) but its image "
                               f"{ref.files[self.spec.like]} is {ih}x{iw}")
-        arr = apply_geometry(values[..., None], geometry, 0, nearest=True)
+        fill = self.spec.ignore_value or 0
+        arr = apply_geometry(values[..., None], geometry, fill, nearest=True)
         return Decoded(np.ascontiguousarray(arr.transpose(2, 0, 1)), digest)
 
+    # ---- statistics: pixels per class, and which rows hold each class
+    def _attr(self) -> str:
+        return f"{self.name}_class_pixels"
+
+    def counts(self, block: np.ndarray) -> np.ndarray:
+        return np.bincount(block.ravel(), minlength=256)[:self.n_classes].astype(np.int64)
+
+    def write_stats(self, group: h5py.Group, counts: np.ndarray | None) -> None:
+        group.attrs[self._attr()] = np.zeros(self.n_classes, np.int64) if counts is None else counts
+
+    def stored_counts(self, group: h5py.Group) -> np.ndarray:
+        return np.asarray(group.attrs[self._attr()], np.int64)
+
+    def stats_attrs(self) -> tuple[str, ...]:
+        return (self._attr(),)
+
+    def index_values(self, block: np.ndarray) -> list[list[int]]:
+        flat = block.reshape(len(block), -1) if len(block) else []
+        return [[int(c) for c in np.flatnonzero(np.bincount(row, minlength=256)[:self.n_classes])] for row in flat]
+
+    # ---- reading
     def output_dtype(self, opts: ReadOptions) -> np.dtype:
         dtype = np.dtype(opts.mask_dtype)
         if dtype.kind not in "iu":
@@ -91,4 +188,7 @@ class MaskKind(FieldKind):
         return dtype
 
     def preview(self, value: Any) -> np.ndarray:
-        return np.asarray(value)[0][..., None] * OVERLAY
+        classes = np.asarray(value)[0]
+        colours = np.zeros((256, 3), np.uint8)
+        colours[1:self.n_classes] = OVERLAY[np.arange(self.n_classes - 1) % len(OVERLAY)]
+        return colours[classes]

@@ -53,8 +53,9 @@ def write_thin(path: Path, parent: Path, delta: Path, spec: DatasetSpec, number:
                 old, new = kind.stored_counts(p[split]), kind.stored_counts(d[split])
                 kind.write_stats(g, None if old is None else old + new)
             n_parent = int(p[split].attrs[Attr.COUNT])
-            for col in spec.annotations.index_by:
-                merge_index(f, split, col, p[f"{INDEX}/{split}/{col}"], d[f"{INDEX}/{split}/{col}"], n_parent)
+            indexes = [*spec.annotations.index_by, *(path for path, k in kinds.items() if k.indexed)]
+            for name in indexes:
+                merge_index(f, split, name, p[f"{INDEX}/{split}/{name}"], d[f"{INDEX}/{split}/{name}"], n_parent)
         counts = counts_of(f)
         merged = summary.with_(counts=counts, samples=sum(counts.values()), segments=len(segments))
         write_diagnostics(f, merged)

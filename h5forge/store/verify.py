@@ -180,6 +180,8 @@ def _check_structure(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind
             if st.bulk and not ds.is_virtual and ds.chunks and ds.chunks[0] != spec.storage.chunk_rows:
                 problems.append(f"/{split}/{path} has chunks {ds.chunks}, spec asks {spec.storage.chunk_rows} rows")
             problems += [f"/{split} lacks the {a} attribute" for a in kind.stats_attrs() if a not in g.attrs]
+            if kind.indexed and f"{INDEX}/{split}/{path}" not in f:
+                problems.append(f"/{INDEX}/{split}/{path} is missing")
         for key in PER_SAMPLE:
             if key not in g:
                 problems.append(f"/{split}/{key} is missing")

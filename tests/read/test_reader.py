@@ -88,7 +88,7 @@ def test_uint8_and_normalize_options(data):
     norm = H5Dataset(data["c1"], fields="images", normalize=True)
     fi = norm.info["images"]
     got = norm[0]  # one field: the tensor itself, not a tuple
-    want = (as_float(t["images"][0]) - fi.mean[:, None, None]) / fi.std[:, None, None]
+    want = (as_float(t["images"][0]) - fi.stats["mean"][:, None, None]) / fi.stats["std"][:, None, None]
     assert np.allclose(got.numpy(), want, atol=1e-5)
     with pytest.raises(ValueError, match="image_dtype"):
         H5Dataset(data["c1"], image_dtype="float16")
@@ -383,7 +383,7 @@ def test_clear_errors(data, tmp_path):
         H5Dataset(dangling)
     with pytest.raises(ReadError, match=r"dataset_v0001.h5.*no split 'training'"):
         H5Dataset(data["c1"], split="training")
-    with pytest.raises(ReadError, match=r"dataset_v0001.h5.*split 'val' has no field 'labels'"):
+    with pytest.raises(ReadError, match=r"dataset_v0001.h5.*split 'val' has no field or column 'labels'"):
         H5Dataset(data["c1"], split="val", fields=("images", "labels"))
     other = tmp_path / "plain.h5"
     with h5py.File(other, "w") as f:
