@@ -14,6 +14,7 @@ from h5forge.kinds.column import ColumnKind
 from h5forge.kinds.image import ImageKind
 from h5forge.kinds.label import LabelKind
 from h5forge.kinds.mask import MaskKind
+from h5forge.kinds.paired import PairedKind
 from h5forge.samples import SampleRef
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["REGISTRY", "Decoded", "FieldKind", "ReadOptions", "Stored", "field_kinds", "stored_kinds",
            "file_fields", "decode_sample"]
 
-REGISTRY: dict[str, type[FieldKind]] = {k.kind: k for k in (ImageKind, MaskKind, LabelKind)}
+REGISTRY: dict[str, type[FieldKind]] = {k.kind: k for k in (ImageKind, MaskKind, LabelKind, PairedKind)}
 
 
 def format_table() -> str:

@@ -142,6 +142,13 @@ class Geometry:
     crop: tuple[int, int, int, int]  # top, left, height, width taken after scaling
     pad: tuple[int, int, int, int]  # top, bottom, left, right
 
+    def times(self, k: int) -> "Geometry":
+        """The same plan for a picture ``k`` times larger (a super-resolution partner)."""
+        def mul(t):
+            return None if t is None else tuple(k * x for x in t)
+
+        return Geometry(mul(self.raw), mul(self.scaled), mul(self.crop), mul(self.pad))
+
 
 def plan_geometry(h: int, w: int, th: int, tw: int, larger: str, path: str) -> Geometry:
     raw, scaled = (h, w), None
@@ -193,8 +200,12 @@ class ImageKind(FieldKind):
     layout_doc = ("(N, C, H, W) uint8, chunks (chunk_rows, C, H, W), the spec's codec; split attrs "
                   "<field>_mean, <field>_std (per channel, of value/255), <field>_histogram (C, 256) exact counts")
 
+    @property
+    def channels(self) -> int:
+        return self.spec.channels
+
     def stored(self) -> Stored:
-        return Stored((self.spec.channels, *self.spec.size), np.uint8, bulk=True)
+        return Stored((self.channels, *self.spec.size), np.uint8, bulk=True)
 
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         f, rel = self.spec, ref.files[self.name]
@@ -212,7 +223,7 @@ class ImageKind(FieldKind):
         return np.stack([np.bincount(block[:, c].ravel(), minlength=256) for c in range(block.shape[1])])
 
     def write_stats(self, group: h5py.Group, counts: np.ndarray | None) -> None:
-        hist = np.zeros((self.spec.channels, 256), np.int64) if counts is None else np.asarray(counts, np.int64)
+        hist = np.zeros((self.channels, 256), np.int64) if counts is None else np.asarray(counts, np.int64)
         mean, std = channel_stats(hist)
         group.attrs[self._attr("mean")] = mean
         group.attrs[self._attr("std")] = std

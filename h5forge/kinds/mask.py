@@ -4,7 +4,7 @@ Binary (the default): values must be a subset of {0,1} or {0,255}, stored {0,1};
 such as 128, rejects the sample, since it would otherwise become a silent NaN loss.
 Multi-class (``classes: K``): values 0..K-1, plus ``ignore_value`` if declared (255 by the VOC /
 Cityscapes convention), stored as they are. A palette PNG is read by its palette index; an RGB
-mask goes through ``palette`` (class -> [r, g, b]). A value or colour outside the declared ones
+mask goes through ``palette`` (class -> [r, g, b]); a grey mask is read by value. A value or colour outside the declared ones
 rejects the sample, naming what was found.
 Three equal channels count as one. A mask has its image's raw size and is cropped, shrunk
 (nearest) and padded exactly like it (padding with ``ignore_value`` when declared, else 0).
@@ -95,7 +95,7 @@ def class_values(img, spec: MaskField, path: str) -> np.ndarray:
     allowed = set(range(spec.classes)) | ({spec.ignore_value} if spec.ignore_value is not None else set())
     if img.mode == "P":
         arr = np.asarray(img)  # the palette index of each pixel is its class
-    elif spec.palette:
+    elif spec.palette and img.mode in ("RGB", "RGBA"):
         rgb = np.asarray(img.convert("RGB"))
         arr = np.full(rgb.shape[:2], 256, np.uint16)
         for cls, colour in spec.palette.items():

@@ -1,0 +1,73 @@
+"""``kind: paired``: the high-resolution partner of an image field (super-resolution pairs).
+
+    fields:
+      low_res:  {kind: image, files: lr/*.png, size: [64, 64]}
+      high_res: {kind: paired, files: hr/*.png, like: low_res, scale: 4}
+
+Before any padding or cropping, each HR picture must be exactly ``scale`` times its LR partner in
+both sides; a pair that is not is rejected with both sizes. The HR picture is then shrunk, cropped
+and padded with the LR plan multiplied by ``scale``, so HR's offset is always ``scale`` times LR's
+and the pair stays aligned pixel for pixel. Stored, read and summarised like an image (it has the
+LR field's channels and fill); a reader asks for both fields and gets the pair in one lookup.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from h5forge.kinds.base import Decoded, Globs, Stored, StrictModel, read_source
+from h5forge.kinds.image import ImageKind, apply_geometry, open_picture, to_pixels
+from h5forge.samples import Reject, SampleRef
+
+
+class PairedField(StrictModel):
+    """A picture ``scale`` times larger than its partner image field."""
+
+    kind: Literal["paired"] = "paired"
+    files: Globs
+    like: str = Field(description="the image field this one is the high-resolution partner of")
+    scale: int = Field(ge=2, le=16, description="HR size = scale x LR size, checked per sample")
+    max_pixels: int = Field(64_000_000, gt=0)
+
+
+class PairedKind(ImageKind):
+    kind = "paired"
+    Spec = PairedField
+    layout_doc = ("(N, C, scale*H, scale*W) uint8, aligned with its `like` image field; statistics as an image")
+
+    @classmethod
+    def check_spec(cls, name: str, spec: PairedField, dataset: Any) -> None:
+        if getattr(dataset.fields.get(spec.like), "kind", None) != "image":
+            raise ValueError(f"fields.{name}.like: {spec.like!r} is not an image field")
+
+    @property
+    def partner(self):
+        return self.dataset.fields[self.spec.like]
+
+    @property
+    def after(self) -> tuple[str, ...]:
+        return (self.spec.like,)
+
+    @property
+    def channels(self) -> int:
+        return self.partner.channels
+
+    def stored(self) -> Stored:
+        k = self.spec.scale
+        return Stored((self.channels, k * self.partner.size[0], k * self.partner.size[1]), np.uint8, bulk=True)
+
+    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
+        rel, k = ref.files[self.name], self.spec.scale
+        data, digest = read_source(root, rel)
+        pixels = to_pixels(open_picture(data, rel, self.spec.max_pixels), rel, self.channels, self.partner.fill)
+        low = done[self.spec.like].context
+        if pixels.shape[:2] != (k * low.raw[0], k * low.raw[1]):
+            raise Reject(rel, f"HR is {pixels.shape[0]}x{pixels.shape[1]} (HxW) but its LR partner "
+                              f"{ref.files[self.spec.like]} is {low.raw[0]}x{low.raw[1]}: scale {k} needs "
+                              f"{k * low.raw[0]}x{k * low.raw[1]}")
+        arr = apply_geometry(pixels, low.times(k), self.partner.fill, nearest=False)
+        return Decoded(np.ascontiguousarray(arr.transpose(2, 0, 1)), digest)

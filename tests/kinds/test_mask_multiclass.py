@@ -1,0 +1,107 @@
+"""Multi-class masks from real photographs (multi-Otsu classes of scikit-image's images): values,
+palette indices and palette colours become class indices; anything undeclared is rejected with
+the values found; class pixel counts and the per-class row index are stored per split."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+from PIL import Image
+from skimage import data, filters
+
+from h5forge.format.layout import decode_str, index_rows
+
+PHOTOS = ("camera", "coins", "moon", "page", "text", "clock")
+
+
+def classes_of(grey: np.ndarray) -> np.ndarray:
+    return np.digitize(grey, filters.threshold_multiotsu(grey, classes=3)).astype(np.uint8)
+
+
+@pytest.fixture
+def raw(tmp_path):
+    root = tmp_path / "raw"
+    (root / "images").mkdir(parents=True)
+    (root / "masks").mkdir()
+    for name in PHOTOS:
+        grey = getattr(data, name)()
+        Image.fromarray(grey).save(root / "images" / f"{name}.png")
+        Image.fromarray(classes_of(grey)).save(root / "masks" / f"{name}.png")
+    return root
+
+
+def spec_data(root, out, **mask):
+    return {"name": "otsu", "source": {"root": str(root)}, "output": {"dir": str(out)},
+            "splits": {"ratios": {"train": 1.0}},
+            "fields": {"images": {"kind": "image", "files": "images/*.png", "size": [256, 256]},
+                       "masks": {"kind": "mask", "files": "masks/*.png", "like": "images", "classes": 3, **mask}}}
+
+
+def test_class_masks_are_stored_with_pixel_counts_and_a_class_index(raw, tmp_path, build_spec):
+    bad = np.asarray(Image.open(raw / "masks" / "clock.png")).copy()
+    bad[0, :5] = 7
+    Image.fromarray(bad).save(raw / "masks" / "clock.png")
+    path, summary = build_spec(spec_data(raw, tmp_path / "out"))
+    [rejection] = summary.rejections
+    assert rejection.sample_id == "clock" and "[7] are not classes 0..2" in rejection.reason
+    with h5py.File(path, "r") as f:
+        g = f["train"]
+        masks = g["masks"][()]
+        assert set(np.unique(masks)) <= {0, 1, 2} and g["masks"].attrs["classes"] == 3
+        assert list(g.attrs["masks_class_pixels"]) == list(np.bincount(masks.ravel(), minlength=3))
+        for cls in range(3):
+            assert index_rows(f, "train", "masks", cls).tolist() == [
+                r for r in range(len(masks)) if (masks[r] == cls).any()]
+        for row, sid in enumerate(decode_str(g["ids"][()])):
+            full = classes_of(getattr(data, sid)())
+            h, w = full.shape
+            top, left = max(0, (h - 256) // 2), max(0, (w - 256) // 2)
+            crop = full[top:top + 256, left:left + 256]
+            pt, pl = (256 - crop.shape[0]) // 2, (256 - crop.shape[1]) // 2
+            assert np.array_equal(masks[row, 0, pt:pt + crop.shape[0], pl:pl + crop.shape[1]], crop), sid
+
+
+def test_palette_png_masks_are_read_by_index_and_rgb_masks_by_colour(raw, tmp_path, build_spec):
+    colours = {0: (0, 0, 0), 1: (255, 0, 0), 2: (0, 0, 255)}
+    for name in PHOTOS[:3]:
+        cls = classes_of(getattr(data, name)())
+        pal = Image.fromarray(cls, "P")
+        pal.putpalette([c for rgb in colours.values() for c in rgb])  # drawn colours differ from the index
+        pal.save(raw / "masks" / f"{name}.png")
+    rgb = np.zeros((*classes_of(data.page()).shape, 3), np.uint8)
+    for cls, colour in colours.items():
+        rgb[classes_of(data.page()) == cls] = colour
+    Image.fromarray(rgb).save(raw / "masks" / "page.png")
+    rgb[0, 0] = (9, 9, 9)
+    Image.fromarray(rgb).save(raw / "masks" / "text.png")  # a colour outside the palette
+    path, summary = build_spec(spec_data(raw, tmp_path / "out", palette={k: list(v) for k, v in colours.items()}))
+    assert [(r.sample_id, "(9, 9, 9)" in r.reason) for r in summary.rejections] == [("text", True)]
+    with h5py.File(path, "r") as f:
+        ids = decode_str(f["train"]["ids"][()])
+        for name in ("camera", "page"):
+            stored = f["train"]["masks"][ids.index(name), 0]
+            assert set(np.unique(stored)) == {0, 1, 2}
+
+
+def test_ignore_value_is_kept_and_pads(raw, tmp_path, build_spec):
+    cls = classes_of(data.page())  # 191 x 384: padded to 256 rows, columns 64..320 kept
+    cls[:, 100:110] = 255
+    Image.fromarray(cls).save(raw / "masks" / "page.png")
+    path, summary = build_spec(spec_data(raw, tmp_path / "out", ignore_value=255))
+    assert summary.rejections == ()
+    with h5py.File(path, "r") as f:
+        g = f["train"]
+        page = g["masks"][decode_str(g["ids"][()]).index("page"), 0]
+        assert (page[:32] == 255).all() and (page[223:] == 255).all()  # padded with the ignore value
+        assert (page[32:223, 36:46] == 255).all() and set(np.unique(page[32:223, 46:])) <= {0, 1, 2}
+        assert g["masks"].attrs["ignore_value"] == 255
+
+
+def test_multiclass_spec_errors():
+    from h5forge.kinds.mask import MaskField
+
+    with pytest.raises(ValueError, match="ignore_value 1 is one of the classes"):
+        MaskField(files="m/*.png", like="images", classes=3, ignore_value=1)
+    with pytest.raises(ValueError, match="need classes"):
+        MaskField(files="m/*.png", like="images", ignore_value=255)
