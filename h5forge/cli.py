@@ -43,19 +43,24 @@ def _reported() -> Iterator[None]:
 
 
 @app.command()
-def init(raw: Path = typer.Argument(..., help="raw folder (images/, masks/, annotations.json)"),
+def init(raw: Path = typer.Argument(..., help="raw folder: images/ (+ masks/), <class>/*.jpg or "
+                                              "<split>/<class>/*.jpg, or lr/ + hr/; annotations beside them "
+                                              "(*.json, *.jsonl, *.csv)"),
          out_path: Path = typer.Option(..., "--out", help="where to write the spec YAML"),
          force: bool = typer.Option(False, help="overwrite an existing spec")) -> None:
-    """Write a spec inferred from a raw folder, with comments."""
+    """Write a spec inferred from a raw folder, with comments; print what could not be inferred."""
     from h5forge.ingest.infer import infer_spec
 
     if out_path.exists() and not force:
         _fail(f"{out_path} exists; pass --force to overwrite it")
     with _reported():
-        text = infer_spec(raw, out_path)
+        inferred = infer_spec(raw, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(text)
-    out.print(f"wrote {out_path}; review it, then run: h5forge build {out_path}")
+    out_path.write_text(inferred.text)
+    for note in inferred.notes:
+        out.print(f"note: {note}", highlight=False, markup=False)
+    out.print(f"wrote {out_path} ({inferred.layout} layout); review it, then run: h5forge build {out_path}",
+              highlight=False, markup=False)
 
 
 @app.command()
@@ -284,18 +289,30 @@ def rollback(folder: Path = typer.Argument(..., help="output folder of a dataset
 
 @app.command("demo-data")
 def demo_data(folder: Path = typer.Argument(Path("data/raw/demo")),
-              n: int = typer.Option(600, help="good samples to generate"),
+              kind: str = typer.Option("cells", help="cells (micrographs + binary masks + annotations.json) | "
+                                                     "classify (class folders, mixed formats) | segment-multiclass "
+                                                     "(3-class masks + annotations.csv) | sr (lr/ + hr/ pairs)"),
+              n: Optional[int] = typer.Option(None, help="good samples to generate (default: 600 cells, "
+                                                         "240 classify, 120 segment-multiclass, 100 sr)"),
               seed: int = typer.Option(0),
               bad: bool = typer.Option(True, help="also write the usual defects of real collections"),
-              prefix: str = typer.Option("cell_", help="sample id prefix (another one makes new samples)")) -> None:
-    """Generate a realistic raw folder (cell micrographs, masks, annotations, defects)."""
-    from h5forge.ingest.demo import generate
+              prefix: Optional[str] = typer.Option(None, help="sample id prefix (another one makes new samples); "
+                                                              "default cell_ for cells")) -> None:
+    """Generate a realistic raw folder of one kind, with the defects real collections have."""
+    from h5forge.ingest.demo import KINDS
 
-    if (folder / "annotations.json").exists():
+    if kind not in KINDS:
+        _fail(f"--kind {kind!r} is not a demo kind; choose one of {', '.join(KINDS)}")
+    generate, default_n = KINDS[kind]
+    n = default_n if n is None else n
+    if kind == "cells" and (folder / "annotations.json").exists() or (
+            kind != "cells" and folder.is_dir() and any(folder.iterdir())):
         out.print(f"{folder} already holds demo data; keeping it")
         return
-    defects = generate(folder, n=n, seed=seed, bad=bad, prefix=prefix)
-    out.print(f"wrote {n} samples and {len(defects)} defective inputs to {folder}")
+    options = {} if prefix is None else {"prefix": prefix}
+    defects = generate(folder, n=n, seed=seed, bad=bad, **options)
+    what = "samples" if kind == "cells" else f"{kind} samples"
+    out.print(f"wrote {n} {what} and {len(defects)} defective inputs to {folder}")
 
 
 def main() -> None:  # pragma: no cover - console entry

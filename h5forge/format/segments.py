@@ -44,14 +44,24 @@ def virtual_sources(f: h5py.File) -> set[str]:
     return sources
 
 
-def map_virtual(g: h5py.Group, key: str, like: h5py.Dataset, segments: list[dict], split: str) -> None:
-    """``g[key]``: the rows of every segment's ``<split>/<key>``, in segment order."""
-    tail = like.shape[1:]
-    total = sum(seg["counts"][split] for seg in segments)
-    layout = h5py.VirtualLayout(shape=(total, *tail), dtype=like.dtype)
-    offset = 0
+def segment_lengths(folder: Path, segments: list[dict], split: str, key: str) -> list[int]:
+    """How long ``<split>/<key>`` is in each segment file (the elements of a ragged field)."""
+    out = []
     for seg in segments:
-        n = seg["counts"][split]
+        with h5py.File(folder / seg["file"], "r") as f:
+            out.append(int(f[split][key].shape[0]))
+    return out
+
+
+def map_virtual(g: h5py.Group, key: str, like: h5py.Dataset, segments: list[dict], split: str,
+                lengths: list[int] | None = None) -> None:
+    """``g[key]``: the rows of every segment's ``<split>/<key>``, in segment order (``lengths``: each
+    segment's length of it, when that is not its row count)."""
+    tail = like.shape[1:]
+    sizes = lengths if lengths is not None else [seg["counts"][split] for seg in segments]
+    layout = h5py.VirtualLayout(shape=(sum(sizes), *tail), dtype=like.dtype)
+    offset = 0
+    for seg, n in zip(segments, sizes):
         if n:
             layout[offset:offset + n] = h5py.VirtualSource(seg["file"], f"{split}/{key}", shape=(n, *tail),
                                                            dtype=like.dtype)

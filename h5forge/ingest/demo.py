@@ -1,14 +1,25 @@
-"""A realistic demo raw folder: stained-cell micrographs, masks, annotations, and bad inputs.
+"""Realistic demo raw folders, one per layout h5forge reads, each with the defects real ones have.
 
-Layout written (the common one h5forge reads):
+``cells`` (the default, ``generate``): stained-cell micrographs, binary masks, annotations
     ROOT/images/<id>.png  ROOT/masks/<id>.png  ROOT/annotations.json
-Images vary in size (150-260 px by default) and in PNG mode (RGB, RGBA, palette, grey, 16-bit grey);
-with ``bad=True`` the folder also holds the usual defects of real collections, each of which the
-build must quarantine with a reason while every good sample lands.
+Images vary in size (150-260 px by default) and in PNG mode (RGB, RGBA, palette, grey, 16-bit grey).
+``classify`` (``generate_classify``): a class-folder tree ROOT/<class>/<nnnn>.<ext> (optionally
+    ROOT/<split>/<class>/...) of four visually distinct classes, in mixed formats (PNG, JPEG as
+    .jpg/.jpeg/.JPG, WebP, BMP), some JPEGs stored rotated with an EXIF orientation tag.
+``segment-multiclass`` (``generate_segment_multiclass``): ROOT/images/ + ROOT/masks/ with class
+    masks (0 background, 1 cytoplasm, 2 nucleus, 255 an uncertain rim in some), one palette PNG
+    mask, and ROOT/annotations.csv.
+``sr`` (``generate_sr``): ROOT/hr/<id>.png and ROOT/lr/<id>.png made from it by ``Image.resize``
+    at scale 4.
+With ``bad=True`` each folder also holds defects, each of which the build must quarantine with a
+reason while every good sample lands. Every generator is seeded (same arguments, same bytes) and
+returns {path: what is wrong} for the defects it wrote.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import struct
 import zlib
@@ -16,7 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw
 
 LABELS = ("healthy", "infected", "dividing")
 STAINS = ("H&E", "DAPI", "GFP")
@@ -172,3 +183,236 @@ def generate(root: str | Path, n: int = 600, seed: int = 0, bad: bool = True,
     defects = _add_bad_inputs(root, np.random.default_rng(seed), records) if bad else {}
     (root / "annotations.json").write_text(json.dumps(records, indent=1))
     return defects
+
+
+# ---- classify: a class-folder tree ------------------------------------------------------------
+
+CLASSIFY_CLASSES = ("circles", "squares", "stripes", "triangles")
+_FORMATS = (".jpg", ".png", ".jpg", ".jpeg", ".webp", ".JPG", ".png", ".bmp")
+_SPLIT_FOLDERS = (("train", 0.7), ("val", 0.15), ("test", 0.15))
+
+
+def _contrast(rng: np.random.Generator, background: np.ndarray) -> tuple[int, int, int]:
+    """A colour far from the background's mean, so the shapes always show."""
+    base = np.where(background.reshape(-1, 3).mean(axis=0) > 128, 40, 215)
+    return tuple(int(v) for v in np.clip(base + rng.integers(-35, 36, 3), 0, 255))
+
+
+def _shape_picture(rng: np.random.Generator, cls: str, h: int, w: int) -> Image.Image:
+    """A textured background with the class's shapes: discs, squares, stripes or triangles."""
+    c0, c1 = rng.integers(30, 226, 3), rng.integers(30, 226, 3)
+    angle = rng.uniform(0, np.pi)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    t = ((xx * np.cos(angle) + yy * np.sin(angle)) / (w + h) + 0.5).clip(0, 1)[..., None]
+    background = c0 * (1 - t) + c1 * t
+    img = Image.fromarray(background.astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    colour = _contrast(rng, background)
+    side = min(h, w)
+    if cls == "circles":
+        for _ in range(int(rng.integers(2, 6))):
+            r = rng.uniform(0.08, 0.2) * side
+            cx, cy = rng.uniform(r, w - r), rng.uniform(r, h - r)
+            draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour)
+    elif cls == "squares":
+        for _ in range(int(rng.integers(2, 5))):
+            r = rng.uniform(0.08, 0.2) * side
+            cx, cy, a = rng.uniform(r, w - r), rng.uniform(r, h - r), rng.uniform(0, np.pi / 2)
+            corners = [(cx + r * np.cos(a + k * np.pi / 2), cy + r * np.sin(a + k * np.pi / 2)) for k in range(4)]
+            draw.polygon(corners, fill=colour)
+    elif cls == "triangles":
+        for _ in range(int(rng.integers(2, 5))):
+            r = rng.uniform(0.1, 0.22) * side
+            cx, cy, a = rng.uniform(r, w - r), rng.uniform(r, h - r), rng.uniform(0, 2 * np.pi)
+            corners = [(cx + r * np.cos(a + k * 2 * np.pi / 3), cy + r * np.sin(a + k * 2 * np.pi / 3))
+                       for k in range(3)]
+            draw.polygon(corners, fill=colour)
+    else:  # stripes
+        a, period = rng.uniform(0, np.pi), rng.uniform(0.12, 0.25) * side
+        phase = (xx * np.cos(a) + yy * np.sin(a)) / period
+        stripes = (phase - np.floor(phase)) < 0.45
+        arr = np.asarray(img).copy()
+        arr[stripes] = colour
+        img = Image.fromarray(arr)
+    arr = np.asarray(img).astype(np.float32) + rng.normal(0, 7, (h, w, 3))  # sensor noise
+    return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+
+
+def _save_picture(img: Image.Image, path: Path, rotate_exif: bool = False) -> None:
+    """Save by suffix; ``rotate_exif`` stores the pixels turned with an EXIF orientation 6 tag, as a
+    phone does (a viewer, and h5forge, show it upright)."""
+    fmt = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".webp": "WEBP", ".bmp": "BMP"}[path.suffix.lower()]
+    if rotate_exif and fmt == "JPEG":
+        exif = Image.Exif()
+        exif[0x0112] = 6  # "rotate 90 degrees clockwise to view"
+        img.transpose(Image.Transpose.ROTATE_90).save(path, fmt, quality=90, exif=exif.tobytes())
+    elif fmt == "JPEG":
+        img.save(path, fmt, quality=90)
+    elif fmt == "WEBP":
+        img.save(path, fmt, quality=90)
+    else:
+        img.save(path, fmt)
+
+
+def generate_classify(root: str | Path, n: int = 240, seed: int = 0, bad: bool = True, prefix: str = "",
+                      split_folders: bool = False, size_range: tuple[int, int] = (72, 144)) -> dict[str, str]:
+    """``n`` good pictures in ROOT/<class>/ (or ROOT/<split>/<class>/), classes taking turns, plus
+    (``bad``) a truncated JPEG and a zero-byte PNG. Each class numbers its files from 0, so the same
+    file name appears in every class (class-folder ids are paths, so they do not collide)."""
+    root = Path(root)
+    per_class = dict.fromkeys(CLASSIFY_CLASSES, 0)
+    for i in range(n):
+        rng = np.random.default_rng([seed, i])
+        cls = CLASSIFY_CLASSES[i % len(CLASSIFY_CLASSES)]
+        h, w = (int(v) for v in rng.integers(size_range[0], size_range[1] + 1, 2))
+        folder = root / cls
+        if split_folders:
+            split = _SPLIT_FOLDERS[int(np.searchsorted(np.cumsum([r for _, r in _SPLIT_FOLDERS]), rng.random()))][0]
+            folder = root / split / cls
+        folder.mkdir(parents=True, exist_ok=True)
+        ext = _FORMATS[(i // len(CLASSIFY_CLASSES)) % len(_FORMATS)]
+        picture = _shape_picture(rng, cls, h, w)
+        if i % 23 == 7:
+            picture = picture.convert("L")  # a grey one
+        _save_picture(picture, folder / f"{prefix}{per_class[cls]:04d}{ext}", rotate_exif=i % 9 == 4)
+        per_class[cls] += 1
+    defects: dict[str, str] = {}
+    if bad:
+        rng = np.random.default_rng([seed, 1_000_003])
+        where = "train/" if split_folders else ""
+        first, second = (root / where / c for c in CLASSIFY_CLASSES[:2])
+        first.mkdir(parents=True, exist_ok=True)
+        second.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        _shape_picture(rng, CLASSIFY_CLASSES[0], 120, 120).save(buf, "JPEG", quality=90)
+        (first / f"{prefix}bad_truncated.jpg").write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+        defects[f"{where}{CLASSIFY_CLASSES[0]}/{prefix}bad_truncated.jpg"] = "truncated JPEG"
+        (second / f"{prefix}bad_empty.png").write_bytes(b"")
+        defects[f"{where}{CLASSIFY_CLASSES[1]}/{prefix}bad_empty.png"] = "zero-byte file"
+    return defects
+
+
+# ---- segment-multiclass: images/ + class masks/ + annotations.csv -----------------------------
+
+SEGMENT_CLASSES = ("background", "cytoplasm", "nucleus")
+_MASK_PALETTE = [0, 0, 0, 230, 40, 40, 40, 160, 230] + [0, 0, 0] * 253
+
+
+def _cell_scene(rng: np.random.Generator, h: int, w: int, uncertain: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """A stained-cell picture and its class mask (1 cytoplasm, 2 nucleus, 255 an uncertain rim)."""
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    base = 205 + 20 * np.sin(xx / w * np.pi + rng.uniform(0, 3)) * np.cos(yy / h * np.pi)
+    img = np.stack([base * 0.97, base * 0.9, base], axis=-1)
+    mask = np.zeros((h, w), np.uint8)
+    n_cells = int(rng.integers(2, 7))
+    for _ in range(n_cells):
+        cy, cx = rng.uniform(0.15, 0.85) * h, rng.uniform(0.15, 0.85) * w
+        ry, rx = rng.uniform(10, 22), rng.uniform(10, 22)
+        theta = rng.uniform(0, np.pi)
+        dy, dx = yy - cy, xx - cx
+        u = (dx * np.cos(theta) + dy * np.sin(theta)) / rx
+        v = (-dx * np.sin(theta) + dy * np.cos(theta)) / ry
+        r2 = u * u + v * v
+        cytoplasm, nucleus = r2 <= 1.0, r2 <= 0.22
+        img[cytoplasm] = [215, 130, 175] + rng.normal(0, 6, (int(cytoplasm.sum()), 3))
+        img[nucleus] = [95, 45, 140] + rng.normal(0, 6, (int(nucleus.sum()), 3))
+        mask[cytoplasm] = 1
+        mask[nucleus] = 2
+        if uncertain:
+            mask[(r2 > 0.85) & cytoplasm] = 255  # the annotator was unsure of the edge
+    img += rng.normal(0, 5, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8), mask, n_cells
+
+
+def generate_segment_multiclass(root: str | Path, n: int = 120, seed: int = 0, bad: bool = True,
+                                prefix: str = "scan_", size_range: tuple[int, int] = (96, 160)) -> dict[str, str]:
+    """``n`` good images/ + masks/ pairs with 3-class masks (every 4th with an ignore rim of 255,
+    the 4th one a palette PNG), annotations.csv, and (``bad``) a mask holding the undeclared value 7."""
+    root = Path(root)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    (root / "masks").mkdir(parents=True, exist_ok=True)
+    rows = []
+
+    def write(sid: str, rng: np.random.Generator, i: int) -> np.ndarray:
+        h, w = (int(v) for v in rng.integers(size_range[0], size_range[1] + 1, 2))
+        rgb, mask, n_cells = _cell_scene(rng, h, w, uncertain=i % 4 == 1)
+        ext = ".jpg" if i % 5 == 2 else ".png"
+        _save_picture(Image.fromarray(rgb), root / "images" / f"{sid}{ext}")
+        rows.append({"file": f"{sid}{ext}", "stain": ("H&E", "DAPI", "GFP")[i % 3], "num_cells": n_cells,
+                     "focus": f"{rng.uniform(0.2, 1.0):.3f}", "reviewed": "true" if i % 3 else "false"})
+        return mask
+
+    for i in range(n):
+        sid = f"{prefix}{i:04d}"
+        mask = write(sid, np.random.default_rng([seed, i]), i)
+        if i == 3:  # a palette PNG: the palette index is the class
+            pal = Image.frombytes("P", (mask.shape[1], mask.shape[0]), np.minimum(mask, 2).tobytes())
+            pal.putpalette(_MASK_PALETTE)
+            pal.save(root / "masks" / f"{sid}.png")
+        else:
+            Image.fromarray(mask).save(root / "masks" / f"{sid}.png")
+    defects: dict[str, str] = {}
+    if bad:
+        sid = f"{prefix}bad_value"
+        mask = write(sid, np.random.default_rng([seed, 1_000_003]), 0)
+        mask[5:15, 5:15] = 7  # a label the dataset does not declare
+        Image.fromarray(mask).save(root / "masks" / f"{sid}.png")
+        defects[f"masks/{sid}.png"] = "mask value 7 is not a class"
+    with open(root / "annotations.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return defects
+
+
+# ---- sr: lr/ + hr/ super-resolution pairs -----------------------------------------------------
+
+def _texture(rng: np.random.Generator, h: int, w: int) -> Image.Image:
+    """A picture with detail at every scale: gratings, sharp-edged shapes, fine noise."""
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    arr = np.full((h, w, 3), 128, np.float32)
+    for _ in range(4):
+        f, a = rng.uniform(0.02, 0.35), rng.uniform(0, np.pi)
+        arr += rng.uniform(10, 35, 3) * np.sin(f * (xx * np.cos(a) + yy * np.sin(a)) + rng.uniform(0, 6))[..., None]
+    img = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(3, 8))):
+        x0, y0 = rng.uniform(0, w), rng.uniform(0, h)
+        x1, y1 = x0 + rng.uniform(8, w / 2), y0 + rng.uniform(8, h / 2)
+        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)([x0, y0, x1, y1], fill=colour)
+    noisy = np.asarray(img).astype(np.float32) + rng.normal(0, 4, (h, w, 3))
+    return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
+
+
+def generate_sr(root: str | Path, n: int = 100, seed: int = 0, bad: bool = True, prefix: str = "",
+                scale: int = 4, lr_range: tuple[int, int] = (24, 48)) -> dict[str, str]:
+    """``n`` pairs hr/<id>.png and lr/<id>.png (the HR picture shrunk ``scale`` times with bicubic
+    ``Image.resize``), plus (``bad``) a pair made at scale 3."""
+    root = Path(root)
+    (root / "lr").mkdir(parents=True, exist_ok=True)
+    (root / "hr").mkdir(parents=True, exist_ok=True)
+
+    def pair(sid: str, rng: np.random.Generator, k: int) -> None:
+        lh, lw = (int(v) for v in rng.integers(lr_range[0], lr_range[1] + 1, 2))
+        hr = _texture(rng, lh * scale, lw * scale)
+        hr.save(root / "hr" / f"{sid}.png")
+        hr.resize((hr.width // k, hr.height // k), Image.Resampling.BICUBIC).save(root / "lr" / f"{sid}.png")
+
+    for i in range(n):
+        pair(f"{prefix}{i:04d}", np.random.default_rng([seed, i]), scale)
+    defects: dict[str, str] = {}
+    if bad:
+        sid = f"{prefix}bad_scale"
+        pair(sid, np.random.default_rng([seed, 1_000_003]), 3)
+        defects[f"hr/{sid}.png"] = "HR is 3x its LR partner, not 4x"
+    return defects
+
+
+# the demo folders ``h5forge demo-data --kind`` writes: generator and default sample count
+KINDS = {
+    "cells": (generate, 600),
+    "classify": (generate_classify, 240),
+    "segment-multiclass": (generate_segment_multiclass, 120),
+    "sr": (generate_sr, 100),
+}

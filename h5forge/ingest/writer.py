@@ -24,6 +24,8 @@ import h5py
 import numpy as np
 
 from h5forge import __version__
+from h5forge.format import arrays
+from h5forge.format.arrays import Ragged
 from h5forge.format.codecs import CODECS, codec_options, ensure_filters
 from h5forge.format.layout import HEX, SMALL_ROWS, STR, small_options, write_index, write_index_lists
 from h5forge.format.names import (CHECKSUM, FORMAT, FORMAT_VERSION, IDS, SOURCE_FILES, SOURCE_SHA256, SPEC,
@@ -99,9 +101,7 @@ class DatasetWriter:
             g.attrs[Attr.FIELDS] = self.fields
             for path, kind in self.kinds.items():
                 st = kind.stored()
-                opts = {"chunks": (chunk, *st.shape), **bulk} if st.bulk else \
-                    {"chunks": (SMALL_ROWS, *st.shape), **small_options(st.dtype)}
-                ds = g.create_dataset(path, shape=(0, *st.shape), maxshape=(None, *st.shape), dtype=st.dtype, **opts)
+                ds = arrays.create(g, path, st, st.chunk(chunk, SMALL_ROWS), bulk if st.bulk else small_options(st.dtype))
                 ds.attrs.update({Attr.KIND: kind.kind, **kind.dataset_attrs()})
             for key, (shape, dtype) in self._provenance().items():
                 g.create_dataset(key, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
@@ -139,15 +139,15 @@ class DatasetWriter:
         if take == 0:
             return
         g = self.file[split]
-        start, stop = self.counts[split], self.counts[split] + take
         buf = self._buffers[split]
         for path, blocks in buf.items():
-            data = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
-            dset = g[path]
-            dset.resize(stop, axis=0)
-            dset[start:stop] = data[:take]
+            if len(blocks) == 1:
+                data = blocks[0]
+            else:
+                data = Ragged.concat(blocks) if isinstance(blocks[0], Ragged) else np.concatenate(blocks)
+            arrays.extend(g, path, data[:take])
             buf[path] = [data[take:]] if take < n else []
-        self.counts[split] = stop
+        self.counts[split] += take
         self._buffered[split] = n - take
 
     def add_rejections(self, rejections: list[Rejection]) -> None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from h5forge.kinds.base import Decoded, FieldKind, ReadOptions, Stored
+from h5forge.format.arrays import Stored
+from h5forge.kinds.base import Decoded, FieldKind, ReadOptions
 from h5forge.kinds.column import ColumnKind
 from h5forge.kinds.image import ImageKind
 from h5forge.kinds.label import LabelKind
 from h5forge.kinds.mask import MaskKind
 from h5forge.kinds.paired import PairedKind
+from h5forge.kinds.signal import SignalKind
 from h5forge.samples import SampleRef
 
 if TYPE_CHECKING:
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["REGISTRY", "Decoded", "FieldKind", "ReadOptions", "Stored", "field_kinds", "stored_kinds",
            "file_fields", "decode_sample"]
 
-REGISTRY: dict[str, type[FieldKind]] = {k.kind: k for k in (ImageKind, MaskKind, LabelKind, PairedKind)}
+REGISTRY: dict[str, type[FieldKind]] = {k.kind: k for k in (ImageKind, MaskKind, LabelKind, PairedKind, SignalKind)}
 
 
 def format_table() -> str:

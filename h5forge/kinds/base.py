@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from h5forge.format.arrays import Ragged, Stored
 from h5forge.samples import Reject, SampleRef
 
 if TYPE_CHECKING:
@@ -29,15 +30,6 @@ class StrictModel(BaseModel):
 
 # a field's raw files: one glob, or several (e.g. one per picture format), relative to source.root
 Globs = str | tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Stored:
-    """How a field's rows are stored in each split group."""
-
-    shape: tuple[int, ...]  # one sample's shape
-    dtype: Any  # numpy dtype, or an h5py string dtype
-    bulk: bool  # True: sample arrays (the spec's codec, chunk_rows per chunk); False: a small column
 
 
 @dataclass(frozen=True)
@@ -117,9 +109,11 @@ class FieldKind:
         """Attributes of the field's dataset besides its kind."""
         return {}
 
-    def stack(self, values: list[Any]) -> np.ndarray:
-        """One block of stored rows from per-sample values."""
+    def stack(self, values: list[Any]) -> Any:
+        """One block of stored rows from per-sample values (a Ragged for a ragged field)."""
         st = self.stored()
+        if st.ragged:
+            return Ragged.of(values, st.shape, st.dtype)
         if h5py.check_string_dtype(np.dtype(st.dtype)):
             return np.asarray(values, dtype=object)
         if not values:

@@ -24,8 +24,8 @@ import numpy as np
 
 from h5forge.errors import ReadError
 from h5forge.kinds import ReadOptions
-from h5forge.read.reader import (DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SplitReader, model_batch, model_values,
-                                 output_dtypes)
+from h5forge.read.reader import (DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SplitReader, model_batch, output_dtypes,
+                                 sample_value)
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["Source", "batches", "ReadError"]
@@ -52,7 +52,7 @@ class Source:
         raw = self.reader.read_one(int(record_key))
         out = {}
         for name, a in raw.items():
-            v = model_values(self.reader.fields[name], np.asarray(a)[None], self.options, self._dtypes[name])[0]
+            v = sample_value(self.reader.fields[name], a, self.options, self._dtypes[name])
             out[name] = np.ascontiguousarray(np.moveaxis(v, 0, -1)) if self.channels_last and np.ndim(v) > 1 else v
         if self.return_index:
             out[INDEX_FIELD] = np.int64(self.reader.row(record_key))

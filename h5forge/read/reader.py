@@ -28,11 +28,13 @@ import h5py
 import numpy as np
 
 from h5forge.errors import ReadError
+from h5forge.format import arrays
 from h5forge.format.codecs import ensure_filters
 from h5forge.format.layout import decode_str
 from h5forge.format.names import DIAGNOSTICS, FORMAT, FORMAT_VERSION, IDS, INDEX, META, SPEC, Attr, column_path
 from h5forge.format.segments import virtual_sources
 from h5forge.kinds import FieldKind, ReadOptions, stored_kinds
+from h5forge.read.collate import Padded, pad_batch
 from h5forge.spec import spec_from_json
 
 DEFAULT_CACHE_CHUNKS = 8  # chunks per field kept decompressed (covers the sampler's default window)
@@ -54,6 +56,11 @@ class FieldInfo:
     def bulk(self) -> bool:
         """Sample arrays, read chunk by chunk; otherwise a small column, read whole and kept."""
         return self.kind.stored().bulk
+
+    @property
+    def ragged(self) -> bool:
+        """Rows of different lengths: read as a list of arrays, batched as padded values + lengths."""
+        return self.kind.stored().ragged
 
 
 def _open(path: str, locking: bool | None, **kwargs) -> h5py.File:
@@ -145,12 +152,13 @@ class SplitReader:
             fields = (fields,)
         with _open(real, locking) as f:
             self._read_layout(f, fields)
-        chunk_max = max(fi.chunk_nbytes for fi in self.fields.values() if fi.bulk) if self._bulk else 4096
+        chunk_max = max([fi.chunk_nbytes for fi in self.fields.values() if fi.bulk] or [4096])
         self.rdcc_nbytes = int(rdcc_nbytes) if rdcc_nbytes is not None else max(1 << 20, max(1, cache_chunks) * chunk_max + 4096)
         self.rdcc_nslots = _next_prime(max(521, 100 * max(1, self.rdcc_nbytes // max(1, chunk_max))))
         self._file: h5py.File | None = None
         self._dsets: dict[str, h5py.Dataset] = {}
         self._columns: dict[str, np.ndarray] = {}
+        self._ragged: dict[str, arrays.RowReader] = {}
         self._pid: int | None = None
 
     # ---- layout ------------------------------------------------------------------------------
@@ -189,9 +197,10 @@ class SplitReader:
                                       and k.annotation_column not in kinds)]
                 raise ReadError(f"{where}: split {self.split!r} has no field or column {name!r}; "
                                 f"it has {readable}")
-            ds = g[path]
-            if ds.shape[0] != count:
-                raise ReadError(f"{where}: /{self.split}/{path} has {ds.shape[0]} rows but the split count is {count}")
+            ds, st = g[path], kinds[path].stored()
+            if arrays.rows(g, path, st) != count:
+                raise ReadError(f"{where}: /{self.split}/{path} has {arrays.rows(g, path, st)} rows but the split "
+                                f"count is {count}")
             shape = tuple(int(s) for s in ds.shape[1:])
             rows = int(ds.chunks[0]) if ds.chunks else 1
             cbytes = int(np.prod(ds.chunks if ds.chunks else shape)) * ds.dtype.itemsize
@@ -215,11 +224,12 @@ class SplitReader:
 
     @property
     def chunk_rows(self) -> int:
-        return max(fi.chunk_rows for fi in self.fields.values() if fi.bulk) if self._bulk else 1
+        """Samples per chunk, for chunk-aware sampling (a ragged field's chunks hold elements, not rows)."""
+        return max(fi.chunk_rows for fi in self.fields.values() if fi.bulk and not fi.ragged) if self._fixed else 1
 
     @property
-    def _bulk(self) -> bool:
-        return any(fi.bulk for fi in self.fields.values())
+    def _fixed(self) -> bool:
+        return any(fi.bulk and not fi.ragged for fi in self.fields.values())
 
     def __len__(self) -> int:
         return self.count
@@ -236,7 +246,9 @@ class SplitReader:
             self._file = _open(self.real_path, self.locking, rdcc_nbytes=self.rdcc_nbytes,
                                rdcc_nslots=self.rdcc_nslots)
             g = self._file[self.split]
-            self._dsets = {name: g[fi.path] for name, fi in self.fields.items() if fi.bulk}
+            self._dsets = {name: g[fi.path] for name, fi in self.fields.items() if fi.bulk and not fi.ragged}
+            self._ragged = {name: arrays.RowReader(g, fi.path, fi.kind.stored())
+                            for name, fi in self.fields.items() if fi.ragged}
             # small columns (labels, annotations) are read whole, once per process: a batch then
             # costs a take() instead of an HDF5 call per row
             self._columns = {name: g[fi.path][()] for name, fi in self.fields.items() if not fi.bulk}
@@ -244,7 +256,7 @@ class SplitReader:
         return self._dsets
 
     def _drop(self) -> None:
-        f, self._file, self._dsets, self._columns = self._file, None, {}, {}
+        f, self._file, self._dsets, self._columns, self._ragged = self._file, None, {}, {}, {}
         if f is not None:
             try:
                 f.close()
@@ -256,7 +268,7 @@ class SplitReader:
         if self._pid == os.getpid():
             self._drop()
         else:
-            self._file, self._dsets, self._columns = None, {}, {}
+            self._file, self._dsets, self._columns, self._ragged = None, {}, {}, {}
 
     def __enter__(self) -> "SplitReader":
         return self
@@ -266,7 +278,7 @@ class SplitReader:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_file=None, _dsets={}, _columns={}, _pid=None)
+        state.update(_file=None, _dsets={}, _columns={}, _ragged={}, _pid=None)
         return state
 
     def __del__(self) -> None:
@@ -288,7 +300,8 @@ class SplitReader:
     def read_one(self, i: int) -> dict[str, np.ndarray]:
         j = self.row(i)
         dsets = self._handles()
-        return {name: dsets[name][j] if fi.bulk else self._columns[name][j] for name, fi in self.fields.items()}
+        return {name: self._ragged[name].row(j) if fi.ragged else dsets[name][j] if fi.bulk else self._columns[name][j]
+                for name, fi in self.fields.items()}
 
     def read(self, indices: Iterable[int], out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Rows ``indices`` of every field, in the order asked: {field: (len(indices), *shape) uint8}.
@@ -312,6 +325,9 @@ class SplitReader:
             if not fi.bulk:
                 result[name] = self._columns[name][idx]
                 continue
+            if fi.ragged:
+                result[name] = self._read_ragged(name, idx, runs)
+                continue
             target = out[name] if out is not None and name in out else np.empty((idx.size, *fi.shape), dtype=fi.dtype)
             if idx.size:
                 _read_runs(dsets[name], target, runs, order[first])
@@ -319,6 +335,14 @@ class SplitReader:
                     target[order[k]] = target[order[k - 1]]
             result[name] = target
         return result
+
+    def _read_ragged(self, name: str, idx: np.ndarray, runs: list[tuple[int, int, int]]) -> list[np.ndarray]:
+        """The rows ``idx`` of a ragged field, in that order; each run of rows is one read."""
+        got: dict[int, np.ndarray] = {}
+        for start, stop, _ in runs:
+            block = self._ragged[name](start, stop)
+            got.update((start + j, block[j]) for j in range(stop - start))
+        return [got[int(i)] for i in idx]
 
     # ---- per-sample columns ------------------------------------------------------------------
     def ids(self) -> list[str]:
@@ -343,11 +367,27 @@ def output_dtypes(reader: SplitReader, opts: ReadOptions) -> dict[str, np.dtype 
     return {name: fi.kind.output_dtype(opts) for name, fi in reader.fields.items()}
 
 
-def model_values(info: FieldInfo, raw: np.ndarray, opts: ReadOptions, dtype: np.dtype | None,
-                 axis: int = 1) -> Any:
-    """Model-ready values of stored rows (``axis`` is the channel axis), as the field's kind says."""
+def model_values(info: FieldInfo, raw: Any, opts: ReadOptions, dtype: np.dtype | None, axis: int = 1) -> Any:
+    """Model-ready values of stored rows (``axis`` is the channel axis), as the field's kind says:
+    an array, a list of strings, or for a ragged field ``Padded(values, lengths)``."""
     if dtype is None:
         return decode_str(raw)
+    if info.ragged:
+        rows = [_converted(info, r, opts, dtype, axis - 1) for r in raw]
+        if not rows:
+            return Padded(np.zeros((0, 0, *info.shape), dtype), np.zeros(0, np.int64))
+        return pad_batch(rows, dtype=dtype)
+    return _converted(info, raw, opts, dtype, axis)
+
+
+def sample_value(info: FieldInfo, raw: Any, opts: ReadOptions, dtype: np.dtype | None) -> Any:
+    """The model value of one stored row (a ragged row keeps its own length)."""
+    if info.ragged:
+        return decode_str([raw])[0] if dtype is None else _converted(info, raw, opts, dtype, 0)
+    return model_values(info, np.asarray(raw)[None], opts, dtype)[0]
+
+
+def _converted(info: FieldInfo, raw: np.ndarray, opts: ReadOptions, dtype: np.dtype, axis: int) -> np.ndarray:
     if raw.dtype == dtype:
         return raw
     out = np.empty(raw.shape, dtype=dtype)

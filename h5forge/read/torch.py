@@ -24,7 +24,8 @@ from torch.utils.data._utils.collate import default_collate
 
 from h5forge.errors import ReadError
 from h5forge.kinds import ReadOptions
-from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, SplitReader, model_values, output_dtypes
+from h5forge.read.collate import Padded
+from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, SplitReader, model_values, output_dtypes, sample_value
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["H5Dataset", "ChunkShuffleSampler", "ReadError", "collate"]
@@ -113,12 +114,18 @@ class H5Dataset(Dataset):
         self.reader.close()
 
     # ---- conversion --------------------------------------------------------------------------
+    def _one(self, name: str, raw: Any) -> Any:
+        v = sample_value(self.reader.fields[name], raw, self.options, self._dtypes[name])
+        return v if isinstance(v, str) else torch.as_tensor(v)
+
     def _value(self, name: str, raw: np.ndarray, out: torch.Tensor | None = None) -> Any:
         """The model value of stored rows: a tensor (written into ``out`` when given), or a list of
         strings for a text column."""
         fi, dtype = self.reader.fields[name], self._dtypes[name]
         if dtype is None or out is None:
             v = model_values(fi, raw, self.options, dtype)
+            if isinstance(v, Padded):
+                return Padded(torch.from_numpy(v.values), torch.from_numpy(v.lengths))
             return v if dtype is None else torch.from_numpy(np.asarray(v))
         if raw.dtype == dtype:
             np.copyto(out.numpy(), raw)
@@ -129,7 +136,7 @@ class H5Dataset(Dataset):
     # ---- access ------------------------------------------------------------------------------
     def __getitem__(self, i: int) -> Any:
         raw = self.reader.read_one(i)
-        sample = tuple(self._value(n, np.asarray(a)[None])[0] for n, a in raw.items())  # a batch of one
+        sample = tuple(self._one(n, a) for n, a in raw.items())
         if self.return_index:
             sample += (torch.tensor(self.reader.row(i)),)
         sample = sample[0] if self._single else sample
@@ -143,7 +150,7 @@ class H5Dataset(Dataset):
         raw_out: dict[str, np.ndarray] = {}
         for name, fi in self.reader.fields.items():
             dtype = self._dtypes[name]
-            if dtype is None:
+            if dtype is None or fi.ragged:
                 continue
             outs[name] = _empty((n, *fi.shape), torch.from_numpy(np.zeros(0, dtype)).dtype)
             if dtype == fi.dtype and fi.bulk:  # stored dtype: read straight into the (shared) output

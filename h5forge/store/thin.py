@@ -19,7 +19,7 @@ import h5py
 from h5forge.format.codecs import codec_options, ensure_filters
 from h5forge.format.layout import SMALL_ROWS, merge_index, small_options
 from h5forge.format.names import INDEX, PER_SAMPLE, SPEC, SPLITS, Attr, block_rows, partial_name
-from h5forge.format.segments import counts_of, map_virtual, segments_of
+from h5forge.format.segments import counts_of, map_virtual, segment_lengths, segments_of
 from h5forge.format.summary import WriteSummary, write_diagnostics
 from h5forge.kinds import stored_kinds
 from h5forge.spec import DatasetSpec, spec_from_json
@@ -45,8 +45,13 @@ def write_thin(path: Path, parent: Path, delta: Path, spec: DatasetSpec, number:
         for split in SPLITS:
             g = f.create_group(split)
             # every per-sample dataset maps onto the segments: nothing of the earlier rows is copied
-            for key in [*kinds, *PER_SAMPLE]:
+            for key in PER_SAMPLE:
                 map_virtual(g, key, d[split][key], segments, split)
+            for key, kind in kinds.items():
+                st = kind.stored()
+                for name in st.datasets(key):
+                    lengths = segment_lengths(path.parent, segments, split, key) if st.ragged and name == key else None
+                    map_virtual(g, name, d[split][name], segments, split, lengths)
             g.attrs.update(dict(d[split].attrs))
             g.attrs[Attr.COUNT] = sum(s["counts"][split] for s in segments)
             for kind in kinds.values():
@@ -77,16 +82,19 @@ def export(version: Path, dest: Path) -> Path:
             if key not in SPLITS:
                 src.copy(src[key], out, key)
         segments = segments_of(src_path)
-        bulk = [path for path, kind in kinds.items() if kind.stored().bulk]
+        bulk = {path: kind.stored() for path, kind in kinds.items() if kind.stored().bulk}
+        small = [name for path, kind in kinds.items() for name in kind.stored().datasets(path) if name not in bulk]
         for split in SPLITS:
             g_src = src[split]
             g = out.create_group(split)
             g.attrs.update(dict(g_src.attrs))
-            for key in [*kinds, *PER_SAMPLE]:
-                if key not in bulk:
-                    _materialize(g_src[key], g, key)
-            for path in bulk:
-                _copy_bulk(src_path.parent, segments, split, path, g, g_src[path], spec)
+            for key in [*small, *PER_SAMPLE]:
+                _materialize(g_src[key], g, key)
+            for path, st in bulk.items():
+                sizes = segment_lengths(src_path.parent, segments, split, path) if st.ragged else \
+                    [seg["counts"][split] for seg in segments]
+                _copy_bulk(src_path.parent, segments, sizes, split, path, g, g_src[path], spec,
+                           st.chunk(spec.storage.chunk_rows, SMALL_ROWS))
         out.flush()
     os.replace(tmp, dest)
     return dest
@@ -100,18 +108,16 @@ def _materialize(obj: h5py.Dataset, g: h5py.Group, name: str) -> None:
     g[name].attrs.update(dict(obj.attrs))
 
 
-def _copy_bulk(folder: Path, segments: list[dict], split: str, name: str, g: h5py.Group, like: h5py.Dataset,
-               spec: DatasetSpec) -> None:
+def _copy_bulk(folder: Path, segments: list[dict], sizes: list[int], split: str, name: str, g: h5py.Group,
+               like: h5py.Dataset, spec: DatasetSpec, chunks: tuple[int, ...]) -> None:
     """The rows of every segment, copying compressed chunks as they are when the pipelines match."""
     shape = like.shape[1:]
-    rows = spec.storage.chunk_rows
-    total = sum(s["counts"][split] for s in segments)
-    dst = g.create_dataset(name, shape=(total, *shape), maxshape=(None, *shape), dtype=like.dtype,
-                           chunks=(rows, *shape), **codec_options(spec.storage.codec))
+    rows = chunks[0]
+    dst = g.create_dataset(name, shape=(sum(sizes), *shape), maxshape=(None, *shape), dtype=like.dtype,
+                           chunks=chunks, **codec_options(spec.storage.codec))
     dst.attrs.update(dict(like.attrs))
     offset = 0
-    for seg in segments:
-        n = seg["counts"][split]
+    for seg, n in zip(segments, sizes):
         if not n:
             continue
         with h5py.File(folder / seg["file"], "r") as sf:

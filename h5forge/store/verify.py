@@ -17,8 +17,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from h5forge.format import arrays
 from h5forge.format.codecs import ensure_filters
-from h5forge.format.layout import decode_str
+from h5forge.format.layout import SMALL_ROWS, decode_str
 from h5forge.format.names import (CHECKSUM, FORMAT, FORMAT_VERSION, IDS, INDEX, PER_SAMPLE, SOURCE_FILES,
                                   SOURCE_SHA256, SPEC, SPLITS, Attr, block_rows)
 from h5forge.format.segments import virtual_sources
@@ -169,16 +170,22 @@ def _check_structure(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind
         g = f[split]
         count = int(g.attrs.get(Attr.COUNT, -1))
         for path, kind in kinds.items():
-            if path not in g:
-                problems.append(f"/{split}/{path} is missing")
+            st = kind.stored()
+            missing = [name for name in st.datasets(path) if name not in g]
+            if missing:
+                problems += [f"/{split}/{name} is missing" for name in missing]
                 continue
-            ds, st = g[path], kind.stored()
-            if ds.shape != (count, *st.shape):
-                problems.append(f"/{split}/{path} has shape {ds.shape}, expected {(count, *st.shape)}")
+            ds = g[path]
+            rows = arrays.rows(g, path, st)
+            lead = int(g[path + arrays.LENGTHS][()].sum()) if st.ragged else count
+            if rows != count or ds.shape != (lead, *st.shape):
+                problems.append(f"/{split}/{path} has shape {ds.shape} over {rows} rows, expected "
+                                f"{(lead, *st.shape)} over {count}")
             if not _dtype_matches(ds, st.dtype):
                 problems.append(f"/{split}/{path} has dtype {ds.dtype}, expected {np.dtype(st.dtype)}")
-            if st.bulk and not ds.is_virtual and ds.chunks and ds.chunks[0] != spec.storage.chunk_rows:
-                problems.append(f"/{split}/{path} has chunks {ds.chunks}, spec asks {spec.storage.chunk_rows} rows")
+            want = st.chunk(spec.storage.chunk_rows, SMALL_ROWS)
+            if st.bulk and not ds.is_virtual and ds.chunks and ds.chunks != want:
+                problems.append(f"/{split}/{path} has chunks {ds.chunks}, the spec asks {want}")
             problems += [f"/{split} lacks the {a} attribute" for a in kind.stats_attrs() if a not in g.attrs]
             if kind.indexed and f"{INDEX}/{split}/{path}" not in f:
                 problems.append(f"/{INDEX}/{split}/{path} is missing")
@@ -215,17 +222,18 @@ def _check_checksums(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind
                      ranges: dict[str, list[tuple[int, int]]] | None = None) -> None:
     bad: list[str] = []
     checked = 0
-    summed = [path for path, kind in kinds.items() if kind.checksummed]
+    summed = {path: kind.stored() for path, kind in kinds.items() if kind.checksummed}
     step = block_rows(spec.storage.chunk_rows)
     for split in SPLITS:
         g = f[split]
         n = int(g.attrs[Attr.COUNT])
+        readers = [arrays.RowReader(g, path, st) for path, st in summed.items()]
         spans = [(0, n)] if ranges is None else ranges[split]
         blocks_of = [(a, min(hi, a + step)) for lo, hi in spans for a in range(lo, hi, step)]
         for start, stop in blocks_of:
             stored = g[CHECKSUM][start:stop]
             try:
-                blocks = [g[path][start:stop] for path in summed]
+                blocks = [read(start, stop) for read in readers]
             except OSError as err:
                 bad.extend(_locate_unreadable(g, summed, split, start, stop, err))
                 continue
@@ -241,13 +249,13 @@ def _check_checksums(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind
     report.stats["checksums_checked"] = checked
 
 
-def _locate_unreadable(g: h5py.Group, paths: list[str], split: str, start: int, stop: int,
+def _locate_unreadable(g: h5py.Group, fields: dict, split: str, start: int, stop: int,
                        err: Exception) -> list[str]:
     out = []
     for row in range(start, stop):
-        for path in paths:
+        for path, st in fields.items():
             try:
-                g[path][row]
+                arrays.RowReader(g, path, st).row(row)
             except OSError as e:
                 out.append(f"{split}[{row}] field {path!r} cannot be read (corrupt chunk): {e}")
     return out or [f"{split}[{start}:{stop}] cannot be read: {err}"]
@@ -285,7 +293,8 @@ def _check_against_sources(f: h5py.File, kinds: dict[str, FieldKind], root: Path
             changed.append(f"{split}[{row}] raw files of {ref.id!r} changed since the build; not compared")
             continue
         for path, kind in kinds.items():
-            if kind.checksummed and not np.array_equal(decoded[path].value, g[path][row]):
+            if kind.checksummed and not np.array_equal(decoded[path].value,
+                                                       arrays.RowReader(g, path, kind.stored()).row(row)):
                 source = ref.files.get(path, "its annotation record")
                 report.error("sources", f"{split}[{row}] field {path!r} (id {ref.id!r}) differs from its "
                                         f"source cleaned again ({source})")
@@ -303,13 +312,14 @@ def _measure_latency(path: Path, kinds: dict[str, FieldKind], reads: int, seed: 
         n = int(f[split].attrs[Attr.COUNT])
         if n == 0:
             return
-        dsets = [f[split][p] for p, kind in kinds.items() if kind.checksummed]
+        g = f[split]
+        readers = [arrays.RowReader(g, p, kind.stored()) for p, kind in kinds.items() if kind.checksummed]
         rows = rng.integers(0, n, size=reads)
         times = np.empty(reads)
         for i, row in enumerate(rows):
             t = time.perf_counter()
-            for d in dsets:
-                d[row]
+            for read in readers:
+                read.row(row)
             times[i] = time.perf_counter() - t
     p50, p99 = float(np.percentile(times, 50) * 1e3), float(np.percentile(times, 99) * 1e3)
     report.stats["random_read_ms"] = {"split": split, "reads": reads, "p50": round(p50, 3), "p99": round(p99, 3)}

@@ -1,0 +1,166 @@
+"""``kind: signal``: one channel of a recording, of any length, at a declared sampling rate.
+
+    fields:
+      acc:  {kind: signal, files: "recordings/*.edf", channel: ACC, rate: 10000}
+      temp: {kind: signal, files: "recordings/*.edf", channel: TEMP, rate: 1}
+
+Channels at different rates are different fields (they pair up by the file's stem, so several
+fields may read the same file). Sources: an EDF/BDF file (pyedflib; ``channel`` is its label, the
+rate its header's), a CSV with a time column (``channel`` is the column; the rate is measured from
+the time column), or a ``.npy`` holding the one channel (the rate is the spec's, or the ``rate``
+of a ``<stem>.json`` beside it). A recording whose rate differs from the declared one by more
+than 0.1 %, or that lacks the channel, is rejected with what was found. NaN/inf values are
+counted and reject the sample unless ``nonfinite: keep``.
+Stored ragged: the samples of every recording of a split end to end (float32 by default), plus
+each recording's length; the rate and channel are dataset attributes. Statistics: count, mean
+and std of the values per split. Readers return a 1-D array per sample, batched as padded values
+plus lengths.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import h5py
+import numpy as np
+from pydantic import Field
+
+from h5forge.format.arrays import Ragged, Stored
+from h5forge.kinds.base import Decoded, FieldKind, Globs, ReadOptions, StrictModel, read_source
+from h5forge.samples import Reject, SampleRef
+
+RATE_TOLERANCE = 1e-3
+TIME_COLUMNS = ("time", "t", "timestamp", "seconds", "time_s")
+
+
+class SignalField(StrictModel):
+    """One channel of a recording."""
+
+    kind: Literal["signal"] = "signal"
+    files: Globs
+    rate: float = Field(gt=0, description="samples per second the recording must have")
+    channel: str | None = Field(None, description="EDF label or CSV column; a .npy file holds one channel")
+    dtype: Literal["float32", "float64", "int16", "int32"] = "float32"
+    nonfinite: Literal["reject", "keep"] = "reject"
+    max_samples: int = Field(500_000_000, gt=0, description="longer recordings are rejected before reading")
+
+
+def _from_npy(data: bytes, root: Path, rel: str) -> tuple[np.ndarray, float | None]:
+    try:
+        values = np.load(io.BytesIO(data), allow_pickle=False)
+    except ValueError as err:
+        raise Reject(rel, f"not a readable .npy array: {err}") from None
+    sidecar = root / Path(rel).with_suffix(".json")
+    rate = json.loads(sidecar.read_text()).get("rate") if sidecar.is_file() else None
+    return values, rate
+
+
+def _from_csv(data: bytes, rel: str, channel: str | None) -> tuple[np.ndarray, float]:
+    rows = list(csv.reader(io.StringIO(data.decode("utf-8", errors="replace"))))
+    if len(rows) < 3:
+        raise Reject(rel, "CSV recording has fewer than two samples")
+    header = [h.strip() for h in rows[0]]
+    time_col = next((i for i, h in enumerate(header) if h.lower() in TIME_COLUMNS), None)
+    if time_col is None:
+        raise Reject(rel, f"CSV recording has no time column (one of {', '.join(TIME_COLUMNS)}); columns: {header}")
+    if channel not in header:
+        raise Reject(rel, f"channel {channel!r} not in the CSV; columns: {header}")
+    col = header.index(channel)
+    try:
+        table = np.array([[float(r[time_col]), float(r[col])] for r in rows[1:] if r], dtype=np.float64)
+    except (ValueError, IndexError) as err:
+        raise Reject(rel, f"CSV recording holds a value that is not a number: {err}") from None
+    steps = np.diff(table[:, 0])
+    if (steps <= 0).any():
+        raise Reject(rel, "CSV time column does not increase")
+    return table[:, 1], 1.0 / float(np.median(steps))
+
+
+def _from_edf(root: Path, rel: str, channel: str | None) -> tuple[np.ndarray, float]:
+    import pyedflib
+
+    try:
+        reader = pyedflib.EdfReader(str(root / rel))
+    except OSError as err:
+        raise Reject(rel, f"not a readable EDF/BDF file: {err}") from None
+    try:
+        labels = [label.strip() for label in reader.getSignalLabels()]
+        if channel not in labels:
+            raise Reject(rel, f"channel {channel!r} not in the recording; channels: {labels}")
+        i = labels.index(channel)
+        return reader.readSignal(i), float(reader.getSampleFrequency(i))
+    finally:
+        reader.close()
+
+
+class SignalKind(FieldKind):
+    kind = "signal"
+    Spec = SignalField
+    layout_doc = ("ragged: (total samples,) of the split's recordings end to end, plus <field>_lengths (N,); "
+                  "dataset attrs rate, channel; split attrs <field>_count, <field>_mean, <field>_std")
+
+    def stored(self) -> Stored:
+        return Stored((), np.dtype(self.spec.dtype), bulk=True, ragged=True)
+
+    @classmethod
+    def check_spec(cls, name: str, spec: SignalField, dataset: Any) -> None:
+        globs = (spec.files,) if isinstance(spec.files, str) else spec.files
+        if spec.channel is None and any(not g.lower().endswith(".npy") for g in globs):
+            raise ValueError(f"fields.{name}.channel: needed for EDF and CSV recordings")
+
+    def dataset_attrs(self) -> dict[str, Any]:
+        return {"rate": self.spec.rate, **({"channel": self.spec.channel} if self.spec.channel else {})}
+
+    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
+        f, rel = self.spec, ref.files[self.name]
+        size = (root / rel).stat().st_size if (root / rel).exists() else 0
+        if size > 16 * f.max_samples:
+            raise Reject(rel, f"file of {size:,} bytes exceeds max_samples {f.max_samples:,}")
+        data, digest = read_source(root, rel)
+        suffix = Path(rel).suffix.lower()
+        if suffix == ".npy":
+            values, rate = _from_npy(data, root, rel)
+            rate = f.rate if rate is None else float(rate)
+        elif suffix == ".csv":
+            values, rate = _from_csv(data, rel, f.channel)
+        elif suffix in (".edf", ".bdf"):
+            values, rate = _from_edf(root, rel, f.channel)
+        else:
+            raise Reject(rel, f"unknown recording format {suffix!r} (EDF/BDF, CSV or .npy)")
+        values = np.asarray(values)
+        if values.ndim != 1 or values.dtype.kind not in "iuf":
+            raise Reject(rel, f"a channel must be one row of numbers; found shape {values.shape}, dtype {values.dtype}")
+        if abs(rate - f.rate) > RATE_TOLERANCE * f.rate:
+            raise Reject(rel, f"recorded at {rate:g} Hz, the spec declares {f.rate:g} Hz")
+        bad = int(np.count_nonzero(~np.isfinite(values))) if values.dtype.kind == "f" else 0
+        if bad and f.nonfinite == "reject":
+            raise Reject(rel, f"{bad} NaN/inf value(s) in channel {f.channel or self.name!r} "
+                              "(nonfinite: keep stores them)")
+        return Decoded(values.astype(f.dtype, copy=False), digest)
+
+    # ---- statistics: count, sum, sum of squares of the finite values
+    def counts(self, block: Ragged) -> np.ndarray:
+        v = block.values.astype(np.float64)
+        v = v[np.isfinite(v)]
+        return np.array([v.size, v.sum(), np.square(v).sum()])
+
+    def write_stats(self, group: h5py.Group, counts: np.ndarray | None) -> None:
+        n, s, s2 = (0.0, 0.0, 0.0) if counts is None else counts
+        mean = s / n if n else 0.0
+        group.attrs[f"{self.name}_count"] = int(n)
+        group.attrs[f"{self.name}_mean"] = mean
+        group.attrs[f"{self.name}_std"] = float(np.sqrt(max(s2 / n - mean**2, 0.0))) if n else 0.0
+        group.attrs[f"{self.name}_sums"] = np.array([n, s, s2])
+
+    def stored_counts(self, group: h5py.Group) -> np.ndarray:
+        return np.asarray(group.attrs[f"{self.name}_sums"], np.float64)
+
+    def stats_attrs(self) -> tuple[str, ...]:
+        return tuple(f"{self.name}_{w}" for w in ("count", "mean", "std", "sums"))
+
+    def output_dtype(self, opts: ReadOptions) -> np.dtype:
+        return np.dtype(self.spec.dtype)

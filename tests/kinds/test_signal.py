@@ -1,0 +1,157 @@
+"""Signals: pyedflib's real EDF recording read as a sample, multi-rate recordings written with
+pyedflib's writer, CSV and .npy channels; stored ragged, values equal to pyedflib's readSignal,
+and read back padded with their lengths."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pyedflib
+import pyedflib.data
+import pytest
+import torch
+
+from h5forge.format import arrays
+from h5forge.format.layout import decode_str
+from h5forge.read.torch import H5Dataset
+
+RATES = {"ACC": 1000, "VOLT": 100, "TEMP": 1}
+
+
+def write_edf(path: Path, seconds: int, seed: int, rates=RATES) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    signals = {label: rng.normal(0, 50, seconds * rate) for label, rate in rates.items()}
+    w = pyedflib.EdfWriter(str(path), len(rates), file_type=pyedflib.FILETYPE_EDFPLUS)
+    w.setSignalHeaders([{"label": label, "dimension": "uV", "sample_frequency": rate, "physical_max": 400,
+                         "physical_min": -400, "digital_max": 32767, "digital_min": -32768}
+                        for label, rate in rates.items()])
+    w.writeSamples([signals[label] for label in rates])
+    w.close()
+    return signals
+
+
+def spec_data(root, out, **extra_fields):
+    fields = {label.lower(): {"kind": "signal", "files": "rec/*.edf", "channel": label, "rate": rate}
+              for label, rate in RATES.items()}
+    return {"name": "signals", "source": {"root": str(root)}, "output": {"dir": str(out)},
+            "splits": {"ratios": {"train": 1.0}}, "fields": {**fields, **extra_fields}}
+
+
+def test_multi_rate_recordings_round_trip_exactly(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    (root / "rec").mkdir(parents=True)
+    for i, seconds in enumerate((3, 5, 4)):
+        write_edf(root / "rec" / f"r{i}.edf", seconds, seed=i)
+    write_edf(root / "rec" / "fast.edf", 2, seed=9, rates={"ACC": 2000, "VOLT": 100, "TEMP": 1})
+    write_edf(root / "rec" / "noacc.edf", 2, seed=9, rates={"VOLT": 100, "TEMP": 1})
+    path, summary = build_spec(spec_data(root, tmp_path / "out"))
+    reasons = {r.sample_id: r.reason for r in summary.rejections}
+    assert "recorded at 2000 Hz, the spec declares 1000 Hz" in reasons["fast"]
+    assert "channel 'ACC' not in the recording; channels: ['VOLT', 'TEMP']" in reasons["noacc"]
+    with h5py.File(path, "r") as f:
+        g = f["train"]
+        assert g["acc"].attrs["rate"] == 1000 and list(g["acc" + arrays.LENGTHS][()]) == [3000, 5000, 4000]
+        for row, sid in enumerate(decode_str(g["ids"][()])):
+            edf = pyedflib.EdfReader(str(root / "rec" / f"{sid}.edf"))
+            for i, label in enumerate(edf.getSignalLabels()):
+                stored = arrays.RowReader(g, label.lower(), arrays.Stored((), np.float32, True, True)).row(row)
+                assert np.array_equal(stored, edf.readSignal(i).astype(np.float32)), (sid, label)
+            edf.close()
+        assert g.attrs["temp_count"] == 12 and abs(g.attrs["acc_mean"]) < 5
+    ds = H5Dataset(path, fields=("acc", "temp"), return_index=True)
+    seen = 0
+    for (acc, acc_len), (temp, temp_len), rows in ds.loader(batch_size=2, num_workers=2, shuffle=True):
+        assert acc.dtype == torch.float32 and acc.shape == (len(rows), int(acc_len.max()))
+        assert (acc_len == temp_len * 1000).all()
+        for k, row in enumerate(rows.tolist()):
+            assert torch.equal(acc[k, :acc_len[k]], ds[row][0]) and (acc[k, acc_len[k]:] == 0).all()
+        seen += len(rows)
+    assert seen == 3
+
+
+def test_the_real_edf_recording_of_pyedflib(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    (root / "rec").mkdir(parents=True)
+    source = Path(pyedflib.data.__file__).parent / "test_generator.edf"
+    shutil.copy(source, root / "rec" / "generator.edf")
+    edf = pyedflib.EdfReader(str(source))
+    labels = edf.getSignalLabels()
+    fields = {f"ch{i}": {"kind": "signal", "files": "rec/*.edf", "channel": label,
+                         "rate": float(edf.getSampleFrequency(i))} for i, label in enumerate(labels)}
+    path, summary = build_spec(spec_data(root, tmp_path / "out") | {"fields": fields})
+    assert summary.rejections == () and summary.samples == 1
+    with h5py.File(path, "r") as f:
+        for i in range(len(labels)):
+            assert np.allclose(f["train"][f"ch{i}"][()], edf.readSignal(i), rtol=1e-6, atol=1e-3)
+            assert f["train"][f"ch{i}"].shape == (edf.getNSamples()[i],)
+    edf.close()
+
+
+def test_csv_and_npy_channels_with_rates_checked(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    for folder in ("csv", "npy"):
+        (root / folder).mkdir(parents=True)
+    t = np.arange(0, 2, 0.01)
+    for name, step in (("a", 0.01), ("b", 0.02)):
+        tt = np.arange(0, 2, step)
+        rows = "time,volt\n" + "".join(f"{x:.4f},{np.sin(x):.6f}\n" for x in tt)
+        (root / "csv" / f"{name}.csv").write_text(rows)
+        np.save(root / "npy" / f"{name}.npy", np.cos(t).astype(np.float32))
+    np.save(root / "npy" / "c.npy", np.array([1.0, np.nan, 2.0]))
+    (root / "csv" / "c.csv").write_text("time,volt\n0,1\n0.01,2\n0.02,3\n")
+    fields = {"volt": {"kind": "signal", "files": "csv/*.csv", "channel": "volt", "rate": 100},
+              "cos": {"kind": "signal", "files": "npy/*.npy", "rate": 100}}
+    path, summary = build_spec(spec_data(root, tmp_path / "out") | {"fields": fields})
+    reasons = {r.sample_id: r.reason for r in summary.rejections}
+    assert "recorded at 50 Hz" in reasons["b"] and "1 NaN/inf value(s)" in reasons["c"]
+    with h5py.File(path, "r") as f:
+        assert np.allclose(f["train"]["volt"][()], np.sin(t), atol=1e-6)
+        assert np.array_equal(f["train"]["cos"][()], np.cos(t).astype(np.float32))
+
+
+def test_signal_spec_needs_a_channel_for_edf(tmp_path):
+    from h5forge.spec import DatasetSpec
+
+    data = spec_data(tmp_path, tmp_path / "out")
+    del data["fields"]["acc"]["channel"]
+    with pytest.raises(ValueError, match="fields.acc.channel: needed"):
+        DatasetSpec.model_validate(data)
+
+
+def test_append_and_export_keep_ragged_rows(tmp_path, build_spec):
+    from h5forge.ingest import append
+    from h5forge.spec import DatasetSpec
+    from h5forge.store.thin import export
+    from h5forge.store.verify import verify_file
+    from tests.helpers.data import age_files
+
+    root, inbox = tmp_path / "raw", tmp_path / "inbox"
+    (root / "rec").mkdir(parents=True)
+    (inbox / "rec").mkdir(parents=True)
+    for i in range(3):
+        write_edf(root / "rec" / f"r{i}.edf", 2 + i, seed=i)
+    new = write_edf(inbox / "rec" / "late.edf", 6, seed=7)
+    age_files(inbox)
+    data = spec_data(root, tmp_path / "out")
+    data["source"]["inbox"] = str(inbox)
+    spec = DatasetSpec.model_validate(data)
+    build_spec(data)
+    scan = append.scan_inbox(spec, inbox)
+    cand = append.stage_append(spec.output.dir)
+    merged = append.write_thin_version(spec, cand, append.write_delta(spec, scan, cand))
+    report = append.verify_append(cand)
+    assert report.ok, report.errors
+    assert merged.counts["train"] == 4
+    append.publish_append(cand, report, append.plan_moves(spec, scan, (), cand.number))
+    ds = H5Dataset(spec.output.dir / "dataset_latest.h5", fields=("acc", "temp"))
+    late = ds.ids().index("late")
+    acc, temp = ds[late]
+    assert acc.shape == (6000,) and temp.shape == (6,)
+    assert np.allclose(acc.numpy(), new["ACC"], atol=0.02)  # 16-bit EDF resolution: 800 uV / 65535
+    copy = export(spec.output.dir / "dataset_latest.h5", tmp_path / "copy.h5")
+    assert verify_file(copy, resample=0, latency_reads=0).ok
+    with h5py.File(copy, "r") as f:
+        assert not f["train"]["acc"].is_virtual and f["train"]["acc"].shape == (2000 + 3000 + 4000 + 6000,)
