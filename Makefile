@@ -25,6 +25,30 @@ test: install
 test-quick: install
 	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not slow and not e2e"
 
+# The TensorFlow reader in a second venv: tensorflow-cpu needs an older h5py than pyproject.toml pins
+# (requirements-tf.txt), so .venv-tf is built from scratch when missing or when that file changes,
+# h5forge goes in without its deps, and only the TF tests run there (they skip in .venv).
+VENV_TF ?= .venv-tf
+BIN_TF   = $(VENV_TF)/bin
+TF_REQS  = requirements-tf.txt
+
+.PHONY: install-tf test-tf
+install-tf: $(VENV_TF)/.h5forge
+
+$(VENV_TF)/.installed: $(TF_REQS)
+	rm -rf $(VENV_TF)
+	$(PYTHON) -m venv $(VENV_TF)
+	$(BIN_TF)/pip install --quiet -r $(TF_REQS)
+	touch $@
+
+# h5forge itself, again whenever pyproject.toml changes (its package list), without its h5py pin
+$(VENV_TF)/.h5forge: $(VENV_TF)/.installed pyproject.toml
+	$(BIN_TF)/pip install --quiet --no-deps -e .
+	touch $@
+
+test-tf: install-tf
+	$(BIN_TF)/python -m pytest -q tests/read/test_tf_reader.py
+
 bench: install
 	$(BIN)/python benchmarks/build.py
 	$(BIN)/python benchmarks/read.py

@@ -1,8 +1,10 @@
-"""The TensorFlow and JAX adapters against a real version file (skipped where not installed).
+"""The JAX adapter against a real version file (skipped where not installed).
 
-jax and tensorflow are imported only in child processes: both start threads, and the other test
-modules fork (DataLoader workers, dask) after this one; forking a process with those threads
-running can deadlock.
+The TensorFlow reader's tests are in test_tf_reader.py: tensorflow-cpu needs an older h5py than
+h5forge pins, so they run in the second venv that `make test-tf` builds.
+
+jax is imported only in child processes: it starts threads, and the other test modules fork
+(DataLoader workers, dask) after this one; forking a process with those threads running can deadlock.
 """
 
 from __future__ import annotations
@@ -81,39 +83,3 @@ def jax_checks(path: str) -> None:
     assert isinstance(on_device["images"], jax.Array) and on_device["masks"].dtype == jax.numpy.int32
     assert on_device["images"].shape == (8, 3, 64, 64)
 
-
-def test_tf_dataset(data):
-    needs("tensorflow")
-    in_child("tf_checks", str(data["path"]))
-
-
-def tf_checks(path: str) -> None:
-    import tensorflow as tf
-
-    import h5forge.read.tf
-    from h5forge.read.sampler import epoch_order
-
-    data = {"path": path, "truth": truth(path)}
-    t = data["truth"]
-    ds = h5forge.read.tf.dataset(data["path"], split="train", fields=("images", "masks"), batch_size=16,
-                            shuffle=True, seed=2)
-    spec = ds.element_spec
-    assert spec[0].shape.as_list() == [None, 64, 64, 3] and spec[0].dtype == tf.float32
-    assert spec[1].shape.as_list() == [None, 64, 64, 1] and spec[1].dtype == tf.int64
-    n = len(t["ids"])
-    for epoch in range(2):  # each pass over the dataset is the next epoch
-        order = epoch_order(n, 4, seed=2, epoch=epoch)
-        xs, ms = zip(*[(x.numpy(), m.numpy()) for x, m in ds])
-        x, m = np.concatenate(xs), np.concatenate(ms)
-        assert x.shape == (n, 64, 64, 3)
-        assert np.array_equal(x, np.moveaxis(t["images"][order], 1, -1).astype(np.float32) / 255)
-        assert np.array_equal(m, np.moveaxis(t["masks"][order], 1, -1).astype(np.int64))
-
-    single = h5forge.read.tf.dataset(data["path"], split="val", fields="masks", batch_size=None,
-                                channels_last=False, mask_dtype="uint8")
-    tv = truth(data["path"], "val")
-    got = np.stack([e.numpy() for e in single])
-    assert got.dtype == np.uint8 and np.array_equal(got, tv["masks"])
-    fixed = h5forge.read.tf.dataset(data["path"], batch_size=16, drop_remainder=True)
-    assert fixed.element_spec[0].shape.as_list() == [16, 64, 64, 3]
-    assert sum(1 for _ in fixed) == n // 16
