@@ -34,7 +34,8 @@ from PIL import Image
 
 from h5forge.errors import UsageError
 from h5forge.ingest.discover import _IMAGE_SUFFIXES, TEXT_FORMAT, read_annotation_file, sample_id
-from h5forge.spec import parse_spec
+from h5forge.ingest.splits import assign_split
+from h5forge.spec import Splits, parse_spec
 
 PICTURES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp")
 SPLIT_NAMES = ("train", "val", "test", "training", "validation", "valid", "testing")
@@ -240,7 +241,9 @@ def _record_id(value: Any, ids: str) -> str:
 
 
 def _text_type(values: list[str]) -> str:
-    """The column type of CSV text values (all non-empty)."""
+    """The column type of CSV text values (all non-empty); leading zeros (00123) make codes, not numbers."""
+    if any(re.fullmatch(r"[+-]?0\d+", v) for v in values):
+        return "str"
     if all(re.fullmatch(r"[+-]?\d+", v) for v in values):
         return "int"
     try:
@@ -285,7 +288,7 @@ def _columns(records: list[dict], id_key: str, text: bool, name: str, skip: set[
             continue
         if text:
             kind = _text_type([str(v).strip() for v in present])
-            values = {str(v).strip() for v in present}
+            values = {str(v) if kind == "str" else str(v).strip() for v in present}  # str values stay as written
         else:
             kind = _json_type(present)
             if kind is None:
@@ -309,7 +312,7 @@ def _looks_annotation(p: Path) -> bool:
 def _annotations(raw: Path, ids: set[str], id_mode: str, skip: set[str],
                  notes: list[str]) -> _Annotations | None:
     """The annotation file beside the pictures that names most samples; notes for the others."""
-    usable: list[tuple[tuple, _Annotations]] = []
+    usable: list[tuple[tuple, _Annotations, list[str]]] = []
     example = ", ".join(sorted(ids)[:3])
     for path in sorted(p for p in raw.iterdir() if _looks_annotation(p)):
         name = path.name
@@ -458,19 +461,26 @@ def _mask_classes(paths: list[Path], notes: list[str]) -> _MaskClasses:
     if not per_file:
         return info
     freq = Counter(v for _, vals in per_file for v in vals)
-    real = {v for v, n in freq.items() if n >= 2 or v in (0, 1) or len(per_file) < 5}
-    for v in sorted(set(freq) - real):  # a value in one sampled mask only: real if it continues 0..K-1
-        if v == max(real - {255}, default=-1) + 1:
-            real.add(v)
-    strays = sorted(set(freq) - real)
-    if strays:
-        where = [f"{p.name}: {sorted(vals & set(strays))}" for p, vals in per_file if vals & set(strays)]
-        notes.append(f"mask values {strays} appear in one sampled mask each ({'; '.join(where[:4])}); they are not "
-                     "declared, so those masks will be rejected (raise classes if they are real classes)")
-    if all((vals & real) <= {0, 1} or (vals & real) <= {0, 255} for _, vals in per_file):
+    rare = {v for v, n in freq.items() if n == 1 and len(per_file) >= 5}  # in one sampled mask only
+
+    def note_strays(strays: set[int]) -> None:
+        if strays:
+            where = [f"{p.name}: {sorted(vals & strays)}" for p, vals in per_file if vals & strays]
+            notes.append(f"mask values {sorted(strays)} appear in one sampled mask each ({'; '.join(where[:4])}); "
+                         "they are not declared, so those masks will be rejected (raise classes if they are real "
+                         "classes)")
+
+    binary_strays = rare - {0, 1, 255}
+    if all((vals - binary_strays) <= {0, 1} or (vals - binary_strays) <= {0, 255} for _, vals in per_file):
+        note_strays(binary_strays)
         return info  # binary: {0,1} or {0,255} per mask
+    real = set(freq) - rare
+    for v in sorted(rare):  # a rare value is a rare class when it is within (or continues) 0..K-1
+        if v != 255 and v <= max(real - {255}, default=-1) + 1:
+            real.add(v)
+    note_strays(set(freq) - real)
     top = max(real - {255}, default=0)
-    if max(real) > 255:
+    if max(real, default=0) > 255:
         notes.append(f"masks hold values up to {max(real)} (16-bit, instance ids?): only 8-bit class indices "
                      "are supported; the mask is declared binary and such masks will be rejected")
         return info
@@ -753,6 +763,15 @@ class _Tree:
     per_class: Counter
 
 
+def _split_understood(name: str) -> bool:
+    """Whether discovery takes this folder name as a split (asked, not assumed)."""
+    try:
+        assign_split("x", Splits(column="split"), {"split": name})
+        return True
+    except ValueError:
+        return False
+
+
 def _class_tree(raw: Path, notes: list[str]) -> _Tree | None:
     bases = [raw, *_named(raw, IMAGE_DIRS)]
     for base in bases:
@@ -778,10 +797,9 @@ def _class_tree(raw: Path, notes: list[str]) -> _Tree | None:
                         notes.append(f"{prefix}{d.name}/ is not a split folder ({', '.join(SPLIT_NAMES)}): its "
                                      "samples will be rejected (split column)")
                 for s in splits:
-                    if s.name != s.name.lower():
-                        notes.append(f"split folder {prefix}{s.name}/ is not lower case: only lower-case split "
-                                     f"names are understood, so its samples will be rejected; rename it "
-                                     f"{s.name.lower()}/")
+                    if not _split_understood(s.name):
+                        notes.append(f"split folder {prefix}{s.name}/ is not understood as a split name (lower "
+                                     f"case is), so its samples will be rejected; rename it {s.name.lower()}/")
                 names = {s.name for s in splits if any(_pictures_in(c) for c in _subdirs(s))}
                 for c, where in sorted(found_in.items()):
                     if where != names and len(names) > 1:
