@@ -76,22 +76,24 @@ def sample_id(rel: str, pattern: str, ids: str) -> str:
     """The id a file gives its sample: its stem, or (``ids: path``) its path below the pattern's
     fixed folders, without the suffix (``images/*/*.png`` makes ``images/cat/x.png`` ``cat/x``)."""
     if ids == "stem":
-        return Path(rel).stem
+        name = Path(rel).name
+        return name[:-len(".nii.gz")] if name.lower().endswith(".nii.gz") else Path(rel).stem
     fixed = 0
     for part in pattern.split("/")[:-1]:
         if _WILDCARD.search(part):
             break
         fixed += 1
-    below = Path(*Path(rel).parts[fixed:])
-    return below.with_suffix("").as_posix()
+    below = Path(*Path(rel).parts[fixed:]).as_posix()
+    return below[:-len(".nii.gz")] if below.lower().endswith(".nii.gz") else str(Path(below).with_suffix(""))
 
 
-def _glob_field(root: Path, patterns: tuple[str, ...], ids: str) -> tuple[dict[str, str], list[Rejection]]:
+def _glob_field(root: Path, patterns: tuple[str, ...], ids: str,
+                folders: bool = False) -> tuple[dict[str, str], list[Rejection]]:
     by_stem: dict[str, list[str]] = defaultdict(list)
     seen: set[Path] = set()
     for pattern in patterns:
         for p in sorted(root.glob(pattern)):
-            if p.is_file() and not p.name.startswith(".") and p not in seen:
+            if (p.is_file() or (folders and p.is_dir())) and not p.name.startswith(".") and p not in seen:
                 seen.add(p)
                 rel = p.relative_to(root).as_posix()
                 by_stem[sample_id(rel, pattern, ids)].append(rel)
@@ -208,7 +210,8 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
         return inv
     roots = [root, *(extra_roots or [])]
     ann = spec.annotations
-    globs = {name: kind.files for name, kind in field_kinds(spec).items() if kind.files}
+    kinds = field_kinds(spec)
+    globs = {name: kind.files for name, kind in kinds.items() if kind.files}
     ids = spec.source.ids
     per_field: dict[str, dict[str, str]] = {name: {} for name in globs}
     records: dict[str, dict] = {}
@@ -216,7 +219,7 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
     for r in roots:
         prefix = "" if r == root else os.path.relpath(r, root) + "/"
         for name, pattern in globs.items():
-            found, problems = _glob_field(r, pattern, ids)
+            found, problems = _glob_field(r, pattern, ids, kinds[name].reads_folders)
             inv.rejections.extend(problems)
             for stem, rel in found.items():
                 if stem in per_field[name]:
@@ -273,7 +276,7 @@ def _columns_for(spec: DatasetSpec, sid: str, rec: dict | None, files: dict[str,
     if rec is None:
         if ann.file and ann.required:
             return Rejection(sid, (first,), f"no annotation record in {ann.file}", waitable=True), {}
-        if not ann.folders:
+        if not ann.columns:
             return None, {}
     rec = {**folder_columns(first, ann.folders), **(rec or {})}
     text = bool(rec.get(TEXT_FORMAT))

@@ -25,7 +25,8 @@ def assign_split(sample_id: str, splits: Any, columns: dict[str, Any] | None = N
     """The split of one sample; from an annotation column when the spec names one."""
     if splits.column:
         value = (columns or {}).get(splits.column)
-        value = ALIASES.get(str(value).lower(), value)
+        if isinstance(value, str):
+            value = ALIASES.get(value.lower(), value.lower())
         if value not in SPLITS:
             raise ValueError(f"split column {splits.column!r} is {value!r}; expected one of {', '.join(SPLITS)}")
         return value

@@ -17,6 +17,8 @@ from h5forge.kinds.label import LabelKind
 from h5forge.kinds.mask import MaskKind
 from h5forge.kinds.paired import PairedKind
 from h5forge.kinds.signal import SignalKind
+from h5forge.kinds.volume import VolumeKind
+from h5forge.kinds.volume_mask import VolumeMaskKind
 from h5forge.samples import SampleRef
 
 if TYPE_CHECKING:
@@ -25,7 +27,8 @@ if TYPE_CHECKING:
 __all__ = ["REGISTRY", "Decoded", "FieldKind", "ReadOptions", "Stored", "field_kinds", "stored_kinds",
            "file_fields", "decode_sample"]
 
-REGISTRY: dict[str, type[FieldKind]] = {k.kind: k for k in (ImageKind, MaskKind, LabelKind, PairedKind, SignalKind)}
+REGISTRY: dict[str, type[FieldKind]] = {k.kind: k for k in (ImageKind, MaskKind, LabelKind, PairedKind, SignalKind,
+                                                           VolumeKind, VolumeMaskKind)}
 
 
 def format_table() -> str:
@@ -33,7 +36,8 @@ def format_table() -> str:
     docs/format.md embeds it (``make docs`` rewrites it; a test keeps them equal)."""
     from h5forge.format.names import render_layout
 
-    rows = [f"| `<field>` of kind `{k.kind}` | {k.layout_doc} |" for k in (*REGISTRY.values(), ColumnKind)]
+    rows = [f"| `<field>` of kind `{k.kind}` | {k.layout_doc} |" for k in (*REGISTRY.values(), ColumnKind)
+            if k.layout_doc]
     return "\n".join([render_layout(), *rows])
 
 
@@ -45,7 +49,10 @@ def field_kinds(spec: "DatasetSpec") -> dict[str, FieldKind]:
 def stored_kinds(spec: "DatasetSpec") -> dict[str, FieldKind]:
     """Everything stored per sample besides the provenance columns, by dataset path: the fields,
     then the annotation columns."""
-    out = {k.path: k for k in field_kinds(spec).values()}
+    out: dict[str, FieldKind] = {}
+    for kind in field_kinds(spec).values():
+        out[kind.path] = kind
+        out.update(kind.companions())
     for col, ctype in spec.annotations.columns.items():
         kind = ColumnKind(col, ctype, spec)
         out[kind.path] = kind

@@ -65,6 +65,7 @@ class FieldKind:
     kind: ClassVar[str]
     Spec: ClassVar[type[BaseModel]]
     checksummed: ClassVar[bool] = True  # part of each sample's checksum
+    reads_folders: ClassVar[bool] = False  # a "file" may also be a folder (e.g. a DICOM series per case)
     layout_doc: ClassVar[str] = ""  # its stored form, for docs/format.md
 
     def __init__(self, name: str, spec: Any, dataset: "DatasetSpec"):
@@ -90,6 +91,10 @@ class FieldKind:
         """The globs of its raw files (relative to the source root); empty when it has none."""
         files = getattr(self.spec, "files", None)
         return () if files is None else (files,) if isinstance(files, str) else tuple(files)
+
+    def companions(self) -> dict[str, "FieldKind"]:
+        """Columns the field writes beside itself, by dataset path (e.g. a CT case's voxel spacing)."""
+        return {}
 
     @property
     def annotation_column(self) -> str | None:

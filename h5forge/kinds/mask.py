@@ -82,6 +82,11 @@ def binary_values(img, path: str) -> np.ndarray:
     arr = np.asarray(img)
     if arr.ndim == 3:
         arr = _single_channel(img, arr, path)
+    return binary_array(arr, path)
+
+
+def binary_array(arr: np.ndarray, path: str) -> np.ndarray:
+    """{0,1} or {0,255} values as {0,1}; anything else rejects the sample."""
     present = set(int(v) for v in _present(arr))
     if present <= {0, 1}:
         return arr.astype(np.uint8, copy=False)
@@ -92,7 +97,6 @@ def binary_values(img, path: str) -> np.ndarray:
 
 def class_values(img, spec: MaskField, path: str) -> np.ndarray:
     """HW uint8 class indices (and the ignore value), by palette index, palette colour or value."""
-    allowed = set(range(spec.classes)) | ({spec.ignore_value} if spec.ignore_value is not None else set())
     if img.mode == "P":
         arr = np.asarray(img)  # the palette index of each pixel is its class
     elif spec.palette and img.mode in ("RGB", "RGBA"):
@@ -109,10 +113,16 @@ def class_values(img, spec: MaskField, path: str) -> np.ndarray:
         arr = np.asarray(img)
         if arr.ndim == 3:
             arr = _single_channel(img, arr, path)
+    return class_array(arr, spec.classes, spec.ignore_value, path)
+
+
+def class_array(arr: np.ndarray, classes: int, ignore_value: int | None, path: str) -> np.ndarray:
+    """Class indices 0..classes-1 (and the ignore value) as uint8; anything else rejects the sample."""
+    allowed = set(range(classes)) | ({ignore_value} if ignore_value is not None else set())
     present = set(int(v) for v in _present(arr))
     if not present <= allowed:
-        raise Reject(path, f"mask values {_listed(present - allowed)} are not classes 0..{spec.classes - 1}"
-                           + (f" or the ignore value {spec.ignore_value}" if spec.ignore_value is not None else ""))
+        raise Reject(path, f"mask values {_listed(present - allowed)} are not classes 0..{classes - 1}"
+                           + (f" or the ignore value {ignore_value}" if ignore_value is not None else ""))
     return arr.astype(np.uint8, copy=False)
 
 

@@ -42,6 +42,13 @@ def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(tuple(shape), dtype=dtype)
 
 
+def _row(column: Any, k: int) -> Any:
+    """Sample ``k`` of a batch column (a padded ragged column gives back its row's own length)."""
+    if isinstance(column, Padded):
+        return column.values[k, :int(column.lengths[k])]
+    return column[k]
+
+
 class _Batch(list):
     """What ``__getitems__`` returns: the list of samples torch expects (views into the batch
     tensors), plus the already stacked batch that :func:`collate` passes through unchanged."""
@@ -162,12 +169,14 @@ class H5Dataset(Dataset):
             rows = np.asarray(indices, dtype=np.int64)
             cols += (torch.from_numpy(np.where(rows < 0, rows + len(self), rows)),)
         if self.transform is not None:
-            samples = [self.transform(cols[0][k] if self._single else tuple(c[k] for c in cols)) for k in range(n)]
+            samples = [self.transform(_row(cols[0], k) if self._single else tuple(_row(c, k) for c in cols))
+                       for k in range(n)]
             stacked = collate(samples) if n else cols
             if not self._single and isinstance(stacked, list):
                 stacked = tuple(stacked)
         else:
-            samples = [cols[0][k] for k in range(n)] if self._single else [tuple(c[k] for c in cols) for k in range(n)]
+            samples = [_row(cols[0], k) for k in range(n)] if self._single else \
+                [tuple(_row(c, k) for c in cols) for k in range(n)]
             stacked = cols[0] if self._single else cols
         if self.batch_transform is not None:
             stacked = self.batch_transform(stacked)

@@ -1,0 +1,261 @@
+"""``kind: volume``: a CT/MR case, a stack of slices of any depth, from a DICOM series or NIfTI.
+
+    fields:
+      ct: {kind: volume, files: "cases/*", size: [512, 512]}      # a folder of .dcm per case
+      ct: {kind: volume, files: "cases/*.nii.gz", size: [256, 256]}
+
+DICOM rules: the files of a case folder are grouped by SeriesInstanceUID; a folder holding more
+than one series is rejected as ambiguous unless ``series`` picks one (``largest``, or a regular
+expression matched against SeriesDescription). Slices are ordered by their position along the
+slice normal (ImagePositionPatient . (row x column direction)), never by file name or
+InstanceNumber. Rejected with the reason: a missing slice (a gap in the positions), duplicate
+positions, uneven spacing, differing orientation or slice size, and pixel data no installed
+handler decodes (the transfer syntax is named). Values are pixel_array x RescaleSlope +
+RescaleIntercept (HU for CT), stored int16 (``dtype: float32`` for non-integral values).
+NIfTI (nibabel): slices along the third axis, spacing and affine from the header.
+In-plane, slices are centre-cropped / padded to ``size`` like images (no resampling); the depth
+is kept. Each case records its voxel spacing (slice, row, column, mm), origin, orientation,
+modality and series UID in companion columns ``<field>_spacing`` etc.
+Stored ragged, one slice per chunk: reading a case is one contiguous range, reading a slice one
+chunk. Readers return (D, H, W) per case, batched as padded values + depths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from h5forge.format.arrays import Stored
+from h5forge.format.layout import STR
+from h5forge.kinds.base import Decoded, FieldKind, Globs, ReadOptions, StrictModel
+from h5forge.kinds.image import plan_geometry
+from h5forge.samples import Reject, SampleRef
+
+POSITION_TOLERANCE = 0.01  # mm: positions closer than this are duplicates
+SPACING_TOLERANCE = 0.1  # fraction of the median step allowed between neighbouring slices
+
+
+class VolumeField(StrictModel):
+    """A stack of slices per case (DICOM series folder or NIfTI file)."""
+
+    kind: Literal["volume"] = "volume"
+    files: Globs = Field(description="case folders of DICOM files (e.g. cases/*), or NIfTI files (*.nii.gz)")
+    size: tuple[int, int] = Field(description="in-plane target (rows, columns): centre crop / even pad")
+    series: str | None = Field(None, description="which series of a folder: 'largest' or a SeriesDescription regex")
+    dtype: Literal["int16", "float32"] = "int16"
+    larger: Literal["crop", "reject"] = "crop"
+    fill: int = Field(-1024, description="padding value (air in HU)")
+    max_slices: int = Field(4096, gt=0)
+
+
+def read_case(root: Path, rel: str) -> tuple[list[tuple[str, bytes]], str]:
+    """The files of a case (a folder's files by name, or one file) and one sha256 over them all."""
+    path = root / rel
+    try:
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")) \
+            if path.is_dir() else [path]
+        parts = [(p.relative_to(path).as_posix() if path.is_dir() else p.name, p.read_bytes()) for p in files]
+    except OSError as err:
+        raise Reject(rel, f"cannot read: {err.strerror or err}") from None
+    h = hashlib.sha256()
+    for name, data in parts:
+        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return parts, h.hexdigest()
+
+
+def _series(datasets: list, rule: str | None, rel: str) -> list:
+    groups: dict[str, list] = {}
+    for ds in datasets:
+        groups.setdefault(str(getattr(ds, "SeriesInstanceUID", "")), []).append(ds)
+    if len(groups) == 1:
+        return next(iter(groups.values()))
+    described = {uid: str(getattr(g[0], "SeriesDescription", "")) for uid, g in groups.items()}
+    if rule == "largest":
+        return max(groups.values(), key=len)
+    if rule:
+        hits = [uid for uid, d in described.items() if re.search(rule, d)]
+        if len(hits) == 1:
+            return groups[hits[0]]
+        raise Reject(rel, f"series rule {rule!r} matches {len(hits)} of the series {sorted(described.values())}")
+    raise Reject(rel, f"ambiguous: {len(groups)} series in one case folder ({sorted(described.values())}); "
+                      "set the field's series: largest, or a SeriesDescription pattern")
+
+
+def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | None) -> tuple[np.ndarray, dict]:
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
+    datasets = []
+    for name, data in parts:
+        try:
+            datasets.append(pydicom.dcmread(io.BytesIO(data)))
+        except (InvalidDicomError, ValueError, EOFError, OSError) as err:
+            raise Reject(f"{rel}/{name}", f"not a readable DICOM file: {err}") from None
+    series = _series(datasets, rule, rel)
+    try:
+        iop = np.array([[float(v) for v in ds.ImageOrientationPatient] for ds in series])
+        ipp = np.array([[float(v) for v in ds.ImagePositionPatient] for ds in series])
+    except AttributeError as err:
+        raise Reject(rel, f"a slice lacks its position or orientation: {err}") from None
+    if np.abs(iop - iop[0]).max() > 1e-4:
+        raise Reject(rel, "slices have different orientations (ImageOrientationPatient)")
+    sizes = {(int(ds.Rows), int(ds.Columns)) for ds in series}
+    if len(sizes) > 1:
+        raise Reject(rel, f"slices have different sizes {sorted(sizes)}")
+    normal = np.cross(iop[0][:3], iop[0][3:])
+    order = np.argsort(ipp @ normal, kind="stable")
+    series = [series[i] for i in order]
+    positions = (ipp @ normal)[order]
+    steps = np.diff(positions)
+    if len(steps):
+        if (steps < POSITION_TOLERANCE).any():
+            k = int(np.argmax(steps < POSITION_TOLERANCE))
+            raise Reject(rel, f"duplicate slice positions: {positions[k]:.2f} mm appears twice")
+        step = float(np.median(steps))
+        gaps = np.flatnonzero(steps > (1 + SPACING_TOLERANCE) * step)
+        if gaps.size and np.any(np.abs(steps[gaps] / step - np.round(steps[gaps] / step)) < SPACING_TOLERANCE):
+            k = int(gaps[0])
+            raise Reject(rel, f"missing slice: a gap of {steps[k]:.2f} mm between {positions[k]:.2f} and "
+                              f"{positions[k + 1]:.2f} mm (spacing {step:.2f} mm)")
+        if np.abs(steps - step).max() > SPACING_TOLERANCE * step:
+            raise Reject(rel, f"uneven slice spacing: steps from {steps.min():.2f} to {steps.max():.2f} mm")
+    else:
+        step = float(getattr(series[0], "SliceThickness", 0) or 0)
+    slices = []
+    for ds in series:
+        try:
+            pixels = ds.pixel_array
+        except (NotImplementedError, RuntimeError, ValueError) as err:
+            raise Reject(rel, f"pixel data in {ds.file_meta.TransferSyntaxUID.name} "
+                              f"({ds.file_meta.TransferSyntaxUID}) cannot be decoded here: {err}") from None
+        slope, intercept = float(getattr(ds, "RescaleSlope", 1) or 1), float(getattr(ds, "RescaleIntercept", 0) or 0)
+        slices.append(pixels.astype(np.float64) * slope + intercept)
+    first = series[0]
+    row_spacing, col_spacing = (float(v) for v in getattr(first, "PixelSpacing", (0, 0)))
+    meta = {"spacing": np.array([step, row_spacing, col_spacing]), "origin": ipp[order[0]],
+            "orientation": iop[0], "modality": str(getattr(first, "Modality", "")),
+            "series": str(getattr(first, "SeriesInstanceUID", ""))}
+    return np.stack(slices), meta
+
+
+def _from_nifti(parts: list[tuple[str, bytes]], rel: str) -> tuple[np.ndarray, dict]:
+    import nibabel
+
+    from nibabel.filebasedimages import ImageFileError
+    from nibabel.spatialimages import HeaderDataError
+
+    try:
+        img = nibabel.Nifti1Image.from_bytes(_gunzipped(parts[0][1]))
+    except (ImageFileError, HeaderDataError, ValueError, OSError, EOFError) as err:
+        raise Reject(rel, f"not a readable NIfTI file: {type(err).__name__}: {err}") from None
+    data = np.asanyarray(img.dataobj)
+    if data.ndim != 3:
+        raise Reject(rel, f"a NIfTI volume must have 3 dimensions; found shape {data.shape}")
+    zooms = img.header.get_zooms()[:3]
+    affine = img.affine
+    meta = {"spacing": np.array([zooms[2], zooms[1], zooms[0]], float), "origin": affine[:3, 3],
+            "orientation": np.concatenate([affine[:3, 0] / max(zooms[0], 1e-9), affine[:3, 1] / max(zooms[1], 1e-9)]),
+            "modality": "", "series": ""}
+    return np.ascontiguousarray(np.transpose(data, (2, 1, 0))).astype(np.float64), meta
+
+
+def _gunzipped(data: bytes) -> bytes:
+    import gzip
+
+    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+
+
+def load_case(root: Path, rel: str, rule: str | None = None) -> tuple[np.ndarray, dict, str]:
+    """(D, H, W) values in slice order, the case's geometry, and the digest of its files."""
+    parts, digest = read_case(root, rel)
+    if not parts:
+        raise Reject(rel, "empty case folder")
+    if rel.lower().endswith((".nii", ".nii.gz")):
+        values, meta = _from_nifti(parts, rel)
+    else:
+        values, meta = _from_dicom(parts, rel, rule)
+    return values, meta, digest
+
+
+def crop_or_pad(values: np.ndarray, size: tuple[int, int], larger: str, fill: float, rel: str) -> np.ndarray:
+    """(D, H, W) brought to (D, *size) in-plane: centre crop, even pad (the odd pixel bottom/right)."""
+    g = plan_geometry(values.shape[1], values.shape[2], size[0], size[1], larger, rel)
+    top, left, ch, cw = g.crop
+    pt, pb, pl, pr = g.pad
+    out = values[:, top:top + ch, left:left + cw]
+    return np.pad(out, ((0, 0), (pt, pb), (pl, pr)), constant_values=fill) if (pt or pb or pl or pr) else out
+
+
+class VolumeKind(FieldKind):
+    kind = "volume"
+    Spec = VolumeField
+    reads_folders = True
+    layout_doc = ("ragged: (total slices, H, W) int16 (or float32), one slice per chunk, plus <field>_lengths "
+                  "(N,) depths; companions <field>_spacing (N, 3), _origin (N, 3), _orientation (N, 6), "
+                  "_modality, _series")
+
+    def stored(self) -> Stored:
+        return Stored(tuple(self.spec.size), np.dtype(self.spec.dtype), bulk=True, ragged=True, chunk_elements=1)
+
+    def companions(self) -> dict[str, FieldKind]:
+        stored = {"spacing": Stored((3,), np.float64, bulk=False), "origin": Stored((3,), np.float64, bulk=False),
+                  "orientation": Stored((6,), np.float64, bulk=False), "modality": Stored((), STR, bulk=False),
+                  "series": Stored((), STR, bulk=False)}
+        return {f"{self.name}_{key}": CaseMeta(self, key, st) for key, st in stored.items()}
+
+    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
+        f, rel = self.spec, ref.files[self.name]
+        values, meta, digest = load_case(root, rel, f.series)
+        if len(values) > f.max_slices:
+            raise Reject(rel, f"{len(values)} slices, more than max_slices {f.max_slices}")
+        raw = values.shape
+        values = crop_or_pad(values, f.size, f.larger, f.fill, rel)
+        if f.dtype == "int16":
+            if not np.array_equal(values, np.round(values)) or values.min() < -32768 or values.max() > 32767:
+                raise Reject(rel, f"values {values.min():g}..{values.max():g} are not int16 integers; "
+                                  "set dtype: float32")
+        return Decoded(values.astype(f.dtype), digest, {**meta, "raw": raw})
+
+    def output_dtype(self, opts: ReadOptions) -> np.dtype:
+        return np.dtype(self.spec.dtype)
+
+    def preview(self, value: Any) -> np.ndarray:
+        """Mid-slices in the three planes, side by side, windowed to the value range."""
+        v = np.asarray(value, np.float64)
+        lo, hi = np.percentile(v, 1), np.percentile(v, 99)
+        scaled = np.clip((v - lo) / max(hi - lo, 1e-9) * 255, 0, 255).astype(np.uint8)
+        d, h, w = scaled.shape
+        planes = [scaled[d // 2], scaled[:, h // 2, :], scaled[:, :, w // 2]]
+        tall = max(p.shape[0] for p in planes)
+        row = np.concatenate([np.pad(p, ((0, tall - p.shape[0]), (0, 2))) for p in planes], axis=1)
+        return np.repeat(row[..., None], 3, axis=2)
+
+
+class CaseMeta(FieldKind):
+    """A per-case geometry column that a volume field writes beside itself (not declared by users)."""
+
+    kind = "case-meta"
+    checksummed = False
+
+    def __init__(self, volume: VolumeKind, key: str, stored: Stored):
+        super().__init__(f"{volume.name}_{key}", stored, volume.dataset)
+        self.volume, self.key = volume.name, key
+
+    @property
+    def after(self) -> tuple[str, ...]:
+        return (self.volume,)
+
+    def stored(self) -> Stored:
+        return self.spec
+
+    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
+        return Decoded(done[self.volume].context[self.key])
+
+    def output_dtype(self, opts: ReadOptions) -> np.dtype | None:
+        return None if self.spec.dtype is STR else np.dtype(self.spec.dtype)

@@ -1,0 +1,106 @@
+"""``kind: volume_mask``: the label volume of a ``volume`` field, slice for slice.
+
+    fields:
+      ct:   {kind: volume, files: "cases/*", size: [512, 512]}
+      ct_mask: {kind: volume_mask, files: "masks/*", like: ct, classes: 3}
+
+A case's mask is a folder of one PNG per slice, numbered in slice order (the number in the file
+name: ``0.png`` ... or ``slice_017.png``), or a NIfTI label volume (``masks/<case>.nii.gz``). It
+must have the volume's depth and in-plane size, and values by the mask rules (binary {0,1} /
+{0,255}, or ``classes`` with an optional ``ignore_value``); it is cropped and padded exactly like
+the volume. Stored ragged like the volume, uint8, with pixel counts per class and a per-class row
+index, as for 2-D masks.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from h5forge.format.arrays import Ragged, Stored
+from h5forge.kinds.base import Decoded, Globs, StrictModel
+from h5forge.kinds.image import open_picture
+from h5forge.kinds.mask import MaskKind, binary_array, class_array
+from h5forge.kinds.volume import crop_or_pad, load_case, read_case
+from h5forge.samples import Reject, SampleRef
+
+
+class VolumeMaskField(StrictModel):
+    """Per-slice labels of a volume field."""
+
+    kind: Literal["volume_mask"] = "volume_mask"
+    files: Globs = Field(description="a folder of per-slice PNGs per case, or NIfTI label volumes")
+    like: str = Field(description="the volume field this mask labels")
+    classes: int | None = Field(None, ge=2, le=255)
+    ignore_value: int | None = Field(None, ge=0, le=255)
+    max_pixels: int = Field(64_000_000, gt=0)
+
+
+def _slice_number(name: str) -> int:
+    digits = re.findall(r"\d+", Path(name).stem)
+    if not digits:
+        raise ValueError(name)
+    return int(digits[-1])
+
+
+class VolumeMaskKind(MaskKind):
+    kind = "volume_mask"
+    Spec = VolumeMaskField
+    reads_folders = True
+    layout_doc = ("ragged like its volume: (total slices, H, W) uint8 labels, plus <field>_lengths; split attr "
+                  "<field>_class_pixels (K,); /index/<split>/<field>: cases by class present")
+
+    def stored(self) -> Stored:
+        return Stored(tuple(self.dataset.fields[self.spec.like].size), np.uint8, bulk=True, ragged=True,
+                      chunk_elements=1)
+
+    @classmethod
+    def check_spec(cls, name: str, spec: VolumeMaskField, dataset: Any) -> None:
+        if getattr(dataset.fields.get(spec.like), "kind", None) != "volume":
+            raise ValueError(f"fields.{name}.like: {spec.like!r} is not a volume field")
+
+    def _labels(self, root: Path, rel: str) -> np.ndarray:
+        if rel.lower().endswith((".nii", ".nii.gz")):
+            values = load_case(root, rel)[0]
+            if not np.array_equal(values, np.round(values)):
+                raise Reject(rel, "label volume holds values that are not whole numbers")
+            return values.astype(np.int64)
+        parts, _ = read_case(root, rel)
+        try:
+            parts = sorted(parts, key=lambda p: _slice_number(p[0]))
+        except ValueError as err:
+            raise Reject(f"{rel}/{err}", "a slice mask's file name has no slice number") from None
+        return np.stack([np.asarray(open_picture(data, f"{rel}/{name}", self.spec.max_pixels).convert("L"))
+                         for name, data in parts]) if parts else np.zeros((0, 0, 0), np.uint8)
+
+    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
+        rel = ref.files[self.name]
+        digest = read_case(root, rel)[1]
+        labels = self._labels(root, rel)
+        volume = done[self.spec.like].context
+        if labels.shape != volume["raw"]:
+            raise Reject(rel, f"mask is {'x'.join(map(str, labels.shape))} (DxHxW) but its volume "
+                              f"{ref.files[self.spec.like]} is {'x'.join(map(str, volume['raw']))}")
+        if labels.size and (labels.min() < 0 or labels.max() > 255):
+            raise Reject(rel, f"mask values {labels.min()}..{labels.max()} are outside 0..255")
+        labels = labels.astype(np.uint8)
+        labels = binary_array(labels, rel) if self.spec.classes is None else \
+            class_array(labels, self.spec.classes, self.spec.ignore_value, rel)
+        volume_spec = self.dataset.fields[self.spec.like]
+        values = crop_or_pad(labels, volume_spec.size, volume_spec.larger, self.spec.ignore_value or 0, rel)
+        return Decoded(np.ascontiguousarray(values, dtype=np.uint8), digest)
+
+    def counts(self, block: Ragged) -> np.ndarray:
+        return super().counts(block.values)
+
+    def index_values(self, block: Ragged) -> list[list[int]]:
+        return [[int(c) for c in np.flatnonzero(np.bincount(block[i].ravel(), minlength=256)[:self.n_classes])]
+                for i in range(len(block))]
+
+    def preview(self, value: Any) -> np.ndarray:
+        labels = np.asarray(value)
+        return super().preview(labels[len(labels) // 2][None])

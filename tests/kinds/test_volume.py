@@ -1,0 +1,145 @@
+"""CT volumes from real DICOM data (pydicom's bundled CT and MR files): series built from their
+pixel data and headers with new positions and UIDs, files shuffled; slices sorted by position,
+HU equal to pixel_array x slope + intercept, broken cases rejected with their reasons; NIfTI
+volumes with nibabel; masks per slice; read back per case."""
+
+from __future__ import annotations
+
+import copy
+
+import h5py
+import nibabel
+import numpy as np
+import pydicom
+import pytest
+import torch
+from PIL import Image
+from pydicom.data import get_testdata_file
+from pydicom.uid import generate_uid
+
+from h5forge.format import arrays
+from h5forge.format.layout import decode_str
+from h5forge.read.torch import H5Dataset
+
+SIZE = [128, 128]
+
+
+def write_series(folder, source="CT_small.dcm", depth=6, spacing=2.5, skip=(), duplicate=None, seed=0,
+                 description="axial"):
+    """A series from a real file's pixels and header: one slice per position, saved in shuffled order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    base = pydicom.dcmread(get_testdata_file(source))
+    series, rng = generate_uid(), np.random.default_rng(seed)
+    expected = []
+    for k in rng.permutation(depth):
+        if k in skip:
+            continue
+        ds = copy.deepcopy(base)
+        ds.SeriesInstanceUID, ds.SOPInstanceUID = series, generate_uid()
+        ds.SeriesDescription = description
+        ds.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+        z = spacing * (duplicate if k == depth - 1 and duplicate is not None else k)
+        ds.ImagePositionPatient = [-50.0, -60.0, z]
+        ds.InstanceNumber = int(rng.integers(1, 1000))  # deliberately not the slice order
+        ds.save_as(folder / f"{generate_uid()}.dcm", enforce_file_format=True)
+    hu = base.pixel_array.astype(np.float64) * float(base.get("RescaleSlope", 1)) + float(base.get("RescaleIntercept", 0))
+    return hu  # every slice holds the same real pixels
+
+
+def spec_data(root, out, **volume):
+    return {"name": "ct", "source": {"root": str(root)}, "output": {"dir": str(out)},
+            "splits": {"ratios": {"train": 1.0}}, "compute": {"batch_size": 2},
+            "fields": {"ct": {"kind": "volume", "files": "cases/*", "size": SIZE, **volume}}}
+
+
+def test_dicom_series_are_sorted_by_position_and_broken_cases_rejected(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    hu = write_series(root / "cases" / "good", depth=6)
+    write_series(root / "cases" / "gap", depth=6, skip=(3,))
+    write_series(root / "cases" / "dup", depth=6, duplicate=2)
+    write_series(root / "cases" / "two", depth=4)
+    write_series(root / "cases" / "two", depth=3, seed=1, description="scout")
+    write_series(root / "cases" / "mr", source="MR_small_jpeg_ls_lossless.dcm", depth=5, spacing=1.0)
+    rle = write_series(root / "cases" / "mr_rle", source="MR_small_RLE.dcm", depth=3, spacing=1.0)
+    path, summary = build_spec(spec_data(root, tmp_path / "out"))
+    reasons = {r.sample_id: r.reason for r in summary.rejections}
+    assert "missing slice: a gap of 5.00 mm" in reasons["gap"]
+    assert "duplicate slice positions" in reasons["dup"]
+    assert "ambiguous: 2 series" in reasons["two"] and "scout" in reasons["two"]
+    assert set(reasons) == {"gap", "dup", "two"}
+    with h5py.File(path, "r") as f:
+        g = f["train"]
+        ids = decode_str(g["ids"][()])
+        read = arrays.RowReader(g, "ct", arrays.Stored(tuple(SIZE), np.int16, True, True, 1))
+        good = read.row(ids.index("good"))
+        assert good.shape == (6, 128, 128) and good.dtype == np.int16
+        assert np.array_equal(good, np.broadcast_to(hu, good.shape))
+        mr = read.row(ids.index("mr_rle"))
+        assert np.array_equal(mr[:, 32:96, 32:96], np.broadcast_to(rle, (3, 64, 64)))  # 64x64 padded to 128
+        assert (mr[:, :32] == -1024).all()
+        assert list(g["ct_spacing"][ids.index("good")]) == [2.5, *[float(v) for v in pydicom.dcmread(
+            get_testdata_file("CT_small.dcm")).PixelSpacing]]
+        assert decode_str(g["ct_modality"][()]) == ["CT" if i == "good" else "MR" for i in ids]
+        assert g["ct" + arrays.LENGTHS][()].tolist() == [6 if i == "good" else 5 if i == "mr" else 3 for i in ids]
+    ds = H5Dataset(path, fields=("ct",), return_index=True)
+    (values, depths), rows = next(iter(ds.loader(batch_size=3, num_workers=0, shuffle=False)))
+    assert values.shape == (3, 6, 128, 128) and depths.tolist() == [6 if ids[r] == "good" else 5 if ids[r] == "mr"
+                                                                    else 3 for r in rows.tolist()]
+
+
+def test_series_rule_picks_one_and_an_undecodable_syntax_is_named(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    write_series(root / "cases" / "two", depth=4)
+    write_series(root / "cases" / "two", depth=3, seed=1, description="scout")
+    odd = root / "cases" / "mpeg"
+    write_series(odd, depth=2)
+    for p in odd.iterdir():
+        ds = pydicom.dcmread(p)
+        ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.4.100"  # MPEG2: no handler decodes it
+        ds.PixelData = pydicom.encaps.encapsulate([b"\x00" * 64])
+        ds["PixelData"].VR = "OB"
+        ds.save_as(p, enforce_file_format=True)
+    path, summary = build_spec(spec_data(root, tmp_path / "out", series="largest"))
+    [bad] = summary.rejections
+    assert bad.sample_id == "mpeg" and "MPEG2" in bad.reason and "1.2.840.10008.1.2.4.100" in bad.reason
+    with h5py.File(path, "r") as f:
+        assert f["train"]["ct" + arrays.LENGTHS][()].tolist() == [4]
+
+
+def test_nifti_volumes_with_slice_masks(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    truth = {}
+    for name, depth in (("a", 7), ("b", 4)):
+        vol = rng.integers(-1000, 1500, size=(100, 90, depth)).astype(np.int16)  # (x, y, z)
+        nibabel.save(nibabel.Nifti1Image(vol, np.diag([0.8, 0.9, 3.0, 1.0])), root / "cases" / f"{name}.nii.gz")
+        labels = (np.transpose(vol, (2, 1, 0)) > 800).astype(np.uint8)  # (z, y, x)
+        (root / "masks" / name).mkdir(parents=True)
+        for k, sl in enumerate(labels):
+            Image.fromarray(sl * 255).save(root / "masks" / name / f"slice_{k:03d}.png")
+        truth[name] = (np.transpose(vol, (2, 1, 0)), labels)
+    Image.fromarray(np.full((90, 100), 128, np.uint8)).save(root / "masks" / "b" / "slice_002.png")
+    data = spec_data(root, tmp_path / "out")
+    data["fields"]["ct"]["files"] = "cases/*.nii.gz"
+    data["fields"]["ct_mask"] = {"kind": "volume_mask", "files": "masks/*", "like": "ct"}
+    path, summary = build_spec(data)
+    [bad] = summary.rejections
+    assert bad.sample_id == "b" and "mask values [0, 128, 255] not allowed" in bad.reason
+    with h5py.File(path, "r") as f:
+        g = f["train"]
+        assert decode_str(g["ids"][()]) == ["a"]
+        vol, labels = truth["a"]
+        assert np.array_equal(g["ct"][()][:, 19:109, 14:114], vol)  # 90 rows x 100 columns, padded to 128 x 128
+        assert np.array_equal(g["ct_mask"][()][:, 19:109, 14:114], labels)
+        assert np.allclose(g["ct_spacing"][0], [3.0, 0.9, 0.8])
+        assert g.attrs["ct_mask_class_pixels"].tolist() == [7 * 128 * 128 - labels.sum(), labels.sum()]
+
+
+def test_volume_mask_must_follow_a_volume(tmp_path):
+    from h5forge.spec import DatasetSpec
+
+    data = spec_data(tmp_path, tmp_path / "out")
+    data["fields"]["m"] = {"kind": "volume_mask", "files": "m/*", "like": "nope"}
+    with pytest.raises(ValueError, match="fields.m.like: 'nope' is not a volume field"):
+        DatasetSpec.model_validate(data)
