@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: install demo test test-quick lint docs bench clean
+.PHONY: install demo test test-quick lint docs bench bench-smoke clean
 
 install: $(VENV)/.installed
 
@@ -49,9 +49,17 @@ $(VENV_TF)/.h5forge: $(VENV_TF)/.installed pyproject.toml
 test-tf: install-tf
 	$(BIN_TF)/python -m pytest -q tests/read/test_tf_reader.py
 
+# benchmarks/README.md. Full size: hours on a 2-core machine. --smoke (CI): tiny sizes, every code path,
+# results to benchmarks/results/smoke/ (git-ignored); all four run, and the target fails if any failed.
+BENCHMARKS = build read append orchestration
+
 bench: install
-	$(BIN)/python benchmarks/build.py
-	$(BIN)/python benchmarks/read.py
+	for b in $(BENCHMARKS); do $(BIN)/python -m benchmarks.$$b || exit 1; done
+
+bench-smoke: install
+	status=0; for b in $(BENCHMARKS); do \
+	  $(BIN)/python -m benchmarks.$$b --smoke || { echo "benchmarks.$$b --smoke FAILED"; status=1; }; done; \
+	exit $$status
 
 # import contracts (pyproject.toml [tool.importlinter]), checked on the package as pip installs it,
 # where flows/, tasks/ and deployments/ sit inside h5forge/

@@ -1,0 +1,1 @@
+"""Benchmark commands: ``python -m benchmarks.<build|read|append|orchestration|compare> [--smoke]``."""
