@@ -303,7 +303,8 @@ class SplitReader:
         return {name: self._ragged[name].row(j) if fi.ragged else dsets[name][j] if fi.bulk else self._columns[name][j]
                 for name, fi in self.fields.items()}
 
-    def read(self, indices: Iterable[int], out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    def read(self, indices: Iterable[int], out: dict[str, np.ndarray] | None = None,
+             fields: Sequence[str] | None = None) -> dict[str, Any]:
         """Rows ``indices`` of every field, in the order asked: {field: (len(indices), *shape) uint8}.
 
         ``out`` may hold preallocated arrays to fill (e.g. shared-memory buffers).
@@ -322,6 +323,8 @@ class SplitReader:
         result: dict[str, np.ndarray] = {}
         dsets = self._handles()
         for name, fi in self.fields.items():
+            if fields is not None and name not in fields:
+                continue
             if not fi.bulk:
                 result[name] = self._columns[name][idx]
                 continue
@@ -344,6 +347,26 @@ class SplitReader:
             got.update((start + j, block[j]) for j in range(stop - start))
         return [got[int(i)] for i in idx]
 
+    def read_elements(self, name: str, elements: np.ndarray) -> np.ndarray:
+        """Elements (e.g. CT slices) of a ragged field by their position across the split, in the
+        order asked; runs of neighbouring elements are one read each."""
+        self._handles()
+        values = self._ragged[name].values
+        order = np.argsort(elements, kind="stable")
+        uniq, first = np.unique(elements[order], return_index=True)
+        target = np.empty((elements.size, *values.shape[1:]), dtype=values.dtype)
+        if elements.size:
+            _read_runs(values, target, coalesce(uniq), order[first])
+            dups = np.flatnonzero(np.diff(elements[order]) == 0) + 1
+            for k in dups:
+                target[order[k]] = target[order[k - 1]]
+        return target
+
+    def lengths(self, name: str) -> np.ndarray:
+        """Each row's length in a ragged field (a CT case's depth)."""
+        with _open(self.real_path, self.locking) as f:
+            return f[self.split][self.fields[name].path + arrays.LENGTHS][()]
+
     # ---- per-sample columns ------------------------------------------------------------------
     def ids(self) -> list[str]:
         with _open(self.real_path, self.locking) as f:
@@ -355,6 +378,56 @@ class SplitReader:
             if column_path(column) not in g:
                 raise ReadError(f"{self._where()}: split {self.split!r} has no annotation column {column!r}")
             return g[column_path(column)][()]
+
+
+class SliceIndex:
+    """The slices of a reader's ragged fields (CT cases) numbered across the split, for 2-D training:
+    slice ``i`` is element ``pos`` of case ``case[i]``. With ``context`` k, a slice comes with its k
+    neighbours on each side as channels (2.5-D), repeated at the case's first and last slice."""
+
+    def __init__(self, reader: SplitReader, context: int = 0):
+        ragged = [name for name, fi in reader.fields.items() if fi.ragged]
+        if not ragged:
+            raise ReadError(f"{reader.path}: unit='slice' needs a ragged field (a volume); fields are "
+                            f"{list(reader.fields)}")
+        lengths = reader.lengths(ragged[0])
+        for name in ragged[1:]:
+            if not np.array_equal(reader.lengths(name), lengths):
+                raise ReadError(f"{reader.path}: {name!r} and {ragged[0]!r} differ in depth: their slices "
+                                "cannot be read together")
+        starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self.ragged, self.context = ragged, int(context)
+        self.case = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+        self.first = np.repeat(starts[:-1], lengths)
+        self.last = np.repeat(starts[1:] - 1, lengths)
+
+    def __len__(self) -> int:
+        return len(self.case)
+
+    def elements(self, slices: np.ndarray) -> np.ndarray:
+        """(n, 2k+1) element positions of the slices and their neighbours, clamped to each case."""
+        offsets = np.arange(-self.context, self.context + 1)
+        wanted = slices[:, None] + offsets[None, :]
+        return np.clip(wanted, self.first[slices][:, None], self.last[slices][:, None])
+
+    def read(self, reader: SplitReader, slices: Iterable[int]) -> dict[str, np.ndarray]:
+        """{field: (n, [2k+1,] H, W) slices, or the case's value for the other fields}."""
+        idx = np.asarray(list(slices) if not isinstance(slices, np.ndarray) else slices, dtype=np.int64)
+        idx = np.where(idx < 0, idx + len(self), idx)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError(f"slice index out of range ({len(self)} slices)")
+        elements = self.elements(idx)
+        out = {}
+        for name in reader.fields:
+            if name in self.ragged:
+                block = reader.read_elements(name, elements.ravel()).reshape(*elements.shape, -1)
+                block = block.reshape(*elements.shape, *reader.fields[name].shape)
+                out[name] = block[:, 0] if self.context == 0 else block
+        others = [name for name in reader.fields if name not in self.ragged]
+        if others:
+            cases = reader.read(self.case[idx], fields=others)
+            out.update((name, cases[name]) for name in others)
+        return {name: out[name] for name in reader.fields}
 
 
 def resolve(path: str | os.PathLike) -> Path:
@@ -385,6 +458,11 @@ def sample_value(info: FieldInfo, raw: Any, opts: ReadOptions, dtype: np.dtype |
     if info.ragged:
         return decode_str([raw])[0] if dtype is None else _converted(info, raw, opts, dtype, 0)
     return model_values(info, np.asarray(raw)[None], opts, dtype)[0]
+
+
+def dense_values(info: FieldInfo, raw: np.ndarray, opts: ReadOptions, dtype: np.dtype | None) -> Any:
+    """Model values of rows that are plain arrays, whatever the field's layout (e.g. CT slices)."""
+    return decode_str(raw) if dtype is None else _converted(info, raw, opts, dtype, 1)
 
 
 def _converted(info: FieldInfo, raw: np.ndarray, opts: ReadOptions, dtype: np.dtype, axis: int) -> np.ndarray:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -25,7 +25,8 @@ from torch.utils.data._utils.collate import default_collate
 from h5forge.errors import ReadError
 from h5forge.kinds import ReadOptions
 from h5forge.read.collate import Padded
-from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, SplitReader, model_values, output_dtypes, sample_value
+from h5forge.read.reader import (DEFAULT_CACHE_CHUNKS, SliceIndex, SplitReader, dense_values, model_values,
+                                 output_dtypes, sample_value)
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["H5Dataset", "ChunkShuffleSampler", "ReadError", "collate"]
@@ -73,7 +74,12 @@ class H5Dataset(Dataset):
     per-channel mean/std), masks int64 (``mask_dtype``) of shape (1, H, W), labels int64,
     annotation columns (``"label"`` or ``"meta/label"``) as int64 / float32 / bool tensors, or
     lists of strings. ``return_index=True`` adds each sample's row as a last int64 element, so
-    shuffled batches can be matched to ``ids()`` and ``meta()``.
+    shuffled batches can be matched to ``ids()`` and ``meta()``. A ragged field (a signal, a CT
+    case) comes per sample at its own length, and batched as ``Padded(values, lengths)``.
+
+    ``unit="slice"`` serves the slices of the volume fields one by one for 2-D training (each
+    (H, W), or with ``context=k`` its k neighbours on each side as (2k+1, H, W)); other fields give
+    their case's value, and ``return_index`` the case's row.
 
     ``transform(sample) -> sample`` runs on each sample (augmentation); ``batch_transform(batch) ->
     batch`` on each batch in the worker. ``locking=False`` opens without HDF5 file locks (network
@@ -86,9 +92,11 @@ class H5Dataset(Dataset):
                  transform: Callable[[Any], Any] | None = None,
                  batch_transform: Callable[[Any], Any] | None = None,
                  locking: bool | None = None, cache_chunks: int = DEFAULT_CACHE_CHUNKS,
-                 rdcc_nbytes: int | None = None, return_index: bool = False):
+                 rdcc_nbytes: int | None = None, return_index: bool = False,
+                 unit: Literal["sample", "slice"] = "sample", context: int = 0):
         self.reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks,
                                   rdcc_nbytes=rdcc_nbytes)
+        self.slices = SliceIndex(self.reader, context) if unit == "slice" else None
         self.options = ReadOptions(image_dtype, mask_dtype, normalize)
         self._dtypes = output_dtypes(self.reader, self.options)  # refuses unknown dtypes here, not in a worker
         self.transform, self.batch_transform = transform, batch_transform
@@ -111,7 +119,7 @@ class H5Dataset(Dataset):
         return self.reader.meta(column)
 
     def __len__(self) -> int:
-        return len(self.reader)
+        return len(self.slices) if self.slices is not None else len(self.reader)
 
     def __repr__(self) -> str:
         return (f"H5Dataset({self.path!r}, split={self.split!r}, fields={self.fields}, version={self.version}, "
@@ -142,6 +150,8 @@ class H5Dataset(Dataset):
 
     # ---- access ------------------------------------------------------------------------------
     def __getitem__(self, i: int) -> Any:
+        if self.slices is not None:
+            return self.__getitems__([i])[0]
         raw = self.reader.read_one(i)
         sample = tuple(self._one(n, a) for n, a in raw.items())
         if self.return_index:
@@ -153,6 +163,8 @@ class H5Dataset(Dataset):
         """A whole batch in one go: sorted, coalesced slice reads, each chunk decompressed once,
         converted batch-wise; returned in the requested order."""
         n = len(indices)
+        if self.slices is not None:
+            return self._batch(self._slice_columns(indices), n)
         outs: dict[str, torch.Tensor] = {}
         raw_out: dict[str, np.ndarray] = {}
         for name, fi in self.reader.fields.items():
@@ -168,6 +180,21 @@ class H5Dataset(Dataset):
         if self.return_index:
             rows = np.asarray(indices, dtype=np.int64)
             cols += (torch.from_numpy(np.where(rows < 0, rows + len(self), rows)),)
+        return self._batch(cols, n)
+
+    def _slice_columns(self, indices: Sequence[int]) -> tuple:
+        """unit="slice": each volume field as (B, [2k+1,] H, W), the others per case; the case rows last."""
+        raw = self.slices.read(self.reader, indices)
+        cols = []
+        for name, fi in self.reader.fields.items():
+            v = dense_values(fi, raw[name], self.options, self._dtypes[name])
+            cols.append(v if isinstance(v, list) else torch.from_numpy(np.ascontiguousarray(v)))
+        if self.return_index:
+            rows = np.asarray(indices, dtype=np.int64)
+            cols.append(torch.from_numpy(self.slices.case[np.where(rows < 0, rows + len(self), rows)]))
+        return tuple(cols)
+
+    def _batch(self, cols: tuple, n: int) -> _Batch:
         if self.transform is not None:
             samples = [self.transform(_row(cols[0], k) if self._single else tuple(_row(c, k) for c in cols))
                        for k in range(n)]

@@ -143,3 +143,34 @@ def test_volume_mask_must_follow_a_volume(tmp_path):
     data["fields"]["m"] = {"kind": "volume_mask", "files": "m/*", "like": "nope"}
     with pytest.raises(ValueError, match="fields.m.like: 'nope' is not a volume field"):
         DatasetSpec.model_validate(data)
+
+
+def test_slices_of_cases_for_2d_and_25d_training(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    for name, depth in (("a", 5), ("b", 3)):
+        vol = rng.integers(-1000, 1000, size=(128, 128, depth)).astype(np.int16)
+        nibabel.save(nibabel.Nifti1Image(vol, np.eye(4)), root / "cases" / f"{name}.nii.gz")
+    data = spec_data(root, tmp_path / "out")
+    data["fields"]["ct"]["files"] = "cases/*.nii.gz"
+    path, _ = build_spec(data)
+    cases = H5Dataset(path, fields=("ct",))
+    volumes = [cases[i] for i in range(len(cases))]
+    flat = torch.cat(volumes)
+    slices = H5Dataset(path, fields=("ct",), unit="slice", return_index=True)
+    assert len(slices) == 8 == len(flat)
+    seen = []
+    for sl, case in slices.loader(batch_size=3, num_workers=2, shuffle=True, seed=4):
+        assert sl.shape[1:] == (128, 128)
+        for s, c in zip(sl, case.tolist()):
+            hits = [k for k in range(len(volumes[c])) if torch.equal(volumes[c][k], s)]
+            assert hits, "a slice must come from its own case"
+            seen.append((c, hits[0]))
+    assert sorted(seen) == [(0, k) for k in range(len(volumes[0]))] + [(1, k) for k in range(len(volumes[1]))]
+    stacks = H5Dataset(path, fields=("ct",), unit="slice", context=1)
+    first_of_b = len(volumes[0])
+    stack = stacks[first_of_b]  # first slice of case b: its lower neighbour is itself
+    assert stack.shape == (3, 128, 128)
+    assert torch.equal(stack[0], volumes[1][0]) and torch.equal(stack[1], volumes[1][0])
+    assert torch.equal(stack[2], volumes[1][1])
