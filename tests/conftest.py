@@ -71,3 +71,22 @@ def small_inventory(raw_demo, tmp_path_factory):
     inv = discover(spec)
     inv.samples = [s for s in inv.samples if s.id.startswith("cell_")][:6]
     return inv
+
+
+@pytest.fixture
+def build_spec():
+    """``build_spec(dict) -> (path of the published version, write summary)``."""
+    from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
+    from h5forge.ingest.discover import discover
+    from h5forge.spec import DatasetSpec
+    from h5forge.store.versions import stage
+
+    def build(data: dict):
+        spec = DatasetSpec.model_validate(data)
+        cand = stage(spec.output.dir)
+        summary = write_version(spec, discover(spec), cand)
+        report = verify_candidate(cand)
+        assert report.ok, report.errors
+        return publish_candidate(cand, report), summary
+
+    return build
