@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from h5forge.kinds import FieldKind, decode_sample, file_fields, stored_kinds
+from h5forge.kinds import FieldKind, decode_order, decode_sample, file_fields, stored_kinds
 from h5forge.samples import Reject, Rejection, SampleRef
 from h5forge.spec import DatasetSpec
 
@@ -69,11 +69,11 @@ def split_stats(kinds: dict[str, FieldKind], arrays: dict[str, np.ndarray],
     return out
 
 
-def clean_sample(spec: DatasetSpec, root: Path, ref: SampleRef,
-                 kinds: dict[str, FieldKind] | None = None) -> tuple[dict[str, object], list[str]]:
+def clean_sample(spec: DatasetSpec, root: Path, ref: SampleRef, kinds: dict[str, FieldKind] | None = None,
+                 order: list[FieldKind] | None = None) -> tuple[dict[str, object], list[str]]:
     """Stored values by dataset path and the raw files' sha256; raises Reject."""
     kinds = stored_kinds(spec) if kinds is None else kinds
-    decoded = decode_sample(kinds, Path(root), ref)
+    decoded = decode_sample(kinds, Path(root), ref, order)
     return {p: d.value for p, d in decoded.items()}, [decoded[n].sha256 for n in file_fields(kinds)]
 
 
@@ -81,12 +81,13 @@ def clean_batch(spec: DatasetSpec, root: str | Path, refs: list[SampleRef]) -> C
     """Clean ``refs`` in order; never raises for bad input."""
     root = Path(root)
     kinds = stored_kinds(spec)
+    order = decode_order(kinds)
     files_of = file_fields(kinds)
     kept: list[tuple[SampleRef, dict[str, object], list[str]]] = []
     rejections: list[Rejection] = []
     for ref in refs:
         try:
-            values, hashes = clean_sample(spec, root, ref, kinds)
+            values, hashes = clean_sample(spec, root, ref, kinds, order)
         except Reject as rej:
             rejections.append(Rejection(ref.id, (rej.path,), rej.reason, stage="clean"))
             continue

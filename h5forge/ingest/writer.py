@@ -37,6 +37,51 @@ from h5forge.samples import Rejection
 from h5forge.spec import DatasetSpec
 
 
+class _RowBuffer:
+    """The buffered rows of one dataset of one split. Numeric sample arrays are copied once,
+    straight into a reused array (they are the bulk of the bytes); strings and ragged rows are
+    kept as blocks and joined when written."""
+
+    def __init__(self) -> None:
+        self.array: np.ndarray | None = None
+        self.head = 0  # the buffered rows are array[head:head + n]
+        self.blocks: list = []
+        self.n = 0
+
+    def put(self, block, rows: np.ndarray) -> None:
+        if isinstance(block, np.ndarray) and block.dtype != object:
+            self._room(block, len(rows))
+            at = self.head + self.n
+            for k, i in enumerate(rows):  # row by row: measured faster than np.take(out=) or fancy indexing
+                self.array[at + k] = block[i]
+        else:
+            self.blocks.append(block[rows])
+        self.n += len(rows)
+
+    def _room(self, block: np.ndarray, extra: int) -> None:
+        if self.array is not None and self.head + self.n + extra <= len(self.array):
+            return
+        size = max(self.n + extra, 0 if self.array is None else len(self.array))
+        if self.array is None or size > len(self.array):
+            grown = np.empty((2 * size, *block.shape[1:]), block.dtype)
+        else:
+            grown = self.array  # big enough: move the buffered rows to its start
+        grown[:self.n] = self.array[self.head:self.head + self.n] if self.array is not None else grown[:0]
+        self.array, self.head = grown, 0
+
+    def write(self, g: h5py.Group, path: str, k: int) -> None:
+        """Append the first ``k`` rows to ``g[path]`` and keep the rest."""
+        if self.array is not None:
+            arrays.extend(g, path, self.array[self.head:self.head + k])
+            self.head = 0 if k == self.n else self.head + k
+        else:
+            data = self.blocks[0] if len(self.blocks) == 1 else \
+                Ragged.concat(self.blocks) if isinstance(self.blocks[0], Ragged) else np.concatenate(self.blocks)
+            arrays.extend(g, path, data[:k])
+            self.blocks = [data[k:]] if k < self.n else []
+        self.n -= k
+
+
 class DatasetWriter:
     """Create ``path`` and append cleaned samples to it; ``finish`` writes the summaries."""
 
@@ -52,7 +97,7 @@ class DatasetWriter:
         self.stats: dict[str, dict[str, np.ndarray]] = {}
         self.rejections: list[Rejection] = []
         self.started = time.perf_counter()
-        self._buffers: dict[str, dict[str, list[np.ndarray]]] = {s: {} for s in SPLITS}
+        self._buffers: dict[str, dict[str, _RowBuffer]] = {s: {} for s in SPLITS}
         self._buffered = {s: 0 for s in SPLITS}
         self._indexed = {s: {p: [] for p, k in self.kinds.items() if k.indexed} for s in SPLITS}
         self._finished = False
@@ -124,7 +169,7 @@ class DatasetWriter:
             rows = np.flatnonzero(labels == split)
             buf = self._buffers[split]
             for path, block in (*batch.arrays.items(), *provenance.items()):
-                buf.setdefault(path, []).append(block[rows])
+                buf.setdefault(path, _RowBuffer()).put(block, rows)
             for path, listed in self._indexed[split].items():
                 listed.extend(batch.listed[path][i] for i in rows)
             self._buffered[split] += rows.size
@@ -139,14 +184,8 @@ class DatasetWriter:
         if take == 0:
             return
         g = self.file[split]
-        buf = self._buffers[split]
-        for path, blocks in buf.items():
-            if len(blocks) == 1:
-                data = blocks[0]
-            else:
-                data = Ragged.concat(blocks) if isinstance(blocks[0], Ragged) else np.concatenate(blocks)
-            arrays.extend(g, path, data[:take])
-            buf[path] = [data[take:]] if take < n else []
+        for path, rows in self._buffers[split].items():
+            rows.write(g, path, take)
         self.counts[split] += take
         self._buffered[split] = n - take
 

@@ -82,9 +82,11 @@ def decode_order(kinds: dict[str, FieldKind]) -> list[FieldKind]:
     return ordered
 
 
-def decode_sample(kinds: dict[str, FieldKind], root: Path, ref: SampleRef) -> dict[str, Decoded]:
-    """Every stored value of one sample, by dataset path, in ``kinds`` order; raises Reject."""
+def decode_sample(kinds: dict[str, FieldKind], root: Path, ref: SampleRef,
+                  order: list[FieldKind] | None = None) -> dict[str, Decoded]:
+    """Every stored value of one sample, by dataset path, in ``kinds`` order; raises Reject.
+    ``order`` is ``decode_order(kinds)``, when the caller decodes many samples."""
     done: dict[str, Decoded] = {}
-    for kind in decode_order(kinds):
+    for kind in order or decode_order(kinds):
         done[kind.path] = kind.decode(root, ref, done)
     return {path: done[path] for path in kinds}
