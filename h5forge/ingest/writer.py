@@ -1,8 +1,8 @@
 """The single writer of one version file: batched, chunk-aligned appends with bounded memory.
 
-Samples arrive in a deterministic order; each split buffers its rows until whole blocks of chunks
-are ready, then writes them with one resize + slice assignment per dataset. Memory held here is
-at most one block plus one batch per split. What is stored, and how, is each field kind's call.
+Samples arrive in a deterministic order; each split buffers its rows until at least a block of
+rows is ready, then writes its whole chunks with one resize + slice assignment per dataset.
+Memory held here is at most one block plus one batch per split. What is stored, and how, is each field kind's call.
 
     with DatasetWriter(path, spec, version=3, parent_version=2) as writer:
         for batch in batches:
@@ -37,49 +37,21 @@ from h5forge.samples import Rejection
 from h5forge.spec import DatasetSpec
 
 
-class _RowBuffer:
-    """The buffered rows of one dataset of one split. Numeric sample arrays are copied once,
-    straight into a reused array (they are the bulk of the bytes); strings and ragged rows are
-    kept as blocks and joined when written."""
-
-    def __init__(self) -> None:
-        self.array: np.ndarray | None = None
-        self.head = 0  # the buffered rows are array[head:head + n]
-        self.blocks: list = []
-        self.n = 0
-
-    def put(self, block, rows: np.ndarray) -> None:
-        if isinstance(block, np.ndarray) and block.dtype != object:
-            self._room(block, len(rows))
-            at = self.head + self.n
-            for k, i in enumerate(rows):  # row by row: measured faster than np.take(out=) or fancy indexing
-                self.array[at + k] = block[i]
-        else:
-            self.blocks.append(block[rows])
-        self.n += len(rows)
-
-    def _room(self, block: np.ndarray, extra: int) -> None:
-        if self.array is not None and self.head + self.n + extra <= len(self.array):
-            return
-        size = max(self.n + extra, 0 if self.array is None else len(self.array))
-        if self.array is None or size > len(self.array):
-            grown = np.empty((2 * size, *block.shape[1:]), block.dtype)
-        else:
-            grown = self.array  # big enough: move the buffered rows to its start
-        grown[:self.n] = self.array[self.head:self.head + self.n] if self.array is not None else grown[:0]
-        self.array, self.head = grown, 0
-
-    def write(self, g: h5py.Group, path: str, k: int) -> None:
-        """Append the first ``k`` rows to ``g[path]`` and keep the rest."""
-        if self.array is not None:
-            arrays.extend(g, path, self.array[self.head:self.head + k])
-            self.head = 0 if k == self.n else self.head + k
-        else:
-            data = self.blocks[0] if len(self.blocks) == 1 else \
-                Ragged.concat(self.blocks) if isinstance(self.blocks[0], Ragged) else np.concatenate(self.blocks)
-            arrays.extend(g, path, data[:k])
-            self.blocks = [data[k:]] if k < self.n else []
-        self.n -= k
+def _gather(pairs: list[tuple], n: int):
+    """The rows ``rows`` of each block, end to end. Sample arrays are copied row by row into one
+    new array (one copy; measured faster than fancy indexing + concatenate or np.take(out=))."""
+    first = pairs[0][0]
+    if isinstance(first, Ragged):
+        return Ragged.concat([block[rows] for block, rows in pairs])
+    if first.dtype == object:
+        return np.concatenate([block[rows] for block, rows in pairs])
+    out = np.empty((n, *first.shape[1:]), first.dtype)
+    at = 0
+    for block, rows in pairs:
+        for i in rows:
+            out[at] = block[i]
+            at += 1
+    return out
 
 
 class DatasetWriter:
@@ -97,7 +69,7 @@ class DatasetWriter:
         self.stats: dict[str, dict[str, np.ndarray]] = {}
         self.rejections: list[Rejection] = []
         self.started = time.perf_counter()
-        self._buffers: dict[str, dict[str, _RowBuffer]] = {s: {} for s in SPLITS}
+        self._buffers: dict[str, dict[str, list[tuple]]] = {s: {} for s in SPLITS}  # (block, rows) pairs
         self._buffered = {s: 0 for s in SPLITS}
         self._indexed = {s: {p: [] for p, k in self.kinds.items() if k.indexed} for s in SPLITS}
         self._finished = False
@@ -169,7 +141,7 @@ class DatasetWriter:
             rows = np.flatnonzero(labels == split)
             buf = self._buffers[split]
             for path, block in (*batch.arrays.items(), *provenance.items()):
-                buf.setdefault(path, _RowBuffer()).put(block, rows)
+                buf.setdefault(path, []).append((block, rows))  # copied once, when written
             for path, listed in self._indexed[split].items():
                 listed.extend(batch.listed[path][i] for i in rows)
             self._buffered[split] += rows.size
@@ -178,14 +150,19 @@ class DatasetWriter:
         return len(batch)
 
     def _flush(self, split: str, final: bool) -> None:
-        """Write the buffered rows of ``split``: whole blocks only, unless ``final``."""
+        """Write the buffered rows of ``split``: whole chunks only, unless ``final`` (the few rows of
+        a partial chunk stay for the next write, so no compressed chunk is written twice)."""
         n = self._buffered[split]
-        take = n if final else n - n % self.write_rows
+        take = n if final else n - n % self.spec.storage.chunk_rows
         if take == 0:
             return
         g = self.file[split]
-        for path, rows in self._buffers[split].items():
-            rows.write(g, path, take)
+        buf = self._buffers[split]
+        for path, pairs in buf.items():
+            data = _gather(pairs, n)
+            arrays.extend(g, path, data[:take])
+            rest = data[take:]
+            buf[path] = [(rest.copy() if isinstance(rest, np.ndarray) else rest, np.arange(n - take))] if take < n else []
         self.counts[split] += take
         self._buffered[split] = n - take
 
