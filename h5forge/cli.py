@@ -45,10 +45,13 @@ def _reported() -> Iterator[None]:
 @app.command()
 def init(raw: Path = typer.Argument(..., help="raw folder: images/ (+ masks/), <class>/*.jpg or "
                                               "<split>/<class>/*.jpg, or lr/ + hr/; annotations beside them "
-                                              "(*.json, *.jsonl, *.csv)"),
+                                              "(*.json, *.jsonl, *.csv); DICOM case folders <case>/*.dcm or "
+                                              "*.nii.gz volumes (+ masks/); recordings *.edf, *.csv with a "
+                                              "time column, or <channel>/*.npy"),
          out_path: Path = typer.Option(..., "--out", help="where to write the spec YAML"),
          force: bool = typer.Option(False, help="overwrite an existing spec")) -> None:
-    """Write a spec inferred from a raw folder, with comments; print what could not be inferred."""
+    """Write a spec inferred from a raw folder, with comments; print what could not be inferred.
+    Exits 2 when a value must be filled in first (a ``# ...: TODO`` line in the spec)."""
     from h5forge.ingest.infer import infer_spec
 
     if out_path.exists() and not force:
@@ -59,6 +62,9 @@ def init(raw: Path = typer.Argument(..., help="raw folder: images/ (+ masks/), <
     out_path.write_text(inferred.text)
     for note in inferred.notes:
         out.print(f"note: {note}", highlight=False, markup=False)
+    if inferred.todo:
+        _fail(f"wrote {out_path} ({inferred.layout} layout), but it is incomplete: fill in "
+              f"{', '.join(inferred.todo)} (the TODO lines), then run: h5forge build {out_path}")
     out.print(f"wrote {out_path} ({inferred.layout} layout); review it, then run: h5forge build {out_path}",
               highlight=False, markup=False)
 
@@ -291,13 +297,17 @@ def rollback(folder: Path = typer.Argument(..., help="output folder of a dataset
 def demo_data(folder: Path = typer.Argument(Path("data/raw/demo")),
               kind: str = typer.Option("cells", help="cells (micrographs + binary masks + annotations.json) | "
                                                      "classify (class folders, mixed formats) | segment-multiclass "
-                                                     "(3-class masks + annotations.csv) | sr (lr/ + hr/ pairs)"),
+                                                     "(3-class masks + annotations.csv) | sr (lr/ + hr/ pairs) | "
+                                                     "ct (DICOM series per case folder + per-slice masks) | "
+                                                     "signals (multi-rate EDF recordings)"),
               n: Optional[int] = typer.Option(None, help="good samples to generate (default: 600 cells, "
-                                                         "240 classify, 120 segment-multiclass, 100 sr)"),
+                                                         "240 classify, 120 segment-multiclass, 100 sr, 6 ct "
+                                                         "cases, 8 signals recordings)"),
               seed: int = typer.Option(0),
               bad: bool = typer.Option(True, help="also write the usual defects of real collections"),
               prefix: Optional[str] = typer.Option(None, help="sample id prefix (another one makes new samples); "
-                                                              "default cell_ for cells")) -> None:
+                                                              "default cell_ for cells, case_ for ct, rec_ for "
+                                                              "signals")) -> None:
     """Generate a realistic raw folder of one kind, with the defects real collections have."""
     from h5forge.ingest.demo import KINDS
 

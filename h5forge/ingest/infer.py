@@ -8,18 +8,32 @@ Layouts recognised, first match wins:
 - ``images/`` (+ ``masks/``): pictures, segmentation masks (binary, or ``classes``/``ignore_value``
   read from sampled masks, palette PNGs by their index);
 - class folders: ``<class>/*.jpg`` or ``<split>/<class>/*.jpg`` (``ids: path``, the label and the
-  split taken from the folders).
+  split taken from the folders);
+- volumes: DICOM case folders ``<case>/*.dcm`` (or files without a suffix that pydicom reads; also
+  ``cases/<case>/``), or NIfTI files ``*.nii.gz`` (also ``images/``): a ``volume`` field, the slice
+  size the most common of the sampled cases, ``series: largest`` when a sampled case folder holds
+  several series; masks from ``masks/<case>/`` per-slice pictures or ``masks/`` (``labels/``) NIfTI
+  label volumes as a ``volume_mask`` (``classes`` read from the values). The case id is the folder
+  name (the file name without ``.nii.gz``); ``compute.batch_size`` is 2, as cases are large;
+- signals: EDF/BDF recordings ``*.edf`` (one ``signal`` field per channel label, at the rate its
+  header gives), CSV recordings with a time column (one field per column, the rate measured from the
+  time column), or per-channel folders of ``.npy`` (``acc/<recording>.npy``: one field per folder,
+  the rate from ``<stem>.json`` sidecars). A recording's id is its file stem.
 
 Every picture format found is listed in the field's ``files`` (one glob per suffix, case as found).
 An annotation file beside the pictures (``*.json``, ``*.jsonl``, ``*.csv``) is joined by the column
 that names the samples, with the column types inferred (from the text, for CSV). What cannot be
 inferred safely is not guessed: it becomes a note, written in the spec as ``# note: ...`` and
-returned for the CLI to print.
+returned for the CLI to print. A value that must be known and cannot be inferred (the rate of .npy
+channels without a sidecar) is written as a ``# rate: TODO`` line and returned in ``todo``: such a
+spec is incomplete on purpose, and ``init`` exits 2 after writing it.
 """
 
 from __future__ import annotations
 
 import csv
+import fnmatch
+import itertools
 import json
 import os
 import re
@@ -33,8 +47,11 @@ import yaml
 from PIL import Image
 
 from h5forge.errors import UsageError
+from h5forge.format.arrays import LENGTHS
+from h5forge.format.names import RESERVED
 from h5forge.ingest.discover import _IMAGE_SUFFIXES, TEXT_FORMAT, read_annotation_file, sample_id
 from h5forge.ingest.splits import assign_split
+from h5forge.kinds.signal import RATE_TOLERANCE, TIME_COLUMNS
 from h5forge.spec import Splits, parse_spec
 
 PICTURES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp")
@@ -54,11 +71,14 @@ _HEADER_LIMIT = 64_000_000  # like image max_pixels: a bigger header is a bomb a
 @dataclass(frozen=True)
 class Inferred:
     """What ``init`` writes: the spec's YAML text, the notes (also in the text as ``# note:``
-    lines) and the layout recognised (``sr``, ``segment``, ``images`` or ``classify``)."""
+    lines), the layout recognised (``sr``, ``segment``, ``images``, ``classify``, ``volume`` or
+    ``signals``) and the keys the user must fill in before the spec is valid (``# key: TODO``
+    lines; the notes say why)."""
 
     text: str
     notes: tuple[str, ...]
     layout: str
+    todo: tuple[str, ...] = ()
 
 
 # ---- small helpers ----------------------------------------------------------------------------
@@ -187,6 +207,7 @@ class _Text:
 
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self.placeholders: dict[int, str] = {}  # line -> what stands in for a TODO when validating
 
     def __call__(self, indent: int, text: str, comment: str | None = None) -> None:
         line = "  " * indent + text
@@ -200,6 +221,16 @@ class _Text:
     def more(self, text: str) -> None:
         """A comment continued on the next line, in the comment column."""
         self.lines.append(" " * _COMMENT_AT + "# " + text)
+
+    def todo(self, indent: int, key: str, placeholder: str, why: str) -> None:
+        """A value the user must fill in, written as a ``# key: TODO`` comment (so the spec is
+        incomplete, never silently wrong); ``placeholder`` stands in for it when the rest is checked."""
+        self.placeholders[len(self.lines)] = "  " * indent + f"{key}: {placeholder}"
+        self.comment(indent, f"{key}: TODO  <- {why}")
+
+    def checked(self) -> str:
+        """The text with the TODO lines filled by their placeholders, to validate the rest."""
+        return "\n".join(self.placeholders.get(i, line) for i, line in enumerate(self.lines)) + "\n"
 
 
 def _image_field(t: _Text, name: str, globs: list[str], size: _Size, larger: str, why: str) -> None:
@@ -587,6 +618,649 @@ def _scale(lr: dict[str, Path], hr: dict[str, Path], notes: list[str]) -> tuple[
     return k, measured
 
 
+# ---- volumes: DICOM case folders, NIfTI files -------------------------------------------------
+
+CASE_DIRS = ("cases", "volumes", "scans", "series", "studies", "patients", "subjects", "dicom", "images",
+             "imagestr", "ct", "mr")
+VOLUME_MASK_DIRS = ("masks", "mask", "labels", "labelstr", "segmentations", "segmentation", "seg", "gt",
+                    "ground_truth", "groundtruth")
+CASE_SAMPLE, CASE_FILES, LABEL_SAMPLE = 20, 2000, 5
+_MODALITY_NAMES = {"CT": "ct", "MR": "mr", "PT": "pet"}
+
+
+def _files_below(d: Path, limit: int) -> list[Path]:
+    """Up to ``limit`` files below ``d`` at any depth, sorted, as a case folder is read (every file
+    but hidden ones)."""
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(d):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if not name.startswith("."):
+                found.append(Path(dirpath) / name)
+                if len(found) >= limit:
+                    return found
+    return found
+
+
+def _is_dicom(p: Path) -> bool:
+    """A ``.dcm`` file, or any file with the ``DICM`` marker after its 128-byte preamble (scanners
+    write files without a suffix, or with UID-like names)."""
+    if p.suffix.lower() in (".dcm", ".dicom"):
+        return True
+    try:
+        with open(p, "rb") as fh:
+            return fh.read(132)[128:] == b"DICM"
+    except OSError:
+        return False
+
+
+def _is_nifti(p: Path) -> bool:
+    return _visible(p) and p.name.lower().endswith((".nii.gz", ".nii")) and p.is_file()
+
+
+def _nifti_id(p: Path) -> str:
+    return p.name[:-7] if p.name.lower().endswith(".nii.gz") else p.name[:-4]
+
+
+def _nifti_globs(prefix: str, files: Iterable[Path]) -> list[str]:
+    """One glob per NIfTI ending found, spelled as found (``*.nii.gz``, ``*.nii``)."""
+    endings = Counter(p.name[-7:] if p.name.lower().endswith(".nii.gz") else p.name[-4:] for p in files)
+    return [f"{prefix}*{e}" for e, _ in endings.most_common()]
+
+
+@dataclass
+class _Case:
+    """What the headers of one DICOM case folder say."""
+
+    slices: Counter = field(default_factory=Counter)  # SeriesInstanceUID -> files
+    described: dict[str, str] = field(default_factory=dict)  # SeriesInstanceUID -> SeriesDescription
+    sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # SeriesInstanceUID -> (rows, columns)
+    modality: str = ""
+    fractional: bool = False  # a rescale slope or intercept that is not a whole number
+    strays: list[str] = field(default_factory=list)  # files pydicom does not read, or without a series
+
+    @property
+    def main(self) -> str | None:
+        """The series ``series: largest`` keeps."""
+        return max(self.slices, key=lambda uid: self.slices[uid]) if self.slices else None
+
+
+def _dicom_case(d: Path) -> _Case:
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
+    case = _Case()
+    for p in _files_below(d, CASE_FILES):
+        try:
+            ds = pydicom.dcmread(p, stop_before_pixels=True)
+        except (InvalidDicomError, ValueError, EOFError, OSError, TypeError, KeyError):
+            case.strays.append(p.relative_to(d).as_posix())
+            continue
+        uid = str(ds.get("SeriesInstanceUID", "") or "")
+        if not uid:  # a DICOMDIR, a report: no slice of any series
+            case.strays.append(p.relative_to(d).as_posix())
+            continue
+        case.slices[uid] += 1
+        case.described.setdefault(uid, str(ds.get("SeriesDescription", "") or ""))
+        if "Rows" in ds and "Columns" in ds:
+            case.sizes.setdefault(uid, (int(ds.Rows), int(ds.Columns)))
+        case.modality = case.modality or str(ds.get("Modality", "") or "")
+        for key in ("RescaleSlope", "RescaleIntercept"):
+            value = ds.get(key)
+            if value not in (None, "") and not float(value).is_integer():
+                case.fractional = True
+    return case
+
+
+def _dicom_cases(raw: Path) -> tuple[Path, list[Path]] | None:
+    """The folder holding the case folders (``raw`` or e.g. ``raw/cases``) and the case folders:
+    its sub-folders with DICOM files at any depth."""
+    for base in [raw, *_named(raw, CASE_DIRS)]:
+        skip = set(VOLUME_MASK_DIRS) | (set(CASE_DIRS) if base == raw else set())
+        cases = [d for d in _subdirs(base) if d.name.lower() not in skip
+                 and any(_is_dicom(p) for p in _files_below(d, 8))]
+        if cases:
+            return base, cases
+    return None
+
+
+def _case_glob(raw: Path, base: Path, cases: list[Path], notes: list[str]) -> str:
+    """``cases/*``, or for case folders at the top the common start of their names (``case_*``), so
+    masks/ and loose files are not read as cases; a note for whatever else the glob takes."""
+    if base != raw:
+        glob = f"{base.name}/*"
+    else:
+        prefix = os.path.commonprefix([d.name for d in cases]).rstrip("0123456789")
+        glob = f"{prefix}*" if not re.search(r"[*?\[\]]", prefix) else "*"
+    pattern = glob.split("/")[-1]
+    others = sorted(p.name + ("/" if p.is_dir() else "") for p in base.iterdir()
+                    if _visible(p) and fnmatch.fnmatchcase(p.name, pattern) and p not in cases)
+    if others:
+        where = "" if base == raw else f"{base.name}/"
+        notes.append(f"files: {glob} also takes {', '.join(where + o for o in others[:4])}"
+                     f"{' ...' if len(others) > 4 else ''}, which are not case folders of DICOM files: they will be "
+                     "rejected as cases" + ("; move the case folders into cases/" if base == raw else "; move them out"))
+    dotted = [d.name for d in cases if "." in d.name]
+    if dotted:
+        notes.append(f"case folder names with a dot ({', '.join(dotted[:3])}): a sample id is the name without "
+                     "what follows its last dot, so such cases may collide; rename the folders without dots")
+    return glob
+
+
+@dataclass
+class _VolumeMask:
+    globs: list[str]
+    what: str
+    classes: _MaskClasses
+
+
+def _label_volume_classes(files: list[Path], notes: list[str]) -> _MaskClasses:
+    """Binary or ``classes``/``ignore_value`` from the values of a few NIfTI label volumes."""
+    import nibabel
+    from nibabel.filebasedimages import ImageFileError
+
+    info, values = _MaskClasses(), set()
+    for p in _sample(files, LABEL_SAMPLE):
+        try:
+            data = np.asanyarray(nibabel.load(p).dataobj)
+        except (ImageFileError, OSError, ValueError, EOFError):
+            continue
+        found = np.unique(data)
+        if not np.array_equal(found, np.round(found)):
+            notes.append(f"{p.name} holds values that are not whole numbers: label volumes must hold class "
+                         "indices, so such masks will be rejected")
+            return info
+        values |= {int(v) for v in found}
+        info.sampled += 1
+    if values <= {0, 1} or values <= {0, 255}:
+        return info
+    if min(values) < 0 or max(values) > 255:
+        notes.append(f"label volumes hold values {min(values)}..{max(values)}: only class indices 0..255 are "
+                     "supported; the mask is declared binary and such masks will be rejected")
+        return info
+    info.classes = max(max(values - {255}, default=0) + 1, 2)
+    info.ignore_value = 255 if 255 in values else None
+    info.found = sorted(values)
+    return info
+
+
+def _volume_masks(raw: Path, base: Path, ids: set[str], notes: list[str]) -> _VolumeMask | None:
+    """masks/<case>/ folders of per-slice pictures, or masks/<case>.nii.gz label volumes."""
+    for d in _named(raw, VOLUME_MASK_DIRS):
+        if d == base:
+            continue
+        nifti = sorted(p for p in d.iterdir() if _is_nifti(p))
+        folders = [c for c in _subdirs(d) if _pictures_in(c)]
+        if nifti:
+            mask_ids = {_nifti_id(p) for p in nifti}
+            mask = _VolumeMask(_nifti_globs(f"{d.name}/", nifti), "label volumes (NIfTI)",
+                               _label_volume_classes(nifti, notes))
+        elif folders:
+            mask_ids = {c.name for c in folders}
+            slices = [p for c in _sample(folders, CASE_SAMPLE) for p in _pictures_in(c)]
+            mask = _VolumeMask([f"{d.name}/*"], "a folder of per-slice pictures per case, numbered in slice "
+                               "order", _mask_classes(slices, notes))
+        else:
+            continue
+        if ids - mask_ids:
+            notes.append(f"{len(ids - mask_ids)} of {len(ids)} cases have no mask in {d.name}/ "
+                         f"(e.g. {sorted(ids - mask_ids)[0]}): they are quarantined as incomplete samples")
+        if mask_ids - ids:
+            notes.append(f"{len(mask_ids - ids)} masks in {d.name}/ have no case (e.g. {sorted(mask_ids - ids)[0]}): "
+                         "they are quarantined as incomplete samples")
+        return mask
+    return None
+
+
+def _volume_mask_field(t: _Text, name: str, like: str, mask: _VolumeMask) -> None:
+    mc = mask.classes
+    t(1, f"{name}:")
+    t(2, "kind: volume_mask", mask.what)
+    t(2, f"files: {_files_value(mask.globs)}")
+    t(2, f"like: {like}", "must have its volume's depth and slice size; cropped/padded with it")
+    if mc.classes is not None:
+        t(2, f"classes: {mc.classes}", f"values 0..{mc.classes - 1}: found {mc.found} in {mc.sampled} sampled masks")
+        if mc.ignore_value is not None:
+            t(2, f"ignore_value: {mc.ignore_value}", "voxels to ignore in the loss; padding uses it")
+
+
+def _most_common_size(sizes: Counter, what: str, notes: list[str]) -> tuple[int, int]:
+    (rows, cols), n = sizes.most_common(1)[0]
+    if len(sizes) > 1:
+        seen = ", ".join(f"{r}x{c} in {k}" for (r, c), k in sizes.most_common(4))
+        notes.append(f"slice sizes differ among the sampled {what} ({seen}): others are centre-cropped or padded "
+                     f"to {rows}x{cols}, never resampled")
+    return rows, cols
+
+
+def _volume_field(t: _Text, name: str, globs: list[str], size: tuple[int, int], sampled: int, what: str,
+                  series: bool, fractional: bool) -> None:
+    t(1, f"{name}:")
+    t(2, "kind: volume", what)
+    t(2, f"files: {_files_value(globs)}", "one case each; the sample id is its name")
+    t(2, f"size: [{size[0]}, {size[1]}]", f"(rows, columns): the most common slice size of {sampled} sampled cases;")
+    t.more("others are centre-cropped / padded, never resampled; the depth is kept")
+    if series:
+        t(2, "series: largest", "case folders hold several series (see the notes): keep the one with")
+        t.more("the most slices | or a SeriesDescription regular expression")
+    if fractional:
+        t(2, "dtype: float32", "rescale slope/intercept are not whole numbers")
+
+
+def _volume_body(raw: Path, notes: list[str]):
+    """The body of a spec for DICOM case folders or NIfTI volumes, or None if ``raw`` holds neither."""
+    dicom = _dicom_cases(raw)
+    if dicom is not None:
+        return _dicom_body(raw, *dicom, notes)
+    for base in [raw, *_named(raw, CASE_DIRS)]:
+        if base.name.lower() in VOLUME_MASK_DIRS and base != raw:
+            continue
+        files = sorted(p for p in base.iterdir() if _is_nifti(p))
+        if files:
+            return _nifti_body(raw, base, files, notes)
+    return None
+
+
+def _dicom_body(raw: Path, base: Path, cases: list[Path], notes: list[str]):
+    glob = _case_glob(raw, base, cases, notes)
+    sampled = {d.name: _dicom_case(d) for d in _sample(cases, CASE_SAMPLE)}
+    read = {n: c for n, c in sampled.items() if c.main is not None}
+    if not read:
+        raise UsageError(f"no DICOM slice in {base} can be read by pydicom (e.g. {cases[0]})")
+    several = {n: c for n, c in read.items() if len(c.slices) > 1}
+    if several:
+        n, c = next(iter(several.items()))
+        listed = ", ".join(f"{c.described[u] or 'no description'!r} {k} slices" for u, k in c.slices.most_common())
+        notes.append(f"{len(several)} of {len(read)} sampled case folders hold more than one series (e.g. {n}: "
+                     f"{listed}): series: largest keeps the one with the most slices; set a SeriesDescription "
+                     "pattern instead to choose by name")
+    strays = [(n, s) for n, c in sampled.items() for s in c.strays]
+    if strays:
+        n, s = strays[0]
+        notes.append(f"{len(strays)} files in sampled case folders are not DICOM slices pydicom reads (e.g. {n}/{s}): "
+                     "every file of a case folder is read, so those cases will be rejected; move such files out")
+    size = _most_common_size(Counter(c.sizes[c.main] for c in read.values() if c.main in c.sizes), "cases", notes)
+    modality = Counter(c.modality for c in read.values() if c.modality).most_common(1)
+    modality = modality[0][0] if modality else ""
+    name = _MODALITY_NAMES.get(modality, "volume")
+    mask = _volume_masks(raw, base, {d.name for d in cases}, notes)
+    where = "case folders" if base == raw else f"case folders in {base.name}/"
+    what = f"a DICOM series per case folder ({modality or 'modality unknown'}, {len(cases)} {where})"
+
+    def body(t: _Text) -> None:
+        t(0, "fields:")
+        _volume_field(t, name, [glob], size, len(read), what, bool(several),
+                      any(c.fractional for c in read.values()))
+        if mask is not None:
+            _volume_mask_field(t, f"{name}_mask", name, mask)
+
+    return "volume", body
+
+
+def _nifti_body(raw: Path, base: Path, files: list[Path], notes: list[str]):
+    import nibabel
+    from nibabel.filebasedimages import ImageFileError
+
+    sizes, odd, unreadable, fractional = Counter(), [], [], False
+    sampled = _sample(files, SIZE_SAMPLE)
+    for p in sampled:
+        try:
+            img = nibabel.load(p)
+        except (ImageFileError, OSError, ValueError, EOFError):
+            unreadable.append(p.name)
+            continue
+        if len(img.shape) != 3:
+            odd.append(f"{p.name} {tuple(img.shape)}")
+            continue
+        sizes[(int(img.shape[1]), int(img.shape[0]))] += 1  # stored (z, y, x): a slice is y rows of x
+        slope, inter = img.header.get_slope_inter()
+        fractional |= img.get_data_dtype().kind == "f" or any(
+            v is not None and np.isfinite(v) and not float(v).is_integer() for v in (slope, inter))
+    if unreadable:
+        notes.append(f"{len(unreadable)} of {len(sampled)} sampled NIfTI files cannot be read by nibabel "
+                     f"(e.g. {unreadable[0]}): they will be rejected")
+    if odd:
+        notes.append(f"{len(odd)} sampled NIfTI files are not 3-D volumes (e.g. {odd[0]}): they will be rejected")
+    if not sizes:
+        raise UsageError(f"no 3-D NIfTI volume in {base} can be read by nibabel")
+    size = _most_common_size(sizes, "volumes", notes)
+    prefix = "" if base == raw else f"{base.name}/"
+    labelled = [p.name for p in files if re.search(r"[_-](seg|mask|label|labels|gt)$", _nifti_id(p), re.I)]
+    if labelled:
+        notes.append(f"{', '.join(labelled[:3])} look like label volumes but are read as volumes: move them into "
+                     "labels/, named like their volume")
+    mask = _volume_masks(raw, base, {_nifti_id(p) for p in files}, notes)
+    what = f"NIfTI volumes ({len(files)} in {prefix or './'}), slices along the third axis"
+
+    def body(t: _Text) -> None:
+        t(0, "fields:")
+        _volume_field(t, "volume", _nifti_globs(prefix, files), size, sum(sizes.values()), what, False, fractional)
+        if mask is not None:
+            _volume_mask_field(t, "volume_mask", "volume", mask)
+
+    return "volume", body
+
+
+# ---- signals: EDF/BDF recordings, CSV with a time column, one .npy per channel ----------------
+
+SIGNAL_SAMPLE, CSV_ROWS = 50, 20_000
+EDF_SUFFIXES = (".edf", ".bdf")
+
+
+def _files_in(d: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    try:
+        return sorted(p for p in d.iterdir() if p.suffix.lower() in suffixes and _visible(p) and p.is_file())
+    except OSError:
+        return []
+
+
+def _suffix_globs(prefix: str, files: Iterable[Path]) -> list[str]:
+    counts = Counter(p.suffix for p in files)
+    return [f"{prefix}*{s}" for s, _ in counts.most_common()]
+
+
+def _signal_name(label: str, taken: set[str]) -> str:
+    """A field name from a channel label: lower case, runs of other characters as ``_``, unique."""
+    name = re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_") or "signal"
+    if name[0].isdigit():
+        name = f"ch_{name}"
+    base, k = name, 2
+    while name in taken or name in RESERVED or name.endswith(LENGTHS):
+        name, k = f"{base}_{k}", k + 1
+    taken.add(name)
+    return name
+
+
+def _rate_value(rate: float) -> int | float:
+    return int(round(rate)) if abs(rate - round(rate)) <= 1e-6 * max(rate, 1.0) else float(f"{rate:.6g}")
+
+
+@dataclass
+class _Channel:
+    """One channel as the sampled recordings show it."""
+
+    label: str
+    rates: dict[float, list[str]] = field(default_factory=dict)  # rate -> files
+
+    def add(self, rate: float, name: str) -> None:
+        self.rates.setdefault(_rate_value(rate), []).append(name)
+
+    @property
+    def files(self) -> int:
+        return sum(len(v) for v in self.rates.values())
+
+    def rate(self) -> int | float:
+        return max(self.rates, key=lambda r: (len(self.rates[r]), r))
+
+    def off_rate(self) -> list[tuple[float, list[str]]]:
+        """The rates other than the chosen one, beyond the kind's tolerance, with their files."""
+        chosen = self.rate()
+        return [(r, names) for r, names in self.rates.items() if abs(r - chosen) > RATE_TOLERANCE * chosen]
+
+
+def _channel_notes(channels: dict[str, _Channel], readable: list[str], unit: str, notes: list[str]) -> None:
+    for ch in channels.values():
+        for rate, names in ch.off_rate():
+            notes.append(f"{unit} {ch.label!r} is at {rate:g} Hz in {len(names)} of {ch.files} sampled files "
+                         f"({', '.join(names[:3])}), not {ch.rate():g} Hz: those recordings will be rejected")
+        having = {n for names in ch.rates.values() for n in names}
+        missing = [n for n in readable if n not in having]
+        if missing:
+            notes.append(f"{unit} {ch.label!r} is missing in {len(missing)} of {len(readable)} sampled files "
+                         f"({', '.join(missing[:3])}): those recordings will be rejected (every field must be in "
+                         "a sample; drop the field to keep them)")
+
+
+def _signal_field(t: _Text, name: str, globs: list[str], channel: str | None, rate: int | float | None,
+                  why: str) -> None:
+    t(1, f"{name}:")
+    t(2, "kind: signal")
+    t(2, f"files: {_files_value(globs)}")
+    if channel is not None:
+        t(2, f"channel: {_scalar(channel)}", "the label in the recording, exactly")
+    if rate is None:
+        t.todo(2, "rate", "1", f"samples per second: {why}")
+    else:
+        t(2, f"rate: {rate}", why)
+
+
+def _edf_size_problem(path: Path) -> str | None:
+    """Why an EDF/BDF file's size does not match what its header declares (a truncated or padded
+    file), checked before pyedflib opens it (its C library prints the mismatch on stdout)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(256)
+            ns = int(head[252:256])
+            fh.seek(256 + ns * 216)
+            per_record = sum(int(fh.read(8)) for _ in range(ns))
+        header, records = int(head[184:192]), int(head[236:244])
+        size = path.stat().st_size
+    except (OSError, ValueError):
+        return None  # pyedflib says what is wrong
+    expected = header + records * per_record * (3 if head[:8] == b"\xffBIOSEMI" else 2)
+    if records >= 0 and size != expected:
+        return f"{size:,} bytes where its header declares {expected:,} (truncated?)"
+    return None
+
+
+def _edf_channels(path: Path) -> list[tuple[str, float]] | str:
+    """(label, rate) per channel of an EDF/BDF header, or why pyedflib cannot read it."""
+    import pyedflib
+
+    problem = _edf_size_problem(path)
+    if problem:
+        return problem
+    try:
+        reader = pyedflib.EdfReader(str(path), annotations_mode=pyedflib.DO_NOT_READ_ANNOTATIONS)
+    except OSError as err:
+        return str(err).replace(str(path) + ": ", "")
+    try:
+        return [(label.strip(), float(reader.getSampleFrequency(i))) for i, label in
+                enumerate(reader.getSignalLabels())]
+    finally:
+        reader.close()
+
+
+def _signal_body(raw: Path, notes: list[str], todo: list[str]):
+    """The body of a spec for EDF/BDF recordings, CSV recordings with a time column or per-channel
+    folders of .npy files, or None if ``raw`` holds none of them."""
+    bases = [raw, *_subdirs(raw)]
+    edf = [(b, _files_in(b, EDF_SUFFIXES)) for b in bases]
+    edf = [(b, files) for b, files in edf if files]
+    if edf:
+        for other, _ in edf[1:]:
+            notes.append(f"{other.relative_to(raw).as_posix()}/ also holds recordings; this spec reads "
+                         f"{edf[0][0].relative_to(raw).as_posix() or '.'}/ only (add its glob to files to include it)")
+        return _edf_body(raw, *edf[0], notes)
+    for b in bases:
+        files = _files_in(b, (".csv",))
+        if files and _csv_recording(files[0]).time is not None:
+            return _csv_body(raw, b, files, notes)
+    folders = [(b, _files_in(b, (".npy",))) for b in bases]
+    folders = [(b, files) for b, files in folders if files]
+    if folders:
+        return _npy_body(raw, folders, notes, todo)
+    return None
+
+
+def _edf_body(raw: Path, base: Path, files: list[Path], notes: list[str]):
+    prefix = "" if base == raw else f"{base.name}/"
+    channels: dict[str, _Channel] = {}
+    unreadable, twice = [], []
+    sampled = _sample(files, SIGNAL_SAMPLE)
+    for p in sampled:
+        got = _edf_channels(p)
+        if isinstance(got, str):
+            unreadable.append(f"{p.name}: {got}")
+            continue
+        labels = [label for label, _ in got]
+        for i, (label, rate) in enumerate(got):
+            if label in labels[:i]:
+                twice.append(f"{p.name}: {label}")
+                continue
+            channels.setdefault(label, _Channel(label)).add(rate, p.name)
+    readable = [p.name for p in sampled if not any(u.startswith(f"{p.name}: ") for u in unreadable)]
+    if not channels:
+        raise UsageError(f"no EDF/BDF recording in {base} can be read by pyedflib "
+                         f"({unreadable[0] if unreadable else 'no channels'})")
+    if unreadable:
+        notes.append(f"{len(unreadable)} of {len(sampled)} sampled recordings cannot be read by pyedflib "
+                     f"({'; '.join(unreadable[:3])}): they will be rejected")
+    if twice:
+        notes.append(f"a label appears twice in a recording ({', '.join(twice[:3])}): its field reads the first")
+    _channel_notes(channels, readable, "channel", notes)
+    globs = _suffix_globs(prefix, files)
+    taken: set[str] = set()
+    names = {label: _signal_name(label, taken) for label in channels}
+
+    def body(t: _Text) -> None:
+        t(0, "fields:")
+        t.comment(1, f"one field per channel of the {len(files)} recordings in {prefix or './'}; they pair by file "
+                     "name, each at its own rate")
+        for label, ch in channels.items():
+            _signal_field(t, names[label], globs, label, ch.rate(), f"Hz, from the headers of {ch.files} sampled files")
+
+    return "signals", body
+
+
+@dataclass
+class _CsvRecording:
+    time: str | None = None
+    columns: list[str] = field(default_factory=list)  # numeric columns other than time
+    other: list[str] = field(default_factory=list)  # columns holding text
+    rate: float | None = None
+    problem: str | None = None
+
+
+def _csv_recording(path: Path) -> _CsvRecording:
+    """The time column, the numeric columns and the rate (from the first rows) of a CSV recording."""
+    rec = _CsvRecording()
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+            reader = csv.reader(fh)
+            header = [h.strip() for h in next(reader, [])]
+            rows = [r for r in itertools.islice(reader, CSV_ROWS) if r]
+    except (OSError, csv.Error) as err:
+        rec.problem = str(err)
+        return rec
+    time_col = next((i for i, h in enumerate(header) if h.lower() in TIME_COLUMNS), None)
+    if time_col is None:
+        return rec
+    rec.time = header[time_col]
+    try:
+        times = np.array([float(r[time_col]) for r in rows], np.float64)
+    except (ValueError, IndexError):
+        rec.problem = f"its {rec.time} column holds a value that is not a number"
+        return rec
+    steps = np.diff(times)
+    if not steps.size or (steps <= 0).any():
+        rec.problem = "fewer than two samples" if not steps.size else f"its {rec.time} column does not increase"
+        return rec
+    rec.rate = 1.0 / float(np.median(steps))
+    for i, h in enumerate(header):
+        if i == time_col or not h:
+            continue
+        try:
+            [float(r[i]) for r in rows[:50]]
+            rec.columns.append(h)
+        except (ValueError, IndexError):
+            rec.other.append(h)
+    return rec
+
+
+def _csv_body(raw: Path, base: Path, files: list[Path], notes: list[str]):
+    prefix = "" if base == raw else f"{base.name}/"
+    channels: dict[str, _Channel] = {}
+    problems, text_columns = [], Counter()
+    sampled = _sample(files, SIGNAL_SAMPLE)
+    for p in sampled:
+        rec = _csv_recording(p)
+        if rec.time is None or rec.rate is None:
+            problems.append(f"{p.name}: {rec.problem or 'no time column (' + ', '.join(TIME_COLUMNS) + ')'}")
+            continue
+        for column in rec.columns:
+            channels.setdefault(column, _Channel(column)).add(rec.rate, p.name)
+        text_columns.update(rec.other)
+    readable = [p.name for p in sampled if not any(u.startswith(f"{p.name}: ") for u in problems)]
+    if not channels:
+        raise UsageError(f"no CSV recording in {base} has a numeric column beside its time column "
+                         f"({problems[0] if problems else 'no columns'})")
+    if problems:
+        notes.append(f"{len(problems)} of {len(sampled)} sampled CSV recordings cannot be used "
+                     f"({'; '.join(problems[:3])}): they will be rejected")
+    if text_columns:
+        notes.append(f"columns holding text are not declared: {', '.join(sorted(text_columns))}")
+    _channel_notes(channels, readable, "column", notes)
+    globs = _suffix_globs(prefix, files)
+    taken: set[str] = set()
+    names = {label: _signal_name(label, taken) for label in channels}
+
+    def body(t: _Text) -> None:
+        t(0, "fields:")
+        t.comment(1, f"one field per column of the {len(files)} CSV recordings in {prefix or './'} "
+                     "(the time column gives the rate)")
+        for label, ch in channels.items():
+            _signal_field(t, names[label], globs, label, ch.rate(),
+                          f"Hz, measured from the time column of {ch.files} sampled files")
+
+    return "signals", body
+
+
+def _npy_body(raw: Path, folders: list[tuple[Path, list[Path]]], notes: list[str], todo: list[str]):
+    taken: set[str] = set()
+    fields = []  # (name, globs, rate or None, why)
+    stems = {}
+    for d, files in folders:
+        prefix = "" if d == raw else f"{d.name}/"
+        name = _signal_name(d.name if d != raw else "signal", taken)
+        ch, odd = _Channel(name), []
+        sampled = _sample(files, SIGNAL_SAMPLE)
+        for p in sampled:
+            try:
+                shape = np.load(p, mmap_mode="r", allow_pickle=False).shape
+            except (ValueError, OSError):
+                odd.append(f"{p.name} (unreadable)")
+                continue
+            if len(shape) != 1:
+                odd.append(f"{p.name} {shape}")
+            sidecar = p.with_suffix(".json")
+            try:
+                rate = json.loads(sidecar.read_text()).get("rate") if sidecar.is_file() else None
+            except (ValueError, UnicodeDecodeError, AttributeError):
+                rate = None
+            if isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0:
+                ch.add(float(rate), p.name)
+        if odd:
+            notes.append(f"{prefix}: {len(odd)} of {len(sampled)} sampled arrays are not one channel of numbers "
+                         f"({', '.join(odd[:3])}): a .npy must hold one 1-D channel; they will be rejected")
+        stems[prefix or "./"] = {p.stem for p in files}
+        if ch.rates:
+            for rate, names in ch.off_rate():
+                notes.append(f"{prefix}: {len(names)} sidecars give {rate:g} Hz ({', '.join(names[:3])}), not "
+                             f"{ch.rate():g} Hz: those recordings will be rejected")
+            fields.append((name, [f"{prefix}*.npy"], ch.rate(), f"Hz, from the <stem>.json sidecars of "
+                                                                  f"{ch.files} sampled files"))
+        else:
+            message = (f"fields.{name}.rate: no {prefix}<stem>.json sidecar gives the rate of {prefix}*.npy; "
+                       "fill in rate: (samples per second) in the spec")
+            notes.append(message)
+            todo.append(f"fields.{name}.rate")
+            fields.append((name, [f"{prefix}*.npy"], None, f"no {prefix}<stem>.json sidecar gives it; fill it in"))
+    every = set.intersection(*stems.values())
+    for where, have in stems.items():
+        if have - every:
+            notes.append(f"{len(have - every)} recordings in {where} are missing in another channel folder "
+                         f"(e.g. {sorted(have - every)[0]}): they are quarantined as incomplete samples")
+
+    def body(t: _Text) -> None:
+        t(0, "fields:")
+        t.comment(1, "one field per channel folder; a recording's channels pair by file name")
+        for name, globs, rate, why in fields:
+            _signal_field(t, name, globs, None, rate, why)
+
+    return "signals", body
+
+
 # ---- the layouts ------------------------------------------------------------------------------
 
 def _header(t: _Text, raw: Path, spec_path: Path, name: str, notes: list[str], ids: str | None = None) -> None:
@@ -603,7 +1277,8 @@ def _header(t: _Text, raw: Path, spec_path: Path, name: str, notes: list[str], i
         t.more("(cat/0001), so one file name in two classes does not collide")
 
 
-def _footer(t: _Text, spec_path: Path, name: str, split_column: str | None = None) -> None:
+def _footer(t: _Text, spec_path: Path, name: str, split_column: str | None = None,
+            batch_size: int | None = None) -> None:
     t(0, "splits:")
     if split_column:
         t(1, f"column: {split_column}", "from the split folders (training, validation, valid, testing understood)")
@@ -618,6 +1293,8 @@ def _footer(t: _Text, spec_path: Path, name: str, split_column: str | None = Non
     t(1, "keep: 5", "published versions kept")
     t(0, "compute:")
     t(1, "workers: 2", "LocalCluster processes; or dask_address: tcp://host:8786")
+    if batch_size:
+        t(1, f"batch_size: {batch_size}", "samples per dask task: a case is large, so a few at a time")
 
 
 def _label_field(t: _Text, column: str, classes: tuple[str, ...] | None, comment: str,
@@ -644,34 +1321,40 @@ def _larger(size: _Size, default: str) -> tuple[str, str]:
 
 def infer_spec(raw: Path, spec_path: Path) -> Inferred:
     """A commented spec for ``raw`` (paths relative to ``spec_path``'s folder), checked with
-    ``parse_spec``, and the notes on what could not be inferred safely."""
+    ``parse_spec`` (a TODO value by a placeholder), the notes on what could not be inferred safely
+    and what must be filled in."""
     raw = Path(raw).resolve()
     spec_path = Path(spec_path)
     if not raw.is_dir():
         raise UsageError(f"{raw} is not a folder")
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", raw.name).strip("-.") or "dataset"
     notes: list[str] = []
+    todo: list[str] = []
     pairs = _sr_pairs(raw)
     images = next((d for d in _named(raw, IMAGE_DIRS) if _pictures_in(d)), None)
-    ids, split_column = None, None
+    ids, split_column, batch_size = None, None, None
     if pairs:
         layout, body = "sr", _sr_body(raw, pairs, notes)
     elif images is not None:
         layout, body = _segment_body(raw, images, notes)
-    else:
-        tree = _class_tree(raw, notes)
-        if tree is None:
-            raise UsageError(f"no pictures found in {raw}: expected images/ (+ masks/), class folders "
-                             "(<class>/*.jpg, <split>/<class>/*.jpg) or lr/ + hr/ super-resolution pairs")
+    elif (tree := _class_tree(raw, notes)) is not None:
         layout, body, ids = "classify", _classify_body(raw, tree, notes), "path"
         split_column = "split" if tree.split else None
+    elif (found := _volume_body(raw, notes) or _signal_body(raw, notes, todo)) is not None:
+        layout, body = found
+        batch_size = 2 if layout == "volume" else None
+    else:
+        raise UsageError(f"no pictures found in {raw}, nor volumes or recordings: expected images/ (+ masks/), "
+                         "class folders (<class>/*.jpg, <split>/<class>/*.jpg), lr/ + hr/ super-resolution pairs, "
+                         "DICOM case folders (<case>/*.dcm), NIfTI volumes (*.nii.gz), or recordings (*.edf, "
+                         "*.csv with a time column, <channel>/*.npy)")
     t = _Text()
     _header(t, raw, spec_path, name, notes, ids)
     body(t)
-    _footer(t, spec_path, name, split_column)
+    _footer(t, spec_path, name, split_column, batch_size)
     text = "\n".join(t.lines) + "\n"
-    parse_spec(yaml.safe_load(text), spec_path.parent.resolve(), str(spec_path))  # must be valid
-    return Inferred(text, tuple(notes), layout)
+    parse_spec(yaml.safe_load(t.checked()), spec_path.parent.resolve(), str(spec_path))  # must be valid
+    return Inferred(text, tuple(notes), layout, tuple(todo))
 
 
 def _strip_scale(stem: str) -> str:
