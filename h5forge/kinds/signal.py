@@ -55,7 +55,14 @@ def _from_npy(data: bytes, root: Path, rel: str) -> tuple[np.ndarray, float | No
     except ValueError as err:
         raise Reject(rel, f"not a readable .npy array: {err}") from None
     sidecar = root / Path(rel).with_suffix(".json")
-    rate = json.loads(sidecar.read_text()).get("rate") if sidecar.is_file() else None
+    if not sidecar.is_file():
+        return values, None
+    try:
+        meta = json.loads(sidecar.read_text())
+        rate = float(meta["rate"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise Reject(Path(rel).with_suffix(".json").as_posix(),
+                     f"sidecar must be a JSON object with a numeric rate: {type(err).__name__}: {err}") from None
     return values, rate
 
 
@@ -86,7 +93,8 @@ def _from_edf(root: Path, rel: str, channel: str | None) -> tuple[np.ndarray, fl
     try:
         reader = pyedflib.EdfReader(str(root / rel))
     except OSError as err:
-        raise Reject(rel, f"not a readable EDF/BDF file: {err}") from None
+        reason = str(err).replace(str(root / rel), "").strip(" :")
+        raise Reject(rel, f"not a readable EDF/BDF file: {reason}") from None
     try:
         labels = [label.strip() for label in reader.getSignalLabels()]
         if channel not in labels:

@@ -77,6 +77,10 @@ def _series(datasets: list, rule: str | None, rel: str) -> list:
         return next(iter(groups.values()))
     described = {uid: str(getattr(g[0], "SeriesDescription", "")) for uid, g in groups.items()}
     if rule == "largest":
+        sizes = sorted((len(g) for g in groups.values()), reverse=True)
+        if sizes[0] == sizes[1]:
+            raise Reject(rel, f"series: largest is a tie: {sizes[0]} slices in more than one series "
+                              f"({sorted(described.values())}); pick one by its SeriesDescription")
         return max(groups.values(), key=len)
     if rule:
         hits = [uid for uid, d in described.items() if re.search(rule, d)]
@@ -93,10 +97,16 @@ def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | None) -> t
 
     datasets = []
     for name, data in parts:
+        if data[128:132] != b"DICM" and not name.lower().endswith(".dcm"):
+            continue  # not a DICOM file (notes, thumbnails): not part of any series
         try:
-            datasets.append(pydicom.dcmread(io.BytesIO(data)))
+            ds = pydicom.dcmread(io.BytesIO(data))
         except (InvalidDicomError, ValueError, EOFError, OSError) as err:
             raise Reject(f"{rel}/{name}", f"not a readable DICOM file: {err}") from None
+        if "PixelData" in ds:  # a DICOMDIR or a report holds no slice
+            datasets.append(ds)
+    if not datasets:
+        raise Reject(rel, "no DICOM image in the case folder")
     series = _series(datasets, rule, rel)
     try:
         iop = np.array([[float(v) for v in ds.ImageOrientationPatient] for ds in series])

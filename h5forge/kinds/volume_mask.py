@@ -94,12 +94,10 @@ class VolumeMaskKind(MaskKind):
         values = crop_or_pad(labels, volume_spec.size, volume_spec.larger, self.spec.ignore_value or 0, rel)
         return Decoded(np.ascontiguousarray(values, dtype=np.uint8), digest)
 
-    def counts(self, block: Ragged) -> np.ndarray:
-        return super().counts(block.values)
-
-    def index_values(self, block: Ragged) -> list[list[int]]:
-        return [[int(c) for c in np.flatnonzero(np.bincount(block[i].ravel(), minlength=256)[:self.n_classes])]
-                for i in range(len(block))]
+    def row_counts(self, block: Ragged) -> np.ndarray:
+        """(cases, K) voxels of each class per case."""
+        per_case = [super(VolumeMaskKind, self).row_counts(block[i].reshape(1, -1))[0] for i in range(len(block))]
+        return np.array(per_case, dtype=np.int64).reshape(len(block), self.n_classes)
 
     def preview(self, value: Any) -> np.ndarray:
         labels = np.asarray(value)
