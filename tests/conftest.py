@@ -1,6 +1,6 @@
 """Shared fixtures. Prefect runs against one session-wide test server (never one per test).
 
-Plain helpers are in tests/helpers/ (``from tests.helpers.data import demo_spec``); only fixtures live here.
+Plain helpers are in tests/helpers/ (``from tests.helpers.data import demo_spec, write_spec_file``); only fixtures live here.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.data import demo_spec
+from tests.helpers.data import demo_spec, write_spec_file
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_TASKS_DEFAULT_NO_CACHE", "true")
@@ -90,3 +90,13 @@ def build_spec():
         return publish_candidate(cand, report), summary
 
     return build
+
+
+@pytest.fixture
+def dataset(prefect_server, raw_demo, tmp_path):
+    """A built v1 and its spec file; the inbox is tmp_path/inbox."""
+    from h5forge.flows.build import build_dataset
+
+    spec_file = write_spec_file(raw_demo, tmp_path / "out", tmp_path / "spec.yaml", inbox=tmp_path / "inbox")
+    build_dataset(str(spec_file))
+    return spec_file, tmp_path / "out", tmp_path / "inbox"
