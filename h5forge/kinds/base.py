@@ -39,6 +39,8 @@ class ReadOptions:
     image_dtype: str = "float32"
     mask_dtype: str = "int64"
     normalize: bool = False
+    window: float | None = None  # seconds: time series cut or padded to this duration
+    window_offset: float = 0.0  # seconds from the start where the window begins
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,10 @@ class FieldKind:
     def output_dtype(self, opts: ReadOptions) -> np.dtype | None:
         """The dtype a reader returns, or None for Python values (strings come back as lists)."""
         return np.dtype(self.stored().dtype)
+
+    def windowed(self, row: np.ndarray, opts: ReadOptions) -> np.ndarray:
+        """A ragged row brought to a fixed size when the reader asks for one (time series)."""
+        return row
 
     def convert(self, raw: np.ndarray, out: np.ndarray, opts: ReadOptions, stats: dict[str, np.ndarray],
                 axis: int = 1) -> None:

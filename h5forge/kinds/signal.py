@@ -46,6 +46,7 @@ class SignalField(StrictModel):
     channel: str | None = Field(None, description="EDF label or CSV column; a .npy file holds one channel")
     dtype: Literal["float32", "float64", "int16", "int32"] = "float32"
     nonfinite: Literal["reject", "keep"] = "reject"
+    resample: bool = Field(False, description="resample (linear) a recording at another rate instead of rejecting it")
     max_samples: int = Field(500_000_000, gt=0, description="longer recordings are rejected before reading")
 
 
@@ -105,6 +106,13 @@ def _from_edf(root: Path, rel: str, channel: str | None) -> tuple[np.ndarray, fl
         reader.close()
 
 
+def _resampled(values: np.ndarray, rate: float, target: float) -> np.ndarray:
+    """Linear interpolation onto the target rate's time grid, over the recording's duration."""
+    t = np.arange(len(values)) / rate
+    grid = np.arange(int(np.floor(t[-1] * target)) + 1) / target if len(values) else np.zeros(0)
+    return np.interp(grid, t, values.astype(np.float64))
+
+
 class SignalKind(FieldKind):
     kind = "signal"
     Spec = SignalField
@@ -143,7 +151,10 @@ class SignalKind(FieldKind):
         if values.ndim != 1 or values.dtype.kind not in "iuf":
             raise Reject(rel, f"a channel must be one row of numbers; found shape {values.shape}, dtype {values.dtype}")
         if abs(rate - f.rate) > RATE_TOLERANCE * f.rate:
-            raise Reject(rel, f"recorded at {rate:g} Hz, the spec declares {f.rate:g} Hz")
+            if not f.resample:
+                raise Reject(rel, f"recorded at {rate:g} Hz, the spec declares {f.rate:g} Hz (resample: true "
+                                  "converts it)")
+            values = _resampled(values, rate, f.rate)
         bad = int(np.count_nonzero(~np.isfinite(values))) if values.dtype.kind == "f" else 0
         if bad and f.nonfinite == "reject":
             raise Reject(rel, f"{bad} NaN/inf value(s) in channel {f.channel or self.name!r} "
@@ -172,3 +183,12 @@ class SignalKind(FieldKind):
 
     def output_dtype(self, opts: ReadOptions) -> np.dtype:
         return np.dtype(self.spec.dtype)
+
+    def windowed(self, row: np.ndarray, opts: ReadOptions) -> np.ndarray:
+        """``window`` seconds from ``window_offset``, zero-padded: every channel covers the same span
+        of time, whatever its rate."""
+        if opts.window is None:
+            return row
+        start, n = int(round(opts.window_offset * self.spec.rate)), int(round(opts.window * self.spec.rate))
+        piece = row[start:start + n]
+        return piece if len(piece) == n else np.concatenate([piece, np.zeros(n - len(piece), row.dtype)])

@@ -446,7 +446,7 @@ def model_values(info: FieldInfo, raw: Any, opts: ReadOptions, dtype: np.dtype |
     if dtype is None:
         return decode_str(raw)
     if info.ragged:
-        rows = [_converted(info, r, opts, dtype, axis - 1) for r in raw]
+        rows = [info.kind.windowed(_converted(info, r, opts, dtype, axis - 1), opts) for r in raw]
         if not rows:
             return Padded(np.zeros((0, 0, *info.shape), dtype), np.zeros(0, np.int64))
         return pad_batch(rows, dtype=dtype)
@@ -454,9 +454,9 @@ def model_values(info: FieldInfo, raw: Any, opts: ReadOptions, dtype: np.dtype |
 
 
 def sample_value(info: FieldInfo, raw: Any, opts: ReadOptions, dtype: np.dtype | None) -> Any:
-    """The model value of one stored row (a ragged row keeps its own length)."""
+    """The model value of one stored row (a ragged row keeps its own length, or the window's)."""
     if info.ragged:
-        return decode_str([raw])[0] if dtype is None else _converted(info, raw, opts, dtype, 0)
+        return decode_str([raw])[0] if dtype is None else info.kind.windowed(_converted(info, raw, opts, dtype, 0), opts)
     return model_values(info, np.asarray(raw)[None], opts, dtype)[0]
 
 

@@ -77,6 +77,9 @@ class H5Dataset(Dataset):
     shuffled batches can be matched to ``ids()`` and ``meta()``. A ragged field (a signal, a CT
     case) comes per sample at its own length, and batched as ``Padded(values, lengths)``.
 
+    ``window=seconds`` (from ``window_offset``) cuts or zero-pads every time series to the same
+    duration, aligned in time across rates: fixed-size tensors for fixed-size models.
+
     ``unit="slice"`` serves the slices of the volume fields one by one for 2-D training (each
     (H, W), or with ``context=k`` its k neighbours on each side as (2k+1, H, W)); other fields give
     their case's value, and ``return_index`` the case's row.
@@ -93,11 +96,12 @@ class H5Dataset(Dataset):
                  batch_transform: Callable[[Any], Any] | None = None,
                  locking: bool | None = None, cache_chunks: int = DEFAULT_CACHE_CHUNKS,
                  rdcc_nbytes: int | None = None, return_index: bool = False,
-                 unit: Literal["sample", "slice"] = "sample", context: int = 0):
+                 unit: Literal["sample", "slice"] = "sample", context: int = 0,
+                 window: float | None = None, window_offset: float = 0.0):
         self.reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks,
                                   rdcc_nbytes=rdcc_nbytes)
         self.slices = SliceIndex(self.reader, context) if unit == "slice" else None
-        self.options = ReadOptions(image_dtype, mask_dtype, normalize)
+        self.options = ReadOptions(image_dtype, mask_dtype, normalize, window, window_offset)
         self._dtypes = output_dtypes(self.reader, self.options)  # refuses unknown dtypes here, not in a worker
         self.transform, self.batch_transform = transform, batch_transform
         self.return_index = return_index

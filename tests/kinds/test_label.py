@@ -111,3 +111,21 @@ def test_label_spec_errors_name_the_key(raw_demo, tmp_path):
     data["fields"]["label"] = {"kind": "label", "column": "stain"}
     with pytest.raises(ValueError, match="fields.label.classes: needed"):
         type(spec).model_validate(data)
+
+
+def test_jax_batches_carry_labels_and_rows(labelled):
+    from h5forge.read.jax import Source, batches
+
+    _, path, *_ = labelled
+    source = Source(path, split="train", fields=("images", "label", "stain"), return_index=True)
+    stains = [s.decode() for s in source.reader.meta("stain")]
+    with h5py.File(path, "r") as f:
+        labels = f["train"]["label"][()]
+    seen = []
+    for batch in batches(source, batch_size=5, shuffle=True, seed=2, drop_last=False):
+        assert batch["label"].dtype == np.int64 and batch["images"].dtype == np.float32
+        assert batch["label"].tolist() == labels[batch["index"]].tolist()
+        assert batch["stain"] == [stains[i] for i in batch["index"]]
+        seen += batch["index"].tolist()
+    assert sorted(seen) == list(range(len(source)))
+    assert source[3]["label"] == labels[3] and source[3]["index"] == 3

@@ -155,3 +155,27 @@ def test_append_and_export_keep_ragged_rows(tmp_path, build_spec):
     assert verify_file(copy, resample=0, latency_reads=0).ok
     with h5py.File(copy, "r") as f:
         assert not f["train"]["acc"].is_virtual and f["train"]["acc"].shape == (2000 + 3000 + 4000 + 6000,)
+
+
+def test_window_aligns_channels_in_time_and_resample_converts_rates(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    (root / "rec").mkdir(parents=True)
+    signals = {name: write_edf(root / "rec" / f"{name}.edf", seconds, seed=i)
+               for i, (name, seconds) in enumerate((("short", 2), ("long", 5)))}
+    slow = write_edf(root / "rec" / "slow.edf", 3, seed=5, rates={"ACC": 500, "VOLT": 100, "TEMP": 1})
+    data = spec_data(root, tmp_path / "out")
+    data["fields"]["acc"]["resample"] = True
+    path, summary = build_spec(data)
+    assert summary.rejections == ()
+    ds = H5Dataset(path, fields=("acc", "temp"), window=3.0, window_offset=1.0)
+    ids = ds.ids()
+    acc, temp = ds[ids.index("long")]
+    assert acc.shape == (3000,) and temp.shape == (3,)
+    assert np.allclose(acc.numpy(), signals["long"]["ACC"][1000:4000], atol=0.02)
+    short_acc, short_temp = ds[ids.index("short")]
+    assert (short_acc[1000:] == 0).all() and short_temp.tolist()[1:] == [0, 0]  # 1 s left after the offset
+    (batch_acc, lengths), _ = next(iter(ds.loader(batch_size=3, shuffle=False)))
+    assert batch_acc.shape == (3, 3000) and lengths.tolist() == [3000, 3000, 3000]
+    resampled = H5Dataset(path, fields=("acc",))[ids.index("slow")]
+    assert resampled.shape == (2999,)  # 3 s at 500 Hz onto the 1000 Hz grid (last sample at 2.998 s)
+    assert np.allclose(resampled[::2].numpy(), slow["ACC"][:1500], atol=0.02)

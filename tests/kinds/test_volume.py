@@ -174,3 +174,17 @@ def test_slices_of_cases_for_2d_and_25d_training(tmp_path, build_spec):
     assert stack.shape == (3, 128, 128)
     assert torch.equal(stack[0], volumes[1][0]) and torch.equal(stack[1], volumes[1][0])
     assert torch.equal(stack[2], volumes[1][1])
+
+
+@pytest.mark.parametrize("source", ["CT_small.dcm", "MR_small.dcm", "MR_small_bigendian.dcm", "MR_small_RLE.dcm",
+                                    "MR_small_jpeg_ls_lossless.dcm", "JPEG2000.dcm"])
+def test_every_bundled_transfer_syntax_that_decodes_round_trips(source, tmp_path, build_spec):
+    root = tmp_path / "raw"
+    hu = write_series(root / "cases" / "one", source=source, depth=3, spacing=2.0)
+    size = [max(hu.shape[0], 8), max(hu.shape[1], 8)]
+    path, summary = build_spec(spec_data(root, tmp_path / "out", size=size, dtype="float32"))
+    assert summary.rejections == ()
+    with h5py.File(path, "r") as f:
+        stored = f["train"]["ct"][()]
+        assert np.array_equal(stored, np.broadcast_to(hu, stored.shape).astype(np.float32)), \
+            pydicom.dcmread(get_testdata_file(source)).file_meta.TransferSyntaxUID.name
