@@ -274,7 +274,7 @@ def test_no_fd_leak_over_epochs(data, persistent):
     assert max(counts[-1]) <= max(counts[0]) + 3, counts
     del loader
     gc.collect()
-    assert n_fds() <= before
+    assert settled_fds(before) <= before  # the workers' pipes close a moment after they exit
 
 
 def test_workers_zero_reuses_one_handle(data):
