@@ -50,8 +50,8 @@ test-tf: install-tf
 	$(BIN_TF)/python -m pytest -q tests/read/test_tf_reader.py
 
 # benchmarks/README.md. Full size: hours on a 2-core machine. --smoke (CI): tiny sizes, every code path,
-# results to benchmarks/results/smoke/ (git-ignored); all four run, and the target fails if any failed.
-BENCHMARKS = build read append orchestration
+# results to benchmarks/results/smoke/ (git-ignored); all of them run, and the target fails if any failed.
+BENCHMARKS = build read append orchestration kinds
 
 bench: install
 	for b in $(BENCHMARKS); do $(BIN)/python -m benchmarks.$$b || exit 1; done
