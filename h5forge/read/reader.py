@@ -352,6 +352,8 @@ class SplitReader:
         order asked; runs of neighbouring elements are one read each."""
         self._handles()
         values = self._ragged[name].values
+        if elements.size == 1:  # one slice: one read, no run planning
+            return values[int(elements[0])][None]
         order = np.argsort(elements, kind="stable")
         uniq, first = np.unique(elements[order], return_index=True)
         target = np.empty((elements.size, *values.shape[1:]), dtype=values.dtype)
