@@ -31,6 +31,10 @@ class Stored:
     bulk: bool  # True: sample arrays (the spec's codec); False: a small column (read whole by readers)
     ragged: bool = False
     chunk_elements: int = 0  # ragged: elements per chunk (0: the writer picks ~1 MiB)
+    codec: str | None = None  # the field's own codec, when its kind's data wants another one
+
+    def codec_of(self, default: str) -> str:
+        return self.codec or default
 
     def datasets(self, path: str) -> tuple[str, ...]:
         return (path, path + LENGTHS) if self.ragged else (path,)

@@ -107,23 +107,27 @@ class DatasetWriter:
             "hdf5_version": h5py.version.hdf5_version,
             "python_version": platform.python_version(),
             Attr.CODEC: spec.storage.codec,
-            Attr.CODEC_NEEDS: CODECS[spec.storage.codec].needs,
+            Attr.CODEC_NEEDS: "; ".join(dict.fromkeys(CODECS[c].needs for c in self._codecs())),
             Attr.FIELDS: self.fields,
         })
         f.create_dataset(SPEC, data=spec.to_json(), dtype=STR)
-        bulk = codec_options(spec.storage.codec)
         chunk = spec.storage.chunk_rows
         for split in SPLITS:
             g = f.create_group(split)
             g.attrs[Attr.FIELDS] = self.fields
             for path, kind in self.kinds.items():
                 st = kind.stored()
-                ds = arrays.create(g, path, st, st.chunk(chunk, SMALL_ROWS), bulk if st.bulk else small_options(st.dtype))
+                options = codec_options(st.codec_of(spec.storage.codec)) if st.bulk else small_options(st.dtype)
+                ds = arrays.create(g, path, st, st.chunk(chunk, SMALL_ROWS), options)
                 ds.attrs.update({Attr.KIND: kind.kind, **kind.dataset_attrs()})
             for key, (shape, dtype) in self._provenance().items():
                 g.create_dataset(key, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
                                  chunks=(SMALL_ROWS, *shape), **small_options(dtype))
             g[SOURCE_SHA256].attrs[Attr.FIELDS] = self.file_fields
+
+    def _codecs(self) -> list[str]:
+        """Every codec the file's sample arrays use: the spec's, and any a field kind picks."""
+        return [self.spec.storage.codec, *(k.stored().codec for k in self.kinds.values() if k.stored().codec)]
 
     # ---- data --------------------------------------------------------------------------------
     def add(self, batch: CleanedBatch) -> int:

@@ -93,8 +93,8 @@ def export(version: Path, dest: Path) -> Path:
             for path, st in bulk.items():
                 sizes = segment_lengths(src_path.parent, segments, split, path) if st.ragged else \
                     [seg["counts"][split] for seg in segments]
-                _copy_bulk(src_path.parent, segments, sizes, split, path, g, g_src[path], spec,
-                           st.chunk(spec.storage.chunk_rows, SMALL_ROWS))
+                _copy_bulk(src_path.parent, segments, sizes, split, path, g, g_src[path],
+                           st.chunk(spec.storage.chunk_rows, SMALL_ROWS), st.codec_of(spec.storage.codec))
         out.flush()
     os.replace(tmp, dest)
     return dest
@@ -109,12 +109,12 @@ def _materialize(obj: h5py.Dataset, g: h5py.Group, name: str) -> None:
 
 
 def _copy_bulk(folder: Path, segments: list[dict], sizes: list[int], split: str, name: str, g: h5py.Group,
-               like: h5py.Dataset, spec: DatasetSpec, chunks: tuple[int, ...]) -> None:
+               like: h5py.Dataset, chunks: tuple[int, ...], codec: str) -> None:
     """The rows of every segment, copying compressed chunks as they are when the pipelines match."""
     shape = like.shape[1:]
     rows = chunks[0]
     dst = g.create_dataset(name, shape=(sum(sizes), *shape), maxshape=(None, *shape), dtype=like.dtype,
-                           chunks=chunks, **codec_options(spec.storage.codec))
+                           chunks=chunks, **codec_options(codec))
     dst.attrs.update(dict(like.attrs))
     offset = 0
     for seg, n in zip(segments, sizes):

@@ -61,6 +61,8 @@ def test_multi_rate_recordings_round_trip_exactly(tmp_path, build_spec):
                 assert np.array_equal(stored, edf.readSignal(i).astype(np.float32)), (sid, label)
             edf.close()
         assert g.attrs["temp_count"] == 12 and abs(g.attrs["acc_mean"]) < 5
+        assert "32008" in g["acc"]._filters and "32008" not in f["train"]["ids"]._filters  # bitshuffle-lz4
+        assert "Bitshuffle" in f.attrs["codec_needs"] and "LZ4" in f.attrs["codec_needs"]
     ds = H5Dataset(path, fields=("acc", "temp"), return_index=True)
     seen = 0
     for (acc, acc_len), (temp, temp_len), rows in ds.loader(batch_size=2, num_workers=2, shuffle=True):
