@@ -7,7 +7,9 @@ types (measured, identical chunks), so it would only cost time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
+
+from pydantic import AfterValidator
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,16 @@ CODECS: dict[str, Codec] = {
         "blosc2-zstd", "hdf5plugin (Blosc2 filter 32026)", _plugin("Blosc2", cname="zstd", clevel=3)
     ),
 }
+
+
+def known_codec(name: str) -> str:
+    """A codec name a spec may use; ValueError lists the others."""
+    if name not in CODECS:
+        raise ValueError(f"unknown codec {name!r}; choose one of {', '.join(CODECS)}")
+    return name
+
+
+CodecName = Annotated[str, AfterValidator(known_codec)]
 
 
 def codec_options(name: str) -> dict[str, Any]:
