@@ -37,15 +37,16 @@ ALIGN = 64  # bytes: every output of a batch starts on a cache line of the share
 
 
 def _empty_batch(specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
-    """New tensors for one batch, views into ONE block. In a DataLoader worker the block is shared
-    memory, so sending the batch to the main process costs no copy and a single segment however
+    """New tensors for one batch. In a DataLoader worker they are views into ONE shared-memory
+    block, so sending the batch to the main process costs no copy and a single segment however
     many fields it has (a segment per tensor costs ~250 us of the main process's CPU, measured)."""
+    if get_worker_info() is None:
+        # separate tensors: a block over glibc's 32 MiB mmap ceiling would be mapped afresh (and
+        # page-faulted) every batch, while smaller ones are reused from the heap
+        return {name: torch.empty(shape, dtype=dtype) for name, (shape, dtype) in specs.items()}
     sizes = {name: math.prod(shape) * torch.empty(0, dtype=dtype).element_size() for name, (shape, dtype) in specs.items()}
     total = max(1, sum(-(-b // ALIGN) * ALIGN for b in sizes.values()))
-    if get_worker_info() is None:  # one allocation as well: the allocator then reuses the same pages
-        block = torch.empty(total, dtype=torch.uint8)
-    else:
-        block = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total, device="cpu"))
+    block = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total, device="cpu"))
     out, at = {}, 0
     for name, (shape, dtype) in specs.items():
         out[name] = block[at:at + sizes[name]].view(dtype).view(shape)
