@@ -18,6 +18,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from h5forge.errors import ReadError
 from h5forge.kinds import ReadOptions
 from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SplitReader, model_batch, output_dtypes
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
@@ -36,6 +37,10 @@ def dataset(path: str | os.PathLike, split: str = "train", fields: Sequence[str]
     element. ``num_replicas``/``rank`` give this worker's equal-length shard. Text columns come as
     tf.string; ``return_index`` adds each sample's row (int64) as the last element."""
     reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks)
+    ragged = [name for name, fi in reader.fields.items() if fi.ragged]
+    if ragged:
+        raise ReadError(f"{path}: {ragged} vary in length per sample; the TF reader serves fixed-size fields "
+                        "(read them with h5forge.read.torch or h5forge.read.jax)")
     opts = ReadOptions(image_dtype, mask_dtype, normalize)
     dtypes = output_dtypes(reader, opts)
     order = ChunkOrder(len(reader), reader.chunk_rows, shuffle=shuffle, seed=seed, window=window,
