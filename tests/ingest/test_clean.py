@@ -8,7 +8,7 @@ from PIL import Image
 
 from h5forge.ingest.clean import Reject, clean_batch, clean_sample
 from h5forge.kinds.image import plan_geometry
-from h5forge.ingest.demo import _bomb_png
+from h5forge.ingest.demo.pictures import bomb_png
 from h5forge.ingest.discover import SampleRef
 from tests.helpers.data import demo_spec
 
@@ -150,7 +150,7 @@ def test_truncated_png(spec, tmp_path):
 
 def test_decompression_bomb_is_rejected_before_decoding(spec, tmp_path):
     ref = save(tmp_path, "bomb", rgb(10, 10), binary(10, 10))
-    _bomb_png(tmp_path / "images" / "bomb.png", 30_000, 30_000)
+    bomb_png(tmp_path / "images" / "bomb.png", 30_000, 30_000)
     assert "decompression bomb: header declares 30000x30000" in rejected(spec, tmp_path, ref)
 
 

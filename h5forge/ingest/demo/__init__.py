@@ -30,7 +30,6 @@ from __future__ import annotations
 from h5forge.ingest.demo.cells import LABELS, STAINS, generate
 from h5forge.ingest.demo.classify import CLASSIFY_CLASSES, generate_classify
 from h5forge.ingest.demo.ct import CT_SPACING, CT_SPHERE_HU, generate_ct
-from h5forge.ingest.demo.pictures import bomb_png as _bomb_png  # tests/ingest/test_clean.py uses it
 from h5forge.ingest.demo.segment_multiclass import SEGMENT_CLASSES, generate_segment_multiclass
 from h5forge.ingest.demo.signals import SIGNAL_CHANNELS, generate_signals
 from h5forge.ingest.demo.sr import generate_sr
