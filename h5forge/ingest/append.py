@@ -325,6 +325,16 @@ def recover(out: Path) -> str | None:
     return outcome
 
 
+def _seal(path: Path) -> None:
+    """Durable and read-only (0444), like a published version."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(path, 0o444)
+
+
 def publish_append(cand: AppendCandidate, report: HealthReport, plan: MovePlan) -> str:
     """Journal, publish, move the inbox files, drop the journal."""
     if not report.ok:
@@ -332,6 +342,7 @@ def publish_append(cand: AppendCandidate, report: HealthReport, plan: MovePlan) 
         cand.delta.unlink(missing_ok=True)
         raise VerificationFailed(report.errors)
     write_journal(cand.out, plan)
+    _seal(cand.delta)  # what the version reads is as immutable as the version itself
     checkpoint("append:before-publish")
     path = publish(cand.version)
     checkpoint("append:before-move")

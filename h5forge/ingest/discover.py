@@ -58,6 +58,8 @@ def _from_text(value: str, kind: str) -> Any:
 def _coerce(value: Any, kind: str, text: bool = False) -> Any:
     if value is None:
         raise ValueError("missing")
+    if kind == "str" and "\x00" in str(value):
+        raise ValueError("contains a NUL character, which HDF5 strings cannot store")
     if text and kind != "str":
         return _from_text(str(value), kind)
     if kind == "int" and (isinstance(value, bool) or (isinstance(value, float) and not value.is_integer())):

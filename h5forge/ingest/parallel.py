@@ -67,7 +67,7 @@ def dask_client(address: str | None, workers: int) -> Iterator[Client]:
     try:
         with dask.config.set(LEAN_WORKERS), \
                 LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                             dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+                             dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
                 Client(cluster) as client:
             yield client
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Iterator
 
 import h5py
 
-from h5forge.errors import OutputBusy, VersionError
+from h5forge.errors import OutputBusy, UsageError, VersionError
 from h5forge.format.names import (DELTA_RE, LATEST, LOCK, PARTIAL_RE, VERSION_RE, parse_version, partial_name,
                                   version_name)
 from h5forge.format.segments import virtual_sources
@@ -47,7 +48,13 @@ def output_lock(out: str | Path, what: str = "build", wait: float = 0) -> Iterat
     with who holds it."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:  # never follow a symlink planted as the lock: writing to it would overwrite its target
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        raise UsageError(f"{out / LOCK} is not a regular file ({err.strerror}); remove it and retry") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"{out / LOCK} is not a regular file; remove it and retry")
     deadline = time.monotonic() + wait
     try:
         while True:

@@ -70,3 +70,15 @@ def test_split_from_an_annotation_column():
         assert "'holdout'" in str(err)
     else:
         raise AssertionError("an unknown split value must be refused")
+
+
+def test_a_nul_character_in_an_annotation_rejects_that_record_only(raw_copy, tmp_path):
+    before = {s.id for s in discover(demo_spec(raw_copy, tmp_path)).samples}
+    records = json.loads((raw_copy / "annotations.json").read_text())
+    target = next(r for r in records if r["id"] in before)
+    target["stain"] = "H&E\x00"
+    (raw_copy / "annotations.json").write_text(json.dumps(records))
+    inv = discover(demo_spec(raw_copy, tmp_path))
+    [bad] = [r for r in inv.rejections if r.sample_id == target["id"]]
+    assert "annotation column 'stain': contains a NUL character" in bad.reason
+    assert {s.id for s in inv.samples} == before - {target["id"]}

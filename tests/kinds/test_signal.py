@@ -148,6 +148,7 @@ def test_append_and_export_keep_ragged_rows(tmp_path, build_spec):
     assert report.ok, report.errors
     assert merged.counts["train"] == 4
     append.publish_append(cand, report, append.plan_moves(spec, scan, (), cand.number))
+    assert oct(cand.delta.stat().st_mode & 0o777) == "0o444"  # as read-only as the version reading it
     ds = H5Dataset(spec.output.dir / "dataset_latest.h5", fields=("acc", "temp"))
     late = ds.ids().index("late")
     acc, temp = ds[late]

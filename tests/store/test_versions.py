@@ -99,3 +99,22 @@ def test_retention_keeps_newest_and_whatever_latest_points_at(tmp_path, small_in
     retain(out, keep=1)
     assert list(published(out)) == [4, 6]
     assert stage(out).number == 7  # numbers never reused
+
+
+def test_a_lock_that_is_a_symlink_or_a_folder_is_refused_and_its_target_untouched(tmp_path):
+    from h5forge.errors import UsageError
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".h5forge.lock").symlink_to(victim)
+    with pytest.raises(UsageError, match="is not a regular file"):
+        with output_lock(out):
+            pass
+    assert victim.read_text() == "precious"
+    (out / ".h5forge.lock").unlink()
+    (out / ".h5forge.lock").mkdir()
+    with pytest.raises(UsageError, match="is not a regular file"):
+        with output_lock(out):
+            pass
