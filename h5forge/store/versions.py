@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -51,6 +52,8 @@ def output_lock(out: str | Path, what: str = "build", wait: float = 0) -> Iterat
     try:  # never follow a symlink planted as the lock: writing to it would overwrite its target
         fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as err:
+        if err.errno not in (errno.ELOOP, errno.EISDIR):
+            raise
         raise UsageError(f"{out / LOCK} is not a regular file ({err.strerror}); remove it and retry") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
