@@ -19,11 +19,11 @@ demo: install
 	$(BIN)/h5forge versions data/demo
 
 test: install
-	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q
+	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not tf"
 
 # the inner loop: no Prefect server, no subprocess services, nothing slow (`make test` runs everything)
 test-quick: install
-	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not slow and not e2e"
+	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not slow and not e2e and not tf"
 
 # The TensorFlow reader in a second venv: tensorflow-cpu needs an older h5py than pyproject.toml pins
 # (requirements-tf.txt), so .venv-tf is built from scratch when missing or when that file changes,
@@ -47,7 +47,7 @@ $(VENV_TF)/.h5forge: $(VENV_TF)/.installed pyproject.toml
 	touch $@
 
 test-tf: install-tf
-	$(BIN_TF)/python -m pytest -q tests/read/test_tf_reader.py
+	$(BIN_TF)/python -m pytest -q -m tf tests/read/test_tf_reader.py
 
 # benchmarks/README.md. Full size: hours on a 2-core machine. --smoke (CI): tiny sizes, every code path,
 # results to benchmarks/results/smoke/ (git-ignored); all of them run, and the target fails if any failed.

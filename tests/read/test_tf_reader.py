@@ -1,7 +1,8 @@
 """The TensorFlow reader (h5forge.read.tf) against a real version file.
 
-tensorflow-cpu accepts only an older h5py than the one pyproject.toml pins, so these tests skip in
-the main venv and run in the second one that `make test-tf` builds (.venv-tf, requirements-tf.txt).
+tensorflow-cpu accepts only an older h5py than the one pyproject.toml pins, so these tests carry the
+`tf` marker: `make test` leaves them out and `make test-tf` runs them in the second venv it builds
+(.venv-tf, requirements-tf.txt); .ci/run runs both, so none is skipped.
 
 tensorflow is imported only in child processes: it starts threads, and the other test modules fork
 (DataLoader workers, dask) after this one; forking a process with those threads running can deadlock.
@@ -9,7 +10,6 @@ tensorflow is imported only in child processes: it starts threads, and the other
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -21,10 +21,7 @@ import pytest
 from tests.helpers.data import REPO
 from tests.helpers.files import build_file, make_raw, truth
 
-# skipif is decided before the module's fixture builds a file, so the main venv skips at no cost
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("tensorflow") is None,
-    reason="tensorflow is not installed in this venv (it needs an older h5py than h5forge pins): run `make test-tf`")
+pytestmark = pytest.mark.tf
 
 
 def in_child(function: str, *args: str) -> None:

@@ -1,4 +1,4 @@
-"""The JAX adapter against a real version file (skipped where not installed).
+"""The JAX adapter against a real version file (jax is in the test extra).
 
 The TensorFlow reader's tests are in test_tf_reader.py: tensorflow-cpu needs an older h5py than
 h5forge pins, so they run in the second venv that `make test-tf` builds.
@@ -9,7 +9,6 @@ jax is imported only in child processes: it starts threads, and the other test m
 
 from __future__ import annotations
 
-import importlib.util
 import pickle
 import subprocess
 import sys
@@ -36,13 +35,7 @@ def data(tmp_path_factory):
     return {"path": path, "truth": truth(path)}
 
 
-def needs(module: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed")
-
-
 def test_jax_source_and_batches(data):
-    needs("jax")
     from h5forge.read.jax import Source, batches
     from h5forge.read.sampler import epoch_order, shard
 
