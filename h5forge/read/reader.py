@@ -51,16 +51,8 @@ class FieldInfo:
     chunk_rows: int  # samples per HDF5 chunk (1 for contiguous storage: rows are independent)
     chunk_nbytes: int  # bytes of one decompressed chunk
     stats: dict[str, np.ndarray]  # the split's statistics of the field (e.g. image mean/std)
-
-    @property
-    def bulk(self) -> bool:
-        """Sample arrays, read chunk by chunk; otherwise a small column, read whole and kept."""
-        return self.kind.stored().bulk
-
-    @property
-    def ragged(self) -> bool:
-        """Rows of different lengths: read as a list of arrays, batched as padded values + lengths."""
-        return self.kind.stored().ragged
+    bulk: bool  # sample arrays, read chunk by chunk; otherwise a small column, read whole and kept
+    ragged: bool  # rows of different lengths: a list of arrays, batched as padded values + lengths
 
 
 def _open(path: str, locking: bool | None, **kwargs) -> h5py.File:
@@ -204,7 +196,8 @@ class SplitReader:
             shape = tuple(int(s) for s in ds.shape[1:])
             rows = int(ds.chunks[0]) if ds.chunks else 1
             cbytes = int(np.prod(ds.chunks if ds.chunks else shape)) * ds.dtype.itemsize
-            infos[name] = FieldInfo(name, path, kinds[path], shape, ds.dtype, rows, cbytes, kinds[path].read_stats(g))
+            infos[name] = FieldInfo(name, path, kinds[path], shape, ds.dtype, rows, cbytes, kinds[path].read_stats(g),
+                                    st.bulk, st.ragged)
         self.fields = infos
         self.count = count
 

@@ -39,7 +39,8 @@ ALIGN = 64  # bytes: every output of a batch starts on a cache line of the share
 def _empty_batch(specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
     """New tensors for one batch. In a DataLoader worker they are views into ONE shared-memory
     block, so sending the batch to the main process costs no copy and a single segment however
-    many fields it has (a segment per tensor costs ~250 us of the main process's CPU, measured)."""
+    many fields it has (with a segment per tensor, a label beside the images cost 9 % of loader
+    throughput, now 4 %: benchmarks/results/kinds.md and kinds_labels.md)."""
     if get_worker_info() is None:
         # separate tensors: a block over glibc's 32 MiB mmap ceiling would be mapped afresh (and
         # page-faulted) every batch, while smaller ones are reused from the heap
@@ -130,6 +131,8 @@ class H5Dataset(Dataset):
         self.slices = SliceIndex(self.reader, context) if unit == "slice" else None
         self.options = ReadOptions(image_dtype, mask_dtype, normalize, window, window_offset)
         self._dtypes = output_dtypes(self.reader, self.options)  # refuses unknown dtypes here, not in a worker
+        self._tensor_dtypes = {name: torch.from_numpy(np.zeros(0, d)).dtype for name, d in self._dtypes.items()
+                               if d is not None}
         self.transform, self.batch_transform = transform, batch_transform
         self.return_index = return_index
         self._single = len(self.reader.fields) == 1 and not return_index
@@ -196,8 +199,8 @@ class H5Dataset(Dataset):
         n = len(indices)
         if self.slices is not None:
             return self._batch(self._slice_columns(indices), n)
-        dense = {name: ((n, *fi.shape), torch.from_numpy(np.zeros(0, self._dtypes[name])).dtype)
-                 for name, fi in self.reader.fields.items() if self._dtypes[name] is not None and not fi.ragged}
+        dense = {name: ((n, *fi.shape), self._tensor_dtypes[name])
+                 for name, fi in self.reader.fields.items() if name in self._tensor_dtypes and not fi.ragged}
         if self.return_index:
             dense[INDEX_FIELD] = ((n,), torch.int64)
         outs = _empty_batch(dense)
