@@ -192,10 +192,8 @@ def serve(spec: Path = typer.Argument(..., help="dataset spec YAML"),
 
     Needs a Prefect server: PREFECT_API_URL (e.g. http://127.0.0.1:4200/api after `prefect server start`).
     """
-    import os as _os
-
     _check_spec(spec, output, dask_address)
-    if not _os.environ.get("PREFECT_API_URL"):
+    if not os.environ.get("PREFECT_API_URL"):
         from prefect.settings import PREFECT_API_URL
 
         if not PREFECT_API_URL.value():
@@ -249,11 +247,13 @@ def verify(path: Path = typer.Argument(..., help="a version file or dataset_late
 @app.command()
 def versions(folder: Path = typer.Argument(..., help="output folder of a dataset")) -> None:
     """List published versions; the one latest points at is marked."""
+    import json
+
     import h5py
 
     from h5forge.format.codecs import ensure_filters
     from h5forge.format.names import Attr
-    from h5forge.format.segments import counts_of, segments_of
+    from h5forge.format.segments import counts_of
     from h5forge.store.versions import latest, published
 
     ensure_filters()
@@ -266,8 +266,8 @@ def versions(folder: Path = typer.Argument(..., help="output folder of a dataset
         with h5py.File(p, "r") as f:
             count = sum(counts_of(f).values())
             created, parent = f.attrs.get(Attr.CREATED, ""), int(f.attrs.get(Attr.PARENT, -1))
-        segments = segments_of(p)
-        kind = f"thin over {len(segments)} files" if len(segments) > 1 else "full"
+            segments = len(json.loads(f.attrs[Attr.SEGMENTS])) if Attr.SEGMENTS in f.attrs else 1
+        kind = f"thin over {segments} files" if segments > 1 else "full"
         t.add_row("latest →" if number == current else "", f"v{number:04d}", str(count),
                   f"{p.stat().st_size / 1e6:.1f} MB", kind, str(created), f"v{parent:04d}" if parent > 0 else "")
     out.print(t)

@@ -60,6 +60,6 @@ def verify_append(cand: AppendCandidate) -> HealthReport:
 @step(name="publish")
 def publish_append(cand: AppendCandidate, report: HealthReport, plan: MovePlan) -> str:
     path = append.publish_append(cand, report, plan)
-    where = Path(plan.moves[0][1]).parent.parent if plan.moves else "-"
+    where = append.processed_dir(Path(plan.inbox), plan.version)
     get_run_logger().info("published %s; inbox files moved to %s", path, where)
     return path

@@ -14,6 +14,7 @@ on a field kind.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Sequence
 
 import h5py
@@ -63,7 +64,7 @@ class Ragged:
     def concat(cls, parts: Sequence["Ragged"]) -> "Ragged":
         return cls(np.concatenate([p.values for p in parts]), np.concatenate([p.lengths for p in parts]))
 
-    @property
+    @cached_property  # rows are read one by one in loops: the sums are made once
     def offsets(self) -> np.ndarray:
         return np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
 

@@ -14,6 +14,7 @@ untouched; after publish the journal says which moves are left.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import time
@@ -27,7 +28,7 @@ from h5forge.errors import NoBaseVersion, VerificationFailed
 from h5forge.format.names import IDS, JOURNAL, SOURCE_SHA256, SPLITS, delta_name, partial_name, version_name
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest.clean import CleanedBatch
-from h5forge.ingest.discover import discover
+from h5forge.ingest.discover import TEXT_FORMAT, discover, read_annotation_file
 from h5forge.ingest.parallel import clean_all
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.kinds import FieldKind, stored_kinds
@@ -46,7 +47,6 @@ class InboxScan:
     ready: list[SampleRef] = field(default_factory=list)
     waiting: list[Rejection] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
-    records: dict[str, dict] = field(default_factory=dict)
 
 
 def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> InboxScan:
@@ -260,17 +260,29 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
 
 
 def _read_list(path: Path) -> list[dict]:
+    """The inbox's annotation records, in any format discovery reads (none when unreadable: its
+    problems are already in the scan's rejections)."""
     try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        return [r for r in read_annotation_file(path) if isinstance(r, dict)]
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError, csv.Error):
         return []
-    return data if isinstance(data, list) else []
 
 
-def _write_json_atomic(path: Path, data) -> None:
+def _write_records(path: Path, records: list[dict]) -> None:
+    """Records written atomically in the format the file's suffix names (JSON list, JSON Lines, CSV)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
+    rows = [{k: v for k, v in r.items() if k != TEXT_FORMAT} for r in records]
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        with tmp.open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+            writer.writeheader()
+            writer.writerows(rows)
+    elif suffix == ".jsonl":
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    else:
+        tmp.write_text(json.dumps(rows, indent=1), encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -289,7 +301,7 @@ def apply_moves(plan: MovePlan) -> None:
     """Idempotent: a move already done is skipped, so a rerun after a crash finishes the job."""
     path, records = plan.processed_records
     if path and records:
-        _write_json_atomic(Path(path), records)
+        _write_records(Path(path), records)
     for i, (src, dst) in enumerate(plan.moves):
         if os.path.exists(src):
             Path(dst).parent.mkdir(parents=True, exist_ok=True)
@@ -302,7 +314,7 @@ def apply_moves(plan: MovePlan) -> None:
     if plan.inbox_records:
         path, remaining = plan.inbox_records
         if remaining:
-            _write_json_atomic(Path(path), remaining)
+            _write_records(Path(path), remaining)
         else:
             Path(path).unlink(missing_ok=True)
 

@@ -53,7 +53,8 @@ class Source:
         out = {}
         for name, a in raw.items():
             v = sample_value(self.reader.fields[name], a, self.options, self._dtypes[name])
-            out[name] = np.ascontiguousarray(np.moveaxis(v, 0, -1)) if self.channels_last and np.ndim(v) > 1 else v
+            channels = self.channels_last and np.ndim(v) > 1 and not self.reader.fields[name].ragged
+            out[name] = np.ascontiguousarray(np.moveaxis(v, 0, -1)) if channels else v
         if self.return_index:
             out[INDEX_FIELD] = np.int64(self.reader.row(record_key))
         return out

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import h5py
@@ -415,7 +414,7 @@ class SliceIndex:
         out = {}
         for name in reader.fields:
             if name in self.ragged:
-                block = reader.read_elements(name, elements.ravel()).reshape(*elements.shape, -1)
+                block = reader.read_elements(name, elements.ravel())
                 block = block.reshape(*elements.shape, *reader.fields[name].shape)
                 out[name] = block[:, 0] if self.context == 0 else block
         others = [name for name in reader.fields if name not in self.ragged]
@@ -423,11 +422,6 @@ class SliceIndex:
             cases = reader.read(self.case[idx], fields=others)
             out.update((name, cases[name]) for name in others)
         return {name: out[name] for name in reader.fields}
-
-
-def resolve(path: str | os.PathLike) -> Path:
-    """The version file a (possibly symlinked) path points to now."""
-    return Path(os.path.realpath(os.fspath(path)))
 
 
 def output_dtypes(reader: SplitReader, opts: ReadOptions) -> dict[str, np.dtype | None]:

@@ -72,6 +72,16 @@ def export(version: Path, dest: Path) -> Path:
     ensure_filters()
     src_path = Path(os.path.realpath(version))
     tmp = dest.with_name(partial_name(dest.name))
+    try:
+        _export(src_path, tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, dest)
+    return dest
+
+
+def _export(src_path: Path, tmp: Path) -> None:
     with h5py.File(src_path, "r") as src, h5py.File(tmp, "w") as out:
         spec = spec_from_json(src[SPEC][()].decode())
         kinds = stored_kinds(spec)
@@ -96,8 +106,6 @@ def export(version: Path, dest: Path) -> Path:
                 _copy_bulk(src_path.parent, segments, sizes, split, path, g, g_src[path],
                            st.chunk(spec.storage.chunk_rows, SMALL_ROWS), st.codec_of(spec.storage.codec))
         out.flush()
-    os.replace(tmp, dest)
-    return dest
 
 
 def _materialize(obj: h5py.Dataset, g: h5py.Group, name: str) -> None:
