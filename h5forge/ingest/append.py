@@ -38,7 +38,7 @@ from h5forge.store.faults import checkpoint
 from h5forge.store.reports import write_health
 from h5forge.store.thin import write_thin
 from h5forge.store.verify import HealthReport, verify_file
-from h5forge.store.versions import Candidate, latest, publish, published, set_latest
+from h5forge.store.versions import Candidate, fsync_dir, latest, publish, published, seal, set_latest
 
 
 @dataclass
@@ -290,11 +290,7 @@ def write_journal(out: Path, plan: MovePlan) -> None:
     tmp = out / f".{JOURNAL}.tmp"
     tmp.write_text(plan.to_json())
     os.replace(tmp, out / JOURNAL)
-    fd = os.open(out, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(out)
 
 
 def apply_moves(plan: MovePlan) -> None:
@@ -337,16 +333,6 @@ def recover(out: Path) -> str | None:
     return outcome
 
 
-def _seal(path: Path) -> None:
-    """Durable and read-only (0444), like a published version."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(path, 0o444)
-
-
 def publish_append(cand: AppendCandidate, report: HealthReport, plan: MovePlan) -> str:
     """Journal, publish, move the inbox files, drop the journal."""
     if not report.ok:
@@ -354,7 +340,7 @@ def publish_append(cand: AppendCandidate, report: HealthReport, plan: MovePlan) 
         cand.delta.unlink(missing_ok=True)
         raise VerificationFailed(report.errors)
     write_journal(cand.out, plan)
-    _seal(cand.delta)  # what the version reads is as immutable as the version itself
+    seal(cand.delta)  # what the version reads is as immutable as the version itself
     checkpoint("append:before-publish")
     path = publish(cand.version)
     checkpoint("append:before-move")

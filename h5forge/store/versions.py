@@ -35,12 +35,23 @@ def version_number(text: str | int) -> int:
     return number
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def seal(path: Path) -> None:
+    """A finished file made durable and read-only (0444): what a published version reads never changes."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(path, 0o444)
 
 
 @contextmanager
@@ -161,14 +172,9 @@ def stage(out: str | Path) -> Candidate:
 
 def publish(candidate: Candidate) -> Path:
     """Durably move the verified candidate into place, make it read-only, then point latest at it."""
-    fd = os.open(candidate.partial, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(candidate.partial, 0o444)
+    seal(candidate.partial)
     os.replace(candidate.partial, candidate.final)
-    _fsync_dir(candidate.out)
+    fsync_dir(candidate.out)
     set_latest(candidate.out, candidate.number)
     return candidate.final
 
@@ -183,7 +189,7 @@ def set_latest(out: str | Path, number: int) -> None:
     tmp.unlink(missing_ok=True)
     os.symlink(name, tmp)
     os.replace(tmp, out / LATEST)
-    _fsync_dir(out)
+    fsync_dir(out)
 
 
 def dependencies(path: Path) -> set[Path]:
@@ -214,5 +220,5 @@ def retain(out: str | Path, keep: int) -> list[Path]:
             p.unlink()
             removed.append(p)
     if removed:
-        _fsync_dir(out)
+        fsync_dir(out)
     return removed
