@@ -1,46 +1,16 @@
-"""The ``h5forge`` command line."""
+"""Commands that make, change and check a dataset: init, build, append, watch, serve, export, verify,
+versions, rollback, demo-data."""
 
 from __future__ import annotations
 
 import os
-import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from h5forge.errors import H5forgeError
-
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Labelled raw data in, versioned and verified HDF5 training sets out.")
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
-
-
-def _prefect_defaults() -> None:
-    """Settings that make the local ephemeral server work here even outside the repo folder."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    os.environ.setdefault("PREFECT_TASKS_DEFAULT_NO_CACHE", "true")
-
-
-def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code)
-
-
-@contextmanager
-def _reported() -> Iterator[None]:
-    """An h5forge error ends the command with its one-line message and its exit code
-    (2: bad usage or spec, 1: the run failed); anything else is a bug and keeps its traceback."""
-    try:
-        yield
-    except H5forgeError as e:
-        _fail(str(e), e.exit_code)
-
+from h5forge.cli.app import _fail, _prefect_defaults, _reported, app, out
 
 @app.command()
 def init(raw: Path = typer.Argument(..., help="raw folder: images/ (+ masks/), <class>/*.jpg or "
@@ -323,11 +293,3 @@ def demo_data(folder: Path = typer.Argument(Path("data/raw/demo")),
     defects = generate(folder, n=n, seed=seed, bad=bad, **options)
     what = "samples" if kind == "cells" else f"{kind} samples"
     out.print(f"wrote {n} {what} and {len(defects)} defective inputs to {folder}")
-
-
-def main() -> None:  # pragma: no cover - console entry
-    app()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())

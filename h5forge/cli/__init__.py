@@ -1,0 +1,12 @@
+"""The ``h5forge`` command line: one module per group of commands, all on one typer app."""
+
+from __future__ import annotations
+
+from h5forge.cli import dataset  # noqa: F401  (registers its commands)
+from h5forge.cli.app import app
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()

@@ -1,0 +1,39 @@
+"""The command line's app, consoles and error handling, shared by every command module."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+import typer
+from rich.console import Console
+
+from h5forge.errors import H5forgeError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Labelled raw data in, versioned and verified HDF5 training sets out.")
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _prefect_defaults() -> None:
+    """Settings that make the local ephemeral server work here even outside the repo folder."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_TASKS_DEFAULT_NO_CACHE", "true")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def _reported() -> Iterator[None]:
+    """An h5forge error ends the command with its one-line message and its exit code
+    (2: bad usage or spec, 1: the run failed); anything else is a bug and keeps its traceback."""
+    try:
+        yield
+    except H5forgeError as e:
+        _fail(str(e), e.exit_code)
