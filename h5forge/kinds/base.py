@@ -180,6 +180,13 @@ class FieldKind:
         """An (H, W, 3) uint8 picture of one stored value, or None when the kind draws nothing."""
         return None
 
+    @property
+    def overlay_on(self) -> str | None:
+        """The field whose preview this one is painted over (a mask over its image), or None for a
+        picture of its own. An overlay's preview has its target's shape; its black pixels are
+        transparent."""
+        return None
+
     def caption(self, value: Any) -> str | None:
         """A short text shown under a preview tile."""
         return None

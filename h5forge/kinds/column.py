@@ -45,4 +45,8 @@ class ColumnKind(FieldKind):
         return None if dtype is None else np.dtype(dtype)
 
     def caption(self, value: Any) -> str:
-        return f"{self.name}={value.decode() if isinstance(value, bytes) else value}"
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif isinstance(value, (float, np.floating)):
+            value = f"{value:.4g}"  # a caption line is narrow
+        return f"{self.name}={value}"

@@ -26,8 +26,9 @@ from h5forge.kinds.base import Decoded, FieldKind, Globs, ReadOptions, Stored, S
 from h5forge.kinds.image import apply_geometry, open_picture
 from h5forge.samples import Reject, SampleRef
 
-OVERLAY = np.array([[230, 40, 40], [40, 160, 230], [240, 200, 40], [60, 200, 90], [200, 80, 220],
-                    [250, 140, 40], [40, 220, 200], [150, 150, 150]], dtype=np.uint8)  # preview colours
+# preview colours of classes 1, 2, ...: green first, as stained tissue is mostly pink and purple
+OVERLAY = np.array([[40, 230, 90], [40, 160, 230], [240, 200, 40], [230, 40, 40], [200, 80, 220],
+                    [250, 140, 40], [40, 220, 200], [150, 150, 150]], dtype=np.uint8)
 
 
 class MaskField(StrictModel):
@@ -207,8 +208,16 @@ class MaskKind(FieldKind):
             raise ValueError(f"mask_dtype must be an integer type, got {opts.mask_dtype!r}")
         return dtype
 
-    def preview(self, value: Any) -> np.ndarray:
-        classes = np.asarray(value)[0]
+    # ---- preview: class colours over the image (background and ignore_value stay transparent)
+    @property
+    def overlay_on(self) -> str:
+        return self.spec.like
+
+    def paint(self, classes: np.ndarray) -> np.ndarray:
+        """(..., 3) colours of a label array: class k > 0 in OVERLAY[k - 1], anything else black."""
         colours = np.zeros((256, 3), np.uint8)
         colours[1:self.n_classes] = OVERLAY[np.arange(self.n_classes - 1) % len(OVERLAY)]
         return colours[classes]
+
+    def preview(self, value: Any) -> np.ndarray:
+        return self.paint(np.asarray(value)[0])

@@ -116,6 +116,44 @@ def _resampled(values: np.ndarray, rate: float, target: float) -> np.ndarray:
     return np.interp(grid, t, values.astype(np.float64))
 
 
+PLOT_SIZE = (48, 240)  # (height, width) of a channel's preview plot
+PLOT_INK = np.array([30, 90, 200], np.uint8)
+PLOT_FRAME = np.array([190, 190, 190], np.uint8)
+
+
+def trace_plot(values: np.ndarray, size: tuple[int, int] = PLOT_SIZE) -> np.ndarray:
+    """(H, W, 3) line plot of a channel on white, inside a 1-pixel grey frame, scaled to its
+    finite min..max (NaN/inf values are left out). A recording longer than the plot is wide is
+    drawn as a min/max envelope per pixel column, each column also taking the first value of the
+    next so the trace is connected: every sample shows, as in a waveform viewer. A shorter one is
+    a polyline through its values, spread over the width."""
+    h, w = size
+    img = np.full((h, w, 3), 255, np.uint8)
+    img[[0, -1], :] = PLOT_FRAME
+    img[:, [0, -1]] = PLOT_FRAME
+    v = np.asarray(values, np.float64)
+    at = np.flatnonzero(np.isfinite(v))
+    if at.size == 0:
+        return img
+    lo, hi = v[at].min(), v[at].max()
+    cols = w - 2
+    # value -> row inside the frame: hi on the top row (1), lo on the bottom one (h - 2)
+    rows = 1 + (hi - v[at]) / (hi - lo or 1.0) * (h - 3)
+    if at.size > cols:
+        spans = []
+        for c in range(cols):
+            start, stop = np.searchsorted(at, [c * len(v) / cols, (c + 1) * len(v) / cols])
+            seg = rows[start:min(at.size, max(stop, start + 1) + 1)]
+            spans.append((seg.min(), seg.max()) if seg.size else None)
+    else:
+        line = np.interp(np.linspace(at[0], at[-1], cols + 1), at, rows)
+        spans = [(min(a, b), max(a, b)) for a, b in zip(line[:-1], line[1:])]
+    for c, span in enumerate(spans):
+        if span is not None:
+            img[int(round(span[0])):int(round(span[1])) + 1, 1 + c] = PLOT_INK
+    return img
+
+
 class SignalKind(FieldKind):
     kind = "signal"
     Spec = SignalField
@@ -195,3 +233,11 @@ class SignalKind(FieldKind):
         start, n = int(round(opts.window_offset * self.spec.rate)), int(round(opts.window * self.spec.rate))
         piece = row[start:start + n]
         return piece if len(piece) == n else np.concatenate([piece, np.zeros(n - len(piece), row.dtype)])
+
+    # ---- preview: a small line plot per channel (each channel is a field)
+    def preview(self, value: Any) -> np.ndarray:
+        return trace_plot(np.asarray(value))
+
+    def caption(self, value: Any) -> str:
+        n = len(value)
+        return f"{self.name}: {n / self.spec.rate:.4g} s at {self.spec.rate:g} Hz"

@@ -202,6 +202,19 @@ def crop_or_pad(values: np.ndarray, size: tuple[int, int], larger: str, fill: fl
     return np.pad(out, ((0, 0), (pt, pb), (pl, pr)), constant_values=fill) if (pt or pb or pl or pr) else out
 
 
+PLANE_GAP = 2  # blank columns after each plane of a volume preview
+
+
+def three_planes(v: np.ndarray) -> np.ndarray:
+    """(D, H, W) -> one 2-D picture: the middle axial (H, W), coronal (D, W) and sagittal (D, H)
+    slices side by side, top-aligned, each followed by PLANE_GAP blank (0) columns. A volume and
+    its label volume come out the same shape, so one overlays the other."""
+    d, h, w = v.shape
+    planes = [v[d // 2], v[:, h // 2, :], v[:, :, w // 2]]
+    tall = max(p.shape[0] for p in planes)
+    return np.concatenate([np.pad(p, ((0, tall - p.shape[0]), (0, PLANE_GAP))) for p in planes], axis=1)
+
+
 class VolumeKind(FieldKind):
     kind = "volume"
     Spec = VolumeField
@@ -236,15 +249,13 @@ class VolumeKind(FieldKind):
         return np.dtype(self.spec.dtype)
 
     def preview(self, value: Any) -> np.ndarray:
-        """Mid-slices in the three planes, side by side, windowed to the value range."""
+        """Mid-slices in the three planes, side by side, windowed to the 1st..99th percentile."""
         v = np.asarray(value, np.float64)
+        if v.size == 0:
+            return np.zeros((*self.spec.size, 3), np.uint8)
         lo, hi = np.percentile(v, 1), np.percentile(v, 99)
-        scaled = np.clip((v - lo) / max(hi - lo, 1e-9) * 255, 0, 255).astype(np.uint8)
-        d, h, w = scaled.shape
-        planes = [scaled[d // 2], scaled[:, h // 2, :], scaled[:, :, w // 2]]
-        tall = max(p.shape[0] for p in planes)
-        row = np.concatenate([np.pad(p, ((0, tall - p.shape[0]), (0, 2))) for p in planes], axis=1)
-        return np.repeat(row[..., None], 3, axis=2)
+        scaled = np.clip(np.round((v - lo) / max(hi - lo, 1e-9) * 255), 0, 255).astype(np.uint8)
+        return np.repeat(three_planes(scaled)[..., None], 3, axis=2)
 
 
 class CaseMeta(FieldKind):

@@ -25,7 +25,7 @@ from h5forge.format.arrays import Ragged, Stored
 from h5forge.kinds.base import Decoded, Globs, StrictModel
 from h5forge.kinds.image import open_picture
 from h5forge.kinds.mask import MaskKind, binary_array, class_array
-from h5forge.kinds.volume import crop_or_pad, load_case, read_case
+from h5forge.kinds.volume import crop_or_pad, load_case, read_case, three_planes
 from h5forge.samples import Reject, SampleRef
 
 
@@ -100,5 +100,8 @@ class VolumeMaskKind(MaskKind):
         return np.array(per_case, dtype=np.int64).reshape(len(block), self.n_classes)
 
     def preview(self, value: Any) -> np.ndarray:
+        """The labels of the three mid-planes, laid out as its volume's preview."""
         labels = np.asarray(value)
-        return super().preview(labels[len(labels) // 2][None])
+        if labels.size == 0:
+            return np.zeros((*self.stored().shape, 3), np.uint8)
+        return self.paint(three_planes(labels))
