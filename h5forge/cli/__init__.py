@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from h5forge.cli import dataset  # noqa: F401  (registers its commands)
+from h5forge.cli import look  # noqa: F401  (preview, codecs)
+from h5forge.cli import doctor, inspect  # noqa: F401  (register their commands)
 from h5forge.cli.app import app
 
 __all__ = ["app", "main"]

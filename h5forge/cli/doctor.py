@@ -1,0 +1,229 @@
+"""``h5forge doctor``: can this machine build and read datasets? Versions, compression filters,
+the plugin path other HDF5 tools need, the Prefect API, dask and CPUs, free disk; with a FILE the
+filters it needs, with ``--spec`` what that spec needs. Exit 1 when something needed is missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from h5forge.cli.app import _reported, app, out
+from h5forge.cli.inspect import size_text
+
+HEALTH_TIMEOUT = 3.0  # seconds for the Prefect API to answer /health
+
+
+class Checkup:
+    """The report's lines, and the problems that make the exit code 1."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def line(self, label: str, text: str) -> None:
+        out.print(f"{label + ':' if label else '':<20} {text}", highlight=False, markup=False)
+
+    def problem(self, label: str, text: str) -> None:
+        self.problems.append(f"{label}: {text}")
+        self.line(label, f"MISSING {text}")
+
+
+def _filter_name(fid: int, known: dict[int, tuple[str, str]]) -> str:
+    name, source = known.get(fid, ("unknown filter", "not provided by HDF5, h5py or hdf5plugin here"))
+    return f"{name} ({fid}, {source})"
+
+
+def check_versions(c: Checkup) -> None:
+    from importlib.metadata import version
+    import platform
+
+    import h5py
+
+    c.line("h5forge", f"{version('h5forge')} (Python {platform.python_version()})")
+    c.line("h5py / HDF5", f"h5py {h5py.version.version}, HDF5 {h5py.version.hdf5_version}")
+    try:
+        plugin = version("hdf5plugin")
+    except Exception:  # PackageNotFoundError: reported, not fatal by itself
+        plugin = "not installed (lz4/zstd/bitshuffle/blosc2 files cannot be read)"
+    c.line("hdf5plugin", plugin)
+
+
+def check_filters(c: Checkup) -> None:
+    from h5forge.format.codecs import ensure_filters
+    from h5forge.format.filters import available, known_filters
+
+    try:
+        ensure_filters()
+    except ImportError:
+        pass
+    known = known_filters()
+    ok = [f"{name} {fid}" for fid, (name, _) in sorted(known.items()) if available(fid)]
+    missing = [f"{name} {fid}" for fid, (name, _) in sorted(known.items()) if not available(fid)]
+    c.line("filters available", ", ".join(ok))
+    c.line("filters absent", ", ".join(missing) or "none")
+
+
+def check_plugin_path(c: Checkup) -> None:
+    try:
+        import hdf5plugin
+    except ImportError:
+        c.line("HDF5_PLUGIN_PATH", "hdf5plugin is not installed: `pip install hdf5plugin` first")
+        return
+    current = os.environ.get("HDF5_PLUGIN_PATH")
+    state = "set in this shell" if current == hdf5plugin.PLUGIN_PATH else (
+        f"this shell has {current}" if current else "not set in this shell")
+    c.line("HDF5_PLUGIN_PATH", f"export HDF5_PLUGIN_PATH={hdf5plugin.PLUGIN_PATH}")
+    c.line("", f"({state}; h5dump, HDFView and h5py without `import h5forge` need it for lz4/zstd files)")
+
+
+def check_prefect(c: Checkup) -> None:
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    url = os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()
+    if not url:
+        c.line("Prefect API", "ephemeral (no server configured): each run starts a temporary local server; "
+                              "`serve` needs PREFECT_API_URL")
+        return
+    health = f"{url.rstrip('/')}/health"
+    try:
+        response = httpx.get(health, timeout=HEALTH_TIMEOUT)
+    except httpx.HTTPError as err:
+        c.problem("Prefect API", f"{url} does not answer ({type(err).__name__}: {err}); start the server "
+                                 "(`prefect server start`) or unset PREFECT_API_URL")
+        return
+    if response.status_code != 200:
+        c.problem("Prefect API", f"{health} answered HTTP {response.status_code}")
+        return
+    c.line("Prefect API", f"{url} reachable")
+
+
+def check_compute(c: Checkup) -> None:
+    from importlib.metadata import version
+
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    c.line("dask", f"dask {version('dask')}, distributed {version('distributed')}")
+    c.line("CPUs", f"{os.cpu_count()} ({usable} usable by this process)")
+
+
+def _existing(folder: Path) -> Path:
+    """The folder, or its nearest existing parent (an output folder is created on the first build)."""
+    folder = folder.resolve()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
+def check_disk(c: Checkup, folder: Path, label: str = "free disk") -> None:
+    where = _existing(folder)
+    usage = shutil.disk_usage(where)
+    c.line(label, f"{size_text(usage.free)} free of {size_text(usage.total)} at {where}")
+
+
+def check_file(c: Checkup, path: Path) -> None:
+    from h5forge.format.filters import available, filters_used, known_filters
+
+    with _reported():
+        if not path.is_file():
+            from h5forge.errors import SourceMissing
+
+            raise SourceMissing(f"{path}: no such file")
+        try:
+            used = filters_used(path)
+        except OSError as err:
+            from h5forge.errors import ReadError
+
+            raise ReadError(f"{path}: not an HDF5 file ({err})") from None
+    known = known_filters()
+    import h5py
+
+    with h5py.File(os.path.realpath(path), "r") as f:
+        needs = f.attrs.get("codec_needs")
+    if needs is not None:
+        c.line("file records", f"needs {needs}")
+    if not used:
+        c.line("file filters", f"{path.name}: none (any HDF5 reader)")
+    for fid, datasets in sorted(used.items()):
+        where = f"{len(datasets)} dataset(s), e.g. {datasets[0]}"
+        if available(fid):
+            c.line("file needs", f"{_filter_name(fid, known)}: available ({where})")
+        else:
+            c.problem("file needs", f"{_filter_name(fid, known)}: not available in this HDF5 ({where})")
+
+
+def check_spec(c: Checkup, spec_path: Path) -> Path:
+    """What building ``spec_path`` needs: its codecs' filters, its source folder, a writable output
+    folder, the dask scheduler it names. Returns the output folder."""
+    from h5forge.format.filters import available, codec_filters, known_filters
+    from h5forge.kinds import stored_kinds
+    from h5forge.spec import load_spec
+
+    with _reported():
+        spec = load_spec(spec_path)
+    known = known_filters()
+    codecs = sorted({k.stored().codec_of(spec.storage.codec) for k in stored_kinds(spec).values()
+                     if k.stored().bulk})
+    for codec in codecs:
+        try:
+            ids = codec_filters(codec)
+        except ImportError as err:
+            c.problem("spec codec", f"{codec}: needs a package that is not installed ({err.name})")
+            continue
+        names = ", ".join(_filter_name(fid, known) for fid in sorted(ids)) or "no filter"
+        lacking = [fid for fid in ids if not available(fid)]
+        if lacking:
+            c.problem("spec codec", f"{codec}: {names}: not available in this HDF5")
+        else:
+            c.line("spec codec", f"{codec}: {names}: available")
+    root = Path(spec.source.root)
+    if root.is_dir():
+        c.line("spec source", f"{root} exists")
+    else:
+        c.problem("spec source", f"{root}: no such folder (source.root)")
+    target = _existing(Path(spec.output.dir))
+    if os.access(target, os.W_OK):
+        c.line("spec output", f"{spec.output.dir} ({'exists' if Path(spec.output.dir).exists() else 'created on build'}"
+                              f", writable)")
+    else:
+        c.problem("spec output", f"{spec.output.dir}: {target} is not writable")
+    if spec.compute.dask_address:
+        from h5forge.errors import SchedulerUnreachable
+        from h5forge.ingest.parallel import check_reachable
+
+        try:
+            check_reachable(spec.compute.dask_address)
+            c.line("spec dask", f"{spec.compute.dask_address} reachable")
+        except SchedulerUnreachable as err:
+            c.problem("spec dask", str(err))
+    return Path(spec.output.dir)
+
+
+@app.command()
+def doctor(file: Optional[Path] = typer.Argument(None, help="a version file (or any HDF5 file): which filters "
+                                                              "it needs, and whether this machine has them"),
+           spec: Optional[Path] = typer.Option(None, "--spec", help="a dataset spec: its codecs, source folder, "
+                                                                    "output folder (free disk) and dask scheduler")) -> None:
+    """Check this machine: h5py/HDF5 versions, compression filters, the HDF5_PLUGIN_PATH line for
+    other HDF5 tools, the Prefect API, dask and CPUs, free disk. Exit 1 when something the FILE or
+    the spec needs is missing (or a configured Prefect API does not answer)."""
+    c = Checkup()
+    check_versions(c)
+    check_filters(c)
+    check_plugin_path(c)
+    check_prefect(c)
+    check_compute(c)
+    disk_at = Path.cwd()
+    if spec is not None:
+        disk_at = check_spec(c, spec)
+    if file is not None:
+        check_file(c, file)
+        if spec is None:
+            disk_at = file.resolve().parent
+    check_disk(c, disk_at)
+    if c.problems:
+        c.line("result", f"{len(c.problems)} problem(s): " + "; ".join(c.problems))
+        raise typer.Exit(1)
+    c.line("result", "ok")

@@ -1,0 +1,141 @@
+"""Commands that look at datasets without changing them: ``--version``, info, diff."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from h5forge.cli.app import _reported, app, out
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        out.print(f"h5forge {version('h5forge')}", highlight=False)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                                      help="print the installed h5forge version and exit")) -> None:
+    """Labelled raw data in, versioned and verified HDF5 training sets out."""
+
+
+def size_text(n: int) -> str:
+    """Bytes with a unit (decimal, as disk tools show them)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _counts_text(counts: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items())
+
+
+def _number(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_number(x) for x in v) + "]"
+    return str(v)
+
+
+def _print_info(info: dict[str, Any]) -> None:
+    lin, sz, spec = info["lineage"], info["sizes"], info["spec"]
+    t = Table(title=f"{info['name']} v{lin['version']:04d} ({info['file']})", show_header=False)
+    t.add_row("samples", f"{info['samples']} ({_counts_text(info['counts'])})")
+    ratio = sz["array_bytes_stored"] / sz["array_bytes_raw"] if sz["array_bytes_raw"] else 1.0
+    t.add_row("arrays", f"{size_text(sz['array_bytes_stored'])} stored of {size_text(sz['array_bytes_raw'])} raw "
+                        f"({ratio:.3f})")
+    t.add_row("file", f"{size_text(sz['file_bytes'])}; on disk with the files it reads: "
+                      f"{size_text(sz['on_disk_bytes'])}")
+    t.add_row("codec", f"{info['codec']} (needs {info['codec_needs']})")
+    t.add_row("created", f"{lin['created_at']} by {lin['creator']}, h5forge {lin['written_with']['h5forge']}, "
+                         f"HDF5 {lin['written_with']['hdf5']}")
+    if lin["kind"] == "thin":
+        segs = ", ".join(f"{s['file']}{'' if s['present'] else ' (MISSING)'}" for s in lin["segments"])
+        t.add_row("kind", f"thin: reads {len(lin['segments'])} files: {segs}")
+    else:
+        t.add_row("kind", "full (self-contained)" + (f", exported from {lin['exported_from']}"
+                                                     if lin["exported_from"] else ""))
+    chain = " <- ".join([f"v{lin['version']:04d}"] + [
+        f"v{a['version']:04d}" + ("" if a["present"] else " (deleted)") + (f" {a['kind']}" if a.get("kind") else "")
+        for a in lin["ancestors"]])
+    t.add_row("lineage", chain if lin["parent"] else "no parent (first version of the folder)")
+    fields = "; ".join(f"{n}: {f['kind']} {f['shape']} {f['dtype']}" + (f" {f['codec']}" if f["codec"] else "")
+                       for n, f in spec["fields"].items())
+    t.add_row("spec", f"{spec['name']}: {spec['description']}")
+    t.add_row("fields", fields)
+    t.add_row("columns", ", ".join(f"{c} ({ty})" for c, ty in spec["columns"].items()) or "none")
+    t.add_row("splits", _counts_text(spec["splits"]) + f"; chunk_rows {spec['chunk_rows']}")
+    t.add_row("source", spec["source_root"])
+    out.print(t)
+    stats = Table("split", "samples", "statistics", "samples per value", title="per split")
+    for split, s in info["splits"].items():
+        st = "\n".join(f"{k}: {', '.join(f'{c} {n}' for c, n in v.items()) if isinstance(v, dict) else _number(v)}"
+                       for k, v in s["stats"].items())
+        by = "\n".join(f"{k}: {_counts_text(v)}" for k, v in s["samples_by_value"].items())
+        stats.add_row(split, str(s["samples"]), st, by)
+    out.print(stats)
+    rej = info["rejected"]
+    out.print(f"rejected inputs: {rej['total']}", highlight=False)
+    for r in rej["by_reason"]:
+        ids = ", ".join(i["path"] for i in r["inputs"][:5]) + (" ..." if r["count"] > 5 else "")
+        out.print(f"  {r['count']} x [{r['stage']}] {r['reason']}: {ids}", highlight=False, markup=False)
+
+
+@app.command()
+def info(path: Path = typer.Argument(..., help="a version file, dataset_latest.h5, or an output folder"),
+         as_json: bool = typer.Option(False, "--json", help="print everything as JSON")) -> None:
+    """What a version holds: samples per split, sizes, codec, the spec, lineage (thin or full),
+    label and class counts, the rejected inputs by reason. A folder: every version, the latest in full."""
+    from h5forge.store.info import folder_info, version_info
+
+    with _reported():
+        data = folder_info(path) if path.is_dir() else version_info(path)
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    if path.is_dir():
+        t = Table("", "version", "samples", "size", "kind", "created", "parent", title=str(path))
+        for v in data["versions"]:
+            t.add_row("latest →" if v["latest"] else "", f"v{v['version']:04d}",
+                      f"{v['samples']} ({_counts_text(v['counts'])})", size_text(v["file_bytes"]), v["kind"],
+                      v["created_at"], f"v{v['parent']:04d}" if v["parent"] else "")
+        out.print(t)
+        data = data["detail"]
+    _print_info(data)
+
+
+@app.command()
+def diff(old: str = typer.Argument(..., help="the earlier version: a file, or with --dir a version name"),
+         new: str = typer.Argument(..., help="the later version: a file, or with --dir a version name"),
+         folder: Optional[Path] = typer.Option(None, "--dir", help="output folder: OLD and NEW are then versions "
+                                                                   "of it: 3, v0003, latest or previous"),
+         as_json: bool = typer.Option(False, "--json", help="print the diff as JSON (every id listed)")) -> None:
+    """Sample-level changes between two versions: ids added and removed, content (checksum) and
+    label/column changes, samples that moved split (none, by the stable-split rule), counts per
+    split and per label.
+
+    Examples: h5forge diff out/dataset_v0001.h5 out/dataset_v0002.h5;
+    h5forge diff --dir out previous latest; h5forge diff --dir out 1 3 --json
+    """
+    from h5forge.store.diff import diff_versions, resolve_version
+
+    with _reported():
+        if folder is not None:
+            a, b = resolve_version(folder, old), resolve_version(folder, new)
+        else:
+            a, b = Path(old), Path(new)
+        result = diff_versions(a, b)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return
+    for line in result.lines():
+        out.print(line, highlight=False, markup=False)
