@@ -3,13 +3,22 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: install demo test test-quick lint docs bench bench-smoke clean
+.PHONY: install install-test demo test test-quick lint docs bench bench-smoke clean
 
-install: $(VENV)/.installed
+# `install`: what building needs (the package and its [build] extra: Prefect, dask, decoders);
+# `install-test` adds the test extra (pytest, torch, jax, xarray, ...), which only the tests need.
+install: $(VENV)/.installed-build
+install-test: $(VENV)/.installed-test
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e ".[test]"
+
+$(VENV)/.installed-build: pyproject.toml | $(VENV)/bin/python
+	$(BIN)/pip install --quiet -e ".[build]"
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed-build
+	$(BIN)/pip install --quiet -e ".[build,test]"
 	touch $@
 
 demo: install
@@ -18,11 +27,11 @@ demo: install
 	$(BIN)/h5forge verify data/demo/dataset_latest.h5
 	$(BIN)/h5forge versions data/demo
 
-test: install
+test: install-test
 	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not tf"
 
 # the inner loop: no Prefect server, no subprocess services, nothing slow (`make test` runs everything)
-test-quick: install
+test-quick: install-test
 	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not slow and not e2e and not tf"
 
 # The TensorFlow reader in a second venv: tensorflow-cpu needs an older h5py than pyproject.toml pins
@@ -53,10 +62,10 @@ test-tf: install-tf
 # results to benchmarks/results/smoke/ (git-ignored); all of them run, and the target fails if any failed.
 BENCHMARKS = build read append orchestration kinds
 
-bench: install
+bench: install-test
 	for b in $(BENCHMARKS); do $(BIN)/python -m benchmarks.$$b || exit 1; done
 
-bench-smoke: install
+bench-smoke: install-test
 	status=0; for b in $(BENCHMARKS); do \
 	  $(BIN)/python -m benchmarks.$$b --smoke || { echo "benchmarks.$$b --smoke FAILED"; status=1; }; done; \
 	exit $$status
@@ -64,7 +73,7 @@ bench-smoke: install
 # import contracts (pyproject.toml [tool.importlinter]), checked on the package as pip installs it,
 # where flows/, tasks/ and deployments/ sit inside h5forge/
 LINT_DIR = build/lint
-lint: install
+lint: install-test
 	rm -rf $(LINT_DIR)
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation --target $(LINT_DIR) .
 	cd $(LINT_DIR) && $(CURDIR)/$(BIN)/lint-imports $(CURDIR)/pyproject.toml
