@@ -41,12 +41,14 @@ ARTIFACT_SIDE = 960  # longest side of the copy embedded in a Prefect artifact
 
 @dataclass(frozen=True)
 class Drawn:
-    """One sample as the sheet draws it: its pictures (field path -> (H, W, 3)) and captions."""
+    """One sample as the sheet draws it: its pictures (field path -> (H, W, 3)), the overlays to
+    paint on each (they are scaled apart from it, so no label colour is smeared), its captions."""
 
     split: str
     row: int
     id: str
     pictures: dict[str, np.ndarray]
+    overlays: dict[str, list[np.ndarray]]
     captions: list[str]
 
 
@@ -124,7 +126,8 @@ def choose(f: h5py.File, split: str | None, n: int, seed: int,
 
 def draw_sample(kinds: dict[str, FieldKind], values: dict[str, object], split: str, row: int,
                 sample_id: str) -> Drawn:
-    """The pictures of one sample, overlays painted on their targets, and its captions."""
+    """The pictures of one sample, the overlays of each (an overlay whose target draws nothing,
+    or that does not have its shape, is left out), and its captions."""
     pictures: dict[str, np.ndarray] = {}
     overlays: list[tuple[str, np.ndarray]] = []
     captions: list[str] = []
@@ -140,10 +143,11 @@ def draw_sample(kinds: dict[str, FieldKind], values: dict[str, object], split: s
         text = kind.caption(value)
         if text:
             captions.append(text)
+    painted: dict[str, list[np.ndarray]] = {}
     for target, picture in overlays:
         if target in pictures and pictures[target].shape == picture.shape:
-            pictures[target] = drawing.blend(pictures[target], picture)
-    return Drawn(split, row, sample_id, pictures, captions)
+            painted.setdefault(target, []).append(np.ascontiguousarray(picture, np.uint8))
+    return Drawn(split, row, sample_id, pictures, painted, captions)
 
 
 def load_samples(path: str | Path, split: str | None = None, n: int = 16, seed: int = 0,
@@ -170,8 +174,9 @@ def _columns(n: int) -> int:
 
 def compose(samples: list[Drawn], tile: int = 192, columns: int | None = None) -> Sheet:
     """The contact sheet: cells of ``tile`` pixels wide in ``columns`` columns (about square by
-    default). In a cell, each picture is fitted into a tile x tile box, one under the other,
-    then the captions: the id (and split), then the kinds' captions."""
+    default). In a cell, each picture is fitted into a tile x tile box (its overlays scaled with
+    nearest neighbour, then painted on it), one under the other, then the captions: the id (and
+    split), then the kinds' captions."""
     if not samples:
         raise UsageError("no samples to draw")
     cols = columns or _columns(len(samples))
@@ -198,6 +203,8 @@ def compose(samples: list[Drawn], tile: int = 192, columns: int | None = None) -
             boxes = sheet.boxes.setdefault(s.id, {})
             for p, (h, w) in sizes.items():
                 picture = drawing.resized(s.pictures[p], (h, w))
+                for overlay in s.overlays.get(p, ()):
+                    picture = drawing.blend(picture, drawing.resized(overlay, (h, w), labels=True))
                 x = left + (tile - w) // 2
                 image.paste(Image.fromarray(picture), (x, y))
                 boxes[p] = (x, y, w, h)
