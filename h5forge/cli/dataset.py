@@ -179,22 +179,34 @@ def serve(spec: Path = typer.Argument(..., help="dataset spec YAML"),
 
 @app.command()
 def export(version: Path = typer.Argument(..., help="a version file (thin or not) or dataset_latest.h5"),
-           dest: Path = typer.Argument(..., help="the self-contained copy to write")) -> None:
-    """Write a self-contained copy of a version, to move to another machine."""
+           dest: Path = typer.Argument(..., help="the self-contained copy to write"),
+           codec: Optional[str] = typer.Option(None, "--codec", help="recompress every sample array: gzip-1 or "
+                                               "none make a copy any HDF5 tool reads without plugins (default: "
+                                               "keep each field's codec)")) -> None:
+    """Write a self-contained copy of a version, to move to another machine or hand to other tools."""
+    import h5py
+
+    from h5forge.format.codecs import CODECS
+    from h5forge.format.names import Attr
     from h5forge.store.thin import export as export_version
     from h5forge.store.verify import verify_file
 
+    if codec is not None and codec not in CODECS:
+        _fail(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
     if not version.exists():
         _fail(f"{version}: no such file")
     report = verify_file(version, checksums=False, resample=0, latency_reads=0)
     if not report.ok:
         _fail(f"{version} is broken: {'; '.join(report.errors)}", 1)
-    export_version(version, dest)
+    export_version(version, dest, codec)
     check = verify_file(dest, resample=0, latency_reads=0)
     if not check.ok:
         dest.unlink()
         _fail(f"the copy failed verification: {'; '.join(check.errors)}", 1)
-    out.print(f"wrote {dest} ({dest.stat().st_size / 1e6:.1f} MB, self-contained, {check.checks['checksums']})")
+    with h5py.File(dest, "r") as f:
+        needs = str(f.attrs.get(Attr.CODEC_NEEDS, ""))
+    out.print(f"wrote {dest} ({dest.stat().st_size / 1e6:.1f} MB, self-contained, {check.checks['checksums']}; "
+              f"reading it needs {needs})")
 
 
 @app.command()

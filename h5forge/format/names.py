@@ -54,13 +54,15 @@ SOURCE_FILES = "source_files"
 SOURCE_SHA256 = "source_sha256"
 CHECKSUM = "checksum"
 PER_SAMPLE = (IDS, SOURCE_FILES, SOURCE_SHA256, CHECKSUM)
+SAMPLE_DIM = "sample"  # the dimension scale naming the sample axis (format.dims)
+SOURCE_FIELD_DIM = "source_field"  # axis 1 of source_files and source_sha256
 META = "meta"
 SPEC = "meta/spec"
 INDEX = "index"
 DIAGNOSTICS = "diagnostics"
 REJECTIONS = "diagnostics/rejections"
 REJECTION_COLUMNS = ("sample_id", "path", "reason", "stage")
-RESERVED = (*PER_SAMPLE, META)  # field names a spec may not use
+RESERVED = (*PER_SAMPLE, META, SAMPLE_DIM, SOURCE_FIELD_DIM)  # field names a spec may not use
 
 
 def column_path(column: str) -> str:
@@ -114,6 +116,10 @@ LAYOUT: tuple[tuple[str, str], ...] = (
     (f"/<split>/{SOURCE_FILES}", "(N, F) raw file paths relative to the spec's source root "
                                  f"(F = the fields read from files, listed in its attr {Attr.FIELDS})"),
     (f"/<split>/{SOURCE_SHA256}", "(N, F) hex sha256 of each raw file"),
+    (f"/<split>/{SAMPLE_DIM}", "(N,) HDF5 dimension scale (no values stored) on axis 0 of every per-sample dataset, "
+                               "so netCDF readers (xarray via h5netcdf) call that axis "
+                               f"`{SAMPLE_DIM}`; the other axes have scales too: `{SOURCE_FIELD_DIM}`, "
+                               "`<field>_axis<k>`, `<field>_element` (a ragged field's values)"),
     (f"/<split>/{CHECKSUM}", "(N,) hex sha256 of the stored bytes of the sample's fields, in field order"),
     (f"/{INDEX}/<split>/<col>/", "values (K,), offsets (K+1,), rows (N,): rows[offsets[k]:offsets[k+1]] "
                                  "are the rows whose <col> equals values[k]"),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import h5py
 
+from h5forge.format.dims import plain_attrs
 from h5forge.format.names import SPLITS, Attr
 
 
@@ -68,4 +69,4 @@ def map_virtual(g: h5py.Group, key: str, like: h5py.Dataset, segments: list[dict
         offset += n
     fill = 0 if like.dtype.kind in "biuf" else None
     g.create_virtual_dataset(key, layout, fillvalue=fill)
-    g[key].attrs.update(dict(like.attrs))
+    g[key].attrs.update(plain_attrs(like))

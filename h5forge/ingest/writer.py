@@ -27,6 +27,7 @@ from h5forge import __version__
 from h5forge.format import arrays
 from h5forge.format.arrays import Ragged
 from h5forge.format.codecs import CODECS, codec_options, ensure_filters
+from h5forge.format.dims import name_axes
 from h5forge.format.layout import HEX, SMALL_ROWS, STR, small_options, write_index, write_index_lists
 from h5forge.format.names import (CHECKSUM, FORMAT, FORMAT_VERSION, IDS, SOURCE_FILES, SOURCE_SHA256, SPEC,
                                   SPLITS, Attr, block_rows, column_path)
@@ -187,6 +188,7 @@ class DatasetWriter:
                 write_index(f, split, col, g[column_path(col)][()])
             for path, listed in self._indexed[split].items():
                 write_index_lists(f, split, path, listed)
+            name_axes(g, self.counts[split])
         summary = self._summary(timings or {})
         write_diagnostics(f, summary)
         f.flush()

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import h5py
 
-from h5forge.format.codecs import codec_options, ensure_filters
+from h5forge.errors import UsageError
+from h5forge.format.codecs import CODECS, codec_options, ensure_filters
+from h5forge.format.dims import name_axes, plain_attrs
 from h5forge.format.layout import SMALL_ROWS, merge_index, small_options
 from h5forge.format.names import INDEX, PER_SAMPLE, SPEC, SPLITS, Attr, block_rows, partial_name
 from h5forge.format.segments import counts_of, map_virtual, segment_lengths, segments_of
@@ -61,19 +63,26 @@ def write_thin(path: Path, parent: Path, delta: Path, spec: DatasetSpec, number:
             indexes = [*spec.annotations.index_by, *(path for path, k in kinds.items() if k.indexed)]
             for name in indexes:
                 merge_index(f, split, name, p[f"{INDEX}/{split}/{name}"], d[f"{INDEX}/{split}/{name}"], n_parent)
+            name_axes(g, int(g.attrs[Attr.COUNT]))
         counts = counts_of(f)
         merged = summary.with_(counts=counts, samples=sum(counts.values()), segments=len(segments))
         write_diagnostics(f, merged)
     return merged
 
 
-def export(version: Path, dest: Path) -> Path:
-    """A self-contained copy of ``version`` (thin or not) at ``dest``, written atomically."""
+def export(version: Path, dest: Path, codec: str | None = None) -> Path:
+    """A self-contained copy of ``version`` (thin or not) at ``dest``, written atomically.
+
+    ``codec``: recompress every sample array with it (``gzip-1`` or ``none``: filters built into
+    every HDF5, so h5dump, HDFView, MATLAB and netCDF tools read the copy without plugins); the
+    default keeps each field's codec and copies compressed chunks as they are."""
+    if codec is not None and codec not in CODECS:
+        raise UsageError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
     ensure_filters()
     src_path = Path(os.path.realpath(version))
     tmp = dest.with_name(partial_name(dest.name))
     try:
-        _export(src_path, tmp)
+        _export(src_path, tmp, codec)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -81,13 +90,16 @@ def export(version: Path, dest: Path) -> Path:
     return dest
 
 
-def _export(src_path: Path, tmp: Path) -> None:
+def _export(src_path: Path, tmp: Path, codec: str | None) -> None:
     with h5py.File(src_path, "r") as src, h5py.File(tmp, "w") as out:
         spec = spec_from_json(src[SPEC][()].decode())
         kinds = stored_kinds(spec)
         out.attrs.update({k: v for k, v in src.attrs.items() if k != Attr.SEGMENTS})
         out.attrs[Attr.SELF_CONTAINED] = True
         out.attrs[Attr.EXPORTED_FROM] = src_path.name
+        if codec is not None:
+            out.attrs[Attr.CODEC] = codec
+            out.attrs[Attr.CODEC_NEEDS] = CODECS[codec].needs
         for key in src:
             if key not in SPLITS:
                 src.copy(src[key], out, key)
@@ -104,7 +116,8 @@ def _export(src_path: Path, tmp: Path) -> None:
                 sizes = segment_lengths(src_path.parent, segments, split, path) if st.ragged else \
                     [seg["counts"][split] for seg in segments]
                 _copy_bulk(src_path.parent, segments, sizes, split, path, g, g_src[path],
-                           st.chunk(spec.storage.chunk_rows, SMALL_ROWS), st.codec_of(spec.storage.codec))
+                           st.chunk(spec.storage.chunk_rows, SMALL_ROWS), codec or st.codec_of(spec.storage.codec))
+            name_axes(g, int(g_src.attrs[Attr.COUNT]))
         out.flush()
 
 
@@ -113,7 +126,7 @@ def _materialize(obj: h5py.Dataset, g: h5py.Group, name: str) -> None:
     tail = obj.shape[1:]
     g.create_dataset(name, data=obj[()], dtype=obj.dtype, maxshape=(None, *tail), chunks=(SMALL_ROWS, *tail),
                      **small_options(obj.dtype))
-    g[name].attrs.update(dict(obj.attrs))
+    g[name].attrs.update(plain_attrs(obj))
 
 
 def _copy_bulk(folder: Path, segments: list[dict], sizes: list[int], split: str, name: str, g: h5py.Group,
@@ -123,7 +136,7 @@ def _copy_bulk(folder: Path, segments: list[dict], sizes: list[int], split: str,
     rows = chunks[0]
     dst = g.create_dataset(name, shape=(sum(sizes), *shape), maxshape=(None, *shape), dtype=like.dtype,
                            chunks=chunks, **codec_options(codec))
-    dst.attrs.update(dict(like.attrs))
+    dst.attrs.update(plain_attrs(like))
     offset = 0
     for seg, n in zip(segments, sizes):
         if not n:
