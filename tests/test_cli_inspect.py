@@ -1,0 +1,183 @@
+"""--version, info and doctor as a user runs them: real subprocesses on real built versions."""
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from importlib.metadata import version
+from pathlib import Path
+
+import h5py
+import hdf5plugin
+import pytest
+
+from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
+from h5forge.ingest.discover import discover
+from h5forge.ingest.splits import assign_split
+from tests.helpers.data import REPO, demo_spec
+
+PY = sys.executable
+H5FORGE = str(Path(PY).parent / "h5forge")
+
+
+def run(*args, env=None, prefix=()):
+    clean = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "HDF5_PLUGIN_PATH")}
+    r = subprocess.run([*(prefix or [H5FORGE]), *map(str, args)], capture_output=True, text=True, timeout=300,
+                       env={**clean, **(env or {})}, cwd=REPO)
+    assert "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    return r
+
+
+def build(raw, out, **storage) -> Path:
+    from h5forge.store.versions import stage
+
+    spec = demo_spec(raw, out, **storage)
+    candidate = stage(out)
+    write_version(spec, discover(spec), candidate)
+    return Path(publish_candidate(candidate, verify_candidate(candidate)))
+
+
+@pytest.fixture(scope="module")
+def built(raw_demo, tmp_path_factory):
+    out = tmp_path_factory.mktemp("inspect") / "out"
+    return build(raw_demo, out, codec="zstd"), out
+
+
+def test_version_matches_the_installed_package():
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout == f"h5forge {version('h5forge')}\n"
+
+
+def test_info_json_counts_exactly(built, raw_demo):
+    path, _ = built
+    r = run("info", path, "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    records = {x["id"]: x for x in json.loads((raw_demo / "annotations.json").read_text())}
+    spec = demo_spec(raw_demo, path.parent)
+    good = [i for i in records if i.startswith("cell_")]
+    split_of = {i: assign_split(i, spec.splits) for i in good}
+    assert info["samples"] == 40 and info["counts"] == dict(Counter(split_of[i] for i in good)) == {
+        "train": 30, "val": 4, "test": 6}
+    for split in ("train", "val", "test"):
+        ids = [i for i in good if split_of[i] == split]
+        by_value = info["splits"][split]["samples_by_value"]
+        assert by_value["label"] == dict(Counter(records[i]["label"] for i in ids))
+        assert by_value["stain"] == dict(Counter(records[i]["stain"] for i in ids))
+        with h5py.File(path, "r") as f:  # pixels per class, as the mask field counted them
+            masks = f[split]["masks"][()]
+        pixels = info["splits"][split]["stats"]["masks_class_pixels"]
+        assert pixels == {"0": int((masks == 0).sum()), "1": int((masks == 1).sum())}
+    assert info["codec"] == "zstd" and info["spec"]["fields"]["images"] == {
+        "kind": "image", "shape": [3, 224, 224], "dtype": "uint8", "codec": "zstd"}
+    assert info["lineage"]["kind"] == "full" and info["lineage"]["parent"] is None
+    sizes = info["sizes"]
+    assert sizes["array_bytes_raw"] == 40 * (3 + 1) * 224 * 224 and 0 < sizes["array_bytes_stored"] < sizes["array_bytes_raw"]
+    assert sizes["file_bytes"] == sizes["on_disk_bytes"] == path.stat().st_size
+    rejected = info["rejected"]
+    assert rejected["total"] == 10
+    reasons = {r["inputs"][0]["id"]: (r["stage"], r["reason"]) for r in rejected["by_reason"]}
+    assert reasons["bad_mask128"] == ("clean", "mask values [0, 128] not allowed: a mask must hold {0,1} or {0,255}")
+    assert reasons["bad_orphan_record"] == ("discover", "annotation record without files")
+    assert sum(r["count"] for r in rejected["by_reason"]) == 10
+
+
+def test_info_of_a_folder_lists_versions_and_shows_the_latest(built):
+    _, out = built
+    r = run("info", out)
+    assert r.returncode == 0, r.stderr
+    assert "v0001" in r.stdout and "latest →" in r.stdout and "rejected inputs: 10" in r.stdout
+    assert "1 x [clean] empty file (0 bytes): images/bad_empty.png" in r.stdout
+    assert "zstd (needs hdf5plugin (Zstd filter 32015))" in r.stdout
+
+
+def test_info_refuses_what_is_not_a_version(tmp_path):
+    assert run("info", tmp_path / "nope.h5").returncode == 1
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f["x"] = [1]
+    r = run("info", tmp_path / "other.h5")
+    assert r.returncode == 1 and "other.h5: not an h5forge file" in r.stderr
+    r = run("info", tmp_path)
+    assert r.returncode == 1 and "no published version" in r.stderr
+
+
+def lines(stdout: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in stdout.splitlines():
+        label, _, text = line.partition(":")
+        out.setdefault(label.strip(), []).append(text.strip())
+    return out
+
+
+def test_doctor_reports_the_machine(built):
+    path, out = built
+    r = run("doctor", path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = lines(r.stdout)
+    assert got["h5py / HDF5"] == [f"h5py {h5py.version.version}, HDF5 {h5py.version.hdf5_version}"]
+    assert got["hdf5plugin"] == [hdf5plugin.version]
+    assert "lz4 32004" in got["filters available"][0] and "zstd 32015" in got["filters available"][0]
+    assert got["HDF5_PLUGIN_PATH"] == [f"export HDF5_PLUGIN_PATH={hdf5plugin.PLUGIN_PATH}"]
+    assert got["Prefect API"][0].startswith("ephemeral (no server configured)")
+    assert got["CPUs"][0].startswith(f"{os.cpu_count()} (")
+    assert got["dask"][0].startswith(f"dask {version('dask')}, distributed {version('distributed')}")
+    assert got["file records"] == ["needs hdf5plugin (Zstd filter 32015)"]
+    assert any(x.startswith("zstd (32015, hdf5plugin): available (6 dataset(s)") for x in got["file needs"])
+    assert got["free disk"][0].endswith(f"at {out}")
+    assert got["result"] == ["ok"]
+
+
+UNREGISTERED = ("import sys, h5py, h5forge; h5py.h5z.unregister_filter(32015); "
+                "from h5forge.cli import main; sys.argv = ['h5forge', *sys.argv[1:]]; main()")
+
+
+def test_doctor_exits_1_when_a_file_or_spec_needs_a_filter_this_hdf5_lacks(built, tmp_path):
+    path, _ = built
+    # an HDF5 without the Zstd filter, as on a machine where hdf5plugin is not loaded
+    r = run("doctor", path, prefix=[PY, "-c", UNREGISTERED])
+    assert r.returncode == 1, r.stdout
+    got = lines(r.stdout)
+    assert "MISSING zstd (32015, hdf5plugin): not available in this HDF5 (6 dataset(s), e.g. " \
+           "dataset_v0001.h5:test/images)" in got["file needs"]
+    assert got["result"][0].startswith("1 problem(s): file needs: zstd (32015, hdf5plugin)")
+    spec = tmp_path / "zstd.yaml"
+    import yaml
+
+    data = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
+    data["storage"]["codec"] = "zstd"
+    data["source"]["root"] = str(path.parent)
+    data["output"]["dir"] = str(tmp_path / "out")
+    spec.write_text(yaml.safe_dump(data))
+    r = run("doctor", "--spec", spec, prefix=[PY, "-c", UNREGISTERED])
+    assert r.returncode == 1
+    assert lines(r.stdout)["spec codec"] == ["MISSING zstd: zstd (32015, hdf5plugin): not available in this HDF5"]
+    ok = run("doctor", "--spec", spec)
+    assert ok.returncode == 0 and lines(ok.stdout)["spec codec"] == ["zstd: zstd (32015, hdf5plugin): available"]
+    assert lines(ok.stdout)["free disk"][0].endswith(f"at {tmp_path}")  # the output folder's nearest parent
+
+
+def test_doctor_spec_with_a_missing_source_and_an_unreachable_prefect_api(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = run("doctor", "--spec", REPO / "config" / "demo.yaml",
+            env={"PREFECT_API_URL": f"http://127.0.0.1:{port}/api"})
+    assert r.returncode == 1
+    got = lines(r.stdout)
+    assert got["Prefect API"][0].startswith(f"MISSING http://127.0.0.1:{port}/api does not answer (ConnectError")
+    if not (REPO / "data" / "raw" / "demo").is_dir():
+        assert got["spec source"] == [f"MISSING {REPO / 'data' / 'raw' / 'demo'}: no such folder (source.root)"]
+    r = run("doctor", tmp_path / "nope.h5")
+    assert r.returncode == 1 and "nope.h5: no such file" in r.stderr
+
+
+def test_doctor_finds_a_running_prefect_api(prefect_server):
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    r = run("doctor", env={"PREFECT_API_URL": url})
+    assert r.returncode == 0, r.stdout
+    assert lines(r.stdout)["Prefect API"] == [f"{url} reachable"]
