@@ -11,8 +11,27 @@ from rich.console import Console
 
 from h5forge.errors import H5forgeError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Labelled raw data in, versioned and verified HDF5 training sets out.")
+# modules of the [build] extra (pyproject.toml): a reader-only install lacks them
+BUILD_MODULES = frozenset({"prefect", "prefect_dask", "dask", "distributed", "PIL", "watchfiles", "psutil",
+                           "pyedflib", "pydicom", "nibabel", "pylibjpeg", "libjpeg", "openjpeg", "rle"})
+
+
+class _App(typer.Typer):
+    """A command that needs the build extra on a reader-only install says so in one line."""
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return super().__call__(*args, **kwargs)
+        except ModuleNotFoundError as e:
+            if (e.name or "").split(".")[0] not in BUILD_MODULES:
+                raise
+            err.print(f"[bold red]error:[/] this command needs h5forge's build extra (no module {e.name!r} "
+                      "here): pip install 'h5forge\\[build]'", highlight=False)  # "\\[": a bracket, not rich markup
+            raise SystemExit(2) from None
+
+
+app = _App(add_completion=False, no_args_is_help=True,
+           help="Labelled raw data in, versioned and verified HDF5 training sets out.")
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
