@@ -1,0 +1,86 @@
+"""Resumable builds: a build makes its rows durable at checkpoints; the next build takes them over.
+
+While it writes, a build flushes its partial file every few seconds and then records, beside it
+(``.dataset_vNNNN.h5.partial.resume``), how many rows of each split are durable, their statistics
+and index values, and the build's input key. The writer never reuses freed file space, so a
+SIGKILL after a checkpoint leaves those rows where the flushed metadata points.
+
+The next run, under the output lock, moves such a partial aside (``.build-resumable.h5``, see
+``store.versions``); the next build written under the same field rules takes every durable row
+whose sample key it still wants (``h5forge.ingest.reuse``) instead of cleaning it again, and
+removes the leftover when its own rows are written. Anything else is discarded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import h5py
+
+from h5forge.format.names import RESUMABLE, RESUME_SUFFIX
+from h5forge.ingest.inputs import Inputs
+from h5forge.ingest.reuse import Source
+from h5forge.ingest.writer import DatasetWriter
+from h5forge.store.faults import checkpoint as fault_point
+
+CHECKPOINT_SECONDS = 3.0  # how much cleaning a SIGKILL can cost at most (plus the batches in flight)
+
+
+def sidecar(partial: Path) -> Path:
+    return partial.with_name(partial.name + RESUME_SUFFIX)
+
+
+class Checkpoints:
+    """Call ``tick(samples done)`` after each batch: every CHECKPOINT_SECONDS the writer's durable
+    state is recorded beside its file."""
+
+    def __init__(self, writer: DatasetWriter, inputs: Inputs, total: int, every: float | None = None):
+        self.writer, self.inputs, self.total = writer, inputs, total
+        self.every = float(os.environ.get("H5FORGE_CHECKPOINT_SECONDS", CHECKPOINT_SECONDS)) if every is None else every
+        self.path = sidecar(writer.path)
+        self.last = time.monotonic()
+        self.done = 0
+
+    def tick(self, n: int) -> None:
+        self.done += n
+        if time.monotonic() - self.last >= self.every:
+            self.save()
+        if self.total and self.done >= 0.8 * self.total:
+            fault_point("build:at-80%")  # the fault tests kill a real build here
+
+    def save(self) -> None:
+        state = self.writer.checkpoint()
+        state.update(key=self.inputs.key, rules=self.inputs.rules)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.path)
+        self.last = time.monotonic()
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def resumable_source(out: Path, inputs: Inputs) -> Source | None:
+    """What a killed build left in ``out``, when it was written under the same field rules."""
+    data, state = out / RESUMABLE, out / (RESUMABLE + RESUME_SUFFIX)
+    if not data.exists() or not state.exists():
+        return None
+    try:
+        saved = json.loads(state.read_text())
+        with h5py.File(data, "r"):
+            pass
+    except (OSError, ValueError):
+        discard_resumable(out)
+        return None
+    if saved.get("rules") != inputs.rules:
+        discard_resumable(out)
+        return None
+    return Source(data, limit=saved["counts"], stats=saved["stats"], listed=saved["listed"])
+
+
+def discard_resumable(out: Path) -> None:
+    for p in (out / RESUMABLE, out / (RESUMABLE + RESUME_SUFFIX)):
+        p.unlink(missing_ok=True)
