@@ -8,7 +8,7 @@ from prefect.utilities.annotations import quote
 from h5forge.flows.results import BuildResult
 from h5forge.spec import load_spec
 from h5forge.store.versions import output_lock_or_skip
-from h5forge.tasks.artifacts import publish_artifacts, publish_preview
+from h5forge.tasks.artifacts import publish_artifacts, publish_diff, publish_preview
 from h5forge.tasks.build import (apply_retention, clean_and_write, discover_samples, publish_version,
                                  stage_version, verify_candidate)
 
@@ -33,6 +33,7 @@ def build_dataset(spec_path: str, output: str | None = None, dask_address: str |
         report = verify_candidate(candidate)
         publish_artifacts(spec.name, report, quote(summary))
         published = publish_version(candidate, report)
+        publish_diff(spec.name, candidate)
         publish_preview(spec.name, published, candidate.number)
         removed = apply_retention(spec)
     return BuildResult(spec.name, candidate.number, published, summary.counts, summary.rejected,

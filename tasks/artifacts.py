@@ -10,6 +10,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from h5forge.format.summary import WriteSummary
 from h5forge.store.verify import HealthReport
+from h5forge.store.versions import Candidate
 from h5forge.tasks import step
 
 
@@ -75,4 +76,31 @@ def publish_preview(name: str, published: str, number: int) -> str | None:
                  f"(seed 0), drawn by their field kinds.\n\n![preview of {version_name(number)}]"
                  f"({png_data_uri(png)})\n\nFull size: `{png}`\n")
     logger.info("preview of %d samples: %s", len(sheet.ids), png)
+    return key
+
+
+@step(name="diff")
+def publish_diff(name: str, candidate: Candidate) -> str | None:
+    """The sample-level changes from the version latest pointed at before this run to the one just
+    published, as a Markdown artifact (none for a first version). Returns the artifact key."""
+    from h5forge.errors import H5forgeError
+    from h5forge.format.names import version_name
+    from h5forge.store.diff import diff_versions
+
+    logger = get_run_logger()
+    previous = candidate.out / version_name(candidate.parent) if candidate.parent else None
+    if previous is None or not previous.is_file():
+        logger.info("no diff: %s has no earlier version", version_name(candidate.number))
+        return None
+    try:
+        changes = diff_versions(previous, candidate.final)
+    except H5forgeError as err:  # the version is published already; a report must not fail the run
+        logger.warning("no diff artifact: %s", err)
+        return None
+    key = artifact_key(name, "diff")
+    create_markdown_artifact(key=key, markdown=changes.to_markdown(),
+                             description=f"changes from v{candidate.parent:04d} to v{candidate.number:04d}")
+    logger.info("diff v%04d -> v%04d: %d added, %d removed, %d changed, %d relabelled, %d moved split",
+                candidate.parent, candidate.number, len(changes.added), len(changes.removed),
+                len(changes.content_changed), len(changes.columns_changed), len(changes.moved_split))
     return key

@@ -3,7 +3,8 @@
 and per label value.
 
 Only the per-sample columns are read (ids, checksums, labels, annotation columns), never the sample
-arrays: a sample's ``checksum`` already covers every value of its fields.
+arrays: a sample's ``checksum`` already covers every value a reader can return for it, so a sample
+whose label changed is listed both as changed content and with its old and new label.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from h5forge.errors import VersionError
 from h5forge.format.layout import decode_str
-from h5forge.format.names import CHECKSUM, IDS, LATEST, SPLITS, Attr, parse_version, version_name
+from h5forge.format.names import CHECKSUM, IDS, LATEST, SPLITS, Attr, parse_version
 from h5forge.kinds import stored_kinds
 from h5forge.spec import DatasetSpec
 from h5forge.store.info import open_version
