@@ -19,6 +19,7 @@ import socket
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import h5py
 import numpy as np
@@ -26,6 +27,7 @@ import numpy as np
 from h5forge import __version__
 from h5forge.format import arrays
 from h5forge.format.arrays import Ragged
+from h5forge.format.catalog import KEY, catalog_from_rows, create_sample_keys, sample_keys_path, write_catalog
 from h5forge.format.codecs import CODECS, codec_options, ensure_filters
 from h5forge.format.dims import name_axes
 from h5forge.format.layout import HEX, SMALL_ROWS, STR, small_options, write_index, write_index_lists
@@ -33,6 +35,7 @@ from h5forge.format.names import (CHECKSUM, FORMAT, FORMAT_VERSION, IDS, SOURCE_
                                   SPLITS, Attr, block_rows, column_path)
 from h5forge.format.summary import WriteSummary, write_diagnostics
 from h5forge.ingest.clean import CleanedBatch
+from h5forge.ingest.inputs import Inputs, sample_key
 from h5forge.kinds import FieldKind, file_fields, stored_kinds
 from h5forge.samples import Rejection
 from h5forge.spec import DatasetSpec
@@ -58,7 +61,8 @@ def _gather(pairs: list[tuple], n: int):
 class DatasetWriter:
     """Create ``path`` and append cleaned samples to it; ``finish`` writes the summaries."""
 
-    def __init__(self, path: str | Path, spec: DatasetSpec, version: int, parent_version: int | None = None):
+    def __init__(self, path: str | Path, spec: DatasetSpec, version: int, parent_version: int | None = None,
+                 inputs: "Inputs | None" = None):
         ensure_filters()
         self.path = Path(path)
         self.spec = spec
@@ -74,7 +78,10 @@ class DatasetWriter:
         self._buffered = {s: 0 for s in SPLITS}
         self._indexed = {s: {p: [] for p, k in self.kinds.items() if k.indexed} for s in SPLITS}
         self._finished = False
-        self.file = h5py.File(self.path, "w")
+        self.inputs = inputs  # the build's input hashes: each row's sample key, the file's input key
+        # freed file space is never reused, so after a SIGKILL every row written before the last
+        # checkpoint is still where the flushed metadata says (a resumed build copies them)
+        self.file = h5py.File(self.path, "w", fs_strategy="none")
         self._create(version, parent_version)
 
     def __enter__(self) -> "DatasetWriter":
@@ -125,6 +132,7 @@ class DatasetWriter:
                 g.create_dataset(key, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
                                  chunks=(SMALL_ROWS, *shape), **small_options(dtype))
             g[SOURCE_SHA256].attrs[Attr.FIELDS] = self.file_fields
+        create_sample_keys(f)
 
     def _codecs(self) -> list[str]:
         """Every codec the file's sample arrays use: the spec's, and any a field kind picks."""
@@ -147,6 +155,7 @@ class DatasetWriter:
             buf = self._buffers[split]
             for path, block in (*batch.arrays.items(), *provenance.items()):
                 buf.setdefault(path, []).append((block, rows))  # copied once, when written
+            buf.setdefault(sample_keys_path(split), []).append((self._sample_keys(batch), rows))
             for path, listed in self._indexed[split].items():
                 listed.extend(batch.listed[path][i] for i in rows)
             self._buffered[split] += rows.size
@@ -171,6 +180,37 @@ class DatasetWriter:
         self.counts[split] += take
         self._buffered[split] = n - take
 
+    def _sample_keys(self, batch: CleanedBatch) -> np.ndarray:
+        """Each row's sample key: the build's, or made from what the batch holds (an append)."""
+        known = self.inputs.samples if self.inputs is not None else {}
+        columns = {k.annotation_column: p for p, k in self.kinds.items() if k.annotation_column}
+        return np.array([known.get(sid) or sample_key(sid, batch.splits[i], batch.files[i], batch.source_sha256[i],
+                                                      {c: batch.arrays[p][i] for c, p in columns.items()})
+                         for i, sid in enumerate(batch.ids)], dtype=KEY)
+
+    def add_stored(self, split: str, copy: Callable[[h5py.Group], int], listed: dict[str, list]) -> None:
+        """Rows copied from another file (nightly reuse, resume) by ``copy(split group)``, which
+        appends them to every dataset of the split and returns how many; they follow the rows
+        added so far. Their statistics come through ``add_stats``."""
+        self._flush(split, final=True)
+        self.counts[split] += copy(self.file[split])
+        for path, rows in listed.items():
+            self._indexed[split][path].extend(rows)
+
+    def add_stats(self, path: str, split: str, counts: np.ndarray) -> None:
+        acc = self.stats.setdefault(path, {})
+        acc[split] = acc[split] + counts if split in acc else counts
+
+    def checkpoint(self) -> dict:
+        """Write every buffered row and flush the file: what is returned (rows per split, their
+        statistics and index values) describes rows that survive a SIGKILL from here on."""
+        for split in SPLITS:
+            self._flush(split, final=True)
+        self.file.flush()
+        return {"counts": dict(self.counts),
+                "stats": {p: {s: np.asarray(c).tolist() for s, c in per.items()} for p, per in self.stats.items()},
+                "listed": {s: {p: list(v) for p, v in per.items()} for s, per in self._indexed.items()}}
+
     def add_rejections(self, rejections: list[Rejection]) -> None:
         self.rejections.extend(rejections)
 
@@ -189,6 +229,7 @@ class DatasetWriter:
             for path, listed in self._indexed[split].items():
                 write_index_lists(f, split, path, listed)
             name_axes(g, self.counts[split])
+        write_catalog(f, catalog_from_rows(f), *((self.inputs.key, self.inputs.rules) if self.inputs else ()))
         summary = self._summary(timings or {})
         write_diagnostics(f, summary)
         f.flush()

@@ -22,8 +22,8 @@ from typing import Iterator
 import h5py
 
 from h5forge.errors import OutputBusy, UsageError, VersionError
-from h5forge.format.names import (DELTA_RE, LATEST, LOCK, PARTIAL_RE, VERSION_RE, parse_version, partial_name,
-                                  version_name)
+from h5forge.format.names import (DELTA_RE, LATEST, LOCK, PARTIAL_RE, RESUMABLE, RESUME_SUFFIX, VERSION_RE,
+                                  parse_version, partial_name, version_name)
 from h5forge.format.segments import virtual_sources
 
 
@@ -109,7 +109,11 @@ def output_lock_or_skip(out: str | Path, what: str, wait: float, skip: bool) -> 
 def _remove_partials(out: Path) -> None:
     """Leftovers of a killed run (we hold the lock, so nobody is writing them)."""
     for p in out.iterdir():
-        if PARTIAL_RE.match(p.name) or p.name.startswith(f".{LATEST}."):
+        if PARTIAL_RE.match(p.name) and p.with_name(p.name + RESUME_SUFFIX).exists():
+            # a killed build left rows it had made durable: kept aside for the next build to take
+            os.replace(p.with_name(p.name + RESUME_SUFFIX), out / (RESUMABLE + RESUME_SUFFIX))
+            os.replace(p, out / RESUMABLE)
+        elif PARTIAL_RE.match(p.name) or p.name.startswith(f".{LATEST}."):
             p.unlink(missing_ok=True)
     versions = published(out)
     for p in out.iterdir():  # a delta whose version was never published
