@@ -9,7 +9,6 @@ import h5py
 import hdf5plugin
 import numpy as np
 import pytest
-import yaml
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -18,6 +17,7 @@ from h5forge.errors import UsageError
 from h5forge.format.layout import decode_str
 from h5forge.ingest.codec_trial import CodecResult, recommend, spec_for, trial, with_codec
 from tests.helpers.data import REPO
+from tests.helpers.demo_build import build_demo
 
 DIRECT = {"gzip-1": {"compression": "gzip", "compression_opts": 1}, "zstd": dict(hdf5plugin.Zstd(clevel=3)),
           "none": {}}
@@ -31,18 +31,7 @@ def measured(raw_demo):
 
 @pytest.fixture(scope="module")
 def built(raw_demo, tmp_path_factory):
-    from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
-    from h5forge.ingest.discover import discover
-    from h5forge.spec import DatasetSpec
-    from h5forge.store.versions import stage
-
-    data = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
-    data["source"] = {"root": str(raw_demo)}
-    data["output"]["dir"] = str(tmp_path_factory.mktemp("codecs"))
-    spec = DatasetSpec.model_validate(data)
-    cand = stage(spec.output.dir)
-    write_version(spec, discover(spec), cand)
-    return publish_candidate(cand, verify_candidate(cand))
+    return build_demo(raw_demo, tmp_path_factory.mktemp("codecs"))
 
 
 def stored_arrays(path, ids):

@@ -22,7 +22,7 @@ from h5forge.kinds.mask import OVERLAY
 from h5forge.kinds.signal import PLOT_INK, PLOT_SIZE, trace_plot
 from h5forge.kinds.volume import PLANE_GAP
 from h5forge.store.preview import load_samples, png_data_uri, write_preview
-from tests.helpers.data import REPO
+from tests.helpers.demo_build import build_demo
 
 GREEN = OVERLAY[0].astype(np.uint16)  # class 1
 
@@ -52,18 +52,7 @@ def half(base, colour):
 
 @pytest.fixture(scope="module")
 def cells(raw_demo, tmp_path_factory):
-    from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
-    from h5forge.ingest.discover import discover
-    from h5forge.spec import DatasetSpec
-    from h5forge.store.versions import stage
-
-    data = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
-    data["source"] = {"root": str(raw_demo)}
-    data["output"]["dir"] = str(tmp_path_factory.mktemp("cells"))
-    spec = DatasetSpec.model_validate(data)
-    cand = stage(spec.output.dir)
-    write_version(spec, discover(spec), cand)
-    return publish_candidate(cand, verify_candidate(cand))
+    return build_demo(raw_demo, tmp_path_factory.mktemp("cells"))
 
 
 def built_from_init(raw, tmp, build_spec):
