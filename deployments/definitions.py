@@ -20,6 +20,12 @@ from h5forge.flows.verify import verify_dataset
 NIGHTLY_CRON = "0 2 * * *"
 WEEKLY_CRON = "0 3 * * 0"
 
+# When another run writes the same output folder (an append, a manual build): the nightly waits
+# for it up to an hour, then fails, so a rebuild that did not happen shows as a failed run; the
+# inbox poll skips at once, as its next poll takes what waits. prefect.yaml says the same.
+NIGHTLY_WHEN_BUSY = {"wait_for_lock": 3600, "skip_if_busy": False}
+INBOX_WHEN_BUSY = {"wait_for_lock": 0, "skip_if_busy": True}
+
 
 def dataset_deployments(spec_path: str | Path, output: str | None = None, dask_address: str | None = None,
                         timezone: str = "UTC", nightly_cron: str = NIGHTLY_CRON, poll_seconds: float = 300,
@@ -33,11 +39,11 @@ def dataset_deployments(spec_path: str | Path, output: str | None = None, dask_a
     return [
         build_dataset.to_deployment(
             name=f"nightly{suffix}", schedules=[Cron(nightly_cron, timezone=timezone)],
-            parameters={**common, "dask_address": dask_address, "wait_for_lock": 3600, "skip_if_busy": True},
+            parameters={**common, "dask_address": dask_address, **NIGHTLY_WHEN_BUSY},
             description="Full rebuild into a compact, verified version", **opts),
         append_samples.to_deployment(
             name=f"inbox{suffix}", schedules=[Interval(poll_seconds, timezone=timezone)],
-            parameters={**common, "dask_address": dask_address, "skip_if_busy": True},
+            parameters={**common, "dask_address": dask_address, **INBOX_WHEN_BUSY},
             description="Append the samples waiting in the inbox (polling fallback of `h5forge watch`)", **opts),
         verify_dataset.to_deployment(
             name=f"weekly{suffix}", schedules=[Cron(weekly_cron, timezone=timezone)], parameters=common,

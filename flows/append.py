@@ -23,9 +23,17 @@ from h5forge.tasks.build import apply_retention
 def append_samples(spec_path: str, inbox: str | None = None, output: str | None = None,
                    dask_address: str | None = None, wait_for_lock: float = 0,
                    skip_if_busy: bool = False) -> AppendResult:
-    """Append the complete samples waiting in ``inbox`` (default: the spec's) as a new version.
+    """Append the complete samples waiting in ``inbox`` as a new version.
 
-    ``wait_for_lock`` / ``skip_if_busy``: as for build-dataset.
+    Args:
+        spec_path: the dataset spec (YAML).
+        inbox: folder new samples are dropped into; default: the spec's ``source.inbox``.
+        output: output folder; default: the spec's ``output.dir``.
+        dask_address: tcp://host:port of an existing dask scheduler; default: a LocalCluster.
+        wait_for_lock: seconds to wait while another run writes the same output folder; when
+            the wait is over the run fails, unless ``skip_if_busy``.
+        skip_if_busy: when the folder is still busy after ``wait_for_lock``, end the run without
+            appending (logged as "skipped: …"); the samples stay in the inbox for the next run.
     """
     spec = load_spec(spec_path, output=output, dask_address=dask_address, inbox=inbox)
     if spec.source.inbox is None:
@@ -52,7 +60,7 @@ def append_samples(spec_path: str, inbox: str | None = None, output: str | None 
         write_quarantine(out, cand.number, summary.rejections)
         merged = write_thin_version(spec, cand, quote(summary))
         report = verify_append(cand)
-        publish_artifacts(spec.name, report, quote(merged))
+        publish_artifacts(spec.name, report, quote(merged), cand.number)
         plan = plan_moves(spec, scan, summary.rejections, cand.number)
         path = publish_append(cand, report, quote(plan))
         apply_retention(spec)

@@ -18,8 +18,14 @@ def build_dataset(spec_path: str, output: str | None = None, dask_address: str |
                   wait_for_lock: float = 0, skip_if_busy: bool = False) -> BuildResult:
     """Full rebuild of the dataset described by ``spec_path`` into a new published version.
 
-    Another run writing the same output folder: wait up to ``wait_for_lock`` seconds, then fail,
-    or with ``skip_if_busy`` log it and end the run without building.
+    Args:
+        spec_path: the dataset spec (YAML).
+        output: output folder; default: the spec's ``output.dir``.
+        dask_address: tcp://host:port of an existing dask scheduler; default: a LocalCluster.
+        wait_for_lock: seconds to wait while another run writes the same output folder; when
+            the wait is over the run fails, unless ``skip_if_busy``.
+        skip_if_busy: when the folder is still busy after ``wait_for_lock``, end the run without
+            building (logged as "skipped: …") instead of failing.
     """
     spec = load_spec(spec_path, output=output, dask_address=dask_address)
     with output_lock_or_skip(spec.output.dir, f"build-dataset {spec.name}", wait_for_lock, skip_if_busy) as busy:
@@ -31,7 +37,7 @@ def build_dataset(spec_path: str, output: str | None = None, dask_address: str |
         # quote: Prefect would otherwise walk every sample of the inventory looking for futures
         summary = clean_and_write(spec, quote(inventory), candidate)
         report = verify_candidate(candidate)
-        publish_artifacts(spec.name, report, quote(summary))
+        publish_artifacts(spec.name, report, quote(summary), candidate.number)
         published = publish_version(candidate, report)
         publish_diff(spec.name, candidate)
         publish_preview(spec.name, published, candidate.number)

@@ -20,7 +20,7 @@ def verify_dataset(spec_path: str, output: str | None = None) -> HealthReport:
     spec = load_spec(spec_path, output=output)
     report = verify_latest(Path(spec.output.dir))
     create_markdown_artifact(key=artifact_key(spec.name, "verify"), markdown=report.to_markdown(),
-                             description=f"full verification of {spec.name}")
+                             description=f"full verification of {Path(report.path).name} ({spec.name})")
     if not report.ok:
         raise DatasetBroken(report.errors)
     return report

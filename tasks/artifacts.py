@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from h5forge.format.names import version_name
 from h5forge.format.summary import WriteSummary
+from h5forge.store.figures import size
 from h5forge.store.verify import HealthReport
 from h5forge.store.versions import Candidate
 from h5forge.tasks import step
@@ -32,18 +35,23 @@ def log_report(report: HealthReport) -> HealthReport:
 
 
 @step(name="report")
-def publish_artifacts(name: str, report: HealthReport, summary: WriteSummary) -> None:
-    create_markdown_artifact(key=artifact_key(name, "health"), markdown=report.to_markdown(),
-                             description=f"health report of {name}")
-    rejections = [r.as_dict() for r in summary.rejections]
+def publish_artifacts(name: str, report: HealthReport, summary: WriteSummary, version: int) -> None:
+    """Titled with the version as it is published (the report was made on its temporary file)."""
+    file = version_name(version)
+    create_markdown_artifact(key=artifact_key(name, "health"),
+                             markdown=replace(report, path=file).to_markdown(),
+                             description=f"health report of {file} ({name})")
+    # the stage says where an input was turned away (discover, clean, append); the reason is whole
+    rejections = [{"sample_id": r.sample_id, "path": r.path, "stage": r.stage, "reason": r.reason}
+                  for r in summary.rejections]
     create_table_artifact(key=artifact_key(name, "rejections"),
-                          table=rejections or [{"sample_id": "", "path": "", "reason": "none", "stage": ""}],
-                          description=f"{len(rejections)} rejected input(s)")
+                          table=rejections or [{"sample_id": "", "path": "", "stage": "", "reason": "none"}],
+                          description=f"{len(rejections)} rejected input(s) of {file} ({name})")
     create_table_artifact(
         key=artifact_key(name, "splits"),
-        table=[{"split": s, "samples": n, "stored_bytes": summary.split_bytes.get(s, 0)}
+        table=[{"split": s, "samples": n, "stored": size(summary.split_bytes.get(s, 0))}
                for s, n in summary.counts.items()],
-        description="samples and stored bytes per split")
+        description=f"samples and stored size per split of {file} ({name})")
 
 PREVIEW_SAMPLES = 16
 

@@ -37,11 +37,16 @@ def stage_version(spec: DatasetSpec) -> Candidate:
 @step(name="clean-and-write")
 def clean_and_write(spec: DatasetSpec, inventory: Inventory, candidate: Candidate) -> WriteSummary:
     logger = get_run_logger()
-    where = spec.compute.dask_address or f"a LocalCluster of {spec.compute.workers} processes"
-    logger.info("cleaning %d samples on %s, %d per batch", len(inventory.samples), where,
-                spec.compute.batch_size)
-    with progress(len(inventory.samples), "clean+write", logger.info) as advance:
-        summary = build.write_version(spec, inventory, candidate, advance)
+    n, compute = len(inventory.samples), spec.compute
+    if compute.dask_address:
+        where = f"on the dask scheduler at {compute.dask_address}"
+    elif n < compute.inline_below:  # as ingest.parallel decides: a cluster would cost more than it saves
+        where = f"in this process (fewer than compute.inline_below = {compute.inline_below})"
+    else:
+        where = f"on a LocalCluster of {compute.workers} processes"
+    logger.info("cleaning %d samples %s, %d per batch", n, where, compute.batch_size)
+    with progress(n, "clean+write", logger) as display:
+        summary = build.write_version(spec, inventory, candidate, display.advance, display.status)
     logger.info("wrote %d samples %s, %d rejected, compression ratio %.3f",
                 summary.samples, summary.counts, summary.rejected, summary.compression_ratio)
     return summary

@@ -1,37 +1,84 @@
-"""Progress of a long step: a live bar on a terminal, and a line in the run log every 10 %."""
+"""Progress of a long step, shown once.
+
+On a terminal: one live line (a status such as "starting 2 dask workers…", then a bar) drawn by
+the same rich console that prints Prefect's log lines, so log lines scroll above it instead of
+tearing through it; the line is gone when the step ends (the step logs its result). The status
+and the 10 % lines then go to the Prefect run log only: the bar already shows them.
+
+Piped, in a deployment run or a worker: no live line and no colour, the status and a line every
+10 % as plain log lines, each once.
+"""
 
 from __future__ import annotations
 
-import sys
+import logging
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Iterator
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from prefect.logging.handlers import PrefectConsoleHandler
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                           TimeRemainingColumn)
+from rich.theme import Theme
+
+SHOWN_LIVE = "h5forge_shown_live"  # log record attribute: the live line already shows this
+
+
+class _NotShownLive(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, SHOWN_LIVE, False)
+
+
+def terminal_log_handler() -> PrefectConsoleHandler | None:
+    """Prefect's console handler when it writes to a terminal (it sits on the root logger)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler) and handler.console.is_terminal \
+                and not handler.console.is_dumb_terminal:
+            return handler
+    return None
+
+
+class StepDisplay:
+    """``status(text)`` while the step prepares, ``advance(n)`` as items are done."""
+
+    def __init__(self, total: int, label: str, logger, live: Progress | None) -> None:
+        self.total, self.label, self.logger, self.live = total, label, logger, live
+        self.done = 0
+        self._next_log = 0.1
+        self._bar = live.add_task(label, total=total) if live is not None else None
+        self._extra = {SHOWN_LIVE: live is not None}
+
+    def status(self, text: str) -> None:
+        self.logger.info(text, extra=self._extra)
+        if self.live is not None:
+            self.live.update(self._bar, description=text)
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if self.live is not None:
+            self.live.update(self._bar, completed=self.done, description=self.label)
+        if self.total and self.done / self.total >= self._next_log:
+            self.logger.info(f"{self.label}: {self.done}/{self.total} ({100 * self.done // self.total} %)",
+                             extra=self._extra)
+            while self._next_log <= self.done / self.total:
+                self._next_log += 0.1
 
 
 @contextmanager
-def progress(total: int, label: str, log: Callable[[str], None]) -> Iterator[Callable[[int], None]]:
-    done = 0
-    next_log = 0.1
-    bar = None
-    if sys.stderr.isatty():
-        bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                       transient=False)
-        bar.start()
-        bar_task = bar.add_task(label, total=total)
-
-    def advance(n: int) -> None:
-        nonlocal done, next_log
-        done += n
-        if bar is not None:
-            bar.update(bar_task, completed=done)
-        if total and done / total >= next_log:
-            log(f"{label}: {done}/{total} ({100 * done // total} %)")
-            while next_log <= done / total:
-                next_log += 0.1
-
+def progress(total: int, label: str, logger) -> Iterator[StepDisplay]:
+    """``logger``: the run logger (its records reach the console handler and the Prefect API)."""
+    handler = terminal_log_handler()
+    if handler is None:
+        yield StepDisplay(total, label, logger, None)
+        return
+    live = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeRemainingColumn(), console=handler.console, transient=True)
+    hide = _NotShownLive()
+    handler.addFilter(hide)
+    handler.console.push_theme(Theme())  # Prefect's theme lacks the bar's styles; rich's defaults added
+    live.start()
     try:
-        yield advance
+        yield StepDisplay(total, label, logger, live)
     finally:
-        if bar is not None:
-            bar.stop()
+        live.stop()
+        handler.console.pop_theme()
+        handler.removeFilter(hide)

@@ -214,15 +214,16 @@ def verify(path: Path = typer.Argument(..., help="a version file or dataset_late
            quick: bool = typer.Option(False, help="skip recomputing every checksum"),
            resample: Optional[int] = typer.Option(None, help="samples re-cleaned from sources"),
            source_root: Optional[Path] = typer.Option(None, help="raw folder, if it moved"),
-           as_json: bool = typer.Option(False, "--json", help="print the report as JSON")) -> None:
+           as_json: bool = typer.Option(False, "--json", help="print the report as JSON (for scripts)")) -> None:
     """Check a version; exit 0 if healthy, 1 with the reasons if not."""
+    from h5forge.cli.health_view import health_view
     from h5forge.store.verify import verify_file
 
     report = verify_file(path, checksums=not quick, resample=resample, source_root=source_root)
     if as_json:
         print(report.to_json())
     else:
-        out.print(report.to_markdown(), highlight=False, markup=False)
+        out.print(health_view(report), highlight=False)
     raise typer.Exit(0 if report.ok else 1)
 
 

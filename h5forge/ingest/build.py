@@ -19,8 +19,11 @@ from h5forge.store.versions import Candidate, publish
 
 
 def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
-                  progress: Callable[[int], None] = lambda n: None) -> WriteSummary:
+                  progress: Callable[[int], None] = lambda n: None,
+                  status: Callable[[str], None] = lambda text: None) -> WriteSummary:
     """Clean every sample on dask and stream it into the candidate file. Returns the summary.
+
+    ``progress`` hears how many inputs each batch settled, ``status`` what happens before the first.
 
     The quarantine report is written whatever happens to the samples, so an empty result says why.
     """
@@ -31,7 +34,7 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
     timings: dict = {}
     with DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent) as writer:
         writer.add_rejections(inventory.rejections)
-        for batch in clean_all(spec, inventory.root, inventory.samples, timings):
+        for batch in clean_all(spec, inventory.root, inventory.samples, timings, status):
             writer.add(batch)
             progress(len(batch) + len(batch.rejections))
         summary = writer.finish(timings)

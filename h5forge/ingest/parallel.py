@@ -13,7 +13,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import dask
 from distributed import Client, LocalCluster
@@ -79,8 +79,11 @@ def batches(samples: Sequence[SampleRef], size: int) -> list[list[SampleRef]]:
 
 
 def clean_all(spec: DatasetSpec, root: Path, samples: Sequence[SampleRef],
-              timings: dict | None = None) -> Iterator[CleanedBatch]:
-    """Clean on dask, or in this process when there is too little work to pay for a cluster."""
+              timings: dict | None = None, status: Callable[[str], None] = lambda text: None
+              ) -> Iterator[CleanedBatch]:
+    """Clean on dask, or in this process when there is too little work to pay for a cluster.
+
+    ``status`` hears what happens before the first batch (a cluster start takes seconds)."""
     size = spec.compute.batch_size
     timings = {} if timings is None else timings
     if not spec.compute.dask_address and len(samples) < spec.compute.inline_below:
@@ -91,9 +94,13 @@ def clean_all(spec: DatasetSpec, root: Path, samples: Sequence[SampleRef],
         timings["clean_write_seconds"] = round(time.perf_counter() - t0, 3)
         return
     t0 = time.perf_counter()
-    with dask_client(spec.compute.dask_address, spec.compute.workers) as client:
-        timings["cleaned_in"] = spec.compute.dask_address or f"LocalCluster({spec.compute.workers})"
+    address, workers = spec.compute.dask_address, spec.compute.workers
+    status(f"connecting to the dask scheduler at {address}…" if address else f"starting {workers} dask workers…")
+    with dask_client(address, workers) as client:
+        timings["cleaned_in"] = address or f"LocalCluster({workers})"
         timings["cluster_start_seconds"] = round(time.perf_counter() - t0, 3)
+        status(f"{len(client.scheduler_info()['workers'])} dask workers ready "
+               f"after {timings['cluster_start_seconds']:.1f} s")
         t1 = time.perf_counter()
         yield from clean_stream(client, spec, root, samples, size, spec.in_flight())
         timings["clean_write_seconds"] = round(time.perf_counter() - t1, 3)  # cluster shutdown excluded

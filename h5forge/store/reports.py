@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from h5forge.format.names import QUARANTINE_DIR, REPORTS_DIR, version_tag
+from h5forge.format.names import QUARANTINE_DIR, REPORTS_DIR, version_name, version_tag
 from h5forge.samples import Rejection
 from h5forge.store.verify import HealthReport
 
@@ -28,9 +29,13 @@ def write_quarantine(out: Path, number: int, rejections: Sequence[Rejection]) ->
 
 
 def write_health(out: Path, number: int, report: HealthReport, run: str = "") -> list[Path]:
-    """``<out>/reports/dataset_vNNNN[.run][.failed].health.json`` and ``.md``."""
+    """``<out>/reports/dataset_vNNNN[.run][.failed].health.json`` and ``.md``.
+
+    Both name the version as published, whatever file was verified (the candidate's temporary
+    name, or ``dataset_latest.h5``)."""
     folder = out / REPORTS_DIR
     folder.mkdir(parents=True, exist_ok=True)
+    report = replace(report, path=str(out / version_name(number)))
     tag = version_tag(number) + (f".{run}" if run else "") + ("" if report.ok else ".failed")
     js, md = folder / f"{tag}.health.json", folder / f"{tag}.health.md"
     js.write_text(report.to_json())

@@ -27,6 +27,7 @@ from h5forge.format.summary import read_summary
 from h5forge.kinds import FieldKind, decode_sample, stored_kinds
 from h5forge.samples import Reject, SampleRef
 from h5forge.spec import DatasetSpec, spec_from_json
+from h5forge.store.figures import figure_rows
 
 MAX_LISTED = 20  # errors of one kind listed before summarising the rest
 
@@ -73,7 +74,8 @@ class HealthReport:
         if self.warnings:
             lines += ["", "## Warnings", *[f"- {w}" for w in self.warnings]]
         if self.stats:
-            lines += ["", "## Figures", "```json", json.dumps(self.stats, indent=2, default=str), "```"]
+            lines += ["", "## Figures", "", "| figure | value |", "|---|---|"]
+            lines += [f"| {name} | {value} |" for name, value in figure_rows(self.stats)]
         return "\n".join(lines) + "\n"
 
 
@@ -301,7 +303,8 @@ def _check_against_sources(f: h5py.File, kinds: dict[str, FieldKind], root: Path
         compared += 1
     report.warnings.extend(changed)
     if "sources" not in report.checks:
-        report.checks["sources"] = f"ok ({compared} compared, {len(changed)} sources changed or gone)"
+        report.checks["sources"] = (f"ok ({compared} samples re-derived from their sources and compared, "
+                                    f"{len(changed)} sources changed or gone)")
 
 
 def _measure_latency(path: Path, kinds: dict[str, FieldKind], reads: int, seed: int, report: HealthReport) -> None:
