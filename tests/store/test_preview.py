@@ -182,3 +182,25 @@ def test_the_artifact_copy_is_a_small_png_data_uri(cells, tmp_path):
     assert uri.startswith("data:image/png;base64,")
     with Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))) as img:
         assert max(img.size) == 400
+
+
+def test_a_version_whose_virtual_sources_are_gone_is_refused_not_drawn_as_zeros(cells, tmp_path):
+    import shutil
+
+    from h5forge.errors import ReadError
+
+    thin = tmp_path / "thin.h5"
+    shutil.copy(os.path.realpath(cells), thin)
+    with h5py.File(thin, "a") as f:  # train/images read from another file, as in a thin version
+        images = f["train/images"][()]
+        with h5py.File(tmp_path / "part.h5", "w") as part:
+            part["images"] = images
+        layout = h5py.VirtualLayout(images.shape, images.dtype)
+        layout[:] = h5py.VirtualSource("part.h5", "images", images.shape)
+        del f["train/images"]
+        f.create_virtual_dataset("train/images", layout)
+    drawn = load_samples(thin, n=2)
+    assert np.array_equal(drawn[0].pictures["images"], images[drawn[0].row].transpose(1, 2, 0))
+    (tmp_path / "part.h5").unlink()
+    with pytest.raises(ReadError, match="missing: .*part.h5"):
+        load_samples(thin, n=2)
