@@ -53,7 +53,7 @@ def codecs(raw: Path = typer.Argument(..., help="raw folder, as for init/build")
     single-sample read p50, reader CPU per batch; print the table, draw it, and recommend one."""
     from h5forge.format.codecs import CODECS
     from h5forge.ingest.codec_chart import draw_chart
-    from h5forge.ingest.codec_trial import BATCH, spec_for, trial
+    from h5forge.ingest.codec_trial import spec_for, trial
 
     names = [c.strip() for c in only.split(",") if c.strip()] if only else None
     with _reported():
@@ -61,7 +61,7 @@ def codecs(raw: Path = typer.Argument(..., help="raw folder, as for init/build")
         draw_chart(result, chart)
     t = Table(title=f"codecs on {len(result.ids)} samples of {result.spec_name}"
                     + (f" ({result.rejected} sampled input(s) rejected)" if result.rejected else ""))
-    for col in ("codec", "stored/raw", "write CPU ms/sample", "read p50 ms", f"reader CPU ms/batch of {BATCH}"):
+    for col in ("codec", "stored/raw", "write CPU ms/sample", "read p50 ms", f"reader CPU ms/batch of {result.batch}"):
         t.add_column(col, justify="left" if col == "codec" else "right", no_wrap=col == "codec")
     for r in result.results:
         style = "bold green" if r.codec == result.recommended else None
