@@ -87,7 +87,7 @@ def test_info_of_a_folder_lists_versions_and_shows_the_latest(built):
     _, out = built
     r = run("info", out)
     assert r.returncode == 0, r.stderr
-    assert "v0001" in r.stdout and "latest →" in r.stdout and "rejected inputs: 10" in r.stdout
+    assert "v0001" in r.stdout and "latest →" in r.stdout and "rejected inputs (the build): 10" in r.stdout
     assert "1 x [clean] empty file (0 bytes): images/bad_empty.png" in r.stdout
     assert "zstd (needs hdf5plugin (Zstd filter 32015))" in r.stdout
 

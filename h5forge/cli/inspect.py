@@ -76,7 +76,8 @@ def _print_info(info: dict[str, Any]) -> None:
     t.add_row("splits", _counts_text(spec["splits"]) + f"; chunk_rows {spec['chunk_rows']}")
     t.add_row("source", spec["source_root"])
     out.print(t)
-    stats = Table("split", "samples", "statistics", "samples per value", title="per split")
+    stats = Table("split", "samples", "statistics", "samples per value", title="per split",
+                  caption="samples per value: of the indexed columns, and for a mask the samples holding each class")
     for split, s in info["splits"].items():
         st = "\n".join(f"{k}: {', '.join(f'{c} {n}' for c, n in v.items()) if isinstance(v, dict) else _number(v)}"
                        for k, v in s["stats"].items())
@@ -84,7 +85,8 @@ def _print_info(info: dict[str, Any]) -> None:
         stats.add_row(split, str(s["samples"]), st, by)
     out.print(stats)
     rej = info["rejected"]
-    out.print(f"rejected inputs: {rej['total']}", highlight=False)
+    run = "the append that wrote it" if lin["kind"] == "thin" else "the build"
+    out.print(f"rejected inputs ({run}): {rej['total']}", highlight=False)
     for r in rej["by_reason"]:
         ids = ", ".join(i["path"] for i in r["inputs"][:5]) + (" ..." if r["count"] > 5 else "")
         out.print(f"  {r['count']} x [{r['stage']}] {r['reason']}: {ids}", highlight=False, markup=False)
