@@ -212,14 +212,19 @@ def export(version: Path = typer.Argument(..., help="a version file (thin or not
 @app.command()
 def verify(path: Path = typer.Argument(..., help="a version file or dataset_latest.h5"),
            quick: bool = typer.Option(False, help="skip recomputing every checksum"),
-           resample: Optional[int] = typer.Option(None, help="samples re-cleaned from sources"),
+           resample: Optional[int] = typer.Option(None, "--resample", "--compare", min=0,
+                                                  help="samples re-cleaned from sources and compared "
+                                                       "(default: the stored spec's, at most 1000)"),
+           latency_reads: Optional[int] = typer.Option(None, min=0, help="random reads timed (default: the "
+                                                       "stored spec's, at most 1000)"),
            source_root: Optional[Path] = typer.Option(None, help="raw folder, if it moved"),
            as_json: bool = typer.Option(False, "--json", help="print the report as JSON (for scripts)")) -> None:
     """Check a version; exit 0 if healthy, 1 with the reasons if not."""
     from h5forge.cli.health_view import health_view
     from h5forge.store.verify import verify_file
 
-    report = verify_file(path, checksums=not quick, resample=resample, source_root=source_root)
+    report = verify_file(path, checksums=not quick, resample=resample, latency_reads=latency_reads,
+                         source_root=source_root)
     if as_json:
         print(report.to_json())
     else:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 
 FORMAT = "h5forge"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checksums cover every value a reader returns (format 1: the field bytes only)
+CHECKSUMS_COVER_ALL = 2  # the first format whose checksums and digests cover everything
 SPLITS = ("train", "val", "test")
 
 # ---- files of an output folder ----------------------------------------------------------------
@@ -93,6 +94,7 @@ class Attr:
     KIND = "kind"
     SUMMARY = "summary"
     COLUMNS = "columns"
+    DIGEST = "digest"
 
 
 # rows written, verified and copied per block: whole chunks, and at least this many rows
@@ -110,8 +112,9 @@ LAYOUT: tuple[tuple[str, str], ...] = (
           f"{Attr.CREATOR}, h5forge_version, h5py_version, hdf5_version, python_version, {Attr.CODEC}, "
           f"{Attr.CODEC_NEEDS} (what a reader must have), {Attr.FIELDS}; thin versions also "
           f"{Attr.SEGMENTS} (JSON) and {Attr.SELF_CONTAINED}=False; exports {Attr.EXPORTED_FROM}"),
-    ("/<split>/", f"{', '.join(SPLITS)}; attrs: {Attr.COUNT}, {Attr.FIELDS}, and each field kind's "
-                  "statistics (below)"),
+    ("/<split>/", f"{', '.join(SPLITS)}; attrs: {Attr.COUNT}, {Attr.FIELDS}, each field kind's statistics "
+                  f"(below), and {Attr.DIGEST}: hex sha256 of the split's other attributes, its datasets' "
+                  f"attributes, its row indexes under /{INDEX}/<split> and /{SPEC}"),
     ("/<split>/<field>", f"one dataset per field, sample axis first and resizable; attr {Attr.KIND}. "
                          "Its shape, dtype and statistics are the field kind's (below)"),
     (f"/<split>/{IDS}", "(N,) UTF-8 strings: sample ids exactly as given (data, never path names)"),
@@ -122,10 +125,20 @@ LAYOUT: tuple[tuple[str, str], ...] = (
                                "so netCDF readers (xarray via h5netcdf) call that axis "
                                f"`{SAMPLE_DIM}`; the other axes have scales too: `{SOURCE_FIELD_DIM}`, "
                                "`<field>_axis<k>`, `<field>_element` (a ragged field's values)"),
-    (f"/<split>/{CHECKSUM}", "(N,) hex sha256 of the stored bytes of the sample's fields, in field order"),
+    (f"/<split>/{CHECKSUM}", "(N,) hex sha256 of every value a reader can return for the row: each field "
+                             f"and annotation column in spec order, then {IDS}, {SOURCE_FILES}, {SOURCE_SHA256} "
+                             "(numbers as little-endian bytes with dtype and shape, strings as UTF-8 with their "
+                             "length; format 1 files: the stored bytes of the image-like fields only)"),
     (f"/{INDEX}/<split>/<col>/", "values (K,), offsets (K+1,), rows (N,): rows[offsets[k]:offsets[k+1]] "
                                  "are the rows whose <col> equals values[k]"),
     (f"/{SPEC}", "the spec that built the file, as JSON"),
+    ("/inputs", "attrs: key (the build's input key: sha256 of the field rules, every sample key and every "
+                "discovery-time rejection; empty for an append), rules (sha256 of the spec's field rules)"),
+    ("/inputs/<split>/sample", "(N,) 32-byte sample keys in row order: sha256 of the sample's id, split, raw files, "
+                               "their sha256 and annotation values (what a rebuild matches to copy a row)"),
+    ("/inputs/content, content_at, ids", "(M,) sorted sha256 of each sample's raw-file hashes, its split and row "
+                                         "(split index << 40 | row), and the sorted 16-byte sha256 of each id: "
+                                         "what an append checks exactly-once against"),
     (f"/{DIAGNOSTICS}", f"attrs: {Attr.SUMMARY} (JSON: counts, timings, sizes, compression ratio, codec)"),
     (f"/{REJECTIONS}", f"(R, {len(REJECTION_COLUMNS)}) strings: {', '.join(REJECTION_COLUMNS)}"),
 )

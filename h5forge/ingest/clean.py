@@ -1,13 +1,13 @@
 """Clean: turn raw samples into stored rows, or reject them with a reason.
 
 What cleaning means for each field is its kind's business (``h5forge.kinds``). Here a batch of
-samples becomes one block of rows per stored dataset, plus the rows' checksums, the raw files'
-hashes and the kinds' additive statistics. No exception escapes ``clean_batch`` for bad input.
+samples becomes one block of rows per stored dataset, plus the raw files' hashes and the kinds'
+additive statistics (the writer checksums each row as it stores it). No exception escapes
+``clean_batch`` for bad input.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +27,6 @@ class CleanedBatch:
     files: list[list[str]]  # per sample, raw file paths of the fields read from files
     arrays: dict[str, np.ndarray]  # dataset path -> (n, *shape) block of stored rows
     source_sha256: list[list[str]]  # per sample, hex digest per raw file
-    checksums: list[str]  # sha256 of the stored bytes of every checksummed field of the sample
     stats: dict[str, dict[str, np.ndarray]]  # dataset path -> split -> additive statistic
     listed: dict[str, list[list]]  # indexed dataset path -> per sample, the values it is listed under
     rejections: list[Rejection]
@@ -41,19 +40,11 @@ class CleanedBatch:
         splits = [self.splits[i] for i in keep]
         return CleanedBatch(
             ids=[self.ids[i] for i in keep], splits=splits, files=[self.files[i] for i in keep], arrays=arrays,
-            source_sha256=[self.source_sha256[i] for i in keep], checksums=[self.checksums[i] for i in keep],
+            source_sha256=[self.source_sha256[i] for i in keep],
             stats=split_stats(kinds, arrays, splits),
             listed={path: [rows[i] for i in keep] for path, rows in self.listed.items()},
             rejections=self.rejections + extra,
         )
-
-
-def sample_checksum(values: list[np.ndarray]) -> str:
-    """sha256 over the stored bytes of the checksummed fields, in field order."""
-    h = hashlib.sha256()
-    for v in values:
-        h.update(np.ascontiguousarray(v).data)
-    return h.hexdigest()
 
 
 def split_stats(kinds: dict[str, FieldKind], arrays: dict[str, np.ndarray], splits: list[str],
@@ -101,7 +92,6 @@ def clean_batch(spec: DatasetSpec, root: str | Path, refs: list[SampleRef]) -> C
         kept.append((ref, values, hashes))
     arrays = {path: kind.stack([k[1][path] for k in kept]) for path, kind in kinds.items()}
     splits = [k[0].split for k in kept]
-    summed = [path for path, kind in kinds.items() if kind.checksummed]
     per_row = {path: kind.row_counts(arrays[path]) for path, kind in kinds.items() if kind.indexed}
     return CleanedBatch(
         ids=[k[0].id for k in kept],
@@ -109,7 +99,6 @@ def clean_batch(spec: DatasetSpec, root: str | Path, refs: list[SampleRef]) -> C
         files=[[k[0].files[name] for name in files_of] for k in kept],
         arrays=arrays,
         source_sha256=[k[2] for k in kept],
-        checksums=[sample_checksum([arrays[p][i] for p in summed]) for i in range(len(kept))],
         stats=split_stats(kinds, arrays, splits, per_row),
         listed={path: kinds[path].index_values(rows) for path, rows in per_row.items()},
         rejections=rejections,

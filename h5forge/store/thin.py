@@ -16,11 +16,13 @@ from pathlib import Path
 
 import h5py
 
-from h5forge.errors import UsageError
+from h5forge.errors import UsageError, VersionError
+from h5forge.format.checksums import write_digests
 from h5forge.format.codecs import CODECS, codec_options, ensure_filters
 from h5forge.format.dims import name_axes, plain_attrs
 from h5forge.format.layout import SMALL_ROWS, merge_index, small_options
-from h5forge.format.names import INDEX, PER_SAMPLE, SPEC, SPLITS, Attr, block_rows, partial_name
+from h5forge.format.names import (CHECKSUMS_COVER_ALL, INDEX, PER_SAMPLE, SPEC, SPLITS, Attr, block_rows,
+                                  partial_name, version_name)
 from h5forge.format.segments import counts_of, map_virtual, segment_lengths, segments_of
 from h5forge.format.summary import WriteSummary, write_diagnostics
 from h5forge.kinds import stored_kinds
@@ -31,6 +33,11 @@ def write_thin(path: Path, parent: Path, delta: Path, spec: DatasetSpec, number:
                summary: WriteSummary) -> WriteSummary:
     """Write the thin version ``path`` = ``parent`` + ``delta`` (both in ``path``'s folder)."""
     ensure_filters()
+    with h5py.File(os.path.realpath(parent), "r") as p:
+        parent_format = int(p.attrs.get(Attr.FORMAT_VERSION, 1))
+    if parent_format < CHECKSUMS_COVER_ALL:  # its rows' checksums cover less: one version cannot mix both
+        raise VersionError(f"{version_name(parent_number)} is in format {parent_format} (older checksums); "
+                           "rebuild it with `h5forge build` before appending")
     segments = segments_of(parent)
     kinds = stored_kinds(spec)
     with h5py.File(os.path.realpath(parent), "r") as p, h5py.File(delta, "r") as d, h5py.File(path, "w") as f:
@@ -64,6 +71,7 @@ def write_thin(path: Path, parent: Path, delta: Path, spec: DatasetSpec, number:
             for name in indexes:
                 merge_index(f, split, name, p[f"{INDEX}/{split}/{name}"], d[f"{INDEX}/{split}/{name}"], n_parent)
             name_axes(g, int(g.attrs[Attr.COUNT]))
+        write_digests(f)  # over the merged statistics and indexes
         counts = counts_of(f)
         merged = summary.with_(counts=counts, samples=sum(counts.values()), segments=len(segments))
         write_diagnostics(f, merged)
@@ -118,6 +126,8 @@ def _export(src_path: Path, tmp: Path, codec: str | None) -> None:
                 _copy_bulk(src_path.parent, segments, sizes, split, path, g, g_src[path],
                            st.chunk(spec.storage.chunk_rows, SMALL_ROWS), codec or st.codec_of(spec.storage.codec))
             name_axes(g, int(g_src.attrs[Attr.COUNT]))
+        if int(out.attrs[Attr.FORMAT_VERSION]) >= CHECKSUMS_COVER_ALL:
+            write_digests(out)  # same values as the source's; recomputed over the copy's own layout
         out.flush()
 
 
