@@ -26,7 +26,8 @@ def test_install_holds_one_top_level_package(tmp_path):
 @pytest.mark.slow  # pip resolves and unpacks the reader's dependencies (~45 s, ~300 MB)
 def test_the_reader_installs_and_reads_without_the_build_extra(tmp_path, raw_demo):
     """`pip install h5forge` on a training machine: no Prefect, dask or Pillow; the readers read a real
-    version, export writes a portable copy, and a build-side command names the extra in one line."""
+    version, export writes a portable copy that verify checks, and a build-side command names the extra in
+    one line."""
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--target", str(target),
                     str(REPO)], check=True, capture_output=True)
@@ -56,6 +57,8 @@ def test_the_reader_installs_and_reads_without_the_build_extra(tmp_path, raw_dem
     assert copy.returncode == 0, copy.stderr
     with h5py.File(tmp_path / "copy.h5", "r") as c, h5py.File(version, "r") as f:
         assert c.attrs["codec"] == "gzip-1" and np.array_equal(c["train/images"][()], f["train/images"][()])
+    checked = isolated(cli, "verify", str(tmp_path / "copy.h5"), "--resample", "0")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
     demo = isolated(cli, "demo-data", str(tmp_path / "raw"), "--n", "2")
     assert demo.returncode == 2 and demo.stderr.strip() == (
         "error: this command needs h5forge's build extra (no module 'PIL' here): pip install 'h5forge[build]'")
