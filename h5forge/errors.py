@@ -63,3 +63,7 @@ class SchedulerUnreachable(H5forgeError, ConnectionError):
 
 class ReadError(H5forgeError, ValueError):
     """A file, split or field cannot be read as asked; the message names what and where."""
+
+
+class DiskFull(H5forgeError, OSError):
+    """The disk (or quota) filled while writing; the partial file is gone and nothing was published."""

@@ -51,6 +51,8 @@ class Source(_Strict):
     inbox: Path | None = Field(None, description="folder new samples are dropped into (append/watch)")
     ids: Literal["stem", "path"] = Field("stem", description="a sample's id: its files' stem, or their path "
                                          "below the glob's fixed folders without the suffix (class folders)")
+    allow_symlinks_outside: bool = Field(False, description="take files that symlinks in the source folder "
+                                         "lead to outside it (rejected by default)")
 
 
 class Append(_Strict):
@@ -84,6 +86,9 @@ class Storage(_Strict):
 class Output(_Strict):
     dir: Path
     keep: int = Field(5, ge=1, description="published versions to keep")
+    retire_after_seconds: float = Field(600, ge=0, description="retention deletes a version only this long after "
+                                        "a newer one was published (readers on hosts whose file locks are not "
+                                        "shared: docs/reading.md); live local and NFS readers are kept regardless")
 
 
 class Compute(_Strict):

@@ -66,7 +66,7 @@ def publish_version(candidate: Candidate, report: HealthReport) -> str:
 
 @step(name="retention")
 def apply_retention(spec: DatasetSpec) -> list[str]:
-    removed = versions.retain(spec.output.dir, spec.output.keep)
+    removed = versions.retain(spec.output.dir, spec.output.keep, spec.output.retire_after_seconds)
     if removed:
         get_run_logger().info("retention (keep %d): removed %s", spec.output.keep,
                               ", ".join(p.name for p in removed))

@@ -40,6 +40,7 @@ from h5forge.ingest.inputs import Inputs, sample_key
 from h5forge.kinds import FieldKind, file_fields, stored_kinds
 from h5forge.samples import Rejection
 from h5forge.spec import DatasetSpec
+from h5forge.store.space import as_disk_full, discard_h5
 
 
 def _gather(pairs: list[tuple], n: int):
@@ -84,16 +85,21 @@ class DatasetWriter:
         # checkpoint is still where the flushed metadata says (a resumed build copies them)
         self.file = h5py.File(self.path, "w", fs_strategy="none")
         self._create(version, parent_version)
+        # every dataset stays open until the file closes: HDF5 flushes a dataset's chunk cache
+        # when its last handle is dropped, and an error there (ENOSPC) can only be printed by h5py;
+        # held open, the cached chunks are written by the explicit flush of each block instead
+        self._held: list[h5py.Dataset] = []
+        self.file.visititems(lambda _, obj: self._held.append(obj) if isinstance(obj, h5py.Dataset) else None)
 
     def __enter__(self) -> "DatasetWriter":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self._finished:
-            try:
-                self.file.close()
-            finally:
-                self.path.unlink(missing_ok=True)
+            discard_h5(self.file, self.path)  # emptied first: closes cleanly even on a full disk
+            full = as_disk_full(exc, self.path) if exc is not None else None
+            if full is not None:
+                raise full from None
 
     # ---- structure ---------------------------------------------------------------------------
     def _provenance(self) -> dict[str, tuple[tuple[int, ...], object]]:
@@ -185,6 +191,7 @@ class DatasetWriter:
             buf[path] = [(rest.copy() if isinstance(rest, np.ndarray) else rest, np.arange(n - take))] if take < n else []
         self.counts[split] += take
         self._buffered[split] = n - take
+        self.file.flush()  # a full disk raises here, as an error the run reports
 
     def _sample_keys(self, batch: CleanedBatch) -> np.ndarray:
         """Each row's sample key: the build's, or made from what the batch holds (an append)."""
@@ -240,6 +247,7 @@ class DatasetWriter:
         summary = self._summary(timings or {})
         write_diagnostics(f, summary)
         f.flush()
+        self._held = []
         f.close()
         self._finished = True
         return summary

@@ -9,6 +9,8 @@ libraries (Pillow, ...) inside ``decode`` only, so that the read side never load
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -52,12 +54,25 @@ class Decoded:
     context: Any = None  # what later fields of the same sample need (an image's geometry, ...)
 
 
-def read_source(root: Path, rel: str) -> tuple[bytes, str]:
-    """The bytes of a raw file and their sha256; a file that cannot be read rejects the sample."""
+DEFAULT_MAX_BYTES = 256 << 20  # a raw file larger than this is rejected before it is read
+
+
+def read_source(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, str]:
+    """The bytes of a raw file and their sha256; a file that cannot be read, is not a regular file,
+    or holds more than ``max_bytes`` rejects the sample, without reading more than that."""
     try:
-        data = (root / rel).read_bytes()
+        with open(root / rel, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise Reject(rel, "not a regular file (a device, pipe or socket)")
+            if st.st_size > max_bytes:
+                raise Reject(rel, f"file is {st.st_size:,} bytes, larger than the field's limit of {max_bytes:,} "
+                                  "(max_bytes)")
+            data = fh.read(max_bytes + 1)  # bounded even if the file grows while we read it
     except OSError as err:
         raise Reject(rel, f"cannot read file: {err.strerror or err}") from None
+    if len(data) > max_bytes:
+        raise Reject(rel, f"file grew past the field's limit of {max_bytes:,} bytes (max_bytes) while being read")
     return data, hashlib.sha256(data).hexdigest()
 
 

@@ -24,10 +24,13 @@ import h5py
 import numpy as np
 from pydantic import Field, field_validator
 
-from h5forge.kinds.base import Decoded, FieldKind, Globs, ReadOptions, Stored, StrictModel, read_source
+from h5forge.kinds.base import (DEFAULT_MAX_BYTES, Decoded, FieldKind, Globs, ReadOptions, Stored, StrictModel,
+                                read_source)
 from h5forge.samples import Reject, SampleRef
 
 IMAGE_DTYPES = ("float32", "uint8")
+DEFAULT_MAX_DECODED = 256 << 20  # bytes of a decoded picture (Pillow keeps RGB as 4 bytes a pixel)
+REDUCE_ABOVE = 4  # a picture this many times larger than its target is reduced while decoding
 
 
 class ImageField(StrictModel):
@@ -40,6 +43,9 @@ class ImageField(StrictModel):
     larger: Literal["crop", "shrink", "reject"] = "crop"
     fill: int = Field(0, ge=0, le=255)
     max_pixels: int = Field(64_000_000, gt=0, description="larger headers are decompression bombs")
+    max_decoded_bytes: int = Field(DEFAULT_MAX_DECODED, gt=0, description="a picture whose decoded form would "
+                                   "take more memory than this is rejected before it is decoded")
+    max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a file larger than this is rejected unread")
 
     @field_validator("size")
     @classmethod
@@ -67,8 +73,18 @@ def _open_unchecked(data: bytes):
             Image.MAX_IMAGE_PIXELS = saved
 
 
-def open_picture(data: bytes, path: str, max_pixels: int):
-    """A loaded Pillow image; a bomb, an empty, truncated or unknown file rejects the sample."""
+def decoded_bytes(img) -> int:
+    """Memory Pillow takes for the decoded picture: 1, 2 or 4 bytes a pixel by mode (RGB is 4)."""
+    w, h = img.size
+    per_pixel = 1 if img.mode in ("1", "L", "P") else 2 if img.mode.startswith("I;16") else 4
+    return w * h * per_pixel
+
+
+def open_picture(data: bytes, path: str, max_pixels: int, max_decoded: int = DEFAULT_MAX_DECODED,
+                 draft_to: tuple[int, int] | None = None):
+    """A loaded Pillow image; a bomb, an empty, truncated or unknown file rejects the sample.
+    ``draft_to`` (width, height): a JPEG is decoded at the smallest 1/2, 1/4 or 1/8 scale at least
+    that large (a fraction of the memory and time)."""
     from PIL import UnidentifiedImageError
 
     if not data:
@@ -79,6 +95,11 @@ def open_picture(data: bytes, path: str, max_pixels: int):
         if w * h > max_pixels:
             raise Reject(path, f"decompression bomb: header declares {w}x{h} = {w * h:,} pixels, "
                                f"limit is {max_pixels:,} (max_pixels)")
+        if decoded_bytes(img) > max_decoded:
+            raise Reject(path, f"too large to decode: {w}x{h} {img.mode} takes {decoded_bytes(img):,} bytes "
+                               f"decoded, limit is {max_decoded:,} (max_decoded_bytes)")
+        if draft_to is not None and img.format == "JPEG":
+            img.draft(img.mode, draft_to)
         img.load()
         img = _upright(img)
     except Reject:
@@ -165,6 +186,41 @@ def plan_geometry(h: int, w: int, th: int, tw: int, larger: str, path: str) -> G
     return Geometry(raw, scaled, (top, left, ch, cw), (ph // 2, ph - ph // 2, pw // 2, pw - pw // 2))
 
 
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(w, h) of a JPEG as a viewer shows it (EXIF rotation applied), from its header; None for
+    other formats (a PNG's EXIF may follow its pixels: asking for it would decode them)."""
+    try:
+        img = _open_unchecked(data)
+    except Exception:  # not a picture: open_picture says why
+        return None
+    if img.format != "JPEG":
+        return None
+    w, h = img.size
+    orientation = img.getexif().get(0x0112, 1) if hasattr(img, "getexif") else 1
+    return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
+
+
+def _cut_early(img, g: Geometry):
+    """Shrink or crop the decoded picture *before* its pixels are converted (the conversions make
+    full-size copies, some of them 16 bytes a pixel), and the plan that finishes the job.
+
+    A picture cropped to its target is cut to the crop box; one shrunk to a much smaller target is
+    first reduced by an integer factor (box average) to at least twice the final size."""
+    import dataclasses
+
+    w, h = img.size
+    if g.scaled is None:
+        top, left, ch, cw = g.crop
+        if (ch, cw) == (h, w):
+            return img, g
+        return img.crop((left, top, left + cw, top + ch)), dataclasses.replace(g, crop=(0, 0, ch, cw))
+    sh, sw = g.scaled
+    factor = min(h // (2 * sh), w // (2 * sw))
+    if factor >= 2 and min(h / sh, w / sw) >= REDUCE_ABOVE:
+        img = img.reduce(factor)
+    return img, g
+
+
 def apply_geometry(arr: np.ndarray, g: Geometry, fill: int, nearest: bool) -> np.ndarray:
     """``arr`` is HWC; returns the target-size HWC array."""
     if g.scaled is not None:
@@ -209,11 +265,28 @@ class ImageKind(FieldKind):
 
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         f, rel = self.spec, ref.files[self.name]
-        data, digest = read_source(root, rel)
-        pixels = to_pixels(open_picture(data, rel, f.max_pixels), rel, f.channels, f.fill)
-        geometry = plan_geometry(*pixels.shape[:2], f.size[0], f.size[1], f.larger, rel)
-        arr = apply_geometry(pixels, geometry, f.fill, nearest=False)
+        data, digest = read_source(root, rel, f.max_bytes)
+        draft = self._draft_size(data)
+        img = open_picture(data, rel, f.max_pixels, f.max_decoded_bytes, draft_to=draft)
+        full = _jpeg_size(data) if draft else img.size  # the plan is the full picture's, drafted or not
+        geometry = plan_geometry(full[1], full[0], f.size[0], f.size[1], f.larger, rel)
+        img, local = _cut_early(img, geometry)
+        pixels = to_pixels(img, rel, f.channels, f.fill)
+        arr = apply_geometry(pixels, local, f.fill, nearest=False)
         return Decoded(np.ascontiguousarray(arr.transpose(2, 0, 1)), digest, geometry)
+
+    def _draft_size(self, data: bytes) -> tuple[int, int] | None:
+        """(w, h) a JPEG may be decoded at: with ``larger: shrink`` and a picture much larger than
+        the target, twice the size it is shrunk to (then resized exactly like a full decode)."""
+        size = _jpeg_size(data) if self.spec.larger == "shrink" else None
+        if size is None:
+            return None
+        w, h = size
+        th, tw = self.spec.size
+        scale = min(th / h, tw / w)
+        if scale * REDUCE_ABOVE > 1:
+            return None
+        return max(1, round(2 * w * scale)), max(1, round(2 * h * scale))
 
     # ---- statistics
     def _attr(self, what: str) -> str:

@@ -27,10 +27,11 @@ import h5py
 import numpy as np
 
 from h5forge.errors import ReadError
-from h5forge.format import arrays
+from h5forge.format import arrays, leases
 from h5forge.format.codecs import ensure_filters
 from h5forge.format.layout import decode_str
-from h5forge.format.names import DIAGNOSTICS, FORMAT, FORMAT_VERSION, IDS, INDEX, META, SPEC, Attr, column_path
+from h5forge.format.names import (DIAGNOSTICS, FORMAT, FORMAT_VERSION, IDS, INDEX, META, SPEC, VERSION_RE, Attr,
+                                  column_path)
 from h5forge.format.segments import virtual_sources
 from h5forge.kinds import FieldKind, ReadOptions, stored_kinds
 from h5forge.read.collate import Padded, pad_batch
@@ -136,7 +137,11 @@ class SplitReader:
         if not os.path.lexists(self.path):
             raise FileNotFoundError(f"{self.path}: no such dataset file")
         real = os.path.realpath(self.path)
+        self.real_path = real
+        self._pinned_pid: int | None = None
+        self._pin()  # before the existence check: retention deletes only versions nobody pins
         if not os.path.exists(real):
+            self._unpin()
             raise FileNotFoundError(f"{self.path}: link points to {real}, which does not exist")
         self.real_path = real
         if isinstance(fields, str):
@@ -226,6 +231,30 @@ class SplitReader:
     def __len__(self) -> int:
         return self.count
 
+    # ---- pinning (docs/reading.md, "Retention and live readers") ------------------------------
+    def _pin(self) -> None:
+        """Hold this process's lease on the version file, so retention keeps it while we live."""
+        if self._pinned_pid != os.getpid() and VERSION_RE.match(os.path.basename(self.real_path)):
+            if leases.acquire(self.real_path):
+                self._pinned_pid = os.getpid()
+
+    def _unpin(self) -> None:
+        if self._pinned_pid == os.getpid():
+            self._pinned_pid = None
+            leases.release(self.real_path)
+
+    def _deleted(self) -> ReadError:
+        return ReadError(f"{self._where()}: version {self.version} ({self.real_path}) no longer exists: it was "
+                         "deleted after this reader pinned it (by hand, or by retention on a host whose file "
+                         "locks this one cannot see); open the dataset again to read its current version")
+
+    def _open_plain(self) -> h5py.File:
+        """A short-lived handle (for ids, columns, lengths); a deleted version is a ReadError."""
+        try:
+            return _open(self.real_path, self.locking)
+        except FileNotFoundError:
+            raise self._deleted() from None
+
     # ---- handles -----------------------------------------------------------------------------
     def _handles(self) -> dict[str, h5py.Dataset]:
         pid = os.getpid()
@@ -233,10 +262,16 @@ class SplitReader:
             if self._file is not None:  # inherited through fork: never share it, open our own
                 self._drop()
             ensure_filters()  # a spawned/forkserver worker has not registered hdf5plugin yet
+            self._pin()  # a DataLoader worker holds its own lease
+            if not os.path.exists(self.real_path):
+                raise self._deleted()
             if self.sources:
                 self._check_sources_exist()
-            self._file = _open(self.real_path, self.locking, rdcc_nbytes=self.rdcc_nbytes,
-                               rdcc_nslots=self.rdcc_nslots)
+            try:
+                self._file = _open(self.real_path, self.locking, rdcc_nbytes=self.rdcc_nbytes,
+                                   rdcc_nslots=self.rdcc_nslots)
+            except FileNotFoundError:
+                raise self._deleted() from None
             g = self._file[self.split]
             self._dsets = {name: g[fi.path] for name, fi in self.fields.items() if fi.bulk and not fi.ragged}
             self._ragged = {name: arrays.RowReader(g, fi.path, fi.kind.stored())
@@ -270,12 +305,13 @@ class SplitReader:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_file=None, _dsets={}, _columns={}, _ragged={}, _pid=None)
+        state.update(_file=None, _dsets={}, _columns={}, _ragged={}, _pid=None, _pinned_pid=None)
         return state
 
     def __del__(self) -> None:
         try:
             self.close()
+            self._unpin()
         except Exception:  # at interpreter exit modules may already be gone; nothing to report to
             pass
 
@@ -358,16 +394,16 @@ class SplitReader:
 
     def lengths(self, name: str) -> np.ndarray:
         """Each row's length in a ragged field (a CT case's depth)."""
-        with _open(self.real_path, self.locking) as f:
+        with self._open_plain() as f:
             return f[self.split][self.fields[name].path + arrays.LENGTHS][()]
 
     # ---- per-sample columns ------------------------------------------------------------------
     def ids(self) -> list[str]:
-        with _open(self.real_path, self.locking) as f:
+        with self._open_plain() as f:
             return decode_str(f[self.split][IDS][()])
 
     def meta(self, column: str) -> np.ndarray:
-        with _open(self.real_path, self.locking) as f:
+        with self._open_plain() as f:
             g = f[self.split]
             if column_path(column) not in g:
                 raise ReadError(f"{self._where()}: split {self.split!r} has no annotation column {column!r}")

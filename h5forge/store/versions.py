@@ -24,7 +24,9 @@ import h5py
 from h5forge.errors import OutputBusy, UsageError, VersionError
 from h5forge.format.names import (DELTA_RE, LATEST, LOCK, PARTIAL_RE, RESUMABLE, RESUME_SUFFIX, VERSION_RE,
                                   parse_version, partial_name, version_name)
+from h5forge.format import leases
 from h5forge.format.segments import virtual_sources
+from h5forge.store.space import as_disk_full, release_partials
 
 
 def version_number(text: str | int) -> int:
@@ -87,7 +89,15 @@ def output_lock(out: str | Path, what: str = "build", wait: float = 0) -> Iterat
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "what": what,
                                   "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode(), 0)
         _remove_partials(out)
-        yield out
+        try:
+            yield out
+        except BaseException as exc:
+            full = as_disk_full(exc, out)
+            if full is None:
+                raise
+            release_partials()  # an HDF5 file left open after ENOSPC crashes the interpreter at exit
+            _remove_partials(out)
+            raise full from None
     finally:
         os.close(fd)  # closing drops the flock
 
@@ -178,6 +188,10 @@ def publish(candidate: Candidate) -> Path:
     """Durably move the verified candidate into place, make it read-only, then point latest at it."""
     seal(candidate.partial)
     os.replace(candidate.partial, candidate.final)
+    try:
+        leases.prepare(candidate.final)  # lockable by readers without write access to the folder
+    except OSError:  # they then create it themselves, or rely on the minimum age
+        pass
     fsync_dir(candidate.out)
     set_latest(candidate.out, candidate.number)
     return candidate.final
@@ -202,27 +216,62 @@ def dependencies(path: Path) -> set[Path]:
         return {Path(s) for s in virtual_sources(f)}
 
 
-def retain(out: str | Path, keep: int) -> list[Path]:
-    """Delete published versions beyond the newest ``keep``; never latest or a file a kept one reads."""
+def retain(out: str | Path, keep: int, retire_after: float = 0) -> list[Path]:
+    """Delete published versions beyond the newest ``keep``. Never latest, a version a live reader
+    pins (its lease: h5forge.format.leases), one that stopped being the newest less than
+    ``retire_after`` seconds ago (for readers whose locks this host cannot see), nor a file that
+    any of those reads. A version kept for a reader goes at a later retention, once it is free."""
     out = Path(out)
     versions = published(out)
     kept = set(sorted(versions)[-keep:])
     current = latest(out)
     if current is not None:
         kept.add(current)
-    protected = {versions[v].resolve() for v in kept if v in versions}
-    for v in kept:
-        if v in versions:
-            protected |= {p.resolve() for p in dependencies(versions[v])}
+    now = time.time()
     removed = []
-    for number, path in versions.items():
-        if number not in kept and path.resolve() not in protected:
-            path.unlink()
-            removed.append(path)
-    for p in sorted(out.iterdir()):
-        if DELTA_RE.match(p.name) and p.resolve() not in protected:
-            p.unlink()
-            removed.append(p)
+    with ExitStack() as held:  # exclusive leases of what is deleted, until it is gone
+        doomed = []
+        for number, path in versions.items():
+            if number in kept:
+                continue
+            if now - _retired_at(versions, number) < retire_after or not held.enter_context(leases.unclaimed(path)):
+                kept.add(number)
+                continue
+            doomed.append(number)
+        protected = {versions[v].resolve() for v in kept if v in versions}
+        for v in kept:
+            if v in versions:
+                protected |= {p.resolve() for p in dependencies(versions[v])}
+        for number in doomed:
+            path = versions[number]
+            if path.resolve() not in protected:
+                path.unlink()
+                leases.drop(path)
+                removed.append(path)
+        for p in sorted(out.iterdir()):
+            if DELTA_RE.match(p.name) and p.resolve() not in protected:
+                p.unlink()
+                removed.append(p)
+    _drop_stale_leases(out)
     if removed:
         fsync_dir(out)
     return removed
+
+
+def _retired_at(versions: dict[int, Path], number: int) -> float:
+    """When a version stopped being the newest: the time the next one was written."""
+    newer = [v for v in versions if v > number]
+    return versions[min(newer)].stat().st_mtime if newer else time.time()
+
+
+def _drop_stale_leases(out: Path) -> None:
+    """Lease files of versions that no longer exist (a reader that came after the deletion)."""
+    folder = out / leases.LEASE_DIR
+    if not folder.is_dir():
+        return
+    for lease in folder.glob("*.lease"):
+        version = out / lease.name[:-len(".lease")]
+        if not version.exists():
+            with leases.unclaimed(version) as free:
+                if free:
+                    leases.drop(version)

@@ -1,0 +1,149 @@
+"""Reader leases: a version that a live reader has pinned is not deleted by retention.
+
+Each published version has a lease file ``<out>/readers/<version file>.lease``. A reader holds a
+*shared* ``flock`` on it for as long as it pins the version (from construction until it is
+garbage-collected or its process ends; a crashed process's locks are dropped by the kernel).
+Retention deletes a version only after taking an *exclusive* lock on its lease without waiting;
+it then unlinks the version and the lease while still holding that lock. A reader therefore locks
+the lease first and only then checks that the version exists: whichever comes first wins, and a
+reader that comes second sees a deleted version and says so (``VersionDeleted``).
+
+``flock`` locks belong to an open file description, so two readers in one process, a reader and
+retention in one process, and a forked DataLoader worker all behave as separate holders. Each
+process keeps one descriptor per lease file and counts its readers on it.
+
+Across hosts (docs/reading.md, "Retention and live readers"): on NFS (Linux clients since 2.6.12)
+``flock`` is sent to the server as a whole-file lock, so readers on other hosts are seen, unless
+the share is mounted with ``local_lock=flock``/``all`` or ``nolock``; a client that dies keeps its
+lock until the server's lease time (about 90 s for NFSv4) runs out. On filesystems whose locks are
+local to each host (most FUSE mounts, some SMB and object-store gateways, Lustre without
+``-o flock``), only the minimum age (``output.retire_after_seconds``) protects remote readers.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+LEASE_DIR = "readers"
+_LOCK = threading.Lock()
+_HELD: dict[str, list[int]] = {}  # lease path -> [fd, readers in this process]
+_PID = os.getpid()
+
+
+def lease_path(version_file: str | os.PathLike) -> Path:
+    """Where the lease of a version file lives (beside it, in ``readers/``)."""
+    p = Path(version_file)
+    return p.parent / LEASE_DIR / f"{p.name}.lease"
+
+
+def prepare(version_file: str | os.PathLike) -> None:
+    """Create the lease file at publish, writable by everyone: a reader without write access to the
+    output folder can still lock it (a shared lock needs only a read-only descriptor)."""
+    lease = lease_path(version_file)
+    lease.parent.mkdir(exist_ok=True)
+    os.chmod(lease.parent, 0o1777)  # like /tmp: anyone may add a lease, only its owner removes it
+    fd = os.open(lease, os.O_RDWR | os.O_CREAT, 0o666)
+    os.close(fd)
+    os.chmod(lease, 0o666)
+
+
+def _open_lease(lease: Path) -> int | None:
+    """A descriptor on the lease file, creating it when we may; None when it cannot be had (a
+    read-only folder without a lease file: only the minimum age protects this reader)."""
+    try:
+        lease.parent.mkdir(exist_ok=True)
+        return os.open(lease, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except OSError as err:
+        if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT):
+            raise
+    try:
+        return os.open(lease, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+
+
+def acquire(version_file: str | os.PathLike) -> bool:
+    """Pin ``version_file`` for this process (one more reader); True if a lease is held.
+
+    Call before checking that the version exists: retention deletes only what no lease holds.
+    """
+    global _PID
+    lease = lease_path(version_file)
+    key = str(lease)
+    with _LOCK:
+        if _PID != os.getpid():  # a forked child: the parent's descriptors are the parent's pins
+            _HELD.clear()
+            _PID = os.getpid()
+        if key in _HELD:
+            _HELD[key][1] += 1
+            return True
+        fd = _open_lease(lease)
+        if fd is None:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while retention deletes this very version
+        except OSError:
+            os.close(fd)  # a filesystem without locks: the minimum age is all there is
+            return False
+        _HELD[key] = [fd, 1]
+        return True
+
+
+def release(version_file: str | os.PathLike) -> None:
+    """One reader of ``version_file`` in this process is gone; the last one drops the lease."""
+    key = str(lease_path(version_file))
+    with _LOCK:
+        if _PID != os.getpid() or key not in _HELD:
+            return
+        _HELD[key][1] -= 1
+        if _HELD[key][1] <= 0:
+            fd = _HELD.pop(key)[0]
+            os.close(fd)
+
+
+def held_here(version_file: str | os.PathLike) -> bool:
+    """Whether a reader in this process pins ``version_file``."""
+    with _LOCK:
+        return _PID == os.getpid() and str(lease_path(version_file)) in _HELD
+
+
+@contextmanager
+def unclaimed(version_file: str | os.PathLike) -> Iterator[bool]:
+    """For retention: yields True while holding the exclusive lock of a version that no reader
+    pins (delete it inside the block, then call ``drop``); False when a reader holds it."""
+    if held_here(version_file):
+        yield False
+        return
+    lease = lease_path(version_file)
+    try:
+        fd = os.open(lease, os.O_RDWR | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        fd = None  # never leased: nobody can be reading it through h5forge
+    except OSError:
+        yield False  # cannot tell: keep it
+        return
+    if fd is None:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        except OSError:  # no locks on this filesystem: the minimum age decides
+            pass
+        yield True
+    finally:
+        os.close(fd)
+
+
+def drop(version_file: str | os.PathLike) -> None:
+    """Remove a deleted version's lease file (inside ``unclaimed``)."""
+    lease_path(version_file).unlink(missing_ok=True)

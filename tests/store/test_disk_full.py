@@ -1,0 +1,127 @@
+"""A full disk, for real: the output folder on a small tmpfs, `h5forge build` and `h5forge append`
+run as subprocesses. Each exits 1 with one line naming the device and the file, never crashes
+(it used to end in a segfault, exit 139), leaves no partial file, moves no latest and no inbox file."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from h5forge.store.versions import latest, published
+from tests.helpers.data import age_files, drop_samples, write_spec_file
+
+pytestmark = pytest.mark.e2e
+
+H5FORGE = str(Path(sys.executable).parent / "h5forge")
+LEFT_FREE = 256 << 10  # bytes left on the tmpfs before the run that fills it
+
+
+@pytest.fixture(scope="module")
+def raw_good(tmp_path_factory):
+    """30 good samples (no defects: every input is taken)."""
+    from tests.helpers.files import make_raw
+
+    return make_raw(tmp_path_factory.mktemp("rawgood") / "raw", n=30, seed=5)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 16 MiB tmpfs (CI runs as root); unmounted afterwards."""
+    mnt = tmp_path / f"small-{uuid.uuid4().hex[:6]}"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {res.stderr.strip() or res.returncode}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(mnt: Path, leave: int = LEFT_FREE) -> None:
+    """A ballast file that leaves ``leave`` bytes free."""
+    st = os.statvfs(mnt)
+    free = st.f_bavail * st.f_frsize
+    with open(mnt / "ballast", "wb") as fh:
+        fh.write(b"\0" * max(0, free - leave))
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def tree_hashes(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def run_cli(args: list[str]) -> subprocess.CompletedProcess:
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    return subprocess.run([H5FORGE, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def assert_clean_failure(res: subprocess.CompletedProcess, mnt: Path, out: Path) -> None:
+    assert res.returncode == 1, f"exit {res.returncode}\n{res.stdout}\n{res.stderr[-3000:]}"
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, res.stderr[-3000:]
+    m = re.match(r"error: no space left on (\S+) \(tmpfs\) while writing (\S+?);", errors[0])
+    assert m, errors[0]
+    assert m.group(1) == str(mnt)
+    assert Path(m.group(2)).parent == out and Path(m.group(2)).name.startswith(".dataset_v0002")
+    assert "Segmentation fault" not in res.stderr
+    strays = sorted(p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".h5forge.lock")
+    assert strays == []
+
+
+def test_build_on_a_full_disk_exits_1_with_one_line_and_changes_nothing(prefect_server, raw_good, small_fs, tmp_path):
+    from h5forge.flows.build import build_dataset
+
+    out = small_fs / "out"
+    spec_file = write_spec_file(raw_good, out, tmp_path / "spec.yaml")
+    build_dataset(str(spec_file))  # v1 fits
+    data = yaml.safe_load(spec_file.read_text())
+    data["fields"]["images"]["size"] = [192, 192]  # a new field rule: the next build has work to do
+    spec_file.write_text(yaml.safe_dump(data))
+    before = tree_hashes(out)
+    fill(small_fs)
+
+    res = run_cli(["build", str(spec_file)])
+
+    assert_clean_failure(res, small_fs, out)
+    assert latest(out) == 1 and list(published(out)) == [1]
+    after = tree_hashes(out)
+    assert {k: v for k, v in after.items() if k.endswith(".h5")} == {k: v for k, v in before.items() if k.endswith(".h5")}
+    # once there is room again the same command publishes v2
+    (small_fs / "ballast").unlink()
+    again = run_cli(["build", str(spec_file)])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert latest(out) == 2
+
+
+def test_append_on_a_full_disk_exits_1_and_leaves_the_inbox_as_it_was(prefect_server, raw_good, raw_new, small_fs,
+                                                                       tmp_path):
+    from h5forge.flows.build import build_dataset
+
+    out, inbox = small_fs / "out", tmp_path / "inbox"
+    spec_file = write_spec_file(raw_good, out, tmp_path / "spec.yaml", inbox=inbox)
+    build_dataset(str(spec_file))
+    drop_samples(raw_new, inbox, [f"cell_{i:06d}" for i in range(60)], rename="n_")
+    age_files(inbox)
+    inbox_before, out_before = tree_hashes(inbox), tree_hashes(out)
+    fill(small_fs)
+
+    res = run_cli(["append", str(spec_file)])
+
+    assert_clean_failure(res, small_fs, out)
+    assert latest(out) == 1 and list(published(out)) == [1]
+    assert tree_hashes(inbox) == inbox_before
+    assert sorted(p.name for p in out.glob("*.h5")) == ["dataset_latest.h5", "dataset_v0001.h5"]
+    assert tree_hashes(out)["dataset_v0001.h5"] == out_before["dataset_v0001.h5"]
