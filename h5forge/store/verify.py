@@ -1,8 +1,12 @@
-"""Verify a version file: structure, every checksum, samples against their sources, read latency.
+"""Verify a version file: structure, the files it depends on, split digests, every row checksum,
+samples against their sources, read latency.
 
 A version passes when it has no errors. Warnings (slow reads, a raw file changed since the
-build) are reported but do not fail it: they say nothing about the file's integrity. What a field
-must look like, and how it is re-derived from its source, is its kind's business.
+build, a source it will not read) are reported but do not fail it: they say nothing about the
+file's integrity. What a field must look like, and how it is re-derived from its source, is its
+kind's business. Nothing stored in the file is trusted: a part that cannot be read is an error of
+the check that met it (never an exception), sources are read only below the source root, and
+counts from the stored spec are capped.
 """
 
 from __future__ import annotations
