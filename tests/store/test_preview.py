@@ -66,6 +66,7 @@ def test_an_image_tile_is_the_stored_image_with_its_mask_painted_in_green(cells,
     with h5py.File(cells, "r") as f:
         sid = decode_str(f["train"]["ids"][()])[3]
         label = f["train"]["meta/label"][3].decode()
+        focus = float(f["train"]["meta/focus_score"][3])
     png = tmp_path / "sheet.png"
     sheet = write_preview(cells, png, ids=[sid], tile=160)
     assert sheet.ids == [sid] and sheet.samples[0].split == "train"
@@ -79,6 +80,7 @@ def test_an_image_tile_is_the_stored_image_with_its_mask_painted_in_green(cells,
     assert np.array_equal(got[~painted], expected[~painted])
     assert np.array_equal(got[painted], half(expected[painted].astype(np.uint16), GREEN))
     assert f"label={label}" in sheet.samples[0].captions
+    assert f"focus_score={focus:.4g}" in sheet.samples[0].captions  # floats cut to 4 digits
 
 
 def test_random_samples_are_seeded_and_ids_are_looked_up_in_every_split(cells, tmp_path):
