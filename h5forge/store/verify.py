@@ -213,7 +213,8 @@ def _check_dependencies(f: h5py.File, report: HealthReport) -> None:
     """Every file a thin version reads exists and is the segment it recorded: an h5forge version
     with the recorded counts (a missing or replaced one would read as zeros or as other rows)."""
     sources = virtual_sources(f)
-    problems = [f"file this version reads from is missing: {m}" for m in sorted(s for s in sources if not Path(s).exists())]
+    missing = sorted(s for s in sources if not Path(s).exists())
+    problems = [f"file this version reads from is missing: {m}" for m in missing]
     if not problems and Attr.SEGMENTS in f.attrs:
         base = Path(os.path.realpath(f.filename)).parent
         for seg in json.loads(f.attrs[Attr.SEGMENTS]):
@@ -355,7 +356,8 @@ def _check_checksums(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind
 def _locate_unreadable(g: h5py.Group, kinds: dict[str, FieldKind], split: str, start: int, stop: int,
                        err: Exception) -> list[str]:
     """Which rows of which datasets cannot be read, after a block failed."""
-    readers = {path: (lambda i, p=path, k=kind: arrays.RowReader(g, p, k.stored()).row(i)) for path, kind in kinds.items()}
+    readers = {path: (lambda i, p=path, k=kind: arrays.RowReader(g, p, k.stored()).row(i))
+               for path, kind in kinds.items()}
     readers.update({name: (lambda i, n=name: g[n][i]) for name in (*PROVENANCE, CHECKSUM)})
     out = []
     for row in range(start, stop):

@@ -19,6 +19,13 @@ import numpy as np
 from tests.helpers.files import spec_for
 
 
+def raw_pair(root: Path) -> tuple[Path, Path]:
+    """Two small raw folders: 12 samples for a version, 5 others for a delta."""
+    from tests.helpers.files import make_raw
+
+    return make_raw(root / "raw", n=12, seed=3), make_raw(root / "raw_new", n=5, seed=4)
+
+
 def small_version(path: Path, raw: Path, *, size=(16, 16), codec: str = "zstd", chunk_rows: int = 1,
                   version: int = 1):
     """A small version file written by the real cleaner and writer (no Prefect); its write summary."""
@@ -95,18 +102,6 @@ def flip(path: Path, offset: int, mask: int = 0x01) -> None:
         b = fh.read(1)
         fh.seek(offset)
         fh.write(bytes([b[0] ^ mask]))
-
-
-def replace_bytes(path: Path, old: bytes, new: bytes) -> int:
-    """Overwrite the first occurrence of ``old`` in the file with ``new`` (same length); its offset."""
-    assert len(old) == len(new)
-    data = path.read_bytes()
-    at = data.find(old)
-    assert at >= 0, f"{old!r} is not in {path}"
-    with open(path, "r+b") as fh:
-        fh.seek(at)
-        fh.write(new)
-    return at
 
 
 def _plain(value):

@@ -20,22 +20,16 @@ import numpy as np
 import pytest
 
 from h5forge.store.verify import verify_file
-from tests.helpers.files import make_raw
-from tests.helpers.tamper import copy_writable, data_regions, flip, reader_view, small_version, thin_version
+from tests.helpers.tamper import copy_writable, data_regions, flip, raw_pair, reader_view, small_version, thin_version
 
 QUICK = {"resample": 0, "latency_reads": 0}
 
 
 @pytest.fixture(scope="module")
-def raws(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fuzz")
-    return make_raw(root / "raw", n=12, seed=5), make_raw(root / "raw_new", n=5, seed=6)
-
-
-@pytest.fixture(scope="module")
-def versions(raws, tmp_path_factory) -> dict[str, Path]:
+def versions(tmp_path_factory) -> dict[str, Path]:
     """A self-contained version per codec (``none``: a flip changes values directly; ``zstd``:
     a flip usually breaks decompression) and a thin version over a parent and a delta."""
+    raws = raw_pair(tmp_path_factory.mktemp("fuzz"))
     out = {}
     for codec in ("none", "zstd"):
         out[codec] = tmp_path_factory.mktemp(codec) / "dataset_v0001.h5"

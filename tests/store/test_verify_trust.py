@@ -19,8 +19,7 @@ import pytest
 
 from h5forge.format.names import FORMAT_VERSION, SPLITS
 from h5forge.store.verify import verify_file
-from tests.helpers.files import make_raw
-from tests.helpers.tamper import copy_writable, flip, reader_view, replace_bytes, small_version, thin_version
+from tests.helpers.tamper import copy_writable, flip, raw_pair, reader_view, small_version, thin_version
 
 H5FORGE = str(Path(sys.executable).parent / "h5forge")
 QUICK = {"resample": 0, "latency_reads": 0}
@@ -28,8 +27,7 @@ QUICK = {"resample": 0, "latency_reads": 0}
 
 @pytest.fixture(scope="module")
 def raws(tmp_path_factory):
-    root = tmp_path_factory.mktemp("trust")
-    return make_raw(root / "raw", n=12, seed=3), make_raw(root / "raw_new", n=5, seed=4)
+    return raw_pair(tmp_path_factory.mktemp("trust"))
 
 
 @pytest.fixture(scope="module")
