@@ -12,10 +12,9 @@ import h5py
 import hdf5plugin
 import pytest
 
-from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
-from h5forge.ingest.discover import discover
 from h5forge.ingest.splits import assign_split
 from tests.helpers.data import REPO, demo_spec
+from tests.test_cli import build_without_prefect
 
 PY = sys.executable
 H5FORGE = str(Path(PY).parent / "h5forge")
@@ -29,19 +28,10 @@ def run(*args, env=None, prefix=()):
     return r
 
 
-def build(raw, out, **storage) -> Path:
-    from h5forge.store.versions import stage
-
-    spec = demo_spec(raw, out, **storage)
-    candidate = stage(out)
-    write_version(spec, discover(spec), candidate)
-    return Path(publish_candidate(candidate, verify_candidate(candidate)))
-
-
 @pytest.fixture(scope="module")
 def built(raw_demo, tmp_path_factory):
     out = tmp_path_factory.mktemp("inspect") / "out"
-    return build(raw_demo, out, codec="zstd"), out
+    return build_without_prefect(raw_demo, out, codec="zstd"), out
 
 
 def test_version_matches_the_installed_package():
