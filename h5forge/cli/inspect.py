@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from h5forge.cli.app import _reported, app, out
+from h5forge.store.figures import size as size_text
 
 
 def _print_version(value: bool) -> None:
@@ -24,14 +25,6 @@ def _print_version(value: bool) -> None:
 def _main(show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
                                                       help="print the installed h5forge version and exit")) -> None:
     """Labelled raw data in, versioned and verified HDF5 training sets out."""
-
-
-def size_text(n: int) -> str:
-    """Bytes with a unit (decimal, as disk tools show them)."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def _counts_text(counts: dict[str, Any]) -> str:
