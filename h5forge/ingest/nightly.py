@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 import h5py
+import numpy as np
 
 from h5forge.format.catalog import input_key
 from h5forge.format.names import version_name
@@ -20,7 +21,7 @@ from h5forge.format.segments import segments_of
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.inputs import Inputs
 from h5forge.ingest.resume import Checkpoints, discard_resumable, resumable_source
-from h5forge.ingest.reuse import Source, make_plan, usable, write_reusing
+from h5forge.ingest.reuse import Source, make_plan, runs, usable, write_reusing
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.spec import DatasetSpec
 from h5forge.store.versions import latest
@@ -53,13 +54,15 @@ def previous_sources(out: Path, inputs: Inputs) -> list[Source]:
 
 def write_samples(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, writer: DatasetWriter,
                   timings: dict, progress: Callable[[int], None] = lambda n: None,
-                  status: Callable[[str], None] = lambda text: None) -> None:
-    """Every sample of the inventory into ``writer``, taking what earlier files already hold."""
+                  status: Callable[[str], None] = lambda text: None) -> dict[str, list[int]] | None:
+    """Every sample of the inventory into ``writer``, taking what earlier files already hold.
+
+    Returns the rows that were cleaned, per split, when any row was taken (None: a full build)."""
     out = Path(spec.output.dir)
     t0 = time.perf_counter()
     resumed = resumable_source(out, inputs)
     sources = ([resumed] if resumed else []) + previous_sources(out, inputs)
-    checkpoints = Checkpoints(writer, inputs, len(inventory.samples))
+    checkpoints = Checkpoints(writer, inputs, len(inventory.samples), exact_stats=not sources)
     try:
         plan = make_plan(inventory.samples, inputs, sources)
         timings["plan_seconds"] = round(time.perf_counter() - t0, 3)
@@ -71,7 +74,9 @@ def write_samples(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, write
             progress(n)
             checkpoints.tick(n)
 
-        timings.update(write_reusing(spec, inventory.root, plan, sources, writer, timings, advance, status))
+        written = write_reusing(spec, inventory.root, plan, sources, writer, timings, advance, status)
+        cleaned = written.pop("cleaned_rows")
+        timings.update(written)
     except BaseException:
         checkpoints.discard()
         raise
@@ -81,3 +86,41 @@ def write_samples(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, write
     checkpoints.discard()
     if resumed is not None:
         discard_resumable(out)
+    return cleaned if plan.reused else None
+
+
+# rows checked per split besides the cleaned ones, when most rows were copied as stored
+REUSED_CHECKSUM_SAMPLE = 256
+
+
+def check_cleaned_rows(path: Path, spec: DatasetSpec, rows: dict[str, list[int]]) -> None:
+    """The checksums of the rows a rebuild cleaned, read back from the written file, in full.
+
+    A rebuild's copied rows are byte copies of rows verified when their version was published,
+    each with its checksum, so ``verify`` samples them (``REUSED_CHECKSUM_SAMPLE`` per split);
+    the rows made anew are checked here, all of them, as a full build checks its rows."""
+    from h5forge.errors import VerificationFailed
+    from h5forge.format.checksums import stored_checksums
+    from h5forge.format.names import CHECKSUM
+    from h5forge.kinds import stored_kinds
+
+    kinds = stored_kinds(spec)
+    bad = []
+    with h5py.File(path, "r") as f:
+        for split, listed in rows.items():
+            g = f[split]
+            for _, a, b in runs(np.array(sorted(listed), np.int64)):
+                stored = g[CHECKSUM][a:b]
+                for i, digest in enumerate(stored_checksums(g, kinds, a, b)):
+                    if digest.encode() != stored[i]:
+                        bad.append(f"{split}[{a + i}]: stored data does not match its checksum")
+    if bad:
+        raise VerificationFailed(bad)
+
+
+def reused_rows(path: Path) -> int:
+    """How many rows of a written (not yet published) version were copied from other files."""
+    from h5forge.format.summary import read_summary
+
+    with h5py.File(path, "r") as f:
+        return int(read_summary(f).get("timings", {}).get("reused") or 0)

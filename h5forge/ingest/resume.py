@@ -37,8 +37,9 @@ class Checkpoints:
     """Call ``tick(samples done)`` after each batch: every CHECKPOINT_SECONDS the writer's durable
     state is recorded beside its file."""
 
-    def __init__(self, writer: DatasetWriter, inputs: Inputs, total: int, every: float | None = None):
-        self.writer, self.inputs, self.total = writer, inputs, total
+    def __init__(self, writer: DatasetWriter, inputs: Inputs, total: int, every: float | None = None,
+                 exact_stats: bool = True):
+        self.writer, self.inputs, self.total, self.exact_stats = writer, inputs, total, exact_stats
         self.every = float(os.environ.get("H5FORGE_CHECKPOINT_SECONDS", CHECKPOINT_SECONDS)) if every is None else every
         self.path = sidecar(writer.path)
         self.last = time.monotonic()
@@ -54,6 +55,8 @@ class Checkpoints:
     def save(self) -> None:
         state = self.writer.checkpoint()
         state.update(key=self.inputs.key, rules=self.inputs.rules)
+        if not self.exact_stats:  # rows copied from other files carry their statistics only at the end
+            state["stats"] = None
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(state))
         os.replace(tmp, self.path)
@@ -78,7 +81,8 @@ def resumable_source(out: Path, inputs: Inputs) -> Source | None:
     if saved.get("rules") != inputs.rules:
         discard_resumable(out)
         return None
-    return Source(data, limit=saved["counts"], stats=saved["stats"], listed=saved["listed"])
+    stats = saved["stats"]
+    return Source(data, limit=saved["counts"], stats=stats or {}, listed=saved["listed"], recount=stats is None)
 
 
 def discard_resumable(out: Path) -> None:

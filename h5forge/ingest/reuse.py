@@ -31,7 +31,6 @@ import h5py
 import numpy as np
 
 from h5forge.format import arrays
-from h5forge.format.arrays import Ragged
 from h5forge.format.catalog import KEY, input_key, sample_keys, sample_keys_path
 from h5forge.format.layout import index_parts
 from h5forge.format.names import IDS, INDEX, PER_SAMPLE, SPLITS, Attr
@@ -51,7 +50,9 @@ class Source:
     """A file whose rows a build may take: up to ``limit`` rows per split (None: all of them).
 
     ``stats`` / ``listed``: the totals and per-row index values of those rows when the file does
-    not hold them itself (a killed build's partial file); None reads them from the file."""
+    not hold them itself (a killed build's partial file); None reads them from the file.
+    ``recount``: the statistics of the rows taken are counted from the rows (a partial file whose
+    checkpoint could not record exact totals)."""
 
     path: Path
     limit: dict[str, int] | None = None
@@ -59,6 +60,7 @@ class Source:
     listed: dict[str, dict[str, list]] | None = None
     file: h5py.File | None = None
     rows: dict[str, int] = field(default_factory=dict)
+    recount: bool = False
 
     def open(self) -> h5py.File:
         if self.file is None:
@@ -132,7 +134,7 @@ def _same_chunks(dst: h5py.Dataset, src: h5py.Dataset) -> bool:
     return dst.chunks == src.chunks and dst.chunks[0] == 1 and _filters(dst) == _filters(src)
 
 
-def _runs(rows: np.ndarray) -> Iterator[tuple[int, int, int]]:
+def runs(rows: np.ndarray) -> Iterator[tuple[int, int, int]]:
     """(position in ``rows``, first row, end row) of each stretch of consecutive rows, at most COPY_ROWS long."""
     start = 0
     for i in range(1, len(rows) + 1):
@@ -188,7 +190,7 @@ class Copier:
         if path not in self._readers:
             self._readers[path] = arrays.RowReader(self.src, path, st)
         read = self._readers[path]
-        for _, a, b in _runs(rows):
+        for _, a, b in runs(rows):
             arrays.extend(g, path, read(a, b))
         self.copied_rows += len(rows)
 
@@ -208,12 +210,16 @@ def _listed_rows(src: Source, split: str, path: str) -> list[list]:
     return per_row
 
 
-def _read_block(g: h5py.Group, path: str, st, rows: np.ndarray):
-    read = arrays.RowReader(g, path, st)
-    parts = [read(a, b) for _, a, b in _runs(rows)]
-    if not parts:
-        return None
-    return Ragged.concat(parts) if isinstance(parts[0], Ragged) else np.concatenate(parts)
+def _count_rows(g: h5py.Group, path: str, kind: FieldKind, rows: np.ndarray) -> np.ndarray | None:
+    """The kind's additive statistic of ``rows`` of a split, read back COPY_ROWS at a time."""
+    read = arrays.RowReader(g, path, kind.stored())
+    total = None
+    for _, a, b in runs(rows):
+        counts = kind.counts(read(a, b))
+        if counts is None:
+            return None
+        total = counts if total is None else total + counts
+    return total
 
 
 def taken_stats(src: Source, split: str, taken_rows: np.ndarray, kinds: dict[str, FieldKind]) -> dict[str, np.ndarray]:
@@ -223,6 +229,11 @@ def taken_stats(src: Source, split: str, taken_rows: np.ndarray, kinds: dict[str
     dropped = np.setdiff1d(np.arange(src.rows[split]), taken_rows)
     out = {}
     for path, kind in kinds.items():
+        if src.recount:
+            total = _count_rows(g, path, kind, taken_rows)
+            if total is not None:
+                out[path] = total
+            continue
         if src.stats is not None:
             stored = src.stats.get(path, {}).get(split)
             total = None if stored is None else np.asarray(stored)
@@ -231,8 +242,7 @@ def taken_stats(src: Source, split: str, taken_rows: np.ndarray, kinds: dict[str
         if total is None:
             continue
         if len(dropped):
-            block = _read_block(g, path, kind.stored(), dropped)
-            less = kind.counts(block)
+            less = _count_rows(g, path, kind, dropped)
             if less is not None:
                 total = total - less
         out[path] = total
@@ -254,15 +264,6 @@ def write_reusing(spec: DatasetSpec, root: Path, plan: Plan, sources: list[Sourc
             copiers[(k, split)] = Copier(src.file[split], kinds, keys)
     indexed = [p for p, kind in kinds.items() if kind.indexed]
     listed_of = {(k, s, p): None for k in range(len(sources)) for s in SPLITS for p in indexed}
-
-    # statistics of everything taken, per source split (known once the plan is made)
-    for k, src in enumerate(sources):
-        for split in SPLITS:
-            rows = np.array(sorted(t.row for ref, t in zip(plan.samples, plan.taken)
-                                   if t is not None and t.source == k and ref.split == split), np.int64)
-            if src.rows[split]:
-                for path, counts in taken_stats(src, split, rows, kinds).items():
-                    writer.add_stats(path, split, counts)
 
     pending: dict[str, list[Taken]] = {s: [] for s in SPLITS}
 
@@ -286,6 +287,7 @@ def write_reusing(spec: DatasetSpec, root: Path, plan: Plan, sources: list[Sourc
     to_clean = plan.to_clean
     position = {ref.id: i for i, ref in enumerate(plan.samples)}
     cursor, done = 0, 0
+    cleaned_rows: dict[str, list[int]] = {s: [] for s in SPLITS}
     size = spec.compute.batch_size
     for batch in clean_all(spec, root, to_clean, timings, status):
         refs = to_clean[done:done + size]
@@ -299,7 +301,7 @@ def write_reusing(spec: DatasetSpec, root: Path, plan: Plan, sources: list[Sourc
             ref, t = plan.samples[cursor], plan.taken[cursor]
             if t is not None:
                 if segment:
-                    _add_segment(writer, kinds, batch, segment)
+                    _add_segment(writer, kinds, batch, segment, cleaned_rows)
                     segment = []
                 pending[ref.split].append(t)
             elif ref.id in in_batch:
@@ -308,17 +310,31 @@ def write_reusing(spec: DatasetSpec, root: Path, plan: Plan, sources: list[Sourc
                 segment.append(in_batch[ref.id])
             cursor += 1
         if segment:
-            _add_segment(writer, kinds, batch, segment)
+            _add_segment(writer, kinds, batch, segment, cleaned_rows)
         progress(len(refs))
     for ref, t in zip(plan.samples[cursor:], plan.taken[cursor:]):
         if t is not None:
             pending[ref.split].append(t)
     emit_pending()
-    return {"reused": plan.reused, "cleaned": len(to_clean),
+    # the statistics of everything taken, added once every row is written (a checkpoint before
+    # that records the cleaned rows' statistics only, and says so)
+    for k, src in enumerate(sources):
+        for split in SPLITS:
+            rows = np.array(sorted(t.row for ref, t in zip(plan.samples, plan.taken)
+                                   if t is not None and t.source == k and ref.split == split), np.int64)
+            if src.rows[split]:
+                for path, counts in taken_stats(src, split, rows, kinds).items():
+                    writer.add_stats(path, split, counts)
+    return {"reused": plan.reused, "cleaned": len(to_clean), "cleaned_rows": cleaned_rows,
             "reused_chunks_copied": sum(c.direct_rows for c in copiers.values()),
             "reused_rows_rewritten": sum(c.copied_rows for c in copiers.values())}
 
 
-def _add_segment(writer: DatasetWriter, kinds: dict[str, FieldKind], batch: CleanedBatch, keep: list[int]) -> None:
+def _add_segment(writer: DatasetWriter, kinds: dict[str, FieldKind], batch: CleanedBatch, keep: list[int],
+                 rows: dict[str, list[int]]) -> None:
+    """Add the cleaned samples ``keep`` of ``batch``, noting the row each one gets."""
+    for i in keep:
+        split = batch.splits[i]
+        rows[split].append(writer.next_row(split) + sum(batch.splits[j] == split for j in keep if j < i))
     whole = keep == list(range(len(batch)))
     writer.add(batch if whole else batch.take(kinds, keep, []))

@@ -155,3 +155,57 @@ def test_a_rebuild_after_appends_takes_the_appended_rows_from_their_delta(raw, t
     assert_same(nightly, fresh)
     stored = sum(h5py.File(thin)[s].attrs["count"] for s in SPLITS)
     assert (summary.timings["reused"], summary.timings["cleaned"]) == (stored, 120 + 3 - stored)
+
+
+def nightly_spec(raw: Path, out: Path):
+    spec = spec_for(raw, out)
+    return spec.model_copy(update={"compute": spec.compute.model_copy(update={"batch_size": 2})})
+
+
+def test_a_killed_nightly_rebuild_resumes_with_exact_statistics(raw, tmp_path):
+    """A rebuild SIGKILLed after it copied and cleaned rows: its successor takes the copied and the
+    cleaned rows from the partial file, recounts their statistics, and equals a full rebuild."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from h5forge.format.names import RESUMABLE
+
+    spec = nightly_spec(raw, tmp_path / "out")
+    build(spec)
+    records = json.loads((raw / "annotations.json").read_text())
+    for rec in records[5::12]:  # ten pictures changed, spread over the ids
+        picture = raw / "images" / f"{rec['id']}.png"
+        with Image.open(picture) as img:
+            ImageOps.invert(img.convert("RGB")).save(picture)
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys; from pathlib import Path; "
+         "from tests.ingest.test_nightly import build, nightly_spec; "
+         "build(nightly_spec(Path(sys.argv[1]), Path(sys.argv[2])))", str(raw), str(tmp_path / "out")],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "H5FORGE_KILL_AT": "build:at-80%", "H5FORGE_CHECKPOINT_SECONDS": "0"})
+    assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
+
+    resumed, summary = build(spec)
+    assert resumed.name == "dataset_v0002.h5" and not (tmp_path / "out" / RESUMABLE).exists()
+    # 8 of the 10 changed samples were cleaned before the kill: only 2 are cleaned again
+    assert summary.timings["cleaned"] == 2 and summary.timings["resumed_rows"] >= 96
+    fresh, _ = build(nightly_spec(raw, tmp_path / "fresh"))
+    assert_same(resumed, fresh)
+
+
+def test_the_rows_a_rebuild_cleaned_are_checked_in_full(raw, tmp_path):
+    from h5forge.errors import VerificationFailed
+    from h5forge.ingest.nightly import check_cleaned_rows
+
+    spec = spec_for(raw, tmp_path / "out")
+    path, _ = build(spec)
+    copy = tmp_path / "copy.h5"
+    shutil.copy(path, copy)
+    copy.chmod(0o644)
+    with h5py.File(copy, "r+") as f:
+        f["train"]["images"][3] = 255 - f["train"]["images"][3]
+    check_cleaned_rows(copy, spec, {"train": [0, 1, 2, 4], "val": [0]})  # the changed row is not one of them
+    with pytest.raises(VerificationFailed, match=r"train\[3\]"):
+        check_cleaned_rows(copy, spec, {"train": [2, 3], "val": []})
