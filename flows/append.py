@@ -11,6 +11,7 @@ from h5forge.errors import UsageError
 from h5forge.flows.results import AppendResult
 from h5forge.ingest.append import apply_moves, plan_moves, stage_append
 from h5forge.spec import load_spec
+from h5forge.store.output import claim_output, preflight
 from h5forge.store.reports import write_quarantine
 from h5forge.store.versions import output_lock_or_skip
 from h5forge.tasks.append import (publish_append, recover_interrupted, scan_inbox, verify_append, write_delta,
@@ -38,12 +39,14 @@ def append_samples(spec_path: str, inbox: str | None = None, output: str | None 
     spec = load_spec(spec_path, output=output, dask_address=dask_address, inbox=inbox)
     if spec.source.inbox is None:
         raise UsageError("no inbox: pass one, or set source.inbox in the spec")
+    preflight(spec, inbox=True)  # sources exist, the output folder is outside them and is this dataset's
     box = Path(spec.source.inbox)
     out = Path(spec.output.dir)
     with output_lock_or_skip(out, f"append-samples {spec.name}", wait_for_lock, skip_if_busy) as busy:
         if busy:
             get_run_logger().warning("skipped: %s", busy)
             return AppendResult(spec.name, skipped=busy)
+        claim_output(out, spec.name)
         recover_interrupted(out)
         scan = scan_inbox(spec, box)
         waiting = len(scan.waiting)

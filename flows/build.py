@@ -6,7 +6,9 @@ from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
 from h5forge.flows.results import BuildResult
+from h5forge.ingest.rejected import check_rejected
 from h5forge.spec import load_spec
+from h5forge.store.output import claim_output, preflight
 from h5forge.store.versions import output_lock_or_skip
 from h5forge.tasks.artifacts import publish_artifacts, publish_diff, publish_preview
 from h5forge.tasks.build import (apply_retention, clean_and_write, discover_samples, publish_version,
@@ -28,14 +30,17 @@ def build_dataset(spec_path: str, output: str | None = None, dask_address: str |
             building (logged as "skipped: …") instead of failing.
     """
     spec = load_spec(spec_path, output=output, dask_address=dask_address)
+    preflight(spec)  # sources exist, the output folder is outside them and is this dataset's
     with output_lock_or_skip(spec.output.dir, f"build-dataset {spec.name}", wait_for_lock, skip_if_busy) as busy:
         if busy:
             get_run_logger().warning("skipped: %s", busy)
             return BuildResult(spec.name, skipped=busy)
+        claim_output(spec.output.dir, spec.name)
         inventory = discover_samples(spec)
         candidate = stage_version(spec)
         # quote: Prefect would otherwise walk every sample of the inventory looking for futures
         summary = clean_and_write(spec, quote(inventory), candidate)
+        check_rejected(spec, inventory, summary, candidate)  # above max_rejected: nothing is published
         report = verify_candidate(candidate)
         publish_artifacts(spec.name, report, quote(summary), candidate.number)
         published = publish_version(candidate, report)

@@ -67,3 +67,19 @@ class ReadError(H5forgeError, ValueError):
 
 class DiskFull(H5forgeError, OSError):
     """The disk (or quota) filled while writing; the partial file is gone and nothing was published."""
+
+
+class TooManyRejected(H5forgeError, RuntimeError):
+    """More inputs were rejected than the spec's ``max_rejected`` allows; nothing was published."""
+
+
+class LatestBroken(H5forgeError, RuntimeError):
+    """``dataset_latest.h5`` does not resolve, inside its output folder, to a published version."""
+
+
+class OutputTaken(UsageError):
+    """The output folder holds another dataset's versions."""
+
+
+class InboxMoveFailed(H5forgeError, OSError):
+    """A version was published, but some inbox files could not be sorted; a rerun finishes it."""

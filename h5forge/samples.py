@@ -26,6 +26,7 @@ class Rejection:
     reason: str
     stage: str = "discover"
     waitable: bool = False  # in an inbox, the missing part may still arrive
+    count: int = 1  # inputs this entry stands for: more than 1 summarises many alike, not listed one by one
 
     @property
     def path(self) -> str:
@@ -33,7 +34,8 @@ class Rejection:
         return ", ".join(self.paths)
 
     def as_dict(self) -> dict[str, str]:
-        return {"sample_id": self.sample_id, "path": self.path, "reason": self.reason, "stage": self.stage}
+        reason = self.reason if self.count == 1 else f"{self.reason}: {self.count} more, not listed one by one"
+        return {"sample_id": self.sample_id, "path": self.path, "reason": reason, "stage": self.stage}
 
 
 class Reject(Exception):

@@ -105,6 +105,34 @@ class Verification(_Strict):
     latency_reads: int = Field(200, ge=0)
 
 
+def rejected_limit_value(v):
+    """``max_rejected`` as given: an int is a count, a float in [0, 1] a fraction, 'N%' a percentage."""
+    if isinstance(v, bool):
+        raise ValueError("true/false is neither a count nor a fraction")
+    if isinstance(v, str):
+        text = v.strip()
+        try:
+            if text.endswith("%"):
+                v = float(text[:-1]) / 100
+                if not 0 <= v <= 1:
+                    raise ValueError("a percentage must be between 0 % and 100 %")
+                return v
+            return rejected_limit_value(int(text) if text.isdigit() else float(text))
+        except ValueError as err:
+            if "between" in str(err):
+                raise
+            raise ValueError(f"{v!r} is neither a count (12), a fraction (0.1) nor a percentage ('10%')") from None
+    if isinstance(v, int):
+        if v < 0:
+            raise ValueError("must be a count >= 0, a fraction (0.1) or a percentage ('10%')")
+        return v
+    if isinstance(v, float):
+        if not 0 <= v <= 1:
+            raise ValueError(f"a fraction must be between 0 and 1, got {v:g} (a count is written as an integer)")
+        return v
+    raise ValueError(f"{v!r} is neither a count (12), a fraction (0.1) nor a percentage ('10%')")
+
+
 class DatasetSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = ""
@@ -117,6 +145,14 @@ class DatasetSpec(_Strict):
     compute: Compute = Compute()
     verify: Verification = Verification()
     append: Append = Append()
+    max_rejected: float | int = Field(0.1, description="the most rejected inputs a build may have and still "
+                                      "publish: a fraction (0.1) or percentage ('10%') of the inputs it saw, "
+                                      "or a count (12)")
+
+    @field_validator("max_rejected", mode="before")
+    @classmethod
+    def _rejected_limit(cls, v):
+        return rejected_limit_value(v)
 
     @model_validator(mode="after")
     def _check_fields(self) -> "DatasetSpec":
@@ -131,6 +167,12 @@ class DatasetSpec(_Strict):
         if self.splits.column and self.splits.column not in self.annotations.columns:
             raise ValueError(f"splits.column: {self.splits.column!r} is not an annotation column")
         return self
+
+    def rejected_limit(self, seen: int) -> int:
+        """How many of ``seen`` inputs may be rejected (a fraction rounds down)."""
+        if isinstance(self.max_rejected, int):
+            return self.max_rejected
+        return int(self.max_rejected * seen + 1e-9)
 
     def in_flight(self) -> int:
         return self.compute.in_flight or 2 * self.compute.workers

@@ -10,7 +10,7 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from h5forge.format.names import version_name
-from h5forge.format.summary import WriteSummary
+from h5forge.format.summary import WriteSummary, bounded_rows
 from h5forge.store.figures import size
 from h5forge.store.verify import HealthReport
 from h5forge.store.versions import Candidate
@@ -42,11 +42,12 @@ def publish_artifacts(name: str, report: HealthReport, summary: WriteSummary, ve
                              markdown=replace(report, path=file).to_markdown(),
                              description=f"health report of {file} ({name})")
     # the stage says where an input was turned away (discover, clean, append); the reason is whole
-    rejections = [{"sample_id": r.sample_id, "path": r.path, "stage": r.stage, "reason": r.reason}
-                  for r in summary.rejections]
+    # bounded: the first rows, then one counting the rest (the quarantine report lists them all)
+    rejections = [{"sample_id": r["sample_id"], "path": r["path"], "stage": r["stage"], "reason": r["reason"]}
+                  for r in bounded_rows(summary.rejections)]
     create_table_artifact(key=artifact_key(name, "rejections"),
                           table=rejections or [{"sample_id": "", "path": "", "stage": "", "reason": "none"}],
-                          description=f"{len(rejections)} rejected input(s) of {file} ({name})")
+                          description=f"{summary.rejected} rejected input(s) of {file} ({name})")
     create_table_artifact(
         key=artifact_key(name, "splits"),
         table=[{"split": s, "samples": n, "stored": size(summary.split_bytes.get(s, 0))}

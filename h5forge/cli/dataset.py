@@ -69,7 +69,7 @@ def append(spec: Path = typer.Argument(..., help="dataset spec YAML"),
            output: Optional[Path] = typer.Option(None, help="output folder (overrides the spec)"),
            dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler")) -> None:
     """Append the complete samples waiting in the inbox as a new version (a Prefect flow run)."""
-    _check_spec(spec, output, dask_address, inbox)
+    _check_spec(spec, output, dask_address, inbox, needs_inbox=True)
     from h5forge.flows.append import append_samples
 
     with _reported():
@@ -81,11 +81,13 @@ def _opt(p: Optional[Path]) -> Optional[str]:
     return str(p) if p is not None else None
 
 
-def _check_spec(spec: Path, output, dask_address, inbox=None):
+def _check_spec(spec: Path, output, dask_address, inbox=None, needs_inbox: bool = False):
     from h5forge.spec import load_spec
+    from h5forge.store.output import preflight
 
     with _reported():
         loaded = load_spec(spec, output, dask_address, inbox)
+        preflight(loaded, inbox=needs_inbox)
         if loaded.compute.dask_address:
             from h5forge.ingest.parallel import check_reachable
 
@@ -120,7 +122,7 @@ def watch(spec: Path = typer.Argument(..., help="dataset spec YAML"),
 
     from h5forge.ingest.watch import serve_inbox
 
-    loaded = _check_spec(spec, output, dask_address, inbox)
+    loaded = _check_spec(spec, output, dask_address, inbox, needs_inbox=True)
     if loaded.source.inbox is None:
         _fail("no inbox: pass --inbox, or set source.inbox in the spec")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -221,8 +223,13 @@ def verify(path: Path = typer.Argument(..., help="a version file or dataset_late
            as_json: bool = typer.Option(False, "--json", help="print the report as JSON (for scripts)")) -> None:
     """Check a version; exit 0 if healthy, 1 with the reasons if not."""
     from h5forge.cli.health_view import health_view
+    from h5forge.format.names import LATEST
     from h5forge.store.verify import verify_file
+    from h5forge.store.versions import latest
 
+    if path.name == LATEST:  # only a link that resolves inside its folder is that folder's latest
+        with _reported():
+            latest(path.parent)
     report = verify_file(path, checksums=not quick, resample=resample, latency_reads=latency_reads,
                          source_root=source_root)
     if as_json:
@@ -248,7 +255,8 @@ def versions(folder: Path = typer.Argument(..., help="output folder of a dataset
     found = published(folder)
     if not found:
         _fail(f"no published version in {folder}", 1)
-    current = latest(folder)
+    with _reported():
+        current = latest(folder)
     t = Table("", "version", "samples", "size", "kind", "created", "parent")
     for number, p in found.items():
         with h5py.File(p, "r") as f:
@@ -289,8 +297,8 @@ def demo_data(folder: Path = typer.Argument(Path("data/raw/demo")),
                                                      "ct (DICOM series per case folder + per-slice masks) | "
                                                      "signals (multi-rate EDF recordings)"),
               n: Optional[int] = typer.Option(None, help="good samples to generate (default: 600 cells, "
-                                                         "240 classify, 120 segment-multiclass, 100 sr, 6 ct "
-                                                         "cases, 8 signals recordings)"),
+                                                         "240 classify, 120 segment-multiclass, 100 sr, 30 ct "
+                                                         "cases, 30 signals recordings)"),
               seed: int = typer.Option(0),
               bad: bool = typer.Option(True, help="also write the usual defects of real collections"),
               prefix: Optional[str] = typer.Option(None, help="sample id prefix (another one makes new samples); "

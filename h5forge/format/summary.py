@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, replace
+from typing import Sequence
 
 import h5py
 import numpy as np
@@ -31,7 +32,8 @@ class WriteSummary:
 
     @property
     def rejected(self) -> int:
-        return len(self.rejections)
+        """Rejected inputs (an entry may summarise several)."""
+        return sum(r.count for r in self.rejections)
 
     def with_(self, **changes) -> "WriteSummary":
         return replace(self, **changes)
@@ -44,11 +46,25 @@ class WriteSummary:
         return json.dumps(data)
 
 
+TABLE_ROWS = 1000  # rejected inputs a table lists one by one (in a version file, a report, an artifact)
+
+
+def bounded_rows(rejections: Sequence[Rejection], limit: int = TABLE_ROWS) -> list[dict[str, str]]:
+    """The first ``limit`` rejections as rows, then one row counting the rest (the quarantine
+    report's JSON lists them all)."""
+    rows = [r.as_dict() for r in rejections[:limit]]
+    rest = sum(r.count for r in rejections[limit:])
+    if rest:
+        rows.append({"sample_id": "", "path": "", "reason": f"... and {rest} more (see the quarantine report)",
+                     "stage": ""})
+    return rows
+
+
 def write_diagnostics(f: h5py.File, summary: WriteSummary) -> None:
     d = f.require_group(DIAGNOSTICS)
     d.attrs[Attr.SUMMARY] = summary.to_json()
     width = len(REJECTION_COLUMNS)
-    table = np.array([[getattr(r, c) for c in REJECTION_COLUMNS] for r in summary.rejections], dtype=object)
+    table = np.array([[r[c] for c in REJECTION_COLUMNS] for r in bounded_rows(summary.rejections)], dtype=object)
     f.create_dataset(REJECTIONS, data=table.reshape(-1, width), dtype=STR, maxshape=(None, width),
                      chunks=(256, width))
     f[REJECTIONS].attrs[Attr.COLUMNS] = list(REJECTION_COLUMNS)

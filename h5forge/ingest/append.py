@@ -15,6 +15,7 @@ untouched; after publish the journal says which moves are left.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from h5forge.errors import NoBaseVersion, VerificationFailed
+from h5forge.errors import InboxMoveFailed, NoBaseVersion, VerificationFailed
 from h5forge.format.names import IDS, JOURNAL, SOURCE_SHA256, SPLITS, delta_name, partial_name, version_name
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest.clean import CleanedBatch
@@ -225,7 +226,10 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
 
     def quarantine(rel: str, reason: str) -> None:
         plan.moves.append((str(inbox / rel), str(inbox / "quarantine" / rel)))
-        plan.reasons.append((str(inbox / "quarantine" / f"{rel}.reason"), reason))
+        name = Path(rel).name
+        short = reason_file_name(name)
+        text = reason if short == f"{name}.reason" else f"{reason}\nfile: {name}"  # a shortened name says whose
+        plan.reasons.append((str(inbox / "quarantine" / Path(rel).parent / short), text))
 
     rejected = {r.sample_id: r.reason for r in rejections if r.sample_id}
     inbox_records = _read_list(inbox / spec.annotations.file) if spec.annotations.file else []
@@ -257,6 +261,21 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
     if spec.annotations.file and inbox_records:
         plan.inbox_records = (str(inbox / spec.annotations.file), remaining)
     return plan
+
+
+NAME_MAX = 255  # bytes in one file name, on every filesystem h5forge writes to
+
+
+def reason_file_name(name: str) -> str:
+    """``<name>.reason``, or when that is too long for a file name, the name cut on a character
+    boundary plus a hash of the whole name: always fits, and never collides with another file's."""
+    full = f"{name}.reason"
+    if len(os.fsencode(full)) <= NAME_MAX:
+        return full
+    tail = f"~{hashlib.sha256(os.fsencode(name)).hexdigest()[:12]}.reason"
+    room = NAME_MAX - len(tail.encode())
+    cut = os.fsencode(name)[:room].decode("utf-8", errors="ignore")
+    return cut + tail
 
 
 def _read_list(path: Path) -> list[dict]:
@@ -294,25 +313,51 @@ def write_journal(out: Path, plan: MovePlan) -> None:
 
 
 def apply_moves(plan: MovePlan) -> None:
-    """Idempotent: a move already done is skipped, so a rerun after a crash finishes the job."""
+    """Idempotent: a move already done is skipped, so a rerun after a crash finishes the job.
+
+    A move that fails does not stop the others; the failures are raised together at the end
+    (``InboxMoveFailed``), the journal stays, and the next run retries what is left."""
+    failed: list[str] = []
+
+    def attempt(what: str, step) -> None:
+        try:
+            step()
+        except OSError as err:
+            failed.append(f"{what}: {err.strerror or err}")
+
+    checkpoint("append:records")
     path, records = plan.processed_records
     if path and records:
-        _write_records(Path(path), records)
+        attempt(path, lambda: _write_records(Path(path), records))
     for i, (src, dst) in enumerate(plan.moves):
+        checkpoint(f"append:move-{i}")
         if os.path.exists(src):
-            Path(dst).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(src, dst)
+            attempt(f"{src} -> {dst}", lambda: _move(src, dst))
         if i == 0:
             checkpoint("append:mid-move")
+    checkpoint("append:reasons")
     for reason_path, reason in plan.reasons:
-        Path(reason_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(reason_path).write_text(reason + "\n")
+        attempt(reason_path, lambda: _write_reason(Path(reason_path), reason))
+    if failed:
+        done = f"{version_name(plan.version)} is published, but " if plan.version is not None else ""
+        raise InboxMoveFailed(f"{done}{len(failed)} inbox file(s) could not be moved or written (first: {failed[0]}); "
+                              "fix that and rerun append to finish")
     if plan.inbox_records:
         path, remaining = plan.inbox_records
         if remaining:
             _write_records(Path(path), remaining)
         else:
             Path(path).unlink(missing_ok=True)
+
+
+def _move(src: str, dst: str) -> None:
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    os.replace(src, dst)
+
+
+def _write_reason(path: Path, reason: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(reason + "\n")
 
 
 def recover(out: Path) -> str | None:

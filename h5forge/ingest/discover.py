@@ -10,6 +10,7 @@ import csv
 import json
 import os
 import re
+import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,22 +92,34 @@ def sample_id(rel: str, pattern: str, ids: str, folder: bool = False) -> str:
     return below[:-len(".nii.gz")] if below.lower().endswith(".nii.gz") else str(Path(below).with_suffix(""))
 
 
+def match_key(sid: str) -> str:
+    """What ids are matched by: NFC, so a name typed on macOS (NFD) pairs with the same name typed
+    elsewhere (NFC). Ids are stored as spelled; only the matching is normalised."""
+    return unicodedata.normalize("NFC", sid)
+
+
 def _glob_field(root: Path, patterns: tuple[str, ...], ids: str,
-                folders: bool = False) -> tuple[dict[str, str], list[Rejection]]:
-    by_stem: dict[str, list[str]] = defaultdict(list)
+                folders: bool = False) -> tuple[dict[str, tuple[str, str]], list[Rejection]]:
+    """{match key: (file, id as spelled)} of one field, and the files that cannot be told apart."""
+    by_stem: dict[str, list[tuple[str, str]]] = defaultdict(list)
     seen: set[Path] = set()
     for pattern in patterns:
         for p in sorted(root.glob(pattern)):
             if (p.is_file() or (folders and p.is_dir())) and not p.name.startswith(".") and p not in seen:
                 seen.add(p)
                 rel = p.relative_to(root).as_posix()
-                by_stem[sample_id(rel, pattern, ids, p.is_dir())].append(rel)
+                sid = sample_id(rel, pattern, ids, p.is_dir())
+                by_stem[match_key(sid)].append((rel, sid))
     found, problems = {}, []
-    for stem, paths in by_stem.items():
-        if len(paths) > 1:
-            problems.append(Rejection(stem, tuple(paths), f"ambiguous: {len(paths)} files share the stem"))
+    for entries in by_stem.values():
+        paths = tuple(rel for rel, _ in entries)
+        if len({sid for _, sid in entries}) > 1:
+            problems.append(Rejection(entries[0][1], paths, f"ambiguous: {len(paths)} file names differ only by "
+                                                            "Unicode normalisation (NFC/NFD)"))
+        elif len(paths) > 1:
+            problems.append(Rejection(entries[0][1], paths, f"ambiguous: {len(paths)} files share the stem"))
         else:
-            found[stem] = paths[0]
+            found[match_key(entries[0][1])] = entries[0]
     return found, problems
 
 
@@ -157,7 +170,7 @@ def load_records(path: Path, id_key: str, missing_ok: bool = False,
         raw_id = str(rec[id_key])
         if Path(raw_id).suffix.lower() in _IMAGE_SUFFIXES:
             raw_id = Path(raw_id).stem if ids == "stem" else raw_id[: -len(Path(raw_id).suffix)]
-        sid = raw_id
+        sid = match_key(raw_id)
         if sid in records:
             seen_twice.add(sid)
         records[sid] = rec
@@ -185,7 +198,7 @@ def load_sidecars(root: Path, id_key: str, skip: str | None) -> tuple[dict[str, 
         if not isinstance(rec, dict):
             problems.append(Rejection(p.stem, (p.name,), "annotation sidecar must hold one JSON object"))
             continue
-        records[str(rec.get(id_key, p.stem))] = {**rec, "_sidecar": p.name}
+        records[match_key(str(rec.get(id_key, p.stem)))] = {**rec, "_sidecar": p.name}
     return records, problems
 
 
@@ -217,7 +230,8 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
     kinds = field_kinds(spec)
     globs = {name: kind.files for name, kind in kinds.items() if kind.files}
     ids = spec.source.ids
-    per_field: dict[str, dict[str, str]] = {name: {} for name in globs}
+    per_field: dict[str, dict[str, str]] = {name: {} for name in globs}  # by match key
+    spelled: dict[str, str] = {}  # match key -> the id as its first file spells it
     records: dict[str, dict] = {}
     record_file: dict[str, str] = {}
     for r in roots:
@@ -225,11 +239,12 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
         for name, pattern in globs.items():
             found, problems = _glob_field(r, pattern, ids, kinds[name].reads_folders)
             inv.rejections.extend(problems)
-            for stem, rel in found.items():
+            for stem, (rel, sid) in found.items():
                 if stem in per_field[name]:
-                    inv.rejections.append(Rejection(stem, (per_field[name][stem], prefix + rel),
+                    inv.rejections.append(Rejection(sid, (per_field[name][stem], prefix + rel),
                                                     "ambiguous: the same sample id in two source folders"))
                 per_field[name][stem] = prefix + rel
+                spelled.setdefault(stem, sid)
         found_records: dict[str, dict] = {}
         if ann.file:
             found_records, problems = load_records(r / ann.file, ann.id_key, missing_ok=r != root or sidecars,
@@ -245,17 +260,18 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
                                                 "several annotation records for this sample"))
             records[sid] = rec
             record_file[sid] = prefix + rec.get("_sidecar", ann.file or "")
-    already = {r.sample_id for r in inv.rejections if r.sample_id}  # reported once is enough
-    all_ids = sorted(set().union(*per_field.values()) - already)
-    for sid in all_ids:
-        files = {name: found[sid] for name, found in per_field.items() if sid in found}
+    already = {match_key(r.sample_id) for r in inv.rejections if r.sample_id}  # reported once is enough
+    all_keys = sorted(set().union(*per_field.values()) - already)
+    for key in all_keys:
+        sid = spelled[key]
+        files = {name: found[key] for name, found in per_field.items() if key in found}
         missing = [name for name in globs if name not in files]
         if missing:
             where = ", ".join(f"{m} ({', '.join(globs[m])})" for m in missing)
             inv.rejections.append(Rejection(sid, tuple(files.values()), f"incomplete sample: no file for {where}",
                                             waitable=True))
             continue
-        rejection, columns = _columns_for(spec, sid, records.get(sid), files, record_file.get(sid, ""))
+        rejection, columns = _columns_for(spec, sid, records.get(key), files, record_file.get(key, ""))
         if rejection:
             inv.rejections.append(rejection)
             continue
@@ -264,13 +280,26 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
         except ValueError as err:
             inv.rejections.append(Rejection(sid, (files[next(iter(files))],), str(err)))
             continue
-        extra = (record_file[sid],) if sid in record_file and "_sidecar" in records[sid] else ()
+        extra = (record_file[key],) if key in record_file and "_sidecar" in records[key] else ()
         inv.samples.append(SampleRef(sid, split, files, columns, extra))
     paired = set().union(*per_field.values())
-    for sid in sorted(set(records) - paired - already):
-        inv.rejections.append(Rejection(sid, (f"{record_file[sid]}#{sid}",), "annotation record without files",
-                                        waitable=True))
+    inv.rejections.extend(_orphans(sorted(set(records) - paired - already), record_file))
     return inv
+
+
+ORPHANS_LISTED = 20
+
+
+def _orphans(keys: list[str], record_file: dict[str, str]) -> list[Rejection]:
+    """Annotation records without files: the first ``ORPHANS_LISTED`` one by one, the rest as one
+    counted entry (a million of them must not make a million report rows)."""
+    reason = "annotation record without files"
+    listed = [Rejection(k, (f"{record_file[k]}#{k}",), reason, waitable=True) for k in keys[:ORPHANS_LISTED]]
+    rest = keys[ORPHANS_LISTED:]
+    if rest:
+        files = tuple(dict.fromkeys(record_file[k] for k in rest))[:5]  # one file, or the first few sidecars
+        listed.append(Rejection("", files, reason, waitable=True, count=len(rest)))
+    return listed
 
 
 def _columns_for(spec: DatasetSpec, sid: str, rec: dict | None, files: dict[str, str],

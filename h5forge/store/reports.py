@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from h5forge.format.names import QUARANTINE_DIR, REPORTS_DIR, version_name, version_tag
+from h5forge.format.summary import bounded_rows
 from h5forge.samples import Rejection
 from h5forge.store.verify import HealthReport
 
@@ -21,9 +22,10 @@ def write_quarantine(out: Path, number: int, rejections: Sequence[Rejection]) ->
     js = folder / f"{tag}.rejections.json"
     js.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
     md = folder / f"{tag}.rejections.md"
-    lines = [f"# Rejected inputs: {tag}", "", f"{len(rows)} input(s) were not added.", "",
+    lines = [f"# Rejected inputs: {tag}", "", f"{sum(r.count for r in rejections)} input(s) were not added.", "",
              "| sample | file | stage | reason |", "|---|---|---|---|"]
-    lines += [f"| {r['sample_id']} | {r['path']} | {r['stage']} | {r['reason'].replace('|', '/')} |" for r in rows]
+    lines += [f"| {r['sample_id']} | {r['path']} | {r['stage']} | {r['reason'].replace('|', '/')} |"
+              for r in bounded_rows(rejections)]
     md.write_text("\n".join(lines) + "\n")
     return [js, md]
 

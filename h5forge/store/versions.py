@@ -21,7 +21,7 @@ from typing import Iterator
 
 import h5py
 
-from h5forge.errors import OutputBusy, UsageError, VersionError
+from h5forge.errors import LatestBroken, OutputBusy, UsageError, VersionError
 from h5forge.format.names import (DELTA_RE, LATEST, LOCK, PARTIAL_RE, RESUMABLE, RESUME_SUFFIX, VERSION_RE,
                                   parse_version, partial_name, version_name)
 from h5forge.format import leases
@@ -145,14 +145,29 @@ def published(out: str | Path) -> dict[int, Path]:
 
 
 def latest(out: str | Path) -> int | None:
-    """The version ``dataset_latest.h5`` points at, or None."""
+    """The version ``dataset_latest.h5`` points at, or None when there is no link.
+
+    Raises ``LatestBroken`` unless the link resolves, inside ``out``, to a published version: a
+    link to another folder's file of the same name, or to nothing, must not be taken for one."""
     link = Path(out) / LATEST
     try:
         target = os.readlink(link)
-    except (FileNotFoundError, OSError):
+    except FileNotFoundError:
         return None
-    m = VERSION_RE.match(Path(target).name)
-    return int(m.group(1)) if m else None
+    except OSError:
+        raise LatestBroken(f"{link} is not a symlink to a published version; remove it, or point it at one: "
+                           f"h5forge rollback {out} <version>") from None
+    real = Path(os.path.realpath(link))
+    m = VERSION_RE.match(real.name)
+    if real.parent != Path(os.path.realpath(out)):
+        why = f"points outside {out} ({target})"
+    elif not os.path.lexists(real):
+        why = f"points at {real.name}, which does not exist"
+    elif not m or int(m.group(1)) not in published(out):
+        why = f"points at {real.name}, which is not a published version"
+    else:
+        return int(m.group(1))
+    raise LatestBroken(f"{link} {why}; point it at a version of this folder: h5forge rollback {out} <version>")
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def stored_ids(path: Path) -> dict[str, tuple[str, int]]:
 
 def test_ct_demo_inits_builds_and_reads_back(tmp_path):
     raw = tmp_path / "ct"
-    r = cli("demo-data", str(raw), "--kind", "ct")
+    r = cli("demo-data", str(raw), "--kind", "ct", "--n", "6")
     assert r.returncode == 0 and "wrote 6 ct samples and 3 defective inputs" in r.stdout, r.stderr
     assert all(p.suffix == "" for p in (raw / "case_001").iterdir()), "scanner-style files without a suffix"
     assert all(p.suffix == ".dcm" for p in (raw / "case_000").iterdir())
@@ -188,7 +188,7 @@ def test_nifti_volumes_init_and_build(tmp_path, layout):
 
 def test_signals_demo_inits_builds_and_reads_back(tmp_path):
     raw = tmp_path / "signals"
-    r = cli("demo-data", str(raw), "--kind", "signals")
+    r = cli("demo-data", str(raw), "--kind", "signals", "--n", "8")
     assert r.returncode == 0 and "wrote 8 signals samples and 3 defective inputs" in r.stdout, r.stderr
     stdout, _, spec = init(raw, tmp_path)
     assert list(spec.fields) == ["acc", "volt", "temp"]

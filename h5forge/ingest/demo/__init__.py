@@ -38,12 +38,13 @@ __all__ = ["CLASSIFY_CLASSES", "CT_SPACING", "CT_SPHERE_HU", "KINDS", "LABELS", 
            "STAINS", "generate", "generate_classify", "generate_ct", "generate_segment_multiclass", "generate_signals",
            "generate_sr"]
 
-# the demo folders ``h5forge demo-data --kind`` writes: generator and default sample count
+# the demo folders ``h5forge demo-data --kind`` writes: generator and default sample count, large
+# enough that the defects stay under a build's default max_rejected (10 % of its inputs)
 KINDS = {
     "cells": (generate, 600),
     "classify": (generate_classify, 240),
     "segment-multiclass": (generate_segment_multiclass, 120),
     "sr": (generate_sr, 100),
-    "ct": (generate_ct, 6),
-    "signals": (generate_signals, 8),
+    "ct": (generate_ct, 30),
+    "signals": (generate_signals, 30),
 }

@@ -1,0 +1,55 @@
+"""The ``max_rejected`` gate: a build that rejected more of its inputs than the spec allows
+publishes nothing, and says how many and why.
+
+An input is one sample the build saw (complete or not) or one annotation record without files:
+each rejection stands for ``count`` of them. Append does not apply the gate: its rejected inputs
+are moved to ``<inbox>/quarantine/`` with a ``.reason`` file each, where the user dropped them,
+and refusing the whole batch would leave them in the inbox to fail again on every round.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable
+
+from h5forge.errors import TooManyRejected
+from h5forge.format.names import QUARANTINE_DIR, version_tag
+from h5forge.format.summary import WriteSummary
+from h5forge.ingest.discover import Inventory
+from h5forge.samples import Rejection
+from h5forge.spec import DatasetSpec
+from h5forge.store.versions import Candidate
+
+COMMON_REASONS = 3
+
+
+def inputs_seen(inventory: Inventory) -> int:
+    """Every sample discovery paired plus every input it rejected."""
+    return len(inventory.samples) + sum(r.count for r in inventory.rejections)
+
+
+def common_reasons(rejections: Iterable[Rejection], n: int = COMMON_REASONS) -> list[tuple[str, int]]:
+    """The ``n`` most common reasons with their counts (ties: first seen first)."""
+    counts: Counter = Counter()
+    for r in rejections:
+        counts[r.reason] += r.count
+    return counts.most_common(n)
+
+
+def check_rejected(spec: DatasetSpec, inventory: Inventory, summary: WriteSummary, candidate: Candidate) -> None:
+    """Raise ``TooManyRejected`` (after discarding the candidate) when the build rejected more
+    inputs than ``max_rejected`` allows; the quarantine report is already written."""
+    seen = inputs_seen(inventory)
+    rejected = summary.rejected
+    limit = spec.rejected_limit(seen)
+    if rejected <= limit:
+        return
+    candidate.discard()
+    allowed = (f"{spec.max_rejected * 100:g} % = {limit}" if isinstance(spec.max_rejected, float)
+               else str(limit))
+    reasons = "; ".join(f"{n} x {reason}" for reason, n in common_reasons(summary.rejections))
+    share = f"{100 * rejected / seen:.0f} %" if seen else "all"
+    report = f"{candidate.out / QUARANTINE_DIR / version_tag(candidate.number)}.rejections.md"
+    raise TooManyRejected(f"{rejected} of {seen} inputs rejected ({share}), above max_rejected ({allowed}); "
+                          f"nothing published. Most common reasons: {reasons}; see {report} "
+                          "(raise max_rejected in the spec to publish anyway)")
