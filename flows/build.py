@@ -6,13 +6,14 @@ from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
 from h5forge.flows.results import BuildResult
+from h5forge.format.names import version_name
 from h5forge.ingest.rejected import check_rejected
 from h5forge.spec import load_spec
 from h5forge.store.output import claim_output, preflight
 from h5forge.store.versions import output_lock_or_skip
 from h5forge.tasks.artifacts import publish_artifacts, publish_diff, publish_preview
-from h5forge.tasks.build import (apply_retention, clean_and_write, discover_samples, publish_version,
-                                 stage_version, verify_candidate)
+from h5forge.tasks.build import (apply_retention, clean_and_write, discover_samples, fingerprint_inputs,
+                                 publish_version, stage_version, unchanged_version, verify_candidate)
 
 
 @flow(name="build-dataset")
@@ -37,9 +38,13 @@ def build_dataset(spec_path: str, output: str | None = None, dask_address: str |
             return BuildResult(spec.name, skipped=busy)
         claim_output(spec.output.dir, spec.name)
         inventory = discover_samples(spec)
+        inputs = fingerprint_inputs(spec, quote(inventory))
+        same = unchanged_version(spec, quote(inputs))
+        if same is not None:  # same raw inputs, same rules: a new version would be a copy
+            return BuildResult(spec.name, same, str(spec.output.dir / version_name(same)), unchanged=True)
         candidate = stage_version(spec)
         # quote: Prefect would otherwise walk every sample of the inventory looking for futures
-        summary = clean_and_write(spec, quote(inventory), candidate)
+        summary = clean_and_write(spec, quote(inventory), candidate, quote(inputs))
         check_rejected(spec, inventory, summary, candidate)  # above max_rejected: nothing is published
         report = verify_candidate(candidate)
         publish_artifacts(spec.name, report, quote(summary), candidate.number)

@@ -19,6 +19,7 @@ class BuildResult:
     health: dict[str, str] = field(default_factory=dict)
     removed: list[str] = field(default_factory=list)
     skipped: str | None = None  # why the run did not build
+    unchanged: bool = False  # nothing published: ``version`` was built from the same inputs and rules
 
 
 @dataclass(frozen=True)

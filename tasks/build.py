@@ -8,6 +8,8 @@ from h5forge.format.names import version_name
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest import build, discover as discovery
 from h5forge.ingest.discover import Inventory
+from h5forge.ingest.inputs import Inputs, fingerprint
+from h5forge.ingest.nightly import unchanged_since
 from h5forge.spec import DatasetSpec
 from h5forge.store import versions
 from h5forge.store.verify import HealthReport
@@ -34,8 +36,25 @@ def stage_version(spec: DatasetSpec) -> Candidate:
     return candidate
 
 
+@step(name="fingerprint")
+def fingerprint_inputs(spec: DatasetSpec, inventory: Inventory) -> Inputs:
+    inputs = fingerprint(spec, inventory)
+    get_run_logger().info("hashed the raw files of %d samples in %.2f s", len(inputs.samples), inputs.hash_seconds)
+    return inputs
+
+
+@step(name="unchanged")
+def unchanged_version(spec: DatasetSpec, inputs: Inputs) -> int | None:
+    """The latest version, when it was built from these very inputs and rules (nothing to publish)."""
+    number = unchanged_since(spec.output.dir, inputs)
+    if number is not None:
+        get_run_logger().info("unchanged since v%04d: same raw inputs and field rules; nothing published", number)
+    return number
+
+
 @step(name="clean-and-write")
-def clean_and_write(spec: DatasetSpec, inventory: Inventory, candidate: Candidate) -> WriteSummary:
+def clean_and_write(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
+                    inputs: Inputs | None = None) -> WriteSummary:
     logger = get_run_logger()
     n, compute = len(inventory.samples), spec.compute
     if compute.dask_address:
@@ -46,7 +65,7 @@ def clean_and_write(spec: DatasetSpec, inventory: Inventory, candidate: Candidat
         where = f"on a LocalCluster of {compute.workers} processes"
     logger.info("cleaning %d samples %s, %d per batch", n, where, compute.batch_size)
     with progress(n, "clean+write", logger) as display:
-        summary = build.write_version(spec, inventory, candidate, display.advance, display.status)
+        summary = build.write_version(spec, inventory, candidate, display.advance, display.status, inputs)
     logger.info("wrote %d samples %s, %d rejected, compression ratio %.3f",
                 summary.samples, summary.counts, summary.rejected, summary.compression_ratio)
     return summary

@@ -53,6 +53,10 @@ def build(spec: Path = typer.Argument(..., help="dataset spec YAML"),
 
 
 def _print_build(result) -> None:
+    if result.unchanged:
+        out.print(f"{result.name}: unchanged since v{result.version:04d} (same raw inputs and spec); "
+                  "nothing published", highlight=False)
+        return
     t = Table(title=f"{result.name}: published v{result.version:04d}", show_header=False)
     t.add_row("file", result.path)
     t.add_row("samples", ", ".join(f"{k} {v}" for k, v in result.counts.items()))

@@ -23,13 +23,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import h5py
-import numpy as np
 
 from h5forge.errors import InboxMoveFailed, NoBaseVersion, VerificationFailed
-from h5forge.format.names import IDS, JOURNAL, SOURCE_SHA256, SPLITS, delta_name, partial_name, version_name
+from h5forge.format.catalog import (catalog_from_rows, content_digest, id_digest, read_catalog, split_row,
+                                    write_catalog)
+from h5forge.format.layout import decode_str
+from h5forge.format.names import IDS, JOURNAL, SPLITS, Attr, delta_name, partial_name, version_name
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest.clean import CleanedBatch
 from h5forge.ingest.discover import TEXT_FORMAT, discover, read_annotation_file
+from h5forge.ingest.inputs import Inputs, rules_hash
 from h5forge.ingest.parallel import clean_all
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.kinds import FieldKind, stored_kinds
@@ -72,55 +75,60 @@ def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> Inbo
     return scan
 
 
-def known_samples(path: Path) -> tuple[dict[bytes, int], set[bytes], list]:
-    """Content keys and ids of every sample in the version at ``path``, kept as bytes.
+class KnownSamples:
+    """What the parent version holds, for exactly-once: its inputs catalog (sorted hashes of every
+    sample's raw content and id, searched by bisection), plus what this append has taken so far.
 
-    A content key is the sample's raw-file hashes concatenated; read as one fixed-size byte string
-    per row, nothing is decoded, so this stays cheap at 100k samples.
-    """
-    keys: dict[bytes, int] = {}
-    ids: set[bytes] = set()
-    id_rows: list = []
-    with h5py.File(os.path.realpath(path), "r") as f:
-        for split in SPLITS:
-            g = f[split]
-            hashes = g[SOURCE_SHA256][()]
-            if not len(hashes):
-                continue
-            joined = np.ascontiguousarray(hashes).view(f"S{hashes.dtype.itemsize * hashes.shape[1]}").ravel()
-            split_ids = g[IDS][()]
-            base = len(id_rows)
-            keys.update((k, base + i) for i, k in enumerate(joined.tolist()))
-            id_rows.extend(split_ids.tolist())
-            ids.update(split_ids.tolist())
-    return keys, ids, id_rows
+    Reading the catalog is the only per-sample cost, a few dozen bytes a sample; a parent written
+    before catalogs existed is read row by row once (ids and raw-file hashes)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(os.path.realpath(path))
+        with h5py.File(self.path, "r") as f:
+            self.catalog = read_catalog(f) or catalog_from_rows(f)
+        self.new_contents: dict[bytes, str] = {}
+        self.new_ids: set[bytes] = set()
+
+    def holder_of(self, hexes: list[str]) -> str | None:
+        """The id of a sample with this raw content, in the parent or taken already; None if new."""
+        digest = content_digest(hexes)
+        if digest in self.new_contents:
+            return self.new_contents[digest]
+        at = self.catalog.find_content(digest)
+        if at is None:
+            return None
+        split, row = split_row(at)
+        with h5py.File(self.path, "r") as f:  # one row of one column, only for a duplicate
+            return decode_str(f[split][IDS][row:row + 1])[0]
+
+    def has_id(self, sid: str) -> bool:
+        digest = id_digest(sid)
+        return digest in self.new_ids or self.catalog.has_id(digest)
+
+    def take(self, sid: str, hexes: list[str]) -> None:
+        self.new_contents[content_digest(hexes)] = sid
+        self.new_ids.add(id_digest(sid))
 
 
-def _content_key(hexes: list[str]) -> bytes:
-    return "".join(hexes).encode()
+def known_samples(path: Path) -> KnownSamples:
+    return KnownSamples(path)
 
 
-def _dedupe(batch: CleanedBatch, kinds: dict[str, FieldKind], known: tuple[dict[bytes, int], set[bytes], list],
-            parent: str) -> CleanedBatch:
-    keys, ids, id_rows = known
+def _dedupe(batch: CleanedBatch, kinds: dict[str, FieldKind], known: KnownSamples, parent: str) -> CleanedBatch:
     keep, dropped = [], []
     for i, sid in enumerate(batch.ids):
-        key = _content_key(batch.source_sha256[i])
         path = tuple(batch.files[i])
-        if key in keys:
-            same = id_rows[keys[key]]
-            same = same.decode() if isinstance(same, bytes) else same
+        same = known.holder_of(batch.source_sha256[i])
+        if same is not None:
             dropped.append(Rejection(sid, path, f"duplicate: identical content is already in the dataset "
                                                 f"as {same!r} ({parent})", stage="append"))
-        elif sid.encode() in ids:
+        elif known.has_id(sid):
             dropped.append(Rejection(sid, path, f"id {sid!r} is already in the dataset with other content; "
                                                 "rename the new sample, or replace the old one in the raw "
                                                 "folder and rebuild", stage="append"))
         else:
             keep.append(i)
-            keys[key] = len(id_rows)
-            id_rows.append(sid)
-            ids.add(sid.encode())
+            known.take(sid, batch.source_sha256[i])
     return batch.take(kinds, keep, dropped) if dropped else batch
 
 
@@ -165,7 +173,9 @@ def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate) -> Wr
     checkpoint("append:before-write")
     t0 = time.perf_counter()
     timings: dict = {}
-    with DatasetWriter(cand.delta_partial, spec, cand.number, cand.parent) as writer:
+    # the field rules recorded, so a nightly rebuild can take these rows from the delta file
+    rules = Inputs(rules_hash(spec), key="")
+    with DatasetWriter(cand.delta_partial, spec, cand.number, cand.parent, rules) as writer:
         writer.add_rejections(scan.rejections)
         for i, batch in enumerate(clean_all(spec, scan.inbox, scan.ready, timings)):
             batch = _dedupe(batch, kinds, known, version_name(cand.parent))
@@ -179,8 +189,21 @@ def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate) -> Wr
 
 def write_thin_version(spec: DatasetSpec, cand: AppendCandidate, summary: WriteSummary) -> WriteSummary:
     os.replace(cand.delta_partial, cand.delta)  # not referenced by any published version yet
-    return write_thin(cand.version.partial, cand.out / version_name(cand.parent), cand.delta, spec,
-                      cand.number, cand.parent, summary)
+    parent = cand.out / version_name(cand.parent)
+    merged = write_thin(cand.version.partial, parent, cand.delta, spec, cand.number, cand.parent, summary)
+    write_thin_catalog(cand.version.partial, parent, cand.delta)
+    return merged
+
+
+def write_thin_catalog(path: Path, parent: Path, delta: Path) -> None:
+    """The thin version's inputs catalog: the parent's plus the delta's, rows shifted past the
+    parent's (sorted arrays merged by insertion: no per-sample work beyond copying them)."""
+    with h5py.File(os.path.realpath(parent), "r") as p, h5py.File(delta, "r") as d:
+        old = read_catalog(p) or catalog_from_rows(p)
+        new = read_catalog(d) or catalog_from_rows(d)
+        shift = {s: int(p[s].attrs[Attr.COUNT]) for s in SPLITS}
+    with h5py.File(path, "r+") as f:
+        write_catalog(f, old.merged(new, shift))
 
 
 def verify_append(cand: AppendCandidate, seed: int = 0) -> HealthReport:

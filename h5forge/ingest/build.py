@@ -10,7 +10,8 @@ from typing import Callable
 from h5forge.errors import NothingToBuild, VerificationFailed
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest.discover import Inventory
-from h5forge.ingest.parallel import clean_all
+from h5forge.ingest.inputs import Inputs, fingerprint
+from h5forge.ingest.nightly import REUSED_CHECKSUM_SAMPLE, check_cleaned_rows, reused_rows, write_samples
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.spec import DatasetSpec
 from h5forge.store.reports import write_health, write_quarantine
@@ -20,8 +21,12 @@ from h5forge.store.versions import Candidate, publish
 
 def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
                   progress: Callable[[int], None] = lambda n: None,
-                  status: Callable[[str], None] = lambda text: None) -> WriteSummary:
+                  status: Callable[[str], None] = lambda text: None, inputs: Inputs | None = None) -> WriteSummary:
     """Clean every sample on dask and stream it into the candidate file. Returns the summary.
+
+    Samples whose inputs (``inputs``: their hashes, made here when not given) are unchanged since
+    the latest version, or durable in what a killed build left, are copied instead of cleaned
+    (``h5forge.ingest.nightly``).
 
     ``progress`` hears how many inputs each batch settled, ``status`` what happens before the first.
 
@@ -32,12 +37,17 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
         raise NothingToBuild(f"no complete sample under {inventory.root} "
                              f"({len(inventory.rejections)} input(s) rejected; see the quarantine report)")
     timings: dict = {}
-    with DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent) as writer:
+    inputs = fingerprint(spec, inventory) if inputs is None else inputs
+    with DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent, inputs) as writer:
         writer.add_rejections(inventory.rejections)
-        for batch in clean_all(spec, inventory.root, inventory.samples, timings, status):
-            writer.add(batch)
-            progress(len(batch) + len(batch.rejections))
+        cleaned = write_samples(spec, inventory, inputs, writer, timings, progress, status)
         summary = writer.finish(timings)
+    if cleaned is not None:  # a rebuild that copied rows: the rows it made are checked in full here
+        try:
+            check_cleaned_rows(candidate.partial, spec, cleaned)
+        except VerificationFailed:
+            candidate.discard()
+            raise
     write_quarantine(candidate.out, candidate.number, summary.rejections)
     if summary.samples == 0:
         candidate.discard()
@@ -47,7 +57,9 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
 
 
 def verify_candidate(candidate: Candidate) -> HealthReport:
-    report = verify_file(candidate.partial)
+    # rows a rebuild copied are byte copies of verified rows, each with its checksum: sampled
+    sample = REUSED_CHECKSUM_SAMPLE if candidate.partial.exists() and reused_rows(candidate.partial) else None
+    report = verify_file(candidate.partial, checksum_sample=sample)
     write_health(candidate.out, candidate.number, report)
     return report
 

@@ -210,6 +210,10 @@ class DatasetWriter:
         for path, rows in listed.items():
             self._indexed[split][path].extend(rows)
 
+    def next_row(self, split: str) -> int:
+        """The row number the next sample of ``split`` will get."""
+        return self.counts[split] + self._buffered[split]
+
     def add_stats(self, path: str, split: str, counts: np.ndarray) -> None:
         acc = self.stats.setdefault(path, {})
         acc[split] = acc[split] + counts if split in acc else counts
