@@ -18,8 +18,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5forge.errors import VersionError
+from h5forge.errors import ReadError, VersionError
 from h5forge.format.layout import decode_str
+from h5forge.format.segments import virtual_sources
 from h5forge.format.names import CHECKSUM, IDS, LATEST, SPLITS, Attr, parse_version
 from h5forge.kinds import stored_kinds
 from h5forge.spec import DatasetSpec
@@ -194,10 +195,20 @@ def _side(path: Path, f: h5py.File, rows: dict[str, Row]) -> dict[str, Any]:
             "version": int(f.attrs.get(Attr.VERSION, 0)), "counts": counts}
 
 
+def _check_sources(path: Path, f: h5py.File) -> None:
+    """A thin version's rows come from other files; a missing one would read as blank ids."""
+    missing = sorted(Path(s).name for s in virtual_sources(f) if not Path(s).is_file())
+    if missing:
+        raise ReadError(f"{path} reads its rows from {', '.join(missing)}, which is missing; "
+                        "restore it, or compare versions that are complete")
+
+
 def diff_versions(old: str | Path, new: str | Path) -> VersionDiff:
     """What changed, sample by sample, from version file ``old`` to version file ``new``."""
     old, new = Path(old), Path(new)
     with open_version(old) as (fa, spec_a), open_version(new) as (fb, spec_b):
+        _check_sources(old, fa)
+        _check_sources(new, fb)
         cols_a, cols_b = _compared(spec_a, fa), _compared(spec_b, fb)
         common = {p: cols_b[p] or cols_a[p] for p in cols_b if p in cols_a}
         a, b = read_rows(fa, {p: cols_a[p] for p in common}), read_rows(fb, common)

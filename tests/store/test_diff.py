@@ -132,3 +132,16 @@ def test_info_json_of_the_thin_version_counts_exactly(history, new_labels):
         (1, False, "full"), (2, False, "thin over 2 files"), (3, True, "full")]
     assert folder["detail"]["lineage"]["ancestors"] == [
         {"version": 2, "present": True, "kind": "thin"}, {"version": 1, "present": True, "kind": "full"}]
+
+
+def test_diff_refuses_a_thin_version_whose_base_file_is_gone(history, tmp_path):
+    import shutil
+
+    copy = tmp_path / "out"
+    shutil.copytree(history["out"], copy, symlinks=True)
+    (copy / "dataset_v0001.h5").chmod(0o644)
+    (copy / "dataset_v0001.h5").unlink()
+    r = cli("diff", copy / "dataset_v0002.h5", copy / "dataset_v0003.h5")
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"error: {copy / 'dataset_v0002.h5'} reads its rows from dataset_v0001.h5, "
+                               "which is missing")
