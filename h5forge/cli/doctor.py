@@ -127,6 +127,10 @@ def check_file(c: Checkup, path: Path) -> None:
     from h5forge.format.filters import available, filters_used, known_filters
 
     with _reported():
+        if path.is_dir():
+            from h5forge.errors import UsageError
+
+            raise UsageError(f"{path} is a folder; doctor checks one file (e.g. its dataset_latest.h5)")
         if not path.is_file():
             from h5forge.errors import SourceMissing
 
