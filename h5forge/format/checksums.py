@@ -1,9 +1,11 @@
 """What a version's checksums cover, and how they are computed (format 2).
 
-- **Row checksum** (``/<split>/checksum``): sha256 of every value a reader can return for that row
-  (each field and annotation column in the spec's order, then the id, the source files and their
-  hashes). It is a pure function of the row's stored values: a row copied to another version (an
-  append's thin version, an export, a rebuild reusing unchanged samples) keeps its checksum.
+- **Row checksum** (``/<split>/checksum``): covers every value a reader can return for that row:
+  sha256 of (the sha256 of its fields and annotation columns in the spec's order), then its id,
+  source files and their hashes. Two levels so that cleaning workers hash the sample arrays in
+  parallel, and the writer adds the provenance it records (an append rewrites the source paths).
+  It is a pure function of the row's stored values: a row copied to another version (an append's
+  thin version, an export, a rebuild reusing unchanged samples) keeps its checksum.
 - **Split digest** (attribute ``digest`` of each split group): sha256 of what a reader gets for
   the split as a whole: the split's attributes (count, statistics), the attributes of its
   datasets, every row index under ``/index/<split>``, and the spec the file stores.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import h5py
 import numpy as np
@@ -40,42 +42,51 @@ def _string(value: str | bytes) -> bytes:
     return b"s" + struct.pack("<Q", len(data)) + data
 
 
-def canonical(value: Any) -> bytes:
-    """The bytes a value is hashed by: the same for a value in memory and read back from a file."""
+def _parts(value: Any) -> Iterator[bytes | memoryview]:
     if isinstance(value, (str, bytes)):
-        return _string(value)
+        yield _string(value)
+        return
     arr = np.asarray(value)
     head = struct.pack("<B", arr.ndim) + struct.pack(f"<{arr.ndim}Q", *arr.shape)
     if arr.dtype.kind in "OSU":
-        return b"a" + head + b"".join(_string(v) for v in arr.ravel().tolist())
+        yield b"a" + head
+        yield from (_string(v) for v in arr.ravel().tolist())
+        return
     if arr.dtype.kind not in "biufc":
         raise TypeError(f"cannot checksum a value of dtype {arr.dtype}")
-    little = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
-    return b"n" + little.dtype.str.encode() + head + np.ascontiguousarray(little).tobytes()
+    little = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False))
+    yield b"n" + little.dtype.str.encode() + head
+    yield little.reshape(-1).data  # no copy of a sample array
 
 
-def row_checksum(values: Iterable[Any]) -> str:
-    """The checksum of one row from its values: the fields', then id, source files, hashes."""
+def canonical(value: Any) -> bytes:
+    """The bytes a value is hashed by: the same for a value in memory and read back from a file."""
+    return b"".join(bytes(p) for p in _parts(value))
+
+
+def values_digest(values: Iterable[Any]) -> bytes:
+    """sha256 of a row's stored values (fields and annotation columns, in the spec's order). The
+    costly part of a checksum: cleaning computes it in its worker processes."""
     h = hashlib.sha256()
     for v in values:
+        for part in _parts(v):
+            h.update(part)
+    return h.digest()
+
+
+def row_checksum(digest: bytes, row_id: Any, files: Any, hashes: Any) -> str:
+    """A row's checksum: its values' digest, then its id, source files and their hashes."""
+    h = hashlib.sha256(digest)
+    for v in (row_id, files, hashes):
         h.update(canonical(v))
     return h.hexdigest()
 
 
-def block_checksums(blocks: Sequence[Any], n: int) -> list[str]:
-    """Checksums of ``n`` rows, from one block per value (arrays, Ragged, or lists), in order."""
-    return [row_checksum(block[i] for block in blocks) for i in range(n)]
-
-
-def read_blocks(g: h5py.Group, kinds: dict, start: int, stop: int) -> list[Any]:
-    """Rows ``start:stop`` of every value a row checksum covers, read from split group ``g``."""
-    blocks = [arrays.RowReader(g, path, kind.stored())(start, stop) for path, kind in kinds.items()]
-    return blocks + [g[name][start:stop] for name in PROVENANCE]
-
-
 def stored_checksums(g: h5py.Group, kinds: dict, start: int, stop: int) -> list[str]:
     """Row checksums recomputed from what split group ``g`` holds in rows ``start:stop``."""
-    return block_checksums(read_blocks(g, kinds, start, stop), stop - start)
+    blocks = [arrays.RowReader(g, path, kind.stored())(start, stop) for path, kind in kinds.items()]
+    ids, files, hashes = (g[name][start:stop] for name in PROVENANCE)
+    return [row_checksum(values_digest(b[i] for b in blocks), ids[i], files[i], hashes[i]) for i in range(stop - start)]
 
 
 def legacy_checksum(values: Iterable[np.ndarray]) -> str:

@@ -125,10 +125,10 @@ LAYOUT: tuple[tuple[str, str], ...] = (
                                "so netCDF readers (xarray via h5netcdf) call that axis "
                                f"`{SAMPLE_DIM}`; the other axes have scales too: `{SOURCE_FIELD_DIM}`, "
                                "`<field>_axis<k>`, `<field>_element` (a ragged field's values)"),
-    (f"/<split>/{CHECKSUM}", "(N,) hex sha256 of every value a reader can return for the row: each field "
-                             f"and annotation column in spec order, then {IDS}, {SOURCE_FILES}, {SOURCE_SHA256} "
-                             "(numbers as little-endian bytes with dtype and shape, strings as UTF-8 with their "
-                             "length; format 1 files: the stored bytes of the image-like fields only)"),
+    (f"/<split>/{CHECKSUM}", "(N,) hex sha256 covering every value a reader can return for the row: the "
+                             "sha256 of its fields and annotation columns in spec order, then its "
+                             f"{IDS}, {SOURCE_FILES}, {SOURCE_SHA256} (encoding in the section below; format 1 "
+                             "files: the stored bytes of the image-like fields only)"),
     (f"/{INDEX}/<split>/<col>/", "values (K,), offsets (K+1,), rows (N,): rows[offsets[k]:offsets[k+1]] "
                                  "are the rows whose <col> equals values[k]"),
     (f"/{SPEC}", "the spec that built the file, as JSON"),

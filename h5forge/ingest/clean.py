@@ -1,9 +1,9 @@
 """Clean: turn raw samples into stored rows, or reject them with a reason.
 
 What cleaning means for each field is its kind's business (``h5forge.kinds``). Here a batch of
-samples becomes one block of rows per stored dataset, plus the raw files' hashes and the kinds'
-additive statistics (the writer checksums each row as it stores it). No exception escapes
-``clean_batch`` for bad input.
+samples becomes one block of rows per stored dataset, plus the raw files' hashes, each row's
+values digest (the costly part of its checksum, hashed here in parallel; the writer completes it)
+and the kinds' additive statistics. No exception escapes ``clean_batch`` for bad input.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from h5forge.format.checksums import values_digest
 from h5forge.kinds import FieldKind, decode_order, decode_sample, file_fields, stored_kinds
 from h5forge.samples import Reject, Rejection, SampleRef
 from h5forge.spec import DatasetSpec
@@ -27,6 +28,7 @@ class CleanedBatch:
     files: list[list[str]]  # per sample, raw file paths of the fields read from files
     arrays: dict[str, np.ndarray]  # dataset path -> (n, *shape) block of stored rows
     source_sha256: list[list[str]]  # per sample, hex digest per raw file
+    digests: list[bytes]  # per sample, checksums.values_digest of its stored values
     stats: dict[str, dict[str, np.ndarray]]  # dataset path -> split -> additive statistic
     listed: dict[str, list[list]]  # indexed dataset path -> per sample, the values it is listed under
     rejections: list[Rejection]
@@ -40,7 +42,7 @@ class CleanedBatch:
         splits = [self.splits[i] for i in keep]
         return CleanedBatch(
             ids=[self.ids[i] for i in keep], splits=splits, files=[self.files[i] for i in keep], arrays=arrays,
-            source_sha256=[self.source_sha256[i] for i in keep],
+            source_sha256=[self.source_sha256[i] for i in keep], digests=[self.digests[i] for i in keep],
             stats=split_stats(kinds, arrays, splits),
             listed={path: [rows[i] for i in keep] for path, rows in self.listed.items()},
             rejections=self.rejections + extra,
@@ -99,6 +101,7 @@ def clean_batch(spec: DatasetSpec, root: str | Path, refs: list[SampleRef]) -> C
         files=[[k[0].files[name] for name in files_of] for k in kept],
         arrays=arrays,
         source_sha256=[k[2] for k in kept],
+        digests=[values_digest(arrays[p][i] for p in kinds) for i in range(len(kept))],
         stats=split_stats(kinds, arrays, splits, per_row),
         listed={path: kinds[path].index_values(rows) for path, rows in per_row.items()},
         rejections=rejections,

@@ -28,7 +28,7 @@ from h5forge import __version__
 from h5forge.format import arrays
 from h5forge.format.arrays import Ragged
 from h5forge.format.catalog import KEY, catalog_from_rows, create_sample_keys, sample_keys_path, write_catalog
-from h5forge.format.checksums import block_checksums, write_digests
+from h5forge.format.checksums import row_checksum, write_digests
 from h5forge.format.codecs import CODECS, codec_options, ensure_filters
 from h5forge.format.dims import name_axes
 from h5forge.format.layout import HEX, SMALL_ROWS, STR, small_options, write_index, write_index_lists
@@ -158,10 +158,10 @@ class DatasetWriter:
         provenance = {IDS: np.asarray(batch.ids, dtype=object),
                       SOURCE_FILES: np.asarray(batch.files, dtype=object).reshape(len(batch), nf),
                       SOURCE_SHA256: np.asarray(batch.source_sha256, dtype="S64").reshape(len(batch), nf)}
-        # checksummed here, as the rows are stored (an append rewrites source paths after cleaning):
-        # every value of a row, in the order verify reads them back
-        summed = [batch.arrays[p] for p in self.kinds] + [provenance[k] for k in (IDS, SOURCE_FILES, SOURCE_SHA256)]
-        provenance[CHECKSUM] = np.asarray(block_checksums(summed, len(batch)), dtype="S64")
+        # completed here, with the provenance as stored (an append rewrites source paths after cleaning)
+        ids, files, hashes = provenance[IDS], provenance[SOURCE_FILES], provenance[SOURCE_SHA256]
+        provenance[CHECKSUM] = np.asarray([row_checksum(d, ids[i], files[i], hashes[i])
+                                           for i, d in enumerate(batch.digests)], dtype="S64")
         for split in sorted(set(batch.splits)):
             rows = np.flatnonzero(labels == split)
             buf = self._buffers[split]
