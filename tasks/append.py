@@ -14,6 +14,7 @@ from h5forge.spec import DatasetSpec
 from h5forge.store.verify import HealthReport
 from h5forge.tasks import step
 from h5forge.tasks.artifacts import log_report
+from h5forge.tasks.progress import progress
 
 
 @step(name="recover")
@@ -37,7 +38,8 @@ def scan_inbox(spec: DatasetSpec, inbox: Path) -> InboxScan:
 
 @step(name="write-delta")
 def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate) -> WriteSummary:
-    summary = append.write_delta(spec, scan, cand)
+    with progress(len(scan.ready), "clean+append", get_run_logger()) as display:
+        summary = append.write_delta(spec, scan, cand, display.advance, display.status)
     dupes = sum(r.reason.startswith("duplicate") for r in summary.rejections)
     get_run_logger().info("new samples %s, %d duplicate(s), %d rejected in all", summary.counts, dupes,
                           summary.rejected)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import pyte
 
-from tests.helpers.data import demo_spec, write_spec_file
+from tests.helpers.data import age_files, demo_spec, drop_samples, write_spec_file
 
 H5FORGE = str(Path(sys.executable).parent / "h5forge")
 COLS, ROWS = 160, 300  # tall enough that nothing scrolls off the emulated screen
@@ -132,6 +132,26 @@ def test_piped_build_logs_plain_lines_each_once(prefect_server, dask_spec, tmp_p
     logged = [LOG_LINE.match(line).group(2) for line in r.stderr.splitlines() if LOG_LINE.match(line)]
     assert len(logged) == len(set(logged)), "a line was printed twice"
     assert "demo: published v0001" in r.stdout
+
+
+@pytest.mark.e2e
+def test_piped_append_logs_its_progress_once(prefect_server, dask_spec, raw_new, tmp_path):
+    from h5forge.flows.build import build_dataset
+
+    build_dataset(str(dask_spec))
+    drop_samples(raw_new, tmp_path / "inbox", [f"cell_{i:06d}" for i in range(3)], rename="new_")
+    age_files(tmp_path / "inbox")
+    r = subprocess.run([H5FORGE, "append", dask_spec], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PREFECT_API_URL": api_url()})
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout + r.stderr
+    assert_lines(messages(r.stderr, "write-delta"), [
+        "starting 2 dask workers…",
+        re.compile(r"2 dask workers ready after \d+\.\d s"),
+        "clean+append: 3/3 (100 %)",
+        re.compile(r"new samples \{.*\}, 0 duplicate\(s\), 0 rejected in all"),
+        "Finished in state Completed()",
+    ])
 
 
 @pytest.mark.e2e

@@ -21,6 +21,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import h5py
 
@@ -164,8 +165,12 @@ def processed_dir(inbox: Path, number: int) -> Path:
     return inbox / "processed" / f"v{number:04d}"
 
 
-def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate) -> WriteSummary:
-    """Clean the ready samples and write the new ones to the delta file. Returns the summary."""
+def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate,
+                progress: Callable[[int], None] = lambda n: None,
+                status: Callable[[str], None] = lambda text: None) -> WriteSummary:
+    """Clean the ready samples and write the new ones to the delta file. Returns the summary.
+
+    ``progress`` hears how many samples each batch settled, ``status`` what happens before the first."""
     parent_path = cand.out / version_name(cand.parent)
     known = known_samples(parent_path)
     kinds = stored_kinds(spec)
@@ -177,11 +182,13 @@ def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate) -> Wr
     rules = Inputs(rules_hash(spec), key="")
     with DatasetWriter(cand.delta_partial, spec, cand.number, cand.parent, rules) as writer:
         writer.add_rejections(scan.rejections)
-        for i, batch in enumerate(clean_all(spec, scan.inbox, scan.ready, timings)):
+        for i, batch in enumerate(clean_all(spec, scan.inbox, scan.ready, timings, status)):
+            settled = len(batch) + len(batch.rejections)
             batch = _dedupe(batch, kinds, known, version_name(cand.parent))
             # record where the raw files will live once moved out of the inbox
             batch.files = [[os.path.relpath(final_dir / rel, spec.source.root) for rel in row] for row in batch.files]
             writer.add(batch)
+            progress(settled)
             if i == 0:
                 checkpoint("append:mid-write")
         return writer.finish({**timings, "append_seconds": round(time.perf_counter() - t0, 3)})
