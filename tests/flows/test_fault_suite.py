@@ -1,0 +1,296 @@
+"""The standing fault suite.
+
+- SIGKILL at random moments: a real `h5forge build` / `h5forge append` process is killed after a
+  random delay drawn over the length of a whole run. After each kill: latest verifies, no
+  published file changed, and one clean rerun converges (exact counts, no duplicate ids, no stray
+  files). 3 trials of each in the default run, 20 of each in the `slow` run.
+- Readers across publishes: 4 DataLoader workers read dataset_latest.h5 in a loop (a new
+  dataset per pass, so each pass follows latest) while 10 versions are published and retention
+  runs after each; a reader pinned to the first version reads it throughout. Zero read errors,
+  zero all-zero rows.
+
+Each test prints its figures (trials run, converged, where the kills landed, reader errors).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from h5forge.store.verify import verify_file
+from h5forge.store.versions import latest, published, retain
+from tests.helpers.data import age_files, drop_samples, write_spec_file
+from tests.helpers.files import all_ids, make_raw
+
+pytestmark = pytest.mark.e2e
+
+H5FORGE = str(Path(sys.executable).parent / "h5forge")
+QUICK_TRIALS, SLOW_TRIALS = 3, 20
+
+
+@pytest.fixture(scope="module")
+def api_url(prefect_server):
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="module")
+def raw_base(tmp_path_factory) -> Path:
+    """40 good samples (every input is taken: exact counts are known)."""
+    return make_raw(tmp_path_factory.mktemp("faultraw") / "raw", n=40, seed=11)
+
+
+def published_hashes(out: Path) -> dict[str, str]:
+    """Every published file (versions and the deltas they read) by name -> sha256."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("dataset_v*.h5"))
+            if not p.is_symlink()}
+
+
+def strays(out: Path) -> list[str]:
+    return sorted(p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".h5forge.lock")
+
+
+def ids_of(path: Path) -> list[str]:
+    return sum(all_ids(path).values(), [])
+
+
+def kill_after(args: list[str], env: dict, delay: float) -> str:
+    """Run the CLI, SIGKILL it after ``delay`` s; how it ended ("killed" or "finished")."""
+    proc = subprocess.Popen([H5FORGE, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        proc.wait(timeout=delay)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        return "killed"
+    assert proc.returncode == 0, proc.stderr.read().decode()[-3000:]
+    return "finished"
+
+
+def timed_run(args: list[str], env: dict) -> float:
+    t0 = time.monotonic()
+    res = subprocess.run([H5FORGE, *args], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return time.monotonic() - t0
+
+
+def check_after_kill(out: Path, before: dict[str, str]) -> None:
+    """latest is a complete, verified version, and no published file changed or went away."""
+    assert latest(out) is not None
+    report = verify_file(out / "dataset_latest.h5", resample=0, latency_reads=0)
+    assert report.ok, report.errors
+    after = published_hashes(out)
+    assert {k: after.get(k) for k in before} == before
+
+
+# ---- build --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def build_base(api_url, raw_base, tmp_path_factory):
+    """v1 built at one size; the trial spec asks for another, so every trial build has work to do."""
+    from h5forge.flows.build import build_dataset
+
+    tmp = tmp_path_factory.mktemp("buildbase")
+    spec_file = write_spec_file(raw_base, tmp / "out", tmp / "spec.yaml")
+    build_dataset(str(spec_file))
+    data = yaml.safe_load(spec_file.read_text())
+    data["fields"]["images"]["size"] = [96, 96]
+    return tmp / "out", data
+
+
+def build_trials(n: int, api_url, raw_base, build_base, tmp_path) -> dict:
+    base_out, spec_data = build_base
+    env = {**os.environ, "PREFECT_API_URL": api_url}
+    expected = sorted(ids_of(base_out / "dataset_latest.h5"))
+    assert len(expected) == 40
+
+    def fresh(k: int) -> tuple[Path, Path]:
+        out = tmp_path / f"t{k}" / "out"
+        shutil.copytree(base_out, out, symlinks=True)
+        spec_file = tmp_path / f"t{k}" / "spec.yaml"
+        spec_file.write_text(yaml.safe_dump({**spec_data, "output": {**spec_data["output"], "dir": str(out)}}))
+        return out, spec_file
+
+    out, spec_file = fresh(-1)
+    span = timed_run(["build", str(spec_file)], env)  # how long one whole run takes here
+    rng = random.Random(20261130)
+    figures = {"trials": 0, "killed": 0, "finished": 0, "published_before_kill": 0, "converged": 0,
+               "run_seconds": round(span, 1)}
+    for k in range(n):
+        out, spec_file = fresh(k)
+        before = published_hashes(out)
+        figures[kill_after(["build", str(spec_file)], env, rng.uniform(0.2, span))] += 1
+        figures["trials"] += 1
+        check_after_kill(out, before)
+        figures["published_before_kill"] += latest(out) == 2
+        from h5forge.flows.build import build_dataset
+
+        build_dataset(str(spec_file))  # the one clean rerun
+        assert latest(out) == 2 and list(published(out)) == [1, 2]
+        ids = ids_of(out / "dataset_latest.h5")
+        assert sorted(ids) == expected and len(set(ids)) == len(ids) == 40
+        assert verify_file(out / "dataset_latest.h5", resample=0, latency_reads=0).ok
+        assert strays(out) == []
+        figures["converged"] += 1
+    print("build SIGKILL figures:", json.dumps(figures))
+    return figures
+
+
+def test_killed_builds_converge(api_url, raw_base, build_base, tmp_path):
+    figures = build_trials(QUICK_TRIALS, api_url, raw_base, build_base, tmp_path)
+    assert figures["converged"] == figures["trials"] == QUICK_TRIALS
+
+
+@pytest.mark.slow
+def test_killed_builds_converge_many(api_url, raw_base, build_base, tmp_path):
+    figures = build_trials(SLOW_TRIALS, api_url, raw_base, build_base, tmp_path)
+    assert figures["converged"] == figures["trials"] == SLOW_TRIALS
+    assert figures["killed"] >= SLOW_TRIALS // 2  # most kills land inside the run
+
+
+# ---- append -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def append_base(api_url, raw_base, tmp_path_factory):
+    from h5forge.flows.build import build_dataset
+
+    tmp = tmp_path_factory.mktemp("appendbase")
+    spec_file = write_spec_file(raw_base, tmp / "out", tmp / "spec.yaml", inbox=tmp / "inbox")
+    build_dataset(str(spec_file))
+    return tmp / "out", yaml.safe_load(spec_file.read_text())
+
+
+def append_trials(n: int, api_url, raw_new, append_base, tmp_path) -> dict:
+    base_out, spec_data = append_base
+    env = {**os.environ, "PREFECT_API_URL": api_url}
+    base_ids = ids_of(base_out / "dataset_latest.h5")
+    drop = [f"cell_{i:06d}" for i in range(20)]
+
+    def fresh(k: int) -> tuple[Path, Path, Path, list[str]]:
+        root = tmp_path / f"a{k}"
+        out, inbox = root / "out", root / "inbox"
+        shutil.copytree(base_out, out, symlinks=True)
+        new_ids = drop_samples(raw_new, inbox, drop, rename="k_")
+        age_files(inbox)
+        spec_file = root / "spec.yaml"
+        spec_file.write_text(yaml.safe_dump({**spec_data, "output": {**spec_data["output"], "dir": str(out)},
+                                             "source": {**spec_data["source"], "inbox": str(inbox)}}))
+        return out, inbox, spec_file, new_ids
+
+    out, inbox, spec_file, _ = fresh(-1)
+    span = timed_run(["append", str(spec_file)], env)
+    rng = random.Random(20261201)
+    figures = {"trials": 0, "killed": 0, "finished": 0, "published_before_kill": 0, "converged": 0,
+               "run_seconds": round(span, 1)}
+    for k in range(n):
+        out, inbox, spec_file, new_ids = fresh(k)
+        before = published_hashes(out)
+        figures[kill_after(["append", str(spec_file)], env, rng.uniform(0.2, span))] += 1
+        figures["trials"] += 1
+        check_after_kill(out, before)
+        figures["published_before_kill"] += latest(out) == 2
+        from h5forge.flows.append import append_samples
+
+        append_samples(str(spec_file))  # the one clean rerun
+        assert latest(out) == 2 and list(published(out)) == [1, 2]
+        ids = ids_of(out / "dataset_latest.h5")
+        assert sorted(ids) == sorted(base_ids + new_ids) and len(set(ids)) == len(ids)
+        assert verify_file(out / "dataset_latest.h5", resample=0, latency_reads=0).ok
+        assert sorted(p.name for p in (inbox / "images").iterdir()) == []
+        assert len(list((inbox / "processed" / "v0002" / "images").iterdir())) == len(drop)
+        assert strays(out) == []
+        assert sorted(p.name for p in out.glob("*.h5")) == ["dataset_latest.h5", "dataset_v0001.h5",
+                                                            "dataset_v0002.delta.h5", "dataset_v0002.h5"]
+        figures["converged"] += 1
+    print("append SIGKILL figures:", json.dumps(figures))
+    return figures
+
+
+def test_killed_appends_converge(api_url, raw_new, append_base, tmp_path):
+    figures = append_trials(QUICK_TRIALS, api_url, raw_new, append_base, tmp_path)
+    assert figures["converged"] == figures["trials"] == QUICK_TRIALS
+
+
+@pytest.mark.slow
+def test_killed_appends_converge_many(api_url, raw_new, append_base, tmp_path):
+    figures = append_trials(SLOW_TRIALS, api_url, raw_new, append_base, tmp_path)
+    assert figures["converged"] == figures["trials"] == SLOW_TRIALS
+    assert figures["killed"] >= SLOW_TRIALS // 2
+
+
+# ---- readers across publishes -------------------------------------------------------------
+
+READERS = textwrap.dedent("""
+    import json, os, sys, time
+    import torch
+    from h5forge.read.torch import H5Dataset
+    out, stop = sys.argv[1], sys.argv[2]
+    pinned = H5Dataset(os.path.join(out, "dataset_latest.h5"), split="train", fields=("images", "masks"))
+    figures = {"passes": 0, "batches": 0, "rows": 0, "errors": [], "zero_rows": 0, "versions": [],
+               "pinned_version": pinned.version, "pinned_passes": 0}
+    print("ready", flush=True)
+    while not os.path.exists(stop) or figures["passes"] < 3:
+        try:
+            ds = H5Dataset(os.path.join(out, "dataset_latest.h5"), split="train", fields=("images", "masks"))
+            figures["versions"].append(ds.version)
+            for images, masks in ds.loader(batch_size=4, num_workers=4, shuffle=True, seed=figures["passes"],
+                                           persistent_workers=False):
+                figures["batches"] += 1
+                figures["rows"] += len(images)
+                figures["zero_rows"] += int((images.flatten(1).abs().sum(1) == 0).sum())
+            del ds
+            for images, masks in pinned.loader(batch_size=4, num_workers=2):  # new workers open it afresh
+                figures["zero_rows"] += int((images.flatten(1).abs().sum(1) == 0).sum())
+            figures["pinned_passes"] += 1
+        except Exception as err:
+            figures["errors"].append(f"{type(err).__name__}: {err}")
+        figures["passes"] += 1
+    figures["versions"] = sorted(set(figures["versions"]))
+    print(json.dumps(figures), flush=True)
+""")
+
+
+def test_readers_across_publishes_and_retention(small_inventory, raw_demo, tmp_path):
+    from tests.helpers.files import make_version
+
+    out = tmp_path / "out"
+    make_version(out, small_inventory, raw_demo)
+    stop = tmp_path / "stop"
+    reader = subprocess.Popen([sys.executable, "-c", READERS, str(out), str(stop)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "ready", reader.stderr.read()
+        removed = []
+        for _ in range(10):
+            time.sleep(1.0)  # readers are mid-pass when the next version lands
+            make_version(out, small_inventory, raw_demo)
+            removed += retain(out, keep=2)
+        stop.touch()
+        figures = json.loads(reader.stdout.readline())
+        assert reader.wait(timeout=120) == 0, reader.stderr.read()
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+    figures["published"], figures["removed_during_reads"] = 10, len(removed)
+    print("readers across publishes:", json.dumps({k: v for k, v in figures.items() if k != "errors"}),
+          "errors:", len(figures["errors"]))
+    assert figures["errors"] == []
+    assert figures["zero_rows"] == 0
+    assert figures["pinned_version"] == 1 and figures["pinned_passes"] == figures["passes"]
+    assert len(figures["versions"]) >= 3  # the loop followed latest across publishes
+    assert len(removed) >= 6  # retention really ran and deleted what no reader held
+    assert list(published(out)) == [1, 10, 11]  # the pinned v1 outlived every retention while read
+    assert [p.name for p in retain(out, keep=2)] == ["dataset_v0001.h5"]  # and goes once its reader is gone
