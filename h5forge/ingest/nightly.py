@@ -89,8 +89,10 @@ def write_samples(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, write
     return cleaned if plan.reused else None
 
 
-# rows checked per split besides the cleaned ones, when most rows were copied as stored
-REUSED_CHECKSUM_SAMPLE = 256
+# rows of each split whose checksums verify re-checks when the others were copied as stored: a
+# misplaced copy shows in a few rows; verify's sampled check costs ~10x a full pass per row
+# (benchmarks/results/nightly.md), so a large sample would cost more than checking everything
+REUSED_CHECKSUM_SAMPLE = 16
 
 
 def check_cleaned_rows(path: Path, spec: DatasetSpec, rows: dict[str, list[int]]) -> None:
