@@ -17,6 +17,9 @@ from h5forge.store.figures import figure_rows
 from h5forge.store.verify import HealthReport
 
 
+BLANK = Text("")
+
+
 def report_name(path: str) -> str:
     """``dataset_latest.h5 → dataset_v0002.h5`` for the link, the file name otherwise."""
     p = Path(path)
@@ -28,19 +31,19 @@ def report_name(path: str) -> str:
 def health_view(report: HealthReport) -> RenderableType:
     verdict = Text.assemble((report_name(report.path), "bold"), ": ",
                             ("HEALTHY", "bold green") if report.ok else ("BROKEN", "bold red"))
-    checks = Table("check", "result", box=box.SIMPLE_HEAD, title_justify="left")
+    checks = Table("check", "result", box=box.SIMPLE_HEAD, show_edge=False)
     for check, result in report.checks.items():
         checks.add_row(check, Text(result, style="red" if result == "FAILED" else ""))
-    parts: list[RenderableType] = [verdict, checks]
+    parts: list[RenderableType] = [verdict, BLANK, checks]
     if report.errors:
-        parts += [Text("errors", style="bold red")]
+        parts += [BLANK, Text("errors", style="bold red")]
         parts += [Text(f"  ✗ {e}", style="red") for e in report.errors]
     if report.warnings:
-        parts += [Text("warnings", style="bold yellow")]
+        parts += [BLANK, Text("warnings", style="bold yellow")]
         parts += [Text(f"  ! {w}", style="yellow") for w in report.warnings]
     if report.stats:
-        figures = Table("figure", "value", box=box.SIMPLE_HEAD)
+        figures = Table("figure", "value", box=box.SIMPLE_HEAD, show_edge=False)
         for name, value in figure_rows(report.stats):
             figures.add_row(name, value)
-        parts.append(figures)
+        parts += [BLANK, figures]
     return Group(*parts)
