@@ -98,19 +98,32 @@ def match_key(sid: str) -> str:
     return unicodedata.normalize("NFC", sid)
 
 
-def _glob_field(root: Path, patterns: tuple[str, ...], ids: str,
-                folders: bool = False) -> tuple[dict[str, tuple[str, str]], list[Rejection]]:
-    """{match key: (file, id as spelled)} of one field, and the files that cannot be told apart."""
+def _leaves(root: Path, p: Path) -> str | None:
+    """Where ``p`` really is, when a symlink (of the file or a folder above it) leads out of ``root``."""
+    real, base = os.path.realpath(p), os.path.realpath(root)
+    return None if os.path.commonpath([real, base]) == base else real
+
+
+def _glob_field(root: Path, patterns: tuple[str, ...], ids: str, folders: bool = False,
+                allow_outside: bool = False) -> tuple[dict[str, tuple[str, str]], list[Rejection]]:
+    """{match key: (file, id as spelled)} of one field, and the files that cannot be told apart or
+    that a symlink takes out of the source folder (unless ``allow_outside``)."""
     by_stem: dict[str, list[tuple[str, str]]] = defaultdict(list)
     seen: set[Path] = set()
+    outside: list[Rejection] = []
     for pattern in patterns:
         for p in sorted(root.glob(pattern)):
             if (p.is_file() or (folders and p.is_dir())) and not p.name.startswith(".") and p not in seen:
                 seen.add(p)
                 rel = p.relative_to(root).as_posix()
                 sid = sample_id(rel, pattern, ids, p.is_dir())
+                target = None if allow_outside else _leaves(root, p)
+                if target is not None:
+                    outside.append(Rejection(sid, (rel,), f"symlink leads outside the source folder (to {target}); "
+                                                          "set source.allow_symlinks_outside: true to take it"))
+                    continue
                 by_stem[match_key(sid)].append((rel, sid))
-    found, problems = {}, []
+    found, problems = {}, outside
     for entries in by_stem.values():
         paths = tuple(rel for rel, _ in entries)
         if len({sid for _, sid in entries}) > 1:
@@ -237,7 +250,8 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
     for r in roots:
         prefix = "" if r == root else os.path.relpath(r, root) + "/"
         for name, pattern in globs.items():
-            found, problems = _glob_field(r, pattern, ids, kinds[name].reads_folders)
+            found, problems = _glob_field(r, pattern, ids, kinds[name].reads_folders,
+                                          spec.source.allow_symlinks_outside)
             inv.rejections.extend(problems)
             for stem, (rel, sid) in found.items():
                 if stem in per_field[name]:
