@@ -306,6 +306,30 @@ def test_rejection_tables_are_bounded_with_the_rest_counted(tmp_path):
     assert md.stat().st_size < 120_000 and f"and {5000 - TABLE_ROWS} more" in md.read_text()
 
 
+def test_the_rejections_artifact_of_a_build_is_bounded(prefect_server, tmp_path):
+    """1,500 images without masks and 5 complete samples: the Prefect table lists the first rows
+    and counts the rest."""
+    from prefect.artifacts import Artifact
+
+    from h5forge.flows.build import build_dataset
+    from h5forge.format.summary import TABLE_ROWS
+
+    raw = tmp_path / "raw"
+    make_pairs(raw, [f"k{i}" for i in range(5)])
+    for i in range(1500):
+        (raw / "images" / f"lonely{i:04d}.png").write_bytes(b"")
+    spec_path = write_spec(tmp_path / "spec.yaml", spec_data(raw, tmp_path / "out", name="bounded-artifact",
+                                                              max_rejected=1.0))
+    result = build_dataset(str(spec_path))
+    assert result.version == 1 and result.rejected == 1500
+    table = Artifact.get("bounded-artifact-rejections")
+    rows = json.loads(table.data)
+    assert len(rows) == TABLE_ROWS + 1 and rows[-1]["reason"] == f"... and {1500 - TABLE_ROWS} more (see the " \
+        "quarantine report)"
+    assert table.description.startswith("1500 rejected input(s)")
+    assert len(table.data) < 200_000
+
+
 # ---- 6: long names in the inbox, failures while its files are moved ----------------------------
 
 APPEND_ONCE = textwrap.dedent("""
