@@ -1,0 +1,112 @@
+"""Rows of a one-sample-per-chunk field read as whole chunks and decompressed in process.
+
+With one sample per chunk a row is a chunk, so the reader can fetch the chunk's stored bytes
+(``read_direct_chunk``) and undo the codec itself, skipping HDF5's per-call machinery (dataspace
+selection, chunk cache, the filter pipeline and its buffer allocations). Two codecs are handled:
+``none`` (the bytes are the row; they are read straight into their place in the batch) and
+hdf5plugin's LZ4 filter (32004), whose chunk framing is a big-endian 8-byte original size and
+4-byte block size, then per block a 4-byte compressed size and an LZ4 block (a block whose
+compressed size equals its plain size is stored as is). Anything else — another codec or
+pipeline, a chunk the writer stored unfiltered (filter mask), a chunk never written, a framing
+that does not add up, virtual or contiguous storage, a non-native byte order — is read by h5py,
+so the result is always exactly what h5py returns.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import h5py
+import lz4.block
+import numpy as np
+
+LZ4_FILTER = 32004  # hdf5plugin.LZ4_ID
+_HEADER = struct.Struct(">QI")  # original size, block size
+_BLOCK = struct.Struct(">I")  # compressed size of the next block
+
+
+class DirectRows:
+    """``DirectRows.of(dataset)`` is None unless the dataset is chunked one row per chunk, with no
+    filter or only the LZ4 filter; then ``read_into(row, out)`` fills ``out`` (one row, C order)."""
+
+    def __init__(self, d: h5py.Dataset, codec: str):
+        self.d, self.codec = d, codec
+        self.nbytes = int(np.prod(d.shape[1:], dtype=np.int64)) * d.dtype.itemsize
+        self.tail = (0,) * (len(d.shape) - 1)
+
+    @classmethod
+    def of(cls, d: h5py.Dataset) -> "DirectRows | None":
+        dcpl = d.id.get_create_plist()
+        if dcpl.get_layout() != h5py.h5d.CHUNKED or d.chunks is None or d.chunks[1:] != d.shape[1:] \
+                or d.chunks[0] != 1 or not d.dtype.isnative or d.dtype.hasobject or len(d.shape) < 2:
+            return None
+        filters = [dcpl.get_filter(k)[0] for k in range(dcpl.get_nfilters())]
+        if not filters:
+            return cls(d, "none")
+        if filters == [LZ4_FILTER]:
+            return cls(d, "lz4")
+        return None
+
+    def read_into(self, row: int, out: np.ndarray) -> None:
+        """Row ``row`` into ``out`` (a C-contiguous array of one row, the dataset's dtype)."""
+        if not out.flags.c_contiguous:
+            return self._by_h5py(row, out)
+        flat = out.reshape(-1).view(np.uint8)
+        try:
+            if self.codec == "none":
+                self.d.id.read_direct_chunk((row, *self.tail), out=flat)
+                return
+            mask, chunk = self.d.id.read_direct_chunk((row, *self.tail))
+        except (OSError, ValueError, RuntimeError, KeyError):  # e.g. a chunk never written (fill value)
+            return self._by_h5py(row, out)
+        if mask & 1:  # the writer stored this chunk without the filter
+            if len(chunk) != self.nbytes:
+                return self._by_h5py(row, out)
+            flat[:] = np.frombuffer(chunk, np.uint8)
+        elif not _lz4_into(chunk, flat):
+            self._by_h5py(row, out)
+
+    def read_rows(self, rows: np.ndarray, target: np.ndarray, positions: np.ndarray) -> None:
+        """Each of ``rows`` into ``target[positions[k]]``."""
+        for row, pos in zip(rows.tolist(), positions.tolist()):
+            self.read_into(row, target[pos])
+
+    def _by_h5py(self, row: int, out: np.ndarray) -> None:
+        self.d.read_direct(out, np.s_[row], np.s_[...])
+
+    def row(self, row: int) -> np.ndarray:
+        out = np.empty(self.d.shape[1:], self.d.dtype)
+        self.read_into(row, out)
+        return out
+
+
+def _lz4_into(chunk: bytes, flat: np.ndarray) -> bool:
+    """Decode one chunk in hdf5plugin's LZ4 framing into ``flat``; False if the framing does not
+    describe exactly ``flat.size`` bytes (the caller then lets HDF5 read it)."""
+    if len(chunk) < _HEADER.size:
+        return False
+    total, block = _HEADER.unpack_from(chunk, 0)
+    if total != flat.size or block == 0:
+        return False
+    view, pos, done = memoryview(chunk), _HEADER.size, 0
+    while done < total:
+        if pos + _BLOCK.size > len(chunk):
+            return False
+        (size,) = _BLOCK.unpack_from(chunk, pos)
+        pos += _BLOCK.size
+        n = min(block, total - done)
+        if pos + size > len(chunk):
+            return False
+        if size == n:  # stored as is: LZ4 would not have made it smaller
+            flat[done:done + n] = np.frombuffer(view[pos:pos + size], np.uint8)
+        else:
+            try:
+                plain = lz4.block.decompress(view[pos:pos + size], uncompressed_size=n)
+            except lz4.block.LZ4BlockError:
+                return False
+            if len(plain) != n:
+                return False
+            flat[done:done + n] = np.frombuffer(plain, np.uint8)
+        pos += size
+        done += n
+    return True

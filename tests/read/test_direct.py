@@ -1,0 +1,120 @@
+"""Direct chunk reads (one sample per chunk, decoded in process) return exactly what h5py returns."""
+
+from __future__ import annotations
+
+import h5py
+import hdf5plugin
+import numpy as np
+import pytest
+
+from h5forge.format import arrays
+from h5forge.read.direct import DirectRows
+from h5forge.read.reader import SplitReader
+from tests.helpers.files import build_file, make_raw, truth
+
+SHAPE = (3, 20, 30)
+
+
+def rows(n: int = 12) -> np.ndarray:
+    """Rows LZ4 shrinks (flat, striped) and rows it cannot (noise), so both block forms occur."""
+    rng = np.random.default_rng(0)
+    out = rng.integers(0, 256, (n, *SHAPE), dtype=np.uint8)
+    out[::3] = 0
+    out[1::3] = (np.arange(SHAPE[-1]) % 7).astype(np.uint8)
+    return out
+
+
+def dataset(path, compression: dict, values: np.ndarray, chunk_rows: int = 1, **kw) -> h5py.Dataset:
+    f = h5py.File(path, "w")
+    return f.create_dataset("x", data=values, chunks=(chunk_rows, *values.shape[1:]), **compression, **kw)
+
+
+def same_as_h5py(d: h5py.Dataset, codec: str) -> None:
+    direct = DirectRows.of(d)
+    assert direct is not None and direct.codec == codec
+    for i in range(d.shape[0]):
+        assert np.array_equal(direct.row(i), d[i]), i
+    want = [5, 0, 11, 5, 2]
+    target = np.empty((len(want), *d.shape[1:]), d.dtype)
+    uniq = np.array(sorted(set(want)))
+    direct.read_rows(uniq, target, np.array([want.index(r) for r in uniq]))
+    for k, r in enumerate(want):
+        if want.index(r) == k:
+            assert np.array_equal(target[k], d[r])
+
+
+@pytest.mark.parametrize("block", [0, 1000])  # one block per chunk (the default), and many
+def test_lz4_rows_equal_h5py(tmp_path, block):
+    d = dataset(tmp_path / "a.h5", dict(hdf5plugin.LZ4(nbytes=block)), rows())
+    assert d.id.get_storage_size() < d.size  # some rows were compressed, so both block forms are exercised
+    same_as_h5py(d, "lz4")
+
+
+def test_uncompressed_rows_equal_h5py(tmp_path):
+    same_as_h5py(dataset(tmp_path / "n.h5", {}, rows()), "none")
+    wide = np.arange(12 * 6 * 5, dtype=np.float32).reshape(12, 6, 5)  # any native dtype
+    same_as_h5py(dataset(tmp_path / "f.h5", dict(hdf5plugin.LZ4()), wide), "lz4")
+
+
+def test_chunk_stored_without_its_filter_and_unwritten_chunk(tmp_path):
+    values = rows()
+    d = dataset(tmp_path / "s.h5", dict(hdf5plugin.LZ4()), values, maxshape=(None, *SHAPE), fillvalue=7)
+    plain = np.full(SHAPE, 200, np.uint8)
+    plain[0, 0, :5] = [1, 2, 3, 4, 5]
+    d.id.write_direct_chunk((4, 0, 0, 0), plain.tobytes(), filter_mask=1)  # bit 0: LZ4 not applied
+    d.resize(len(values) + 2, axis=0)  # two rows never written: HDF5 returns the fill value
+    d.file.close()
+    d = h5py.File(tmp_path / "s.h5", "r")["x"]
+    assert d.id.read_direct_chunk((4, 0, 0, 0))[0] == 1
+    direct = DirectRows.of(d)
+    assert np.array_equal(d[4], plain) and np.array_equal(direct.row(4), plain)
+    assert np.array_equal(direct.row(len(values) + 1), d[len(values) + 1]) and (d[len(values) + 1] == 7).all()
+    same_as_h5py(d, "lz4")
+
+
+def test_other_layouts_and_codecs_are_left_to_h5py(tmp_path):
+    values = rows()
+    assert DirectRows.of(dataset(tmp_path / "z.h5", dict(hdf5plugin.Zstd()), values)) is None
+    assert DirectRows.of(dataset(tmp_path / "g.h5", {"compression": "gzip"}, values)) is None
+    assert DirectRows.of(dataset(tmp_path / "c.h5", dict(hdf5plugin.LZ4()), values, chunk_rows=4)) is None
+    with h5py.File(tmp_path / "k.h5", "w") as f:
+        assert DirectRows.of(f.create_dataset("x", data=values)) is None  # contiguous
+        big_endian = f.create_dataset("y", data=values.astype(">u2"), chunks=(1, *SHAPE))
+        assert DirectRows.of(big_endian) is None
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory):
+    return make_raw(tmp_path_factory.mktemp("direct") / "raw", n=40)
+
+
+@pytest.mark.parametrize("codec", ["lz4", "none", "zstd"])
+def test_split_reader_reads_version_files_the_same(tmp_path, raw, codec):
+    path = build_file(tmp_path / "dataset_v0001.h5", raw, codec=codec)
+    t = truth(path)
+    with SplitReader(path, "train", ("images", "masks")) as r:
+        want = [7, 3, 3, -1, 0, 12, 13, 14]
+        got = r.read(want)
+        assert np.array_equal(got["images"], t["images"][want]) and np.array_equal(got["masks"], t["masks"][want])
+        assert np.array_equal(r.read_one(5)["images"], t["images"][5])
+        used = {name: (d.codec if d is not None else None) for name, d in r._direct.items()}
+        assert used == ({"images": codec, "masks": codec} if codec != "zstd" else {"images": None, "masks": None})
+
+
+def test_ragged_field_is_read_by_h5py(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    (root / "npy").mkdir(parents=True)
+    lengths = {"a": 150, "b": 40, "c": 90}
+    for name, n in lengths.items():
+        np.save(root / "npy" / f"{name}.npy", np.sin(np.arange(n) * 0.1 + len(name)).astype(np.float32))
+    spec = {"name": "sig", "source": {"root": str(root)}, "output": {"dir": str(tmp_path / "out")},
+            "splits": {"ratios": {"train": 1.0}}, "storage": {"codec": "lz4"},
+            "fields": {"cos": {"kind": "signal", "files": "npy/*.npy", "rate": 100}}}
+    path, _ = build_spec(spec)
+    with h5py.File(path, "r") as f:
+        stored = arrays.RowReader(f["train"], "cos", arrays.Stored((), np.float32, True, True))
+        want = [stored.row(i) for i in range(3)]
+    with SplitReader(path, "train", ("cos",)) as r:
+        got = r.read([2, 0, 1])["cos"]
+        assert r._direct == {}  # ragged fields are not one sample per chunk: h5py reads them
+    assert all(np.array_equal(g, w) for g, w in zip(got, [want[2], want[0], want[1]]))
