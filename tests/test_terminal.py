@@ -169,6 +169,22 @@ def test_terminal_build_shows_one_live_line_and_leaves_no_stale_bar(prefect_serv
     at = [i for i, line in enumerate(screen) if "Task run 'clean-and-write-" in line]
     assert len(at) == 3 and at == list(range(at[0], at[0] + 3))  # started, wrote, finished: adjacent lines
     assert re.search(r"file +│ .*/out/dataset_v0001\.h5", text)
+    # the Prefect run log still has what only the live line showed
+    assert_lines(run_log_messages("clean-and-write"), CLEAN_AND_WRITE)
+
+
+def run_log_messages(task: str) -> list[str]:
+    """What the newest flow run's task run ``task-xxx`` logged to the Prefect API, in order."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, TaskRunFilter, TaskRunFilterName
+    from prefect.client.schemas.sorting import FlowRunSort, LogSort
+
+    with get_client(sync_client=True) as client:
+        [run] = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)
+        tasks = {t.id: t.name for t in client.read_task_runs(task_run_filter=TaskRunFilter(
+            name=TaskRunFilterName(like_=task)))}
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])), sort=LogSort.TIMESTAMP_ASC)
+    return [log.message for log in logs if tasks.get(log.task_run_id, "").startswith(f"{task}-")]
 
 
 @pytest.mark.e2e
