@@ -6,8 +6,12 @@
     for images, masks in loader:   # float32 (B,3,H,W) in [0,1], int64 (B,1,H,W)
         ...
 
-``ds`` also works in a plain ``DataLoader(ds, batch_size=32, shuffle=True)`` (same values; the
-loader above is faster because whole batches are converted at once and never re-collated).
+The loader's workers ship the stored uint8 arrays (4-8x fewer bytes between processes than
+float32 images and int64 masks) and each batch is converted in the main process once it has
+arrived (``convert="after"``, the default); ``convert=None`` yields the stored dtypes, to convert
+on the GPU or with ``ds.convert(batch)``. ``ds`` also works in a plain
+``DataLoader(ds, batch_size=32, shuffle=True)`` (same values, converted in the workers; with
+``image_dtype="uint8", mask_dtype="uint8"`` it ships uint8 too).
 See docs/reading.md for the guarantees (pinned version, lazy per-worker handles, DDP shards).
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence as SequenceABC
+import copy
 from typing import Any, Callable, Iterator, Literal, Sequence
 
 import numpy as np
@@ -136,6 +141,12 @@ class H5Dataset(Dataset):
         self.transform, self.batch_transform = transform, batch_transform
         self.return_index = return_index
         self._single = len(self.reader.fields) == 1 and not return_index
+        # fields a loader may ship as stored and convert after the transfer: fixed-size arrays whose
+        # model dtype differs from the stored one (unless a transform needs model values in the worker)
+        self._deferrable = frozenset() if transform is not None or batch_transform is not None or unit != "sample" else \
+            frozenset(name for name, fi in self.reader.fields.items() if fi.bulk and not fi.ragged
+                      and self._dtypes[name] is not None and self._dtypes[name] != fi.dtype)
+        self._ship_stored = False  # True on the copy a loader with convert="after"/None hands to its workers
 
     # ---- description -------------------------------------------------------------------------
     path = property(lambda self: self.reader.path)
@@ -199,13 +210,14 @@ class H5Dataset(Dataset):
         n = len(indices)
         if self.slices is not None:
             return self._batch(self._slice_columns(indices), n)
-        dense = {name: ((n, *fi.shape), self._tensor_dtypes[name])
+        shipped = self._deferrable if self._ship_stored else frozenset()  # left as stored, converted later
+        dense = {name: ((n, *fi.shape), _torch_dtype(fi.dtype) if name in shipped else self._tensor_dtypes[name])
                  for name, fi in self.reader.fields.items() if name in self._tensor_dtypes and not fi.ragged}
         if self.return_index:
             dense[INDEX_FIELD] = ((n,), torch.int64)
         outs = _empty_batch(dense)
         raw_out = {name: outs[name].numpy() for name, fi in self.reader.fields.items()
-                   if name in outs and self._dtypes[name] == fi.dtype and fi.bulk}  # read straight into place
+                   if name in outs and (self._dtypes[name] == fi.dtype or name in shipped) and fi.bulk}  # read straight into place
         raw = self.reader.read(indices, out=raw_out)
         cols = tuple(outs[name] if name in raw_out else self._value(name, raw[name], outs.get(name))
                      for name in self.reader.fields)
@@ -244,6 +256,23 @@ class H5Dataset(Dataset):
             stacked = self.batch_transform(stacked)
         return _Batch(stacked, make)
 
+    def convert(self, batch: Any) -> Any:
+        """Model values of a batch whose fixed-size fields arrived as stored (``loader(convert=None)``,
+        or ``convert="after"`` which calls this in the main process): each such column becomes what
+        ``ds[i]`` returns (float32 images, int64 masks, ...), by the same conversion the workers would
+        have done. CPU tensors; columns already converted are returned as they are."""
+        cols = (batch,) if self._single else tuple(batch)
+        names = [*self.reader.fields, INDEX_FIELD]
+        out = []
+        for name, col in zip(names, cols):
+            fi = self.reader.fields.get(name)
+            if name in self._deferrable and isinstance(col, torch.Tensor) and col.dtype == _torch_dtype(fi.dtype):
+                dst = torch.empty(col.shape, dtype=self._tensor_dtypes[name])
+                fi.kind.convert(col.numpy(), dst.numpy(), self.options, fi.stats)
+                col = dst
+            out.append(col)
+        return out[0] if self._single else tuple(out)
+
     # ---- loading -----------------------------------------------------------------------------
     def sampler(self, *, shuffle: bool = True, seed: int = 0, window: int = DEFAULT_WINDOW,
                 num_replicas: int | None = None, rank: int | None = None, drop_last: bool = True) -> "ChunkShuffleSampler":
@@ -254,10 +283,20 @@ class H5Dataset(Dataset):
                drop_last: bool = False, window: int = DEFAULT_WINDOW, num_replicas: int | None = None,
                rank: int | None = None, persistent_workers: bool | None = None,
                multiprocessing_context: Any = None, pin_memory: bool = False,
-               prefetch_factor: int | None = None, **kwargs: Any) -> DataLoader:
+               prefetch_factor: int | None = None, convert: Literal["after", "worker"] | None = "after",
+               **kwargs: Any) -> DataLoader:
         """A DataLoader with the chunk-aware sampler (sharded by rank under DDP) and the batched
         fetch. ``drop_last`` drops the last incomplete batch; DDP shards are always equal-length.
-        The epoch advances on each pass (or call ``loader.sampler.set_epoch(e)``)."""
+        The epoch advances on each pass (or call ``loader.sampler.set_epoch(e)``).
+
+        ``convert``: where stored arrays become model values. ``"after"`` (default): the workers
+        ship the stored dtypes (uint8) and each batch is converted in the main process once it has
+        arrived, which moves 4-8x fewer bytes between processes (benchmarks/results/read_peers.md);
+        ``"worker"``: converted in the workers; ``None``: batches keep the stored dtypes, for
+        conversion on the GPU (or call ``ds.convert(batch)``). With a ``transform`` or
+        ``batch_transform`` the workers always convert (the hooks see model values)."""
+        if convert not in ("after", "worker", None):
+            raise ValueError(f"convert must be 'after', 'worker' or None, got {convert!r}")
         sampler = self.sampler(shuffle=shuffle, seed=seed, window=window, num_replicas=num_replicas, rank=rank)
         if persistent_workers is None:
             persistent_workers = num_workers > 0
@@ -268,8 +307,28 @@ class H5Dataset(Dataset):
                 extra["prefetch_factor"] = prefetch_factor
             if multiprocessing_context is not None:
                 extra["multiprocessing_context"] = multiprocessing_context
-        return DataLoader(self, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                          collate_fn=collate, drop_last=drop_last, pin_memory=pin_memory, **extra, **kwargs)
+        dataset = self
+        # in process (num_workers=0) there is no transfer to spare: "after" converts as it reads
+        if self._deferrable and (convert is None or (convert == "after" and num_workers > 0)):
+            dataset = copy.copy(self)  # shares the reader; only what the workers ship differs
+            dataset._ship_stored = True
+        cls = _ConvertingLoader if dataset is not self and convert == "after" else DataLoader
+        return cls(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                   collate_fn=collate, drop_last=drop_last, pin_memory=pin_memory, **extra, **kwargs)
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+
+class _ConvertingLoader(DataLoader):
+    """A DataLoader whose dataset ships stored arrays: each batch is converted to model values in
+    this process, after the transfer from the workers (``H5Dataset.convert``)."""
+
+    def __iter__(self) -> Iterator[Any]:
+        convert = self.dataset.convert
+        for batch in super().__iter__():
+            yield convert(batch)
 
 
 class ChunkShuffleSampler(Sampler[int]):
