@@ -41,7 +41,7 @@ from h5forge.samples import Rejection, SampleRef
 from h5forge.spec import DatasetSpec
 from h5forge.store.faults import checkpoint
 from h5forge.store.reports import write_health
-from h5forge.store.thin import write_thin
+from h5forge.store.thin import require_current_format, write_thin
 from h5forge.store.verify import HealthReport, verify_file
 from h5forge.store.versions import Candidate, fsync_dir, latest, publish, published, seal, set_latest
 
@@ -172,6 +172,7 @@ def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate,
 
     ``progress`` hears how many samples each batch settled, ``status`` what happens before the first."""
     parent_path = cand.out / version_name(cand.parent)
+    require_current_format(parent_path, cand.parent)  # before any cleaning
     known = known_samples(parent_path)
     kinds = stored_kinds(spec)
     final_dir = processed_dir(scan.inbox, cand.number)

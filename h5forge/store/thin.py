@@ -29,15 +29,21 @@ from h5forge.kinds import stored_kinds
 from h5forge.spec import DatasetSpec, spec_from_json
 
 
+def require_current_format(parent: Path, parent_number: int) -> None:
+    """Refuse to extend a version whose checksums cover less than this format's: one thin version
+    cannot hold rows checksummed both ways."""
+    with h5py.File(os.path.realpath(parent), "r") as p:
+        parent_format = int(p.attrs.get(Attr.FORMAT_VERSION, 1))
+    if parent_format < CHECKSUMS_COVER_ALL:
+        raise VersionError(f"{version_name(parent_number)} is in format {parent_format} (older checksums); "
+                           "rebuild it with `h5forge build` before appending")
+
+
 def write_thin(path: Path, parent: Path, delta: Path, spec: DatasetSpec, number: int, parent_number: int,
                summary: WriteSummary) -> WriteSummary:
     """Write the thin version ``path`` = ``parent`` + ``delta`` (both in ``path``'s folder)."""
     ensure_filters()
-    with h5py.File(os.path.realpath(parent), "r") as p:
-        parent_format = int(p.attrs.get(Attr.FORMAT_VERSION, 1))
-    if parent_format < CHECKSUMS_COVER_ALL:  # its rows' checksums cover less: one version cannot mix both
-        raise VersionError(f"{version_name(parent_number)} is in format {parent_format} (older checksums); "
-                           "rebuild it with `h5forge build` before appending")
+    require_current_format(parent, parent_number)
     segments = segments_of(parent)
     kinds = stored_kinds(spec)
     with h5py.File(os.path.realpath(parent), "r") as p, h5py.File(delta, "r") as d, h5py.File(path, "w") as f:

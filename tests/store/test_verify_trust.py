@@ -165,20 +165,23 @@ def test_a_changed_spec_is_detected(copy):
     assert any("digest" in e for e in report.errors), report.errors
 
 
-def test_an_old_format_file_says_what_its_checksums_cover(copy):
-    """A format-1 file (checksums of the field bytes only) verifies, and the report says so."""
+def as_format_1(path: Path) -> None:
+    """What h5forge wrote before format 2: checksums of the image and mask bytes, no digests."""
     import hashlib
 
-    from h5forge.format.names import Attr
-
-    with h5py.File(copy, "r+") as f:
-        f.attrs[Attr.FORMAT_VERSION] = 1
+    with h5py.File(path, "r+") as f:
+        f.attrs["format_version"] = 1
         for split in SPLITS:
             g = f[split]
             g.attrs.pop("digest", None)
             old = [hashlib.sha256(g["images"][i].tobytes() + g["masks"][i].tobytes()).hexdigest()
                    for i in range(int(g.attrs["count"]))]
             g["checksum"][:] = np.array(old, dtype="S64")
+
+
+def test_an_old_format_file_says_what_its_checksums_cover(copy):
+    """A format-1 file (checksums of the field bytes only) verifies, and the report says so."""
+    as_format_1(copy)
     report = verify_file(copy, **QUICK)
     assert report.ok, report.errors
     assert report.checks["format"] == "ok (h5forge v1, an older format)"
@@ -187,6 +190,26 @@ def test_an_old_format_file_says_what_its_checksums_cover(copy):
     with h5py.File(copy, "r+") as f:  # what format 1 cannot see, it cannot report
         f["train/meta/label"][0] = "tampered"
     assert verify_file(copy, **QUICK).ok
+
+
+def test_an_append_onto_a_format_1_version_asks_for_a_rebuild(raws, tmp_path):
+    from h5forge.errors import VersionError
+    from h5forge.ingest.append import scan_inbox, stage_append, write_delta
+    from tests.helpers.data import age_files, drop_samples
+    from tests.helpers.files import spec_for
+
+    out = tmp_path / "out"
+    small_version(out / "dataset_v0001.h5", raws[0])
+    as_format_1(out / "dataset_v0001.h5")
+    (out / "dataset_latest.h5").symlink_to("dataset_v0001.h5")
+    inbox = tmp_path / "inbox"
+    drop_samples(raws[1], inbox, ["cell_000000"], rename="new_")
+    age_files(inbox)
+    spec = spec_for(raws[0], out)
+    with pytest.raises(VersionError, match=r"^dataset_v0001.h5 is in format 1 \(older checksums\); rebuild it "):
+        write_delta(spec, scan_inbox(spec, inbox), stage_append(out))
+    assert sorted(p.name for p in out.iterdir()) == ["dataset_latest.h5", "dataset_v0001.h5"]
+    assert (inbox / "images" / "new_cell_000000.png").exists()
 
 
 # ---- item 10: a broken file is a BROKEN report, never an exception ----------------------------
