@@ -104,7 +104,12 @@ def verify_file(path: str | Path, *, checksums: bool = True, resample: int | Non
         report.error("open", f"{path}: no such file")
         return report
     real = os.path.realpath(path)
-    if not stat.S_ISREG(os.stat(real).st_mode):
+    try:
+        regular = stat.S_ISREG(os.stat(real).st_mode)
+    except OSError as err:
+        report.error("open", f"{path}: cannot be read ({err.strerror or err})")
+        return report
+    if not regular:
         report.error("open", f"{path}: not a regular file")
         return report
     try:
