@@ -8,6 +8,7 @@ import json
 import os
 import resource
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -223,6 +224,22 @@ def test_an_unreadable_checksum_column_is_reported(copy):
     report = verify_file(copy, **QUICK)
     assert not report.ok
     assert any("checksum" in e and "cannot be read" in e for e in report.errors), report.errors
+
+
+def test_a_corrupt_group_heap_is_reported(good, tmp_path):
+    """'Object visitation failed': a group's local heap with a free list pointing past its end."""
+    data = good.read_bytes()
+    heaps = [i for i in range(len(data)) if data.startswith(b"HEAP", i)]
+    assert len(heaps) >= 4
+    for at in heaps:
+        size = struct.unpack("<Q", data[at + 8:at + 16])[0]
+        bad = bytearray(data)
+        bad[at + 16:at + 24] = struct.pack("<Q", size + 8)
+        damaged = tmp_path / f"heap_{at}.h5"
+        damaged.write_bytes(bytes(bad))
+        report = verify_file(damaged, **QUICK)
+        assert not report.ok
+        assert any("bad heap free list" in e for e in report.errors), report.errors
 
 
 @pytest.mark.parametrize("replacement", ["zero bytes", "empty hdf5", "other version"])
