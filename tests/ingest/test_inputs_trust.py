@@ -110,6 +110,7 @@ def test_init_on_mixed_formats_covers_every_format_and_the_build_takes_every_sam
     assert r.returncode == 0, r.stdout + r.stderr
     files = yaml.safe_load(spec_path.read_text())["fields"]["images"]["files"]
     assert sorted(files) == ["images/*.jpg", "images/*.png", "images/*.tif"]
+    assert yaml.safe_load(spec_path.read_text())["max_rejected"] == 0.1  # the limit is in sight, with its meaning
     data = yaml.safe_load(spec_path.read_text())
     data["output"]["dir"] = str(tmp_path / "out")
     write_spec(spec_path, data)

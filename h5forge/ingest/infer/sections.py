@@ -38,6 +38,7 @@ def footer(t: SpecText, spec_path: Path, name: str, split_column: str | None = N
     t(0, "output:")
     t(1, f"dir: {scalar(out_dir)}")
     t(1, "keep: 5", "published versions kept")
+    t(0, "max_rejected: 0.1", "more rejected inputs than this share ('10%') or count (12): nothing is published")
     t(0, "compute:")
     t(1, "workers: 2", "LocalCluster processes; or dask_address: tcp://host:8786")
     if batch_size:
