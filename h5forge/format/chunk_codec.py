@@ -1,0 +1,189 @@
+"""One stored chunk's bytes made (and undone) outside HDF5, for fields stored one sample per chunk.
+
+With one sample per chunk a row is a chunk, so a cleaning worker can compress its rows itself and
+the single writer only places the bytes (``write_direct_chunk``): compression runs in parallel and
+the writer's work per sample stays small. A reader can likewise fetch a chunk's bytes
+(``read_direct_chunk``) and undo the codec in process. Both must produce exactly what HDF5's own
+filter would, so a file written either way reads the same through h5py:
+
+- ``none``: the row's bytes (C order, native byte order);
+- ``gzip-N``: HDF5's deflate filter stores a zlib stream (``compress2`` at level N);
+- ``lz4``: hdf5plugin's LZ4 filter (32004) stores a big-endian 8-byte original size and 4-byte
+  block size, then per block a big-endian 4-byte compressed size and an LZ4 block; a block LZ4
+  would not make smaller is stored as is (its compressed size equals its plain size). With the
+  filter's default options (block size 0) one block covers the whole chunk up to 1 GiB.
+
+Any other codec (zstd, blosc2, bitshuffle, lzf) is left to HDF5: ``encodable`` says which.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import lz4.block
+import numpy as np
+
+LZ4_FILTER = 32004  # hdf5plugin.LZ4_ID
+DEFLATE_FILTER = 1
+LZ4_DEFAULT_BLOCK = 1 << 30  # H5Zlz4.c DEFAULT_BLOCK_SIZE, used when the filter's option is 0
+_LZ4_HEADER = struct.Struct(">QI")  # original size, block size
+_LZ4_BLOCK = struct.Struct(">I")  # compressed size of the next block
+
+
+def _gzip_level(codec: str) -> int | None:
+    name, _, level = codec.partition("-")
+    return int(level) if name == "gzip" and level.isdigit() else None
+
+
+def encodable(codec: str) -> bool:
+    """Whether ``encode`` makes this codec's chunks exactly as its HDF5 filter does."""
+    return codec in ("none", "lz4") or _gzip_level(codec) is not None
+
+
+def pipeline(codec: str) -> list[tuple[int, tuple[int, ...]]]:
+    """The HDF5 filter pipeline (id, options) a dataset created with ``codec`` has; chunks made
+    by ``encode`` may only be written into a dataset with exactly this pipeline."""
+    if codec == "none":
+        return []
+    if codec == "lz4":
+        return [(LZ4_FILTER, (0,))]
+    level = _gzip_level(codec)
+    if level is None:
+        raise ValueError(f"codec {codec!r} is not encoded outside HDF5")
+    return [(DEFLATE_FILTER, (level,))]
+
+
+def encode(codec: str, row: np.ndarray) -> bytes:
+    """The chunk HDF5 would store for ``row`` (one whole chunk) under ``codec``."""
+    plain = memoryview(np.ascontiguousarray(row)).cast("B")
+    if codec == "none":
+        return plain.tobytes()
+    if codec == "lz4":
+        return lz4_frame(plain)
+    level = _gzip_level(codec)
+    if level is None:
+        raise ValueError(f"codec {codec!r} is not encoded outside HDF5")
+    return zlib.compress(plain, level)
+
+
+def lz4_frame(plain: memoryview, block: int = LZ4_DEFAULT_BLOCK) -> bytes:
+    """``plain`` in hdf5plugin's LZ4 chunk framing (what H5Zlz4.c writes)."""
+    total = len(plain)
+    block = min(block, total) if total else block
+    parts = [_LZ4_HEADER.pack(total, block)]
+    for start in range(0, total, block):
+        piece = plain[start:start + block]
+        packed = lz4.block.compress(piece, mode="default", store_size=False)
+        if len(packed) >= len(piece):  # LZ4 did not help: the filter stores the block as is
+            packed = piece.tobytes()
+        parts += [_LZ4_BLOCK.pack(len(packed)), packed]
+    return b"".join(parts)
+
+
+def lz4_into(chunk: bytes, flat: np.ndarray) -> bool:
+    """Decode one chunk in hdf5plugin's LZ4 framing into ``flat`` (uint8, C-contiguous); False if
+    the framing does not describe exactly ``flat.size`` bytes (the caller then lets HDF5 read it)."""
+    if len(chunk) < _LZ4_HEADER.size:
+        return False
+    total, block = _LZ4_HEADER.unpack_from(chunk, 0)
+    if total != flat.size or block == 0:
+        return False
+    view, pos, done = memoryview(chunk), _LZ4_HEADER.size, 0
+    while done < total:
+        if pos + _LZ4_BLOCK.size > len(chunk):
+            return False
+        (size,) = _LZ4_BLOCK.unpack_from(chunk, pos)
+        pos += _LZ4_BLOCK.size
+        n = min(block, total - done)
+        if pos + size > len(chunk):
+            return False
+        if size == n:  # stored as is: LZ4 would not have made it smaller
+            flat[done:done + n] = np.frombuffer(view[pos:pos + size], np.uint8)
+        else:
+            try:
+                plain = lz4.block.decompress(view[pos:pos + size], uncompressed_size=n)
+            except lz4.block.LZ4BlockError:
+                return False
+            if len(plain) != n:
+                return False
+            flat[done:done + n] = np.frombuffer(plain, np.uint8)
+        pos += size
+        done += n
+    return True
+
+
+def decode(codec: str, chunk: bytes, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """The row a chunk made by ``encode`` holds; ValueError when the bytes do not decode to it."""
+    out = np.empty(shape, dtype)
+    flat = out.reshape(-1).view(np.uint8)
+    if codec == "lz4":
+        if not lz4_into(chunk, flat):
+            raise ValueError("not an LZ4 chunk of this row's size")
+        return out
+    plain = chunk if codec == "none" else zlib.decompress(chunk)
+    if len(plain) != flat.size:
+        raise ValueError(f"chunk holds {len(plain)} bytes, the row {flat.size}")
+    flat[:] = np.frombuffer(plain, np.uint8)
+    return out
+
+
+@dataclass
+class EncodedRows:
+    """A block of rows of a fixed field as stored chunks, one per row: what a cleaning worker
+    returns in place of the array. Indexes like the array it stands for (an int gives a row's
+    chunk, anything else the rows it selects)."""
+
+    codec: str
+    shape: tuple[int, ...]  # one row's
+    dtype: np.dtype
+    chunks: list[bytes]
+
+    @classmethod
+    def of(cls, codec: str, block: np.ndarray) -> "EncodedRows":
+        return cls(codec, tuple(block.shape[1:]), block.dtype, [encode(codec, row) for row in block])
+
+    @classmethod
+    def concat(cls, parts: Sequence["EncodedRows"]) -> "EncodedRows":
+        first = parts[0]
+        return cls(first.codec, first.shape, first.dtype, [c for p in parts for c in p.chunks])
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def __getitem__(self, idx) -> Any:
+        if isinstance(idx, (int, np.integer)):
+            return self.chunks[int(idx)]
+        picked = np.arange(len(self.chunks))[idx]
+        return EncodedRows(self.codec, self.shape, self.dtype, [self.chunks[i] for i in picked.tolist()])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(map(len, self.chunks))
+
+    def decoded(self) -> np.ndarray:
+        """The rows as an array (for the rare paths that must look at values again)."""
+        out = np.empty((len(self.chunks), *self.shape), self.dtype)
+        for i, chunk in enumerate(self.chunks):
+            out[i] = decode(self.codec, chunk, self.shape, self.dtype)
+        return out
+
+
+def accepts(ds: Any, codec: str, shape: tuple[int, ...], dtype: Any) -> bool:
+    """Whether chunks ``encode`` made for rows of ``shape``/``dtype`` under ``codec`` can be written
+    into the h5py dataset ``ds`` as they are: one row per chunk and exactly the codec's pipeline."""
+    dcpl = ds.id.get_create_plist()
+    filters = [(f[0], tuple(f[2])) for f in map(dcpl.get_filter, range(dcpl.get_nfilters()))]
+    return ds.chunks == (1, *shape) and ds.dtype == np.dtype(dtype) and filters == pipeline(codec)
+
+
+def append_chunks(ds: Any, chunks: Sequence[bytes], masks: Sequence[int] | None = None) -> None:
+    """Append one row per stored chunk at the end of ``ds`` (``write_direct_chunk``; ``masks``:
+    each chunk's filter mask, 0 — every filter applied — when not given)."""
+    start = ds.shape[0]
+    ds.resize(start + len(chunks), axis=0)
+    write, tail = ds.id.write_direct_chunk, (0,) * (ds.ndim - 1)
+    for i, chunk in enumerate(chunks):
+        write((start + i, *tail), chunk, 0 if masks is None else masks[i])

@@ -1,0 +1,82 @@
+"""Chunks made outside HDF5 are the chunks HDF5's own filters store, byte for byte, and decode back."""
+
+import h5py
+import numpy as np
+import pytest
+
+from h5forge.format.chunk_codec import (EncodedRows, accepts, append_chunks, decode, encodable, encode, lz4_into,
+                                        pipeline)
+from h5forge.format.codecs import codec_options, ensure_filters
+
+ROWS = {
+    "noise": np.random.default_rng(0).integers(0, 256, (3, 32, 32), dtype=np.uint8),  # LZ4 cannot shrink it
+    "ramp": np.repeat(np.arange(32, dtype=np.uint8), 96).reshape(3, 32, 32),
+    "floats": np.random.default_rng(1).normal(size=(5, 7)).astype(np.float32),
+    "labels": np.arange(24, dtype=np.int64).reshape(4, 6),
+}
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4", "gzip-1", "gzip-9"])
+@pytest.mark.parametrize("name", list(ROWS))
+def test_encoded_chunk_is_what_hdf5_stores(tmp_path, codec, name):
+    ensure_filters()
+    row = ROWS[name]
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        d = f.create_dataset("d", shape=(2, *row.shape), chunks=(1, *row.shape), dtype=row.dtype,
+                             **codec_options(codec))
+        d[0] = row  # through HDF5's filter
+        assert accepts(d, codec, row.shape, row.dtype)
+        d.resize(1, axis=0)
+        append_chunks(d, [encode(codec, row)])  # made here, placed as is
+        tail = (0,) * row.ndim
+        assert d.id.read_direct_chunk((1, *tail))[1] == d.id.read_direct_chunk((0, *tail))[1]
+        np.testing.assert_array_equal(d[1], row)
+        assert d.shape[0] == 2
+    got = decode(codec, encode(codec, row), row.shape, row.dtype)
+    assert got.dtype == row.dtype and np.array_equal(got, row)
+
+
+def test_lz4_block_that_does_not_shrink_is_stored_as_is():
+    row = ROWS["noise"]
+    chunk = encode("lz4", row)
+    assert len(chunk) == 8 + 4 + 4 + row.nbytes  # header, block header, the plain bytes
+    assert chunk[16:] == row.tobytes()
+    assert len(encode("lz4", ROWS["ramp"])) < ROWS["ramp"].nbytes
+
+
+def test_a_frame_of_another_size_is_refused():
+    chunk = encode("lz4", ROWS["ramp"])
+    assert not lz4_into(chunk, np.empty(ROWS["ramp"].nbytes - 1, np.uint8))
+    assert not lz4_into(chunk[:10], np.empty(ROWS["ramp"].nbytes, np.uint8))
+    with pytest.raises(ValueError, match="bytes"):
+        decode("none", b"abc", (4,), np.uint8)
+
+
+def test_only_codecs_made_exactly_are_encodable(tmp_path):
+    assert [c for c in ("none", "lz4", "gzip-1", "gzip-4", "zstd", "zstd-1", "lzf", "blosc2-zstd", "bitshuffle-lz4")
+            if encodable(c)] == ["none", "lz4", "gzip-1", "gzip-4"]
+    with pytest.raises(ValueError, match="zstd"):
+        encode("zstd", ROWS["ramp"])
+    ensure_filters()
+    row = ROWS["ramp"]
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        lz4 = f.create_dataset("a", shape=(0, *row.shape), maxshape=(None, *row.shape), chunks=(1, *row.shape),
+                               dtype=row.dtype, **codec_options("lz4"))
+        two_rows = f.create_dataset("b", shape=(0, *row.shape), maxshape=(None, *row.shape), chunks=(2, *row.shape),
+                                    dtype=row.dtype, **codec_options("lz4"))
+        assert pipeline("lz4") == [(32004, (0,))] and pipeline("gzip-4") == [(1, (4,))]
+        assert accepts(lz4, "lz4", row.shape, row.dtype)
+        assert not accepts(lz4, "gzip-1", row.shape, row.dtype)
+        assert not accepts(lz4, "lz4", row.shape, np.int16)
+        assert not accepts(two_rows, "lz4", row.shape, row.dtype)
+
+
+def test_encoded_rows_index_like_the_block():
+    block = np.stack([ROWS["ramp"], ROWS["noise"], ROWS["ramp"] // 2])
+    rows = EncodedRows.of("lz4", block)
+    assert len(rows) == 3 and rows[1] == encode("lz4", block[1])
+    picked = rows[np.array([2, 0])]
+    np.testing.assert_array_equal(picked.decoded(), block[[2, 0]])
+    both = EncodedRows.concat([picked, rows[1:2]])
+    np.testing.assert_array_equal(both.decoded(), block[[2, 0, 1]])
+    assert rows.nbytes == sum(len(encode("lz4", r)) for r in block)
