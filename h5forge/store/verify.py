@@ -33,6 +33,7 @@ from h5forge.kinds import FieldKind, decode_sample, stored_kinds
 from h5forge.samples import Reject, SampleRef
 from h5forge.spec import DatasetSpec, spec_from_json
 from h5forge.store.sources import MAX_SOURCE_BYTES, source_problem
+from h5forge.store.figures import figure_rows
 
 MAX_LISTED = 20  # errors of one kind listed before summarising the rest
 MAX_STORED_COUNT = 1000  # resample / latency_reads taken from the file's own spec at most
@@ -81,7 +82,8 @@ class HealthReport:
         if self.warnings:
             lines += ["", "## Warnings", *[f"- {w}" for w in self.warnings]]
         if self.stats:
-            lines += ["", "## Figures", "```json", json.dumps(self.stats, indent=2, default=str), "```"]
+            lines += ["", "## Figures", "", "| figure | value |", "|---|---|"]
+            lines += [f"| {name} | {value} |" for name, value in figure_rows(self.stats)]
         return "\n".join(lines) + "\n"
 
 
@@ -421,7 +423,8 @@ def _check_against_sources(f: h5py.File, kinds: dict[str, FieldKind], roots: lis
         compared += 1
     report.warnings.extend(changed + unread)
     if "sources" not in report.checks:
-        report.checks["sources"] = (f"ok ({compared} compared, {len(changed)} sources changed or gone"
+        report.checks["sources"] = (f"ok ({compared} samples re-derived from their sources and compared, "
+                                    f"{len(changed)} sources changed or gone"
                                     + (f", {len(unread)} not read" if unread else "") + ")")
 
 
