@@ -4,6 +4,10 @@ What cleaning means for each field is its kind's business (``h5forge.kinds``). H
 samples becomes one block of rows per stored dataset, plus the raw files' hashes, each row's
 values digest (the costly part of its checksum, hashed here in parallel; the writer completes it)
 and the kinds' additive statistics. No exception escapes ``clean_batch`` for bad input.
+
+Fields stored one sample per chunk with a codec ``h5forge.format.chunk_codec`` can encode leave
+here already compressed, one stored chunk per row (``EncodedRows``): the workers compress in
+parallel and the single writer only places the chunks.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from h5forge.format.checksums import values_digest
+from h5forge.format.chunk_codec import EncodedRows, encodable
 from h5forge.kinds import FieldKind, decode_order, decode_sample, file_fields, stored_kinds
 from h5forge.samples import Reject, Rejection, SampleRef
 from h5forge.spec import DatasetSpec
@@ -26,7 +31,7 @@ class CleanedBatch:
     ids: list[str]
     splits: list[str]
     files: list[list[str]]  # per sample, raw file paths of the fields read from files
-    arrays: dict[str, np.ndarray]  # dataset path -> (n, *shape) block of stored rows
+    arrays: dict[str, np.ndarray]  # dataset path -> (n, *shape) block of stored rows (or their chunks: EncodedRows)
     source_sha256: list[list[str]]  # per sample, hex digest per raw file
     digests: list[bytes]  # per sample, checksums.values_digest of its stored values
     stats: dict[str, dict[str, np.ndarray]]  # dataset path -> split -> additive statistic
@@ -40,10 +45,11 @@ class CleanedBatch:
         """The samples at ``keep`` only (the rest are accounted for by ``extra`` rejections)."""
         arrays = {path: a[keep] for path, a in self.arrays.items()}
         splits = [self.splits[i] for i in keep]
+        values = {path: a.decoded() if isinstance(a, EncodedRows) else a for path, a in arrays.items()}
         return CleanedBatch(
             ids=[self.ids[i] for i in keep], splits=splits, files=[self.files[i] for i in keep], arrays=arrays,
             source_sha256=[self.source_sha256[i] for i in keep], digests=[self.digests[i] for i in keep],
-            stats=split_stats(kinds, arrays, splits),
+            stats=split_stats(kinds, values, splits),
             listed={path: [rows[i] for i in keep] for path, rows in self.listed.items()},
             rejections=self.rejections + extra,
         )
@@ -73,8 +79,23 @@ def clean_sample(spec: DatasetSpec, root: Path, ref: SampleRef, kinds: dict[str,
     return {p: d.value for p, d in decoded.items()}, [decoded[n].sha256 for n in file_fields(kinds)]
 
 
-def clean_batch(spec: DatasetSpec, root: str | Path, refs: list[SampleRef]) -> CleanedBatch:
-    """Clean ``refs`` in order; never raises for bad input."""
+def encode_rows(spec: DatasetSpec, kinds: dict[str, FieldKind], arrays: dict[str, object]) -> dict[str, object]:
+    """Each block of a field stored one sample per chunk under an encodable codec, as its chunks."""
+    if spec.storage.chunk_rows != 1:
+        return arrays
+    out = dict(arrays)
+    for path, kind in kinds.items():
+        st, block = kind.stored(), arrays[path]
+        codec = st.codec_of(spec.storage.codec)
+        if (st.bulk and not st.ragged and encodable(codec) and isinstance(block, np.ndarray)
+                and block.dtype.isnative and not block.dtype.hasobject and np.prod(block.shape[1:]) > 0):
+            out[path] = EncodedRows.of(codec, block)
+    return out
+
+
+def clean_batch(spec: DatasetSpec, root: str | Path, refs: list[SampleRef], encode: bool = True) -> CleanedBatch:
+    """Clean ``refs`` in order; never raises for bad input. ``encode``: compress the rows that
+    can be (``encode_rows``); False leaves every field an array for the writer to compress."""
     root = Path(root)
     kinds = stored_kinds(spec)
     order = decode_order(kinds)
@@ -99,7 +120,7 @@ def clean_batch(spec: DatasetSpec, root: str | Path, refs: list[SampleRef]) -> C
         ids=[k[0].id for k in kept],
         splits=splits,
         files=[[k[0].files[name] for name in files_of] for k in kept],
-        arrays=arrays,
+        arrays=encode_rows(spec, kinds, arrays) if encode else arrays,  # digests and statistics use the arrays
         source_sha256=[k[2] for k in kept],
         digests=[values_digest(arrays[p][i] for p in kinds) for i in range(len(kept))],
         stats=split_stats(kinds, arrays, splits, per_row),

@@ -29,6 +29,7 @@ from h5forge.format import arrays
 from h5forge.format.arrays import Ragged
 from h5forge.format.catalog import KEY, catalog_from_rows, create_sample_keys, sample_keys_path, write_catalog
 from h5forge.format.checksums import row_checksum, write_digests
+from h5forge.format.chunk_codec import EncodedRows, accepts, append_chunks
 from h5forge.format.codecs import CODECS, codec_options, ensure_filters
 from h5forge.format.dims import name_axes
 from h5forge.format.layout import HEX, SMALL_ROWS, STR, small_options, write_index, write_index_lists
@@ -47,6 +48,8 @@ def _gather(pairs: list[tuple], n: int):
     """The rows ``rows`` of each block, end to end. Sample arrays are copied row by row into one
     new array: one copy (fancy indexing then concatenating would copy twice)."""
     first = pairs[0][0]
+    if isinstance(first, EncodedRows):
+        return EncodedRows.concat([block[rows] for block, rows in pairs])
     if isinstance(first, Ragged):
         return Ragged.concat([block[rows] for block, rows in pairs])
     if first.dtype == object:
@@ -80,6 +83,7 @@ class DatasetWriter:
         self._buffered = {s: 0 for s in SPLITS}
         self._indexed = {s: {p: [] for p, k in self.kinds.items() if k.indexed} for s in SPLITS}
         self._finished = False
+        self._direct: dict[str, bool] = {}  # dataset name -> takes workers' chunks as they are
         self.inputs = inputs  # the build's input hashes: each row's sample key, the file's input key
         # freed file space is never reused, so after a SIGKILL every row written before the last
         # checkpoint is still where the flushed metadata says (a resumed build copies them)
@@ -186,12 +190,26 @@ class DatasetWriter:
         buf = self._buffers[split]
         for path, pairs in buf.items():
             data = _gather(pairs, n)
-            arrays.extend(g, path, data[:take])
+            if isinstance(data, EncodedRows):
+                self._write_chunks(g, path, data[:take])
+            else:
+                arrays.extend(g, path, data[:take])
             rest = data[take:]
             buf[path] = [(rest.copy() if isinstance(rest, np.ndarray) else rest, np.arange(n - take))] if take < n else []
         self.counts[split] += take
         self._buffered[split] = n - take
         self.file.flush()  # a full disk raises here, as an error the run reports
+
+    def _write_chunks(self, g: h5py.Group, path: str, rows: EncodedRows) -> None:
+        """Rows a cleaning worker compressed: each is one chunk, placed as it is. A dataset whose
+        layout or filters are not what the chunks were made for gets the decoded rows instead."""
+        ds = g[path]
+        if ds.name not in self._direct:
+            self._direct[ds.name] = accepts(ds, rows.codec, rows.shape, rows.dtype)
+        if self._direct[ds.name]:
+            append_chunks(ds, rows.chunks)
+        else:
+            arrays.extend(g, path, rows.decoded())
 
     def _sample_keys(self, batch: CleanedBatch) -> np.ndarray:
         """Each row's sample key: the build's, or made from what the batch holds (an append)."""

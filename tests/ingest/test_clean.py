@@ -185,7 +185,7 @@ def test_one_bad_sample_does_not_lose_the_good_ones(spec, tmp_path):
     batch = clean_batch(spec, tmp_path, refs)
     assert batch.ids == ["g0", "g1", "g2"]
     assert [r.sample_id for r in batch.rejections] == ["bad"]
-    assert batch.arrays["images"][:, 0, 112, 112].tolist() == [1, 2, 3]
+    assert batch.arrays["images"].decoded()[:, 0, 112, 112].tolist() == [1, 2, 3]
     hist = batch.stats["images"]["train"]
     assert hist.shape == (3, 256) and hist.sum() == 3 * 3 * 224 * 224
 
