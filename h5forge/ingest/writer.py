@@ -166,12 +166,13 @@ class DatasetWriter:
         ids, files, hashes = provenance[IDS], provenance[SOURCE_FILES], provenance[SOURCE_SHA256]
         provenance[CHECKSUM] = np.asarray([row_checksum(d, ids[i], files[i], hashes[i])
                                            for i, d in enumerate(batch.digests)], dtype="S64")
+        keys = self._sample_keys(batch)  # once per batch, whatever the number of splits in it
         for split in sorted(set(batch.splits)):
             rows = np.flatnonzero(labels == split)
             buf = self._buffers[split]
             for path, block in (*batch.arrays.items(), *provenance.items()):
                 buf.setdefault(path, []).append((block, rows))  # copied once, when written
-            buf.setdefault(sample_keys_path(split), []).append((self._sample_keys(batch), rows))
+            buf.setdefault(sample_keys_path(split), []).append((keys, rows))
             for path, listed in self._indexed[split].items():
                 listed.extend(batch.listed[path][i] for i in rows)
             self._buffered[split] += rows.size
