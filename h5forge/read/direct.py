@@ -14,15 +14,11 @@ so the result is always exactly what h5py returns.
 
 from __future__ import annotations
 
-import struct
-
 import h5py
-import lz4.block
 import numpy as np
 
-LZ4_FILTER = 32004  # hdf5plugin.LZ4_ID
-_HEADER = struct.Struct(">QI")  # original size, block size
-_BLOCK = struct.Struct(">I")  # compressed size of the next block
+from h5forge.format.chunk_codec import LZ4_FILTER
+from h5forge.format.chunk_codec import lz4_into as _lz4_into  # the framing, shared with the writer's encoder
 
 
 class DirectRows:
@@ -78,35 +74,3 @@ class DirectRows:
         out = np.empty(self.d.shape[1:], self.d.dtype)
         self.read_into(row, out)
         return out
-
-
-def _lz4_into(chunk: bytes, flat: np.ndarray) -> bool:
-    """Decode one chunk in hdf5plugin's LZ4 framing into ``flat``; False if the framing does not
-    describe exactly ``flat.size`` bytes (the caller then lets HDF5 read it)."""
-    if len(chunk) < _HEADER.size:
-        return False
-    total, block = _HEADER.unpack_from(chunk, 0)
-    if total != flat.size or block == 0:
-        return False
-    view, pos, done = memoryview(chunk), _HEADER.size, 0
-    while done < total:
-        if pos + _BLOCK.size > len(chunk):
-            return False
-        (size,) = _BLOCK.unpack_from(chunk, pos)
-        pos += _BLOCK.size
-        n = min(block, total - done)
-        if pos + size > len(chunk):
-            return False
-        if size == n:  # stored as is: LZ4 would not have made it smaller
-            flat[done:done + n] = np.frombuffer(view[pos:pos + size], np.uint8)
-        else:
-            try:
-                plain = lz4.block.decompress(view[pos:pos + size], uncompressed_size=n)
-            except lz4.block.LZ4BlockError:
-                return False
-            if len(plain) != n:
-                return False
-            flat[done:done + n] = np.frombuffer(plain, np.uint8)
-        pos += size
-        done += n
-    return True
