@@ -11,7 +11,7 @@ from h5forge.errors import NothingToBuild, VerificationFailed
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.inputs import Inputs, fingerprint
-from h5forge.ingest.nightly import REUSED_CHECKSUM_SAMPLE, check_cleaned_rows, reused_rows, write_samples
+from h5forge.ingest.nightly import REUSED_CHECKSUM_SAMPLE, check_cleaned_rows, copies_verified_rows, write_samples
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.spec import DatasetSpec
 from h5forge.store.reports import write_health, write_quarantine
@@ -57,8 +57,9 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
 
 
 def verify_candidate(candidate: Candidate) -> HealthReport:
-    # rows a rebuild copied are byte copies of verified rows, each with its checksum: sampled
-    sample = REUSED_CHECKSUM_SAMPLE if candidate.partial.exists() and reused_rows(candidate.partial) else None
+    # rows a rebuild copied from published versions are byte copies of verified rows, each with its
+    # checksum: sampled (the rows it cleaned were checked in full by write_version)
+    sample = REUSED_CHECKSUM_SAMPLE if candidate.partial.exists() and copies_verified_rows(candidate.partial) else None
     report = verify_file(candidate.partial, checksum_sample=sample)
     write_health(candidate.out, candidate.number, report)
     return report

@@ -61,7 +61,7 @@ def raw_digest(root: Path, rel: str, folder: bool) -> str:
     reject it with the reason."""
     path = root / rel
     try:
-        if folder and path.is_dir():
+        if folder:  # as the case kinds hash what they decode, a folder or a single file
             from h5forge.kinds.volume import read_case
 
             return read_case(root, rel)[1]

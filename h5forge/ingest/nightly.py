@@ -79,6 +79,8 @@ def write_samples(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, write
         timings.update(written)
     except BaseException:
         checkpoints.discard()
+        if resumed is not None:  # whatever went wrong may be in what it left: the next run starts afresh
+            discard_resumable(out)
         raise
     finally:
         for src in sources:
@@ -120,9 +122,12 @@ def check_cleaned_rows(path: Path, spec: DatasetSpec, rows: dict[str, list[int]]
         raise VerificationFailed(bad)
 
 
-def reused_rows(path: Path) -> int:
-    """How many rows of a written (not yet published) version were copied from other files."""
+def copies_verified_rows(path: Path) -> bool:
+    """Whether a written (not yet published) version copied rows, all from published versions
+    (verified when they were published). Rows taken over from a killed build's file were never
+    verified: a version holding any is verified in full."""
     from h5forge.format.summary import read_summary
 
     with h5py.File(path, "r") as f:
-        return int(read_summary(f).get("timings", {}).get("reused") or 0)
+        timings = read_summary(f).get("timings", {})
+    return bool(timings.get("reused")) and not timings.get("resumed_rows")

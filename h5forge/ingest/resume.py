@@ -20,7 +20,8 @@ from pathlib import Path
 
 import h5py
 
-from h5forge.format.names import RESUMABLE, RESUME_SUFFIX
+from h5forge.format.catalog import sample_keys
+from h5forge.format.names import IDS, RESUMABLE, RESUME_SUFFIX
 from h5forge.ingest.inputs import Inputs
 from h5forge.ingest.reuse import Source
 from h5forge.ingest.writer import DatasetWriter
@@ -73,16 +74,17 @@ def resumable_source(out: Path, inputs: Inputs) -> Source | None:
         return None
     try:
         saved = json.loads(state.read_text())
-        with h5py.File(data, "r"):
-            pass
-    except (OSError, ValueError):
+        if saved.get("rules") != inputs.rules:
+            raise ValueError("other field rules")
+        with h5py.File(data, "r") as f:  # everything the plan reads must be readable, or nothing is taken
+            for split, n in saved["counts"].items():
+                if len(sample_keys(f, split, n)) != n or f[split][IDS].shape[0] < n:
+                    raise ValueError(f"{split}: fewer rows than its checkpoint says")
+        stats = saved["stats"]
+        return Source(data, limit=saved["counts"], stats=stats or {}, listed=saved["listed"], recount=stats is None)
+    except (OSError, ValueError, KeyError, TypeError):
         discard_resumable(out)
         return None
-    if saved.get("rules") != inputs.rules:
-        discard_resumable(out)
-        return None
-    stats = saved["stats"]
-    return Source(data, limit=saved["counts"], stats=stats or {}, listed=saved["listed"], recount=stats is None)
 
 
 def discard_resumable(out: Path) -> None:

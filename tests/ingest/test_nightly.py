@@ -236,3 +236,20 @@ def test_ragged_signals_are_copied_row_by_row_and_equal_a_full_rebuild(tmp_path)
             assert np.allclose(left[k], right[k], rtol=1e-12), k  # subtracted, not summed in order
         else:
             assert np.array_equal(left[k], right[k]), k
+
+
+def test_an_unreadable_leftover_of_a_killed_build_is_discarded(raw, tmp_path):
+    from h5forge.format.names import RESUME_SUFFIX
+    from h5forge.ingest.discover import discover
+    from h5forge.ingest.inputs import fingerprint
+
+    spec = spec_for(raw, tmp_path / "out")
+    out = Path(spec.output.dir)
+    out.mkdir(parents=True)
+    (out / ".dataset_v0001.h5.partial").write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)  # cut short
+    rules = fingerprint(spec, discover(spec)).rules
+    (out / (".dataset_v0001.h5.partial" + RESUME_SUFFIX)).write_text(
+        json.dumps({"counts": {"train": 5, "val": 0, "test": 0}, "stats": None, "listed": {}, "rules": rules}))
+    path, summary = build(spec)
+    assert "resumed_rows" not in summary.timings and summary.timings["reused"] == 0
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [".h5forge.lock"]
