@@ -288,9 +288,8 @@ def write_reusing(spec: DatasetSpec, root: Path, plan: Plan, sources: list[Sourc
     position = {ref.id: i for i, ref in enumerate(plan.samples)}
     cursor, done = 0, 0
     cleaned_rows: dict[str, list[int]] = {s: [] for s in SPLITS}
-    size = spec.compute.batch_size
     for batch in clean_all(spec, root, to_clean, timings, status):
-        refs = to_clean[done:done + size]
+        refs = to_clean[done:done + len(batch) + len(batch.rejections)]  # every input is kept or rejected
         done += len(refs)
         writer.add_rejections(batch.rejections)
         batch = dataclasses.replace(batch, rejections=[])
