@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data._utils.collate import collate as torch_collate
+from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 
 from h5forge.errors import ReadError
 from h5forge.kinds import ReadOptions
@@ -88,6 +89,22 @@ class _Batch(SequenceABC):
 
     def __getitem__(self, k):
         return self._all()[k]
+
+
+class _Sample(tuple):
+    """A sample of a ``_Batch`` (to its users, a tuple). Its type is registered in torch's
+    ``default_collate_fn_map``, so a plain DataLoader's default_collate hands back the batch that
+    ``__getitems__`` already stacked instead of stacking its samples again (a second copy of every
+    byte, in a new shared-memory block)."""
+
+
+def _collate_samples(batch: Any, *, collate_fn_map: dict | None = None) -> Any:
+    if isinstance(batch, _Batch):
+        return list(batch.stacked)  # what default_collate makes of tuples: a list of stacked fields
+    return torch_collate([tuple(s) for s in batch], collate_fn_map=collate_fn_map)
+
+
+default_collate_fn_map[_Sample] = _collate_samples
 
 
 def collate(batch: Any) -> Any:
@@ -242,7 +259,7 @@ class H5Dataset(Dataset):
     def _batch(self, cols: tuple, n: int) -> _Batch:
         def rows() -> list:
             return [_row(cols[0], k) for k in range(n)] if self._single else \
-                [tuple(_row(c, k) for c in cols) for k in range(n)]
+                [(_Sample if self.batch_transform is None else tuple)(_row(c, k) for c in cols) for k in range(n)]
 
         if self.transform is not None:
             samples = [self.transform(sample) for sample in rows()]

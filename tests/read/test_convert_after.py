@@ -3,7 +3,6 @@ transfer, to exactly the values the workers used to produce (the explicit float3
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -80,3 +79,21 @@ def test_transform_hooks_see_model_values_in_the_workers(path):
     x, m = next(iter(seen.loader(batch_size=4, num_workers=2, shuffle=False, convert=None)))
     assert x.dtype == torch.float32 and m.dtype == torch.int64
     assert torch.equal(x, explicit(path).__getitems__([0, 1, 2, 3]).stacked[0] * 2)
+
+
+def test_plain_dataloader_takes_the_stacked_batch_as_default_collate_would_stack_it(path):
+    ds = H5Dataset(path, fields=("images", "masks"), image_dtype="uint8", mask_dtype="uint8", return_index=True)
+    ref = H5Dataset(path, fields=("images", "masks"))
+    seen = 0
+    for batch in DataLoader(ds, batch_size=8, shuffle=True, num_workers=2):
+        assert isinstance(batch, list) and len(batch) == 3  # what default_collate makes of tuple samples
+        x, m, rows = batch
+        assert x.dtype == torch.uint8 and x.shape == (len(rows), 3, 64, 64)
+        for k, r in enumerate(rows.tolist()):
+            assert torch.equal(x[k].float() / 255, ref[r][0]) and torch.equal(m[k].long(), ref[r][1])
+        seen += len(rows)
+    assert seen == len(ds)
+    samples = ds.__getitems__([3, 1])
+    assert samples[0] == tuple(samples[0])  # each sample is still a tuple to its users
+    by_torch = torch.utils.data.default_collate(list(samples))  # samples alone: stacked by torch as usual
+    assert all(torch.equal(a, b) for a, b in zip(by_torch, samples.stacked))
