@@ -47,6 +47,9 @@ from h5forge.store.space import as_disk_full, discard_h5
 def _gather(pairs: list[tuple], n: int):
     """The rows ``rows`` of each block, end to end. Sample arrays are copied row by row into one
     new array: one copy (fancy indexing then concatenating would copy twice)."""
+    encoded = [isinstance(block, EncodedRows) for block, _ in pairs]
+    if any(encoded) and not all(encoded):  # rows of batches encoded and not: as arrays, in order
+        pairs = [(block.decoded() if enc else block, rows) for (block, rows), enc in zip(pairs, encoded)]
     first = pairs[0][0]
     if isinstance(first, EncodedRows):
         return EncodedRows.concat([block[rows] for block, rows in pairs])
@@ -83,12 +86,14 @@ class DatasetWriter:
         self._buffered = {s: 0 for s in SPLITS}
         self._indexed = {s: {p: [] for p, k in self.kinds.items() if k.indexed} for s in SPLITS}
         self._finished = False
-        self._direct: dict[str, bool] = {}  # dataset name -> takes workers' chunks as they are
+        self._direct: dict[tuple, tuple] = {}  # (split, path) -> (dataset, takes workers' chunks as they are)
+        self._bulk = [path for path, kind in self.kinds.items() if kind.stored().bulk]
         self.inputs = inputs  # the build's input hashes: each row's sample key, the file's input key
         # freed file space is never reused, so after a SIGKILL every row written before the last
         # checkpoint is still where the flushed metadata says (a resumed build copies them)
         self.file = h5py.File(self.path, "w", fs_strategy="none")
         self._create(version, parent_version)
+        self._groups: dict[str, h5py.Group] = {split: self.file[split] for split in SPLITS}
         # every dataset stays open until the file closes: HDF5 flushes a dataset's chunk cache
         # when its last handle is dropped, and an error there (ENOSPC) can only be printed by h5py;
         # held open, the cached chunks are written by the explicit flush of each block instead
@@ -171,14 +176,25 @@ class DatasetWriter:
             rows = np.flatnonzero(labels == split)
             buf = self._buffers[split]
             for path, block in (*batch.arrays.items(), *provenance.items()):
-                buf.setdefault(path, []).append((block, rows))  # copied once, when written
+                if isinstance(block, EncodedRows) and not buf.get(path):
+                    # a row is a whole stored chunk: placed now, nothing to align; only the small columns wait
+                    self._write_chunks(split, path, block[rows])
+                else:
+                    buf.setdefault(path, []).append((block, rows))  # copied once, when written
             buf.setdefault(sample_keys_path(split), []).append((keys, rows))
             for path, listed in self._indexed[split].items():
                 listed.extend(batch.listed[path][i] for i in rows)
             self._buffered[split] += rows.size
-            if self._buffered[split] >= self.write_rows:
+            if self._buffered[split] >= self._block(split):
                 self._flush(split, final=False)
         return len(batch)
+
+    def _block(self, split: str) -> int:
+        """Rows to buffer before a write: a block of sample rows while sample arrays wait in the
+        buffer; when they went straight in as chunks, one whole chunk of the small columns (each
+        compressed chunk of ids, hashes, keys is then written once, not rewritten every block)."""
+        buf = self._buffers[split]
+        return self.write_rows if any(buf.get(path) for path in self._bulk) else SMALL_ROWS
 
     def _flush(self, split: str, final: bool) -> None:
         """Write the buffered rows of ``split``: whole chunks only, unless ``final`` (the few rows of
@@ -192,7 +208,7 @@ class DatasetWriter:
         for path, pairs in buf.items():
             data = _gather(pairs, n)
             if isinstance(data, EncodedRows):
-                self._write_chunks(g, path, data[:take])
+                self._write_chunks(split, path, data[:take])
             else:
                 arrays.extend(g, path, data[:take])
             rest = data[take:]
@@ -201,13 +217,15 @@ class DatasetWriter:
         self._buffered[split] = n - take
         self.file.flush()  # a full disk raises here, as an error the run reports
 
-    def _write_chunks(self, g: h5py.Group, path: str, rows: EncodedRows) -> None:
+    def _write_chunks(self, split: str, path: str, rows: EncodedRows) -> None:
         """Rows a cleaning worker compressed: each is one chunk, placed as it is. A dataset whose
         layout or filters are not what the chunks were made for gets the decoded rows instead."""
-        ds = g[path]
-        if ds.name not in self._direct:
-            self._direct[ds.name] = accepts(ds, rows.codec, rows.shape, rows.dtype)
-        if self._direct[ds.name]:
+        key, g = (split, path), self._groups[split]
+        if key not in self._direct:  # the dataset and its check, once (opening by name costs per call)
+            ds = g[path]
+            self._direct[key] = (ds, accepts(ds, rows.codec, rows.shape, rows.dtype))
+        ds, direct = self._direct[key]
+        if direct:
             append_chunks(ds, rows.chunks)
         else:
             arrays.extend(g, path, rows.decoded())
@@ -270,7 +288,7 @@ class DatasetWriter:
         summary = self._summary(timings or {})
         write_diagnostics(f, summary)
         f.flush()
-        self._held = []
+        self._held, self._direct, self._groups = [], {}, {}
         f.close()
         self._finished = True
         return summary

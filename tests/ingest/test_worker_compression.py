@@ -117,3 +117,16 @@ def test_build_on_dask_workers_equals_writer_compression(tmp_path, raw_demo):
     assert verify_candidate(candidate).ok
     _write(tmp_path / "writer.h5", spec, discover(spec), False)
     _assert_same_values(candidate.partial, tmp_path / "writer.h5")
+
+
+def test_batches_with_and_without_chunks_keep_their_order(tmp_path, raw_demo):
+    """Chunks are placed as they arrive while array rows wait for a block: rows still land in order."""
+    spec = demo_spec(raw_demo, tmp_path / "out")
+    inventory = discover(spec)
+    with DatasetWriter(tmp_path / "mixed.h5", spec, version=1) as writer:
+        writer.add_rejections(inventory.rejections)
+        for k, batch in enumerate(batches(inventory.samples, 5)):
+            writer.add(clean_batch(spec, inventory.root, batch, encode=k % 3 == 2))
+        writer.finish()
+    _write(tmp_path / "writer.h5", spec, inventory, False)
+    _assert_same_values(tmp_path / "mixed.h5", tmp_path / "writer.h5")
