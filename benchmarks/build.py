@@ -82,13 +82,15 @@ PHASES = {"cli_imports": r"Starting temporary server", "prefect_server_start": r
           "verify": r"Task run 'verify[^']*' - Finished", "report_publish_retention": r"Flow run '[^']*' - Finished"}
 
 
-def cli_build(spec, work: Path) -> dict:
-    """`h5forge build SPEC --output DIR` in a child process with a fresh Prefect home."""
+def cli_build(spec, work: Path, api_url: str | None = None) -> dict:
+    """`h5forge build SPEC --output DIR` in a child process with a fresh Prefect home; ``api_url``: a
+    running Prefect server's API (None: the CLI starts an ephemeral one)."""
     import h5py
     cmd = [str(Path(sys.executable).parent / "h5forge"), "build", str(write_spec(spec, work / "cli-spec.yaml")),
            "--output", str(spec.output.dir)]
     started, t0, load = time.time(), time.perf_counter(), loadavg()
-    proc = subprocess.Popen(cmd, env=prefect_env(Path(tempfile.mkdtemp(prefix="prefect-", dir=work))),
+    env = prefect_env(Path(tempfile.mkdtemp(prefix="prefect-", dir=work)), **({"PREFECT_API_URL": api_url} if api_url else {}))
+    proc = subprocess.Popen(cmd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     with sampled(proc.pid) as rss:
         output, wall = proc.communicate()[0], time.perf_counter() - t0
