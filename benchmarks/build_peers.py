@@ -304,9 +304,9 @@ def writer_ceiling(args, raw: Path, pairs: list, work: Path) -> dict:
 def main() -> None:
     if "--peer" in sys.argv:
         return peer_child(sys.argv[sys.argv.index("--peer") + 1], Path(sys.argv[sys.argv.index("--job") + 1]))
-    args = cli(__doc__, dict(n=64, size=64, prefect_n=64, cli_n=64, writer_n=64, reps=1, prefect_reps=1),
-               n=10_000, size=224, workers=2, prefect_n=10_000, cli_n=600, writer_n=1000, reps=1, prefect_reps=1,
-               only="")
+    args = cli(__doc__, dict(n=64, size=64, prefect_n=64, cli_n=64, writer_n=64, profile_n=32, reps=1, prefect_reps=1),
+               n=10_000, size=224, workers=2, prefect_n=10_000, cli_n=600, writer_n=1000, profile_n=300, reps=1,
+               prefect_reps=1, only="")
     from benchmarks.orchestration import ephemeral_start, start_prefect_server, stop
     py = ensure_peers(install=not args.smoke)
     work = Path(tempfile.mkdtemp(prefix="peers-", dir=CACHE))
@@ -320,6 +320,12 @@ def main() -> None:
         pairs = [(str(raw / r.files["images"]), str(raw / r.files["masks"])) for r in refs]
         if "writer" in parts:
             result["writer"] = w = writer_ceiling(args, raw, pairs, work)
+            # where the workers' CPU goes, per function of clean_batch (cProfile; build.py's profile)
+            from benchmarks.build import profile_clean
+            k = args.profile_n
+            prof = profile_clean(make_spec(raw, work / "profile-out", args.size), refs[:k], pairs[:k], work)
+            result["clean_profile"] = {key: prof[key] for key in ("samples", "cpu_ms_per_sample",
+                                                                   "stages_cumulative_ms_per_sample_profiled")}
             result["ratios"] |= {"writer CPU ms/sample, chunks from the workers": w["writer_ingest_from_chunks"]["cpu_ms_per_sample"],
                                  "writer marginal CPU ms/sample, chunks": w["writer_ingest_from_chunks"]["marginal_cpu_ms_per_sample"],
                                  "writer CPU ms/sample, compressing itself": w["writer_compressing"]["cpu_ms_per_sample"],
