@@ -14,6 +14,9 @@ so the result is always exactly what h5py returns.
 
 from __future__ import annotations
 
+import mmap
+import os
+
 import h5py
 import numpy as np
 
@@ -29,6 +32,7 @@ class DirectRows:
         self.d, self.codec = d, codec
         self.nbytes = int(np.prod(d.shape[1:], dtype=np.int64)) * d.dtype.itemsize
         self.tail = (0,) * (len(d.shape) - 1)
+        self._index: _ChunkIndex | None | bool = None  # made on the first read in this process
 
     @classmethod
     def of(cls, d: h5py.Dataset) -> "DirectRows | None":
@@ -48,6 +52,10 @@ class DirectRows:
         if not out.flags.c_contiguous:
             return self._by_h5py(row, out)
         flat = out.reshape(-1).view(np.uint8)
+        if self._index is None:
+            self._index = _ChunkIndex.of(self.d) or False
+        if self._index and self._index.read(row, flat, self.codec):
+            return
         try:
             if self.codec == "none":
                 self.d.id.read_direct_chunk((row, *self.tail), out=flat)
@@ -74,3 +82,54 @@ class DirectRows:
         out = np.empty(self.d.shape[1:], self.d.dtype)
         self.read_into(row, out)
         return out
+
+
+class _ChunkIndex:
+    """Where each row's chunk lies in the file (byte offset, stored size, filter mask: one pass over
+    HDF5's chunk index) and the file mapped read-only, so a row is a slice of the map with no HDF5
+    call at all. A published version never changes, so the addresses hold for the reader's life.
+    Built only when a chunk read through the map equals HDF5's own ``read_direct_chunk`` of it."""
+
+    def __init__(self, offsets: np.ndarray, sizes: np.ndarray, masks: np.ndarray, view: memoryview):
+        self.offsets, self.sizes, self.masks, self.view = offsets, sizes, masks, view
+
+    @classmethod
+    def of(cls, d: h5py.Dataset) -> "_ChunkIndex | None":
+        n = d.shape[0]
+        offsets, sizes, masks = np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint32)
+
+        def visit(info) -> None:
+            row = info.chunk_offset[0]
+            offsets[row], sizes[row], masks[row] = info.byte_offset, info.size, info.filter_mask
+
+        try:
+            d.id.chunk_iter(visit)
+            with open(d.file.filename, "rb") as fh:
+                if os.fstat(fh.fileno()).st_size == 0:
+                    return None
+                view = memoryview(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
+        except (OSError, ValueError, RuntimeError, AttributeError):  # no chunk iteration, driver without a file
+            return None
+        written = np.flatnonzero(offsets >= 0)
+        if written.size == 0 or offsets[written].max() + sizes[written].max() > len(view):
+            return None
+        first = int(written[0])
+        mask, chunk = d.id.read_direct_chunk((first, *(0,) * (len(d.shape) - 1)))
+        o, z = int(offsets[first]), int(sizes[first])
+        if mask != masks[first] or view[o:o + z] != chunk:
+            return None
+        return cls(offsets, sizes, masks, view)
+
+    def read(self, row: int, flat: np.ndarray, codec: str) -> bool:
+        """Row ``row`` into ``flat``; False when this row is not for the map (never written, or a
+        framing the caller should hand to HDF5)."""
+        o = int(self.offsets[row])
+        if o < 0:
+            return False
+        chunk = self.view[o:o + int(self.sizes[row])]
+        if codec == "none" or self.masks[row] & 1:
+            if len(chunk) != flat.size:
+                return False
+            flat[:] = np.frombuffer(chunk, np.uint8)
+            return True
+        return _lz4_into(chunk, flat)

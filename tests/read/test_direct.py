@@ -30,8 +30,16 @@ def dataset(path, compression: dict, values: np.ndarray, chunk_rows: int = 1, **
 
 
 def same_as_h5py(d: h5py.Dataset, codec: str) -> None:
-    direct = DirectRows.of(d)
-    assert direct is not None and direct.codec == codec
+    for mapped in (True, False):  # rows as slices of the mapped file, and through read_direct_chunk
+        direct = DirectRows.of(d)
+        assert direct is not None and direct.codec == codec
+        if not mapped:
+            direct._index = False
+        rows_equal(d, direct)
+        assert bool(direct._index) is mapped
+
+
+def rows_equal(d: h5py.Dataset, direct: DirectRows) -> None:
     for i in range(d.shape[0]):
         assert np.array_equal(direct.row(i), d[i]), i
     want = [5, 0, 11, 5, 2]
