@@ -213,18 +213,18 @@ def write_peers(data: Path, only: list[str]) -> None:
 
 def peers_python(smoke: bool) -> tuple[Path | None, dict]:
     """The peers' interpreter, creating build/peers-venv when missing (its own torch and numpy, as
-    the peers require them); (None, {}) when it cannot be made under --smoke (no network)."""
+    the peers require them); under --smoke a missing venv is not installed: (None, {})."""
     py = PEERS_VENV / "bin" / "python"
     if not (PEERS_VENV / ".installed").exists():
+        if smoke:
+            print(f"peers skipped: {PEERS_VENV} is not installed (the full-size run installs it)", flush=True)
+            return None, {}
         try:
             subprocess.run([sys.executable, "-m", "venv", "--clear", str(PEERS_VENV)], check=True)
             subprocess.run([str(py), "-m", "pip", "install", "--quiet", *PEERS], check=True, timeout=1800)
             (PEERS_VENV / ".installed").write_text("\n".join(PEERS))
         except (subprocess.SubprocessError, OSError) as err:
-            if not smoke:
-                raise
-            print(f"peers skipped: build/peers-venv could not be installed ({err})", flush=True)
-            return None, {}
+            raise SystemExit(f"the peers could not be installed into {PEERS_VENV}: {err}") from None
     freeze = subprocess.run([str(py), "-m", "pip", "freeze"], capture_output=True, text=True).stdout.split()
     keep = ("torch==", "numpy==", "webdataset==", "mosaicml-streaming==", "lmdb==")
     return py, {ln.split("==")[0]: ln.split("==")[1] for ln in freeze if ln.startswith(keep)}
