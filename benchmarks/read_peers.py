@@ -298,6 +298,10 @@ def main() -> None:
         subprocess.run([str(peers_py), "-m", "benchmarks.read_peers", "--write-peers", "lmdb,wds,mds",
                         "--data", str(data)], check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
         pythons |= {"lmdb": peers_py, "webdataset": peers_py, "mosaic": peers_py}
+    for f in sorted(p for p in data.rglob("*") if p.is_file()):  # every reader's files in page cache
+        with open(f, "rb") as fh:
+            while fh.read(1 << 24):
+                pass
     rates, info = {k: [] for k in pythons}, {}
     for r in range(args.rounds):
         order = list(pythons) if r % 2 == 0 else list(reversed(pythons))
