@@ -326,7 +326,9 @@ def _section(name: str, v, depth: int) -> list[str]:
 
 def render(result: dict) -> str:
     """Markdown: the method (benchmarks/README.md, section of the command), then the JSON as tables."""
-    section = re.search(rf"^## {result['benchmark'].split('_')[0]}\n(.*?)(?=^## |\Z)",
-                        (BENCH / "README.md").read_text(), re.S | re.M)
+    text, name = (BENCH / "README.md").read_text(), result["benchmark"]
+    # the command's own section (read_peers), else its family's (read_latency -> read)
+    section = next((m for key in (name, name.split("_")[0])
+                    if (m := re.search(rf"^## {key}\n(.*?)(?=^## |\Z)", text, re.S | re.M))), None)
     lines = [f"# {result['benchmark']} ({result['finished_at']})", "", section[1].strip() if section else "", ""]
     return "\n".join(lines + _section("", result, 2)[2:]).rstrip() + "\n"
