@@ -91,6 +91,9 @@ def region_offsets(path: Path) -> np.ndarray:
 
 
 def copy_writable(src: Path, dst: Path) -> Path:
+    """A writable copy, always a new file (HDF5 would take a rewritten file it still holds open for
+    the old one)."""
+    dst.unlink(missing_ok=True)
     shutil.copyfile(src, dst)
     os.chmod(dst, 0o644)
     return dst
@@ -138,17 +141,14 @@ def reader_view(path: Path) -> object:
                 kinds = stored_kinds(spec_from_json(f["meta/spec"][()].decode()))
                 provenance = (f[split][SOURCE_FILES][()], f[split][SOURCE_SHA256][()])
                 indexes = {name: index_parts(g) for name, g in f[INDEX][split].items()} if INDEX in f else {}
-            reader = SplitReader(path, split, fields=list(kinds))
-            everything = reader.read(range(len(reader)))
-            model = model_batch(reader, range(len(reader)), ReadOptions(normalize=True))
-            declared = SplitReader(path, split)  # the fields a reader gets by default
-            view[split] = {
-                "values": everything, "model": model, "ids": reader.ids(),
-                "stats": {name: fi.stats for name, fi in reader.fields.items()},
-                "declared": list(declared.fields), "provenance": provenance, "index": indexes,
-            }
-            reader.close()
-            declared.close()
+            with SplitReader(path, split, fields=list(kinds)) as reader, \
+                    SplitReader(path, split) as declared:  # declared: the fields a reader gets by default
+                view[split] = {
+                    "values": reader.read(range(len(reader))),
+                    "model": model_batch(reader, range(len(reader)), ReadOptions(normalize=True)),
+                    "ids": reader.ids(), "stats": {name: fi.stats for name, fi in reader.fields.items()},
+                    "declared": list(declared.fields), "provenance": provenance, "index": indexes,
+                }
         except Exception as err:  # noqa: BLE001 - a failing read is what the caller compares
             view[split] = ("error", type(err).__name__)
     return _plain(view)

@@ -108,6 +108,7 @@ def verify_trials(path: Path, cases: list[tuple[str, int, int]], work: Path, dep
             data = data[:at]
         else:
             data[at] ^= mask
+        damaged.unlink(missing_ok=True)  # a new file each time: HDF5 never meets a stale open handle of it
         damaged.write_bytes(bytes(data))
         checked = path if dependency else work
         try:
@@ -123,6 +124,7 @@ def verify_trials(path: Path, cases: list[tuple[str, int, int]], work: Path, dep
         else:
             changed.append(f"{what}@{at}^{mask}")
     if dependency:
+        dependency.unlink()
         dependency.write_bytes(pristine)
     return {"cases": len(cases), "broken": outcome["broken"], "healthy_and_harmless": outcome["healthy_and_harmless"],
             "healthy_but_changed": len(changed), "exceptions": len(raised), "examples": (raised + changed)[:10]}
