@@ -24,7 +24,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
@@ -96,6 +98,41 @@ def check_after_kill(out: Path, before: dict[str, str]) -> None:
     assert {k: after.get(k) for k in before} == before
 
 
+@dataclass
+class Trial:
+    """One trial's own copy of the output folder (and inbox), and its spec."""
+
+    out: Path
+    spec_file: Path
+    inbox: Path | None = None
+    new_ids: list[str] = field(default_factory=list)
+
+
+def sigkill_trials(command: str, n: int, api_url: str, fresh: Callable[[int], Trial],
+                   rerun_converges: Callable[[Trial], None], seed: int) -> dict:
+    """``n`` runs of ``h5forge <command>`` on fresh copies, each SIGKILLed after a random delay
+    drawn over the length of a whole run; then the checks, and one clean rerun that must converge."""
+    env = {**os.environ, "PREFECT_API_URL": api_url}
+    first = fresh(-1)
+    span = timed_run([command, str(first.spec_file)], env)  # how long one whole run takes here
+    rng = random.Random(seed)
+    figures = {"trials": 0, "killed": 0, "finished": 0, "published_before_kill": 0, "converged": 0,
+               "run_seconds": round(span, 1)}
+    for k in range(n):
+        t = fresh(k)
+        before = published_hashes(t.out)
+        figures[kill_after([command, str(t.spec_file)], env, rng.uniform(0.2, span))] += 1
+        figures["trials"] += 1
+        check_after_kill(t.out, before)
+        figures["published_before_kill"] += latest(t.out) == 2
+        rerun_converges(t)
+        assert verify_file(t.out / "dataset_latest.h5", resample=0, latency_reads=0).ok
+        assert strays(t.out) == []
+        figures["converged"] += 1
+    print(f"{command} SIGKILL figures:", json.dumps(figures))
+    return figures
+
+
 # ---- build --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -111,52 +148,37 @@ def build_base(api_url, raw_base, tmp_path_factory):
     return tmp / "out", data
 
 
-def build_trials(n: int, api_url, raw_base, build_base, tmp_path) -> dict:
+def build_trials(n: int, api_url, build_base, tmp_path) -> dict:
     base_out, spec_data = build_base
-    env = {**os.environ, "PREFECT_API_URL": api_url}
     expected = sorted(ids_of(base_out / "dataset_latest.h5"))
     assert len(expected) == 40
 
-    def fresh(k: int) -> tuple[Path, Path]:
+    def fresh(k: int) -> Trial:
         out = tmp_path / f"t{k}" / "out"
         shutil.copytree(base_out, out, symlinks=True)
         spec_file = tmp_path / f"t{k}" / "spec.yaml"
         spec_file.write_text(yaml.safe_dump({**spec_data, "output": {**spec_data["output"], "dir": str(out)}}))
-        return out, spec_file
+        return Trial(out, spec_file)
 
-    out, spec_file = fresh(-1)
-    span = timed_run(["build", str(spec_file)], env)  # how long one whole run takes here
-    rng = random.Random(20261130)
-    figures = {"trials": 0, "killed": 0, "finished": 0, "published_before_kill": 0, "converged": 0,
-               "run_seconds": round(span, 1)}
-    for k in range(n):
-        out, spec_file = fresh(k)
-        before = published_hashes(out)
-        figures[kill_after(["build", str(spec_file)], env, rng.uniform(0.2, span))] += 1
-        figures["trials"] += 1
-        check_after_kill(out, before)
-        figures["published_before_kill"] += latest(out) == 2
+    def rerun_converges(t: Trial) -> None:
         from h5forge.flows.build import build_dataset
 
-        build_dataset(str(spec_file))  # the one clean rerun
-        assert latest(out) == 2 and list(published(out)) == [1, 2]
-        ids = ids_of(out / "dataset_latest.h5")
+        build_dataset(str(t.spec_file))
+        assert latest(t.out) == 2 and list(published(t.out)) == [1, 2]
+        ids = ids_of(t.out / "dataset_latest.h5")
         assert sorted(ids) == expected and len(set(ids)) == len(ids) == 40
-        assert verify_file(out / "dataset_latest.h5", resample=0, latency_reads=0).ok
-        assert strays(out) == []
-        figures["converged"] += 1
-    print("build SIGKILL figures:", json.dumps(figures))
-    return figures
+
+    return sigkill_trials("build", n, api_url, fresh, rerun_converges, seed=20261130)
 
 
-def test_killed_builds_converge(api_url, raw_base, build_base, tmp_path):
-    figures = build_trials(QUICK_TRIALS, api_url, raw_base, build_base, tmp_path)
+def test_killed_builds_converge(api_url, build_base, tmp_path):
+    figures = build_trials(QUICK_TRIALS, api_url, build_base, tmp_path)
     assert figures["converged"] == figures["trials"] == QUICK_TRIALS
 
 
 @pytest.mark.slow
-def test_killed_builds_converge_many(api_url, raw_base, build_base, tmp_path):
-    figures = build_trials(SLOW_TRIALS, api_url, raw_base, build_base, tmp_path)
+def test_killed_builds_converge_many(api_url, build_base, tmp_path):
+    figures = build_trials(SLOW_TRIALS, api_url, build_base, tmp_path)
     assert figures["converged"] == figures["trials"] == SLOW_TRIALS
     assert figures["killed"] >= SLOW_TRIALS // 2  # most kills land inside the run
 
@@ -175,11 +197,10 @@ def append_base(api_url, raw_base, tmp_path_factory):
 
 def append_trials(n: int, api_url, raw_new, append_base, tmp_path) -> dict:
     base_out, spec_data = append_base
-    env = {**os.environ, "PREFECT_API_URL": api_url}
     base_ids = ids_of(base_out / "dataset_latest.h5")
     drop = [f"cell_{i:06d}" for i in range(20)]
 
-    def fresh(k: int) -> tuple[Path, Path, Path, list[str]]:
+    def fresh(k: int) -> Trial:
         root = tmp_path / f"a{k}"
         out, inbox = root / "out", root / "inbox"
         shutil.copytree(base_out, out, symlinks=True)
@@ -188,35 +209,21 @@ def append_trials(n: int, api_url, raw_new, append_base, tmp_path) -> dict:
         spec_file = root / "spec.yaml"
         spec_file.write_text(yaml.safe_dump({**spec_data, "output": {**spec_data["output"], "dir": str(out)},
                                              "source": {**spec_data["source"], "inbox": str(inbox)}}))
-        return out, inbox, spec_file, new_ids
+        return Trial(out, spec_file, inbox, new_ids)
 
-    out, inbox, spec_file, _ = fresh(-1)
-    span = timed_run(["append", str(spec_file)], env)
-    rng = random.Random(20261201)
-    figures = {"trials": 0, "killed": 0, "finished": 0, "published_before_kill": 0, "converged": 0,
-               "run_seconds": round(span, 1)}
-    for k in range(n):
-        out, inbox, spec_file, new_ids = fresh(k)
-        before = published_hashes(out)
-        figures[kill_after(["append", str(spec_file)], env, rng.uniform(0.2, span))] += 1
-        figures["trials"] += 1
-        check_after_kill(out, before)
-        figures["published_before_kill"] += latest(out) == 2
+    def rerun_converges(t: Trial) -> None:
         from h5forge.flows.append import append_samples
 
-        append_samples(str(spec_file))  # the one clean rerun
-        assert latest(out) == 2 and list(published(out)) == [1, 2]
-        ids = ids_of(out / "dataset_latest.h5")
-        assert sorted(ids) == sorted(base_ids + new_ids) and len(set(ids)) == len(ids)
-        assert verify_file(out / "dataset_latest.h5", resample=0, latency_reads=0).ok
-        assert sorted(p.name for p in (inbox / "images").iterdir()) == []
-        assert len(list((inbox / "processed" / "v0002" / "images").iterdir())) == len(drop)
-        assert strays(out) == []
-        assert sorted(p.name for p in out.glob("*.h5")) == ["dataset_latest.h5", "dataset_v0001.h5",
-                                                            "dataset_v0002.delta.h5", "dataset_v0002.h5"]
-        figures["converged"] += 1
-    print("append SIGKILL figures:", json.dumps(figures))
-    return figures
+        append_samples(str(t.spec_file))
+        assert latest(t.out) == 2 and list(published(t.out)) == [1, 2]
+        ids = ids_of(t.out / "dataset_latest.h5")
+        assert sorted(ids) == sorted(base_ids + t.new_ids) and len(set(ids)) == len(ids)
+        assert sorted(p.name for p in (t.inbox / "images").iterdir()) == []
+        assert len(list((t.inbox / "processed" / "v0002" / "images").iterdir())) == len(drop)
+        assert sorted(p.name for p in t.out.glob("*.h5")) == ["dataset_latest.h5", "dataset_v0001.h5",
+                                                              "dataset_v0002.delta.h5", "dataset_v0002.h5"]
+
+    return sigkill_trials("append", n, api_url, fresh, rerun_converges, seed=20261201)
 
 
 def test_killed_appends_converge(api_url, raw_new, append_base, tmp_path):
