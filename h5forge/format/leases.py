@@ -22,7 +22,6 @@ local to each host (most FUSE mounts, some SMB and object-store gateways, Lustre
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import threading
@@ -59,9 +58,8 @@ def _open_lease(lease: Path) -> int | None:
     try:
         lease.parent.mkdir(exist_ok=True)
         return os.open(lease, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
-    except OSError as err:
-        if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT):
-            raise
+    except OSError:  # read-only folder or filesystem, or something in the way: never stops a reader
+        pass
     try:
         return os.open(lease, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
