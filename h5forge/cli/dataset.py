@@ -235,7 +235,7 @@ def verify(path: Path = typer.Argument(..., help="a version file or dataset_late
         with _reported():
             latest(path.parent)
     report = verify_file(path, checksums=not quick, resample=resample, latency_reads=latency_reads,
-                         source_root=source_root)
+                         source_root=source_root, isolate=True)  # a file that crashes HDF5 is BROKEN too
     if as_json:
         print(report.to_json())
     else:

@@ -12,6 +12,7 @@ counts from the stored spec are capped.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import stat
 import time
@@ -90,7 +91,7 @@ class HealthReport:
 def verify_file(path: str | Path, *, checksums: bool = True, resample: int | None = None,
                 latency_reads: int | None = None, source_root: str | Path | None = None,
                 seed: int = 0, checksum_sample: int | None = None,
-                max_source_bytes: int = MAX_SOURCE_BYTES) -> HealthReport:
+                max_source_bytes: int = MAX_SOURCE_BYTES, isolate: bool = False) -> HealthReport:
     """Run every check on ``path``; never raises for a broken file: whatever cannot be read is an
     error of the check that tried, and the report says BROKEN.
 
@@ -98,7 +99,14 @@ def verify_file(path: str | Path, *, checksums: bool = True, resample: int | Non
     rows; an append verifies its delta file in full and samples the thin version over it.
     ``resample`` and ``latency_reads`` override the stored spec's counts, which are capped at
     ``MAX_STORED_COUNT`` (the file is what is being checked: nothing in it is trusted).
+    ``isolate``: check in a forked child process, so that a file which crashes the HDF5 library
+    itself (some corrupt virtual-dataset mappings make opening a dataset segfault) gives a BROKEN
+    report instead of killing the caller. For callers without other threads (the CLI).
     """
+    if isolate:
+        return _in_child(path, dict(checksums=checksums, resample=resample, latency_reads=latency_reads,
+                                    source_root=source_root, seed=seed, checksum_sample=checksum_sample,
+                                    max_source_bytes=max_source_bytes))
     ensure_filters()
     path = Path(path)
     report = HealthReport(str(path))
@@ -149,6 +157,32 @@ def verify_file(path: str | Path, *, checksums: bool = True, resample: int | Non
     if reads and report.ok:
         _guarded(report, "read latency", _measure_latency, path, kinds, reads, seed, report)
     return report
+
+
+def _in_child(path: str | Path, options: dict) -> HealthReport:
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child_main, args=(send, path, options))
+    try:
+        child.start()
+    except (AssertionError, OSError):  # e.g. a daemonic worker may not have children: check here
+        return verify_file(path, **options)
+    send.close()
+    try:
+        report = receive.recv()
+    except EOFError:  # the child died without a report
+        report = None
+    child.join()
+    if report is None:
+        report = HealthReport(str(path))
+        report.error("read", f"{path}: the HDF5 library crashed while reading it (exit code {child.exitcode}); "
+                             "the file is corrupt")
+    return report
+
+
+def _child_main(send, path: str | Path, options: dict) -> None:
+    send.send(verify_file(path, **options))
+    send.close()
 
 
 def _why(err: BaseException) -> str:

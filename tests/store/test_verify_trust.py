@@ -242,6 +242,25 @@ def test_a_corrupt_group_heap_is_reported(good, tmp_path):
         assert any("bad heap free list" in e for e in report.errors), report.errors
 
 
+def test_a_file_that_crashes_hdf5_is_reported(raws, tmp_path):
+    """A damaged virtual-dataset mapping makes HDF5 itself segfault when the dataset is opened
+    (found by the fuzz test): verify, isolated as the CLI runs it, reports the file BROKEN."""
+    thin = thin_version(tmp_path / "out", *raws)
+    data = thin.read_bytes()
+    at = data.find(b"train/source_files\x00")
+    assert at > 0
+    bad = bytearray(data)
+    bad[at + 6 + 48] ^= 14
+    damaged = thin.parent / "damaged.h5"
+    damaged.write_bytes(bytes(bad))
+    report = verify_file(damaged, isolate=True, **QUICK)
+    assert not report.ok
+    assert report.errors == [f"{damaged}: the HDF5 library crashed while reading it (exit code -11); "
+                             "the file is corrupt"]
+    r, _ = run_limited("verify", damaged, "--compare", 0, "--latency-reads", 0)
+    assert r.returncode == 1 and "crashed" in r.stdout, r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("replacement", ["zero bytes", "empty hdf5", "other version"])
 def test_a_thin_version_whose_parent_was_replaced_is_broken(raws, tmp_path, replacement):
     thin = thin_version(tmp_path / "out", *raws)
