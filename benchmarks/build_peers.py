@@ -219,7 +219,11 @@ def prefect_cost(args, raw: Path, raw_cli: Path, work: Path, url: str, home: Pat
         log(f"CLI {via_cli['wall_seconds']} s vs plain calls {plain['child_wall_seconds']} s ({len(list(raw_cli.glob('images/*')))} samples)")
         shutil.rmtree(d, ignore_errors=True)
     return {"samples": runs[0]["samples"], "flow_vs_plain": runs, "best_build_seconds": best,
-            "flow_over_plain": ratio(best["flow"], best["plain"]), "cli": cli_runs,
+            "flow_over_plain": ratio(best["flow"], best["plain"]),
+            # each round's pair ran back to back: steadier than the best of each when the load moves
+            "flow_over_plain_per_rep": [ratio(*(next(r["build_seconds"] for r in runs if r["rep"] == rep and r["mode"] == m)
+                                                for m in ("flow", "plain"))) for rep in range(args.prefect_reps)],
+            "cli": cli_runs,
             "cli_overhead_seconds": min(r["cli_minus_plain_child_seconds"] for r in cli_runs)}
 
 
