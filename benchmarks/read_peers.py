@@ -315,6 +315,7 @@ def main() -> None:
     for k, v in small.items():
         setattr(args, k, getattr(args, k) or v)
     from benchmarks.common import log, machine, ratio, save
+    torch.set_num_threads(1)  # as in the probes: one intra-op thread (2 spin on 2 busy cores)
     t0, load_start = time.perf_counter(), [round(x, 2) for x in os.getloadavg()]
     data = prepare(args.n, args.size)
     own = Path(sys.executable)
