@@ -31,12 +31,6 @@ DEFECTS = {
 }
 
 
-def read_split(path, split):
-    with h5py.File(path, "r") as f:
-        g = f[split]
-        return decode_str(g["ids"][()]), g["checksum"][()].tolist(), g["images"].shape[0]
-
-
 @pytest.fixture(scope="module")
 def built(prefect_server, raw_demo, tmp_path_factory):
     from h5forge.flows.build import build_dataset
@@ -51,7 +45,7 @@ def built(prefect_server, raw_demo, tmp_path_factory):
 def test_publishes_a_verified_version_with_every_good_sample(built, raw_demo):
     out, _, first, _ = built
     assert first.version == 1 and sum(first.counts.values()) == 40
-    assert os.readlink(out / LATEST) == "dataset_v0002.h5"
+    assert os.readlink(out / LATEST) == "dataset_v0001.h5"  # the second build found nothing new
     assert first.health["checksums"] == "ok (40 samples)"
     with h5py.File(out / "dataset_v0001.h5", "r") as f:
         assert json.loads(f["diagnostics"].attrs["summary"])["timings"]["cleaned_in"] == "LocalCluster(2)"
@@ -101,13 +95,11 @@ def test_every_defect_is_quarantined_with_its_reason(built):
         assert 0 < summary["compression_ratio"] < 1
 
 
-def test_same_raw_data_and_spec_give_the_same_content(built):
-    out, _, _, second = built
-    assert second.version == 2
-    for split in ("train", "val", "test"):
-        assert read_split(out / "dataset_v0001.h5", split) == read_split(out / "dataset_v0002.h5", split)
-    with h5py.File(out / "dataset_v0002.h5", "r") as f:
-        assert f.attrs["parent_version"] == 1
+def test_same_raw_data_and_spec_publish_nothing_new(built):
+    out, _, first, second = built
+    assert second.unchanged and second.version == 1 and second.path == first.path
+    assert not (out / "dataset_v0002.h5").exists()
+    assert sorted(p.name for p in out.glob("dataset_v*.h5")) == ["dataset_v0001.h5"]
 
 
 def test_health_reports_and_artifacts(built):
@@ -131,4 +123,4 @@ def test_a_concurrent_build_fails_and_leaves_latest_alone(built):
         state = build_dataset(str(spec_file), return_state=True)
     assert state.is_failed()
     assert "another h5forge run is writing to" in repr(state.result(raise_on_failure=False))
-    assert latest(out) == 2
+    assert latest(out) == 1
