@@ -86,22 +86,9 @@ def test_full_thin_and_exported_versions_name_every_axis(raw_demo, raw_new, tmp_
 
 
 def test_a_ragged_field_names_its_element_axis_through_an_append(tmp_path, build_spec):
-    from tests.kinds.test_signal import spec_data, write_edf
+    from tests.kinds.test_signal import appended_recordings
 
-    root, inbox = tmp_path / "raw", tmp_path / "inbox"
-    (root / "rec").mkdir(parents=True)
-    (inbox / "rec").mkdir(parents=True)
-    for i in range(3):
-        write_edf(root / "rec" / f"r{i}.edf", 2 + i, seed=i)
-    write_edf(inbox / "rec" / "late.edf", 6, seed=7)
-    age_files(inbox)
-    data = spec_data(root, tmp_path / "out")
-    data["source"]["inbox"] = str(inbox)
-    spec = DatasetSpec.model_validate(data)
-    build_spec(data)
-    scan = append.scan_inbox(spec, inbox)
-    cand = append.stage_append(spec.output.dir)
-    append.write_thin_version(spec, cand, append.write_delta(spec, scan, cand))
+    _, _, _, cand, _ = appended_recordings(tmp_path, build_spec)
     copy = export(cand.version.partial, tmp_path / "copy.h5")
     for path in (cand.version.partial, copy):
         dims = dims_of(path)

@@ -4,7 +4,6 @@ verified, merged by appends and read back like any other field."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections import Counter
 
 import h5py

@@ -40,6 +40,29 @@ def spec_data(root, out, **extra_fields):
             "splits": {"ratios": {"train": 1.0}}, "fields": {**fields, **extra_fields}}
 
 
+
+def appended_recordings(tmp_path: Path, build_spec):
+    """Three EDF recordings built, a settled fourth in the inbox written as a staged thin version."""
+    from h5forge.ingest import append
+    from h5forge.spec import DatasetSpec
+    from tests.helpers.data import age_files
+
+    root, inbox = tmp_path / "raw", tmp_path / "inbox"
+    (root / "rec").mkdir(parents=True)
+    (inbox / "rec").mkdir(parents=True)
+    for i in range(3):
+        write_edf(root / "rec" / f"r{i}.edf", 2 + i, seed=i)
+    new = write_edf(inbox / "rec" / "late.edf", 6, seed=7)
+    age_files(inbox)
+    data = spec_data(root, tmp_path / "out")
+    data["source"]["inbox"] = str(inbox)
+    spec = DatasetSpec.model_validate(data)
+    build_spec(data)
+    scan = append.scan_inbox(spec, inbox)
+    cand = append.stage_append(spec.output.dir)
+    merged = append.write_thin_version(spec, cand, append.write_delta(spec, scan, cand))
+    return new, spec, scan, cand, merged
+
 def test_multi_rate_recordings_round_trip_exactly(tmp_path, build_spec):
     root = tmp_path / "raw"
     (root / "rec").mkdir(parents=True)
@@ -125,25 +148,10 @@ def test_signal_spec_needs_a_channel_for_edf(tmp_path):
 
 def test_append_and_export_keep_ragged_rows(tmp_path, build_spec):
     from h5forge.ingest import append
-    from h5forge.spec import DatasetSpec
     from h5forge.store.thin import export
     from h5forge.store.verify import verify_file
-    from tests.helpers.data import age_files
 
-    root, inbox = tmp_path / "raw", tmp_path / "inbox"
-    (root / "rec").mkdir(parents=True)
-    (inbox / "rec").mkdir(parents=True)
-    for i in range(3):
-        write_edf(root / "rec" / f"r{i}.edf", 2 + i, seed=i)
-    new = write_edf(inbox / "rec" / "late.edf", 6, seed=7)
-    age_files(inbox)
-    data = spec_data(root, tmp_path / "out")
-    data["source"]["inbox"] = str(inbox)
-    spec = DatasetSpec.model_validate(data)
-    build_spec(data)
-    scan = append.scan_inbox(spec, inbox)
-    cand = append.stage_append(spec.output.dir)
-    merged = append.write_thin_version(spec, cand, append.write_delta(spec, scan, cand))
+    new, spec, scan, cand, merged = appended_recordings(tmp_path, build_spec)
     report = append.verify_append(cand)
     assert report.ok, report.errors
     assert merged.counts["train"] == 4

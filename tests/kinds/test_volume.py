@@ -30,7 +30,6 @@ def write_series(folder, source="CT_small.dcm", depth=6, spacing=2.5, skip=(), d
     folder.mkdir(parents=True, exist_ok=True)
     base = pydicom.dcmread(get_testdata_file(source))
     series, rng = generate_uid(), np.random.default_rng(seed)
-    expected = []
     for k in rng.permutation(depth):
         if k in skip:
             continue
