@@ -3,6 +3,7 @@ alone (`pip install h5forge`, no build extra) works on a training machine."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -59,6 +60,12 @@ def test_the_reader_installs_and_reads_without_the_build_extra(tmp_path, raw_dem
         assert c.attrs["codec"] == "gzip-1" and np.array_equal(c["train/images"][()], f["train/images"][()])
     checked = isolated(cli, "verify", str(tmp_path / "copy.h5"), "--resample", "0")
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    # the default re-derivation needs the decoders: skipped with a warning, not a verdict on the file
+    plain = isolated(cli, "verify", str(tmp_path / "copy.h5"), "--json")
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    health = json.loads(plain.stdout)
+    assert health["ok"] is True and health["checks"]["sources"] == "skipped (no build extra)"
+    assert any("needs the build extra" in w and "PIL" in w for w in health["warnings"])
     demo = isolated(cli, "demo-data", str(tmp_path / "raw"), "--n", "2")
     assert demo.returncode == 2 and demo.stderr.strip() == (
         "error: this command needs h5forge's build extra (no module 'PIL' here): pip install 'h5forge[build]'")
