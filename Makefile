@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: install install-test demo test test-quick lint docs bench bench-smoke clean
+.PHONY: install install-test demo test test-soak test-quick lint docs bench bench-smoke clean
 
 # `install`: what building needs (the package and its [build] extra: Prefect, dask, decoders);
 # `install-test` adds the test extra (pytest, torch, jax, xarray, ...), which only the tests need.
@@ -28,11 +28,15 @@ demo: install
 	$(BIN)/h5forge versions data/demo
 
 test: install-test
-	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not tf"
+	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not tf and not soak"
+
+# the fault suite at full size: 20 SIGKILLed builds and appends, thousands of bit flips and damaged files
+test-soak: install-test
+	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m soak
 
 # the inner loop: no Prefect server, no subprocess services, nothing slow (`make test` runs everything)
 test-quick: install-test
-	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not slow and not e2e and not tf"
+	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not slow and not e2e and not tf and not soak"
 
 # The TensorFlow reader in a second venv: tensorflow-cpu needs an older h5py than pyproject.toml pins
 # (requirements-tf.txt), so .venv-tf is built from scratch when missing or when that file changes,

@@ -147,6 +147,7 @@ def test_watch_service_runs_the_append_deployment(server, raw_demo, raw_new, tmp
     url, env = server
     out, inbox = tmp_path / "out", tmp_path / "inbox"
     spec_file = write_spec_file(raw_demo, out, tmp_path / "spec.yaml", inbox=inbox)
+    inbox.mkdir()  # watch refuses an inbox that does not exist
     subprocess.run([str(BIN / "h5forge"), "build", str(spec_file)], env=env, check=True, capture_output=True)
     with open(tmp_path / "serve.log", "w") as sink:
         served = subprocess.Popen([str(BIN / "h5forge"), "serve", str(spec_file), "--poll-seconds", "86400",

@@ -177,6 +177,7 @@ def test_killed_builds_converge(api_url, build_base, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_killed_builds_converge_many(api_url, build_base, tmp_path):
     figures = build_trials(SLOW_TRIALS, api_url, build_base, tmp_path)
     assert figures["converged"] == figures["trials"] == SLOW_TRIALS
@@ -232,6 +233,7 @@ def test_killed_appends_converge(api_url, raw_new, append_base, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_killed_appends_converge_many(api_url, raw_new, append_base, tmp_path):
     figures = append_trials(SLOW_TRIALS, api_url, raw_new, append_base, tmp_path)
     assert figures["converged"] == figures["trials"] == SLOW_TRIALS

@@ -36,7 +36,7 @@ CLEAN = textwrap.dedent("""
     spec = parse_spec(data, Path(data["source"]["root"]))
     base = psutil.Process().memory_info().rss
     inv = discover(spec)
-    batch = clean_batch(spec, inv.root, inv.samples)
+    batch = clean_batch(spec, inv.root, inv.samples, encode=False)  # the arrays, not their chunks
     print(json.dumps({
         "taken": batch.ids,
         "shape": {k: list(v.shape) for k, v in batch.arrays.items() if hasattr(v, "shape")},

@@ -88,6 +88,7 @@ def test_bit_flips_in_stored_data_are_detected_or_harmless(versions, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_bit_flips_in_stored_data_thousands(versions, tmp_path):
     figures = run_bit_flips(versions, tmp_path, per_file=1500, seed=1)
     assert all(fig["missed"] == 0 for fig in figures.values()), figures
@@ -159,6 +160,7 @@ def test_verify_never_raises_on_truncated_or_flipped_files(versions, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_verify_never_raises_thousands(versions, tmp_path):
     figures = run_verify_fuzz(versions, tmp_path, cuts=50, flips=400, seed=1)
     assert all(fig["exceptions"] == 0 and fig["healthy_but_changed"] == 0 for fig in figures.values()), figures
