@@ -331,14 +331,22 @@ class SplitReader:
             raise IndexError(f"index {int(i)} out of range for split {self.split!r} of {self.path} ({self.count} samples)")
         return j
 
-    def read_one(self, i: int) -> dict[str, np.ndarray]:
+    def read_one(self, i: int, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Sample ``i`` of every field; ``out`` may hold arrays (one row, C order, the stored dtype)
+        to read fixed-size fields into."""
         j = self.row(i)
         self._handles()
-        return {name: self._ragged[name].row(j) if fi.ragged else self._row(name, j) if fi.bulk else self._columns[name][j]
-                for name, fi in self.fields.items()}
+        return {name: self._ragged[name].row(j) if fi.ragged else self._row(name, j, out) if fi.bulk
+                else self._columns[name][j] for name, fi in self.fields.items()}
 
-    def _row(self, name: str, j: int) -> np.ndarray:
+    def _row(self, name: str, j: int, out: dict[str, np.ndarray] | None = None) -> np.ndarray:
         direct = self._direct.get(name)
+        if out is not None and name in out:
+            if direct is not None:
+                direct.read_into(j, out[name])
+            else:
+                self._dsets[name].read_direct(out[name], np.s_[j], np.s_[...])
+            return out[name]
         return direct.row(j) if direct is not None else self._dsets[name][j]
 
     def read(self, indices: Iterable[int], out: dict[str, np.ndarray] | None = None,

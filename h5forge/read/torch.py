@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
 from collections.abc import Sequence as SequenceABC
 import copy
 import ctypes
 import sys
+import threading
 from typing import Any, Callable, Iterator, Literal, Sequence
 
 import numpy as np
@@ -32,7 +34,8 @@ from torch.utils.data._utils.collate import collate as torch_collate
 from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 
 from h5forge.errors import ReadError
-from h5forge.kinds import ReadOptions
+from h5forge.kinds import FieldKind, ReadOptions
+from h5forge.kinds.image import ImageKind
 from h5forge.read.collate import Padded
 from h5forge.read.reader import (DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SliceIndex, SplitReader, dense_values, model_values,
                                  output_dtypes, sample_value)
@@ -42,25 +45,65 @@ __all__ = ["H5Dataset", "ChunkShuffleSampler", "ReadError", "collate"]
 
 
 ALIGN = 64  # bytes: every output of a batch starts on a cache line of the shared block
+_SCRATCH = threading.local()  # per thread: the stored rows of one sample, before ds[i] converts them
 
 
-def _empty_batch(specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
+def _empty_batch(specs: dict[str, tuple[tuple[int, ...], torch.dtype]],
+                 pool: "_BlockPool | None" = None) -> dict[str, torch.Tensor]:
     """New tensors for one batch. In a DataLoader worker they are views into ONE shared-memory
     block, so sending the batch to the main process costs no copy and a single segment however
     many fields it has (with a segment per tensor, a label beside the images cost 9 % of loader
-    throughput, now 4 %: benchmarks/results/kinds.md and kinds_labels.md)."""
+    throughput, now 4 %: benchmarks/results/kinds.md and kinds_labels.md). With a ``pool`` (a
+    loader that converts each batch in the main process and then drops it) the block is one the
+    worker wrote before, no longer read by the main process."""
     if get_worker_info() is None:
         # separate tensors: a block over glibc's 32 MiB mmap ceiling would be mapped afresh (and
         # page-faulted) every batch, while smaller ones are reused from the heap
         return {name: torch.empty(shape, dtype=dtype) for name, (shape, dtype) in specs.items()}
     sizes = {name: math.prod(shape) * torch.empty(0, dtype=dtype).element_size() for name, (shape, dtype) in specs.items()}
     total = max(1, sum(-(-b // ALIGN) * ALIGN for b in sizes.values()))
-    block = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total, device="cpu"))
+    block = pool.take(total) if pool is not None else _shared_block(total)
     out, at = {}, 0
     for name, (shape, dtype) in specs.items():
         out[name] = block[at:at + sizes[name]].view(dtype).view(shape)
         at += -(-sizes[name] // ALIGN) * ALIGN
     return out
+
+
+def _shared_block(nbytes: int) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes, device="cpu"))
+
+
+class _BlockPool:
+    """The shared-memory blocks one loader worker writes its batches into, in turn.
+
+    A new block per batch costs the worker a page fault per 4 KiB page (the kernel zero-fills each
+    one): 5.4 ms of CPU for a 32 x 224² image+mask uint8 batch, against 0.2 ms to refill a block
+    already mapped; the main process, too, maps a block it has seen before at no cost (torch keeps
+    one mapping per shared file). Only a loader that converts each batch in the main process and
+    drops it (``convert="after"``) uses a pool, and it is safe there because a worker is at most
+    ``prefetch_factor`` batches ahead of the main process: when the worker starts its batch j, the
+    main process has converted the worker's batches before j - prefetch_factor, so the block of
+    batch j - ``size`` (size = prefetch_factor + 2, one more than needed) is free."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._pid: int | None = None
+        self._blocks: list[torch.Tensor | None] = []
+        self._turn = 0
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        if self._pid != os.getpid():  # each worker process has its own blocks (none inherited by fork)
+            self._pid, self._blocks, self._turn = os.getpid(), [None] * self.size, 0
+        k = self._turn % self.size
+        self._turn += 1
+        block = self._blocks[k]
+        if block is None or block.numel() < nbytes:
+            block = self._blocks[k] = _shared_block(nbytes)
+        return block[:nbytes]
+
+    def __getstate__(self) -> dict:  # a spawned worker starts with no blocks
+        return {"size": self.size, "_pid": None, "_blocks": [], "_turn": 0}
 
 
 def _row(column: Any, k: int) -> Any:
@@ -160,12 +203,16 @@ class H5Dataset(Dataset):
         self.transform, self.batch_transform = transform, batch_transform
         self.return_index = return_index
         self._single = len(self.reader.fields) == 1 and not return_index
-        # fields a loader may ship as stored and convert after the transfer: fixed-size arrays whose
-        # model dtype differs from the stored one (unless a transform needs model values in the worker)
+        # fixed-size fields whose model dtype differs from the stored one: ds[i] reads their rows into
+        # a per-thread buffer and converts from there
+        self._converted_rows = frozenset(name for name, fi in self.reader.fields.items() if fi.bulk and not fi.ragged
+                                         and self._dtypes[name] is not None and self._dtypes[name] != fi.dtype)
+        # fields a loader may ship as stored and convert after the transfer (unless a transform needs
+        # model values in the worker)
         self._deferrable = frozenset() if transform is not None or batch_transform is not None or unit != "sample" else \
-            frozenset(name for name, fi in self.reader.fields.items() if fi.bulk and not fi.ragged
-                      and self._dtypes[name] is not None and self._dtypes[name] != fi.dtype)
+            self._converted_rows
         self._ship_stored = False  # True on the copy a loader with convert="after"/None hands to its workers
+        self._pool: _BlockPool | None = None  # on the copy a loader with convert="after" hands to its workers
 
     # ---- description -------------------------------------------------------------------------
     path = property(lambda self: self.reader.path)
@@ -194,8 +241,28 @@ class H5Dataset(Dataset):
 
     # ---- conversion --------------------------------------------------------------------------
     def _one(self, name: str, raw: Any) -> Any:
-        v = sample_value(self.reader.fields[name], raw, self.options, self._dtypes[name])
+        fi, dtype = self.reader.fields[name], self._dtypes[name]
+        if name in self._converted_rows:  # as model_values converts a batch of one row, straight into the tensor
+            out = np.empty(fi.shape, dtype)
+            fi.kind.convert(raw[None], out[None], self.options, fi.stats)
+            return torch.from_numpy(out)
+        v = sample_value(fi, raw, self.options, dtype)
         return v if isinstance(v, str) else torch.as_tensor(v)
+
+    def _scratch(self) -> dict[str, np.ndarray]:
+        """This thread's buffers for the stored rows of the fields ``ds[i]`` converts: read there,
+        then converted into the new tensor, so a sample allocates only what it returns."""
+        bufs = getattr(_SCRATCH, "bufs", None)
+        if bufs is None:
+            bufs = _SCRATCH.bufs = {}
+        out = {}
+        for name in self._converted_rows:
+            fi = self.reader.fields[name]
+            key = (fi.shape, fi.dtype.str)
+            if key not in bufs:
+                bufs[key] = np.empty(fi.shape, fi.dtype)
+            out[name] = bufs[key]
+        return out
 
     def _value(self, name: str, raw: np.ndarray, out: torch.Tensor | None = None) -> Any:
         """The model value of stored rows: a tensor (written into ``out`` when given), or a list of
@@ -216,7 +283,7 @@ class H5Dataset(Dataset):
     def __getitem__(self, i: int) -> Any:
         if self.slices is not None:
             return self.__getitems__([i])[0]
-        raw = self.reader.read_one(i)
+        raw = self.reader.read_one(i, self._scratch() if self._converted_rows else None)
         sample = tuple(self._one(n, a) for n, a in raw.items())
         if self.return_index:
             sample += (torch.tensor(self.reader.row(i)),)
@@ -234,7 +301,7 @@ class H5Dataset(Dataset):
                  for name, fi in self.reader.fields.items() if name in self._tensor_dtypes and not fi.ragged}
         if self.return_index:
             dense[INDEX_FIELD] = ((n,), torch.int64)
-        outs = _empty_batch(dense)
+        outs = _empty_batch(dense, self._pool if shipped else None)
         raw_out = {name: outs[name].numpy() for name, fi in self.reader.fields.items()
                    if name in outs and (self._dtypes[name] == fi.dtype or name in shipped) and fi.bulk}  # read straight into place
         raw = self.reader.read(indices, out=raw_out)
@@ -275,20 +342,32 @@ class H5Dataset(Dataset):
             stacked = self.batch_transform(stacked)
         return _Batch(stacked, make)
 
-    def convert(self, batch: Any) -> Any:
+    def convert(self, batch: Any, device: str | torch.device | None = None) -> Any:
         """Model values of a batch whose fixed-size fields arrived as stored (``loader(convert=None)``,
         or ``convert="after"`` which calls this in the main process): each such column becomes what
         ``ds[i]`` returns (float32 images, int64 masks, ...), by the same conversion the workers would
-        have done. CPU tensors; columns already converted are returned as they are."""
+        have done; columns already converted are returned as they are.
+
+        Without ``device``: CPU tensors, converted by the field's kind (numpy). With ``device`` every
+        tensor column is moved there (``non_blocking``: from pinned memory the copy overlaps) and the
+        stored columns are converted there by torch kernels to the same values: images are widened
+        to float32 and divided by 255 (then standardised with ``normalize``), masks widened; a kind
+        with another conversion is converted on the CPU, then moved."""
         cols = (batch,) if self._single else tuple(batch)
         names = [*self.reader.fields, INDEX_FIELD]
         out = []
         for name, col in zip(names, cols):
             fi = self.reader.fields.get(name)
-            if name in self._deferrable and isinstance(col, torch.Tensor) and col.dtype == _torch_dtype(fi.dtype):
-                dst = torch.empty(col.shape, dtype=self._tensor_dtypes[name])
-                fi.kind.convert(col.numpy(), dst.numpy(), self.options, fi.stats)
-                col = dst
+            stored = name in self._deferrable and isinstance(col, torch.Tensor) and col.dtype == _torch_dtype(fi.dtype)
+            if stored and device is not None:
+                col = torch_convert(fi.kind, col.to(device, non_blocking=True), self._tensor_dtypes[name],
+                                    self.options, fi.stats)
+            elif stored or device is not None:
+                if stored:
+                    dst = torch.empty(col.shape, dtype=self._tensor_dtypes[name])
+                    fi.kind.convert(col.numpy(), dst.numpy(), self.options, fi.stats)
+                    col = dst
+                col = _to_device(col, device) if device is not None else col
             out.append(col)
         return out[0] if self._single else tuple(out)
 
@@ -301,9 +380,9 @@ class H5Dataset(Dataset):
     def loader(self, batch_size: int = 32, *, shuffle: bool = True, seed: int = 0, num_workers: int = 0,
                drop_last: bool = False, window: int = DEFAULT_WINDOW, num_replicas: int | None = None,
                rank: int | None = None, persistent_workers: bool | None = None,
-               multiprocessing_context: Any = None, pin_memory: bool = False,
+               multiprocessing_context: Any = None, pin_memory: bool | None = None,
                prefetch_factor: int | None = None, convert: Literal["after", "worker"] | None = "after",
-               **kwargs: Any) -> DataLoader:
+               device: str | torch.device | None = None, **kwargs: Any) -> DataLoader:
         """A DataLoader with the chunk-aware sampler (sharded by rank under DDP) and the batched
         fetch. ``drop_last`` drops the last incomplete batch; DDP shards are always equal-length.
         The epoch advances on each pass (or call ``loader.sampler.set_epoch(e)``).
@@ -313,9 +392,21 @@ class H5Dataset(Dataset):
         arrived, which moves 4-8x fewer bytes between processes (benchmarks/results/read_peers.md);
         ``"worker"``: converted in the workers; ``None``: batches keep the stored dtypes, for
         conversion on the GPU (or call ``ds.convert(batch)``). With a ``transform`` or
-        ``batch_transform`` the workers always convert (the hooks see model values)."""
+        ``batch_transform`` the workers always convert (the hooks see model values).
+
+        ``device`` (with ``convert="after"``): each batch is moved to the device as stored (uint8:
+        a quarter of float32's bytes over the bus) and converted there by torch kernels, to the
+        same values (``H5Dataset.convert``); every tensor of the batch arrives on the device. For a
+        CUDA device the batches are pinned first (``pin_memory`` defaults to True) so the copy is
+        asynchronous."""
         if convert not in ("after", "worker", None):
             raise ValueError(f"convert must be 'after', 'worker' or None, got {convert!r}")
+        if device is not None:
+            if convert != "after":
+                raise ValueError(f"device= converts after the transfer: it needs convert='after', not {convert!r}")
+            device = torch.device(device)
+        if pin_memory is None:
+            pin_memory = device is not None and device.type == "cuda"
         sampler = self.sampler(shuffle=shuffle, seed=seed, window=window, num_replicas=num_replicas, rank=rank)
         if persistent_workers is None:
             persistent_workers = num_workers > 0
@@ -327,28 +418,89 @@ class H5Dataset(Dataset):
             if multiprocessing_context is not None:
                 extra["multiprocessing_context"] = multiprocessing_context
         dataset = self
-        # in process (num_workers=0) there is no transfer to spare: "after" converts as it reads
-        if self._deferrable and (convert is None or (convert == "after" and num_workers > 0)):
+        # in process (num_workers=0) there is no transfer to spare: "after" converts as it reads,
+        # unless the conversion is on a device
+        if self._deferrable and (convert is None or (convert == "after" and (num_workers > 0 or device is not None))):
             dataset = copy.copy(self)  # shares the reader; only what the workers ship differs
             dataset._ship_stored = True
-        cls = _ConvertingLoader if dataset is not self and convert == "after" else DataLoader
-        return cls(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                   collate_fn=collate, drop_last=drop_last, pin_memory=pin_memory, **extra, **kwargs)
+            if convert == "after":  # each batch is dropped once converted: its block can be refilled
+                dataset._pool = _BlockPool((2 if prefetch_factor is None else prefetch_factor) + 2)
+        if convert == "after" and (dataset is not self or device is not None):
+            loader = _ConvertingLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                                       collate_fn=collate, drop_last=drop_last, pin_memory=pin_memory, **extra,
+                                       **kwargs)
+            loader.device = device
+            return loader
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                          collate_fn=collate, drop_last=drop_last, pin_memory=pin_memory, **extra, **kwargs)
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype)).dtype
 
 
+def _to_device(col: Any, device: str | torch.device) -> Any:
+    if isinstance(col, torch.Tensor):
+        return col.to(device, non_blocking=True)
+    if isinstance(col, Padded):
+        return Padded(*(_to_device(c, device) for c in col))
+    return col  # a list of strings
+
+
+def torch_convert(kind: FieldKind, raw: torch.Tensor, dtype: torch.dtype, opts: ReadOptions,
+                  stats: dict[str, np.ndarray], axis: int = 1) -> torch.Tensor:
+    """What ``kind.convert`` makes of the stored rows ``raw``, computed by torch kernels on
+    ``raw``'s device (a GPU: only the stored bytes cross the bus). Exact for the two conversions
+    the kinds have: a cast (FieldKind's, e.g. masks) and an image's (widen to float32, divide by
+    255, then subtract the mean and divide by the std); every step is one IEEE operation per value,
+    so the result is bit-equal to the kind's numpy conversion. The divisors are tensors, not Python
+    numbers: CUDA multiplies by the reciprocal of a Python-number divisor, which differs in the
+    last bit for some values. Any other kind is converted by its own ``convert`` on the CPU."""
+    method = type(kind).convert
+    if method is FieldKind.convert:
+        return raw.to(dtype)
+    if method is ImageKind.convert and dtype.is_floating_point:
+        out = raw.to(dtype)
+        out.div_(torch.full((), 255, dtype=dtype, device=out.device))
+        if opts.normalize and "mean" in stats and "std" in stats:
+            shape = [1] * out.dim()
+            shape[axis] = -1
+            std = np.where(stats["std"] > 0, stats["std"], 1).astype(np.float32)
+            out.sub_(torch.from_numpy(np.asarray(stats["mean"], np.float32)).to(out.device).view(shape))
+            out.div_(torch.from_numpy(std).to(out.device).view(shape))
+        return out
+    dst = torch.empty(raw.shape, dtype=dtype)
+    kind.convert(raw.cpu().numpy(), dst.numpy(), opts, stats, axis)
+    return dst.to(raw.device, non_blocking=True)
+
+
 class _ConvertingLoader(DataLoader):
     """A DataLoader whose dataset ships stored arrays: each batch is converted to model values in
-    this process, after the transfer from the workers (``H5Dataset.convert``)."""
+    this process, after the transfer from the workers (``H5Dataset.convert``), on ``device``."""
+
+    device: torch.device | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        convert = self.dataset.convert
+        dataset, device = self.dataset, self.device
+        convert = dataset.convert if device is None else lambda b: dataset.convert(b, device)
+        # the last received batches stay referenced, so a block a worker sends again is found in
+        # torch's mapping cache instead of being mapped (and page-faulted) afresh
+        recent: deque = deque(maxlen=max(1, self.num_workers) * (self.prefetch_factor or 2) * 2 + 2)
         for batch in super().__iter__():
             _prefault(batch)
-            yield convert(batch)
+            recent.append(batch)
+            yield _own(convert(batch), batch)
+
+
+def _own(converted: Any, raw: Any) -> Any:
+    """Columns a conversion passed through (labels, row numbers) copied out of the received block,
+    which its worker refills a few batches later."""
+    blocks = {c.untyped_storage().data_ptr() for c in ((raw,) if isinstance(raw, torch.Tensor) else raw)
+              if isinstance(c, torch.Tensor)}
+    if isinstance(converted, torch.Tensor):
+        return converted.clone() if converted.untyped_storage().data_ptr() in blocks else converted
+    return type(converted)(c.clone() if isinstance(c, torch.Tensor) and c.untyped_storage().data_ptr() in blocks else c
+                           for c in converted)
 
 
 MADV_POPULATE_READ = 22  # Linux 5.14+
