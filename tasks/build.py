@@ -8,8 +8,8 @@ from h5forge.format.names import version_name
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest import build, discover as discovery
 from h5forge.ingest.discover import Inventory
-from h5forge.ingest.inputs import Inputs, fingerprint
-from h5forge.ingest.nightly import unchanged_since
+from h5forge.ingest.inputs import Inputs
+from h5forge.ingest.nightly import inputs_of, unchanged_since
 from h5forge.spec import DatasetSpec
 from h5forge.store import versions
 from h5forge.store.verify import HealthReport
@@ -38,8 +38,11 @@ def stage_version(spec: DatasetSpec) -> Candidate:
 
 @step(name="fingerprint")
 def fingerprint_inputs(spec: DatasetSpec, inventory: Inventory) -> Inputs:
-    inputs = fingerprint(spec, inventory)
-    get_run_logger().info("hashed the raw files of %d samples in %.2f s", len(inputs.samples), inputs.hash_seconds)
+    inputs = inputs_of(spec, inventory)
+    if inputs.deferred:
+        get_run_logger().info("no version made under these field rules: the raw files are hashed as they are cleaned")
+    else:
+        get_run_logger().info("hashed the raw files of %d samples in %.2f s", len(inputs.samples), inputs.hash_seconds)
     return inputs
 
 

@@ -10,8 +10,9 @@ from typing import Callable
 from h5forge.errors import NothingToBuild, VerificationFailed
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest.discover import Inventory
-from h5forge.ingest.inputs import Inputs, fingerprint
-from h5forge.ingest.nightly import REUSED_CHECKSUM_SAMPLE, check_cleaned_rows, copies_verified_rows, write_samples
+from h5forge.ingest.inputs import Inputs
+from h5forge.ingest.nightly import (REUSED_CHECKSUM_SAMPLE, check_cleaned_rows, copies_verified_rows, inputs_of,
+                                    write_samples)
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.spec import DatasetSpec
 from h5forge.store.reports import write_health, write_quarantine
@@ -24,7 +25,7 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
                   status: Callable[[str], None] = lambda text: None, inputs: Inputs | None = None) -> WriteSummary:
     """Clean every sample on dask and stream it into the candidate file. Returns the summary.
 
-    Samples whose inputs (``inputs``: their hashes, made here when not given) are unchanged since
+    Samples whose inputs (``inputs``: their hashes, ``nightly.inputs_of`` when not given) are unchanged since
     the latest version, or durable in what a killed build left, are copied instead of cleaned
     (``h5forge.ingest.nightly``).
 
@@ -37,7 +38,7 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
         raise NothingToBuild(f"no complete sample under {inventory.root} "
                              f"({len(inventory.rejections)} input(s) rejected; see the quarantine report)")
     timings: dict = {}
-    inputs = fingerprint(spec, inventory) if inputs is None else inputs
+    inputs = inputs_of(spec, inventory) if inputs is None else inputs
     with DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent, inputs) as writer:
         writer.add_rejections(inventory.rejections)
         cleaned = write_samples(spec, inventory, inputs, writer, timings, progress, status)

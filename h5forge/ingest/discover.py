@@ -75,14 +75,20 @@ def _coerce(value: Any, kind: str, text: bool = False) -> Any:
 _WILDCARD = re.compile(r"[*?\[]")
 
 
+def _stem(name: str) -> str:
+    """``PurePath(name).stem`` without building a path (discovery calls it once a file)."""
+    i = name.rfind(".")
+    return name[:i] if 0 < i < len(name) - 1 else name
+
+
 def sample_id(rel: str, pattern: str, ids: str, folder: bool = False) -> str:
     """The id a file gives its sample: its stem, or (``ids: path``) its path below the pattern's
     fixed folders, without the suffix (``images/*/*.png`` makes ``images/cat/x.png`` ``cat/x``)."""
     if ids == "stem":
-        name = Path(rel).name
+        name = rel.rsplit("/", 1)[-1]
         if folder:  # a case folder's name is its id, dots and all (DICOM UIDs)
             return name
-        return name[:-len(".nii.gz")] if name.lower().endswith(".nii.gz") else Path(rel).stem
+        return name[:-len(".nii.gz")] if name.lower().endswith(".nii.gz") else _stem(name)
     fixed = 0
     for part in pattern.split("/")[:-1]:
         if _WILDCARD.search(part):
@@ -98,10 +104,22 @@ def match_key(sid: str) -> str:
     return unicodedata.normalize("NFC", sid)
 
 
-def _leaves(root: Path, p: Path) -> str | None:
-    """Where ``p`` really is, when a symlink (of the file or a folder above it) leads out of ``root``."""
-    real, base = os.path.realpath(p), os.path.realpath(root)
-    return None if os.path.commonpath([real, base]) == base else real
+class _Outside:
+    """Where a path really is, when a symlink (of the file or a folder above it) leads out of
+    ``root``. Each folder is resolved once: a file costs one lstat, not one per path component."""
+
+    def __init__(self, root: Path):
+        self.base = os.path.realpath(root)
+        self.inside = self.base.rstrip("/") + "/"
+        self.folders: dict[str, str] = {}
+
+    def __call__(self, path: str) -> str | None:
+        folder, name = os.path.split(path)
+        real_folder = self.folders.get(folder)
+        if real_folder is None:
+            real_folder = self.folders[folder] = os.path.realpath(folder)
+        real = os.path.realpath(path) if os.path.islink(path) else os.path.join(real_folder, name)
+        return None if real == self.base or real.startswith(self.inside) else real
 
 
 def _glob_field(root: Path, patterns: tuple[str, ...], ids: str, folders: bool = False,
@@ -109,20 +127,28 @@ def _glob_field(root: Path, patterns: tuple[str, ...], ids: str, folders: bool =
     """{match key: (file, id as spelled)} of one field, and the files that cannot be told apart or
     that a symlink takes out of the source folder (unless ``allow_outside``)."""
     by_stem: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    seen: set[Path] = set()
+    seen: set[str] = set()
     outside: list[Rejection] = []
+    leaves = None if allow_outside else _Outside(root)
+    start = len(str(root).rstrip("/")) + 1
     for pattern in patterns:
-        for p in sorted(root.glob(pattern)):
-            if (p.is_file() or (folders and p.is_dir())) and not p.name.startswith(".") and p not in seen:
-                seen.add(p)
-                rel = p.relative_to(root).as_posix()
-                sid = sample_id(rel, pattern, ids, p.is_dir())
-                target = None if allow_outside else _leaves(root, p)
-                if target is not None:
-                    outside.append(Rejection(sid, (rel,), f"symlink leads outside the source folder (to {target}); "
-                                                          "set source.allow_symlinks_outside: true to take it"))
-                    continue
-                by_stem[match_key(sid)].append((rel, sid))
+        # str paths and a sort by parts (Path's own order) keep pathlib out of a loop run per file
+        for path in sorted(map(str, root.glob(pattern)), key=lambda q: q.split("/")):
+            name = path.rsplit("/", 1)[-1]
+            if name.startswith(".") or path in seen:
+                continue
+            is_dir = folders and os.path.isdir(path)
+            if not (is_dir or os.path.isfile(path)):
+                continue
+            seen.add(path)
+            rel = path[start:]
+            sid = sample_id(rel, pattern, ids, is_dir)
+            target = None if leaves is None else leaves(path)
+            if target is not None:
+                outside.append(Rejection(sid, (rel,), f"symlink leads outside the source folder (to {target}); "
+                                                      "set source.allow_symlinks_outside: true to take it"))
+                continue
+            by_stem[match_key(sid)].append((rel, sid))
     found, problems = {}, outside
     for entries in by_stem.values():
         paths = tuple(rel for rel, _ in entries)

@@ -5,9 +5,11 @@ A rebuild compares these with the latest version's (``h5forge.format.catalog``):
 - the same rules: each sample whose key is unchanged is copied from the stored version, the rest
   are cleaned.
 
-Raw files are hashed here, in the calling process, before any cleaning: reading and hashing a
-file costs a small part of decoding it (benchmarks/nightly.py measures it), and it is the only way
-to know what changed without decoding everything.
+When there is something to compare with (``h5forge.ingest.nightly.inputs_of``), raw files are
+hashed here, in the calling process, before any cleaning: it is the only way to know what changed
+without decoding everything. When there is nothing (no version, or one made under other rules),
+the cleaning workers' hashes of the files they decode serve instead (``Inputs.deferred``): a full
+build reads and hashes each raw file once.
 """
 
 from __future__ import annotations
@@ -82,30 +84,71 @@ class Inputs:
     key: str  # of the rules, every sample's key and every discovery-time rejection
     samples: dict[str, bytes] = field(default_factory=dict)  # sample id -> sample key
     hash_seconds: float = 0.0
+    # the sample keys are learnt from the cleaning workers' hashes (``learn``), the key made at the
+    # end (``seal``); a deferred build has nothing to reuse, so nothing needs them before
+    deferred: bool = False
 
     def key_of(self, ref: SampleRef) -> bytes:
         return self.samples[ref.id]
 
+    def learn(self, spec: DatasetSpec, root: Path, refs: list[SampleRef], ids: list[str],
+              hashes: list[list[str]]) -> None:
+        """The sample keys of a cleaned batch: ``refs`` its inputs, ``ids``/``hashes`` the samples
+        it kept and their raw-file hashes made by the worker. The inputs it rejected are hashed
+        here, as ``fingerprint`` would have."""
+        names, folders = _file_fields(spec)
+        made = dict(zip(ids, hashes))
+        for ref in refs:
+            hexes = made.get(ref.id)
+            if hexes is None:
+                hexes = [raw_digest(root, ref.files[n], folders[n]) for n in names]
+            self.samples[ref.id] = _key(ref, names, hexes)
 
-def fingerprint(spec: DatasetSpec, inventory: Inventory, threads: int | None = None) -> Inputs:
-    """Hash every raw file of the inventory (threads: hashlib releases the GIL) into sample keys."""
-    import time
+    def seal(self, spec: DatasetSpec, inventory: Inventory) -> None:
+        """The input key of a deferred build, once every sample's key is known."""
+        missing = [ref for ref in inventory.samples if ref.id not in self.samples]
+        if missing:  # inputs no batch reported (none in a build that ran to its end)
+            self.learn(spec, inventory.root, missing, [], [])
+        self.key = total_key(self.rules, self.samples, inventory)
+        self.deferred = False
 
-    t0 = time.perf_counter()
+
+def _file_fields(spec: DatasetSpec) -> tuple[list[str], dict[str, bool]]:
+    """The fields read from raw files, in spec order, and whether each reads case folders."""
     kinds = field_kinds(spec)
     names = [n for n, k in kinds.items() if k.files]
-    folders = {n: kinds[n].reads_folders for n in names}
-    root = inventory.root
-    jobs = [(ref.files[n], folders[n]) for ref in inventory.samples for n in names]
-    with ThreadPoolExecutor(threads or min(4, os.cpu_count() or 1)) as pool:
-        digests = list(pool.map(lambda job: raw_digest(root, *job), jobs, chunksize=64))
-    samples: dict[str, bytes] = {}
-    for i, ref in enumerate(inventory.samples):
-        hexes = digests[i * len(names):(i + 1) * len(names)]
-        samples[ref.id] = sample_key(ref.id, ref.split, [ref.files[n] for n in names], hexes, ref.columns)
-    total = hashlib.sha256(rules_hash(spec).encode())
+    return names, {n: kinds[n].reads_folders for n in names}
+
+
+def _key(ref: SampleRef, names: list[str], hexes: list[str]) -> bytes:
+    return sample_key(ref.id, ref.split, [ref.files[n] for n in names], hexes, ref.columns)
+
+
+def total_key(rules: str, samples: dict[str, bytes], inventory: Inventory) -> str:
+    """The input key: the rules, every sample's key and every discovery-time rejection."""
+    total = hashlib.sha256(rules.encode())
     for sid in sorted(samples):
         total.update(sid.encode() + b"\0" + samples[sid])
     for r in sorted(inventory.rejections, key=lambda r: (r.sample_id, r.paths, r.reason)):
         total.update(json.dumps([r.sample_id, list(r.paths), r.reason]).encode())
-    return Inputs(rules_hash(spec), total.hexdigest(), samples, round(time.perf_counter() - t0, 3))
+    return total.hexdigest()
+
+
+def fingerprint(spec: DatasetSpec, inventory: Inventory, threads: int | None = None,
+                hash_files: bool = True) -> Inputs:
+    """Hash every raw file of the inventory (threads: hashlib releases the GIL) into sample keys;
+    ``hash_files=False``: leave the hashing to the cleaning workers (``Inputs.deferred``)."""
+    import time
+
+    if not hash_files:
+        return Inputs(rules_hash(spec), "", deferred=True)
+    t0 = time.perf_counter()
+    names, folders = _file_fields(spec)
+    root = inventory.root
+    jobs = [(ref.files[n], folders[n]) for ref in inventory.samples for n in names]
+    with ThreadPoolExecutor(threads or min(4, os.cpu_count() or 1)) as pool:
+        digests = list(pool.map(lambda job: raw_digest(root, *job), jobs, chunksize=64))
+    samples = {ref.id: _key(ref, names, digests[i * len(names):(i + 1) * len(names)])
+               for i, ref in enumerate(inventory.samples)}
+    rules = rules_hash(spec)
+    return Inputs(rules, total_key(rules, samples, inventory), samples, round(time.perf_counter() - t0, 3))

@@ -7,6 +7,7 @@ earlier version takes nothing and cleans everything, as before.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -16,10 +17,10 @@ import h5py
 import numpy as np
 
 from h5forge.format.catalog import input_key
-from h5forge.format.names import version_name
+from h5forge.format.names import RESUMABLE, RESUME_SUFFIX, version_name
 from h5forge.format.segments import segments_of
 from h5forge.ingest.discover import Inventory
-from h5forge.ingest.inputs import Inputs
+from h5forge.ingest.inputs import Inputs, fingerprint, rules_hash
 from h5forge.ingest.resume import Checkpoints, discard_resumable, resumable_source
 from h5forge.ingest.reuse import Source, make_plan, runs, usable, write_reusing
 from h5forge.ingest.writer import DatasetWriter
@@ -27,10 +28,27 @@ from h5forge.spec import DatasetSpec
 from h5forge.store.versions import latest
 
 
+def inputs_of(spec: DatasetSpec, inventory: Inventory) -> Inputs:
+    """The build's input hashes: made now when the latest version or a killed build's rows were
+    written under the same field rules (what is unchanged can then be taken), else left to the
+    cleaning workers, so that a full build reads each raw file once."""
+    return fingerprint(spec, inventory, hash_files=comparable(Path(spec.output.dir), rules_hash(spec)))
+
+
+def comparable(out: Path, rules: str) -> bool:
+    """Whether the latest version, or rows a killed build left, were written under ``rules``."""
+    try:
+        if json.loads((out / (RESUMABLE + RESUME_SUFFIX)).read_text()).get("rules") == rules:
+            return True
+    except (OSError, ValueError, AttributeError):
+        pass
+    return bool(previous_sources(out, rules))
+
+
 def unchanged_since(out: Path, inputs: Inputs) -> int | None:
     """The latest version, when it was built from exactly these inputs under these rules."""
     number = latest(out)
-    if number is None:
+    if number is None or inputs.deferred or not inputs.key:
         return None
     try:
         with h5py.File(os.path.realpath(Path(out) / version_name(number)), "r") as f:
@@ -39,7 +57,7 @@ def unchanged_since(out: Path, inputs: Inputs) -> int | None:
         return None
 
 
-def previous_sources(out: Path, inputs: Inputs) -> list[Source]:
+def previous_sources(out: Path, rules: str) -> list[Source]:
     """The files holding the latest version's rows, when written under the same field rules."""
     number = latest(out)
     if number is None:
@@ -49,7 +67,7 @@ def previous_sources(out: Path, inputs: Inputs) -> list[Source]:
         files = [path.parent / seg["file"] for seg in segments_of(path)]
     except OSError:
         return []
-    return [Source(p) for p in files if usable(p, inputs.rules)]
+    return [Source(p) for p in files if usable(p, rules)]
 
 
 def write_samples(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, writer: DatasetWriter,
@@ -61,7 +79,7 @@ def write_samples(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, write
     out = Path(spec.output.dir)
     t0 = time.perf_counter()
     resumed = resumable_source(out, inputs)
-    sources = ([resumed] if resumed else []) + previous_sources(out, inputs)
+    sources = ([resumed] if resumed else []) + previous_sources(out, inputs.rules)
     checkpoints = Checkpoints(writer, inputs, len(inventory.samples), exact_stats=not sources)
     try:
         plan = make_plan(inventory.samples, inputs, sources)
@@ -74,7 +92,9 @@ def write_samples(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, write
             progress(n)
             checkpoints.tick(n)
 
-        written = write_reusing(spec, inventory.root, plan, sources, writer, timings, advance, status)
+        written = write_reusing(spec, inventory.root, plan, sources, writer, timings, advance, status, inputs)
+        if inputs.deferred:  # every sample's key is known now: the file records the build's input key
+            inputs.seal(spec, inventory)
         cleaned = written.pop("cleaned_rows")
         timings.update(written)
     except BaseException:

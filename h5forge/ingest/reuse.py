@@ -118,7 +118,7 @@ def make_plan(samples: list[SampleRef], inputs: Inputs, sources: list[Source]) -
             keys = sample_keys(f, split, src.rows[split])
             # numpy drops trailing NUL bytes of fixed-length byte strings: padded back to 32
             where.update(((split, key.ljust(KEY.itemsize, b"\0")), Taken(k, r)) for r, key in enumerate(keys.tolist()))
-    taken = [where.pop((ref.split, inputs.samples[ref.id]), None) for ref in samples]
+    taken = [where.pop((ref.split, inputs.samples.get(ref.id)), None) for ref in samples]
     return Plan(samples, taken)
 
 
@@ -253,9 +253,10 @@ def taken_stats(src: Source, split: str, taken_rows: np.ndarray, kinds: dict[str
 
 def write_reusing(spec: DatasetSpec, root: Path, plan: Plan, sources: list[Source], writer: DatasetWriter,
                   timings: dict, progress: Callable[[int], None] = lambda n: None,
-                  status: Callable[[str], None] = lambda text: None) -> dict:
+                  status: Callable[[str], None] = lambda text: None, inputs: Inputs | None = None) -> dict:
     """Write every sample of ``plan`` in order into ``writer``: taken rows copied from their
-    source, the rest cleaned (on dask when there are many). Returns what was reused and how."""
+    source, the rest cleaned (on dask when there are many). Returns what was reused and how.
+    A deferred ``inputs`` learns each cleaned sample's key before its row is written."""
     kinds = stored_kinds(spec)
     copiers: dict[tuple[int, str], Copier] = {}
     for k, src in enumerate(sources):
@@ -291,6 +292,8 @@ def write_reusing(spec: DatasetSpec, root: Path, plan: Plan, sources: list[Sourc
     for batch in clean_all(spec, root, to_clean, timings, status):
         refs = to_clean[done:done + len(batch) + len(batch.rejections)]  # every input is kept or rejected
         done += len(refs)
+        if inputs is not None and inputs.deferred:
+            inputs.learn(spec, root, refs, batch.ids, batch.source_sha256)
         writer.add_rejections(batch.rejections)
         batch = dataclasses.replace(batch, rejections=[])
         in_batch = {sid: i for i, sid in enumerate(batch.ids)}

@@ -88,6 +88,12 @@ def binary_values(img, path: str) -> np.ndarray:
 
 def binary_array(arr: np.ndarray, path: str) -> np.ndarray:
     """{0,1} or {0,255} values as {0,1}; anything else rejects the sample."""
+    if arr.dtype == np.uint8 and arr.size:  # the common cases in two passes, without a histogram
+        if arr.max() <= 1:
+            return arr
+        high = arr == 255
+        if np.count_nonzero(high) + np.count_nonzero(arr == 0) == arr.size:
+            return high.view(np.uint8)
     present = set(int(v) for v in _present(arr))
     if present <= {0, 1}:
         return arr.astype(np.uint8, copy=False)
@@ -168,8 +174,7 @@ class MaskKind(FieldKind):
             raise Reject(rel, f"mask is {values.shape[0]}x{values.shape[1]} (HxW) but its image "
                               f"{ref.files[self.spec.like]} is {ih}x{iw}")
         fill = self.spec.ignore_value or 0
-        arr = apply_geometry(values[..., None], geometry, fill, nearest=True)
-        return Decoded(np.ascontiguousarray(arr.transpose(2, 0, 1)), digest)
+        return Decoded(apply_geometry(values[..., None], geometry, fill, nearest=True), digest)
 
     # ---- statistics: pixels per class, and which rows hold each class
     def _attr(self) -> str:

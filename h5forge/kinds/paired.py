@@ -69,5 +69,4 @@ class PairedKind(ImageKind):
             raise Reject(rel, f"HR is {pixels.shape[0]}x{pixels.shape[1]} (HxW) but its LR partner "
                               f"{ref.files[self.spec.like]} is {low.raw[0]}x{low.raw[1]}: scale {k} needs "
                               f"{k * low.raw[0]}x{k * low.raw[1]}")
-        arr = apply_geometry(pixels, low.times(k), self.partner.fill, nearest=False)
-        return Decoded(np.ascontiguousarray(arr.transpose(2, 0, 1)), digest)
+        return Decoded(apply_geometry(pixels, low.times(k), self.partner.fill, nearest=False), digest)

@@ -203,3 +203,34 @@ def test_geometry_plan_pads_and_crops_per_axis():
     assert g.crop == (38, 0, 224, 100) and g.pad == (0, 0, 62, 62)
     with pytest.raises(Reject):
         plan_geometry(300, 100, 224, 224, "reject", "x")
+
+
+@pytest.mark.parametrize("shape", [(5, 3, 31, 17), (4, 1, 8, 8), (0, 3, 4, 4), (2, 3, 1, 1)])
+def test_channel_counts_equal_a_bincount_per_channel(shape):
+    """Counted two pixels at a time, odd sizes included: exactly numpy's bincount per channel."""
+    from h5forge.kinds.image import channel_counts
+
+    rng = np.random.default_rng(sum(shape))
+    block = rng.integers(0, 256, shape, dtype=np.uint8)
+    block[:, :, :1, :1] = 255  # the last bin, and a pixel pair (255, x) across the odd end
+    want = np.stack([np.bincount(block[:, c].ravel(), minlength=256) for c in range(shape[1])])
+    assert np.array_equal(channel_counts(block), want)
+    assert channel_counts(block).sum() == block.size
+
+
+@pytest.mark.parametrize("values, stored", [([0, 1], [0, 1]), ([0, 255], [0, 1]), ([255], [1]), ([0], [0])])
+def test_binary_masks_take_the_quick_checks_with_the_same_values(values, stored):
+    from h5forge.kinds.mask import binary_array
+
+    arr = np.array(values * 6, np.uint8).reshape(3, -1)
+    out = binary_array(arr, "m.png")
+    assert out.dtype == np.uint8 and np.array_equal(out, np.array(stored * 6, np.uint8).reshape(3, -1))
+
+
+@pytest.mark.parametrize("values", [[0, 128], [1, 255], [0, 1, 255], [2]])
+def test_binary_masks_with_other_values_are_still_rejected_by_name(values):
+    from h5forge.kinds.mask import binary_array
+    from h5forge.samples import Reject
+
+    with pytest.raises(Reject, match=r"mask values \[.*\] not allowed"):
+        binary_array(np.array(values * 4, np.uint8), "m.png")
