@@ -3,6 +3,7 @@ change, vs the build after a SIGKILL at 80 % of a full build; and an append onto
 dataset (the inputs catalog every version carries).
 
     python -m benchmarks.nightly [--smoke] [--n 3000 --size 224 --rounds 2] [--append-small 2000 --append-large 20000]
+    python -m benchmarks.nightly --only append --append-small 10000 --append-large 100000   # -> nightly_append
 
 What is measured and how: benchmarks/README.md, section "nightly".
 """
@@ -20,7 +21,8 @@ import h5py
 import numpy as np
 import psutil
 
-from benchmarks.common import CACHE, REPO, cli, log, machine, make_spec, med, ratio, raw_folder, save, write_spec
+from benchmarks.common import (CACHE, REPO, cli, loadavg, log, machine, make_spec, med, ratio, raw_folder, save,
+                               write_spec)
 
 WORK = CACHE / "nightly"
 SPLITS = ("train", "val", "test")
@@ -30,8 +32,7 @@ def build(spec) -> dict:
     """The build flow's steps as plain calls (flows/build.py without Prefect), each timed."""
     from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
     from h5forge.ingest.discover import discover
-    from h5forge.ingest.inputs import fingerprint
-    from h5forge.ingest.nightly import unchanged_since
+    from h5forge.ingest.nightly import inputs_of, unchanged_since
     from h5forge.store.versions import output_lock, stage
 
     steps, t0 = {}, time.perf_counter()
@@ -45,7 +46,7 @@ def build(spec) -> dict:
 
     with output_lock(spec.output.dir):
         inventory = step("discover", discover, spec)
-        inputs = step("hash", fingerprint, spec, inventory)
+        inputs = step("hash", inputs_of, spec, inventory)  # as the build: up front only when comparable
         same = step("unchanged_check", unchanged_since, spec.output.dir, inputs)
         result = {"samples": len(inventory.samples), "unchanged_since": same}
         if same is None:
@@ -180,16 +181,25 @@ def append_scaling(args) -> dict:
         for key, (base, info) in bases.items():
             out = copy_base(base, APPEND_WORK / "trial-out")
             inbox = fill_inbox(src, APPEND_WORK / "trial-inbox", 0, args.append_new, "new_")
-            t = append_steps(make_spec(info["raw"], out, 64), out, inbox, args.append_new)
+            load = loadavg()[0]
+            t = append_steps(make_spec(info["raw"], out, 64), out, inbox, args.append_new) | {"loadavg_before": load}
             if r:
                 trials[key].append(t)
             log(f"append round {r} {key}: {t['total_seconds']} s, known_samples {t['steps']['known_samples']} s")
-    res = {k: {"samples": bases[k][1]["samples"], "median_seconds": med(t["total_seconds"] for t in v),
+    res = {k: {"samples": bases[k][1]["samples"], "base_file_bytes": bases[k][1]["file_bytes"],
+               "median_seconds": med(t["total_seconds"] for t in v),
+               "median_cpu_seconds": med(t["cpu_seconds"] for t in v),
                "median_known_samples_seconds": med([t["steps"]["known_samples"] for t in v], 5),
-               "steps_median": {s: med(t["steps"][s] for t in v) for s in v[0]["steps"]}} for k, v in trials.items()}
+               "steps_median": {s: med(t["steps"][s] for t in v) for s in v[0]["steps"]},
+               "trials": [{"seconds": t["total_seconds"], "cpu": t["cpu_seconds"], "load": t["loadavg_before"]}
+                          for t in v]} for k, v in trials.items()}
     res["ratio_large_vs_small"] = ratio(res["large"]["median_seconds"], res["small"]["median_seconds"])
+    res["cpu_ratio_large_vs_small"] = ratio(res["large"]["median_cpu_seconds"], res["small"]["median_cpu_seconds"])
     res["known_samples_ratio"] = ratio(res["large"]["median_known_samples_seconds"],
                                        res["small"]["median_known_samples_seconds"])
+    small, large = res["small"]["steps_median"], res["large"]["steps_median"]
+    # a step that grows with the base's size shows here; steps under 0.1 ms are noise
+    res["step_ratios_large_vs_small"] = {s: ratio(large[s], small[s], 2) if small[s] > 1e-4 else None for s in small}
     return res
 
 
@@ -203,9 +213,19 @@ def main() -> None:
         return child_build(sys.argv[sys.argv.index("--child-build") + 1])
     args = cli(__doc__, dict(n=300, size=64, rounds=1, append_small=100, append_large=300, append_new=20, append_repeats=1),
                n=3000, size=224, rounds=2, change=0.01, append_small=2000, append_large=20000, append_new=100,
-               append_repeats=3, no_append=False)
+               append_repeats=3, no_append=False, only="")
     WORK.mkdir(parents=True, exist_ok=True)
     t_run, mach = time.perf_counter(), machine()
+    if args.only == "append":  # the append part alone, in its own result file
+        res = append_scaling(args)
+        ratios = {"append onto large / onto small": res["ratio_large_vs_small"],
+                  "append CPU, large / small": res["cpu_ratio_large_vs_small"],
+                  "append exactly-once lookup, large / small": res["known_samples_ratio"]}
+        save("nightly_append", {"machine": mach, "args": vars(args), "append": res, "ratios": ratios,
+                                "run_seconds": round(time.perf_counter() - t_run, 1)}, args.smoke)
+        return
+    if args.only:
+        raise SystemExit(f"--only {args.only!r}: the only part that runs alone is 'append'")
     raw0 = raw_folder(args.n, args.size)
     spare = raw_folder(max(3, round(args.n * args.change)), args.size, seed=7)
     rounds = [round_trip(raw0, spare, args, r + 1) for r in range(args.rounds)]

@@ -335,8 +335,10 @@ def write_reusing(spec: DatasetSpec, root: Path, plan: Plan, sources: list[Sourc
 def _add_segment(writer: DatasetWriter, kinds: dict[str, FieldKind], batch: CleanedBatch, keep: list[int],
                  rows: dict[str, list[int]]) -> None:
     """Add the cleaned samples ``keep`` of ``batch``, noting the row each one gets."""
-    for i in keep:
+    before = {split: writer.next_row(split) for split in SPLITS}
+    for i in keep:  # each sample's row: the split's next row, after the batch's earlier samples of that split
         split = batch.splits[i]
-        rows[split].append(writer.next_row(split) + sum(batch.splits[j] == split for j in keep if j < i))
+        rows[split].append(before[split])
+        before[split] += 1
     whole = keep == list(range(len(batch)))
     writer.add(batch if whole else batch.take(kinds, keep, []))
