@@ -188,43 +188,54 @@ def side_by_side(args, raw: Path, pairs: list, work: Path, url: str, py: Path | 
 
 def prefect_cost(args, raw: Path, raw_cli: Path, work: Path, url: str, home: Path) -> dict:
     """The build as a flow against the running server vs the same steps as plain calls (child
-    processes, benchmarks.orchestration's); the CLI on ``--cli-n`` samples vs plain calls."""
+    processes, benchmarks.orchestration's), in two baselines: ``steps`` makes everything the flow
+    makes (the unchanged check, the reports' Markdown, the diff, the preview sheet and its artifact
+    copy) without Prefect, so flow / steps is Prefect's own cost; ``plain`` is the bare build
+    (discover, write, verify, publish, retention). The CLI on ``--cli-n`` samples against both."""
     from benchmarks.build import cli_build
     from benchmarks.common import prefect_env
     from benchmarks.orchestration import run_child
-    runs = []
+    modes, runs = ("plain", "steps", "flow"), []
     for rep in range(args.prefect_reps):
-        for mode in ("plain", "flow") if rep % 2 == 0 else ("flow", "plain"):
+        for mode in modes if rep % 2 == 0 else modes[::-1]:
             d = work / f"prefect-{rep}-{mode}"
             spec = write_spec(make_spec(raw, d / "out", args.size, compute={"workers": args.workers, "inline_below": 0}),
                               d / "spec.yaml")
             res = run_child(mode, spec, prefect_env(home / f"{mode}-client", PREFECT_API_URL=url))
             runs.append({"rep": rep, "mode": mode, "build_seconds": res["build_seconds"],
-                         "child_wall_seconds": res["child_wall_seconds"], "samples": res["samples"],
-                         "clean_write_seconds": res["clean_write_seconds"]})
+                         "child_wall_seconds": res["child_wall_seconds"], "import_seconds": res["import_seconds"],
+                         "samples": res["samples"], "clean_write_seconds": res["clean_write_seconds"],
+                         "loadavg_before": res["loadavg_before"]})
             log(f"rep {rep} {mode:5s} build {res['build_seconds']} s (child {res['child_wall_seconds']} s)")
             shutil.rmtree(d, ignore_errors=True)
-    best = {m: min(r["build_seconds"] for r in runs if r["mode"] == m) for m in ("plain", "flow")}
+    best = {m: min(r["build_seconds"] for r in runs if r["mode"] == m) for m in modes}
+    per_rep = lambda a, b: [ratio(*(next(r["build_seconds"] for r in runs if r["rep"] == rep and r["mode"] == m)  # noqa: E731
+                                    for m in (a, b))) for rep in range(args.prefect_reps)]
     cli_runs = []
     for rep in range(args.prefect_reps):
         d = work / f"cli-{rep}"
         spec = make_spec(raw_cli, d / "out", args.size, compute={"workers": args.workers, "inline_below": 0})
-        plain = run_child("plain", write_spec(spec, d / "spec.yaml"), prefect_env(home / "plain-cli"))
-        shutil.rmtree(d / "out", ignore_errors=True)
+        row = {"rep": rep}
+        for mode in ("plain", "steps"):
+            base = run_child(mode, write_spec(spec, d / "spec.yaml"), prefect_env(home / f"{mode}-cli"))
+            row |= {f"{mode}_child_wall_seconds": base["child_wall_seconds"], f"{mode}_build_seconds": base["build_seconds"]}
+            shutil.rmtree(d / "out", ignore_errors=True)
         via_cli = cli_build(spec, d, api_url=url)
-        cli_runs.append({"rep": rep, "plain_child_wall_seconds": plain["child_wall_seconds"],
-                         "plain_build_seconds": plain["build_seconds"], "cli_wall_seconds": via_cli["wall_seconds"],
-                         "cli_phases_seconds": via_cli["phases_seconds"],
-                         "cli_minus_plain_child_seconds": round(via_cli["wall_seconds"] - plain["child_wall_seconds"], 2)})
-        log(f"CLI {via_cli['wall_seconds']} s vs plain calls {plain['child_wall_seconds']} s ({len(list(raw_cli.glob('images/*')))} samples)")
+        row |= {"cli_wall_seconds": via_cli["wall_seconds"], "cli_phases_seconds": via_cli["phases_seconds"],
+                "cli_minus_plain_child_seconds": round(via_cli["wall_seconds"] - row["plain_child_wall_seconds"], 2),
+                "cli_minus_steps_child_seconds": round(via_cli["wall_seconds"] - row["steps_child_wall_seconds"], 2)}
+        cli_runs.append(row)
+        log(f"CLI {via_cli['wall_seconds']} s vs plain calls {row['plain_child_wall_seconds']} s, the same steps "
+            f"{row['steps_child_wall_seconds']} s ({len(list(raw_cli.glob('images/*')))} samples)")
         shutil.rmtree(d, ignore_errors=True)
     return {"samples": runs[0]["samples"], "flow_vs_plain": runs, "best_build_seconds": best,
             "flow_over_plain": ratio(best["flow"], best["plain"]),
-            # each round's pair ran back to back: steadier than the best of each when the load moves
-            "flow_over_plain_per_rep": [ratio(*(next(r["build_seconds"] for r in runs if r["rep"] == rep and r["mode"] == m)
-                                                for m in ("flow", "plain"))) for rep in range(args.prefect_reps)],
+            "flow_over_steps": ratio(best["flow"], best["steps"]),
+            # each round's runs ran back to back: steadier than the best of each when the load moves
+            "flow_over_plain_per_rep": per_rep("flow", "plain"), "flow_over_steps_per_rep": per_rep("flow", "steps"),
             "cli": cli_runs,
-            "cli_overhead_seconds": min(r["cli_minus_plain_child_seconds"] for r in cli_runs)}
+            "cli_overhead_seconds": min(r["cli_minus_plain_child_seconds"] for r in cli_runs),
+            "cli_overhead_over_steps_seconds": min(r["cli_minus_steps_child_seconds"] for r in cli_runs)}
 
 
 # ---- the single writer ---------------------------------------------------------------------------
@@ -346,14 +357,18 @@ def main() -> None:
                     result["prefect"] = c = prefect_cost(args, raw_folder(args.prefect_n, args.size),
                                                          raw_folder(args.cli_n, args.size), work, url, home)
                     result["ratios"] |= {"flow / plain calls": c["flow_over_plain"],
-                                         "CLI overhead beyond plain calls s": c["cli_overhead_seconds"]}
+                                         "flow / the same steps as plain calls": c["flow_over_steps"],
+                                         "CLI overhead beyond plain calls s": c["cli_overhead_seconds"],
+                                         "CLI overhead beyond the same steps s": c["cli_overhead_over_steps_seconds"]}
             finally:
                 stop([server])
             result["ephemeral"] = e = ephemeral_start(work)
             result["ratios"]["ephemeral server start s"] = e["ephemeral_server_start_seconds"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    save("build_peers", result | {"loadavg_end": loadavg()}, args.smoke)
+    # a partial run (--only prefect) writes build_peers_prefect.*, never over the whole run's results
+    save("build_peers" + (f"_{args.only.replace(',', '_')}" if args.only else ""), result | {"loadavg_end": loadavg()},
+         args.smoke)
 
 
 if __name__ == "__main__":

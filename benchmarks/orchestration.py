@@ -132,6 +132,46 @@ class CpuWindow:
                 "cores_busy": round((writer + sum(workers) + other) / wall, 2) if wall else None}
 
 
+def flow_steps(spec_path: str, pids: list[int]):
+    """What flows/build.py's build_dataset does, step for step, as plain calls: the same library
+    work (the unchanged check, the rejection limit, the health report's, rejections' and splits'
+    Markdown, the diff, the preview sheet and its artifact copy) without Prefect's engine, logging
+    and API calls. ``flow`` against this is Prefect's own cost; ``plain`` is the bare build."""
+    from dataclasses import replace
+
+    from h5forge.format.names import version_name
+    from h5forge.format.summary import bounded_rows
+    from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
+    from h5forge.ingest.discover import discover
+    from h5forge.ingest.nightly import inputs_of, unchanged_since
+    from h5forge.ingest.rejected import check_rejected
+    from h5forge.spec import load_spec
+    from h5forge.store.diff import diff_versions
+    from h5forge.store.output import claim_output, preflight
+    from h5forge.store.preview import artifact_data_uri, preview_path, write_preview
+    from h5forge.store.versions import output_lock, retain, stage
+    spec = load_spec(spec_path)
+    preflight(spec)
+    with output_lock(spec.output.dir, "benchmark"):
+        claim_output(spec.output.dir, spec.name)
+        inventory = discover(spec)
+        inputs = inputs_of(spec, inventory)
+        assert unchanged_since(spec.output.dir, inputs) is None, "the benchmark builds into an empty folder"
+        candidate, window = stage(spec.output.dir), CpuWindow(pids, len(inventory.samples))
+        summary = write_version(spec, inventory, candidate, window.progress, inputs=inputs)
+        check_rejected(spec, inventory, summary, candidate)
+        report = verify_candidate(candidate)
+        texts = [replace(report, path=version_name(candidate.number)).to_markdown(), list(bounded_rows(summary.rejections))]
+        published = publish_candidate(candidate, report)
+        previous = candidate.out / version_name(candidate.parent) if candidate.parent else None
+        if previous is not None and previous.is_file():
+            texts.append(diff_versions(previous, candidate.final).to_markdown())
+        sheet = write_preview(published, preview_path(candidate.out, candidate.number), n=16, compress_level=1)
+        texts.append(artifact_data_uri(sheet.image))
+        retain(spec.output.dir, spec.output.keep, spec.output.retire_after_seconds)
+    return summary, window.result(), report.ok
+
+
 def child(mode: str, spec_path: str, result: Path, pids: list[int]) -> None:
     t0, out = time.perf_counter(), {"mode": mode, "loadavg_before": loadavg()[0]}
     if mode == "flow":
@@ -139,6 +179,12 @@ def child(mode: str, spec_path: str, result: Path, pids: list[int]) -> None:
         out["import_seconds"], t0 = round(time.perf_counter() - t0, 2), time.perf_counter()
         summary = build_dataset(spec_path)
         out["health_ok"] = bool(get(summary, "path"))  # the flow raises VerificationFailed otherwise
+    elif mode == "steps":
+        import importlib
+        for module in ("h5forge.ingest.build", "h5forge.store.preview", "h5forge.store.diff"):
+            importlib.import_module(module)  # before the clock, as the other modes import theirs
+        out["import_seconds"], t0 = round(time.perf_counter() - t0, 2), time.perf_counter()
+        summary, out["cpu"], out["health_ok"] = flow_steps(spec_path, pids)
     else:
         from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
         from h5forge.ingest.discover import discover

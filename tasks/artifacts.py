@@ -60,20 +60,21 @@ PREVIEW_SAMPLES = 16
 @step(name="preview")
 def publish_preview(name: str, published: str, number: int) -> str | None:
     """A contact sheet of the published version, written to ``reports/dataset_vNNNN.preview.png``
-    and shown in the run as a Markdown artifact embedding a shrunk copy as a ``data:image/png``
-    URI: the Prefect 3.9 UI renders such images in Markdown artifacts (its sanitizer lets
-    ``data:image/`` through on ``img``), while a path on the build machine shows nothing in a
-    browser. Returns the artifact key (None when no sheet could be drawn)."""
+    and shown in the run as a Markdown artifact embedding a shrunk JPEG copy as a
+    ``data:image/jpeg`` URI: the Prefect 3.9 UI renders such images in Markdown artifacts (its
+    sanitizer lets ``data:image/`` through on ``img``), while a path on the build machine shows
+    nothing in a browser. The sheet is drawn once; the copy is made from it in memory. Returns the
+    artifact key (None when no sheet could be drawn)."""
     from pathlib import Path
 
     from h5forge.errors import H5forgeError
     from h5forge.format.names import version_name
-    from h5forge.store.preview import png_data_uri, preview_path, write_preview
+    from h5forge.store.preview import artifact_data_uri, preview_path, write_preview
 
     logger = get_run_logger()
     png = preview_path(Path(published).parent, number)
     try:
-        sheet = write_preview(published, png, n=PREVIEW_SAMPLES)
+        sheet = write_preview(published, png, n=PREVIEW_SAMPLES, compress_level=1)  # a report: speed first
     except (H5forgeError, OSError) as err:  # the version is published already; a picture must not fail the run
         logger.warning("no preview: %s", err)
         return None
@@ -83,7 +84,7 @@ def publish_preview(name: str, published: str, number: int) -> str | None:
         key=key, description=f"{len(sheet.ids)} random {split} samples of {version_name(number)} ({name})",
         markdown=f"# Preview: {version_name(number)}\n\n{len(sheet.ids)} random samples of `{split}` "
                  f"(seed 0), drawn by their field kinds.\n\n![preview of {version_name(number)}]"
-                 f"({png_data_uri(png)})\n\nFull size: `{png}`\n")
+                 f"({artifact_data_uri(sheet.image)})\n\nFull size: `{png}`\n")
     logger.info("preview of %d samples: %s", len(sheet.ids), png)
     return key
 

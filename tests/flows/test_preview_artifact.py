@@ -27,8 +27,8 @@ def test_the_build_attaches_the_preview_as_an_embedded_png(prefect_server, raw_n
     md = Artifact.get("demo-preview")
     assert md.type == "markdown" and "dataset_v0001.h5" in md.data and str(png) in md.data
     uri = md.data.split("](", 1)[1].split(")", 1)[0]
-    assert uri.startswith("data:image/png;base64,")
+    assert uri.startswith("data:image/jpeg;base64,")
     with Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))) as small:
-        assert max(small.size) == 960 >= small.width  # the sheet, shrunk for the artifact
+        assert small.format == "JPEG" and max(small.size) == 960 >= small.width  # the sheet, shrunk for the artifact
         ratio = full.shape[1] / small.width
         assert small.height == round(full.shape[0] / ratio)

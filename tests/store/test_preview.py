@@ -21,7 +21,7 @@ from h5forge.ingest.infer import infer_spec
 from h5forge.kinds.mask import OVERLAY
 from h5forge.kinds.signal import PLOT_INK, PLOT_SIZE, trace_plot
 from h5forge.kinds.volume import PLANE_GAP
-from h5forge.store.preview import load_samples, png_data_uri, write_preview
+from h5forge.store.preview import artifact_data_uri, load_samples, write_preview
 from tests.helpers.demo_build import build_demo
 
 GREEN = OVERLAY[0].astype(np.uint16)  # class 1
@@ -174,16 +174,27 @@ def test_preview_command_writes_the_png_and_refuses_unknown_ids(cells, tmp_path)
     assert res.exit_code == 1 and "no such dataset file" in res.output
 
 
-def test_the_artifact_copy_is_a_small_png_data_uri(cells, tmp_path):
+def test_the_artifact_copy_is_a_small_jpeg_data_uri_of_the_drawn_sheet(cells, tmp_path):
     import base64
     import io
 
     png = tmp_path / "big.png"
-    write_preview(cells, png, n=16, tile=320)
-    uri = png_data_uri(png, max_side=400)
-    assert uri.startswith("data:image/png;base64,")
+    sheet = write_preview(cells, png, n=16, tile=320, compress_level=1)
+    uri = artifact_data_uri(sheet.image, max_side=400)
+    assert uri.startswith("data:image/jpeg;base64,")
     with Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))) as img:
-        assert max(img.size) == 400
+        assert img.format == "JPEG" and max(img.size) == 400
+        assert img.size == (400, round(sheet.image.height * 400 / sheet.image.width)) or \
+            img.size == (round(sheet.image.width * 400 / sheet.image.height), 400)
+        small = np.asarray(img.convert("RGB")).astype(np.int16)
+    # the same picture: the sheet shrunk the same way differs by JPEG's noise only
+    reference = np.asarray(sheet.image.resize(img.size, Image.Resampling.LANCZOS)).astype(np.int16)
+    assert np.abs(small - reference).mean() < 4
+    with Image.open(png) as full:  # the file on disk stays lossless at any compress level
+        assert full.format == "PNG" and np.array_equal(np.asarray(full.convert("RGB")), np.asarray(sheet.image))
+    small_side = artifact_data_uri(sheet.image.resize((200, 100)))  # never enlarged
+    with Image.open(io.BytesIO(base64.b64decode(small_side.split(",", 1)[1]))) as img:
+        assert img.size == (200, 100)
 
 
 def test_a_version_whose_virtual_sources_are_gone_is_refused_not_drawn_as_zeros(cells, tmp_path):
