@@ -9,6 +9,7 @@ is skipped with a line saying so. What is measured and how: benchmarks/README.md
 """
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -133,13 +134,15 @@ def probe(args) -> None:
     first = next(it)
     for _ in range(WARMUP - 1):
         next(it)
-    n, t = 0, time.perf_counter()
+    n, batches, t, cpu, kids = 0, 0, time.perf_counter(), time.process_time(), children_cpu()
     for x, _ in it:
-        n += x.shape[0]
+        n, batches = n + x.shape[0], batches + 1
         if args.limit and n >= args.limit:
             break
     rate = n / (time.perf_counter() - t)
-    out = {"samples_per_s": rate, "timed_samples": n, "dtypes": [str(v.dtype).removeprefix("torch.") for v in first]}
+    out = {"samples_per_s": rate, "timed_samples": n, "dtypes": [str(v.dtype).removeprefix("torch.") for v in first],
+           "main_cpu_ms_per_batch": round((time.process_time() - cpu) / batches * 1000, 2),
+           "workers_cpu_ms_per_batch": round((children_cpu() - kids) / batches * 1000, 2)}
     if args.check:  # every value of one epoch, whatever the order: equal across readers
         del it
         sums, seen = [0, 0], 0
@@ -150,6 +153,21 @@ def probe(args) -> None:
             seen += x.shape[0]
         out["epoch_sums"], out["epoch_samples"] = sums, seen
     print(json.dumps(out), flush=True)
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's live children: the loader's workers."""
+    pids = set()
+    for f in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        pids |= set(f.read_text().split())
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 # ---- data ------------------------------------------------------------------------------------------
@@ -294,6 +312,25 @@ def cpu_per_batch(data: Path, batches: int) -> dict:
             for b in order:
                 f(b)
             best[k] = min(best.get(k, 1e9), (time.process_time() - t) / len(order) * 1000)
+    return {k: round(v, 2) for k, v in best.items()} | convert_cpu(data, order[:20])
+
+
+def convert_cpu(data: Path, order: list) -> dict:
+    """CPU ms of the default loader's main-process share: a stored 32-sample batch converted (float32
+    images / 255, int64 masks, new tensors) by the kinds' numpy conversion (the default) and by
+    torch kernels (``device="cpu"``); min of 3 passes over the same stored batches."""
+    from h5forge.read.torch import H5Dataset
+    default = H5Dataset(data / "lz4.h5", "train", FIELDS)
+    stored = copy.copy(default)
+    stored._ship_stored = True  # what a worker of ds.loader() ships
+    batches = [stored.__getitems__(idx).stacked for idx in order]
+    best: dict[str, float] = {}
+    for _ in range(3):
+        for k, device in (("convert_numpy", None), ("convert_torch", "cpu")):
+            t = time.process_time()
+            for b in batches:
+                default.convert(b, device)
+            best[k] = min(best.get(k, 1e9), (time.process_time() - t) / len(batches) * 1000)
     return {k: round(v, 2) for k, v in best.items()}
 
 
@@ -358,6 +395,8 @@ def main() -> None:
                "latency_p50_default_lz4_vs_npy": lat["h5forge_lz4"]["p50_vs_npy"],
                "latency_p50_lz4_h5py_vs_npy": lat["h5forge_lz4_h5py"]["p50_vs_npy"],
                "latency_p50_none_vs_npy": lat["h5forge_none"]["p50_vs_npy"]}
+    cpu_total = {k: round(v["main_cpu_ms_per_batch"] + v["workers_cpu_ms_per_batch"], 2) for k, v in info.items()}
+    ratios["cpu_per_batch_default_vs_uint8_plain"] = ratio(cpu_total["h5forge_lz4_default"], cpu_total["h5forge_lz4_plain"])
     result = {"command": " ".join(["python -m benchmarks.read_peers", *sys.argv[1:]]),
               "machine": {**machine(), "torch": torch.__version__}, "loadavg_start": load_start,
               "peers": peer_versions or "not installed (skipped)",
@@ -365,7 +404,7 @@ def main() -> None:
                         "rounds": args.rounds, "warmup_batches": WARMUP},
               "ratios": ratios, "samples_per_s": rate, "vs_npy": vs_npy,
               "all_rounds": {k: [round(x) for x in v] for k, v in rates.items()},
-              "outputs": info, "latency": lat, "cpu_ms_per_batch": cpu, "seconds": round(time.perf_counter() - t0)}
+              "outputs": info, "latency": lat, "cpu_ms_per_batch": cpu, "loader_cpu_ms_per_batch": cpu_total, "seconds": round(time.perf_counter() - t0)}
     save("read_peers", result, args.smoke)
 
 

@@ -332,8 +332,9 @@ class SplitReader:
         return j
 
     def read_one(self, i: int, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Sample ``i`` of every field; ``out`` may hold arrays (one row, C order, the stored dtype)
-        to read fixed-size fields into."""
+        """Sample ``i`` of every field. ``out`` may hold arrays (one row, C order, the stored dtype)
+        for fixed-size fields read as whole chunks (h5forge.read.direct) to be read into; a field
+        read through h5py comes back as a new array (h5py's own row read is the faster one there)."""
         j = self.row(i)
         self._handles()
         return {name: self._ragged[name].row(j) if fi.ragged else self._row(name, j, out) if fi.bulk
@@ -341,13 +342,12 @@ class SplitReader:
 
     def _row(self, name: str, j: int, out: dict[str, np.ndarray] | None = None) -> np.ndarray:
         direct = self._direct.get(name)
+        if direct is None:
+            return self._dsets[name][j]
         if out is not None and name in out:
-            if direct is not None:
-                direct.read_into(j, out[name])
-            else:
-                self._dsets[name].read_direct(out[name], np.s_[j], np.s_[...])
+            direct.read_into(j, out[name])
             return out[name]
-        return direct.row(j) if direct is not None else self._dsets[name][j]
+        return direct.row(j)
 
     def read(self, indices: Iterable[int], out: dict[str, np.ndarray] | None = None,
              fields: Sequence[str] | None = None) -> dict[str, Any]:

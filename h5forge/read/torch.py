@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Sequence as SequenceABC
 import copy
 import ctypes
@@ -83,8 +84,9 @@ class _BlockPool:
     one mapping per shared file). Only a loader that converts each batch in the main process and
     drops it (``convert="after"``) uses a pool, and it is safe there because a worker is at most
     ``prefetch_factor`` batches ahead of the main process: when the worker starts its batch j, the
-    main process has converted the worker's batches before j - prefetch_factor, so the block of
-    batch j - ``size`` (size = prefetch_factor + 2, one more than needed) is free."""
+    main process has converted the worker's batches before j - prefetch_factor - 1 (it converts one
+    batch while receiving the next), so the block of batch j - ``size`` (size = prefetch_factor + 3,
+    one more than needed) is free."""
 
     def __init__(self, size: int):
         self.size = size
@@ -353,21 +355,33 @@ class H5Dataset(Dataset):
         stored columns are converted there by torch kernels to the same values: images are widened
         to float32 and divided by 255 (then standardised with ``normalize``), masks widened; a kind
         with another conversion is converted on the CPU, then moved."""
+        return self._convert(batch, device, self._targets(batch) if device is None else {})
+
+    def _columns(self, batch: Any) -> Iterator[tuple[str, Any, bool]]:
+        """(name, column, whether it is stored and converts) for each column of a batch."""
         cols = (batch,) if self._single else tuple(batch)
-        names = [*self.reader.fields, INDEX_FIELD]
-        out = []
-        for name, col in zip(names, cols):
+        for name, col in zip([*self.reader.fields, INDEX_FIELD], cols):
             fi = self.reader.fields.get(name)
-            stored = name in self._deferrable and isinstance(col, torch.Tensor) and col.dtype == _torch_dtype(fi.dtype)
+            yield name, col, (name in self._deferrable and isinstance(col, torch.Tensor)
+                              and col.dtype == _torch_dtype(fi.dtype))
+
+    def _targets(self, batch: Any) -> dict[str, torch.Tensor]:
+        """New CPU tensors for the model values of the batch's stored columns."""
+        return {name: torch.empty(col.shape, dtype=self._tensor_dtypes[name])
+                for name, col, stored in self._columns(batch) if stored}
+
+    def _convert(self, batch: Any, device: torch.device | None, targets: dict[str, torch.Tensor]) -> Any:
+        out = []
+        for name, col, stored in self._columns(batch):
+            fi = self.reader.fields.get(name)
             if stored and device is not None:
                 col = torch_convert(fi.kind, col.to(device, non_blocking=True), self._tensor_dtypes[name],
                                     self.options, fi.stats)
-            elif stored or device is not None:
-                if stored:
-                    dst = torch.empty(col.shape, dtype=self._tensor_dtypes[name])
-                    fi.kind.convert(col.numpy(), dst.numpy(), self.options, fi.stats)
-                    col = dst
-                col = _to_device(col, device) if device is not None else col
+            elif stored:
+                fi.kind.convert(col.numpy(), targets[name].numpy(), self.options, fi.stats)
+                col = targets[name]
+            elif device is not None:
+                col = _to_device(col, device)
             out.append(col)
         return out[0] if self._single else tuple(out)
 
@@ -424,7 +438,7 @@ class H5Dataset(Dataset):
             dataset = copy.copy(self)  # shares the reader; only what the workers ship differs
             dataset._ship_stored = True
             if convert == "after":  # each batch is dropped once converted: its block can be refilled
-                dataset._pool = _BlockPool((2 if prefetch_factor is None else prefetch_factor) + 2)
+                dataset._pool = _BlockPool((2 if prefetch_factor is None else prefetch_factor) + 3)
         if convert == "after" and (dataset is not self or device is not None):
             loader = _ConvertingLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                                        collate_fn=collate, drop_last=drop_last, pin_memory=pin_memory, **extra,
@@ -481,15 +495,31 @@ class _ConvertingLoader(DataLoader):
     device: torch.device | None = None
 
     def __iter__(self) -> Iterator[Any]:
+        """Batch k+1 is converted on a thread while batch k is with the caller and the next one is
+        received (numpy and torch release the GIL while they convert): the main thread's own work
+        per batch is then receiving it."""
         dataset, device = self.dataset, self.device
-        convert = dataset.convert if device is None else lambda b: dataset.convert(b, device)
         # the last received batches stay referenced, so a block a worker sends again is found in
         # torch's mapping cache instead of being mapped (and page-faulted) afresh
         recent: deque = deque(maxlen=max(1, self.num_workers) * (self.prefetch_factor or 2) * 2 + 2)
-        for batch in super().__iter__():
-            _prefault(batch)
-            recent.append(batch)
-            yield _own(convert(batch), batch)
+        with ThreadPoolExecutor(1, thread_name_prefix="h5forge-convert") as converter:
+            pending: Future | None = None
+            for batch in super().__iter__():
+                recent.append(batch)
+                # the new tensors are made here: in the converter thread they would come from its own
+                # malloc arena, which gave them back to the kernel more often (4-6x the page faults)
+                targets = dataset._targets(batch) if device is None else {}
+                following = converter.submit(_converted, dataset, batch, device, targets)
+                if pending is not None:
+                    yield pending.result()
+                pending = following
+            if pending is not None:
+                yield pending.result()
+
+
+def _converted(dataset: H5Dataset, batch: Any, device: torch.device | None, targets: dict[str, torch.Tensor]) -> Any:
+    _prefault(batch)
+    return _own(dataset._convert(batch, device, targets), batch)
 
 
 def _own(converted: Any, raw: Any) -> Any:

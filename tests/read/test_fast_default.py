@@ -51,23 +51,33 @@ def test_workers_refill_their_blocks_and_every_batch_keeps_its_values(path):
     want = old_values(path)
     ds = H5Dataset(path, fields=("images", "masks"), return_index=True)
     loader = ds.loader(batch_size=2, num_workers=2, shuffle=True, seed=1)  # more batches than blocks
-    assert loader.dataset._pool.size == 4  # prefetch_factor 2, plus 2
+    assert loader.dataset._pool.size == 5  # prefetch_factor 2, plus 3
     for epoch in range(2):
         held = list(loader)  # every batch held until the epoch ends: none may change under us
         check_epoch(held, want)
     it = iter(loader)  # an epoch left after 3 batches, then a whole one
     for _ in range(3):
         next(it)
+    assert any(t.name.startswith("h5forge-convert") for t in threading.enumerate())  # converting the next batch
     del it
+    assert not any(t.name.startswith("h5forge-convert") for t in threading.enumerate())  # stopped with its epoch
     check_epoch(list(loader), want)
     # the stored batches as they crossed: at most pool-size blocks per worker, each refilled in turn
     blocks = {b[0].untyped_storage().data_ptr() for b in DataLoader.__iter__(loader)}
-    assert 2 <= len(blocks) <= 2 * 4
+    assert 2 <= len(blocks) <= 2 * 5
+
+
+def test_a_conversion_error_reaches_the_caller(path):
+    ds = H5Dataset(path, fields=("images", "masks"))
+    loader = ds.loader(batch_size=4, num_workers=0, device="cpu")
+    loader.dataset.options = None  # what the converter thread reads: its failure must surface here
+    with pytest.raises(AttributeError):
+        next(iter(loader))
 
 
 def test_pass_through_columns_are_copied_out_of_the_refilled_block(path):
     ds = H5Dataset(path, fields=("images", "masks"), return_index=True)
-    assert len(ds) >= 20  # more batches than the two workers' eight blocks
+    assert len(ds) >= 20  # more batches than the two workers' ten blocks
     rows = [b[2] for b in ds.loader(batch_size=2, num_workers=2, shuffle=False)]
     assert torch.cat(rows).tolist() == list(range(len(ds)))  # each still right after every later batch
     assert len({r.untyped_storage().data_ptr() for r in rows}) == len(rows)
@@ -152,7 +162,8 @@ def test_read_one_into_given_rows_through_either_path(path):
             r._direct = {k: None for k in r._direct}
         out = {"images": np.zeros((3, 64, 64), np.uint8)}
         got = r.read_one(7, out)
-        assert got["images"] is out["images"] and np.array_equal(out["images"], want["images"][0])
+        assert (got["images"] is out["images"]) is use_direct  # through h5py: a new array
+        assert np.array_equal(got["images"], want["images"][0])
         assert np.array_equal(got["masks"], want["masks"][0])
         r.close()
 
