@@ -46,8 +46,9 @@ def build(spec: Path = typer.Argument(..., help="dataset spec YAML"),
     """Full build: discover, clean on dask, write, verify, publish (a Prefect flow run)."""
     _check_spec(spec, output, dask_address)  # fail fast, before starting Prefect
     from h5forge.flows.build import build_dataset
+    from h5forge.flows.foreground import foreground_run
 
-    with _reported():
+    with _reported(), foreground_run():  # no heartbeat thread to wait for at the end (flows/foreground.py)
         result = build_dataset(str(spec), str(output) if output else None, dask_address)
     _print_build(result)
 
@@ -75,8 +76,9 @@ def append(spec: Path = typer.Argument(..., help="dataset spec YAML"),
     """Append the complete samples waiting in the inbox as a new version (a Prefect flow run)."""
     _check_spec(spec, output, dask_address, inbox, needs_inbox=True)
     from h5forge.flows.append import append_samples
+    from h5forge.flows.foreground import foreground_run
 
-    with _reported():
+    with _reported(), foreground_run():
         result = append_samples(str(spec), _opt(inbox), _opt(output), dask_address)
     _print_append(result)
 
