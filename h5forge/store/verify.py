@@ -91,7 +91,8 @@ class HealthReport:
 def verify_file(path: str | Path, *, checksums: bool = True, resample: int | None = None,
                 latency_reads: int | None = None, source_root: str | Path | None = None,
                 seed: int = 0, checksum_sample: int | None = None,
-                max_source_bytes: int = MAX_SOURCE_BYTES, isolate: bool = False) -> HealthReport:
+                max_source_bytes: int = MAX_SOURCE_BYTES, isolate: bool = False,
+                workers: int | None = None) -> HealthReport:
     """Run every check on ``path``; never raises for a broken file: whatever cannot be read is an
     error of the check that tried, and the report says BROKEN.
 
@@ -102,11 +103,13 @@ def verify_file(path: str | Path, *, checksums: bool = True, resample: int | Non
     ``isolate``: check in a forked child process, so that a file which crashes the HDF5 library
     itself (some corrupt virtual-dataset mappings make opening a dataset segfault) gives a BROKEN
     report instead of killing the caller. For callers without other threads (the CLI).
+    ``workers``: processes that share the checksums of a file of at least ``PARALLEL_ROWS`` rows
+    (default: ``verify_workers()``, the CPUs this process may use); 1 checks in this process.
     """
     if isolate:
         return _in_child(path, dict(checksums=checksums, resample=resample, latency_reads=latency_reads,
                                     source_root=source_root, seed=seed, checksum_sample=checksum_sample,
-                                    max_source_bytes=max_source_bytes))
+                                    max_source_bytes=max_source_bytes, workers=workers))
     ensure_filters()
     path = Path(path)
     report = HealthReport(str(path))
@@ -143,7 +146,8 @@ def verify_file(path: str | Path, *, checksums: bool = True, resample: int | Non
                 _guarded(report, "split digests", _check_digests, f, report)
             if checksums:
                 rows = None if checksum_sample is None else _sampled_rows(f, checksum_sample, seed)
-                _guarded(report, "checksums", _check_checksums, f, spec, kinds, report, rows, old_format)
+                _guarded(report, "checksums", _check_checksums, f, spec, kinds, report, rows, old_format,
+                         verify_workers() if workers is None else workers)
             n_resample = _count(report, "resample", spec.verify.resample, resample)
             if n_resample:
                 roots = [Path(source_root) if source_root else spec.source.root,
@@ -376,35 +380,112 @@ def _sampled_rows(f: h5py.File, k: int, seed: int) -> dict[str, list[tuple[int, 
 
 
 def _check_checksums(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind], report: HealthReport,
-                     ranges: dict[str, list[tuple[int, int]]] | None, old_format: bool) -> None:
+                     ranges: dict[str, list[tuple[int, int]]] | None, old_format: bool, workers: int = 1) -> None:
+    step = min(block_rows(spec.storage.chunk_rows), MAX_BLOCK_ROWS)  # chunk_rows comes from the file
+    blocks: list[tuple[str, int, int]] = []
+    for split in SPLITS:
+        n = int(f[split].attrs[Attr.COUNT])
+        spans = [(0, n)] if ranges is None else ranges[split]
+        blocks += [(split, a, min(hi, a + step)) for lo, hi in spans for a in range(lo, hi, step)]
+    parts = _shares(blocks, workers)
+    if len(parts) > 1:
+        bad, checked = _checksums_in_processes(f, kinds, parts, old_format)
+    else:
+        bad, checked = _checksum_blocks(f, kinds, blocks, old_format)
+    only = ", field bytes only" if old_format else ""
+    report.errors_of("checksums", bad, f"ok ({checked} samples{'' if ranges is None else ', sampled'}{only})")
+    report.stats["checksums_checked"] = checked
+    report.stats["checksum_processes"] = len(parts)
+
+
+def _checksum_blocks(f: h5py.File, kinds: dict[str, FieldKind], blocks: list[tuple[str, int, int]],
+                     old_format: bool) -> tuple[list[str], int]:
+    """The rows of ``blocks`` whose stored data does not match their checksum, and how many were checked."""
     bad: list[str] = []
     checked = 0
     # format 1 summed the stored bytes of the image-like fields only
     summed = {p: k for p, k in kinds.items() if k.checksummed} if old_format else kinds
-    step = min(block_rows(spec.storage.chunk_rows), MAX_BLOCK_ROWS)  # chunk_rows comes from the file
-    for split in SPLITS:
+    for split, start, stop in blocks:
         g = f[split]
-        n = int(g.attrs[Attr.COUNT])
-        spans = [(0, n)] if ranges is None else ranges[split]
-        blocks_of = [(a, min(hi, a + step)) for lo, hi in spans for a in range(lo, hi, step)]
-        for start, stop in blocks_of:
+        try:
+            stored = g[CHECKSUM][start:stop]
+            if old_format:
+                rows = [arrays.RowReader(g, p, k.stored())(start, stop) for p, k in summed.items()]
+                sums = [legacy_checksum(b[i] for b in rows) for i in range(stop - start)]
+            else:
+                sums = stored_checksums(g, summed, start, stop)
+            ids = decode_str(g[IDS][start:stop])
+        except Exception as err:  # noqa: BLE001 - a corrupt chunk, heap or string
+            bad.extend(_locate_unreadable(g, summed, split, start, stop, err))
+            continue
+        bad += [f"{split}[{start + i}] (id {ids[i]!r}): stored data does not match its checksum"
+                for i in range(stop - start) if sums[i].encode() != stored[i]]
+        checked += stop - start
+    return bad, checked
+
+
+# Below this many rows a file is checksummed in the calling process: starting the checking
+# processes costs about a second, what ~3,000 rows of 224x224 image+mask samples take to check.
+PARALLEL_ROWS = 4096
+
+
+def verify_workers() -> int:
+    """Processes that checksum a large file: the CPUs this process may use, at most 16."""
+    try:
+        return max(1, min(16, len(os.sched_getaffinity(0))))
+    except AttributeError:  # not Linux
+        return max(1, min(16, os.cpu_count() or 1))
+
+
+def _shares(blocks: list[tuple[str, int, int]], workers: int) -> list[list[tuple[str, int, int]]]:
+    """``blocks`` cut into ``workers`` runs of about equal rows (one run for a small file)."""
+    rows = sum(b - a for _, a, b in blocks)
+    if workers <= 1 or rows < PARALLEL_ROWS:
+        return [blocks]
+    parts: list[list[tuple[str, int, int]]] = [[]]
+    share, taken = rows / workers, 0
+    for block in blocks:
+        if taken >= share * len(parts) and len(parts) < workers:
+            parts.append([])
+        parts[-1].append(block)
+        taken += block[2] - block[1]
+    return [p for p in parts if p]
+
+
+def _checksums_in_processes(f: h5py.File, kinds: dict[str, FieldKind], parts: list,
+                            old_format: bool) -> tuple[list[str], int]:
+    """Each part of the blocks checked in its own process, the first in this one. The children are
+    forked from a fresh server process (``forkserver``): this process may run other threads (a
+    Prefect task), which a plain fork would copy mid-operation. Where no process can be started,
+    everything is checked here."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    try:
+        pool = ProcessPoolExecutor(len(parts) - 1, mp_context=ctx)
+        futures = [pool.submit(_checksum_part, f.filename, part, old_format) for part in parts[1:]]
+    except (OSError, RuntimeError, AssertionError):  # e.g. no process may be started here
+        return _checksum_blocks(f, kinds, [b for part in parts for b in part], old_format)
+    with pool:
+        bad, checked = _checksum_blocks(f, kinds, parts[0], old_format)
+        for future, part in zip(futures, parts[1:]):
             try:
-                stored = g[CHECKSUM][start:stop]
-                if old_format:
-                    blocks = [arrays.RowReader(g, p, k.stored())(start, stop) for p, k in summed.items()]
-                    sums = [legacy_checksum(b[i] for b in blocks) for i in range(stop - start)]
-                else:
-                    sums = stored_checksums(g, summed, start, stop)
-                ids = decode_str(g[IDS][start:stop])
-            except Exception as err:  # noqa: BLE001 - a corrupt chunk, heap or string
-                bad.extend(_locate_unreadable(g, summed, split, start, stop, err))
-                continue
-            bad += [f"{split}[{start + i}] (id {ids[i]!r}): stored data does not match its checksum"
-                    for i in range(stop - start) if sums[i].encode() != stored[i]]
-            checked += stop - start
-    only = ", field bytes only" if old_format else ""
-    report.errors_of("checksums", bad, f"ok ({checked} samples{'' if ranges is None else ', sampled'}{only})")
-    report.stats["checksums_checked"] = checked
+                more, n = future.result()
+            except BrokenProcessPool:  # the HDF5 library crashed on a part of the file
+                split, start, _ = part[0]
+                more, n = [f"{split}[{start}:] cannot be read: the HDF5 library crashed while checking "
+                           "these rows; the file is corrupt"], 0
+            bad += more
+            checked += n
+    return bad, checked
+
+
+def _checksum_part(path: str, blocks: list[tuple[str, int, int]], old_format: bool) -> tuple[list[str], int]:
+    ensure_filters()
+    with h5py.File(path, "r") as f:
+        return _checksum_blocks(f, stored_kinds(spec_from_json(f[SPEC][()].decode())), blocks, old_format)
 
 
 def _locate_unreadable(g: h5py.Group, kinds: dict[str, FieldKind], split: str, start: int, stop: int,
