@@ -9,6 +9,7 @@ from typing import Callable
 
 from h5forge.errors import NothingToBuild, VerificationFailed
 from h5forge.format.summary import WriteSummary
+from h5forge.ingest import hash_cache
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.inputs import Inputs
 from h5forge.ingest.nightly import (REUSED_CHECKSUM_SAMPLE, check_cleaned_rows, copies_verified_rows, inputs_of,
@@ -42,6 +43,8 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
     with DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent, inputs) as writer:
         writer.add_rejections(inventory.rejections)
         cleaned = write_samples(spec, inventory, inputs, writer, timings, progress, status)
+        timings["hash_cache_files"] = hash_cache.save(candidate.out, inventory.root, inputs.states, inputs.hexes,
+                                                      inputs.stated_at_ns)
         summary = writer.finish(timings)
     if cleaned is not None:  # a rebuild that copied rows: the rows it made are checked in full here
         try:

@@ -26,6 +26,7 @@ import numpy as np
 
 from h5forge.format.names import FORMAT_VERSION
 from h5forge.ingest.discover import Inventory
+from h5forge.ingest.hash_cache import HashCache, State, state_of
 from h5forge.kinds import field_kinds
 from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
@@ -87,6 +88,11 @@ class Inputs:
     # the sample keys are learnt from the cleaning workers' hashes (``learn``), the key made at the
     # end (``seal``); a deferred build has nothing to reuse, so nothing needs them before
     deferred: bool = False
+    # each raw file's state when the build started and its sha256, for the next build's hash cache
+    states: dict[str, State] = field(default_factory=dict)
+    hexes: dict[str, str] = field(default_factory=dict)
+    stated_at_ns: int = 0
+    hashed_files: int = 0  # files read and hashed up front (the others' hashes came from the cache)
 
     def key_of(self, ref: SampleRef) -> bytes:
         return self.samples[ref.id]
@@ -103,6 +109,7 @@ class Inputs:
             if hexes is None:
                 hexes = [raw_digest(root, ref.files[n], folders[n]) for n in names]
             self.samples[ref.id] = _key(ref, names, hexes)
+            self.hexes.update((ref.files[n], h) for n, h in zip(names, hexes))
 
     def seal(self, spec: DatasetSpec, inventory: Inventory) -> None:
         """The input key of a deferred build, once every sample's key is known."""
@@ -135,20 +142,35 @@ def total_key(rules: str, samples: dict[str, bytes], inventory: Inventory) -> st
 
 
 def fingerprint(spec: DatasetSpec, inventory: Inventory, threads: int | None = None,
-                hash_files: bool = True) -> Inputs:
-    """Hash every raw file of the inventory (threads: hashlib releases the GIL) into sample keys;
-    ``hash_files=False``: leave the hashing to the cleaning workers (``Inputs.deferred``)."""
+                hash_files: bool = True, cache: HashCache | None = None) -> Inputs:
+    """Hash every raw file of the inventory (threads: hashlib releases the GIL) into sample keys,
+    taking a file's hash from ``cache`` when its state is the one recorded there.
+    ``hash_files=False``: leave the hashing to the cleaning workers (``Inputs.deferred``); the
+    files' states are taken all the same, for the hash cache the build leaves."""
     import time
 
-    if not hash_files:
-        return Inputs(rules_hash(spec), "", deferred=True)
-    t0 = time.perf_counter()
+    t0, stated_at = time.perf_counter(), time.time_ns()
     names, folders = _file_fields(spec)
     root = inventory.root
+    cache = cache or HashCache()
     jobs = [(ref.files[n], folders[n]) for ref in inventory.samples for n in names]
+
+    def job(rel: str, folder: bool) -> tuple[State | None, str | None]:
+        state = None if folder else state_of(os.path.join(root, rel))  # before the read: see hash_cache
+        if not hash_files:
+            return state, None
+        return state, cache.hex_for(rel, state) or raw_digest(root, rel, folder)
+
     with ThreadPoolExecutor(threads or min(4, os.cpu_count() or 1)) as pool:
-        digests = list(pool.map(lambda job: raw_digest(root, *job), jobs, chunksize=64))
+        done = list(pool.map(lambda j: job(*j), jobs, chunksize=64))
+    states = {rel: st for (rel, _), (st, _) in zip(jobs, done) if st is not None}
+    rules = rules_hash(spec)
+    if not hash_files:
+        return Inputs(rules, "", deferred=True, states=states, stated_at_ns=stated_at)
+    digests = [hexed for _, hexed in done]
     samples = {ref.id: _key(ref, names, digests[i * len(names):(i + 1) * len(names)])
                for i, ref in enumerate(inventory.samples)}
-    rules = rules_hash(spec)
-    return Inputs(rules, total_key(rules, samples, inventory), samples, round(time.perf_counter() - t0, 3))
+    hashed = sum(1 for (rel, _), (st, _) in zip(jobs, done) if cache.hex_for(rel, st) is None)
+    return Inputs(rules, total_key(rules, samples, inventory), samples, round(time.perf_counter() - t0, 3),
+                  states=states, hexes={rel: h for (rel, _), h in zip(jobs, digests)}, stated_at_ns=stated_at,
+                  hashed_files=hashed)

@@ -19,6 +19,7 @@ import numpy as np
 from h5forge.format.catalog import input_key
 from h5forge.format.names import RESUMABLE, RESUME_SUFFIX, version_name
 from h5forge.format.segments import segments_of
+from h5forge.ingest import hash_cache
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.inputs import Inputs, fingerprint, rules_hash
 from h5forge.ingest.resume import Checkpoints, discard_resumable, resumable_source
@@ -31,8 +32,12 @@ from h5forge.store.versions import latest
 def inputs_of(spec: DatasetSpec, inventory: Inventory) -> Inputs:
     """The build's input hashes: made now when the latest version or a killed build's rows were
     written under the same field rules (what is unchanged can then be taken), else left to the
-    cleaning workers, so that a full build reads each raw file once."""
-    return fingerprint(spec, inventory, hash_files=comparable(Path(spec.output.dir), rules_hash(spec)))
+    cleaning workers, so that a full build reads each raw file once. A file whose state (size,
+    times, inode) is the one the last build recorded is not read again (``hash_cache``)."""
+    out = Path(spec.output.dir)
+    if not comparable(out, rules_hash(spec)):
+        return fingerprint(spec, inventory, hash_files=False)
+    return fingerprint(spec, inventory, cache=hash_cache.load(out, inventory.root))
 
 
 def comparable(out: Path, rules: str) -> bool:
@@ -85,6 +90,7 @@ def write_samples(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, write
         plan = make_plan(inventory.samples, inputs, sources)
         timings["plan_seconds"] = round(time.perf_counter() - t0, 3)
         timings["hash_seconds"] = inputs.hash_seconds
+        timings["hashed_files"] = inputs.hashed_files
         if resumed is not None:
             timings["resumed_rows"] = sum(1 for t in plan.taken if t is not None and t.source == 0)
 

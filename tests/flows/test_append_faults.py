@@ -13,7 +13,7 @@ import pytest
 from h5forge.store.verify import verify_file
 from h5forge.store.versions import latest, published
 from tests.helpers.data import age_files, drop_samples, write_spec_file
-from tests.helpers.files import all_ids
+from tests.helpers.files import all_ids, strays
 
 pytestmark = pytest.mark.e2e
 
@@ -72,8 +72,7 @@ def test_killed_append_converges_on_rerun(point, api_url, base_version, raw_demo
     assert sorted(p.name for p in (inbox / "images").iterdir()) == []
     assert len(list((inbox / "processed" / "v0002" / "images").iterdir())) == 70
     assert not (inbox / "quarantine").exists()
-    strays = [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".h5forge.lock"]
-    assert strays == []
+    assert strays(out) == []
     assert sorted(p.name for p in out.glob("*.h5")) == ["dataset_latest.h5", "dataset_v0001.h5",
                                                         "dataset_v0002.delta.h5", "dataset_v0002.h5"]
 

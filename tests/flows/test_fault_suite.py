@@ -34,7 +34,7 @@ import yaml
 from h5forge.store.verify import verify_file
 from h5forge.store.versions import latest, published, retain
 from tests.helpers.data import age_files, drop_samples, write_spec_file
-from tests.helpers.files import all_ids, make_raw
+from tests.helpers.files import all_ids, make_raw, strays
 
 pytestmark = pytest.mark.e2e
 
@@ -59,10 +59,6 @@ def published_hashes(out: Path) -> dict[str, str]:
     """Every published file (versions and the deltas they read) by name -> sha256."""
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("dataset_v*.h5"))
             if not p.is_symlink()}
-
-
-def strays(out: Path) -> list[str]:
-    return sorted(p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".h5forge.lock")
 
 
 def ids_of(path: Path) -> list[str]:

@@ -13,7 +13,7 @@ import pytest
 from h5forge.format.names import RESUMABLE, RESUME_SUFFIX
 from h5forge.store.versions import latest, published
 from tests.helpers.data import write_spec_file
-from tests.helpers.files import make_raw
+from tests.helpers.files import make_raw, strays
 from tests.ingest.test_nightly import assert_same
 
 pytestmark = pytest.mark.e2e
@@ -47,8 +47,7 @@ def test_a_killed_build_resumes_and_equals_an_uninterrupted_one(api_url, tmp_pat
     # 12 batches of 8 were durable when the process died (96 of 120 inputs); only the rest is cleaned
     assert resumed.timings["resumed_rows"] == 96 and resumed.timings["cleaned"] == 24
     assert not (out / RESUMABLE).exists() and not (out / (RESUMABLE + RESUME_SUFFIX)).exists()
-    strays = [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".h5forge.lock"]
-    assert strays == []
+    assert strays(out) == []
 
     fresh = build_dataset(str(write_spec_file(raw, tmp_path / "fresh", tmp_path / "fresh.yaml", batch_size=8)))
     assert_same(Path(resumed.path), Path(fresh.path))  # every checksum, value and statistic

@@ -92,3 +92,11 @@ def all_ids(path):
 
 def n_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def strays(out: Path) -> list[str]:
+    """Hidden files a run left in an output folder besides the lock and the raw-file hash cache
+    (a killed or failed run must leave none: no partial file, no journal, no resumable rows)."""
+    from h5forge.format.names import HASH_CACHE, LOCK
+
+    return sorted(p.name for p in Path(out).iterdir() if p.name.startswith(".") and p.name not in (LOCK, HASH_CACHE))

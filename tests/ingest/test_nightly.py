@@ -239,7 +239,7 @@ def test_ragged_signals_are_copied_row_by_row_and_equal_a_full_rebuild(tmp_path)
 
 
 def test_an_unreadable_leftover_of_a_killed_build_is_discarded(raw, tmp_path):
-    from h5forge.format.names import RESUME_SUFFIX
+    from h5forge.format.names import HASH_CACHE, LOCK, RESUME_SUFFIX
     from h5forge.ingest.discover import discover
     from h5forge.ingest.inputs import fingerprint
 
@@ -252,4 +252,4 @@ def test_an_unreadable_leftover_of_a_killed_build_is_discarded(raw, tmp_path):
         json.dumps({"counts": {"train": 5, "val": 0, "test": 0}, "stats": None, "listed": {}, "rules": rules}))
     path, summary = build(spec)
     assert "resumed_rows" not in summary.timings and summary.timings["reused"] == 0
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [".h5forge.lock"]
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [HASH_CACHE, LOCK]

@@ -17,6 +17,7 @@ import yaml
 
 from h5forge.store.versions import latest, published
 from tests.helpers.data import age_files, drop_samples, write_spec_file
+from tests.helpers.files import strays
 
 pytestmark = pytest.mark.e2e
 
@@ -77,8 +78,7 @@ def assert_clean_failure(res: subprocess.CompletedProcess, mnt: Path, out: Path)
     assert m.group(1) == str(mnt)
     assert Path(m.group(2)).parent == out and Path(m.group(2)).name.startswith(".dataset_v0002")
     assert "Segmentation fault" not in res.stderr
-    strays = sorted(p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".h5forge.lock")
-    assert strays == []
+    assert strays(out) == []
 
 
 def test_build_on_a_full_disk_exits_1_with_one_line_and_changes_nothing(prefect_server, raw_good, small_fs, tmp_path):
