@@ -8,8 +8,9 @@
 
 The loader's workers ship the stored uint8 arrays (4-8x fewer bytes between processes than
 float32 images and int64 masks) and each batch is converted in the main process once it has
-arrived (``convert="after"``, the default); ``convert=None`` yields the stored dtypes, to convert
-on the GPU or with ``ds.convert(batch)``. ``ds`` also works in a plain
+arrived (``convert="after"``, the default; the workers refill a few shared-memory blocks in turn and
+the conversion runs on a thread); ``device="cuda"`` converts there instead, and ``convert=None``
+yields the stored dtypes, to convert with ``ds.convert(batch)``. ``ds`` also works in a plain
 ``DataLoader(ds, batch_size=32, shuffle=True)`` (same values, converted in the workers; with
 ``image_dtype="uint8", mask_dtype="uint8"`` it ships uint8 too).
 See docs/reading.md for the guarantees (pinned version, lazy per-worker handles, DDP shards).
