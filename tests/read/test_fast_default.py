@@ -203,3 +203,10 @@ def test_a_corrupt_lz4_block_is_refused_by_the_direct_call():
     assert out.tobytes() == plain
     assert direct._LZ4_SAFE(packed[:40], out.ctypes.data, 40, len(plain)) < 0
     assert direct._LZ4_SAFE(packed, out.ctypes.data, len(packed), len(plain) - 1) < 0  # never past the row
+
+
+def test_refilled_blocks_under_spawn(path):
+    want = old_values(path)
+    ds = H5Dataset(path, fields=("images", "masks"), return_index=True)
+    loader = ds.loader(batch_size=2, num_workers=1, shuffle=True, seed=4, multiprocessing_context="spawn")
+    check_epoch(list(loader), want)  # the worker starts with an empty pool of its own
