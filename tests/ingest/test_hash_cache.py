@@ -14,21 +14,11 @@ from PIL import Image, ImageOps
 
 from h5forge.format.names import HASH_CACHE
 from h5forge.ingest import hash_cache
-from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
 from h5forge.ingest.discover import discover
 from h5forge.ingest.inputs import fingerprint
 from h5forge.ingest.nightly import inputs_of, unchanged_since
-from h5forge.store.versions import output_lock, stage
 from tests.helpers.files import make_raw, spec_for
-
-
-def build(spec):
-    with output_lock(spec.output.dir):
-        cand = stage(spec.output.dir)
-        summary = write_version(spec, discover(spec), cand)
-        report = verify_candidate(cand)
-        assert report.ok, report.errors
-        return Path(publish_candidate(cand, report)), summary
+from tests.ingest.test_nightly import build
 
 
 @pytest.fixture
