@@ -186,12 +186,22 @@ def side_by_side(args, raw: Path, pairs: list, work: Path, url: str, py: Path | 
 
 # ---- Prefect's cost ------------------------------------------------------------------------------
 
-def prefect_cost(args, raw: Path, raw_cli: Path, work: Path, url: str, home: Path) -> dict:
+def server_cpu(server: subprocess.Popen) -> float:
+    """User+system CPU seconds of the Prefect server's process tree so far."""
+    import psutil
+    top = psutil.Process(server.pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [top, *top.children(recursive=True)])
+
+
+def prefect_cost(args, raw: Path, raw_cli: Path, work: Path, url: str, home: Path, server: subprocess.Popen) -> dict:
     """The build as a flow against the running server vs the same steps as plain calls (child
     processes, benchmarks.orchestration's), in two baselines: ``steps`` makes everything the flow
     makes (the unchanged check, the reports' Markdown, the diff, the preview sheet and its artifact
     copy) without Prefect, so flow / steps is Prefect's own cost; ``plain`` is the bare build
-    (discover, write, verify, publish, retention). The CLI on ``--cli-n`` samples against both."""
+    (discover, write, verify, publish, retention). The CLI on ``--cli-n`` samples against both.
+
+    Wall times on a shared machine swing with its load; CPU seconds (each build's process tree
+    after its imports, plus what the server spent meanwhile) are the steadier figure of a cost."""
     from benchmarks.build import cli_build
     from benchmarks.common import prefect_env
     from benchmarks.orchestration import run_child
@@ -201,14 +211,18 @@ def prefect_cost(args, raw: Path, raw_cli: Path, work: Path, url: str, home: Pat
             d = work / f"prefect-{rep}-{mode}"
             spec = write_spec(make_spec(raw, d / "out", args.size, compute={"workers": args.workers, "inline_below": 0}),
                               d / "spec.yaml")
+            s0 = server_cpu(server)
             res = run_child(mode, spec, prefect_env(home / f"{mode}-client", PREFECT_API_URL=url))
             runs.append({"rep": rep, "mode": mode, "build_seconds": res["build_seconds"],
+                         "build_cpu_seconds": res["build_cpu_seconds"], "server_cpu_seconds": round(server_cpu(server) - s0, 2),
                          "child_wall_seconds": res["child_wall_seconds"], "import_seconds": res["import_seconds"],
                          "samples": res["samples"], "clean_write_seconds": res["clean_write_seconds"],
                          "loadavg_before": res["loadavg_before"]})
             log(f"rep {rep} {mode:5s} build {res['build_seconds']} s (child {res['child_wall_seconds']} s)")
             shutil.rmtree(d, ignore_errors=True)
     best = {m: min(r["build_seconds"] for r in runs if r["mode"] == m) for m in modes}
+    cpu = {m: round(sum(r["build_cpu_seconds"] + r["server_cpu_seconds"] for r in runs if r["mode"] == m) / args.prefect_reps, 2)
+           for m in modes}
     per_rep = lambda a, b: [ratio(*(next(r["build_seconds"] for r in runs if r["rep"] == rep and r["mode"] == m)  # noqa: E731
                                     for m in (a, b))) for rep in range(args.prefect_reps)]
     cli_runs = []
@@ -217,11 +231,15 @@ def prefect_cost(args, raw: Path, raw_cli: Path, work: Path, url: str, home: Pat
         spec = make_spec(raw_cli, d / "out", args.size, compute={"workers": args.workers, "inline_below": 0})
         row = {"rep": rep}
         for mode in ("plain", "steps"):
+            s0 = server_cpu(server)
             base = run_child(mode, write_spec(spec, d / "spec.yaml"), prefect_env(home / f"{mode}-cli"))
-            row |= {f"{mode}_child_wall_seconds": base["child_wall_seconds"], f"{mode}_build_seconds": base["build_seconds"]}
+            row |= {f"{mode}_child_wall_seconds": base["child_wall_seconds"], f"{mode}_build_seconds": base["build_seconds"],
+                    f"{mode}_cpu_seconds": round(base["process_tree_cpu_seconds"] + server_cpu(server) - s0, 2)}
             shutil.rmtree(d / "out", ignore_errors=True)
+        s0 = server_cpu(server)
         via_cli = cli_build(spec, d, api_url=url)
         row |= {"cli_wall_seconds": via_cli["wall_seconds"], "cli_phases_seconds": via_cli["phases_seconds"],
+                "cli_cpu_seconds": round(via_cli["rss"]["cpu_seconds"] + server_cpu(server) - s0, 2),
                 "cli_minus_plain_child_seconds": round(via_cli["wall_seconds"] - row["plain_child_wall_seconds"], 2),
                 "cli_minus_steps_child_seconds": round(via_cli["wall_seconds"] - row["steps_child_wall_seconds"], 2)}
         cli_runs.append(row)
@@ -231,11 +249,15 @@ def prefect_cost(args, raw: Path, raw_cli: Path, work: Path, url: str, home: Pat
     return {"samples": runs[0]["samples"], "flow_vs_plain": runs, "best_build_seconds": best,
             "flow_over_plain": ratio(best["flow"], best["plain"]),
             "flow_over_steps": ratio(best["flow"], best["steps"]),
+            # build CPU (process tree after imports) + the server's CPU meanwhile, mean of the rounds
+            "cpu_seconds": cpu, "flow_over_plain_cpu": ratio(cpu["flow"], cpu["plain"]),
+            "flow_over_steps_cpu": ratio(cpu["flow"], cpu["steps"]),
             # each round's runs ran back to back: steadier than the best of each when the load moves
             "flow_over_plain_per_rep": per_rep("flow", "plain"), "flow_over_steps_per_rep": per_rep("flow", "steps"),
             "cli": cli_runs,
             "cli_overhead_seconds": min(r["cli_minus_plain_child_seconds"] for r in cli_runs),
-            "cli_overhead_over_steps_seconds": min(r["cli_minus_steps_child_seconds"] for r in cli_runs)}
+            "cli_overhead_over_steps_seconds": min(r["cli_minus_steps_child_seconds"] for r in cli_runs),
+            "cli_cpu_overhead_seconds": min(round(r["cli_cpu_seconds"] - r["plain_cpu_seconds"], 2) for r in cli_runs)}
 
 
 # ---- the single writer ---------------------------------------------------------------------------
@@ -355,11 +377,14 @@ def main() -> None:
                     result["ratios"]["h5forge CLI / decode bound (speed)"] = p["table_best_of_reps"]["h5forge"]["vs_decode_bound_wall"]
                 if "prefect" in parts:
                     result["prefect"] = c = prefect_cost(args, raw_folder(args.prefect_n, args.size),
-                                                         raw_folder(args.cli_n, args.size), work, url, home)
+                                                         raw_folder(args.cli_n, args.size), work, url, home, server)
                     result["ratios"] |= {"flow / plain calls": c["flow_over_plain"],
                                          "flow / the same steps as plain calls": c["flow_over_steps"],
                                          "CLI overhead beyond plain calls s": c["cli_overhead_seconds"],
-                                         "CLI overhead beyond the same steps s": c["cli_overhead_over_steps_seconds"]}
+                                         "CLI overhead beyond the same steps s": c["cli_overhead_over_steps_seconds"],
+                                         "flow / plain calls, CPU": c["flow_over_plain_cpu"],
+                                         "flow / the same steps, CPU": c["flow_over_steps_cpu"],
+                                         "CLI CPU beyond plain calls s": c["cli_cpu_overhead_seconds"]}
             finally:
                 stop([server])
             result["ephemeral"] = e = ephemeral_start(work)

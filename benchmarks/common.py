@@ -261,7 +261,8 @@ def save(name: str, result: dict, smoke: bool) -> Path:
     """``results/<name>.json`` and ``.md`` (``results/smoke/`` for --smoke); prints its ratios."""
     dest = (RESULTS / "smoke" if smoke else RESULTS) / name
     dest.parent.mkdir(parents=True, exist_ok=True)
-    result = {"benchmark": name, "command": " ".join([f"python -m benchmarks.{name.split('_')[0]}", *sys.argv[1:]]),
+    module = next(p for p in _prefixes(name) if (BENCH / f"{p}.py").exists() or p == name.split("_")[0])
+    result = {"benchmark": name, "command": " ".join([f"python -m benchmarks.{module}", *sys.argv[1:]]),
               "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_end": loadavg(), **result}
     dest.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     dest.with_suffix(".md").write_text(render(result))
@@ -324,11 +325,18 @@ def _section(name: str, v, depth: int) -> list[str]:
     return lines
 
 
+def _prefixes(name: str) -> list[str]:
+    """build_peers_prefect -> [build_peers_prefect, build_peers, build]."""
+    parts = name.split("_")
+    return ["_".join(parts[:k]) for k in range(len(parts), 0, -1)]
+
+
 def render(result: dict) -> str:
     """Markdown: the method (benchmarks/README.md, section of the command), then the JSON as tables."""
     text, name = (BENCH / "README.md").read_text(), result["benchmark"]
-    # the command's own section (read_peers), else its family's (read_latency -> read)
-    section = next((m for key in (name, name.split("_")[0])
+    # the command's own section (read_peers), else its family's (read_latency -> read,
+    # build_peers_prefect -> build_peers)
+    section = next((m for key in _prefixes(name)
                     if (m := re.search(rf"^## {key}\n(.*?)(?=^## |\Z)", text, re.S | re.M))), None)
     lines = [f"# {result['benchmark']} ({result['finished_at']})", "", section[1].strip() if section else "", ""]
     return "\n".join(lines + _section("", result, 2)[2:]).rstrip() + "\n"

@@ -172,25 +172,38 @@ def flow_steps(spec_path: str, pids: list[int]):
     return summary, window.result(), report.ok
 
 
+def tree_cpu() -> float:
+    """User+system CPU seconds of this process and of its children that have ended (the dask
+    workers of a LocalCluster, once it is closed)."""
+    import resource
+    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+
+
+def imported(out: dict, t0: float) -> float:
+    """Marks the end of the imports (their wall and CPU apart from the build's); the build's clock."""
+    out["import_seconds"], out["import_cpu_seconds"] = round(time.perf_counter() - t0, 2), round(tree_cpu(), 2)
+    return time.perf_counter()
+
+
 def child(mode: str, spec_path: str, result: Path, pids: list[int]) -> None:
     t0, out = time.perf_counter(), {"mode": mode, "loadavg_before": loadavg()[0]}
     if mode == "flow":
         from h5forge.flows.build import build_dataset
-        out["import_seconds"], t0 = round(time.perf_counter() - t0, 2), time.perf_counter()
+        t0 = imported(out, t0)
         summary = build_dataset(spec_path)
         out["health_ok"] = bool(get(summary, "path"))  # the flow raises VerificationFailed otherwise
     elif mode == "steps":
         import importlib
         for module in ("h5forge.ingest.build", "h5forge.store.preview", "h5forge.store.diff"):
             importlib.import_module(module)  # before the clock, as the other modes import theirs
-        out["import_seconds"], t0 = round(time.perf_counter() - t0, 2), time.perf_counter()
+        t0 = imported(out, t0)
         summary, out["cpu"], out["health_ok"] = flow_steps(spec_path, pids)
     else:
         from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
         from h5forge.ingest.discover import discover
         from h5forge.spec import load_spec
         from h5forge.store.versions import output_lock, retain, stage
-        out["import_seconds"], t0 = round(time.perf_counter() - t0, 2), time.perf_counter()
+        t0 = imported(out, t0)
         spec = load_spec(spec_path)
         with output_lock(spec.output.dir, "benchmark"):
             inventory = discover(spec)
@@ -207,7 +220,8 @@ def child(mode: str, spec_path: str, result: Path, pids: list[int]) -> None:
     tm = get(summary, "timings")
     out |= {"build_seconds": round(time.perf_counter() - t0, 2), "samples": sum(get(summary, "counts").values()),
             "clean_write_seconds": tm["clean_write_seconds"], "cluster_start_seconds": tm.get("cluster_start_seconds"),
-            "cleaned_in": tm.get("cleaned_in")}
+            "cleaned_in": tm.get("cleaned_in"), "process_tree_cpu_seconds": round(tree_cpu(), 2)}
+    out["build_cpu_seconds"] = round(out["process_tree_cpu_seconds"] - out["import_cpu_seconds"], 2)
     result.write_text(json.dumps(out | {"loadavg_after": loadavg()[0]}, indent=1))
 
 
