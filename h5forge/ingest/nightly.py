@@ -85,7 +85,7 @@ def write_samples(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, write
     t0 = time.perf_counter()
     resumed = resumable_source(out, inputs)
     sources = ([resumed] if resumed else []) + previous_sources(out, inputs.rules)
-    checkpoints = Checkpoints(writer, inputs, len(inventory.samples), exact_stats=not sources)
+    checkpoints = Checkpoints(writer, inputs, len(inventory.samples), exact_stats=not sources, raw_root=inventory.root)
     try:
         plan = make_plan(inventory.samples, inputs, sources)
         timings["plan_seconds"] = round(time.perf_counter() - t0, 3)

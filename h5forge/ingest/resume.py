@@ -22,6 +22,7 @@ import h5py
 
 from h5forge.format.catalog import sample_keys
 from h5forge.format.names import IDS, RESUMABLE, RESUME_SUFFIX
+from h5forge.ingest import hash_cache
 from h5forge.ingest.inputs import Inputs
 from h5forge.ingest.reuse import Source
 from h5forge.ingest.writer import DatasetWriter
@@ -34,26 +35,38 @@ def sidecar(partial: Path) -> Path:
     return partial.with_name(partial.name + RESUME_SUFFIX)
 
 
+CHECKPOINT_SHARE = 0.05  # and after each 5 % of the inputs: a short build loses little more than a long one
+
+
 class Checkpoints:
-    """Call ``tick(samples done)`` after each batch: every CHECKPOINT_SECONDS the writer's durable
-    state is recorded beside its file."""
+    """Call ``tick(samples done)`` after each batch: every CHECKPOINT_SECONDS, and after each
+    CHECKPOINT_SHARE of the inputs, the writer's durable state is recorded beside its file. The
+    raw-file hashes learnt so far go to the output folder's hash cache at the second kind only
+    (at most 20 times a build: the cache grows with the inputs), so the next build, resuming, does
+    not read again the files it will take over."""
 
     def __init__(self, writer: DatasetWriter, inputs: Inputs, total: int, every: float | None = None,
-                 exact_stats: bool = True):
+                 exact_stats: bool = True, raw_root: Path | None = None):
         self.writer, self.inputs, self.total, self.exact_stats = writer, inputs, total, exact_stats
         self.every = float(os.environ.get("H5FORGE_CHECKPOINT_SECONDS", CHECKPOINT_SECONDS)) if every is None else every
         self.path = sidecar(writer.path)
+        self.raw_root = raw_root
         self.last = time.monotonic()
-        self.done = 0
+        self.done = self.saved = 0
 
     def tick(self, n: int) -> None:
         self.done += n
-        if time.monotonic() - self.last >= self.every:
+        share = self.total and self.done - self.saved >= CHECKPOINT_SHARE * self.total
+        if share or time.monotonic() - self.last >= self.every:
             self.save()
+            if share and self.raw_root is not None:
+                hash_cache.save(self.path.parent, self.raw_root, self.inputs.states, self.inputs.hexes,
+                                self.inputs.stated_at_ns)
         if self.total and self.done >= 0.8 * self.total:
             fault_point("build:at-80%")  # the fault tests kill a real build here
 
     def save(self) -> None:
+        self.saved = self.done
         state = self.writer.checkpoint()
         state.update(key=self.inputs.key, rules=self.inputs.rules)
         if not self.exact_stats:  # rows copied from other files carry their statistics only at the end

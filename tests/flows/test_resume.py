@@ -57,3 +57,30 @@ def test_a_killed_build_resumes_and_equals_an_uninterrupted_one(api_url, tmp_pat
     assert again.returncode == 0, again.stdout + again.stderr
     assert "unchanged since v0001" in again.stdout
     assert list(published(out)) == [1] and latest(out) == 1
+
+
+def test_a_short_build_checkpoints_by_progress_and_leaves_its_hashes(api_url, tmp_path):
+    """No checkpoint by time (an hour apart): the ones after each 5 % of the inputs make the rows
+    durable, and the raw-file hashes learnt until the kill spare the next build from reading those
+    files again."""
+    import time
+
+    from h5forge.flows.build import build_dataset
+    from h5forge.ingest.hash_cache import RACY_SECONDS
+
+    raw = make_raw(tmp_path / "raw", n=120, seed=4)
+    time.sleep(RACY_SECONDS)  # the inputs are older than the racy window, as a nightly's are
+    out = tmp_path / "out"
+    spec_file = write_spec_file(raw, out, tmp_path / "spec.yaml", batch_size=8)
+    env = {**os.environ, "PREFECT_API_URL": api_url, "H5FORGE_KILL_AT": "build:at-80%",
+           "H5FORGE_CHECKPOINT_SECONDS": "3600"}
+    child = subprocess.run([H5FORGE, "build", str(spec_file)], env=env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
+
+    resumed = build_dataset(str(spec_file))
+    # 5 % of 120 inputs is less than a batch of 8: a checkpoint after every batch, 96 rows durable
+    assert resumed.timings["resumed_rows"] == 96 and resumed.timings["cleaned"] == 24
+    # the image and mask of the 24 samples not reached are the only raw files read before cleaning
+    assert resumed.timings["hashed_files"] == 2 * 24
+    fresh = build_dataset(str(write_spec_file(raw, tmp_path / "fresh", tmp_path / "fresh.yaml", batch_size=8)))
+    assert_same(Path(resumed.path), Path(fresh.path))
