@@ -42,8 +42,8 @@ class Checkpoints:
     """Call ``tick(samples done)`` after each batch: every CHECKPOINT_SECONDS, and after each
     CHECKPOINT_SHARE of the inputs, the writer's durable state is recorded beside its file. The
     raw-file hashes learnt so far go to the output folder's hash cache at the second kind only
-    (at most 20 times a build: the cache grows with the inputs), so the next build, resuming, does
-    not read again the files it will take over."""
+    (at most 20 times a build, and once when the hashes were all made up front: the cache grows
+    with the inputs), so the next build, resuming, does not read again the files it takes over."""
 
     def __init__(self, writer: DatasetWriter, inputs: Inputs, total: int, every: float | None = None,
                  exact_stats: bool = True, raw_root: Path | None = None):
@@ -53,15 +53,18 @@ class Checkpoints:
         self.raw_root = raw_root
         self.last = time.monotonic()
         self.done = self.saved = 0
+        self.cached = False  # the hash cache was saved by this build
 
     def tick(self, n: int) -> None:
         self.done += n
         share = self.total and self.done - self.saved >= CHECKPOINT_SHARE * self.total
         if share or time.monotonic() - self.last >= self.every:
             self.save()
-            if share and self.raw_root is not None:
+            if share and self.raw_root is not None and (self.inputs.deferred or not self.cached):
+                # a deferred build's hashes grow as it cleans; a build that hashed up front has them all
                 hash_cache.save(self.path.parent, self.raw_root, self.inputs.states, self.inputs.hexes,
                                 self.inputs.stated_at_ns)
+                self.cached = True
         if self.total and self.done >= 0.8 * self.total:
             fault_point("build:at-80%")  # the fault tests kill a real build here
 
