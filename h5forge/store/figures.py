@@ -31,6 +31,7 @@ _LABELS: dict[str, tuple[str, Any]] = {  # stats key -> (row name, formatter)
     "compression_ratio": ("stored / raw array bytes", lambda r: f"{r:.3f}"),
     "file_bytes": ("file size", size),
     "checksums_checked": ("checksums recomputed", lambda n: f"{n} samples"),
+    "checksum_processes": ("processes recomputing them", str),
     "random_read_ms": ("random reads", _reads),
 }
 
