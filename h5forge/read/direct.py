@@ -14,51 +14,14 @@ so the result is always exactly what h5py returns.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import mmap
 import os
-import struct
 
 import h5py
-import lz4.block
 import numpy as np
 
 from h5forge.format.chunk_codec import LZ4_FILTER
 from h5forge.format.chunk_codec import lz4_into as _lz4_into  # the framing, shared with the writer's encoder
-
-_ONE_BLOCK = struct.Struct(">QII")  # hdf5plugin's LZ4 chunk header (original size, block size) + the first block's size
-
-
-def _load_lz4() -> "ctypes._CFuncPtr | None":
-    """``LZ4_decompress_safe(src, dst, compressed_size, dst_capacity)`` from a loaded LZ4 library, to
-    decompress a chunk straight into its row: the lz4 package's block module (the library it
-    bundles) or else the system's liblz4. The ``lz4`` package's own ``decompress`` returns a new
-    bytes object, which then has to be copied into place (41 µs per 224² image+mask sample against
-    18 µs for an uncompressed copy, benchmarks/results/read_peers.md). The function is used only if
-    it round-trips a block that the lz4 package compressed and refuses a corrupt one; otherwise
-    None, and chunks go through ``lz4.block.decompress``."""
-    candidates = [getattr(getattr(lz4.block, "_block", None), "__file__", None), ctypes.util.find_library("lz4")]
-    plain = (np.arange(4096, dtype=np.uint32) % 251).astype(np.uint8).tobytes()
-    packed = lz4.block.compress(plain, store_size=False)
-    for path in candidates:
-        if not path:
-            continue
-        try:
-            fn = ctypes.CDLL(path).LZ4_decompress_safe  # CDLL: the GIL is released during the call
-        except (OSError, AttributeError):
-            continue
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        out = ctypes.create_string_buffer(len(plain))
-        bad = packed[:len(packed) // 2]
-        if fn(packed, out, len(packed), len(plain)) == len(plain) and out.raw == plain \
-                and fn(bad, out, len(bad), len(plain)) < 0:
-            return fn
-    return None
-
-
-_LZ4_SAFE = _load_lz4()
 
 
 class DirectRows:
@@ -129,7 +92,6 @@ class _ChunkIndex:
 
     def __init__(self, offsets: np.ndarray, sizes: np.ndarray, masks: np.ndarray, view: memoryview):
         self.offsets, self.sizes, self.masks, self.view = offsets, sizes, masks, view
-        self._base = np.frombuffer(view, np.uint8).ctypes.data  # where the map starts, for LZ4_decompress_safe
 
     @classmethod
     def of(cls, d: h5py.Dataset) -> "_ChunkIndex | None":
@@ -164,13 +126,7 @@ class _ChunkIndex:
         o = int(self.offsets[row])
         if o < 0:
             return False
-        z = int(self.sizes[row])
-        if codec == "lz4" and _LZ4_SAFE is not None and z > _ONE_BLOCK.size and not self.masks[row] & 1:
-            total, block, size = _ONE_BLOCK.unpack_from(self.view, o)
-            # the common chunk: one LZ4-compressed block, decompressed from the map into the row
-            if total == flat.size and block >= total and size == z - _ONE_BLOCK.size and size != total:
-                return _LZ4_SAFE(self._base + o + _ONE_BLOCK.size, flat.ctypes.data, size, total) == total
-        chunk = self.view[o:o + z]
+        chunk = self.view[o:o + int(self.sizes[row])]  # no copy: lz4_into decompresses from the map
         if codec == "none" or self.masks[row] & 1:
             if len(chunk) != flat.size:
                 return False

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from h5forge.kinds import ReadOptions
-from h5forge.read import direct
+from h5forge.format import chunk_codec
 from h5forge.read.direct import DirectRows
 from h5forge.read.reader import SplitReader
 from h5forge.read.torch import H5Dataset, torch_convert
@@ -169,7 +169,7 @@ def test_read_one_into_given_rows_through_either_path(path):
 
 
 def test_lz4_is_decompressed_into_the_row_and_without_the_library_too(tmp_path):
-    assert direct._LZ4_SAFE is not None  # the lz4 package's bundled library (or the system's) loaded
+    assert chunk_codec._LZ4_SAFE is not None  # the lz4 package's bundled library (or the system's) loaded
     rng = np.random.default_rng(0)
     values = rng.integers(0, 256, (9, 3, 20, 30), dtype=np.uint8)
     values[::2] = (np.arange(30) % 5).astype(np.uint8)  # rows LZ4 shrinks; the noisy ones it stores as is
@@ -179,18 +179,18 @@ def test_lz4_is_decompressed_into_the_row_and_without_the_library_too(tmp_path):
 
     def counted(*args):
         calls.append(args[3])
-        return direct._LZ4_SAFE.__wrapped__(*args)
+        return chunk_codec._LZ4_SAFE.__wrapped__(*args)
 
-    counted.__wrapped__ = direct._LZ4_SAFE
+    counted.__wrapped__ = chunk_codec._LZ4_SAFE
     with h5py.File(tmp_path / "a.h5", "r") as f:
         for loaded in (counted, None):
-            saved, direct._LZ4_SAFE = direct._LZ4_SAFE, loaded
+            saved, chunk_codec._LZ4_SAFE = chunk_codec._LZ4_SAFE, loaded
             try:
                 rows = DirectRows.of(f["x"])
                 assert all(np.array_equal(rows.row(i), values[i]) for i in range(9))
                 assert rows._index  # read from the mapped file
             finally:
-                direct._LZ4_SAFE = saved
+                chunk_codec._LZ4_SAFE = saved
     assert calls == [3 * 20 * 30] * 5  # the compressed rows, each decompressed in place once
 
 
@@ -199,10 +199,10 @@ def test_a_corrupt_lz4_block_is_refused_by_the_direct_call():
     plain = bytes(range(256)) * 64
     packed = lz4.block.compress(plain, store_size=False)
     out = np.zeros(len(plain), np.uint8)
-    assert direct._LZ4_SAFE(packed, out.ctypes.data, len(packed), len(plain)) == len(plain)
+    assert chunk_codec._LZ4_SAFE(packed, out.ctypes.data, len(packed), len(plain)) == len(plain)
     assert out.tobytes() == plain
-    assert direct._LZ4_SAFE(packed[:40], out.ctypes.data, 40, len(plain)) < 0
-    assert direct._LZ4_SAFE(packed, out.ctypes.data, len(packed), len(plain) - 1) < 0  # never past the row
+    assert chunk_codec._LZ4_SAFE(packed[:40], out.ctypes.data, 40, len(plain)) < 0
+    assert chunk_codec._LZ4_SAFE(packed, out.ctypes.data, len(packed), len(plain) - 1) < 0  # never past the row
 
 
 def test_refilled_blocks_under_spawn(path):
