@@ -34,13 +34,18 @@ def virtual_sources(f: h5py.File) -> set[str]:
     sources: set[str] = set()
     base = Path(os.path.realpath(f.filename)).parent
 
-    def visit(_name: str, obj) -> None:
+    # walked by links, opening each object: ``visititems`` asks HDF5 for every object's full info,
+    # which walks a dataset's whole chunk index (11-28 ms for an 80k-chunk dataset)
+    def visit(name: str, link) -> None:
+        if not isinstance(link, h5py.HardLink):
+            return
+        obj = f[name]
         if isinstance(obj, h5py.Dataset) and obj.is_virtual:
             for vs in obj.virtual_sources():
                 src = vs.file_name
                 sources.add(str(Path(src) if os.path.isabs(src) or src == "." else base / src))
 
-    f.visititems(visit)
+    f.visititems_links(visit)
     sources.discard(str(base / "."))
     return sources
 
