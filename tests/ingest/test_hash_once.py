@@ -13,14 +13,13 @@ import pytest
 
 from h5forge.format.catalog import input_key, sample_keys
 from h5forge.format.names import SPLITS
-from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
 from h5forge.ingest.demo import KINDS
 from h5forge.ingest.discover import discover
 from h5forge.ingest.infer import infer_spec
 from h5forge.ingest.inputs import fingerprint, rules_hash
 from h5forge.ingest.nightly import inputs_of, unchanged_since
 from h5forge.spec import load_spec, override
-from h5forge.store.versions import output_lock, stage
+from tests.ingest.test_nightly import build
 
 SIZES = {"cells": 40, "classify": 40, "segment-multiclass": 40, "sr": 30, "ct": 12, "signals": 12}
 
@@ -32,15 +31,6 @@ def inferred_spec(kind: str, tmp: Path):
     spec_path = tmp / f"{kind}.yaml"
     spec_path.write_text(infer_spec(raw, spec_path).text)
     return override(load_spec(spec_path), output=tmp / "out")
-
-
-def build(spec, inputs=None) -> tuple[Path, object]:
-    with output_lock(spec.output.dir):
-        cand = stage(spec.output.dir)
-        summary = write_version(spec, discover(spec), cand, inputs=inputs)
-        report = verify_candidate(cand)
-        assert report.ok, report.errors
-        return Path(publish_candidate(cand, report)), summary
 
 
 @pytest.mark.parametrize("kind", sorted(SIZES))
