@@ -39,9 +39,8 @@ def _load_lz4() -> "ctypes._CFuncPtr | None":
     """``LZ4_decompress_safe(src, dst, compressed_size, dst_capacity)`` from a loaded LZ4 library, to
     decompress a block straight into its row: the lz4 package's block module (the library it
     bundles) or else the system's liblz4. The package's own ``decompress`` returns a new bytes
-    object, which then has to be copied into place (41 µs per 224² image+mask sample against 18 µs
-    for an uncompressed copy, benchmarks/results/read_peers.md). Used only if it round-trips a
-    block the lz4 package compressed and refuses a corrupt one; otherwise None."""
+    object, which then has to be copied into place. Used only if it round-trips a block the lz4
+    package compressed and refuses a corrupt one; otherwise None."""
     candidates = [getattr(getattr(lz4.block, "_block", None), "__file__", None), ctypes.util.find_library("lz4")]
     plain = (np.arange(4096, dtype=np.uint32) % 251).astype(np.uint8).tobytes()
     packed = lz4.block.compress(plain, store_size=False)

@@ -424,10 +424,10 @@ def _checksum_blocks(f: h5py.File, kinds: dict[str, FieldKind], blocks: list[tup
     return bad, checked
 
 
-# Below this many rows a file is checksummed in the calling process: the checking processes start
-# from a fresh interpreter (~0.7-1 s here), and 224x224 image+mask rows take ~0.31 ms each, so two
-# processes save time only from ~6,500 rows on (measured: 3,000 rows, 1.4-1.6 s alone, 1.5-2.5 s
-# with a second process on a busy 2-core machine).
+# Below this many rows a file is checksummed in the calling process, where starting a checking
+# process costs more than it saves: benchmarks/ingest_parts measured a 10k version's checksum pass
+# at 2.67 s alone and 1.42 s with a second process, and 120 rows at 0.044 s alone and 0.079 s with
+# one; sizes in between were not measured, so the threshold errs on the side of one process.
 PARALLEL_ROWS = 8192
 
 
