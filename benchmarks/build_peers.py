@@ -268,7 +268,7 @@ def writer_ceiling(args, raw: Path, pairs: list, work: Path) -> dict:
     from h5forge.format.chunk_codec import EncodedRows
     from h5forge.ingest.clean import clean_batch, encode_rows
     from h5forge.ingest.discover import discover
-    from h5forge.ingest.inputs import fingerprint
+    from h5forge.ingest.incremental.inputs import fingerprint
     from h5forge.ingest.writer import DatasetWriter
     from h5forge.kinds import stored_kinds
     from h5forge.store.verify import verify_file

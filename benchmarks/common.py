@@ -96,7 +96,7 @@ def code_key() -> str:
 def raw_folder(n: int, size: int = 224, seed: int = 0) -> Path:
     """``n`` generated good samples for a spec of ``size`` px (raw PNGs of 150-260 px for the 224 px
     demo, 40-70 px for small specs), cached under CACHE until its ``.complete`` marker exists."""
-    from h5forge.ingest.demo import generate
+    from h5forge.demo import generate
     size_range = (150, 260) if size >= 150 else (40, 70)
     root = CACHE / f"raw-n{n}-s{seed}-{size_range[0]}-{size_range[1]}"
     if (root / ".complete").exists():

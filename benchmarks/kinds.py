@@ -157,7 +157,7 @@ def label_file(n: int, size: int) -> Path:
     a ``kind: label`` field from its ``label`` column, every sample in train."""
     import yaml
 
-    from h5forge.ingest.demo import LABELS, generate
+    from h5forge.demo import LABELS, generate
     raw = WORK / f"cells-n{n}-{size * 3 // 4}-{size * 5 // 4}"
     with generating(raw) as todo:
         if todo:
@@ -173,7 +173,7 @@ def label_file(n: int, size: int) -> Path:
 
 def labels_part(args) -> dict:
     from h5forge.format.layout import decode_str
-    from h5forge.ingest.demo import LABELS
+    from h5forge.demo import LABELS
     from h5forge.read.torch import H5Dataset
     path = label_file(args.n, args.size)
     warm([path])
@@ -460,7 +460,7 @@ def real_edf() -> tuple[Path, Path, dict]:
 def generated_edf(n: int, seconds: tuple[int, int]) -> tuple[Path, dict]:
     """``generate_signals``: EDF+ recordings of ACC 1000 Hz, VOLT 100 Hz, TEMP 1 Hz (gait, ECG-like pulses,
     temperature drift, each plus noise, 16-bit digital)."""
-    from h5forge.ingest.demo import SIGNAL_CHANNELS, generate_signals
+    from h5forge.demo import SIGNAL_CHANNELS, generate_signals
     root = WORK / f"edf-gen-{n}-{seconds[0]}-{seconds[1]}"
     with generating(root) as todo:
         if todo:

@@ -32,7 +32,7 @@ def build(spec) -> dict:
     """The build flow's steps as plain calls (flows/build.py without Prefect), each timed."""
     from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
     from h5forge.ingest.discover import discover
-    from h5forge.ingest.nightly import inputs_of, unchanged_since
+    from h5forge.ingest.incremental.rebuild import inputs_of, unchanged_since
     from h5forge.store.versions import output_lock, stage
 
     steps, t0 = {}, time.perf_counter()
@@ -137,7 +137,7 @@ def killed_build(spec_file: Path) -> dict:
 
 
 def round_trip(raw0: Path, spare: Path, args, r: int) -> dict:
-    from h5forge.ingest.hash_cache import RACY_SECONDS
+    from h5forge.ingest.incremental.hash_cache import RACY_SECONDS
 
     raw = link_copy(raw0, WORK / "raw")
     time.sleep(RACY_SECONDS)  # a nightly's inputs are older than the racy window (the links moved their ctime)

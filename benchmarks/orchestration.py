@@ -143,12 +143,12 @@ def flow_steps(spec_path: str, pids: list[int]):
     from h5forge.format.summary import bounded_rows
     from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
     from h5forge.ingest.discover import discover
-    from h5forge.ingest.nightly import inputs_of, unchanged_since
+    from h5forge.ingest.incremental.rebuild import inputs_of, unchanged_since
     from h5forge.ingest.rejected import check_rejected
     from h5forge.spec import load_spec
-    from h5forge.store.diff import diff_versions
+    from h5forge.views.diff import diff_versions
     from h5forge.store.output import claim_output, preflight
-    from h5forge.store.preview import artifact_data_uri, preview_path, write_preview
+    from h5forge.views.preview import artifact_data_uri, preview_path, write_preview
     from h5forge.store.versions import output_lock, retain, stage
     spec = load_spec(spec_path)
     preflight(spec)
@@ -194,7 +194,7 @@ def child(mode: str, spec_path: str, result: Path, pids: list[int]) -> None:
         out["health_ok"] = bool(get(summary, "path"))  # the flow raises VerificationFailed otherwise
     elif mode == "steps":
         import importlib
-        for module in ("h5forge.ingest.build", "h5forge.store.preview", "h5forge.store.diff"):
+        for module in ("h5forge.ingest.build", "h5forge.views.preview", "h5forge.views.diff"):
             importlib.import_module(module)  # before the clock, as the other modes import theirs
         t0 = imported(out, t0)
         summary, out["cpu"], out["health_ok"] = flow_steps(spec_path, pids)

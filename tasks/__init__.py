@@ -1,14 +1,10 @@
-"""Prefect tasks: thin wrappers over h5forge steps (logging, progress, artifacts).
+"""Prefect tasks: the pipeline's steps (``h5forge.pipeline``) run as tasks of the same names.
 
-Every task is declared through ``step``: arrays never pass through Prefect, so no task caches or
-persists its result, and tasks exchange paths and summaries only.
+``PrefectRunner`` is the runner the flows hand to ``h5forge.pipeline.build`` / ``append`` /
+``verify``: arrays never pass through Prefect, so no task caches or persists its result, and
+tasks exchange paths and summaries only.
 """
 
-from __future__ import annotations
+from h5forge.tasks.runner import PrefectRunner
 
-from functools import partial
-
-from prefect import task
-from prefect.cache_policies import NONE
-
-step = partial(task, cache_policy=NONE, persist_result=False)
+__all__ = ["PrefectRunner"]

@@ -38,7 +38,7 @@ def prefect_server():
 @pytest.fixture(scope="session")
 def raw_demo(tmp_path_factory) -> Path:
     """A raw folder of 40 good samples plus every kind of defect the demo knows."""
-    from h5forge.ingest.demo import generate
+    from h5forge.demo import generate
 
     root = tmp_path_factory.mktemp("raw") / "demo"
     generate(root, n=40, seed=1, bad=True, workers=1)
@@ -55,7 +55,7 @@ def raw_copy(raw_demo, tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def raw_new(tmp_path_factory):
     """72 more good samples (other seed) to drop into an inbox."""
-    from h5forge.ingest.demo import generate
+    from h5forge.demo import generate
 
     root = tmp_path_factory.mktemp("rawnew") / "new"
     generate(root, n=72, seed=7, bad=False, workers=1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from h5forge.cli import dataset  # noqa: F401  (registers its commands)
-from h5forge.cli import look  # noqa: F401  (preview, codecs)
+from h5forge.cli import views  # noqa: F401  (preview, codecs)
 from h5forge.cli import doctor, inspect  # noqa: F401  (register their commands)
 from h5forge.cli.app import app
 

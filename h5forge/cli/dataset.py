@@ -22,7 +22,7 @@ def init(raw: Path = typer.Argument(..., help="raw folder: images/ (+ masks/), <
          force: bool = typer.Option(False, help="overwrite an existing spec")) -> None:
     """Write a spec inferred from a raw folder, with comments; print what could not be inferred.
     Exits 2 when a value must be filled in first (a ``# ...: TODO`` line in the spec)."""
-    from h5forge.ingest.infer import infer_spec
+    from h5forge.init import infer_spec
 
     if out_path.exists() and not force:
         _fail(f"{out_path} exists; pass --force to overwrite it")
@@ -126,7 +126,7 @@ def watch(spec: Path = typer.Argument(..., help="dataset spec YAML"),
     """Long-running: append samples as they settle in the inbox; Ctrl-C / SIGTERM stops between appends."""
     import logging
 
-    from h5forge.ingest.watch import serve_inbox
+    from h5forge.pipeline.watch import serve_inbox
 
     loaded = _check_spec(spec, output, dask_address, inbox, needs_inbox=True)
     if loaded.source.inbox is None:
@@ -311,7 +311,7 @@ def demo_data(folder: Path = typer.Argument(Path("data/raw/demo")),
                                                               "default cell_ for cells, case_ for ct, rec_ for "
                                                               "signals")) -> None:
     """Generate a realistic raw folder of one kind, with the defects real collections have."""
-    from h5forge.ingest.demo import KINDS
+    from h5forge.demo import KINDS
 
     if kind not in KINDS:
         _fail(f"--kind {kind!r} is not a demo kind; choose one of {', '.join(KINDS)}")

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from h5forge.cli.app import _reported, app, out
-from h5forge.store.figures import size as size_text
+from h5forge.figures import size as size_text
 
 HEALTH_TIMEOUT = 3.0  # seconds for the Prefect API to answer /health
 

@@ -13,7 +13,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from h5forge.store.figures import figure_rows
+from h5forge.figures import figure_rows
 from h5forge.store.verify import HealthReport
 
 

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from h5forge.cli.app import _reported, app, out
-from h5forge.store.figures import size as size_text
+from h5forge.figures import size as size_text
 
 
 def _print_version(value: bool) -> None:
@@ -90,7 +90,7 @@ def info(path: Path = typer.Argument(..., help="a version file, dataset_latest.h
          as_json: bool = typer.Option(False, "--json", help="print everything as JSON")) -> None:
     """What a version holds: samples per split, sizes, codec, the spec, lineage (thin or full),
     label and class counts, the rejected inputs by reason. A folder: every version, the latest in full."""
-    from h5forge.store.info import folder_info, version_info
+    from h5forge.views.info import folder_info, version_info
 
     with _reported():
         data = folder_info(path) if path.is_dir() else version_info(path)
@@ -121,7 +121,7 @@ def diff(old: str = typer.Argument(..., help="the earlier version: a file, or wi
     Examples: h5forge diff out/dataset_v0001.h5 out/dataset_v0002.h5;
     h5forge diff --dir out previous latest; h5forge diff --dir out 1 3 --json
     """
-    from h5forge.store.diff import diff_versions, resolve_version
+    from h5forge.views.diff import diff_versions, resolve_version
 
     with _reported():
         if folder is not None:

@@ -33,13 +33,13 @@ from h5forge.format.names import IDS, JOURNAL, SPLITS, Attr, delta_name, partial
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest.clean import CleanedBatch
 from h5forge.ingest.discover import TEXT_FORMAT, discover, read_annotation_file
-from h5forge.ingest.inputs import Inputs, rules_hash
+from h5forge.ingest.incremental.inputs import Inputs, rules_hash
 from h5forge.ingest.parallel import clean_all
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.kinds import FieldKind, stored_kinds
 from h5forge.samples import Rejection, SampleRef
 from h5forge.spec import DatasetSpec
-from h5forge.store.faults import checkpoint
+from h5forge.crash_points import checkpoint
 from h5forge.store.reports import write_health
 from h5forge.store.thin import require_current_format, write_thin
 from h5forge.store.verify import HealthReport, verify_file

@@ -9,10 +9,10 @@ from typing import Callable
 
 from h5forge.errors import NothingToBuild, VerificationFailed
 from h5forge.format.summary import WriteSummary
-from h5forge.ingest import hash_cache
+from h5forge.ingest.incremental import hash_cache
 from h5forge.ingest.discover import Inventory
-from h5forge.ingest.inputs import Inputs
-from h5forge.ingest.nightly import (REUSED_CHECKSUM_SAMPLE, check_cleaned_rows, copies_verified_rows, inputs_of,
+from h5forge.ingest.incremental.inputs import Inputs
+from h5forge.ingest.incremental.rebuild import (REUSED_CHECKSUM_SAMPLE, check_cleaned_rows, copies_verified_rows, inputs_of,
                                     write_samples)
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.spec import DatasetSpec
@@ -28,7 +28,7 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
 
     Samples whose inputs (``inputs``: their hashes, ``nightly.inputs_of`` when not given) are unchanged since
     the latest version, or durable in what a killed build left, are copied instead of cleaned
-    (``h5forge.ingest.nightly``).
+    (``h5forge.ingest.incremental.rebuild``).
 
     ``progress`` hears how many inputs each batch settled, ``status`` what happens before the first.
 

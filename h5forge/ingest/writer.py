@@ -37,11 +37,11 @@ from h5forge.format.names import (CHECKSUM, FORMAT, FORMAT_VERSION, IDS, SOURCE_
                                   SPLITS, Attr, block_rows, column_path)
 from h5forge.format.summary import WriteSummary, write_diagnostics
 from h5forge.ingest.clean import CleanedBatch
-from h5forge.ingest.inputs import Inputs, sample_key
+from h5forge.ingest.incremental.inputs import Inputs, sample_key
 from h5forge.kinds import FieldKind, file_fields, stored_kinds
 from h5forge.samples import Rejection
 from h5forge.spec import DatasetSpec
-from h5forge.store.space import as_disk_full, discard_h5
+from h5forge.store.disk_full import as_disk_full, discard_h5
 
 
 def _gather(pairs: list[tuple], n: int):

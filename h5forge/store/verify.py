@@ -34,7 +34,7 @@ from h5forge.kinds import FieldKind, decode_sample, stored_kinds
 from h5forge.samples import Reject, SampleRef
 from h5forge.spec import DatasetSpec, spec_from_json
 from h5forge.store.sources import MAX_SOURCE_BYTES, source_problem
-from h5forge.store.figures import figure_rows
+from h5forge.figures import figure_rows
 
 MAX_LISTED = 20  # errors of one kind listed before summarising the rest
 MAX_STORED_COUNT = 1000  # resample / latency_reads taken from the file's own spec at most

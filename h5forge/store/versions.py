@@ -26,7 +26,7 @@ from h5forge.format.names import (DELTA_RE, LATEST, LOCK, PARTIAL_RE, RESUMABLE,
                                   parse_version, partial_name, version_name)
 from h5forge.format import leases
 from h5forge.format.segments import virtual_sources
-from h5forge.store.space import as_disk_full, release_partials
+from h5forge.store.disk_full import as_disk_full, release_partials
 
 
 def version_number(text: str | int) -> int:

@@ -26,7 +26,7 @@ def spec_for(raw: Path, out: Path, size=(64, 64), **storage):
 
 
 def make_raw(root: Path, n: int = 200, seed: int = 0) -> Path:
-    from h5forge.ingest.demo import generate
+    from h5forge.demo import generate
 
     generate(root, n=n, seed=seed, bad=False, size_range=(64, 96), workers=1)
     return root

@@ -8,7 +8,7 @@ from PIL import Image
 
 from h5forge.ingest.clean import Reject, clean_batch, clean_sample
 from h5forge.kinds.image import plan_geometry
-from h5forge.ingest.demo.pictures import bomb_png
+from h5forge.demo.pictures import bomb_png
 from h5forge.ingest.discover import SampleRef
 from tests.helpers.data import demo_spec
 

@@ -177,7 +177,7 @@ def test_a_build_that_rejects_too_much_publishes_nothing_and_says_why(api_url, t
 
 def test_the_demo_data_stays_under_the_default_limit(tmp_path):
     """``h5forge demo-data`` writes defects on purpose; at its default sizes every kind builds."""
-    from h5forge.ingest.demo import KINDS
+    from h5forge.demo import KINDS
 
     for kind, (generate, n) in KINDS.items():
         defects = generate(tmp_path / kind, n=3, seed=0, bad=True)  # how many defects each kind writes

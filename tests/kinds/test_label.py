@@ -14,7 +14,7 @@ import torch
 from h5forge.format.names import column_path
 from h5forge.ingest import append
 from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
-from h5forge.ingest.demo import LABELS
+from h5forge.demo import LABELS
 from h5forge.ingest.discover import discover
 from h5forge.kinds.label import LabelField
 from h5forge.read.torch import H5Dataset

@@ -1,0 +1,108 @@
+"""Resumable builds: a build makes its rows durable at checkpoints; the next build takes them over.
+
+While it writes, a build flushes its partial file every few seconds and then records, beside it
+(``.dataset_vNNNN.h5.partial.resume``), how many rows of each split are durable, their statistics
+and index values, and the build's input key. The writer never reuses freed file space, so a
+SIGKILL after a checkpoint leaves those rows where the flushed metadata points.
+
+The next run, under the output lock, moves such a partial aside (``.build-resumable.h5``, see
+``store.versions``); the next build written under the same field rules takes every durable row
+whose sample key it still wants (``h5forge.ingest.incremental.reuse``) instead of cleaning it again, and
+removes the leftover when its own rows are written. Anything else is discarded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import h5py
+
+from h5forge.format.catalog import sample_keys
+from h5forge.format.names import IDS, RESUMABLE, RESUME_SUFFIX
+from h5forge.ingest.incremental import hash_cache
+from h5forge.ingest.incremental.inputs import Inputs
+from h5forge.ingest.incremental.reuse import Source
+from h5forge.ingest.writer import DatasetWriter
+from h5forge.crash_points import checkpoint as fault_point
+
+CHECKPOINT_SECONDS = 3.0  # how much cleaning a SIGKILL can cost at most (plus the batches in flight)
+
+
+def sidecar(partial: Path) -> Path:
+    return partial.with_name(partial.name + RESUME_SUFFIX)
+
+
+CHECKPOINT_SHARE = 0.05  # and after each 5 % of the inputs: a short build loses little more than a long one
+
+
+class Checkpoints:
+    """Call ``tick(samples done)`` after each batch: every CHECKPOINT_SECONDS, and after each
+    CHECKPOINT_SHARE of the inputs, the writer's durable state is recorded beside its file. The
+    raw-file hashes learnt so far go to the output folder's hash cache at the second kind only
+    (at most 20 times a build, and once when the hashes were all made up front: the cache grows
+    with the inputs), so the next build, resuming, does not read again the files it takes over."""
+
+    def __init__(self, writer: DatasetWriter, inputs: Inputs, total: int, every: float | None = None,
+                 exact_stats: bool = True, raw_root: Path | None = None):
+        self.writer, self.inputs, self.total, self.exact_stats = writer, inputs, total, exact_stats
+        self.every = float(os.environ.get("H5FORGE_CHECKPOINT_SECONDS", CHECKPOINT_SECONDS)) if every is None else every
+        self.path = sidecar(writer.path)
+        self.raw_root = raw_root
+        self.last = time.monotonic()
+        self.done = self.saved = 0
+        self.cached = False  # the hash cache was saved by this build
+
+    def tick(self, n: int) -> None:
+        self.done += n
+        share = self.total and self.done - self.saved >= CHECKPOINT_SHARE * self.total
+        if share or time.monotonic() - self.last >= self.every:
+            self.save()
+            if share and self.raw_root is not None and (self.inputs.deferred or not self.cached):
+                # a deferred build's hashes grow as it cleans; a build that hashed up front has them all
+                hash_cache.save(self.path.parent, self.raw_root, self.inputs.states, self.inputs.hexes,
+                                self.inputs.stated_at_ns)
+                self.cached = True
+        if self.total and self.done >= 0.8 * self.total:
+            fault_point("build:at-80%")  # the fault tests kill a real build here
+
+    def save(self) -> None:
+        self.saved = self.done
+        state = self.writer.checkpoint()
+        state.update(key=self.inputs.key, rules=self.inputs.rules)
+        if not self.exact_stats:  # rows copied from other files carry their statistics only at the end
+            state["stats"] = None
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.path)
+        self.last = time.monotonic()
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def resumable_source(out: Path, inputs: Inputs) -> Source | None:
+    """What a killed build left in ``out``, when it was written under the same field rules."""
+    data, state = out / RESUMABLE, out / (RESUMABLE + RESUME_SUFFIX)
+    if not data.exists() or not state.exists():
+        return None
+    try:
+        saved = json.loads(state.read_text())
+        if saved.get("rules") != inputs.rules:
+            raise ValueError("other field rules")
+        with h5py.File(data, "r") as f:  # everything the plan reads must be readable, or nothing is taken
+            for split, n in saved["counts"].items():
+                if len(sample_keys(f, split, n)) != n or f[split][IDS].shape[0] < n:
+                    raise ValueError(f"{split}: fewer rows than its checkpoint says")
+        stats = saved["stats"]
+        return Source(data, limit=saved["counts"], stats=stats or {}, listed=saved["listed"], recount=stats is None)
+    except (OSError, ValueError, KeyError, TypeError):
+        discard_resumable(out)
+        return None
+
+
+def discard_resumable(out: Path) -> None:
+    for p in (out / RESUMABLE, out / (RESUMABLE + RESUME_SUFFIX)):
+        p.unlink(missing_ok=True)

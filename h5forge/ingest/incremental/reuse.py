@@ -1,0 +1,344 @@
+"""Write a version that takes every unchanged sample from files already written, cleaning only the rest.
+
+The nightly rebuild takes them from the latest version (or the files a thin version reads), a
+resumed build from the partial file a killed build left. A sample is taken when its sample key
+(``h5forge.ingest.incremental.inputs``) is stored in a source written under the same field rules; its rows are
+copied in the order a full build would write them, so the result equals a full rebuild: same ids,
+order, splits, checksums and values.
+
+How rows are copied, per dataset of the split:
+- fixed sample arrays with one sample per chunk and the same filters: the stored, compressed chunk
+  is copied as is (``read_direct_chunk`` / ``write_direct_chunk``: no decode, no recompression);
+- sample arrays with several samples per chunk, and ragged fields (recordings, CT cases, whose
+  chunks hold elements of several samples): the rows are read and written again (decompressed and
+  recompressed; no raw file is decoded);
+- the small per-sample columns (ids, provenance, checksums, annotations, sample keys): the rows'
+  values are copied, so a checksum always travels with its sample.
+
+Per-split statistics are additive: a source's totals, minus the rows it holds that are not taken
+(read back and counted), plus the cleaned rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import h5py
+import numpy as np
+
+from h5forge.format import arrays
+from h5forge.format.catalog import KEY, input_key, sample_keys, sample_keys_path
+from h5forge.format.layout import index_parts
+from h5forge.format.names import IDS, INDEX, PER_SAMPLE, SPLITS, Attr
+from h5forge.ingest.clean import CleanedBatch
+from h5forge.ingest.incremental.inputs import Inputs
+from h5forge.ingest.parallel import clean_all
+from h5forge.ingest.writer import DatasetWriter
+from h5forge.kinds import FieldKind, stored_kinds
+from h5forge.samples import SampleRef
+from h5forge.spec import DatasetSpec
+
+COPY_ROWS = 256  # rows read and written at a time when a dataset is copied row by row
+
+
+@dataclass
+class Source:
+    """A file whose rows a build may take: up to ``limit`` rows per split (None: all of them).
+
+    ``stats`` / ``listed``: the totals and per-row index values of those rows when the file does
+    not hold them itself (a killed build's partial file); None reads them from the file.
+    ``recount``: the statistics of the rows taken are counted from the rows (a partial file whose
+    checkpoint could not record exact totals)."""
+
+    path: Path
+    limit: dict[str, int] | None = None
+    stats: dict[str, dict[str, list]] | None = None
+    listed: dict[str, dict[str, list]] | None = None
+    file: h5py.File | None = None
+    rows: dict[str, int] = field(default_factory=dict)
+    recount: bool = False
+
+    def open(self) -> h5py.File:
+        if self.file is None:
+            self.file = h5py.File(os.path.realpath(self.path), "r")
+            for split in SPLITS:
+                n = int(self.file[split][IDS].shape[0])  # ids are written with every row
+                self.rows[split] = n if self.limit is None else min(n, int(self.limit.get(split, 0)))
+        return self.file
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def usable(path: Path, rules: str) -> bool:
+    """A file written under the same field rules (older files without sample keys are not)."""
+    try:
+        with h5py.File(os.path.realpath(path), "r") as f:
+            return input_key(f)[1] == rules and all(len(sample_keys(f, s, 1)) or not f[s].attrs.get(Attr.COUNT, 0)
+                                                    for s in SPLITS)
+    except (OSError, KeyError):
+        return False
+
+
+@dataclass
+class Taken:
+    source: int
+    row: int
+
+
+@dataclass
+class Plan:
+    """For every sample of the inventory, in order: the stored row it is taken from, or None (clean it)."""
+
+    samples: list[SampleRef]
+    taken: list[Taken | None]
+
+    @property
+    def to_clean(self) -> list[SampleRef]:
+        return [ref for ref, t in zip(self.samples, self.taken) if t is None]
+
+    @property
+    def reused(self) -> int:
+        return sum(t is not None for t in self.taken)
+
+
+def make_plan(samples: list[SampleRef], inputs: Inputs, sources: list[Source]) -> Plan:
+    """Match each sample's key against the keys stored in the sources (first source wins)."""
+    where: dict[tuple[str, bytes], Taken] = {}
+    for k in reversed(range(len(sources))):
+        src = sources[k]
+        f = src.open()
+        for split in SPLITS:
+            keys = sample_keys(f, split, src.rows[split])
+            # numpy drops trailing NUL bytes of fixed-length byte strings: padded back to 32
+            where.update(((split, key.ljust(KEY.itemsize, b"\0")), Taken(k, r)) for r, key in enumerate(keys.tolist()))
+    taken = [where.pop((ref.split, inputs.samples.get(ref.id)), None) for ref in samples]
+    return Plan(samples, taken)
+
+
+# ---- copying rows ------------------------------------------------------------------------------
+
+def _filters(ds: h5py.Dataset) -> tuple:
+    dcpl = ds.id.get_create_plist()
+    return tuple(dcpl.get_filter(i)[:3] for i in range(dcpl.get_nfilters()))
+
+
+def _same_chunks(dst: h5py.Dataset, src: h5py.Dataset) -> bool:
+    """One sample per chunk, stored alike: a chunk can be copied as it is."""
+    return dst.chunks == src.chunks and dst.chunks[0] == 1 and _filters(dst) == _filters(src)
+
+
+def runs(rows: np.ndarray) -> Iterator[tuple[int, int, int]]:
+    """(position in ``rows``, first row, end row) of each stretch of consecutive rows, at most COPY_ROWS long."""
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i] != rows[i - 1] + 1 or i - start >= COPY_ROWS:
+            yield start, int(rows[start]), int(rows[i - 1]) + 1
+            start = i
+
+
+class Copier:
+    """Copies rows of one source split into the same split of the file being written."""
+
+    def __init__(self, src: h5py.Group, kinds: dict[str, FieldKind], keys: h5py.Dataset):
+        self.src, self.kinds, self.keys = src, kinds, keys
+        self._columns: dict[str, np.ndarray] = {}
+        self._readers: dict[str, arrays.RowReader] = {}
+        self.direct_rows = self.copied_rows = 0
+
+    def column(self, name: str) -> np.ndarray:
+        """A small per-sample column, read once."""
+        if name not in self._columns:
+            self._columns[name] = (self.keys if name == "" else self.src[name])[()]
+        return self._columns[name]
+
+    def __call__(self, rows: np.ndarray) -> Callable[[h5py.Group], int]:
+        def copy(g: h5py.Group) -> int:
+            for path, kind in self.kinds.items():
+                st = kind.stored()
+                if st.ragged or (st.bulk and not _same_chunks(g[path], self.src[path])):
+                    self._copy_rows(g, path, st, rows)
+                elif st.bulk:
+                    self._copy_chunks(g[path], self.src[path], rows)
+                else:
+                    arrays.extend(g, path, self.column(path)[rows])
+            for name in PER_SAMPLE:
+                arrays.extend(g, name, self.column(name)[rows])
+            arrays.extend(g, sample_keys_path(g.name.strip("/")), self.column("")[rows])
+            return len(rows)
+        return copy
+
+    def _copy_chunks(self, dst: h5py.Dataset, src: h5py.Dataset, rows: np.ndarray) -> None:
+        """Each row is one stored chunk: copied compressed, as it is."""
+        start = dst.shape[0]
+        dst.resize(start + len(rows), axis=0)
+        tail = (0,) * (dst.ndim - 1)
+        read, write = src.id.read_direct_chunk, dst.id.write_direct_chunk
+        for i, r in enumerate(rows.tolist()):
+            mask, data = read((r, *tail))
+            write((start + i, *tail), data, mask)
+        self.direct_rows += len(rows)
+
+    def _copy_rows(self, g: h5py.Group, path: str, st, rows: np.ndarray) -> None:
+        """Rows decompressed and written again (several samples share a chunk)."""
+        if path not in self._readers:
+            self._readers[path] = arrays.RowReader(self.src, path, st)
+        read = self._readers[path]
+        for _, a, b in runs(rows):
+            arrays.extend(g, path, read(a, b))
+        self.copied_rows += len(rows)
+
+
+# ---- statistics and index values of the taken rows ---------------------------------------------
+
+def _listed_rows(src: Source, split: str, path: str) -> list[list]:
+    """Per row of a source split, the values an indexed field lists it under."""
+    if src.listed is not None:
+        return src.listed.get(split, {}).get(path, [])
+    per_row: list[list] = [[] for _ in range(src.rows[split])]
+    key = f"{INDEX}/{split}/{path}"
+    if key in src.file:
+        for value, rows in index_parts(src.file[key]).items():
+            for r in rows.tolist():
+                per_row[r].append(value)
+    return per_row
+
+
+def _count_rows(g: h5py.Group, path: str, kind: FieldKind, rows: np.ndarray) -> np.ndarray | None:
+    """The kind's additive statistic of ``rows`` of a split, read back COPY_ROWS at a time."""
+    read = arrays.RowReader(g, path, kind.stored())
+    total = None
+    for _, a, b in runs(rows):
+        counts = kind.counts(read(a, b))
+        if counts is None:
+            return None
+        total = counts if total is None else total + counts
+    return total
+
+
+def taken_stats(src: Source, split: str, taken_rows: np.ndarray, kinds: dict[str, FieldKind]) -> dict[str, np.ndarray]:
+    """The additive statistics of the rows taken from a source split: its totals minus the rows
+    not taken (those are read back and counted)."""
+    g = src.file[split]
+    dropped = np.setdiff1d(np.arange(src.rows[split]), taken_rows)
+    out = {}
+    for path, kind in kinds.items():
+        if src.recount:
+            total = _count_rows(g, path, kind, taken_rows)
+            if total is not None:
+                out[path] = total
+            continue
+        if src.stats is not None:
+            stored = src.stats.get(path, {}).get(split)
+            total = None if stored is None else np.asarray(stored)
+        else:
+            total = kind.stored_counts(g) if src.rows[split] else None
+        if total is None:
+            continue
+        if len(dropped):
+            less = _count_rows(g, path, kind, dropped)
+            if less is not None:
+                total = total - less
+        out[path] = total
+    return out
+
+
+# ---- the build ---------------------------------------------------------------------------------
+
+def write_reusing(spec: DatasetSpec, root: Path, plan: Plan, sources: list[Source], writer: DatasetWriter,
+                  timings: dict, progress: Callable[[int], None] = lambda n: None,
+                  status: Callable[[str], None] = lambda text: None, inputs: Inputs | None = None) -> dict:
+    """Write every sample of ``plan`` in order into ``writer``: taken rows copied from their
+    source, the rest cleaned (on dask when there are many). Returns what was reused and how.
+    A deferred ``inputs`` learns each cleaned sample's key before its row is written."""
+    kinds = stored_kinds(spec)
+    copiers: dict[tuple[int, str], Copier] = {}
+    for k, src in enumerate(sources):
+        for split in SPLITS:
+            keys = src.file[sample_keys_path(split)]
+            copiers[(k, split)] = Copier(src.file[split], kinds, keys)
+    indexed = [p for p, kind in kinds.items() if kind.indexed]
+    listed_of = {(k, s, p): None for k in range(len(sources)) for s in SPLITS for p in indexed}
+
+    pending: dict[str, list[Taken]] = {s: [] for s in SPLITS}
+
+    def emit_pending() -> None:
+        for split, items in pending.items():
+            start = 0
+            for i in range(1, len(items) + 1):
+                if i == len(items) or items[i].source != items[start].source:
+                    k = items[start].source
+                    rows = np.array([t.row for t in items[start:i]], np.int64)
+                    listed = {}
+                    for p in indexed:
+                        if listed_of[(k, split, p)] is None:
+                            listed_of[(k, split, p)] = _listed_rows(sources[k], split, p)
+                        listed[p] = [listed_of[(k, split, p)][r] for r in rows.tolist()]
+                    writer.add_stored(split, copiers[(k, split)](rows), listed)
+                    progress(len(rows))
+                    start = i
+            items.clear()
+
+    to_clean = plan.to_clean
+    position = {ref.id: i for i, ref in enumerate(plan.samples)}
+    cursor, done = 0, 0
+    cleaned_rows: dict[str, list[int]] = {s: [] for s in SPLITS}
+    for batch in clean_all(spec, root, to_clean, timings, status):
+        refs = to_clean[done:done + len(batch) + len(batch.rejections)]  # every input is kept or rejected
+        done += len(refs)
+        if inputs is not None and inputs.deferred:
+            inputs.learn(spec, root, refs, batch.ids, batch.source_sha256)
+        writer.add_rejections(batch.rejections)
+        batch = dataclasses.replace(batch, rejections=[])
+        in_batch = {sid: i for i, sid in enumerate(batch.ids)}
+        segment: list[int] = []
+        last = position[refs[-1].id]
+        while cursor <= last:
+            ref, t = plan.samples[cursor], plan.taken[cursor]
+            if t is not None:
+                if segment:
+                    _add_segment(writer, kinds, batch, segment, cleaned_rows)
+                    segment = []
+                pending[ref.split].append(t)
+            elif ref.id in in_batch:
+                if any(pending.values()):
+                    emit_pending()
+                segment.append(in_batch[ref.id])
+            cursor += 1
+        if segment:
+            _add_segment(writer, kinds, batch, segment, cleaned_rows)
+        progress(len(refs))
+    for ref, t in zip(plan.samples[cursor:], plan.taken[cursor:]):
+        if t is not None:
+            pending[ref.split].append(t)
+    emit_pending()
+    # the statistics of everything taken, added once every row is written (a checkpoint before
+    # that records the cleaned rows' statistics only, and says so)
+    for k, src in enumerate(sources):
+        for split in SPLITS:
+            rows = np.array(sorted(t.row for ref, t in zip(plan.samples, plan.taken)
+                                   if t is not None and t.source == k and ref.split == split), np.int64)
+            if src.rows[split]:
+                for path, counts in taken_stats(src, split, rows, kinds).items():
+                    writer.add_stats(path, split, counts)
+    return {"reused": plan.reused, "cleaned": len(to_clean), "cleaned_rows": cleaned_rows,
+            "reused_chunks_copied": sum(c.direct_rows for c in copiers.values()),
+            "reused_rows_rewritten": sum(c.copied_rows for c in copiers.values())}
+
+
+def _add_segment(writer: DatasetWriter, kinds: dict[str, FieldKind], batch: CleanedBatch, keep: list[int],
+                 rows: dict[str, list[int]]) -> None:
+    """Add the cleaned samples ``keep`` of ``batch``, noting the row each one gets."""
+    before = {split: writer.next_row(split) for split in SPLITS}
+    for i in keep:  # each sample's row: the split's next row, after the batch's earlier samples of that split
+        split = batch.splits[i]
+        rows[split].append(before[split])
+        before[split] += 1
+    whole = keep == list(range(len(batch)))
+    writer.add(batch if whole else batch.take(kinds, keep, []))

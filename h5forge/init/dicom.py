@@ -1,0 +1,169 @@
+"""The DICOM layout: case folders ``<case>/*.dcm`` (or files without a suffix that pydicom reads;
+also ``cases/<case>/``). Sampled case folders are read header by header, since what decides the
+spec is there: the series a folder holds (``series: largest`` when it holds several), the slice
+size, the modality, a fractional rescale. Every file of a case folder is read at build time, so
+files that are not slices get a note."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from h5forge.errors import UsageError
+from h5forge.init.folders import named, sample, subdirs, visible
+from h5forge.init.text import SpecText
+from h5forge.init.volumes import (CASE_DIRS, CASE_SAMPLE, VOLUME_MASK_DIRS, most_common_size, volume_field,
+                                          volume_mask_field, volume_masks)
+
+CASE_FILES = 2000
+_MODALITY_NAMES = {"CT": "ct", "MR": "mr", "PT": "pet"}
+
+
+def _files_below(d: Path, limit: int) -> list[Path]:
+    """Up to ``limit`` files below ``d`` at any depth, sorted, as a case folder is read (every file
+    but hidden ones)."""
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(d):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if not name.startswith("."):
+                found.append(Path(dirpath) / name)
+                if len(found) >= limit:
+                    return found
+    return found
+
+
+def _is_dicom(p: Path) -> bool:
+    """A ``.dcm`` file, or any file with the ``DICM`` marker after its 128-byte preamble (scanners
+    write files without a suffix, or with UID-like names)."""
+    if p.suffix.lower() in (".dcm", ".dicom"):
+        return True
+    try:
+        with open(p, "rb") as fh:
+            return fh.read(132)[128:] == b"DICM"
+    except OSError:
+        return False
+
+
+@dataclass
+class _Case:
+    """What the headers of one DICOM case folder say."""
+
+    slices: Counter = field(default_factory=Counter)  # SeriesInstanceUID -> files
+    described: dict[str, str] = field(default_factory=dict)  # SeriesInstanceUID -> SeriesDescription
+    sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # SeriesInstanceUID -> (rows, columns)
+    modality: str = ""
+    fractional: bool = False  # a rescale slope or intercept that is not a whole number
+    strays: list[str] = field(default_factory=list)  # files pydicom does not read, or without a series
+
+    @property
+    def main(self) -> str | None:
+        """The series ``series: largest`` keeps."""
+        return max(self.slices, key=lambda uid: self.slices[uid]) if self.slices else None
+
+
+def _dicom_case(d: Path) -> _Case:
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
+    case = _Case()
+    for p in _files_below(d, CASE_FILES):
+        try:
+            ds = pydicom.dcmread(p, stop_before_pixels=True)
+        except (InvalidDicomError, ValueError, EOFError, OSError, TypeError, KeyError):
+            case.strays.append(p.relative_to(d).as_posix())
+            continue
+        uid = str(ds.get("SeriesInstanceUID", "") or "")
+        if not uid:  # a DICOMDIR, a report: no slice of any series
+            case.strays.append(p.relative_to(d).as_posix())
+            continue
+        case.slices[uid] += 1
+        case.described.setdefault(uid, str(ds.get("SeriesDescription", "") or ""))
+        if "Rows" in ds and "Columns" in ds:
+            case.sizes.setdefault(uid, (int(ds.Rows), int(ds.Columns)))
+        case.modality = case.modality or str(ds.get("Modality", "") or "")
+        for key in ("RescaleSlope", "RescaleIntercept"):
+            value = ds.get(key)
+            if value not in (None, "") and not float(value).is_integer():
+                case.fractional = True
+    return case
+
+
+def _dicom_cases(raw: Path) -> tuple[Path, list[Path]] | None:
+    """The folder holding the case folders (``raw`` or e.g. ``raw/cases``) and the case folders:
+    its sub-folders with DICOM files at any depth."""
+    for base in [raw, *named(raw, CASE_DIRS)]:
+        skip = set(VOLUME_MASK_DIRS) | (set(CASE_DIRS) if base == raw else set())
+        cases = [d for d in subdirs(base) if d.name.lower() not in skip
+                 and any(_is_dicom(p) for p in _files_below(d, 8))]
+        if cases:
+            return base, cases
+    return None
+
+
+def _case_glob(raw: Path, base: Path, cases: list[Path], notes: list[str]) -> str:
+    """``cases/*``, or for case folders at the top the common start of their names (``case_*``), so
+    masks/ and loose files are not read as cases; a note for whatever else the glob takes."""
+    if base != raw:
+        glob = f"{base.name}/*"
+    else:
+        prefix = os.path.commonprefix([d.name for d in cases]).rstrip("0123456789")
+        glob = f"{prefix}*" if not re.search(r"[*?\[\]]", prefix) else "*"
+    pattern = glob.split("/")[-1]
+    others = sorted(p.name + ("/" if p.is_dir() else "") for p in base.iterdir()
+                    if visible(p) and fnmatch.fnmatchcase(p.name, pattern) and p not in cases)
+    if others:
+        where = "" if base == raw else f"{base.name}/"
+        notes.append(f"files: {glob} also takes {', '.join(where + o for o in others[:4])}"
+                     f"{' ...' if len(others) > 4 else ''}, which are not case folders of DICOM files: they will be "
+                     "rejected as cases" + ("; move the case folders into cases/" if base == raw else "; move them out"))
+    dotted = [d.name for d in cases if "." in d.name]
+    if dotted:
+        notes.append(f"case folder names with a dot ({', '.join(dotted[:3])}): a sample id is the name without "
+                     "what follows its last dot, so such cases may collide; rename the folders without dots")
+    return glob
+
+
+def dicom_body(raw: Path, notes: list[str]):
+    """The body of a spec for DICOM case folders, or None if ``raw`` holds none."""
+    found = _dicom_cases(raw)
+    if found is None:
+        return None
+    base, cases = found
+    glob = _case_glob(raw, base, cases, notes)
+    sampled = {d.name: _dicom_case(d) for d in sample(cases, CASE_SAMPLE)}
+    read = {n: c for n, c in sampled.items() if c.main is not None}
+    if not read:
+        raise UsageError(f"no DICOM slice in {base} can be read by pydicom (e.g. {cases[0]})")
+    several = {n: c for n, c in read.items() if len(c.slices) > 1}
+    if several:
+        n, c = next(iter(several.items()))
+        listed = ", ".join(f"{c.described[u] or 'no description'!r} {k} slices" for u, k in c.slices.most_common())
+        notes.append(f"{len(several)} of {len(read)} sampled case folders hold more than one series (e.g. {n}: "
+                     f"{listed}): series: largest keeps the one with the most slices; set a SeriesDescription "
+                     "pattern instead to choose by name")
+    strays = [(n, s) for n, c in sampled.items() for s in c.strays]
+    if strays:
+        n, s = strays[0]
+        notes.append(f"{len(strays)} files in sampled case folders are not DICOM slices pydicom reads (e.g. {n}/{s}): "
+                     "every file of a case folder is read, so those cases will be rejected; move such files out")
+    size = most_common_size(Counter(c.sizes[c.main] for c in read.values() if c.main in c.sizes), "cases", notes)
+    modality = Counter(c.modality for c in read.values() if c.modality).most_common(1)
+    modality = modality[0][0] if modality else ""
+    name = _MODALITY_NAMES.get(modality, "volume")
+    mask = volume_masks(raw, base, {d.name for d in cases}, notes)
+    where = "case folders" if base == raw else f"case folders in {base.name}/"
+    what = f"a DICOM series per case folder ({modality or 'modality unknown'}, {len(cases)} {where})"
+
+    def body(t: SpecText) -> None:
+        t(0, "fields:")
+        volume_field(t, name, [glob], size, len(read), what, bool(several),
+                     any(c.fractional for c in read.values()))
+        if mask is not None:
+            volume_mask_field(t, f"{name}_mask", name, mask)
+
+    return "volume", body

@@ -1,0 +1,78 @@
+"""The EDF/BDF layout: ``*.edf``/``*.bdf`` recordings, one ``signal`` field per channel label at the
+rate its header gives. Only headers are read; a file whose size does not match its header is
+caught before pyedflib opens it, since pyedflib's C library prints the mismatch on stdout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from h5forge.init.signals import Survey, folders_with
+
+EDF_SUFFIXES = (".edf", ".bdf")
+
+
+def _edf_size_problem(path: Path) -> str | None:
+    """Why an EDF/BDF file's size does not match what its header declares (a truncated or padded
+    file), checked before pyedflib opens it (its C library prints the mismatch on stdout)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(256)
+            ns = int(head[252:256])
+            fh.seek(256 + ns * 216)
+            per_record = sum(int(fh.read(8)) for _ in range(ns))
+        header, records = int(head[184:192]), int(head[236:244])
+        size = path.stat().st_size
+    except (OSError, ValueError):
+        return None  # pyedflib says what is wrong
+    expected = header + records * per_record * (3 if head[:8] == b"\xffBIOSEMI" else 2)
+    if records >= 0 and size != expected:
+        return f"{size:,} bytes where its header declares {expected:,} (truncated?)"
+    return None
+
+
+def _edf_channels(path: Path) -> list[tuple[str, float]] | str:
+    """(label, rate) per channel of an EDF/BDF header, or why pyedflib cannot read it."""
+    import pyedflib
+
+    problem = _edf_size_problem(path)
+    if problem:
+        return problem
+    try:
+        reader = pyedflib.EdfReader(str(path), annotations_mode=pyedflib.DO_NOT_READ_ANNOTATIONS)
+    except OSError as err:
+        return str(err).replace(str(path) + ": ", "")
+    try:
+        return [(label.strip(), float(reader.getSampleFrequency(i))) for i, label in
+                enumerate(reader.getSignalLabels())]
+    finally:
+        reader.close()
+
+
+def edf_body(raw: Path, notes: list[str]):
+    """The body of a spec for the EDF/BDF recordings of ``raw`` or its first sub-folder holding
+    some (the others noted), or None if there are none."""
+    edf = folders_with(raw, EDF_SUFFIXES)
+    if not edf:
+        return None
+    for other, _ in edf[1:]:
+        notes.append(f"{other.relative_to(raw).as_posix()}/ also holds recordings; this spec reads "
+                     f"{edf[0][0].relative_to(raw).as_posix() or '.'}/ only (add its glob to files to include it)")
+    survey = Survey(raw, *edf[0])
+    twice = []
+    for p in survey.sampled:
+        got = _edf_channels(p)
+        if isinstance(got, str):
+            survey.reject(p.name, got)
+            continue
+        labels = [label for label, _ in got]
+        for i, (label, rate) in enumerate(got):
+            if label in labels[:i]:
+                twice.append(f"{p.name}: {label}")
+                continue
+            survey.add(label, rate, p.name)
+    survey.require(notes, f"no EDF/BDF recording in {survey.base} can be read by pyedflib", "no channels",
+                   "recordings cannot be read by pyedflib")
+    if twice:
+        notes.append(f"a label appears twice in a recording ({', '.join(twice[:3])}): its field reads the first")
+    return survey.layout("channel", notes, f"one field per channel of the {len(survey.files)} recordings in "
+                         f"{survey.prefix or './'}; they pair by file name, each at its own rate", "from the headers")

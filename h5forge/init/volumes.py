@@ -1,0 +1,135 @@
+"""What the two volume layouts (DICOM case folders, NIfTI files) share: the folder names they are
+found under, NIfTI naming, the masks beside the volumes (per-slice pictures or NIfTI label
+volumes), the slice size (the most common one: slices are cropped or padded to it, never
+resampled) and the ``volume`` field's lines. ``compute.batch_size`` is 2 for them, as cases are
+large."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from h5forge.init.folders import named, sample, subdirs, visible
+from h5forge.init.masks import MaskClasses, class_lines, mask_classes
+from h5forge.init.pictures import pictures_in
+from h5forge.init.text import SpecText, files_value
+
+CASE_DIRS = ("cases", "volumes", "scans", "series", "studies", "patients", "subjects", "dicom", "images",
+             "imagestr", "ct", "mr")
+VOLUME_MASK_DIRS = ("masks", "mask", "labels", "labelstr", "segmentations", "segmentation", "seg", "gt",
+                    "ground_truth", "groundtruth")
+CASE_SAMPLE, LABEL_SAMPLE = 20, 5
+
+
+def is_nifti(p: Path) -> bool:
+    return visible(p) and p.name.lower().endswith((".nii.gz", ".nii")) and p.is_file()
+
+
+def nifti_id(p: Path) -> str:
+    return p.name[:-7] if p.name.lower().endswith(".nii.gz") else p.name[:-4]
+
+
+def nifti_globs(prefix: str, files: Iterable[Path]) -> list[str]:
+    """One glob per NIfTI ending found, spelled as found (``*.nii.gz``, ``*.nii``)."""
+    endings = Counter(p.name[-7:] if p.name.lower().endswith(".nii.gz") else p.name[-4:] for p in files)
+    return [f"{prefix}*{e}" for e, _ in endings.most_common()]
+
+
+@dataclass
+class VolumeMask:
+    globs: list[str]
+    what: str
+    classes: MaskClasses
+
+
+def _label_volume_classes(files: list[Path], notes: list[str]) -> MaskClasses:
+    """Binary or ``classes``/``ignore_value`` from the values of a few NIfTI label volumes."""
+    import nibabel
+    from nibabel.filebasedimages import ImageFileError
+
+    info, values = MaskClasses(), set()
+    for p in sample(files, LABEL_SAMPLE):
+        try:
+            data = np.asanyarray(nibabel.load(p).dataobj)
+        except (ImageFileError, OSError, ValueError, EOFError):
+            continue
+        found = np.unique(data)
+        if not np.array_equal(found, np.round(found)):
+            notes.append(f"{p.name} holds values that are not whole numbers: label volumes must hold class "
+                         "indices, so such masks will be rejected")
+            return info
+        values |= {int(v) for v in found}
+        info.sampled += 1
+    if values <= {0, 1} or values <= {0, 255}:
+        return info
+    if min(values) < 0 or max(values) > 255:
+        notes.append(f"label volumes hold values {min(values)}..{max(values)}: only class indices 0..255 are "
+                     "supported; the mask is declared binary and such masks will be rejected")
+        return info
+    info.classes = max(max(values - {255}, default=0) + 1, 2)
+    info.ignore_value = 255 if 255 in values else None
+    info.found = sorted(values)
+    return info
+
+
+def volume_masks(raw: Path, base: Path, ids: set[str], notes: list[str]) -> VolumeMask | None:
+    """masks/<case>/ folders of per-slice pictures, or masks/<case>.nii.gz label volumes."""
+    for d in named(raw, VOLUME_MASK_DIRS):
+        if d == base:
+            continue
+        nifti = sorted(p for p in d.iterdir() if is_nifti(p))
+        folders = [c for c in subdirs(d) if pictures_in(c)]
+        if nifti:
+            mask_ids = {nifti_id(p) for p in nifti}
+            mask = VolumeMask(nifti_globs(f"{d.name}/", nifti), "label volumes (NIfTI)",
+                              _label_volume_classes(nifti, notes))
+        elif folders:
+            mask_ids = {c.name for c in folders}
+            slices = [p for c in sample(folders, CASE_SAMPLE) for p in pictures_in(c)]
+            mask = VolumeMask([f"{d.name}/*"], "a folder of per-slice pictures per case, numbered in slice "
+                              "order", mask_classes(slices, notes))
+        else:
+            continue
+        if ids - mask_ids:
+            notes.append(f"{len(ids - mask_ids)} of {len(ids)} cases have no mask in {d.name}/ "
+                         f"(e.g. {sorted(ids - mask_ids)[0]}): they are quarantined as incomplete samples")
+        if mask_ids - ids:
+            notes.append(f"{len(mask_ids - ids)} masks in {d.name}/ have no case (e.g. {sorted(mask_ids - ids)[0]}): "
+                         "they are quarantined as incomplete samples")
+        return mask
+    return None
+
+
+def volume_mask_field(t: SpecText, name: str, like: str, mask: VolumeMask) -> None:
+    t(1, f"{name}:")
+    t(2, "kind: volume_mask", mask.what)
+    t(2, f"files: {files_value(mask.globs)}")
+    t(2, f"like: {like}", "must have its volume's depth and slice size; cropped/padded with it")
+    class_lines(t, mask.classes, "voxels to ignore in the loss; padding uses it")
+
+
+def most_common_size(sizes: Counter, what: str, notes: list[str]) -> tuple[int, int]:
+    (rows, cols), n = sizes.most_common(1)[0]
+    if len(sizes) > 1:
+        seen = ", ".join(f"{r}x{c} in {k}" for (r, c), k in sizes.most_common(4))
+        notes.append(f"slice sizes differ among the sampled {what} ({seen}): others are centre-cropped or padded "
+                     f"to {rows}x{cols}, never resampled")
+    return rows, cols
+
+
+def volume_field(t: SpecText, name: str, globs: list[str], size: tuple[int, int], sampled: int, what: str,
+                 series: bool, fractional: bool) -> None:
+    t(1, f"{name}:")
+    t(2, "kind: volume", what)
+    t(2, f"files: {files_value(globs)}", "one case each; the sample id is its name")
+    t(2, f"size: [{size[0]}, {size[1]}]", f"(rows, columns): the most common slice size of {sampled} sampled cases;")
+    t.more("others are centre-cropped / padded, never resampled; the depth is kept")
+    if series:
+        t(2, "series: largest", "case folders hold several series (see the notes): keep the one with")
+        t.more("the most slices | or a SeriesDescription regular expression")
+    if fractional:
+        t(2, "dtype: float32", "rescale slope/intercept are not whole numbers")

@@ -1,0 +1,137 @@
+"""build: spec -> discover -> fingerprint -> clean on dask and write -> verify -> publish -> reports.
+
+The order of the steps is stated here once; ``flows/build.py`` runs this same function with each
+step as a Prefect task.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from h5forge.format.names import version_name
+from h5forge.format.summary import WriteSummary
+from h5forge.ingest import build as steps, discover as discovery
+from h5forge.ingest.discover import Inventory
+from h5forge.ingest.incremental.inputs import Inputs
+from h5forge.ingest.incremental.rebuild import inputs_of, unchanged_since
+from h5forge.ingest.rejected import check_rejected
+from h5forge.pipeline.reports import log_report, show_diff, show_health, write_preview_sheet
+from h5forge.pipeline.results import BuildResult
+from h5forge.pipeline.runner import PLAIN, Runner, log
+from h5forge.spec import DatasetSpec, load_spec, override
+from h5forge.store import versions
+from h5forge.store.output import claim_output, preflight
+from h5forge.store.verify import HealthReport
+from h5forge.store.versions import Candidate, output_lock_or_skip
+
+
+def build(spec: DatasetSpec | str | Path, *, output: str | Path | None = None, dask_address: str | None = None,
+          wait_for_lock: float = 0, skip_if_busy: bool = False, runner: Runner = PLAIN) -> BuildResult:
+    """Full rebuild of the dataset described by ``spec`` (a spec or its YAML) into a new published version.
+
+    Args:
+        spec: the dataset spec, or the path of its YAML.
+        output: output folder; default: the spec's ``output.dir``.
+        dask_address: tcp://host:port of an existing dask scheduler; default: a LocalCluster.
+        wait_for_lock: seconds to wait while another run writes the same output folder; when
+            the wait is over the run fails, unless ``skip_if_busy``.
+        skip_if_busy: when the folder is still busy after ``wait_for_lock``, return without
+            building (``result.skipped`` says why) instead of failing.
+        runner: how each step runs (``h5forge.pipeline.runner``); default: plain calls.
+    """
+    spec = resolve_spec(spec, output, dask_address)
+    preflight(spec)  # sources exist, the output folder is outside them and is this dataset's
+    run = runner.step
+    with output_lock_or_skip(spec.output.dir, f"build-dataset {spec.name}", wait_for_lock, skip_if_busy) as busy:
+        if busy:
+            log.warning("skipped: %s", busy)
+            return BuildResult(spec.name, skipped=busy)
+        claim_output(spec.output.dir, spec.name)
+        inventory = run("discover", discover_samples, spec)
+        inputs = run("fingerprint", fingerprint_inputs, spec, inventory)
+        same = run("unchanged", unchanged_version, spec, inputs)
+        if same is not None:  # same raw inputs, same rules: a new version would be a copy
+            return BuildResult(spec.name, same, str(spec.output.dir / version_name(same)), unchanged=True)
+        candidate = run("stage-version", stage_version, spec)
+        summary = run("clean-and-write", clean_and_write, spec, inventory, candidate, inputs, runner)
+        check_rejected(spec, inventory, summary, candidate)  # above max_rejected: nothing is published
+        report = run("verify", verify_candidate, candidate)
+        run("report", show_health, runner, spec.name, report, summary, candidate.number)
+        published = run("publish", publish_version, candidate, report)
+        if runner.shows_artifacts:
+            run("diff", show_diff, runner, spec.name, candidate)
+        run("preview", write_preview_sheet, runner, spec.name, published, candidate.number)
+        removed = run("retention", apply_retention, spec)
+    return BuildResult(spec.name, candidate.number, published, summary.counts, summary.rejected,
+                       summary.compression_ratio, summary.timings, report.checks, removed)
+
+
+def resolve_spec(spec: DatasetSpec | str | Path, output, dask_address, inbox=None) -> DatasetSpec:
+    if isinstance(spec, DatasetSpec):
+        return override(spec, output=output, dask_address=dask_address, inbox=inbox)
+    return load_spec(spec, output=output, dask_address=dask_address, inbox=inbox)
+
+
+def discover_samples(spec: DatasetSpec) -> Inventory:
+    inventory = discovery.discover(spec)
+    log.info("found %d complete samples under %s (%s); %d input(s) rejected at discovery",
+             len(inventory.samples), inventory.root, inventory.split_counts(), len(inventory.rejections))
+    return inventory
+
+
+def fingerprint_inputs(spec: DatasetSpec, inventory: Inventory) -> Inputs:
+    inputs = inputs_of(spec, inventory)
+    if inputs.deferred:
+        log.info("no version made under these field rules: the raw files are hashed as they are cleaned")
+    else:
+        log.info("hashed the raw files of %d samples in %.2f s", len(inputs.samples), inputs.hash_seconds)
+    return inputs
+
+
+def unchanged_version(spec: DatasetSpec, inputs: Inputs) -> int | None:
+    """The latest version, when it was built from these very inputs and rules (nothing to publish)."""
+    number = unchanged_since(spec.output.dir, inputs)
+    if number is not None:
+        log.info("unchanged since v%04d: same raw inputs and field rules; nothing published", number)
+    return number
+
+
+def stage_version(spec: DatasetSpec) -> Candidate:
+    candidate = versions.stage(spec.output.dir)
+    log.info("writing %s (parent: %s)", version_name(candidate.number),
+             candidate.parent and version_name(candidate.parent))
+    return candidate
+
+
+def clean_and_write(spec: DatasetSpec, inventory: Inventory, candidate: Candidate, inputs: Inputs | None,
+                    runner: Runner) -> WriteSummary:
+    n, compute = len(inventory.samples), spec.compute
+    if compute.dask_address:
+        where = f"on the dask scheduler at {compute.dask_address}"
+    elif n < compute.inline_below:  # as ingest.parallel decides: a cluster would cost more than it saves
+        where = f"in this process (fewer than compute.inline_below = {compute.inline_below})"
+    else:
+        where = f"on a LocalCluster of {compute.workers} processes"
+    log.info("cleaning %d samples %s, %d per batch", n, where, compute.batch_size)
+    with runner.progress(n, "clean+write") as display:
+        summary = steps.write_version(spec, inventory, candidate, display.advance, display.status, inputs)
+    log.info("wrote %d samples %s, %d rejected, compression ratio %.3f",
+             summary.samples, summary.counts, summary.rejected, summary.compression_ratio)
+    return summary
+
+
+def verify_candidate(candidate: Candidate) -> HealthReport:
+    return log_report(steps.verify_candidate(candidate))
+
+
+def publish_version(candidate: Candidate, report: HealthReport) -> str:
+    path = steps.publish_candidate(candidate, report)
+    log.info("published %s; dataset_latest.h5 now points at it", path)
+    return path
+
+
+def apply_retention(spec: DatasetSpec) -> list[str]:
+    removed = versions.retain(spec.output.dir, spec.output.keep, spec.output.retire_after_seconds)
+    if removed:
+        log.info("retention (keep %d): removed %s", spec.output.keep, ", ".join(p.name for p in removed))
+    return [str(p) for p in removed]
