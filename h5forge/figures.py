@@ -33,6 +33,7 @@ _LABELS: dict[str, tuple[str, Any]] = {  # stats key -> (row name, formatter)
     "checksums_checked": ("checksums recomputed", lambda n: f"{n} samples"),
     "checksum_processes": ("processes recomputing them", str),
     "random_read_ms": ("random reads", _reads),
+    "nonfinite": ("NaN/inf values kept", lambda kept: ", ".join(f"{p} {n}" for p, n in kept.items())),
 }
 
 

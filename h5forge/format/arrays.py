@@ -133,3 +133,15 @@ class RowReader:
         if self.starts is None:
             return self.values[i]
         return self.values[self.starts[i]:self.starts[i + 1]]
+
+
+def same_values(made: Any, stored: Any) -> bool:
+    """Whether a value made again equals the stored one bit for bit, once in the stored dtype: a
+    NaN equals a NaN with the same bits, and 0.0 and -0.0 differ (``==`` says the opposite of both)."""
+    a, b = np.asarray(made), np.asarray(stored)
+    if a.shape != b.shape:
+        return False
+    if b.dtype.kind not in "fc":
+        return bool(np.array_equal(a, b))
+    a = np.ascontiguousarray(a.astype(b.dtype, copy=False))
+    return a.tobytes() == np.ascontiguousarray(b).tobytes()

@@ -167,6 +167,10 @@ class FieldKind:
     def read_stats(self, group: h5py.Group) -> dict[str, np.ndarray]:
         return {}
 
+    def nonfinite(self, group: h5py.Group) -> int:
+        """NaN/inf values the split group holds in this field (kept on purpose; the report counts them)."""
+        return 0
+
     # ---- row index (``/index/<split>/<field>``: the rows under each value) -------------------
     indexed: ClassVar[bool] = False
 

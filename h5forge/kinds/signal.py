@@ -29,7 +29,7 @@ import h5py
 import numpy as np
 from pydantic import Field
 
-from h5forge.format.arrays import Ragged, Stored
+from h5forge.format.arrays import LENGTHS, Ragged, Stored
 from h5forge.format.codecs import CodecName
 from h5forge.kinds.base import Decoded, FieldKind, Globs, ReadOptions, StrictModel, read_source
 from h5forge.samples import Reject, SampleRef
@@ -221,6 +221,12 @@ class SignalKind(FieldKind):
 
     def stats_attrs(self) -> tuple[str, ...]:
         return tuple(f"{self.name}_{w}" for w in ("count", "mean", "std", "sums"))
+
+    def nonfinite(self, group: h5py.Group) -> int:
+        """The NaN/inf values kept (``nonfinite: keep``): the statistics count the finite ones."""
+        if np.dtype(self.spec.dtype).kind != "f":
+            return 0
+        return int(group[self.name + LENGTHS][()].sum()) - int(group.attrs[f"{self.name}_count"])
 
     def output_dtype(self, opts: ReadOptions) -> np.dtype:
         return np.dtype(self.spec.dtype)

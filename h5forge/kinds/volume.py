@@ -28,6 +28,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+import h5py
 import numpy as np
 from pydantic import Field
 
@@ -240,21 +241,47 @@ class VolumeKind(FieldKind):
         raw = values.shape
         values = crop_or_pad(values, f.size, f.larger, f.fill, rel)
         if f.dtype == "int16":
+            bad = int(np.count_nonzero(~np.isfinite(values)))
+            if bad:
+                raise Reject(rel, f"{bad} NaN/inf voxel(s), which int16 cannot hold; set dtype: float32")
             if not np.array_equal(values, np.round(values)) or values.min() < -32768 or values.max() > 32767:
                 raise Reject(rel, f"values {values.min():g}..{values.max():g} are not int16 integers; "
                                   "set dtype: float32")
         return Decoded(values.astype(f.dtype), digest, {**meta, "raw": raw})
 
+    # ---- statistics: a float32 volume counts the NaN/inf voxels it keeps (an MR scan's NaN
+    # background, say), which the health report shows; int16 rejects them at decode
+    def counts(self, block: Any) -> np.ndarray | None:
+        if self.spec.dtype != "float32":
+            return None
+        return np.array([np.count_nonzero(~np.isfinite(block.values))], np.int64)
+
+    def write_stats(self, group: h5py.Group, counts: np.ndarray | None) -> None:
+        if self.spec.dtype == "float32":
+            group.attrs[f"{self.name}_nonfinite"] = 0 if counts is None else int(np.asarray(counts).sum())
+
+    def stored_counts(self, group: h5py.Group) -> np.ndarray | None:
+        if self.spec.dtype != "float32":
+            return None
+        return np.array([int(group.attrs.get(f"{self.name}_nonfinite", 0))], np.int64)
+
+    def nonfinite(self, group: h5py.Group) -> int:
+        stored = self.stored_counts(group)
+        return 0 if stored is None else int(stored.sum())
+
     def output_dtype(self, opts: ReadOptions) -> np.dtype:
         return np.dtype(self.spec.dtype)
 
     def preview(self, value: Any) -> np.ndarray:
-        """Mid-slices in the three planes, side by side, windowed to the 1st..99th percentile."""
+        """Mid-slices in the three planes, side by side, windowed to the 1st..99th percentile of
+        the finite voxels (NaN/inf drawn black)."""
         v = np.asarray(value, np.float64)
-        if v.size == 0:
+        finite = v[np.isfinite(v)]
+        if finite.size == 0:
             return np.zeros((*self.spec.size, 3), np.uint8)
-        lo, hi = np.percentile(v, 1), np.percentile(v, 99)
-        scaled = np.clip(np.round((v - lo) / max(hi - lo, 1e-9) * 255), 0, 255).astype(np.uint8)
+        lo, hi = np.percentile(finite, 1), np.percentile(finite, 99)
+        scaled = np.clip(np.nan_to_num(np.round((v - lo) / max(hi - lo, 1e-9) * 255), nan=0.0, posinf=0.0,
+                                       neginf=0.0), 0, 255).astype(np.uint8)
         return np.repeat(three_planes(scaled)[..., None], 3, axis=2)
 
 

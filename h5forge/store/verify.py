@@ -162,6 +162,7 @@ def verify_file(path: str | Path, *, checksums: bool = True, resample: int | Non
                              report, max_source_bytes)
             reads = _count(report, "latency_reads", spec.verify.latency_reads, latency_reads)
             _guarded(report, "figures", _figures, f, path, report)
+            _guarded(report, "non-finite values", _count_nonfinite, f, kinds, report)
     except Exception as err:  # noqa: BLE001 - e.g. closing a file whose metadata is corrupt
         report.error("read", f"{path}: cannot be read ({_why(err)})")
     if reads and report.ok:
@@ -237,6 +238,17 @@ def _figures(f: h5py.File, path: Path, report: HealthReport) -> None:
         "compression_ratio": summary.get("compression_ratio"),
         "file_bytes": path.stat().st_size,
     })
+
+
+def _count_nonfinite(f: h5py.File, kinds: dict[str, FieldKind], report: HealthReport) -> None:
+    """The NaN/inf values kept on purpose (a signal's ``nonfinite: keep``, a float32 volume), per
+    field, from the split statistics: reported, never an error."""
+    kept = {path: sum(kind.nonfinite(f[s]) for s in SPLITS) for path, kind in kinds.items()}
+    kept = {path: n for path, n in kept.items() if n}
+    if kept:
+        report.stats["nonfinite"] = kept
+        report.checks["non-finite values"] = (f"{sum(kept.values())} kept ("
+                                              + ", ".join(f"{p}: {n}" for p, n in kept.items()) + ")")
 
 
 def _check_header(f: h5py.File, report: HealthReport) -> tuple[DatasetSpec | None, bool]:
@@ -545,8 +557,8 @@ def _check_against_sources(f: h5py.File, kinds: dict[str, FieldKind], roots: lis
             changed.append(f"{split}[{row}] raw files of {ref.id!r} changed since the build; not compared")
             continue
         for path, kind in kinds.items():
-            if kind.checksummed and not np.array_equal(decoded[path].value,
-                                                       arrays.RowReader(g, path, kind.stored()).row(row)):
+            if kind.checksummed and not arrays.same_values(decoded[path].value,
+                                                           arrays.RowReader(g, path, kind.stored()).row(row)):
                 source = ref.files.get(path, "its annotation record")
                 report.error("sources", f"{split}[{row}] field {path!r} (id {ref.id!r}) differs from its "
                                         f"source cleaned again ({source})")
