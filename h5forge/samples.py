@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,12 @@ class Rejection:
     def as_dict(self) -> dict[str, str]:
         reason = self.reason if self.count == 1 else f"{self.reason}: {self.count} more, not listed one by one"
         return {"sample_id": self.sample_id, "path": self.path, "reason": reason, "stage": self.stage}
+
+
+def rejected_count(rejections: Iterable["Rejection"]) -> int:
+    """The inputs a list of rejections stands for: every figure of rejected inputs is this one
+    (an entry may summarise many inputs alike, so the number of entries is not it)."""
+    return sum(r.count for r in rejections)
 
 
 class Reject(Exception):

@@ -7,6 +7,7 @@ the same result whatever the current directory is.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
@@ -71,6 +72,8 @@ class Splits(_Strict):
     @field_validator("ratios")
     @classmethod
     def _sum_to_one(cls, v: dict[str, float]) -> dict[str, float]:
+        if not all(math.isfinite(r) for r in v.values()):  # NaN passes every comparison below
+            raise ValueError("split ratios must be finite numbers")
         if any(r < 0 for r in v.values()):
             raise ValueError("split ratios must be >= 0")
         if abs(sum(v.values()) - 1.0) > 1e-6:

@@ -11,7 +11,7 @@ import numpy as np
 
 from h5forge.format.layout import STR
 from h5forge.format.names import DIAGNOSTICS, REJECTION_COLUMNS, REJECTIONS, Attr
-from h5forge.samples import Rejection
+from h5forge.samples import Rejection, rejected_count
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class WriteSummary:
     @property
     def rejected(self) -> int:
         """Rejected inputs (an entry may summarise several)."""
-        return sum(r.count for r in self.rejections)
+        return rejected_count(self.rejections)
 
     def with_(self, **changes) -> "WriteSummary":
         return replace(self, **changes)

@@ -37,7 +37,7 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
     if not inventory.samples:
         write_quarantine(candidate.out, candidate.number, inventory.rejections)
         raise NothingToBuild(f"no complete sample under {inventory.root} "
-                             f"({len(inventory.rejections)} input(s) rejected; see the quarantine report)")
+                             f"({inventory.rejected} input(s) rejected; see the quarantine report)")
     timings: dict = {}
     inputs = inputs_of(spec, inventory) if inputs is None else inputs
     with DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent, inputs) as writer:

@@ -18,7 +18,7 @@ from typing import Any
 
 from h5forge.ingest.splits import assign_split
 from h5forge.kinds import field_kinds
-from h5forge.samples import Rejection, SampleRef
+from h5forge.samples import Rejection, SampleRef, rejected_count
 from h5forge.spec import DatasetSpec
 
 
@@ -27,6 +27,11 @@ class Inventory:
     root: Path
     samples: list[SampleRef] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
+
+    @property
+    def rejected(self) -> int:
+        """Rejected inputs (an entry may summarise several)."""
+        return rejected_count(self.rejections)
 
     def split_counts(self) -> dict[str, int]:
         counts: dict[str, int] = defaultdict(int)
@@ -56,15 +61,36 @@ def _from_text(value: str, kind: str) -> Any:
         raise ValueError(f"{value!r} is not {'an integer' if kind == 'int' else 'a number'}") from None
 
 
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in the words of a rejection."""
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    return "a string"
+
+
 def _coerce(value: Any, kind: str, text: bool = False) -> Any:
+    """A record's value as the column's type. A JSON value of another type is refused, never
+    converted (``true`` is no float, ``5`` no string): the file says what its values are."""
     if value is None:
         raise ValueError("missing")
     if kind == "str" and "\x00" in str(value):
         raise ValueError("contains a NUL character, which HDF5 strings cannot store")
     if text and kind != "str":
         return _from_text(str(value), kind)
+    if kind == "str" and not isinstance(value, str):
+        raise ValueError(f"{value!r} is {_json_kind(value)}, expected str")
+    if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float, str))):
+        raise ValueError(f"{value!r} is {_json_kind(value)}, expected float")
     if kind == "int" and (isinstance(value, bool) or (isinstance(value, float) and not value.is_integer())):
         raise ValueError(f"{value!r} is not an integer")
+    if kind == "int" and not isinstance(value, (int, float, str)):
+        raise ValueError(f"{value!r} is {_json_kind(value)}, expected int")
     if kind == "bool" and not isinstance(value, bool):
         raise ValueError(f"{value!r} is not true/false")
     if kind in ("int", "float") and isinstance(value, str):
@@ -167,13 +193,17 @@ TEXT_FORMAT = "_text"  # marks a record whose values are all text (CSV): parsed 
 
 def read_annotation_file(path: Path) -> list:
     """The records of a JSON list, JSON Lines or CSV file (by its suffix); ValueError says what is wrong."""
-    text = path.read_text(encoding="utf-8")
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        return [{**row, TEXT_FORMAT: True} for row in csv.DictReader(text.splitlines())]
+        # the csv module splits records itself: a quoted value keeps its line breaks (\n, \r, \u2028);
+        # utf-8-sig drops the byte-order mark spreadsheet programs write before the header
+        with path.open(newline="", encoding="utf-8-sig") as fh:
+            return [{**row, TEXT_FORMAT: True} for row in csv.DictReader(fh)]
+    text = path.read_text(encoding="utf-8-sig")
     if suffix == ".jsonl":
         records = []
-        for n, line in enumerate(text.splitlines(), 1):
+        # JSON Lines ends records at \n only; str.splitlines would also cut at \u2028 inside a string
+        for n, line in enumerate(text.split("\n"), 1):
             if line.strip():
                 try:
                     records.append(json.loads(line))

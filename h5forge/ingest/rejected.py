@@ -25,7 +25,7 @@ COMMON_REASONS = 3
 
 def inputs_seen(inventory: Inventory) -> int:
     """Every sample discovery paired plus every input it rejected."""
-    return len(inventory.samples) + sum(r.count for r in inventory.rejections)
+    return len(inventory.samples) + inventory.rejected
 
 
 def common_reasons(rejections: Iterable[Rejection], n: int = COMMON_REASONS) -> list[tuple[str, int]]:

@@ -114,6 +114,10 @@ def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | None) -> t
         ipp = np.array([[float(v) for v in ds.ImagePositionPatient] for ds in series])
     except AttributeError as err:
         raise Reject(rel, f"a slice lacks its position or orientation: {err}") from None
+    for name, values in (("ImagePositionPatient", ipp), ("ImageOrientationPatient", iop)):
+        bad = int((~np.isfinite(values).all(axis=1)).sum())
+        if bad:  # NaN sorts last and makes the spacing NaN: no order of the slices can be trusted
+            raise Reject(rel, f"{name} is not a finite position in {bad} of {len(series)} slices")
     if np.abs(iop - iop[0]).max() > 1e-4:
         raise Reject(rel, "slices have different orientations (ImageOrientationPatient)")
     sizes = {(int(ds.Rows), int(ds.Columns)) for ds in series}
@@ -138,14 +142,17 @@ def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | None) -> t
             raise Reject(rel, f"uneven slice spacing: steps from {steps.min():.2f} to {steps.max():.2f} mm")
     else:
         step = float(getattr(series[0], "SliceThickness", 0) or 0)
+    rescale = [_rescale(ds) for ds in series]
+    wrong = [r for r in rescale if isinstance(r, str)]
+    if wrong:
+        raise Reject(rel, f"{wrong[0]} in {wrong.count(wrong[0])} of {len(series)} slices")
     slices = []
-    for ds in series:
+    for ds, (slope, intercept) in zip(series, rescale):
         try:
             pixels = ds.pixel_array
         except (NotImplementedError, RuntimeError, ValueError) as err:
             raise Reject(rel, f"pixel data in {ds.file_meta.TransferSyntaxUID.name} "
                               f"({ds.file_meta.TransferSyntaxUID}) cannot be decoded here: {err}") from None
-        slope, intercept = float(getattr(ds, "RescaleSlope", 1) or 1), float(getattr(ds, "RescaleIntercept", 0) or 0)
         slices.append(pixels.astype(np.float64) * slope + intercept)
     first = series[0]
     row_spacing, col_spacing = (float(v) for v in getattr(first, "PixelSpacing", (0, 0)))
@@ -153,6 +160,19 @@ def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | None) -> t
             "orientation": iop[0], "modality": str(getattr(first, "Modality", "")),
             "series": str(getattr(first, "SeriesInstanceUID", ""))}
     return np.stack(slices), meta
+
+
+def _rescale(ds) -> tuple[float, float] | str:
+    """(slope, intercept) of a slice: 1 and 0 when the tags are absent or empty; a slope of 0 or a
+    value that is not finite is what is wrong with it (a string), never replaced by the default."""
+    slope, intercept = ds.get("RescaleSlope"), ds.get("RescaleIntercept")
+    slope = 1.0 if slope is None or slope == "" else float(slope)
+    intercept = 0.0 if intercept is None or intercept == "" else float(intercept)
+    if not (np.isfinite(slope) and np.isfinite(intercept)):
+        return "RescaleSlope or RescaleIntercept is not a finite number"
+    if slope == 0:
+        return "RescaleSlope is 0"  # every value would be the intercept
+    return slope, intercept
 
 
 def _from_nifti(parts: list[tuple[str, bytes]], rel: str) -> tuple[np.ndarray, dict]:

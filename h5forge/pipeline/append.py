@@ -17,6 +17,7 @@ from h5forge.pipeline.build import apply_retention, resolve_spec
 from h5forge.pipeline.reports import log_report, show_health
 from h5forge.pipeline.results import AppendResult
 from h5forge.pipeline.runner import PLAIN, Runner, log
+from h5forge.samples import rejected_count
 from h5forge.spec import DatasetSpec
 from h5forge.store.output import claim_output, preflight
 from h5forge.store.reports import write_quarantine
@@ -52,7 +53,7 @@ def append(spec: DatasetSpec | str | Path, *, inbox: str | Path | None = None, o
         claim_output(out, spec.name)
         run("recover", recover_interrupted, out)
         scan = run("scan-inbox", scan_inbox, spec, box)
-        waiting = len(scan.waiting)
+        waiting = rejected_count(scan.waiting)
         if not scan.ready:
             apply_moves(plan_moves(spec, scan, (), None))  # rejected inputs still go to quarantine/
             return AppendResult(spec.name, waiting=waiting, rejections=tuple(scan.rejections))
@@ -84,7 +85,7 @@ def recover_interrupted(out: Path) -> str | None:
 def scan_inbox(spec: DatasetSpec, inbox: Path) -> InboxScan:
     scan = steps.scan_inbox(spec, inbox)
     log.info("inbox %s: %d sample(s) ready, %d waiting, %d rejected", inbox, len(scan.ready),
-             len(scan.waiting), len(scan.rejections))
+             rejected_count(scan.waiting), rejected_count(scan.rejections))
     for w in scan.waiting[:20]:
         log.info("waiting: %s (%s): %s", w.sample_id, w.path, w.reason)
     return scan

@@ -75,7 +75,7 @@ def resolve_spec(spec: DatasetSpec | str | Path, output, dask_address, inbox=Non
 def discover_samples(spec: DatasetSpec) -> Inventory:
     inventory = discovery.discover(spec)
     log.info("found %d complete samples under %s (%s); %d input(s) rejected at discovery",
-             len(inventory.samples), inventory.root, inventory.split_counts(), len(inventory.rejections))
+             len(inventory.samples), inventory.root, inventory.split_counts(), inventory.rejected)
     return inventory
 
 

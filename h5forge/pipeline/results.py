@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from h5forge.samples import Rejection
+from h5forge.samples import Rejection, rejected_count
 
 
 @dataclass(frozen=True)
@@ -36,4 +36,4 @@ class AppendResult:
 
     @property
     def rejected(self) -> int:
-        return len(self.rejections)
+        return rejected_count(self.rejections)

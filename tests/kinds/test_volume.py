@@ -187,3 +187,26 @@ def test_every_bundled_transfer_syntax_that_decodes_round_trips(source, tmp_path
         stored = f["train"]["ct"][()]
         assert np.array_equal(stored, np.broadcast_to(hu, stored.shape).astype(np.float32)), \
             pydicom.dcmread(get_testdata_file(source)).file_meta.TransferSyntaxUID.name
+
+
+def test_a_zero_rescale_slope_and_a_nan_slice_position_are_refused(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    write_series(root / "cases" / "good", depth=4)
+    write_series(root / "cases" / "slope0", depth=4)
+    write_series(root / "cases" / "nanpos", depth=4)
+    for p in sorted((root / "cases" / "slope0").iterdir())[:1]:
+        ds = pydicom.dcmread(p)
+        ds.RescaleSlope = 0
+        ds.save_as(p, enforce_file_format=True)
+    for p in sorted((root / "cases" / "nanpos").iterdir())[:1]:
+        ds = pydicom.dcmread(p)
+        ds.ImagePositionPatient = [-50.0, -60.0, float("nan")]
+        ds.save_as(p, enforce_file_format=True)
+    path, summary = build_spec(spec_data(root, tmp_path / "out"))
+    reasons = {r.sample_id: r.reason for r in summary.rejections}
+    assert set(reasons) == {"slope0", "nanpos"}
+    assert reasons["slope0"] == "RescaleSlope is 0 in 1 of 4 slices"
+    assert reasons["nanpos"] == "ImagePositionPatient is not a finite position in 1 of 4 slices"
+    with h5py.File(path, "r") as f:
+        assert decode_str(f["train"]["ids"][()]) == ["good"]
+        assert np.isfinite(f["train"]["ct_spacing"][()]).all()
