@@ -158,7 +158,8 @@ class SignalKind(FieldKind):
     kind = "signal"
     Spec = SignalField
     layout_doc = ("ragged: (total samples,) of the split's recordings end to end, plus <field>_lengths (N,); "
-                  "dataset attrs rate, channel; split attrs <field>_count, <field>_mean, <field>_std")
+                  "dataset attrs rate, channel; split attrs <field>_count, <field>_mean, <field>_std (of the "
+                  "finite values: NaN/inf kept with nonfinite: keep are the sum of the lengths minus the count)")
 
     def stored(self) -> Stored:
         return Stored((), np.dtype(self.spec.dtype), bulk=True, ragged=True, codec=self.spec.codec)

@@ -242,7 +242,7 @@ class VolumeKind(FieldKind):
     reads_folders = True
     layout_doc = ("ragged: (total slices, H, W) int16 (or float32), one slice per chunk, plus <field>_lengths "
                   "(N,) depths; companions <field>_spacing (N, 3), _origin (N, 3), _orientation (N, 6), "
-                  "_modality, _series")
+                  "_modality, _series; a float32 volume has split attr <field>_nonfinite (NaN/inf voxels kept)")
 
     def stored(self) -> Stored:
         return Stored(tuple(self.spec.size), np.dtype(self.spec.dtype), bulk=True, ragged=True, chunk_elements=1)
