@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 LEASE_DIR = "readers"
+FOLDER_MODE = 0o755  # others read and lock leases; only the dataset's writer adds or removes them
+LEASE_MODE = 0o644
 _LOCK = threading.Lock()
 _HELD: dict[str, list[int]] = {}  # lease path -> [fd, readers in this process]
 _PID = os.getpid()
@@ -42,22 +45,44 @@ def lease_path(version_file: str | os.PathLike) -> Path:
 
 
 def prepare(version_file: str | os.PathLike) -> None:
-    """Create the lease file at publish, writable by everyone: a reader without write access to the
-    output folder can still lock it (a shared lock needs only a read-only descriptor)."""
+    """Create the lease file at publish. Readers without write access to the output folder lock it
+    through a read-only descriptor (a shared ``flock`` needs no write access), so neither the lease
+    nor ``readers/`` is writable by others: nobody else can put a file or a link there. Whatever is
+    in the lease's place that is not this user's regular file (a symbolic link, another user's
+    file) is removed, never followed, and the lease is made anew."""
     lease = lease_path(version_file)
-    lease.parent.mkdir(exist_ok=True)
-    os.chmod(lease.parent, 0o1777)  # like /tmp: anyone may add a lease, only its owner removes it
-    fd = os.open(lease, os.O_RDWR | os.O_CREAT, 0o666)
-    os.close(fd)
-    os.chmod(lease, 0o666)
+    folder = _lease_folder(lease.parent)
+    try:
+        try:
+            st = os.stat(lease.name, dir_fd=folder, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                os.unlink(lease.name, dir_fd=folder)
+        except FileNotFoundError:
+            pass
+        os.close(os.open(lease.name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, LEASE_MODE, dir_fd=folder))
+    finally:
+        os.close(folder)
+
+
+def _lease_folder(path: Path) -> int:
+    """A descriptor on ``readers/``, made if missing; a link in its place is removed, and write
+    access of others (an older folder's mode) is taken away when the folder is ours."""
+    if path.is_symlink():
+        path.unlink()
+    path.mkdir(mode=FOLDER_MODE, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    st = os.fstat(fd)
+    if st.st_uid == os.geteuid() and st.st_mode & 0o022:
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022 & ~stat.S_ISVTX)
+    return fd
 
 
 def _open_lease(lease: Path) -> int | None:
     """A descriptor on the lease file, creating it when we may; None when it cannot be had (a
     read-only folder without a lease file: only the minimum age protects this reader)."""
     try:
-        lease.parent.mkdir(exist_ok=True)
-        return os.open(lease, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        lease.parent.mkdir(mode=FOLDER_MODE, exist_ok=True)
+        return os.open(lease, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, LEASE_MODE)
     except OSError:  # read-only folder or filesystem, or something in the way: never stops a reader
         pass
     try:
