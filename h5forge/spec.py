@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from h5forge.errors import SpecError
 from h5forge.format.codecs import CodecName
@@ -101,6 +101,35 @@ class Compute(_Strict):
     in_flight: int = Field(0, ge=0, description="batches in flight; 0 means 2 per worker")
     inline_below: int = Field(256, ge=0, description="fewer samples than this are cleaned in-process "
                                                      "(starting a cluster costs seconds)")
+    secure: bool = Field(True, description="the LocalCluster h5forge starts talks TLS with temporary credentials, "
+                                           "so no other local process can reach its scheduler (docs/security.md)")
+
+    @field_validator("workers")
+    @classmethod
+    def _workers_fit_the_machine(cls, workers: int, info: ValidationInfo) -> int:
+        if info.data.get("dask_address") is None and workers > (most := workers_this_machine_holds()):
+            cpus, memory = machine_size()
+            raise ValueError(
+                f"{workers} LocalCluster processes are more than this machine can hold (at most {most}: "
+                f"{WORKERS_PER_CPU} per CPU of its {cpus}, and {WORKER_MEMORY >> 20} MiB of its "
+                f"{memory / 2**30:.1f} GiB of memory each); use a dask cluster (compute.dask_address) for more")
+        return workers
+
+
+WORKERS_PER_CPU = 4  # cleaning is CPU-bound: more processes than this per CPU only queue
+WORKER_MEMORY = 256 << 20  # a worker process with a few batches of images in flight
+
+
+def machine_size() -> tuple[int, int]:
+    """CPUs this process may use, and the machine's memory in bytes."""
+    import os
+
+    return len(os.sched_getaffinity(0)), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def workers_this_machine_holds() -> int:
+    cpus, memory = machine_size()
+    return max(1, min(WORKERS_PER_CPU * cpus, memory // WORKER_MEMORY))
 
 
 class Verification(_Strict):

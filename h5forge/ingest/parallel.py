@@ -17,6 +17,7 @@ from typing import Callable, Iterator, Sequence
 
 import dask
 from distributed import Client, LocalCluster
+from distributed.security import Security
 
 from h5forge.errors import SchedulerUnreachable
 from h5forge.ingest.clean import CleanedBatch, clean_batch
@@ -48,8 +49,14 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
 
 
 @contextmanager
-def dask_client(address: str | None, workers: int) -> Iterator[Client]:
-    """A client on ``address``, or on a fresh LocalCluster of ``workers`` processes."""
+def dask_client(address: str | None, workers: int, secure: bool = True) -> Iterator[Client]:
+    """A client on ``address``, or on a fresh LocalCluster of ``workers`` processes.
+
+    The LocalCluster listens on 127.0.0.1, where any local user could reach a plain TCP scheduler
+    and run code as this user (``Client(...).run_on_scheduler``). ``secure`` makes every link of
+    the cluster TLS with credentials made for this run and held in memory only: scheduler, workers
+    and this client authenticate each other, and nothing without the credentials is let in. An
+    address names an existing cluster, whose security is its own (docs/security.md)."""
     if address:
         check_reachable(address)
         try:
@@ -64,11 +71,13 @@ def dask_client(address: str | None, workers: int) -> Iterator[Client]:
     quiet = logging.getLogger("distributed")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # the shutdown chatter of worker processes is not news
+    security = Security.temporary() if secure else None
     try:
         with dask.config.set(LEAN_WORKERS), \
-                LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                             protocol="tls://" if secure else "tcp://", security=security,
                              dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
-                Client(cluster) as client:
+                Client(cluster, security=security) as client:
             yield client
     finally:
         quiet.setLevel(level)
@@ -96,7 +105,7 @@ def clean_all(spec: DatasetSpec, root: Path, samples: Sequence[SampleRef],
     t0 = time.perf_counter()
     address, workers = spec.compute.dask_address, spec.compute.workers
     status(f"connecting to the dask scheduler at {address}…" if address else f"starting {workers} dask workers…")
-    with dask_client(address, workers) as client:
+    with dask_client(address, workers, spec.compute.secure) as client:
         timings["cleaned_in"] = address or f"LocalCluster({workers})"
         timings["cluster_start_seconds"] = round(time.perf_counter() - t0, 3)
         status(f"{len(client.scheduler_info()['workers'])} dask workers ready "
