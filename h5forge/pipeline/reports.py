@@ -10,6 +10,7 @@ from pathlib import Path
 
 from h5forge.errors import H5forgeError
 from h5forge.figures import size
+from h5forge.format import markdown
 from h5forge.format.names import version_name
 from h5forge.format.summary import WriteSummary, bounded_rows
 from h5forge.pipeline.runner import Runner, log
@@ -95,7 +96,7 @@ def write_preview_sheet(runner: Runner, name: str, published: str, number: int) 
             artifact_key(name, "preview"),
             f"# Preview: {version_name(number)}\n\n{len(sheet.ids)} random samples of `{split}` "
             f"(seed 0), drawn by their field kinds.\n\n![preview of {version_name(number)}]"
-            f"({artifact_data_uri(sheet.image)})\n\nFull size: `{png}`\n",
+            f"({artifact_data_uri(sheet.image)})\n\nFull size: {markdown.text(png)}\n",
             f"{len(sheet.ids)} random {split} samples of {version_name(number)} ({name})")
     log.info("preview of %d samples: %s", len(sheet.ids), png)
     return str(png)

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
+from h5forge.format import markdown
 from h5forge.format.names import QUARANTINE_DIR, REPORTS_DIR, version_name, version_tag
 from h5forge.format.summary import bounded_rows
 from h5forge.samples import Rejection
@@ -24,8 +25,8 @@ def write_quarantine(out: Path, number: int, rejections: Sequence[Rejection]) ->
     md = folder / f"{tag}.rejections.md"
     lines = [f"# Rejected inputs: {tag}", "", f"{sum(r.count for r in rejections)} input(s) were not added.", "",
              "| sample | file | stage | reason |", "|---|---|---|---|"]
-    lines += [f"| {r['sample_id']} | {r['path']} | {r['stage']} | {r['reason'].replace('|', '/')} |"
-              for r in bounded_rows(rejections)]
+    lines += [f"| {markdown.text(r['sample_id'])} | {markdown.text(r['path'])} | {r['stage']} | "
+              f"{markdown.text(r['reason'])} |" for r in bounded_rows(rejections)]
     md.write_text("\n".join(lines) + "\n")
     return [js, md]
 

@@ -23,6 +23,7 @@ import h5py
 import numpy as np
 
 from h5forge.format import arrays
+from h5forge.format import markdown
 from h5forge.format.checksums import PROVENANCE, canonical, legacy_checksum, split_digest, stored_checksums
 from h5forge.format.codecs import ensure_filters
 from h5forge.format.layout import SMALL_ROWS, decode_str
@@ -75,16 +76,16 @@ class HealthReport:
         return json.dumps(asdict(self), indent=2, default=str)
 
     def to_markdown(self) -> str:
-        lines = [f"# Health report: `{Path(self.path).name}`", "",
+        lines = [f"# Health report: {markdown.text(Path(self.path).name)}", "",
                  f"**{'HEALTHY' if self.ok else 'BROKEN'}**", "", "| check | result |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in self.checks.items()]
+        lines += [f"| {markdown.text(k)} | {markdown.text(v)} |" for k, v in self.checks.items()]
         if self.errors:
-            lines += ["", "## Errors", *[f"- {e}" for e in self.errors]]
+            lines += ["", "## Errors", *[f"- {markdown.text(e)}" for e in self.errors]]
         if self.warnings:
-            lines += ["", "## Warnings", *[f"- {w}" for w in self.warnings]]
+            lines += ["", "## Warnings", *[f"- {markdown.text(w)}" for w in self.warnings]]
         if self.stats:
             lines += ["", "## Figures", "", "| figure | value |", "|---|---|"]
-            lines += [f"| {name} | {value} |" for name, value in figure_rows(self.stats)]
+            lines += [f"| {markdown.text(name)} | {markdown.text(value)} |" for name, value in figure_rows(self.stats)]
         return "\n".join(lines) + "\n"
 
 

@@ -19,6 +19,7 @@ import h5py
 import numpy as np
 
 from h5forge.errors import ReadError, VersionError
+from h5forge.format import markdown
 from h5forge.format.layout import decode_str
 from h5forge.format.segments import virtual_sources
 from h5forge.format.names import CHECKSUM, IDS, LATEST, SPLITS, Attr, parse_version
@@ -99,29 +100,30 @@ class VersionDiff:
 
     def to_markdown(self) -> str:
         """The diff for a Prefect Markdown artifact."""
-        md = [f"# Changes: {_name(self.old)} → {_name(self.new)}", ""]
+        md = [f"# Changes: {markdown.text(_name(self.old))} → {markdown.text(_name(self.new))}", ""]
         if self.unchanged:
             md += ["No sample changed.", ""]
         md += ["| split | before | after | change |", "|---|---:|---:|---:|"]
-        md += [f"| {s} | {c['old']} | {c['new']} | {c['change']:+d} |" for s, c in self.counts.items()]
+        md += [f"| {markdown.text(s)} | {c['old']} | {c['new']} | {c['change']:+d} |" for s, c in self.counts.items()]
         md += ["", "| change | samples |", "|---|---:|",
                f"| added | {len(self.added)} |", f"| removed | {len(self.removed)} |",
                f"| content changed (checksum) | {len(self.content_changed)} |",
                f"| labels/columns changed | {len(self.columns_changed)} |",
-               f"| moved split | {len(self.moved_split)} |", "", f"**{self._moved_line()}**", ""]
+               f"| moved split | {len(self.moved_split)} |", "", f"**{markdown.text(self._moved_line())}**", ""]
         for title, ids in (("Added", self.added), ("Removed", self.removed),
                            ("Content changed", self.content_changed)):
             if ids:
-                md += [f"## {title}", ", ".join(f"`{i}`" for i in ids[:LISTED])
+                md += [f"## {title}", ", ".join(markdown.text(i) for i in ids[:LISTED])
                        + (f" … and {len(ids) - LISTED} more" if len(ids) > LISTED else ""), ""]
         if self.columns_changed:
             md += ["## Labels and columns changed", "| sample | column | before | after |", "|---|---|---|---|"]
-            md += [f"| `{sid}` | {c} | {o} | {n} |" for sid, cols in list(self.columns_changed.items())[:LISTED]
+            md += [f"| {markdown.text(sid)} | {markdown.text(c)} | {markdown.text(o)} | {markdown.text(n)} |"
+                   for sid, cols in list(self.columns_changed.items())[:LISTED]
                    for c, (o, n) in cols.items()]
             md.append("")
         for col, values in self.labels.items():
-            md += [f"## {col}", "| value | before | after | change |", "|---|---:|---:|---:|"]
-            md += [f"| {v} | {c['old']} | {c['new']} | {c['change']:+d} |" for v, c in values.items()]
+            md += [f"## {markdown.text(col)}", "| value | before | after | change |", "|---|---:|---:|---:|"]
+            md += [f"| {markdown.text(v)} | {c['old']} | {c['new']} | {c['change']:+d} |" for v, c in values.items()]
             md.append("")
         return "\n".join(md)
 
