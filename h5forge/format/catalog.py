@@ -9,13 +9,14 @@ reading its rows.
   takes a stored row wherever its key is unchanged;
 - ``/inputs/content`` (M,) sorted sha256 of each sample's raw-file hashes, ``/inputs/content_at``
   its (split, row) as ``split_index << 40 | row``, ``/inputs/ids`` (M,) sorted 16-byte hashes of
-  the ids: an append tests its new samples against these (binary search) instead of reading every
+  the ids in NFC: an append tests its new samples against these (binary search) instead of reading every
   id and raw-file hash of the parent.
 """
 
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 from dataclasses import dataclass
 
 import h5py
@@ -43,8 +44,10 @@ def content_digest(hexes) -> bytes:
 
 
 def id_digest(sample_id: str | bytes) -> bytes:
-    raw = sample_id if isinstance(sample_id, bytes) else sample_id.encode()
-    return hashlib.sha256(raw).digest()[:16]
+    """The hash of an id in NFC: ids are matched as discovery matches them, so ``café`` typed on
+    macOS (NFD) and elsewhere (NFC) is one id to the exactly-once check."""
+    text = sample_id.decode() if isinstance(sample_id, bytes) else sample_id
+    return hashlib.sha256(unicodedata.normalize("NFC", text).encode()).digest()[:16]
 
 
 def location(split: str, row: int) -> int:

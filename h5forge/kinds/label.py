@@ -12,6 +12,7 @@ weighting needs. Readers return int64.
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,8 +34,8 @@ class LabelField(StrictModel):
     @field_validator("classes")
     @classmethod
     def _distinct(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        if v is not None and (not v or len(set(v)) != len(v)):
-            raise ValueError("classes must be a non-empty list of distinct names")
+        if v is not None and (not v or len({unicodedata.normalize("NFC", c) for c in v}) != len(v)):
+            raise ValueError("classes must be a non-empty list of distinct names (in NFC)")
         return v
 
 
@@ -64,10 +65,13 @@ class LabelKind(FieldKind):
         value, classes = ref.columns[self.spec.column], self.spec.classes
         where = f"{ref.extra_files[0] if ref.extra_files else self.dataset.annotations.file or ''}#{ref.id}"
         if isinstance(value, str):
-            if value not in classes:
+            # matched in NFC: a class folder named on macOS (NFD) is the class typed in the spec (NFC)
+            index = {unicodedata.normalize("NFC", c): i for i, c in enumerate(classes)}
+            i = index.get(unicodedata.normalize("NFC", value))
+            if i is None:
                 raise Reject(where, f"label {value!r} (column {self.spec.column!r}) is not one of the classes "
                                     f"{list(classes)}")
-            return Decoded(classes.index(value))
+            return Decoded(i)
         if value < 0 or (classes and value >= len(classes)):
             bound = f"0..{len(classes) - 1}" if classes else ">= 0"
             raise Reject(where, f"label {value} (column {self.spec.column!r}) is not a class index {bound}")
