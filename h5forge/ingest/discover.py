@@ -56,9 +56,21 @@ def _from_text(value: str, kind: str) -> Any:
             raise ValueError(f"{value!r} is not true/false")
         return text.lower() in _TRUE
     try:
-        return _COERCE[kind](text)
-    except ValueError:
+        return _in_range(_COERCE[kind](text), kind)
+    except ValueError as err:
+        if "int64" in str(err):
+            raise
         raise ValueError(f"{value!r} is not {'an integer' if kind == 'int' else 'a number'}") from None
+
+
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def _in_range(value: Any, kind: str) -> Any:
+    """An int column is stored as int64: a value beyond it is refused, never wrapped or raised later."""
+    if kind == "int" and not INT64[0] <= value <= INT64[1]:
+        raise ValueError(f"{value!r} is beyond the int64 range an int column stores ({INT64[0]} to {INT64[1]})")
+    return value
 
 
 def _json_kind(value: Any) -> str:
@@ -95,7 +107,7 @@ def _coerce(value: Any, kind: str, text: bool = False) -> Any:
         raise ValueError(f"{value!r} is not true/false")
     if kind in ("int", "float") and isinstance(value, str):
         raise ValueError(f"{value!r} is a string, expected {kind}")
-    return _COERCE[kind](value)
+    return _in_range(_COERCE[kind](value), kind)
 
 
 _WILDCARD = re.compile(r"[*?\[]")

@@ -1,0 +1,51 @@
+"""Hostile inputs in the raw folder and the inbox: each is one rejection with its reason, never a
+traceback, and the build or the next append goes on."""
+
+from __future__ import annotations
+
+import json
+
+import h5forge
+from h5forge.format.names import QUARANTINE_DIR
+from tests.helpers.data import age_files, demo_spec, drop_samples
+from tests.helpers.files import all_ids
+
+
+def _spec(raw, out, inbox=None):
+    spec = demo_spec(raw, out)
+    spec = spec.model_copy(update={"max_rejected": 0.5})
+    if inbox is not None:
+        spec = spec.model_copy(update={"source": spec.source.model_copy(update={"inbox": inbox.resolve()}),
+                                       "append": spec.append.model_copy(update={"settle_seconds": 0})})
+    return spec
+
+
+def _rejections(out, version) -> dict[str, str]:
+    rows = json.loads((out / QUARANTINE_DIR / f"dataset_v{version:04d}.rejections.json").read_text())
+    return {r["sample_id"]: r["reason"] for r in rows}
+
+
+def test_an_int_value_beyond_int64_is_one_rejection_in_build_and_append(raw_copy, raw_new, tmp_path):
+    records = json.loads((raw_copy / "annotations.json").read_text())
+    huge = {records[0]["id"]: 1e30, records[1]["id"]: 2**63}
+    for r in records:
+        if r["id"] in huge:
+            r["num_cells"] = huge[r["id"]]
+    (raw_copy / "annotations.json").write_text(json.dumps(records))
+    out, inbox = tmp_path / "out", tmp_path / "inbox"
+    result = h5forge.build(_spec(raw_copy, out, inbox))
+    reasons = _rejections(out, result.version)
+    for sid in huge:
+        assert "beyond the int64 range" in reasons[sid], reasons[sid]
+    stored = {i for ids in all_ids(out / "dataset_latest.h5").values() for i in ids}
+    assert not stored & set(huge)
+
+    new = drop_samples(raw_new, inbox, ["cell_000000", "cell_000001"], rename="new_")
+    sidecar = inbox / f"{new[0]}.json"
+    sidecar.write_text(json.dumps({**json.loads(sidecar.read_text()), "num_cells": 2**63}))
+    age_files(inbox)
+    appended = h5forge.append(_spec(raw_copy, out, inbox))
+    assert appended.added == 1
+    assert any(r.sample_id == new[0] and "beyond the int64 range" in r.reason for r in appended.rejections)
+    stored = {i for ids in all_ids(out / "dataset_latest.h5").values() for i in ids}
+    assert new[1] in stored and new[0] not in stored
