@@ -136,6 +136,12 @@ def sample_id(rel: str, pattern: str, ids: str, folder: bool = False) -> str:
     return below[:-len(".nii.gz")] if below.lower().endswith(".nii.gz") else str(Path(below).with_suffix(""))
 
 
+def control_character(sid: str) -> str | None:
+    """The first control or line-separator character of an id, if any: such an id would break
+    every line-oriented report, log and terminal it is shown in."""
+    return next((c for c in sid if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
+
+
 def match_key(sid: str) -> str:
     """What ids are matched by: NFC, so a name typed on macOS (NFD) pairs with the same name typed
     elsewhere (NFC). Ids are stored as spelled; only the matching is normalised."""
@@ -347,6 +353,10 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
     for key in all_keys:
         sid = spelled[key]
         files = {name: found[key] for name, found in per_field.items() if key in found}
+        if (bad := control_character(sid)) is not None:
+            inv.rejections.append(Rejection(sid, tuple(files.values()), f"the sample id {sid!r} holds a control "
+                                            f"character (U+{ord(bad):04X}); rename its files"))
+            continue
         missing = [name for name in globs if name not in files]
         if missing:
             where = ", ".join(f"{m} ({', '.join(globs[m])})" for m in missing)

@@ -49,3 +49,20 @@ def test_an_int_value_beyond_int64_is_one_rejection_in_build_and_append(raw_copy
     assert any(r.sample_id == new[0] and "beyond the int64 range" in r.reason for r in appended.rejections)
     stored = {i for ids in all_ids(out / "dataset_latest.h5").values() for i in ids}
     assert new[1] in stored and new[0] not in stored
+
+
+def test_an_id_with_a_control_character_is_refused_at_discovery_and_the_rest_published(raw_copy, tmp_path):
+    """A class folder or file named with a newline, a carriage return or U+2028: refused with the
+    reason; the version publishes, and its preview draws (it held such an id before)."""
+    for n, name in enumerate(["new\nline", "cr\rx", "sep\u2028x"]):
+        for folder in ("images", "masks"):
+            src = sorted((raw_copy / folder).glob("cell_*.png"))[n]
+            (raw_copy / folder / f"{name}.png").write_bytes(src.read_bytes())
+    out = tmp_path / "out"
+    result = h5forge.build(_spec(raw_copy, out))
+    reasons = _rejections(out, result.version)
+    for name, code in (("new\nline", "000A"), ("cr\rx", "000D"), ("sep\u2028x", "2028")):
+        assert f"holds a control character (U+{code})" in reasons[name], reasons.get(name)
+    stored = {i for ids in all_ids(out / "dataset_latest.h5").values() for i in ids}
+    assert not any(c in i for i in stored for c in "\n\r\u2028")
+    assert (out / "reports" / f"dataset_v{result.version:04d}.preview.png").is_file()
