@@ -149,10 +149,9 @@ def watch(spec: Path = typer.Argument(..., help="dataset spec YAML"),
 
     out.print(f"watching {loaded.source.inbox} (Ctrl-C to stop)")
     a = loaded.append
-    from h5forge.kinds import field_kinds
-
-    patterns = [glob for kind in field_kinds(loaded).values() for glob in kind.files]
-    serve_inbox(loaded.source.inbox, run_once, patterns=patterns, settle_seconds=a.settle_seconds,
+    # append rewrites the inbox's annotation file (the records it took leave it): not a change to act on
+    own = [loaded.annotations.file] if loaded.annotations.file else []
+    serve_inbox(loaded.source.inbox, run_once, own_files=own, settle_seconds=a.settle_seconds,
                 window_seconds=a.batch_window_seconds, poll_seconds=a.poll_seconds)
     out.print("stopped")
 

@@ -21,6 +21,11 @@ RESUME_SUFFIX = ".resume"  # beside a partial version file: how far it is durabl
 HASH_CACHE = ".h5forge-hashes.json"  # raw-file states and hashes the last build saw (ingest/hash_cache.py)
 QUARANTINE_DIR = "quarantine"
 REPORTS_DIR = "reports"
+
+# ---- folders of an inbox that append manages (never read as new samples) ------------------------
+INBOX_PROCESSED = "processed"  # processed/vNNNN/: what each version took, part of the dataset's sources
+INBOX_QUARANTINE = "quarantine"  # rejected inbox inputs and their reasons
+INBOX_MANAGED = (INBOX_PROCESSED, INBOX_QUARANTINE)
 VERSION_RE = re.compile(r"^dataset_v(\d{4,})\.h5$")
 DELTA_RE = re.compile(r"^dataset_v(\d{4,})\.delta\.h5$")
 PARTIAL_RE = re.compile(r"^\.dataset_v\d{4,}(\.delta)?\.h5\.partial$")

@@ -29,7 +29,8 @@ from h5forge.errors import InboxMoveFailed, NoBaseVersion, VerificationFailed
 from h5forge.format.catalog import (catalog_from_rows, content_digest, id_digest, read_catalog, split_row,
                                     write_catalog)
 from h5forge.format.layout import decode_str
-from h5forge.format.names import IDS, JOURNAL, SPLITS, Attr, delta_name, partial_name, version_name
+from h5forge.format.names import (IDS, INBOX_MANAGED, INBOX_PROCESSED, INBOX_QUARANTINE, JOURNAL, SPLITS, Attr,
+                                  delta_name, partial_name, version_name)
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest.clean import CleanedBatch
 from h5forge.ingest.discover import TEXT_FORMAT, discover, read_annotation_file
@@ -60,7 +61,7 @@ def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> Inbo
     scan = InboxScan(inbox)
     if not inbox.is_dir():
         return scan
-    inv = discover(spec, root=inbox, extra_roots=[], sidecars=True)
+    inv = discover(spec, root=inbox, extra_roots=[], sidecars=True, skip=INBOX_MANAGED)
     now = time.time() if now is None else now
     settle = spec.append.settle_seconds
     for ref in inv.samples:
@@ -162,7 +163,7 @@ def stage_append(out: Path) -> AppendCandidate:
 
 
 def processed_dir(inbox: Path, number: int) -> Path:
-    return inbox / "processed" / f"v{number:04d}"
+    return inbox / INBOX_PROCESSED / f"v{number:04d}"
 
 
 def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate,
@@ -256,11 +257,11 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
     plan = MovePlan(number, str(inbox))
 
     def quarantine(rel: str, reason: str) -> None:
-        plan.moves.append((str(inbox / rel), str(inbox / "quarantine" / rel)))
+        plan.moves.append((str(inbox / rel), str(inbox / INBOX_QUARANTINE / rel)))
         name = Path(rel).name
         short = reason_file_name(name)
         text = reason if short == f"{name}.reason" else f"{reason}\nfile: {name}"  # a shortened name says whose
-        plan.reasons.append((str(inbox / "quarantine" / Path(rel).parent / short), text))
+        plan.reasons.append((str(inbox / INBOX_QUARANTINE / Path(rel).parent / short), text))
 
     rejected = {r.sample_id: r.reason for r in rejections if r.sample_id}
     inbox_records = _read_list(inbox / spec.annotations.file) if spec.annotations.file else []

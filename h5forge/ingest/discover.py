@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from h5forge.format.names import INBOX_PROCESSED
 from h5forge.ingest.splits import assign_split
 from h5forge.kinds import field_kinds
 from h5forge.samples import Rejection, SampleRef, rejected_count
@@ -167,9 +168,11 @@ class _Outside:
 
 
 def _glob_field(root: Path, patterns: tuple[str, ...], ids: str, folders: bool = False,
-                allow_outside: bool = False) -> tuple[dict[str, tuple[str, str]], list[Rejection]]:
+                allow_outside: bool = False, skip: tuple[str, ...] = ()
+                ) -> tuple[dict[str, tuple[str, str]], list[Rejection]]:
     """{match key: (file, id as spelled)} of one field, and the files that cannot be told apart or
-    that a symlink takes out of the source folder (unless ``allow_outside``)."""
+    that a symlink takes out of the source folder (unless ``allow_outside``). Nothing under the
+    top-level folders named in ``skip`` is taken."""
     by_stem: dict[str, list[tuple[str, str]]] = defaultdict(list)
     seen: set[str] = set()
     outside: list[Rejection] = []
@@ -186,6 +189,8 @@ def _glob_field(root: Path, patterns: tuple[str, ...], ids: str, folders: bool =
                 continue
             seen.add(path)
             rel = path[start:]
+            if skip and rel.split("/", 1)[0] in skip:
+                continue
             sid = sample_id(rel, pattern, ids, is_dir)
             target = None if leaves is None else leaves(path)
             if target is not None:
@@ -293,16 +298,18 @@ def processed_roots(spec: DatasetSpec) -> list[Path]:
     """Inbox folders already appended (``<inbox>/processed/vNNNN``): part of the dataset's sources."""
     if spec.source.inbox is None:
         return []
-    base = spec.source.inbox / "processed"
+    base = spec.source.inbox / INBOX_PROCESSED
     return sorted(p for p in base.glob("v[0-9]*") if p.is_dir()) if base.is_dir() else []
 
 
 def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[Path] | None = None,
-             sidecars: bool = False) -> Inventory:
+             sidecars: bool = False, skip: tuple[str, ...] = ()) -> Inventory:
     """Pair the files of every field by stem and join annotations; order is sorted by id.
 
     ``root`` defaults to the spec's source root plus the inbox folders already appended, so a full
     rebuild holds every sample the dataset ever took in. File paths are relative to ``root``.
+    Files under the top-level folders of ``root`` named in ``skip`` are not looked at (an inbox's
+    processed/ and quarantine/).
     """
     if root is None:
         root = Path(spec.source.root)
@@ -325,7 +332,7 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
         prefix = "" if r == root else os.path.relpath(r, root) + "/"
         for name, pattern in globs.items():
             found, problems = _glob_field(r, pattern, ids, kinds[name].reads_folders,
-                                          spec.source.allow_symlinks_outside)
+                                          spec.source.allow_symlinks_outside, skip if r == root else ())
             inv.rejections.extend(problems)
             for stem, (rel, sid) in found.items():
                 if stem in per_field[name]:

@@ -7,26 +7,31 @@ deployment run) and returns how many samples are still waiting for a missing par
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
+import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from watchfiles import Change, DefaultFilter, watch
+
+from h5forge.format.names import INBOX_MANAGED
 
 log = logging.getLogger("h5forge.pipeline.watch")
 
 
 class InboxFilter(DefaultFilter):
-    """New or changed sample files; not what the append itself moves into processed/ or quarantine/."""
+    """New or changed files; nothing under the folders append manages (processed/, quarantine/)."""
 
     def __init__(self, inbox: Path):
         super().__init__()
-        self.skip = (str(inbox / "processed"), str(inbox / "quarantine"))
+        self.inbox = str(inbox)
 
     def __call__(self, change: Change, path: str) -> bool:
-        name = Path(path).name
-        return (super().__call__(change, path) and change != Change.deleted and not path.startswith(self.skip)
+        rel = os.path.relpath(path, self.inbox)
+        name = rel.rsplit("/", 1)[-1]
+        return (super().__call__(change, path) and change != Change.deleted and rel.split("/", 1)[0] not in INBOX_MANAGED
                 and not name.startswith(".") and not name.endswith((".tmp", ".partial")))
 
 
@@ -65,51 +70,75 @@ def serve_inbox(inbox: Path, append: Callable[[], int], **options) -> None:
         raise failure[0]
 
 
-def snapshot(inbox: Path, patterns: list[str]) -> frozenset:
-    """The sample files in the inbox and their mtimes: a cheap way to tell whether anything is new."""
-    found = set()
-    for pattern in patterns:
-        for p in inbox.glob(pattern):
+Files = dict[str, tuple[int, int]]  # path relative to the inbox -> (mtime_ns, size)
+
+
+def inbox_files(inbox: Path) -> Files:
+    """Every file a user may have dropped into the inbox: all of it but the folders append manages,
+    hidden and temporary files."""
+    found: Files = {}
+    for folder, dirs, files in os.walk(inbox):
+        rel = os.path.relpath(folder, inbox)
+        top = rel == "."
+        dirs[:] = [d for d in dirs if not d.startswith(".") and not (top and d in INBOX_MANAGED)]
+        for name in files:
+            if name.startswith(".") or name.endswith((".tmp", ".partial")):
+                continue
             try:
-                found.add((str(p), p.stat().st_mtime_ns))
+                st = os.stat(os.path.join(folder, name))
             except FileNotFoundError:
                 continue
-    return frozenset(found)
+            found[name if top else f"{rel}/{name}"] = (st.st_mtime_ns, st.st_size)
+    return found
 
 
-def watch_inbox(inbox: Path, append: Callable[[], int], *, patterns: list[str], settle_seconds: float,
-                window_seconds: float, poll_seconds: float, stop: threading.Event) -> None:
-    """Append what is already there, then after every burst of changes, until ``stop``.
+def watch_inbox(inbox: Path, append: Callable[[], int], *, settle_seconds: float, window_seconds: float,
+                poll_seconds: float, stop: threading.Event, own_files: Iterable[str] = ()) -> None:
+    """Append what is already there, then whenever the inbox holds something new, until ``stop``.
 
-    Every ``poll_seconds`` without events the inbox is also compared with what the last append
-    saw, so nothing dropped while an append ran (or on a filesystem without events) is missed.
+    New means a file the last append did not see as it is now. What an append writes itself (the
+    inbox's annotation file, ``own_files``, pruned of the records it took; processed/ and
+    quarantine/) is never new, so an append never starts another. A file written while an append
+    ran is new to the next one; files too fresh to take (``settle_seconds``) are retried once they
+    have settled. Events wake the loop; every ``poll_seconds`` without events the inbox is also
+    compared with what the last append saw (a filesystem without events, an event missed).
     """
     inbox.mkdir(parents=True, exist_ok=True)
+    own = set(own_files)
+    seen: Files = {}
+    due: float | None = None  # when files too fresh for the last append have settled
 
-    def attempt() -> frozenset:
-        """Append; on failure keep the old snapshot so the next poll tries again."""
-        now = snapshot(inbox, patterns)
+    def attempt() -> None:
+        nonlocal seen, due
+        before, started = inbox_files(inbox), time.time()
         try:
             append()
         except Exception as err:  # the service outlives one failed append
             log.error("append failed (retrying at the next change or poll): %s", err)
-            return seen
-        return now
+            seen, due = {}, None
+            return
+        after = inbox_files(inbox)
+        seen = {p: s for p, s in after.items() if p in own or before.get(p) == s}
+        fresh = [s[0] / 1e9 + settle_seconds for p, s in after.items()
+                 if p in seen and p not in own and s[0] / 1e9 > started - settle_seconds]
+        due = min(fresh) if fresh else None
 
-    seen: frozenset = frozenset()
-    seen = attempt()  # nothing dropped while the service was down is missed
+    attempt()  # nothing dropped while the service was down is missed
     for changes in watch(inbox, watch_filter=InboxFilter(inbox), debounce=int(window_seconds * 1000),
                          step=50, stop_event=stop, rust_timeout=int(poll_seconds * 1000),
                          yield_on_timeout=True, recursive=True):
         if stop.is_set():
             break
-        if not changes:
-            now = snapshot(inbox, patterns)
-            if now == seen or not now:
-                continue
-            log.info("the inbox changed without an event; appending")
-        else:
-            log.info("%d change(s) in %s; appending once files settle", len(changes), inbox)
+        new = [p for p, s in inbox_files(inbox).items() if seen.get(p) != s]
+        settled = due is not None and time.time() >= due
+        if not new and not settled:
+            continue  # the append's own writes, or nothing at all
+        if changes:
+            log.info("%d new or changed file(s) in %s; appending once files settle", len(new), inbox)
             if stop.wait(settle_seconds):
                 break
-        seen = attempt()
+        elif new:
+            log.info("the inbox changed without an event; appending")
+        else:
+            log.info("files that were still being written have settled; appending")
+        attempt()

@@ -1,0 +1,114 @@
+"""The watch loop on a CSV-annotated inbox: a real watcher (watchfiles) in a thread, running the
+plain pipeline's append. Its own writes (the pruned CSV, processed/, quarantine/) never start
+another append, and what it moved into processed/ or quarantine/ is never read as new samples."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import threading
+import time
+
+import h5forge
+from h5forge.pipeline.watch import watch_inbox
+from h5forge.spec import DatasetSpec
+from h5forge.store.versions import latest
+from tests.helpers.data import age_files
+from tests.helpers.files import all_ids
+
+QUIET_SECONDS = 8  # several poll periods: a watcher that retriggers itself appends again in this time
+
+
+def _write_csv(path, rows):
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["id", "label", "num_cells"])
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)
+
+
+class Watcher:
+    """``watch_inbox`` in a thread; every append it starts is recorded."""
+
+    def __init__(self, spec: DatasetSpec, own_files: list[str]):
+        self.spec, self.calls, self.stop = spec, [], threading.Event()
+        a = spec.append
+        self.thread = threading.Thread(target=watch_inbox, args=(spec.source.inbox, self.append), kwargs=dict(
+            own_files=own_files, settle_seconds=a.settle_seconds,
+            window_seconds=a.batch_window_seconds, poll_seconds=a.poll_seconds, stop=self.stop))
+
+    def append(self) -> int:
+        result = h5forge.append(self.spec, skip_if_busy=True)
+        self.calls.append(result)
+        return result.waiting
+
+    def settle_on(self, version: int) -> None:
+        deadline = time.monotonic() + 180
+        while latest(self.spec.output.dir) != version:
+            assert time.monotonic() < deadline and self.thread.is_alive(), [c.version for c in self.calls]
+            time.sleep(0.2)
+        time.sleep(QUIET_SECONDS)
+
+
+def test_watch_appends_once_per_drop_and_never_reads_its_own_folders(raw_demo, tmp_path):
+    records = {r["id"]: r for r in json.loads((raw_demo / "annotations.json").read_text())}
+    good = sorted(i for i in records if i.startswith("cell_"))
+    root, inbox, out = tmp_path / "raw", tmp_path / "inbox", tmp_path / "out"
+
+    def row(sid):
+        return {"id": sid, "label": records[sid]["label"], "num_cells": records[sid]["num_cells"]}
+
+    def place(folder, ids):
+        (folder / "images").mkdir(parents=True, exist_ok=True)
+        for sid in ids:
+            shutil.copy(raw_demo / "images" / f"{sid}.png", folder / "images" / f"{sid}.png")
+
+    place(root, good[:20])
+    _write_csv(root / "labels.csv", [row(i) for i in good[:20]])
+    # a glob that reaches into every folder under the inbox, processed/ and quarantine/ included
+    spec = DatasetSpec.model_validate({
+        "name": "csv", "source": {"root": str(root), "inbox": str(inbox)}, "output": {"dir": str(out)},
+        "fields": {"images": {"kind": "image", "files": "**/*.png", "size": [64, 64]}},
+        "annotations": {"file": "labels.csv", "columns": {"label": "str", "num_cells": "int"}},
+        "append": {"settle_seconds": 0.5, "batch_window_seconds": 0.5, "poll_seconds": 1}, "max_rejected": 0.5})
+    assert h5forge.build(spec).version == 1
+
+    place(inbox, good[20:26])
+    (inbox / "images" / "broken.png").write_bytes(b"not a picture")
+    # "ghost" is a record whose picture never comes: it waits, and must not keep the watcher busy
+    _write_csv(inbox / "labels.csv", [row(i) for i in good[20:26]] + [
+        {"id": "broken", "label": "x", "num_cells": 1}, {"id": "ghost", "label": "x", "num_cells": 1}])
+    age_files(inbox)
+
+    watcher = Watcher(spec, own_files=["labels.csv"])
+    watcher.thread.start()
+    try:
+        watcher.settle_on(2)
+        assert [c.version for c in watcher.calls] == [2]  # one append for one drop
+        assert watcher.calls[0].waiting == 1  # the ghost record
+        with open(inbox / "labels.csv", newline="") as fh:
+            assert [r["id"] for r in csv.DictReader(fh)] == ["ghost"]
+
+        place(inbox, good[26:29])  # a second drop: three pictures and their rows
+        _write_csv(inbox / "labels.csv", [{"id": "ghost", "label": "x", "num_cells": 1},
+                                          *(row(i) for i in good[26:29])])
+        watcher.settle_on(3)
+        assert [c.version for c in watcher.calls] == [2, 3]
+        second = watcher.calls[1]
+        # nothing re-read from processed/ or quarantine/: only the ghost still waits
+        assert second.added == 3 and second.rejections == () and second.waiting == 1
+    finally:
+        watcher.stop.set()
+        watcher.thread.join(60)
+    assert not watcher.thread.is_alive()
+
+    assert sorted(sum(all_ids(out / "dataset_latest.h5").values(), [])) == good[:29]
+    assert sorted(p.relative_to(inbox).as_posix() for p in (inbox / "quarantine").rglob("*") if p.is_file()) == [
+        "quarantine/images/broken.png", "quarantine/images/broken.png.reason"]
+    assert sorted(p.name for p in (inbox / "processed" / "v0002" / "images").iterdir()) == [
+        f"{i}.png" for i in good[20:26]]
+    assert sorted(p.name for p in (inbox / "processed" / "v0003" / "images").iterdir()) == [
+        f"{i}.png" for i in good[26:29]]
