@@ -54,10 +54,12 @@ def test_an_int_value_beyond_int64_is_one_rejection_in_build_and_append(raw_copy
 def test_an_id_with_a_control_character_is_refused_at_discovery_and_the_rest_published(raw_copy, tmp_path):
     """A class folder or file named with a newline, a carriage return or U+2028: refused with the
     reason; the version publishes, and its preview draws (it held such an id before)."""
+    records = json.loads((raw_copy / "annotations.json").read_text())
     for n, name in enumerate(["new\nline", "cr\rx", "sep\u2028x"]):
         for folder in ("images", "masks"):
-            src = sorted((raw_copy / folder).glob("cell_*.png"))[n]
-            (raw_copy / folder / f"{name}.png").write_bytes(src.read_bytes())
+            (raw_copy / folder / f"{name}.png").write_bytes((raw_copy / folder / f"{records[n]['id']}.png").read_bytes())
+        records.append({**records[n], "id": name})  # otherwise a good sample: files and a record
+    (raw_copy / "annotations.json").write_text(json.dumps(records))
     out = tmp_path / "out"
     result = h5forge.build(_spec(raw_copy, out))
     reasons = _rejections(out, result.version)
