@@ -126,7 +126,7 @@ def test_h5dump_prints_what_h5forge_reads(version, gzip_copy, tmp_path, split, r
         shape = values[name].shape
         assert _dump_row(version, f"/{split}/{name}", row, shape, tmp_path, plugins=True) == want
         assert _dump_row(gzip_copy, f"/{split}/{name}", row, shape, tmp_path, plugins=False) == want
-    # the truth the README states: without the plugin path h5dump silently writes nothing for lz4
+    # the truth docs/codecs.md states: without the plugin path h5dump silently writes nothing for lz4
     assert _dump_row(version, f"/{split}/images", row, values["images"].shape, tmp_path, plugins=False) == b""
 
 

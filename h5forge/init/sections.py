@@ -33,7 +33,7 @@ def footer(t: SpecText, spec_path: Path, name: str, split_column: str | None = N
         t(1, "ratios: {train: 0.8, val: 0.1, test: 0.1}", "stable: a sample's split depends on its id only")
     out_dir = os.path.relpath(Path.cwd() / "data" / name, spec_path.parent.resolve())
     t(0, "storage:")
-    t(1, "codec: lz4", "lz4 (fast) | zstd-1 (smaller) | gzip-1 (portable) | none ... (README: codec choice)")
+    t(1, "codec: lz4", "lz4 (fast) | zstd-1 (smaller) | gzip-1 (portable) | none ... (docs/codecs.md)")
     t(1, "chunk_rows: 1", "samples per HDF5 chunk")
     t(0, "output:")
     t(1, f"dir: {scalar(out_dir)}")

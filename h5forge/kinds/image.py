@@ -1,6 +1,6 @@
 """``kind: image``: an RGB (or grey) picture, stored uint8 CHW at a fixed size.
 
-Cleaning rules (README "Cleaning rules"):
+Cleaning rules (docs/spec.md, "Cleaning rules"):
 - colour: RGB kept; grey replicated to 3 channels; palette expanded; alpha composited over the
   field's fill value; 16-bit scaled linearly to 8 bits (v * 255 / 65535, rounded), never clipped
   or wrapped; CMYK/YCbCr converted by Pillow; float images rejected; ``channels: 1`` is ITU-R 601
