@@ -7,6 +7,7 @@ files that are not slices get a note."""
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import re
 from collections import Counter
@@ -83,14 +84,25 @@ def _dicom_case(d: Path) -> _Case:
             continue
         case.slices[uid] += 1
         case.described.setdefault(uid, str(ds.get("SeriesDescription", "") or ""))
-        if "Rows" in ds and "Columns" in ds:
-            case.sizes.setdefault(uid, (int(ds.Rows), int(ds.Columns)))
+        rows, columns = _number(ds.get("Rows")), _number(ds.get("Columns"))
+        if rows is not None and columns is not None:
+            case.sizes.setdefault(uid, (int(rows), int(columns)))
         case.modality = case.modality or str(ds.get("Modality", "") or "")
         for key in ("RescaleSlope", "RescaleIntercept"):
-            value = ds.get(key)
-            if value not in (None, "") and not float(value).is_integer():
+            value = _number(ds.get(key))
+            if value is not None and not value.is_integer():
                 case.fractional = True
     return case
+
+
+def _number(value) -> float | None:
+    """A header value as a finite number; None when missing or not a number (the build rejects
+    such a slice with its reason: inference only looks)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _dicom_cases(raw: Path) -> tuple[Path, list[Path]] | None:

@@ -68,3 +68,13 @@ def test_an_id_with_a_control_character_is_refused_at_discovery_and_the_rest_pub
     stored = {i for ids in all_ids(out / "dataset_latest.h5").values() for i in ids}
     assert not any(c in i for i in stored for c in "\n\r\u2028")
     assert (out / "reports" / f"dataset_v{result.version:04d}.preview.png").is_file()
+
+
+def test_a_hash_cache_nested_too_deep_is_no_cache(raw_copy, tmp_path):
+    from h5forge.format.names import HASH_CACHE
+
+    out = tmp_path / "out"
+    first = h5forge.build(_spec(raw_copy, out))
+    (out / HASH_CACHE).write_text("[" * 100_000 + "]" * 100_000)
+    again = h5forge.build(_spec(raw_copy, out))
+    assert again.unchanged and again.version == first.version  # every file hashed again: the same inputs

@@ -57,7 +57,7 @@ def load(out: Path, root: Path) -> HashCache:
             return HashCache(str(root))
         return HashCache(str(root), {rel: (tuple(v[:4]), v[4]) for rel, v in data["files"].items()
                                      if len(v) == 5 and isinstance(v[4], str)})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):  # no cache: hash all
         return HashCache(str(root))
 
 
