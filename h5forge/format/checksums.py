@@ -8,7 +8,10 @@
   thin version, an export, a rebuild reusing unchanged samples) keeps its checksum.
 - **Split digest** (attribute ``digest`` of each split group): sha256 of what a reader gets for
   the split as a whole: the split's attributes (count, statistics), the attributes of its
-  datasets, every row index under ``/index/<split>``, and the spec the file stores.
+  datasets, every row index under ``/index/<split>``, and what defines the data in the spec the
+  file stores (``data_definition``): the same inputs built into another folder or on another
+  cluster give the same digest. The split's ``digest_rule`` attribute says which rule made it;
+  files without one (rule 1) covered the whole stored spec and are still verified that way.
 
 Values are hashed by their meaning, not their storage: numbers as little-endian bytes with their
 dtype and shape, strings as UTF-8 with their length. A chunk compressed another way, or a
@@ -21,6 +24,7 @@ verifying them.
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -28,7 +32,7 @@ import h5py
 import numpy as np
 
 from h5forge.format import arrays
-from h5forge.format.names import IDS, INDEX, SOURCE_FILES, SOURCE_SHA256, SPEC, SPLITS, Attr
+from h5forge.format.names import DIGEST_RULE, IDS, INDEX, SOURCE_FILES, SOURCE_SHA256, SPEC, SPLITS, Attr
 
 PROVENANCE = (IDS, SOURCE_FILES, SOURCE_SHA256)  # after the fields, in this order
 # dimension-scale bookkeeping (object references and ids, different in every copy of a file): it
@@ -102,10 +106,36 @@ def _attrs(obj: h5py.HLObject) -> bytes:
     return b"".join(_string(k) + canonical(obj.attrs[k]) for k in names)
 
 
+# parts of a spec that say where a version was built and how, not what it holds: where it goes,
+# how it is computed, checked and appended to, and where the raw folder sits (files are named
+# relative to it). ``ingest.incremental.inputs.rules_hash`` leaves out the same parts.
+NOT_DATA = ("output", "compute", "verify", "append")
+NOT_DATA_SOURCE = ("root", "inbox")
+
+
+def data_definition(spec_json: str | bytes) -> bytes:
+    """The stored spec without where or how the version was built, as canonical JSON (sorted keys)."""
+    data = json.loads(spec_json)
+    for key in NOT_DATA:
+        data.pop(key, None)
+    if isinstance(data.get("source"), dict):
+        data["source"] = {k: v for k, v in data["source"].items() if k not in NOT_DATA_SOURCE}
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+class UnknownDigestRule(ValueError):
+    pass
+
+
 def split_digest(f: h5py.File, split: str) -> str:
-    """sha256 of the split's attributes, its datasets' attributes, its row indexes and the spec."""
+    """sha256 of the split's attributes, its datasets' attributes, its row indexes and the spec
+    (all of it, or what defines the data, as the split's ``digest_rule`` says)."""
     h = hashlib.sha256()
     g = f[split]
+    rule = int(g.attrs.get(Attr.DIGEST_RULE, 1))
+    if rule not in (1, DIGEST_RULE):
+        raise UnknownDigestRule(f"/{split} has {Attr.DIGEST_RULE} {rule}, not one this h5forge knows "
+                                f"(1 to {DIGEST_RULE})")
     h.update(_attrs(g))
     datasets: list[tuple[str, h5py.Dataset]] = []
     g.visititems(lambda name, obj: datasets.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
@@ -117,11 +147,13 @@ def split_digest(f: h5py.File, split: str) -> str:
             lambda name, obj: index.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
     for name, ds in sorted(index, key=lambda item: item[0]):
         h.update(_string(name) + canonical(ds[()]))
-    h.update(canonical(f[SPEC][()]))
+    spec = f[SPEC][()]
+    h.update(canonical(spec if rule == 1 else data_definition(spec)))
     return h.hexdigest()
 
 
 def write_digests(f: h5py.File, splits: Sequence[str] | None = None) -> None:
-    """Store each split's digest (call once everything else of the split is written)."""
+    """Store each split's digest under the current rule (call once everything else of the split is written)."""
     for split in splits or SPLITS:
+        f[split].attrs[Attr.DIGEST_RULE] = DIGEST_RULE
         f[split].attrs[Attr.DIGEST] = split_digest(f, split)

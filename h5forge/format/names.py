@@ -101,6 +101,12 @@ class Attr:
     SUMMARY = "summary"
     COLUMNS = "columns"
     DIGEST = "digest"
+    DIGEST_RULE = "digest_rule"
+
+
+# what a split's digest covers of the stored spec: 1 (files without the attribute) the whole spec;
+# 2 what defines the data, not where or how it was built (``checksums.data_definition``)
+DIGEST_RULE = 2
 
 
 # rows written, verified and copied per block: whole chunks, and at least this many rows
@@ -120,7 +126,9 @@ LAYOUT: tuple[tuple[str, str], ...] = (
           f"{Attr.SEGMENTS} (JSON) and {Attr.SELF_CONTAINED}=False; exports {Attr.EXPORTED_FROM}"),
     ("/<split>/", f"{', '.join(SPLITS)}; attrs: {Attr.COUNT}, {Attr.FIELDS}, each field kind's statistics "
                   f"(below), and {Attr.DIGEST}: hex sha256 of the split's other attributes, its datasets' "
-                  f"attributes, its row indexes under /{INDEX}/<split> and /{SPEC}"),
+                  f"attributes, its row indexes under /{INDEX}/<split> and what defines the data in /{SPEC} "
+                  f"(not output, compute, verify, append, source.root or source.inbox); {Attr.DIGEST_RULE}=2 "
+                  f"(absent: the whole of /{SPEC} is covered)"),
     ("/<split>/<field>", f"one dataset per field, sample axis first and resizable; attr {Attr.KIND}. "
                          "Its shape, dtype and statistics are the field kind's (below)"),
     (f"/<split>/{IDS}", "(N,) UTF-8 strings: sample ids exactly as given (data, never path names)"),

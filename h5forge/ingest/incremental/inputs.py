@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from h5forge.format.checksums import NOT_DATA, NOT_DATA_SOURCE
 from h5forge.format.names import FORMAT_VERSION
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.incremental.hash_cache import HashCache, State, state_of
@@ -31,15 +32,12 @@ from h5forge.kinds import field_kinds
 from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
 
-# parts of a spec that do not change what a version holds: where it goes, how it is computed, checked
-# and appended to, and where the raw folder sits (files are named relative to it)
-NOT_RULES = ("output", "compute", "verify", "append")
 
 
 def rules_hash(spec: DatasetSpec) -> str:
     """A hash of everything in the spec that decides the stored values of a sample."""
-    data = spec.model_dump(mode="json", exclude=set(NOT_RULES))
-    data["source"] = {k: v for k, v in data["source"].items() if k not in ("root", "inbox")}
+    data = spec.model_dump(mode="json", exclude=set(NOT_DATA))
+    data["source"] = {k: v for k, v in data["source"].items() if k not in NOT_DATA_SOURCE}
     data["format_version"] = FORMAT_VERSION
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
