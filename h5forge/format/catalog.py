@@ -111,7 +111,7 @@ def catalog_from_rows(f: h5py.File) -> Catalog:
 
 
 def read_catalog(f: h5py.File) -> Catalog | None:
-    """The file's catalog, or None for a file written before catalogs existed."""
+    """The file's catalog, or None for a file that has none (written by an h5forge without catalogs)."""
     g = f.get(INPUTS)
     if g is None or "content" not in g:
         return None

@@ -17,8 +17,8 @@ Values are hashed by their meaning, not their storage: numbers as little-endian 
 dtype and shape, strings as UTF-8 with their length. A chunk compressed another way, or a
 string stored fixed-length instead of variable-length, gives the same checksum.
 
-Format 1 files checksummed only the stored bytes of the field arrays; ``legacy_checksum`` keeps
-verifying them.
+Format 1 files checksum only the stored bytes of the field arrays; ``legacy_checksum`` verifies
+them.
 """
 
 from __future__ import annotations

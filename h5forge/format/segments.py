@@ -35,8 +35,8 @@ def virtual_sources(f: h5py.File) -> set[str]:
     base = Path(os.path.realpath(f.filename)).parent
 
     # walked by links, opening each object: ``visititems`` asks HDF5 for every object's full info,
-    # which walks each dataset's chunk index (benchmarks/ingest_parts: 30 ms on a 100k-row version,
-    # 9 ms on a 10k one; this walk 12 ms on both)
+    # which walks each dataset's chunk index, so its cost grows with the rows and this walk's does
+    # not (benchmarks/results/ingest_parts.md, "files_read")
     def visit(name: str, link) -> None:
         if not isinstance(link, h5py.HardLink):
             return

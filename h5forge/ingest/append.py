@@ -81,8 +81,8 @@ class KnownSamples:
     """What the parent version holds, for exactly-once: its inputs catalog (sorted hashes of every
     sample's raw content and id, searched by bisection), plus what this append has taken so far.
 
-    Reading the catalog is the only per-sample cost, a few dozen bytes a sample; a parent written
-    before catalogs existed is read row by row once (ids and raw-file hashes)."""
+    Reading the catalog is the only per-sample cost, a few dozen bytes a sample; a parent without a
+    catalog is read row by row once (ids and raw-file hashes)."""
 
     def __init__(self, path: Path):
         self.path = Path(os.path.realpath(path))

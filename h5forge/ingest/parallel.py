@@ -27,8 +27,7 @@ from h5forge.spec import DatasetSpec
 
 # The nanny's MALLOC_TRIM_THRESHOLD_=65536 makes workers give freed image buffers back to the kernel
 # and fault them in again, and the worker's sampling profiler costs CPU on every task. Workers here
-# run short CPU-bound batches and need neither: benchmarks/orchestration.py measured 6.7 ms of
-# worker CPU a sample with these settings against 9.3 ms for workers on dask's defaults.
+# run short CPU-bound batches and need neither.
 LEAN_WORKERS = {
     "distributed.worker.profile.enabled": False,
     "distributed.nanny.pre-spawn-environ": {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1, "OPENBLAS_NUM_THREADS": 1},

@@ -81,8 +81,8 @@ class FieldKind:
 
     kind: ClassVar[str]
     Spec: ClassVar[type[BaseModel]]
-    # a sample array: verify compares it with its re-cleaned source and times its reads (format-1
-    # checksums covered only these; every stored value is in a row's checksum now)
+    # a sample array: verify compares it with its re-cleaned source and times its reads (a row's
+    # checksum covers every stored value; format-1 checksums cover only these fields)
     checksummed: ClassVar[bool] = True
     reads_folders: ClassVar[bool] = False  # a "file" may also be a folder (e.g. a DICOM series per case)
     layout_doc: ClassVar[str] = ""  # its stored form, for docs/format.md

@@ -245,7 +245,7 @@ def channel_counts(block: np.ndarray) -> np.ndarray:
 
     Counted two pixels at a time: each pair of bytes read as one uint16 is a bin of 65,536, and
     the two bytes' counts are that table's row and column sums, which halves bincount's work
-    (its cost is per element: benchmarks/ingest_parts)."""
+    (its cost is per element: benchmarks/results/ingest_parts.md, "histograms")."""
     n, channels = block.shape[:2]
     out = np.zeros((channels, 256), np.int64)
     if n == 0:
@@ -348,8 +348,8 @@ class ImageKind(FieldKind):
             np.copyto(out, raw)
             return
         # widen, then divide float32 by float32 in place: the same values as dividing the uint8 array
-        # (exact IEEE division either way) in 0.68x the CPU of numpy's mixed-type loop (measured on
-        # a 32 x 3 x 224 x 224 batch), which matters now that the loader converts in the main process
+        # (exact IEEE division either way) without numpy's mixed-type loop, which is slower; the
+        # loader converts every batch in the main process, so this runs once per batch there
         np.copyto(out, raw)
         np.divide(out, np.float32(255), out=out)
         if opts.normalize and "mean" in stats and "std" in stats:

@@ -11,11 +11,12 @@ What it guarantees (docs/reading.md):
 - **Dependencies checked.** A version built from virtual datasets reads other files; every one must
   exist when the version is opened (HDF5 would silently return zeros for a missing one).
 - **Fast batched reads.** ``read(indices)`` sorts and de-duplicates the indices, coalesces runs of
-  consecutive rows into one slice read each (a single fancy-index read is ~17x slower on chunked
-  data, measured), and returns rows in the requested order. The chunk cache is sized from the
-  layout so a chunk shared by several requested rows is decompressed once. With one sample per
-  chunk (the default) and the ``none`` or ``lz4`` codec, rows are read as whole chunks and
-  decompressed in process (h5forge.read.direct), which skips HDF5's per-call filter overhead.
+  consecutive rows into one slice read each (h5py reads a list of indices as one selection of single
+  rows, which is many times slower on chunked data), and returns rows in the requested order. The
+  chunk cache is sized from the layout so a chunk shared by several requested rows is decompressed
+  once. With one sample per chunk (the default) and the ``none`` or ``lz4`` codec, rows are read as
+  whole chunks and decompressed in process (h5forge.read.direct), which skips HDF5's per-call filter
+  overhead.
 """
 
 from __future__ import annotations

@@ -54,8 +54,9 @@ def _empty_batch(specs: dict[str, tuple[tuple[int, ...], torch.dtype]],
                  pool: "_BlockPool | None" = None) -> dict[str, torch.Tensor]:
     """New tensors for one batch. In a DataLoader worker they are views into ONE shared-memory
     block, so sending the batch to the main process costs no copy and a single segment however
-    many fields it has (with a segment per tensor, a label beside the images cost 9 % of loader
-    throughput, now 4 %: benchmarks/results/kinds.md and kinds_labels.md). With a ``pool`` (a
+    many fields it has: a segment per tensor would make every extra field (a label beside the
+    images) cost a transfer of its own (benchmarks/results/kinds_labels.md measures a label's
+    cost with one block). With a ``pool`` (a
     loader that converts each batch in the main process and then drops it) the block is one the
     worker wrote before, no longer read by the main process."""
     if get_worker_info() is None:
@@ -79,15 +80,14 @@ def _shared_block(nbytes: int) -> torch.Tensor:
 class _BlockPool:
     """The shared-memory blocks one loader worker writes its batches into, in turn.
 
-    A new block per batch costs the worker a page fault per 4 KiB page (the kernel zero-fills each
-    one): 5.4 ms of CPU for a 32 x 224² image+mask uint8 batch, against 0.2 ms to refill a block
-    already mapped; the main process, too, maps a block it has seen before at no cost (torch keeps
-    one mapping per shared file). Only a loader that converts each batch in the main process and
-    drops it (``convert="after"``) uses a pool, and it is safe there because a worker is at most
-    ``prefetch_factor`` batches ahead of the main process: when the worker starts its batch j, the
-    main process has converted the worker's batches before j - prefetch_factor - 1 (it converts one
-    batch while receiving the next), so the block of batch j - ``size`` (size = prefetch_factor + 3,
-    one more than needed) is free."""
+    A new block per batch costs the worker a page fault per 4 KiB page (the kernel zero-fills each one),
+    where refilling a block already mapped costs none; the main process, too, maps a block it has
+    seen before at no cost (torch keeps one mapping per shared file). Only a loader that converts
+    each batch in the main process and drops it (``convert="after"``) uses a pool, and it is safe
+    there because a worker is at most ``prefetch_factor`` batches ahead of the main process: when
+    the worker starts its batch j, the main process has converted the worker's batches before j -
+    prefetch_factor - 1 (it converts one batch while receiving the next), so the block of batch j -
+    ``size`` (size = prefetch_factor + 3, one more than needed) is free."""
 
     def __init__(self, size: int):
         self.size = size
@@ -508,7 +508,7 @@ class _ConvertingLoader(DataLoader):
             for batch in super().__iter__():
                 recent.append(batch)
                 # the new tensors are made here: in the converter thread they would come from its own
-                # malloc arena, which gave them back to the kernel more often (4-6x the page faults)
+                # malloc arena, which gives memory back to the kernel more often (more page faults)
                 targets = dataset._targets(batch) if device is None else {}
                 following = converter.submit(_converted, dataset, batch, device, targets)
                 if pending is not None:
@@ -540,9 +540,9 @@ _madvise: Any = None
 
 def _prefault(batch: Any) -> None:
     """Map the pages of a batch that arrived in shared memory in one call before converting it.
-    Touched one by one they cost a page fault each (~1,250 per uint8 batch of 32 224² image+mask
-    samples); with MADV_POPULATE_READ the main process's conversion took 4.2 instead of 6.0 ms of
-    CPU per batch. Where the call is not available it does nothing."""
+    Touched one by one they cost a page fault each (one per 4 KiB: over a thousand for a uint8
+    batch of 32 224² image+mask samples); MADV_POPULATE_READ maps them in one system call. Where
+    the call is not available it does nothing."""
     global _madvise
     if _madvise is None:
         _madvise = False

@@ -2,8 +2,8 @@
 and the output folder belongs to this dataset.
 
 An output folder belongs to the dataset that first published there: its name is recorded in
-``<out>/h5forge-dataset.json`` (and, for folders made before the marker existed, read from the
-root attributes of the newest version). A spec of another name is refused, so two datasets never
+``<out>/h5forge-dataset.json`` (and, for a folder without the marker, read from the root
+attributes of the newest version). A spec of another name is refused, so two datasets never
 share a ``dataset_latest.h5`` or delete each other's versions by retention.
 """
 

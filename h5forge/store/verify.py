@@ -423,7 +423,7 @@ def _checksum_blocks(f: h5py.File, kinds: dict[str, FieldKind], blocks: list[tup
     """The rows of ``blocks`` whose stored data does not match their checksum, and how many were checked."""
     bad: list[str] = []
     checked = 0
-    # format 1 summed the stored bytes of the image-like fields only
+    # format 1 sums the stored bytes of the image-like fields only
     summed = {p: k for p, k in kinds.items() if k.checksummed} if old_format else kinds
     for split, start, stop in blocks:
         g = f[split]
@@ -445,9 +445,9 @@ def _checksum_blocks(f: h5py.File, kinds: dict[str, FieldKind], blocks: list[tup
 
 
 # Below this many rows a file is checksummed in the calling process, where starting a checking
-# process costs more than it saves: benchmarks/ingest_parts measured a 10k version's checksum pass
-# at 2.67 s alone and 1.42 s with a second process, and 120 rows at 0.044 s alone and 0.079 s with
-# one; sizes in between were not measured, so the threshold errs on the side of one process.
+# process costs more than it saves; a 10k-row version's pass takes about half as long in two
+# processes (benchmarks/results/ingest_parts.md, "verify"). The threshold errs on the side of one
+# process for the sizes in between.
 PARALLEL_ROWS = 8192
 
 

@@ -221,9 +221,9 @@ def write_preview(path: str | Path, out: str | Path, split: str | None = None, n
                   ids: Sequence[str] | None = None, tile: int = 192, compress_level: int = 6) -> Sheet:
     """Draw the chosen samples of ``path`` and save the sheet as a PNG at ``out``.
 
-    ``compress_level``: zlib's, 0-9. A sheet of photographs is ~1 MB at any level (PNG's filters
-    do little for them): level 1 writes it in half the time of 6 and 1/4 of ``optimize`` for
-    ~13 % more bytes, which a build (that writes one with every version) takes."""
+    ``compress_level``: zlib's, 0-9. PNG's filters do little for a sheet of photographs, so a
+    higher level buys few bytes for much more time; a build, which writes one sheet with every
+    version, uses level 1."""
     sheet = compose(load_samples(path, split, n, seed, ids), tile)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -236,8 +236,8 @@ def artifact_data_uri(image: Image.Image, max_side: int = ARTIFACT_SIDE, quality
     (a Markdown artifact carries the picture inside itself: the Prefect UI shows no local file).
 
     JPEG, not PNG: the artifact is for looking at (the PNG on disk keeps every pixel), and a sheet
-    of photographs is ~7x smaller as JPEG and encodes in milliseconds, where a PNG copy took ~0.4 s
-    to encode and ~1.2 MB of base64 for the Prefect server to store with every build."""
+    of photographs is several times smaller as JPEG and quicker to encode, which the Prefect
+    server, storing one with every build, and the build itself both feel."""
     image = image.convert("RGB")
     scale = max_side / max(image.size)
     if scale < 1:

@@ -2,7 +2,7 @@
 unchanged sample from the latest version (or from what a killed build left) and clean the rest.
 
 ``write_samples`` is what ``h5forge.ingest.build.write_version`` runs; a full rebuild with no
-earlier version takes nothing and cleans everything, as before.
+earlier version takes nothing and cleans everything.
 """
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ def write_samples(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, write
 
 
 # rows of each split whose checksums verify re-checks when the others were copied as stored: a
-# misplaced copy shows in a few rows; verify's sampled check costs ~10x a full pass per row
-# (benchmarks/results/nightly.md), so a large sample would cost more than checking everything
+# misplaced copy shows in a few rows, and verify's sampled check costs more per row than its full
+# pass, so a large sample would cost more than checking everything
 REUSED_CHECKSUM_SAMPLE = 16
 
 
