@@ -425,11 +425,14 @@ class SplitReader:
             return decode_str(f[self.split][IDS][()])
 
     def meta(self, column: str) -> np.ndarray:
+        """A whole annotation column in row order; a text column as ``str`` values (as ``ds[i]``
+        and the loader return them), not the bytes HDF5 stores."""
         with self._open_plain() as f:
             g = f[self.split]
             if column_path(column) not in g:
                 raise ReadError(f"{self._where()}: split {self.split!r} has no annotation column {column!r}")
-            return g[column_path(column)][()]
+            ds = g[column_path(column)]
+            return ds.asstr()[()] if h5py.check_string_dtype(ds.dtype) is not None else ds[()]
 
 
 class SliceIndex:
