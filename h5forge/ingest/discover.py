@@ -167,6 +167,13 @@ class _Outside:
         return None if real == self.base or real.startswith(self.inside) else real
 
 
+def _files_below(folder: str):
+    """Every file and link below ``folder``, links to folders not followed."""
+    for top, dirs, files in os.walk(folder):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
+            yield os.path.join(top, name)
+
+
 def _glob_field(root: Path, patterns: tuple[str, ...], ids: str, folders: bool = False,
                 allow_outside: bool = False, skip: tuple[str, ...] = ()
                 ) -> tuple[dict[str, tuple[str, str]], list[Rejection]]:
@@ -193,6 +200,8 @@ def _glob_field(root: Path, patterns: tuple[str, ...], ids: str, folders: bool =
                 continue
             sid = sample_id(rel, pattern, ids, is_dir)
             target = None if leaves is None else leaves(path)
+            if target is None and is_dir and leaves is not None:  # every file of a case folder, too
+                target = next(filter(None, map(leaves, _files_below(path))), None)
             if target is not None:
                 outside.append(Rejection(sid, (rel,), f"symlink leads outside the source folder (to {target}); "
                                                       "set source.allow_symlinks_outside: true to take it"))

@@ -61,7 +61,8 @@ def read_source(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES) -> tup
     """The bytes of a raw file and their sha256; a file that cannot be read, is not a regular file,
     or holds more than ``max_bytes`` rejects the sample, without reading more than that."""
     try:
-        with open(root / rel, "rb") as fh:
+        # O_NONBLOCK: opening a FIFO waits for a writer that may never come; a regular file ignores it
+        with os.fdopen(os.open(root / rel, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
             st = os.fstat(fh.fileno())
             if not stat.S_ISREG(st.st_mode):
                 raise Reject(rel, "not a regular file (a device, pipe or socket)")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+import zlib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,10 +35,12 @@ from pydantic import Field
 
 from h5forge.format.arrays import Stored
 from h5forge.format.layout import STR
-from h5forge.kinds.base import Decoded, FieldKind, Globs, ReadOptions, StrictModel
+from h5forge.kinds.base import DEFAULT_MAX_BYTES, Decoded, FieldKind, Globs, ReadOptions, StrictModel, read_source
 from h5forge.kinds.image import plan_geometry
 from h5forge.samples import Reject, SampleRef
 
+DEFAULT_MAX_DECODED_VOLUME = 2 << 30  # e.g. 1,024 slices of 512 x 512, at 8 bytes a voxel while decoded
+DECODED_VOXEL_BYTES = 8  # values are rescaled in float64
 POSITION_TOLERANCE = 0.01  # mm: positions closer than this are duplicates
 SPACING_TOLERANCE = 0.1  # fraction of the median step allowed between neighbouring slices
 
@@ -53,17 +56,31 @@ class VolumeField(StrictModel):
     larger: Literal["crop", "reject"] = "crop"
     fill: int = Field(-1024, description="padding value (air in HU)")
     max_slices: int = Field(4096, gt=0)
+    max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a file of a case larger than this is rejected unread")
+    max_decoded_bytes: int = Field(DEFAULT_MAX_DECODED_VOLUME, gt=0, description="a case whose voxels, as its headers "
+                                   "declare them, would take more memory than this while decoded is rejected "
+                                   "before any pixel is decoded (8 bytes a voxel: values are rescaled in float64)")
 
 
-def read_case(root: Path, rel: str) -> tuple[list[tuple[str, bytes]], str]:
-    """The files of a case (a folder's files by name, or one file) and one sha256 over them all."""
+def read_case(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES,
+              max_total: int = DEFAULT_MAX_DECODED_VOLUME) -> tuple[list[tuple[str, bytes]], str]:
+    """The files of a case (a folder's files by name, or one file) and one sha256 over them all.
+    Each file is read as ``read_source`` reads a picture (regular files only, at most
+    ``max_bytes``), and the case holds at most ``max_total`` bytes."""
     path = root / rel
     try:
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")) \
+        files = sorted(p for p in path.rglob("*") if not p.name.startswith(".") and not p.is_dir()) \
             if path.is_dir() else [path]
-        parts = [(p.relative_to(path).as_posix() if path.is_dir() else p.name, p.read_bytes()) for p in files]
     except OSError as err:
         raise Reject(rel, f"cannot read: {err.strerror or err}") from None
+    parts, total = [], 0
+    for p in files:
+        name = p.relative_to(path).as_posix() if path.is_dir() else p.name
+        data, _ = read_source(root, p.relative_to(root).as_posix(), max_bytes)
+        total += len(data)
+        if total > max_total:
+            raise Reject(rel, f"the case's files hold more than {max_total:,} bytes (max_decoded_bytes)")
+        parts.append((name, data))
     h = hashlib.sha256()
     for name, data in parts:
         h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
@@ -92,7 +109,8 @@ def _series(datasets: list, rule: str | None, rel: str) -> list:
                       "set the field's series: largest, or a SeriesDescription pattern")
 
 
-def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | None) -> tuple[np.ndarray, dict]:
+def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | None, max_slices: int,
+                max_decoded: int) -> tuple[np.ndarray, dict]:
     import pydicom
     from pydicom.errors import InvalidDicomError
 
@@ -120,9 +138,16 @@ def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | None) -> t
             raise Reject(rel, f"{name} is not a finite position in {bad} of {len(series)} slices")
     if np.abs(iop - iop[0]).max() > 1e-4:
         raise Reject(rel, "slices have different orientations (ImageOrientationPatient)")
-    sizes = {(int(ds.Rows), int(ds.Columns)) for ds in series}
+    try:
+        sizes = {(int(ds.Rows), int(ds.Columns), int(ds.get("SamplesPerPixel", 1) or 1)) for ds in series}
+    except (AttributeError, TypeError, ValueError) as err:
+        raise Reject(rel, f"a slice has no valid Rows/Columns: {err}") from None
     if len(sizes) > 1:
-        raise Reject(rel, f"slices have different sizes {sorted(sizes)}")
+        raise Reject(rel, f"slices have different sizes {sorted(s[:2] for s in sizes)}")
+    if len(series) > max_slices:
+        raise Reject(rel, f"{len(series)} slices, more than max_slices {max_slices}")
+    rows, columns, samples = next(iter(sizes))
+    _check_decoded(len(series) * rows * columns * samples, max_decoded, rel, f"{len(series)} slices of {rows}x{columns}")
     normal = np.cross(iop[0][:3], iop[0][3:])
     order = np.argsort(ipp @ normal, kind="stable")
     series = [series[i] for i in order]
@@ -175,16 +200,24 @@ def _rescale(ds) -> tuple[float, float] | str:
     return slope, intercept
 
 
-def _from_nifti(parts: list[tuple[str, bytes]], rel: str) -> tuple[np.ndarray, dict]:
+def _from_nifti(parts: list[tuple[str, bytes]], rel: str, max_decoded: int) -> tuple[np.ndarray, dict]:
     import nibabel
 
     from nibabel.filebasedimages import ImageFileError
     from nibabel.spatialimages import HeaderDataError
 
+    raw = _gunzipped(parts[0][1], max_decoded + NIFTI_HEADER_ROOM, rel)
     try:
-        img = nibabel.Nifti1Image.from_bytes(_gunzipped(parts[0][1]))
+        img = nibabel.Nifti1Image.from_bytes(raw)
+        shape, dtype = img.header.get_data_shape(), img.header.get_data_dtype()
+        offset = int(getattr(img.dataobj, "offset", 0))  # the header copy of a loaded image says 0
     except (ImageFileError, HeaderDataError, ValueError, OSError, EOFError) as err:
         raise Reject(rel, f"not a readable NIfTI file: {type(err).__name__}: {err}") from None
+    voxels = int(np.prod(shape, dtype=object))
+    _check_decoded(voxels, max_decoded, rel, f"a volume of {'x'.join(map(str, shape))}")
+    if offset + voxels * dtype.itemsize > len(raw):
+        raise Reject(rel, f"the header declares {voxels * dtype.itemsize:,} bytes of voxels, the file holds "
+                          f"{max(0, len(raw) - offset):,}")
     data = np.asanyarray(img.dataobj)
     if data.ndim != 3:
         raise Reject(rel, f"a NIfTI volume must have 3 dimensions; found shape {data.shape}")
@@ -196,21 +229,41 @@ def _from_nifti(parts: list[tuple[str, bytes]], rel: str) -> tuple[np.ndarray, d
     return np.ascontiguousarray(np.transpose(data, (2, 1, 0))).astype(np.float64), meta
 
 
-def _gunzipped(data: bytes) -> bytes:
-    import gzip
-
-    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+NIFTI_HEADER_ROOM = 1 << 20  # header and extensions, beyond the voxels
 
 
-def load_case(root: Path, rel: str, rule: str | None = None) -> tuple[np.ndarray, dict, str]:
+def _gunzipped(data: bytes, limit: int, rel: str) -> bytes:
+    """A gzip file's content, decompressed no further than ``limit`` bytes (a small file can
+    expand to any size)."""
+    if data[:2] != b"\x1f\x8b":
+        return data
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflate.decompress(data, limit + 1)
+    except zlib.error as err:
+        raise Reject(rel, f"not a readable gzip file: {err}") from None
+    if len(out) > limit or inflate.unconsumed_tail:
+        raise Reject(rel, f"decompresses to more than {limit:,} bytes (max_decoded_bytes)")
+    return out
+
+
+def _check_decoded(voxels: int, max_decoded: int, rel: str, what: str) -> None:
+    if voxels * DECODED_VOXEL_BYTES > max_decoded:
+        raise Reject(rel, f"{what} would take {voxels * DECODED_VOXEL_BYTES:,} bytes decoded, more than "
+                          f"max_decoded_bytes {max_decoded:,}; rejected before decoding")
+
+
+def load_case(root: Path, rel: str, rule: str | None = None, *, max_slices: int = 4096,
+              max_bytes: int = DEFAULT_MAX_BYTES,
+              max_decoded: int = DEFAULT_MAX_DECODED_VOLUME) -> tuple[np.ndarray, dict, str]:
     """(D, H, W) values in slice order, the case's geometry, and the digest of its files."""
-    parts, digest = read_case(root, rel)
+    parts, digest = read_case(root, rel, max_bytes, max_decoded)
     if not parts:
         raise Reject(rel, "empty case folder")
     if rel.lower().endswith((".nii", ".nii.gz")):
-        values, meta = _from_nifti(parts, rel)
+        values, meta = _from_nifti(parts, rel, max_decoded)
     else:
-        values, meta = _from_dicom(parts, rel, rule)
+        values, meta = _from_dicom(parts, rel, rule, max_slices, max_decoded)
     return values, meta, digest
 
 
@@ -255,7 +308,8 @@ class VolumeKind(FieldKind):
 
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         f, rel = self.spec, ref.files[self.name]
-        values, meta, digest = load_case(root, rel, f.series)
+        values, meta, digest = load_case(root, rel, f.series, max_slices=f.max_slices, max_bytes=f.max_bytes,
+                                         max_decoded=f.max_decoded_bytes)
         if len(values) > f.max_slices:
             raise Reject(rel, f"{len(values)} slices, more than max_slices {f.max_slices}")
         raw = values.shape

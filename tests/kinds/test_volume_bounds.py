@@ -1,0 +1,110 @@
+"""Volumes whose headers promise more than memory can hold are rejected before any voxel is
+decoded, and a case folder's files obey the same symlink and size rules as pictures. Each case
+is cleaned in a fresh process whose peak RSS is measured."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import zlib
+
+import nibabel
+import numpy as np
+import pydicom
+from pydicom.data import get_testdata_file
+
+from tests.kinds.test_memory_bounds import GIB, MIB, clean_in_a_fresh_process
+from tests.kinds.test_volume import write_series
+
+
+def volume_spec(root, files, **volume) -> dict:
+    return {"name": "bounds", "source": {"root": str(root)},
+            "fields": {"ct": {"kind": "volume", "files": files, "size": [64, 64], **volume}},
+            "output": {"dir": str(root.parent / "out")}}
+
+
+def test_an_rle_slice_declaring_65535_square_is_rejected_before_decoding(tmp_path):
+    root = tmp_path / "raw"
+    write_series(root / "cases" / "good", source="MR_small_RLE.dcm", depth=3)
+    write_series(root / "cases" / "bomb", source="MR_small_RLE.dcm", depth=1, seed=3)
+    [victim] = (root / "cases" / "bomb").iterdir()
+    ds = pydicom.dcmread(victim)
+    ds.Rows = ds.Columns = 65535  # the RLE pixel data stays a few kB
+    ds.save_as(victim, enforce_file_format=True)
+    got = clean_in_a_fresh_process(volume_spec(root, "cases/*"))
+    assert got["taken"] == ["good"]
+    [(sid, reason)] = got["rejected"]
+    assert sid == "bomb" and reason.startswith("1 slices of 65535x65535 would take 34,358,689,800 bytes decoded"), reason
+    assert got["peak_rss"] - got["base_rss"] < 128 * MIB, got
+
+
+def _nifti_declaring(path, shape, dtype=np.int16) -> None:
+    """A real NIfTI-1 header (nibabel's) declaring ``shape``, followed by almost no voxels."""
+    img = nibabel.Nifti1Image(np.zeros((2, 2, 2), dtype), np.eye(4))
+    img.header.set_data_shape(shape)
+    img.header.set_data_offset(352)  # voxels right after the header and its 4-byte extension flag
+    header = img.header.binaryblock + b"\0" * 4
+    path.write_bytes(header + b"\0" * (1352 - len(header)))
+
+
+def test_a_small_nifti_declaring_gigabytes_is_rejected_before_decoding(tmp_path):
+    root = tmp_path / "raw"
+    root.mkdir()
+    nibabel.save(nibabel.Nifti1Image(np.arange(8 * 8 * 4, dtype=np.int16).reshape(8, 8, 4), np.eye(4)),
+                 root / "good.nii")
+    _nifti_declaring(root / "liar.nii", (2048, 2048, 1024))
+    assert (root / "liar.nii").stat().st_size == 1352
+    got = clean_in_a_fresh_process(volume_spec(root, "*.nii"))
+    assert got["taken"] == ["good"]
+    [(sid, reason)] = got["rejected"]
+    assert sid == "liar" and reason.startswith("a volume of 2048x2048x1024 would take 34,359,738,368 bytes"), reason
+    assert got["peak_rss"] - got["base_rss"] < 128 * MIB, got
+    # within the limit, but the file holds fewer voxels than its header says
+    _nifti_declaring(root / "liar.nii", (64, 64, 16))
+    got = clean_in_a_fresh_process(volume_spec(root, "*.nii"))
+    assert dict(got["rejected"])["liar"] == "the header declares 131,072 bytes of voxels, the file holds 1,000"
+
+
+def test_a_gzip_bomb_nifti_is_rejected_while_it_decompresses(tmp_path):
+    root = tmp_path / "raw"
+    root.mkdir()
+    nibabel.save(nibabel.Nifti1Image(np.ones((8, 8, 4), np.int16), np.eye(4)), root / "good.nii.gz")
+    img = nibabel.Nifti1Image(np.zeros((2, 2, 2), np.int16), np.eye(4))
+    img.header.set_data_shape((512, 512, 512))
+    img.header.set_data_offset(352)  # 256 MiB of int16 voxels: all zeros, a few hundred kB gzipped
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    body = [deflate.compress(img.header.binaryblock + b"\0" * 4)]
+    zeros = bytes(16 * MIB)
+    for _ in range(16):
+        body.append(deflate.compress(zeros))
+    body.append(deflate.flush())
+    (root / "bomb.nii.gz").write_bytes(b"".join(body))
+    assert (root / "bomb.nii.gz").stat().st_size < 1 * MIB
+    got = clean_in_a_fresh_process(volume_spec(root, "*.nii.gz", max_decoded_bytes=64 * MIB))
+    assert got["taken"] == ["good"]
+    assert dict(got["rejected"])["bomb"] == f"decompresses to more than {64 * MIB + MIB:,} bytes (max_decoded_bytes)"
+    # bounded by the limit (the output buffer grows to it), not by the 256 MiB the bomb holds
+    assert got["peak_rss"] - got["base_rss"] < 3 * 64 * MIB, got
+    assert gzip.decompress((root / "good.nii.gz").read_bytes())[:4] == struct.pack("<i", 348)
+
+
+def test_a_symlink_in_a_case_folder_out_of_the_source_is_rejected_unread(tmp_path):
+    root = tmp_path / "raw"
+    write_series(root / "cases" / "good", depth=3)
+    write_series(root / "cases" / "linked", depth=3, seed=2)
+    giant = tmp_path / "elsewhere" / "giant.dcm"
+    giant.parent.mkdir()
+    with open(giant, "wb") as fh:
+        fh.truncate(GIB)
+    (root / "cases" / "linked" / "extra.dcm").symlink_to(giant)
+    got = clean_in_a_fresh_process(volume_spec(root, "cases/*"))
+    assert got["taken"] == ["good"]
+    [(sid, reason)] = got["rejected"]
+    assert sid == "linked" and reason.startswith(f"symlink leads outside the source folder (to {giant})"), reason
+    assert got["peak_rss"] - got["base_rss"] < 64 * MIB, got
+    spec = volume_spec(root, "cases/*")
+    spec["source"]["allow_symlinks_outside"] = True  # allowed: the size rule still holds, unread
+    got = clean_in_a_fresh_process(spec)
+    assert dict(got["rejected"])["linked"] == (f"file is {GIB:,} bytes, larger than the field's limit of "
+                                               f"{256 * MIB:,} (max_bytes)")
+    assert got["peak_rss"] - got["base_rss"] < 64 * MIB, got
