@@ -1,18 +1,15 @@
-"""Build against its peers, Prefect's cost, and the single writer's ceiling, in one run.
+"""The build against its peers, Prefect's cost, and the build's scaling in workers and samples.
 
-    python -m benchmarks.build_peers [--smoke] [--n 10000 --workers 2 --prefect-n 10000 --cli-n 600 --writer-n 1000]
+    python -m benchmarks.build_peers [--smoke] [--n 10000 --prefect-n 10000 --n-large 50000]
+                                     [--only peers,prefect,scaling]
 
-What is measured and how: benchmarks/README.md, section "build_peers". The peers (mosaic-streaming's
-MDSWriter, webdataset's ShardWriter) are installed into their own venv under build/ by this command
-(never into the project's); --smoke skips them when that venv is missing and says so.
+Method: benchmarks/README.md, "build_peers". The peers' venv (build/bench-peers) is made by this command.
 """
 
-import dataclasses
-import importlib
 import json
 import multiprocessing as mp
 import os
-import pickle
+import resource
 import shutil
 import subprocess
 import sys
@@ -21,52 +18,41 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
-from benchmarks.common import (CACHE, REPO, cli, loadavg, log, machine, make_spec, ratio, raw_folder, sampled, save,
-                               warm, write_spec)
+from benchmarks.common import (CACHE, REPO, cli, loadavg, log, machine, make_spec, med, peers_venv, prefect_env, ratio,
+                               raw_folder, sampled, save, start_prefect_server, stop, warm, write_spec)
 
 PEERS_VENV = REPO / "build" / "bench-peers"
-# the writers only: mosaic-streaming's package __init__ pulls in torchvision and transformers for its
-# dataset classes, which MDSWriter does not use (see ``_bare_packages``); torch, numpy, Pillow and
-# PyYAML come from the project's venv through a .pth file
+# the writers only, without their dependencies: mosaic-streaming's package __init__ pulls in
+# torchvision and transformers for its dataset classes, which MDSWriter does not use; torch, numpy,
+# Pillow and PyYAML come from the project's venv through a .pth file
 PEERS_NO_DEPS = ["mosaicml-streaming==0.13.0", "webdataset==1.0.2"]
 PEERS_DEPS = ["braceexpand==0.1.7", "brotli==1.2.1", "python-snappy==0.7.3", "tqdm==4.70.1", "xxhash>=3,<4",
               "zstd==1.5.7.2"]
 PEERS = ("mosaic", "webdataset")
 
 
-# ---- the peers, run in their own venv ----------------------------------------------------------
+# ---- the decode bound and the peers (run in their own venv) ------------------------------------
 
-def ensure_peers(install: bool) -> Path | None:
-    """The peers' interpreter, creating the venv when ``install``; None when it is not there."""
-    py = PEERS_VENV / "bin" / "python"
-    if (PEERS_VENV / ".complete").exists():
-        return py
-    if not install:
-        return None
-    log(f"installing the peers into {PEERS_VENV}")
-    subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
-    site = subprocess.run([str(py), "-c", "import site; print(site.getsitepackages()[0])"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    ours = subprocess.run([sys.executable, "-c", "import site; print(site.getsitepackages()[0])"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    Path(site, "h5forge-venv.pth").write_text(ours + "\n")
-    pip = [str(py), "-m", "pip", "install", "-q"]
-    subprocess.run(pip + ["--no-deps", *PEERS_NO_DEPS], check=True)
-    subprocess.run(pip + PEERS_DEPS, check=True)
-    (PEERS_VENV / ".complete").write_text(" ".join(PEERS_NO_DEPS + PEERS_DEPS))
-    return py
+def decode_pairs(pairs: list[tuple[str, str]]) -> float:
+    """The bound's work: decode image + mask with Pillow into numpy. Returns its CPU seconds."""
+    from PIL import Image
+    c0 = time.process_time()
+    for path in (p for pair in pairs for p in pair):
+        with Image.open(path) as im:
+            np.asarray(im)
+    return time.process_time() - c0
 
 
-def _bare_packages(*names: str) -> None:
-    """Register packages without running their __init__ (their submodules still import normally)."""
-    import importlib.util
-    import types
-    for name in names:
-        spec = importlib.util.find_spec(name)
-        module = types.ModuleType(name)
-        module.__path__, module.__spec__ = list(spec.submodule_search_locations), spec
-        sys.modules[name] = module
+def decode_bound(pairs: list[tuple[str, str]], workers: int) -> dict:
+    with mp.get_context("fork").Pool(workers) as pool:
+        pool.map(abs, range(workers * 4))  # processes up and imported before the clock starts
+        t0 = time.perf_counter()
+        res = pool.map(decode_pairs, [pairs[i::workers] for i in range(workers)], chunksize=1)
+        wall = time.perf_counter() - t0
+    return {"wall_seconds": round(wall, 3), "samples_per_second": round(len(pairs) / wall, 1),
+            "cpu_ms_per_sample": round(1000 * sum(res) / len(pairs), 3)}
 
 
 def fit(path: str, size: int, mode: str | None) -> np.ndarray:
@@ -78,13 +64,11 @@ def fit(path: str, size: int, mode: str | None) -> np.ndarray:
         return np.asarray(im.crop((left, top, left + size, top + size)))
 
 
-def convert_part(peer: str, pairs: list[tuple[str, str, str]], out: str, size: int) -> float:
+def convert_part(peer: str, pairs: list[tuple[str, str, str]], out: str, size: int) -> None:
     """One process's share: decode + fit each image/mask pair and write it with the peer's writer."""
-    c0 = time.process_time()
     if peer == "mosaic":
         from streaming.base.format.mds.writer import MDSWriter
-        writer = MDSWriter(out=out, columns={"image": f"ndarray:uint8:{size},{size},3",
-                                             "mask": f"ndarray:uint8:{size},{size}"})
+        writer = MDSWriter(out=out, columns={"image": f"ndarray:uint8:{size},{size},3", "mask": f"ndarray:uint8:{size},{size}"})
         put = lambda key, img, mask: writer.write({"image": img, "mask": mask})  # noqa: E731
     else:
         import webdataset as wds
@@ -94,306 +78,208 @@ def convert_part(peer: str, pairs: list[tuple[str, str, str]], out: str, size: i
     for key, image, mask in pairs:
         put(key, fit(image, size, "RGB"), fit(mask, size, None))
     writer.finish() if peer == "mosaic" else writer.close()
-    return time.process_time() - c0
 
 
 def peer_child(peer: str, job: Path) -> None:
-    """In the peers' venv: the conversion in ``workers`` fork processes, timed from pool start."""
+    """In the peers' venv: the conversion in ``workers`` fork processes."""
     spec = json.loads(job.read_text())
     pairs, workers = spec["pairs"], spec["workers"]
-    t0 = time.perf_counter()
-    if peer == "mosaic":  # imported before the fork, as a conversion script would at its top
-        _bare_packages("streaming", "streaming.base")
+    if peer == "mosaic":  # register the packages without their __init__ (see PEERS_NO_DEPS)
+        import importlib.util
+        import types
+        for name in ("streaming", "streaming.base"):
+            found, module = importlib.util.find_spec(name), types.ModuleType(name)
+            module.__path__, module.__spec__ = list(found.submodule_search_locations), found
+            sys.modules[name] = module
     importlib.import_module("streaming.base.format.mds.writer" if peer == "mosaic" else "webdataset")
-    imports, t0 = time.perf_counter() - t0, time.perf_counter()
     with mp.get_context("fork").Pool(workers) as pool:
-        cpu = pool.starmap(convert_part, [(peer, pairs[i::workers], f"{spec['out']}/part{i}", spec["size"])
-                                          for i in range(workers)], chunksize=1)
-    job.with_suffix(".out.json").write_text(json.dumps({"seconds": time.perf_counter() - t0, "worker_cpu": cpu,
-                                                        "import_seconds": imports}))
+        pool.starmap(convert_part, [(peer, pairs[i::workers], f"{spec['out']}/part{i}", spec["size"])
+                                    for i in range(workers)], chunksize=1)
 
 
 def run_peer(py: Path, peer: str, pairs: list, work: Path, workers: int, size: int) -> dict:
-    """The whole conversion command in a child process of the peers' venv (interpreter start and
-    imports included, as they are for the h5forge CLI)."""
-    out = work / f"peer-{peer}"
+    """The conversion command in the peers' venv (interpreter start and imports included, as for the CLI)."""
+    out, job = work / f"peer-{peer}", work / f"job-{peer}.json"
     shutil.rmtree(out, ignore_errors=True)
-    job = work / f"job-{peer}.json"
     job.write_text(json.dumps({"pairs": pairs, "workers": workers, "size": size, "out": str(out)}))
-    t0, load = time.perf_counter(), loadavg()
+    t0 = time.perf_counter()
     proc = subprocess.Popen([str(py), "-m", "benchmarks.build_peers", "--peer", peer, "--job", str(job)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     with sampled(proc.pid) as usage:
         output, wall = proc.communicate()[0], time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{peer} failed ({proc.returncode}):\n{output[-3000:]}")
-    inner = json.loads(job.with_suffix(".out.json").read_text())
-    n = len(pairs)
     size_bytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     shutil.rmtree(out, ignore_errors=True)
-    return {"samples": n, "wall_seconds": round(wall, 2), "samples_per_second": round(n / wall, 1),
-            "import_seconds": round(inner["import_seconds"], 2), "convert_seconds": round(inner["seconds"], 2),
-            "cpu_ms_per_sample": round(1000 * usage["cpu_seconds"] / n, 3),
-            "worker_cpu_ms_per_sample": round(1000 * sum(inner["worker_cpu"]) / n, 3), "output_bytes": size_bytes,
-            "loadavg_before": load}
+    return {"wall_seconds": round(wall, 2), "samples_per_second": round(len(pairs) / wall, 1),
+            "cpu_ms_per_sample": round(1000 * usage["cpu_seconds"] / len(pairs), 3), "output_bytes": size_bytes}
 
 
 # ---- h5forge ---------------------------------------------------------------------------------
 
-def h5forge_cli(spec, work: Path, url: str) -> dict:
-    """`h5forge build` end to end against the running server (verify and publish included)."""
-    from benchmarks.build import cli_build
+def cli_build(spec, work: Path, api_url: str) -> dict:
+    """`h5forge build SPEC --output DIR` against the server at ``api_url``, a fresh PREFECT_HOME."""
     shutil.rmtree(spec.output.dir, ignore_errors=True)
-    res = cli_build(spec, work, api_url=url)
+    cmd = [str(Path(sys.executable).parent / "h5forge"), "build", str(write_spec(spec, work / "cli-spec.yaml")),
+           "--output", str(spec.output.dir)]
+    env, t0 = prefect_env(Path(tempfile.mkdtemp(prefix="prefect-", dir=work)), PREFECT_API_URL=api_url), time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with sampled(proc.pid) as usage:
+        output, wall = proc.communicate()[0], time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"h5forge build failed ({proc.returncode}):\n{output[-3000:]}")
+    n = len(list(Path(spec.source.root).glob("images/*")))
     size_bytes = sum(p.stat().st_size for p in Path(spec.output.dir).glob("dataset_v*.h5"))
     shutil.rmtree(spec.output.dir, ignore_errors=True)
-    n = res["samples"]
-    return res | {"cpu_ms_per_sample": round(1000 * res["rss"]["cpu_seconds"] / n, 3), "output_bytes": size_bytes}
+    return {"wall_seconds": round(wall, 2), "samples_per_second": round(n / wall, 1), "cpu_seconds": usage["cpu_seconds"],
+            "cpu_ms_per_sample": round(1000 * usage["cpu_seconds"] / n, 3), "output_bytes": size_bytes}
 
 
-def side_by_side(args, raw: Path, pairs: list, work: Path, url: str, py: Path | None) -> dict:
-    from benchmarks.build import decode_bound
-    spec = make_spec(raw, work / "h5forge-out", args.size, compute={"workers": args.workers, "inline_below": 0})
+def peers_part(args, raw: Path, pairs: list, work: Path, url: str, py: Path | None) -> dict:
+    spec = make_spec(raw, work / "h5forge-out", args.size,
+                     compute={"workers": args.workers, "inline_below": 0})
     keyed = [(Path(i).stem, i, m) for i, m in pairs]
     rows: dict[str, list] = {"bound": [], "h5forge": [], **({p: [] for p in PEERS} if py else {})}
     for rep in range(args.reps):
-        order = list(rows) if rep % 2 == 0 else list(rows)[::-1]
-        for tool in order:
-            if tool == "bound":
-                r = decode_bound(pairs, args.workers)
-            elif tool == "h5forge":
-                r = h5forge_cli(spec, work, url)
-            else:
-                r = run_peer(py, tool, keyed, work, args.workers, args.size)
-            rows[tool].append(r | {"rep": rep})
-            log(f"rep {rep} {tool:10s} {r['samples_per_second']} samples/s, CPU {r.get('cpu_ms_per_sample')} ms/sample")
+        for tool in list(rows) if rep % 2 == 0 else list(rows)[::-1]:
+            r = decode_bound(pairs, args.workers) if tool == "bound" else cli_build(spec, work, url) \
+                if tool == "h5forge" else run_peer(py, tool, keyed, work, args.workers, args.size)
+            rows[tool].append(r | {"rep": rep, "loadavg_after": loadavg()[0]})
+            log(f"rep {rep} {tool:10s} {r['samples_per_second']} samples/s, CPU {r['cpu_ms_per_sample']} ms/sample")
     best = {tool: max(rs, key=lambda r: r["samples_per_second"]) for tool, rs in rows.items()}
-    bound = best["bound"]
     table = {tool: {"wall_seconds": r["wall_seconds"], "samples_per_second": r["samples_per_second"],
-                    "cpu_ms_per_sample": r.get("cpu_ms_per_sample"),
-                    "vs_decode_bound_wall": ratio(r["samples_per_second"], bound["samples_per_second"]),
-                    "vs_decode_bound_cpu": ratio(bound["cpu_ms_per_sample"], r.get("cpu_ms_per_sample"))}
+                    "cpu_ms_per_sample": r["cpu_ms_per_sample"],
+                    "vs_decode_bound_wall": ratio(r["samples_per_second"], best["bound"]["samples_per_second"]),
+                    "vs_decode_bound_cpu": ratio(best["bound"]["cpu_ms_per_sample"], r["cpu_ms_per_sample"])}
              for tool, r in best.items()}
-    fastest_peer = min((t for t in PEERS if t in best), key=lambda t: best[t]["wall_seconds"], default=None)
     out = {"samples": len(pairs), "workers": args.workers, "size": args.size, "table_best_of_reps": table, "runs": rows}
-    if fastest_peer:
-        out["h5forge_wall_over_fastest_peer"] = ratio(best["h5forge"]["wall_seconds"], best[fastest_peer]["wall_seconds"])
-        out["fastest_peer"] = fastest_peer
+    if py:
+        fastest = min(PEERS, key=lambda t: best[t]["wall_seconds"])
+        out |= {"fastest_peer": fastest, "h5forge_wall_over_fastest_peer":
+                ratio(best["h5forge"]["wall_seconds"], best[fastest]["wall_seconds"])}
     else:
         out["peers_skipped"] = f"no peer venv at {PEERS_VENV} (run without --smoke to install it)"
     return out
 
 
-# ---- Prefect's cost ------------------------------------------------------------------------------
+# ---- Prefect's cost: the flow against the same pipeline as plain calls --------------------------
+
+def child(mode: str, spec_path: str, result: Path) -> None:
+    """One build in this fresh interpreter, ``h5forge.build`` or the build-dataset flow, after the imports."""
+    t0 = time.perf_counter()
+    if mode == "flow":
+        from h5forge.flows.build import build_dataset as run
+    else:
+        from h5forge.pipeline import build as run
+    cpu = lambda: sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (0, -1)))  # self + ended children  # noqa: E731
+    out = {"import_seconds": round(time.perf_counter() - t0, 2)}
+    t0, c0 = time.perf_counter(), cpu()
+    res = run(spec_path)
+    out |= {"build_seconds": round(time.perf_counter() - t0, 2), "build_cpu_seconds": round(cpu() - c0, 2),
+            "samples": sum(res.counts.values()), "clean_write_seconds": res.timings["clean_write_seconds"]}
+    result.write_text(json.dumps(out))
+
+
+def run_child(mode: str, spec: Path, env: dict) -> dict:
+    result, t0 = spec.parent / f"result-{mode}.json", time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "benchmarks.build_peers", "--child", mode, str(spec), str(result)], env=env,
+                       capture_output=True, text=True, timeout=3600, cwd=REPO)
+    if r.returncode != 0 or not result.exists():
+        raise RuntimeError(f"child {mode} failed (rc {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")
+    return {**json.loads(result.read_text()), "child_wall_seconds": round(time.perf_counter() - t0, 2)}
+
 
 def server_cpu(server: subprocess.Popen) -> float:
-    """User+system CPU seconds of the Prefect server's process tree so far."""
-    import psutil
     top = psutil.Process(server.pid)
     return sum(sum(p.cpu_times()[:2]) for p in [top, *top.children(recursive=True)])
 
 
-def prefect_cost(args, raw: Path, raw_cli: Path, work: Path, url: str, home: Path, server: subprocess.Popen) -> dict:
-    """The build as a flow against the running server vs the same steps as plain calls (child
-    processes, benchmarks.orchestration's), in two baselines: ``steps`` makes everything the flow
-    makes (the unchanged check, the reports' Markdown, the diff, the preview sheet and its artifact
-    copy) without Prefect, so flow / steps is Prefect's own cost; ``plain`` is the bare build
-    (discover, write, verify, publish, retention). The CLI on ``--cli-n`` samples against both.
-
-    Wall times on a shared machine swing with its load; CPU seconds (each build's process tree
-    after its imports, plus what the server spent meanwhile) are the steadier figure of a cost."""
-    from benchmarks.build import cli_build
-    from benchmarks.common import prefect_env
-    from benchmarks.orchestration import run_child
-    modes, runs = ("plain", "steps", "flow"), []
+def prefect_part(args, work: Path, url: str, home: Path, server: subprocess.Popen) -> dict:
+    raw, runs = raw_folder(args.prefect_n, args.size), []
     for rep in range(args.prefect_reps):
-        for mode in modes if rep % 2 == 0 else modes[::-1]:
-            d = work / f"prefect-{rep}-{mode}"
-            spec = write_spec(make_spec(raw, d / "out", args.size, compute={"workers": args.workers, "inline_below": 0}),
-                              d / "spec.yaml")
-            s0 = server_cpu(server)
-            res = run_child(mode, spec, prefect_env(home / f"{mode}-client", PREFECT_API_URL=url))
-            runs.append({"rep": rep, "mode": mode, "build_seconds": res["build_seconds"],
-                         "build_cpu_seconds": res["build_cpu_seconds"], "server_cpu_seconds": round(server_cpu(server) - s0, 2),
-                         "child_wall_seconds": res["child_wall_seconds"], "import_seconds": res["import_seconds"],
-                         "samples": res["samples"], "clean_write_seconds": res["clean_write_seconds"],
-                         "loadavg_before": res["loadavg_before"]})
-            log(f"rep {rep} {mode:5s} build {res['build_seconds']} s (child {res['child_wall_seconds']} s)")
+        for mode in ("plain", "flow", "cli") if rep % 2 == 0 else ("cli", "flow", "plain"):
+            d, s0 = work / f"prefect-{rep}-{mode}", server_cpu(server)
+            spec = make_spec(raw, d / "out", args.size, compute={"workers": args.workers, "inline_below": 0})
+            res = cli_build(spec, d, url) if mode == "cli" else run_child(
+                mode, write_spec(spec, d / "spec.yaml"), prefect_env(home / f"{mode}-client", PREFECT_API_URL=url))
+            runs.append(res | {"rep": rep, "mode": mode, "server_cpu_seconds": round(server_cpu(server) - s0, 2)})
+            log(f"rep {rep} {mode:5s} {res}")
             shutil.rmtree(d, ignore_errors=True)
-    best = {m: min(r["build_seconds"] for r in runs if r["mode"] == m) for m in modes}
-    cpu = {m: round(sum(r["build_cpu_seconds"] + r["server_cpu_seconds"] for r in runs if r["mode"] == m) / args.prefect_reps, 2)
-           for m in modes}
-    per_rep = lambda a, b: [ratio(*(next(r["build_seconds"] for r in runs if r["rep"] == rep and r["mode"] == m)  # noqa: E731
-                                    for m in (a, b))) for rep in range(args.prefect_reps)]
-    cli_runs = []
-    for rep in range(args.prefect_reps):
-        d = work / f"cli-{rep}"
-        spec = make_spec(raw_cli, d / "out", args.size, compute={"workers": args.workers, "inline_below": 0})
-        row = {"rep": rep}
-        for mode in ("plain", "steps"):
-            s0 = server_cpu(server)
-            base = run_child(mode, write_spec(spec, d / "spec.yaml"), prefect_env(home / f"{mode}-cli"))
-            row |= {f"{mode}_child_wall_seconds": base["child_wall_seconds"], f"{mode}_build_seconds": base["build_seconds"],
-                    f"{mode}_cpu_seconds": round(base["process_tree_cpu_seconds"] + server_cpu(server) - s0, 2)}
-            shutil.rmtree(d / "out", ignore_errors=True)
-        s0 = server_cpu(server)
-        via_cli = cli_build(spec, d, api_url=url)
-        row |= {"cli_wall_seconds": via_cli["wall_seconds"], "cli_phases_seconds": via_cli["phases_seconds"],
-                "cli_cpu_seconds": round(via_cli["rss"]["cpu_seconds"] + server_cpu(server) - s0, 2),
-                "cli_minus_plain_child_seconds": round(via_cli["wall_seconds"] - row["plain_child_wall_seconds"], 2),
-                "cli_minus_steps_child_seconds": round(via_cli["wall_seconds"] - row["steps_child_wall_seconds"], 2)}
-        cli_runs.append(row)
-        log(f"CLI {via_cli['wall_seconds']} s vs plain calls {row['plain_child_wall_seconds']} s, the same steps "
-            f"{row['steps_child_wall_seconds']} s ({len(list(raw_cli.glob('images/*')))} samples)")
-        shutil.rmtree(d, ignore_errors=True)
-    return {"samples": runs[0]["samples"], "flow_vs_plain": runs, "best_build_seconds": best,
-            "flow_over_plain": ratio(best["flow"], best["plain"]),
-            "flow_over_steps": ratio(best["flow"], best["steps"]),
-            # build CPU (process tree after imports) + the server's CPU meanwhile, mean of the rounds
-            "cpu_seconds": cpu, "flow_over_plain_cpu": ratio(cpu["flow"], cpu["plain"]),
-            "flow_over_steps_cpu": ratio(cpu["flow"], cpu["steps"]),
-            # each round's runs ran back to back: steadier than the best of each when the load moves
-            "flow_over_plain_per_rep": per_rep("flow", "plain"), "flow_over_steps_per_rep": per_rep("flow", "steps"),
-            "cli": cli_runs,
-            "cli_overhead_seconds": min(r["cli_minus_plain_child_seconds"] for r in cli_runs),
-            "cli_overhead_over_steps_seconds": min(r["cli_minus_steps_child_seconds"] for r in cli_runs),
-            "cli_cpu_overhead_seconds": min(round(r["cli_cpu_seconds"] - r["plain_cpu_seconds"], 2) for r in cli_runs)}
+    of = lambda mode, key: [r[key] + (r["server_cpu_seconds"] if key == "build_cpu_seconds" else 0)  # noqa: E731
+                            for r in runs if r["mode"] == mode]
+    return {"samples": args.prefect_n, "runs": runs,
+            "flow_over_plain": ratio(min(of("flow", "build_seconds")), min(of("plain", "build_seconds"))),
+            "flow_over_plain_per_rep": [ratio(a, b) for a, b in zip(of("flow", "build_seconds"), of("plain", "build_seconds"))],
+            "flow_over_plain_cpu": ratio(med(of("flow", "build_cpu_seconds")), med(of("plain", "build_cpu_seconds"))),
+            # the CLI's whole process against h5forge.build's (interpreter start and imports in both)
+            "cli_overhead_seconds": round(min(of("cli", "wall_seconds")) - min(of("plain", "child_wall_seconds")), 2)}
 
 
-# ---- the single writer ---------------------------------------------------------------------------
+# ---- how the build scales --------------------------------------------------
 
-def writer_ceiling(args, raw: Path, pairs: list, work: Path) -> dict:
-    """CPU per sample of each stage in one process, and the writer alone fed pre-compressed chunks."""
-    from benchmarks.build import decode_pairs
-    from h5forge.format.chunk_codec import EncodedRows
-    from h5forge.ingest.clean import clean_batch, encode_rows
-    from h5forge.ingest.discover import discover
-    from h5forge.ingest.incremental.inputs import fingerprint
-    from h5forge.ingest.writer import DatasetWriter
-    from h5forge.kinds import stored_kinds
-    from h5forge.store.verify import verify_file
-    spec = make_spec(raw, work / "writer-out", args.size)
-    inventory = discover(spec)
-    inventory.samples = inventory.samples[:args.writer_n]
-    refs, bs, kinds = inventory.samples, spec.compute.batch_size, stored_kinds(spec)
-    inputs = fingerprint(spec, inventory)  # the build hashes the raw files before writing (not timed here)
-    n, cpu = len(refs), time.process_time
-    decode_pairs(pairs[:10])
-    c0 = cpu()
-    plain = [clean_batch(spec, raw, refs[i:i + bs], encode=False) for i in range(0, n, bs)]
-    t = {"clean_batch_without_encode": cpu() - c0}
-    c0 = cpu()
-    encoded = [dataclasses.replace(b, arrays=encode_rows(spec, kinds, b.arrays)) for b in plain]
-    t["encode_in_worker"] = cpu() - c0
-    assert all(isinstance(b.arrays["images"], EncodedRows) for b in encoded), "codec not encodable in workers"
-    c0, blobs = cpu(), [pickle.dumps(b, protocol=5) for b in encoded]
-    t["ship_pickle_dumps"], c0 = cpu() - c0, cpu()
-    received = [pickle.loads(b) for b in blobs]
-    t["ship_pickle_loads"] = cpu() - c0
-    t["bound_decode"] = decode_pairs(pairs[:n])[0]
-
-    def write(batches, path: Path) -> tuple[float, float]:
-        for _ in range(2):  # the first pass pays first-write costs (allocator, HDF5 caches)
-            path.unlink(missing_ok=True)
-            t0, c0 = time.perf_counter(), cpu()
-            with DatasetWriter(path, spec, version=1, inputs=inputs) as w:
-                for b in batches:
-                    w.add(b)
-                w.finish()
-            wall, used = time.perf_counter() - t0, cpu() - c0
-        return wall, used
-
-    half = len(received) // 2
-    _, half_cpu = write(received[:half], work / "chunks.h5")
-    half_n = sum(len(b) for b in received[:half])
-    wall_pre, t["writer_from_chunks"] = write(received, work / "chunks.h5")
-    wall_compress, t["writer_compressing"] = write(plain, work / "plain.h5")
-    c0 = cpu()
-    report = verify_file(work / "chunks.h5")
-    t["verify"] = cpu() - c0
-    assert report.ok, report.errors
-    ms = {k: round(1000 * v / n, 3) for k, v in t.items()}
-    worker_ms = ms["clean_batch_without_encode"] + ms["encode_in_worker"] + ms["ship_pickle_dumps"]
-    # per sample at scale: the second half's cost (the file's creation and summaries are paid once)
-    marginal = round(1000 * (t["writer_from_chunks"] - half_cpu) / max(1, n - half_n), 3)
-    writer_ms = marginal + ms["ship_pickle_loads"]
-    projection = {}
-    for w in (2, 8, 32, 64, 128):
-        workers_rate, writer_rate = 1000 * w / worker_ms, 1000 / writer_ms
-        projection[f"{w} workers"] = {"workers_samples_per_s": round(workers_rate), "writer_samples_per_s": round(writer_rate),
-                                      "samples_per_s": round(min(workers_rate, writer_rate)),
-                                      "limit": "writer" if writer_rate < workers_rate else "workers"}
-    return {"samples": n, "cpu_ms_per_sample": ms,
-            "bytes_shipped_per_sample": {"chunks": round(sum(map(len, blobs)) / n),
-                                         "arrays": round(sum(len(pickle.dumps(b, protocol=5)) for b in plain) / n)},
-            "writer_ingest_from_chunks": {"wall_seconds": round(wall_pre, 3), "samples_per_second": round(n / wall_pre, 1),
-                                          "cpu_ms_per_sample": ms["writer_from_chunks"],
-                                          "marginal_cpu_ms_per_sample": marginal,
-                                          "fixed_cpu_seconds": round(t["writer_from_chunks"] - marginal * n / 1000, 3)},
-            "writer_compressing": {"wall_seconds": round(wall_compress, 3), "samples_per_second": round(n / wall_compress, 1),
-                                   "cpu_ms_per_sample": ms["writer_compressing"]},
-            "per_sample_model": {"worker_ms": round(worker_ms, 3), "writer_ms": round(writer_ms, 3),
-                                 "writer_share_of_worker": ratio(writer_ms, worker_ms),
-                                 "writer_ms_is": "marginal writer CPU from chunks + pickle loads"},
-            "projection": projection}
+def scaling_part(args, work: Path) -> dict:
+    """``h5forge.build`` in this process on 1 and 2 workers, and at --n-large: clean+write speed, peak RSS."""
+    import h5forge
+    configs = {"n_1worker": (args.n, 1), "n_2workers": (args.n, 2), **({"n_large_2workers": (args.n_large, 2)}
+                                                                      if args.n_large else {})}
+    runs: dict[str, list] = {k: [] for k in configs}
+    for rep in range(args.reps):
+        for name in list(configs) if rep % 2 == 0 else list(configs)[::-1]:
+            n, workers = configs[name]
+            spec = make_spec(raw_folder(n, args.size), work / "scale-out", args.size,
+                             compute={"workers": workers, "inline_below": 0})
+            shutil.rmtree(work / "scale-out", ignore_errors=True)
+            with sampled() as usage:
+                res = h5forge.build(spec)
+            runs[name].append({"samples_per_s": round(n / res.timings["clean_write_seconds"], 1), **usage})
+            log(f"rep {rep} {name}: {runs[name][-1]}")
+    best = {k: {"samples_per_s": max(r["samples_per_s"] for r in v), "peak_rss_mib": min(r["peak_rss_mib"] for r in v)}
+            for k, v in runs.items()}
+    return {"best": best, "runs": runs, "two_over_one_worker": ratio(best["n_2workers"]["samples_per_s"],
+                                                                    best["n_1worker"]["samples_per_s"]),
+            "rss_large_over_small": ratio(best.get("n_large_2workers", {}).get("peak_rss_mib"),
+                                          best["n_2workers"]["peak_rss_mib"])}
 
 
 def main() -> None:
     if "--peer" in sys.argv:
         return peer_child(sys.argv[sys.argv.index("--peer") + 1], Path(sys.argv[sys.argv.index("--job") + 1]))
-    args = cli(__doc__, dict(n=64, size=64, prefect_n=64, cli_n=64, writer_n=64, profile_n=32, reps=1, prefect_reps=1),
-               n=10_000, size=224, workers=2, prefect_n=10_000, cli_n=600, writer_n=1000, profile_n=300, reps=1,
-               prefect_reps=1, only="")
-    from benchmarks.orchestration import ephemeral_start, start_prefect_server, stop
-    py = ensure_peers(install=not args.smoke)
+    if sys.argv[1:2] == ["--child"]:
+        return child(sys.argv[2], sys.argv[3], Path(sys.argv[4]))
+    args = cli(__doc__, dict(n=64, size=64, prefect_n=64, n_large=128, prefect_reps=1),
+               n=10_000, size=224, workers=2, prefect_n=10_000, n_large=50_000, reps=1,
+               prefect_reps=2, only="peers,prefect,scaling")
+    parts = args.only.split(",")
+    py = peers_venv(PEERS_VENV, not args.smoke, ["--no-deps", *PEERS_NO_DEPS], PEERS_DEPS, pth=True) \
+        if "peers" in parts else None
     work = Path(tempfile.mkdtemp(prefix="peers-", dir=CACHE))
     result: dict = {"machine": machine(), "args": vars(args), "loadavg_start": loadavg(), "ratios": {}}
-    parts = args.only.split(",") if args.only else ["peers", "prefect", "writer"]
+    r = result["ratios"]
     try:
-        raw = raw_folder(args.n, args.size)
-        warm([raw])
-        from h5forge.ingest.discover import discover
-        refs = discover(make_spec(raw, work / "x", args.size)).samples
-        pairs = [(str(raw / r.files["images"]), str(raw / r.files["masks"])) for r in refs]
-        if "writer" in parts:
-            result["writer"] = w = writer_ceiling(args, raw, pairs, work)
-            # where the workers' CPU goes, per function of clean_batch (cProfile; build.py's profile)
-            from benchmarks.build import profile_clean
-            k = args.profile_n
-            prof = profile_clean(make_spec(raw, work / "profile-out", args.size), refs[:k], pairs[:k], work)
-            result["clean_profile"] = {key: prof[key] for key in ("samples", "cpu_ms_per_sample",
-                                                                   "stages_cumulative_ms_per_sample_profiled")}
-            result["ratios"] |= {"writer CPU ms/sample, chunks from the workers": w["writer_ingest_from_chunks"]["cpu_ms_per_sample"],
-                                 "writer marginal CPU ms/sample, chunks": w["writer_ingest_from_chunks"]["marginal_cpu_ms_per_sample"],
-                                 "writer CPU ms/sample, compressing itself": w["writer_compressing"]["cpu_ms_per_sample"],
-                                 "writer ingest samples/s from chunks": w["writer_ingest_from_chunks"]["samples_per_second"]}
+        warm([raw := raw_folder(args.n, args.size)])
+        pairs = sorted((str(p), str(raw / "masks" / p.name)) for p in (raw / "images").glob("*.png"))
+        if "scaling" in parts:
+            result["scaling"] = s = scaling_part(args, work)
+            r |= {"clean+write, 2 workers / 1": s["two_over_one_worker"], "peak RSS, n-large / n": s["rss_large_over_small"]}
         if {"peers", "prefect"} & set(parts):
             url, server, started = start_prefect_server(home := work / "prefect-home")
             result["prefect_server_start_to_healthy_seconds"] = round(started, 2)
             try:
                 if "peers" in parts:
-                    result["peers"] = p = side_by_side(args, raw, pairs, work, url, py)
-                    result["ratios"]["h5forge CLI / fastest peer (wall)"] = p.get("h5forge_wall_over_fastest_peer")
-                    result["ratios"]["h5forge CLI / decode bound (speed)"] = p["table_best_of_reps"]["h5forge"]["vs_decode_bound_wall"]
+                    result["peers"] = p = peers_part(args, raw, pairs, work, url, py)
+                    r |= {"h5forge CLI / fastest peer (wall)": p.get("h5forge_wall_over_fastest_peer"),
+                          "h5forge CLI / decode bound (speed)": p["table_best_of_reps"]["h5forge"]["vs_decode_bound_wall"]}
                 if "prefect" in parts:
-                    result["prefect"] = c = prefect_cost(args, raw_folder(args.prefect_n, args.size),
-                                                         raw_folder(args.cli_n, args.size), work, url, home, server)
-                    result["ratios"] |= {"flow / plain calls": c["flow_over_plain"],
-                                         "flow / the same steps as plain calls": c["flow_over_steps"],
-                                         "CLI overhead beyond plain calls s": c["cli_overhead_seconds"],
-                                         "CLI overhead beyond the same steps s": c["cli_overhead_over_steps_seconds"],
-                                         "flow / plain calls, CPU": c["flow_over_plain_cpu"],
-                                         "flow / the same steps, CPU": c["flow_over_steps_cpu"],
-                                         "CLI CPU beyond plain calls s": c["cli_cpu_overhead_seconds"]}
+                    result["prefect"] = c = prefect_part(args, work, url, home, server)
+                    r |= {"flow / h5forge.build": c["flow_over_plain"], "flow / h5forge.build, CPU": c["flow_over_plain_cpu"],
+                          "CLI overhead beyond h5forge.build s": c["cli_overhead_seconds"]}
             finally:
-                stop([server])
-            result["ephemeral"] = e = ephemeral_start(work)
-            result["ratios"]["ephemeral server start s"] = e["ephemeral_server_start_seconds"]
+                stop(server)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     # a partial run (--only prefect) writes build_peers_prefect.*, never over the whole run's results
-    save("build_peers" + (f"_{args.only.replace(',', '_')}" if args.only else ""), result | {"loadavg_end": loadavg()},
-         args.smoke)
+    name = "build_peers" if set(parts) == {"peers", "prefect", "scaling"} else "build_peers_" + "_".join(parts)
+    save(name, result, args.smoke, module="build_peers")
 
 
 if __name__ == "__main__":

@@ -1,22 +1,10 @@
 """The parts of a build and a rebuild that the headline benchmarks only show summed: discovery, the
-exact histograms, copying a stored chunk, finding the files a version reads, and verify's
-checksums in one process against several. One run, on the build_peers corpus.
+exact histograms, the single writer's CPU, copying a stored chunk, and verify's checksums in one
+process against several. One run, on the build_peers corpus.
 
-    python -m benchmarks.ingest_parts [--smoke] [--n 10000 --size 224 --hist-n 2000 --copy-n 3000 --reps 3]
-                                      [--walk-also PATH,...]
+    python -m benchmarks.ingest_parts [--smoke] [--n 10000 --size 224 --clean-n 1000 --copy-n 3000 --reps 3]
 
-- **discover**: ``discover(spec)`` on the raw folder (page cache warm), best of ``--reps``;
-- **histograms**: CPU ms a sample of ``channel_counts`` (two pixels a bincount) against one
-  ``np.bincount`` per channel, per cleaned batch (``compute.batch_size`` rows, as a build counts
-  them), on ``--hist-n`` samples; the counts must be equal;
-- **chunk copy**: on a version built from the corpus, µs a chunk of ``read_direct_chunk`` of the
-  images, of ``os.pread`` of the same bytes, and of ``write_direct_chunk`` into a new file
-  (what a nightly rebuild does for each unchanged sample), over ``--copy-n`` rows;
-- **files a version reads**: ms of ``format.segments.virtual_sources``'s walk (links, then each
-  dataset opened) against h5py's ``visititems``, on that version and on any ``--walk-also``
-  versions (comma-separated paths, e.g. the append benchmark's 100k base);
-- **verify**: wall seconds of the checksum pass of that version with 1 and with 2 processes
-  (``verify_file(workers=...)``, the threshold lowered so both apply at every size).
+What is measured and how: benchmarks/README.md, section "ingest_parts".
 """
 
 import os
@@ -27,7 +15,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from benchmarks.common import CACHE, cli, loadavg, log, machine, make_spec, ratio, raw_folder, save, warm
+from benchmarks.common import CACHE, built, cli, loadavg, log, machine, make_spec, ratio, raw_folder, save, warm
 
 WORK = CACHE / "ingest_parts"
 
@@ -41,92 +29,82 @@ def best(fn, reps: int) -> float:
     return min(times)
 
 
-def histograms(spec, refs, raw: Path) -> dict:
-    from h5forge.ingest.clean import clean_batch
-    from h5forge.kinds.image import channel_counts
+def clean_and_write(spec, inventory, n: int) -> tuple[dict, dict]:
+    """(writer, histograms): CPU per sample of each stage on the first ``n`` samples, in this process."""
+    import dataclasses
+    import pickle
 
-    size = spec.compute.batch_size  # the build counts each cleaned batch
-    blocks = [clean_batch(spec, raw, refs[i:i + size], encode=False).arrays["images"] for i in range(0, len(refs), size)]
-    c0 = time.process_time()
+    from h5forge.ingest.clean import clean_batch, encode_rows
+    from h5forge.ingest.incremental.inputs import fingerprint
+    from h5forge.ingest.writer import DatasetWriter
+    from h5forge.kinds import stored_kinds
+    from h5forge.kinds.image import channel_counts
+    from h5forge.store.verify import verify_file
+    inventory.samples = refs = inventory.samples[:n]
+    n, bs, cpu, t = len(refs), spec.compute.batch_size, time.process_time, {}
+    inputs = fingerprint(spec, inventory)  # as the build gives them to the writer
+    c0 = cpu()
+    plain = [clean_batch(spec, inventory.root, refs[i:i + bs], encode=False) for i in range(0, n, bs)]
+    t["clean_batch_without_encode"], c0 = cpu() - c0, cpu()
+    encoded = [dataclasses.replace(b, arrays=encode_rows(spec, stored_kinds(spec), b.arrays)) for b in plain]
+    t["encode_in_worker"], c0 = cpu() - c0, cpu()
+    blobs = [pickle.dumps(b, protocol=5) for b in encoded]
+    t["ship_pickle_dumps"], c0 = cpu() - c0, cpu()
+    received = [pickle.loads(b) for b in blobs]
+    t["ship_pickle_loads"] = cpu() - c0
+    for key, batches in (("writer_from_chunks", received), ("writer_compressing", plain)):
+        for _ in range(2):  # the first pass pays first-write costs (allocator, HDF5 caches)
+            (WORK / "w.h5").unlink(missing_ok=True)
+            c0 = cpu()
+            with DatasetWriter(WORK / "w.h5", spec, version=1, inputs=inputs) as w:
+                for b in batches:
+                    w.add(b)
+                w.finish()
+            t[key] = cpu() - c0
+    c0, report = cpu(), verify_file(WORK / "w.h5")
+    t["verify"] = cpu() - c0
+    assert report.ok, report.errors
+    ms = {k: round(1000 * v / n, 3) for k, v in t.items()}
+    worker_ms = ms["clean_batch_without_encode"] + ms["encode_in_worker"] + ms["ship_pickle_dumps"]
+    writer_ms = ms["writer_from_chunks"] + ms["ship_pickle_loads"]
+    writer = {"samples": n, "cpu_ms_per_sample": ms, "bytes_shipped_per_sample": round(sum(map(len, blobs)) / n),
+              "projection_samples_per_s": {f"{w} workers": round(min(1000 * w / worker_ms, 1000 / writer_ms))
+                                           for w in (2, 8, 32, 128)}}
+    blocks = [b.arrays["images"] for b in plain]
+    c0 = cpu()
     pairs = [channel_counts(b) for b in blocks]
-    c1 = time.process_time()
+    c1 = cpu()
     per_channel = [np.stack([np.bincount(b[:, c].ravel(), minlength=256) for c in range(b.shape[1])]) for b in blocks]
-    c2 = time.process_time()
+    c2 = cpu()
     if not all(np.array_equal(a, b) for a, b in zip(pairs, per_channel)):
         raise RuntimeError("channel_counts differs from a bincount per channel")
-    n = sum(len(b) for b in blocks)
-    return {"samples": n, "pairs_cpu_ms_per_sample": round((c1 - c0) / n * 1e3, 3),
-            "bincount_per_channel_cpu_ms_per_sample": round((c2 - c1) / n * 1e3, 3)}
-
-
-def build_version(spec) -> Path:
-    from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
-    from h5forge.ingest.discover import discover
-    from h5forge.store.versions import output_lock, stage
-
-    with output_lock(spec.output.dir):
-        cand = stage(spec.output.dir)
-        write_version(spec, discover(spec), cand)
-        return Path(publish_candidate(cand, verify_candidate(cand)))
+    return writer, {"pairs_cpu_ms_per_sample": round((c1 - c0) / n * 1e3, 3),
+                    "bincount_per_channel_cpu_ms_per_sample": round((c2 - c1) / n * 1e3, 3)}
 
 
 def chunk_copy(path: Path, n: int) -> dict:
-    with h5py.File(path, "r") as f:
-        d = f["train"]["images"]
-        n = min(n, d.shape[0])
-        tail = (0,) * (d.ndim - 1)
-        t = time.perf_counter()
+    with h5py.File(path, "r") as f, h5py.File(WORK / "copy.h5", "w") as out:
+        d, where = f["train"]["images"], []
+        n, tail = min(n, d.shape[0]), (0,) * (d.ndim - 1)
+        t0 = time.perf_counter()
         chunks = [d.id.read_direct_chunk((r, *tail)) for r in range(n)]
-        read_s = time.perf_counter() - t
-        where = []
+        t1 = time.perf_counter()
         d.id.chunk_iter(lambda info: where.append((info.byte_offset, info.size)))
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            t = time.perf_counter()
+        with open(path, "rb") as fh:
+            t2 = time.perf_counter()
             for offset, size in where[:n]:
-                os.pread(fd, size, offset)
-            pread_s = time.perf_counter() - t
-        finally:
-            os.close(fd)
-        target = WORK / "copy.h5"
-        with h5py.File(target, "w") as out:
-            space = h5py.h5s.create_simple((n, *d.shape[1:]), (h5py.h5s.UNLIMITED, *d.shape[1:]))
-            dst = h5py.h5d.create(out.id, b"x", d.id.get_type(), space, dcpl=d.id.get_create_plist())
-            t = time.perf_counter()
-            for r, (mask, data) in enumerate(chunks):
-                dst.write_direct_chunk((r, *tail), data, mask)
-            out.flush()
-            write_s = time.perf_counter() - t
-        target.unlink()
+                os.pread(fh.fileno(), size, offset)
+            t3 = time.perf_counter()
+        space = h5py.h5s.create_simple((n, *d.shape[1:]), (h5py.h5s.UNLIMITED, *d.shape[1:]))
+        dst = h5py.h5d.create(out.id, b"x", d.id.get_type(), space, dcpl=d.id.get_create_plist())
+        t4 = time.perf_counter()
+        for r, (mask, data) in enumerate(chunks):
+            dst.write_direct_chunk((r, *tail), data, mask)
+        out.flush()
+        t5 = time.perf_counter()
     return {"chunks": n, "chunk_bytes_mean": round(sum(len(c[1]) for c in chunks) / n),
-            "read_direct_chunk_us": round(read_s / n * 1e6, 1), "pread_us": round(pread_s / n * 1e6, 1),
-            "write_direct_chunk_us": round(write_s / n * 1e6, 1)}
-
-
-def files_read(paths: list[Path], reps: int) -> dict:
-    """What retention asks of every kept version, the files its virtual datasets read: the walk
-    ``format.segments.virtual_sources`` does (links, then each dataset opened) against h5py's
-    ``visititems``, which asks HDF5 for each object's full info, chunk index included."""
-    from h5forge.format.segments import virtual_sources
-
-    def visititems(f: h5py.File) -> None:
-        def visit(_name, obj):  # returns None: visititems stops at the first other value
-            if isinstance(obj, h5py.Dataset) and obj.is_virtual:
-                obj.virtual_sources()
-        f.visititems(visit)
-
-    out = {}
-    for path in paths:
-        with h5py.File(path, "r") as f:
-            rows = sum(int(f[s].attrs.get("count", 0)) for s in ("train", "val", "test"))
-        times = {}
-        for name, fn in (("links_walk_ms", virtual_sources), ("visititems_ms", visititems)):
-            def once(fn=fn):
-                with h5py.File(path, "r") as f:
-                    fn(f)
-            times[name] = round(best(once, reps) * 1e3, 2)
-        out[f"{rows} rows"] = times
-    return out
+            **{k: round(s / n * 1e6, 1) for k, s in (("read_direct_chunk_us", t1 - t0), ("pread_us", t3 - t2),
+                                                     ("write_direct_chunk_us", t5 - t4))}}
 
 
 def verify_processes(path: Path) -> dict:
@@ -148,8 +126,8 @@ def verify_processes(path: Path) -> dict:
 
 
 def main() -> None:
-    args = cli(__doc__, dict(n=120, size=64, hist_n=64, copy_n=100, reps=1),
-               n=10_000, size=224, hist_n=2000, copy_n=3000, reps=3, walk_also="")
+    args = cli(__doc__, dict(n=120, size=64, clean_n=64, copy_n=100, reps=1),
+               n=10_000, size=224, clean_n=1000, copy_n=3000, reps=3)
     from h5forge.ingest.discover import discover
 
     shutil.rmtree(WORK, ignore_errors=True)
@@ -160,23 +138,17 @@ def main() -> None:
     result = {"machine": machine(), "args": vars(args), "loadavg_start": loadavg()}
     inventory = discover(spec)
     result["discover"] = {"samples": len(inventory.samples), "seconds": round(best(lambda: discover(spec), args.reps), 3)}
-    log(f"discover: {result['discover']}")
-    result["histograms"] = h = histograms(spec, inventory.samples[:args.hist_n], raw)
-    log(f"histograms: {h}")
-    path = build_version(spec)
+    path = built(spec, f"ingest-parts-n{args.n}-{args.size}")
     result["chunk_copy"] = c = chunk_copy(path, args.copy_n)
-    log(f"chunk copy: {c}")
-    result["files_read"] = w = files_read([path, *map(Path, args.walk_also.split(",") if args.walk_also else [])],
-                                          args.reps)
-    log(f"files a version reads: {w}")
     result["verify"] = v = verify_processes(path)
-    log(f"verify: {v}")
-    result["ratios"] = {
-        "histogram CPU, pairs / bincount per channel": ratio(h["pairs_cpu_ms_per_sample"],
-                                                             h["bincount_per_channel_cpu_ms_per_sample"]),
-        "chunk copy us (read + write)": round(c["read_direct_chunk_us"] + c["write_direct_chunk_us"], 1),
-        "verify 2 processes / 1": ratio(v["2_process_seconds"], v["1_process_seconds"]),
-    }
+    result["writer"], result["histograms"] = w, h = clean_and_write(spec, inventory, args.clean_n)
+    log(" ".join(f"{k}: {result[k]}" for k in ("discover", "chunk_copy", "verify", "writer", "histograms")))
+    result["ratios"] = {"histogram CPU, pairs / bincount per channel": ratio(h["pairs_cpu_ms_per_sample"],
+                                                                             h["bincount_per_channel_cpu_ms_per_sample"]),
+                        "chunk copy us (read + write)": round(c["read_direct_chunk_us"] + c["write_direct_chunk_us"], 1),
+                        "verify 2 processes / 1": ratio(v["2_process_seconds"], v["1_process_seconds"]),
+                        "writer CPU ms/sample, chunks from the workers": w["cpu_ms_per_sample"]["writer_from_chunks"],
+                        "writer CPU ms/sample, compressing itself": w["cpu_ms_per_sample"]["writer_compressing"]}
     shutil.rmtree(WORK, ignore_errors=True)
     save("ingest_parts", result, args.smoke)
 
