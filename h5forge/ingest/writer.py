@@ -42,6 +42,7 @@ from h5forge.kinds import FieldKind, file_fields, stored_kinds
 from h5forge.samples import Rejection
 from h5forge.spec import DatasetSpec
 from h5forge.store.disk_full import as_disk_full, discard_h5
+from h5forge.store.sizes import own_sizes
 
 
 def _gather(pairs: list[tuple], n: int):
@@ -294,20 +295,10 @@ class DatasetWriter:
         return summary
 
     def _summary(self, timings: dict[str, float]) -> WriteSummary:
-        f = self.file
-        raw, split_bytes = 0, {}
-        bulk = [path for path, kind in self.kinds.items() if kind.stored().bulk]
-        for split in SPLITS:
-            split_bytes[split] = 0
-            for path in bulk:
-                ds = f[split][path]
-                raw += ds.size * ds.dtype.itemsize
-                split_bytes[split] += ds.id.get_storage_size()
-        stored = sum(split_bytes.values())
+        sizes = own_sizes(self.file, self.kinds)
         return WriteSummary(
-            counts=dict(self.counts), samples=sum(self.counts.values()), array_bytes_raw=int(raw),
-            array_bytes_stored=int(stored), split_bytes=split_bytes,
-            compression_ratio=round(stored / raw, 4) if raw else 1.0, codec=self.spec.storage.codec,
-            chunk_rows=self.spec.storage.chunk_rows,
+            counts=dict(self.counts), samples=sum(self.counts.values()), array_bytes_raw=sizes.raw,
+            array_bytes_stored=sizes.stored, split_bytes=sizes.split_stored, compression_ratio=sizes.ratio,
+            codec=self.spec.storage.codec, chunk_rows=self.spec.storage.chunk_rows,
             timings={**timings, "write_seconds": round(time.perf_counter() - self.started, 3)},
             rejections=tuple(self.rejections))

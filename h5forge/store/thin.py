@@ -21,12 +21,13 @@ from h5forge.format.checksums import write_digests
 from h5forge.format.codecs import CODECS, codec_options, ensure_filters
 from h5forge.format.dims import name_axes, plain_attrs
 from h5forge.format.layout import SMALL_ROWS, merge_index, small_options
-from h5forge.format.names import (CHECKSUMS_COVER_ALL, INDEX, PER_SAMPLE, SPEC, SPLITS, Attr, block_rows,
-                                  partial_name, version_name)
+from h5forge.format.names import (CHECKSUMS_COVER_ALL, DIAGNOSTICS, INDEX, PER_SAMPLE, SPEC, SPLITS, Attr,
+                                  block_rows, partial_name, version_name)
 from h5forge.format.segments import counts_of, map_virtual, segment_lengths, segments_of
-from h5forge.format.summary import WriteSummary, write_diagnostics
+from h5forge.format.summary import WriteSummary, read_summary, write_diagnostics
 from h5forge.kinds import stored_kinds
 from h5forge.spec import DatasetSpec, spec_from_json
+from h5forge.store.sizes import own_sizes, segments_sizes
 
 
 def require_current_format(parent: Path, parent_number: int) -> None:
@@ -79,7 +80,10 @@ def write_thin(path: Path, parent: Path, delta: Path, spec: DatasetSpec, number:
             name_axes(g, int(g.attrs[Attr.COUNT]))
         write_digests(f)  # over the merged statistics and indexes
         counts = counts_of(f)
-        merged = summary.with_(counts=counts, samples=sum(counts.values()), segments=len(segments))
+        sizes = segments_sizes(path.parent, segments, kinds)  # every row's, not the delta's alone
+        merged = summary.with_(counts=counts, samples=sum(counts.values()), segments=len(segments),
+                               array_bytes_raw=sizes.raw, array_bytes_stored=sizes.stored,
+                               split_bytes=sizes.split_stored, compression_ratio=sizes.ratio)
         write_diagnostics(f, merged)
     return merged
 
@@ -134,7 +138,23 @@ def _export(src_path: Path, tmp: Path, codec: str | None) -> None:
             name_axes(g, int(g_src.attrs[Attr.COUNT]))
         if int(out.attrs[Attr.FORMAT_VERSION]) >= CHECKSUMS_COVER_ALL:
             write_digests(out)  # same values as the source's; recomputed over the copy's own layout
+        _describe_copy(out, kinds, codec)
         out.flush()
+
+
+def _describe_copy(out: h5py.File, kinds: dict, codec: str | None) -> None:
+    """The copy's stored summary: its own codec and sizes (the rows are recompressed or gathered
+    from several files), the rest (timings, rejections) as the source recorded them."""
+    if DIAGNOSTICS not in out:
+        return
+    summary = read_summary(out)
+    sizes = own_sizes(out, kinds)
+    counts = counts_of(out)
+    summary.update(counts=counts, samples=sum(counts.values()), segments=1, array_bytes_raw=sizes.raw,
+                   array_bytes_stored=sizes.stored, split_bytes=sizes.split_stored, compression_ratio=sizes.ratio)
+    if codec is not None:
+        summary["codec"] = codec
+    out[DIAGNOSTICS].attrs[Attr.SUMMARY] = json.dumps(summary)
 
 
 def _materialize(obj: h5py.Dataset, g: h5py.Group, name: str) -> None:

@@ -31,10 +31,10 @@ from h5forge.format.layout import SMALL_ROWS, decode_str
 from h5forge.format.names import (CHECKSUM, CHECKSUMS_COVER_ALL, FORMAT, FORMAT_VERSION, IDS, INDEX, PER_SAMPLE,
                                   SOURCE_FILES, SOURCE_SHA256, SPEC, SPLITS, Attr, block_rows)
 from h5forge.format.segments import counts_of, virtual_sources
-from h5forge.format.summary import read_summary
 from h5forge.kinds import FieldKind, decode_sample, stored_kinds
 from h5forge.samples import Reject, SampleRef
 from h5forge.spec import DatasetSpec, spec_from_json
+from h5forge.store.sizes import version_sizes
 from h5forge.store.sources import MAX_SOURCE_BYTES, source_problem
 from h5forge.figures import figure_rows
 
@@ -163,7 +163,7 @@ def verify_file(path: str | Path, *, checksums: bool = True, resample: int | Non
                     _guarded(report, "sources", _check_against_sources, f, kinds, roots, n_resample, seed,
                              report, max_source_bytes)
             reads = _count(report, "latency_reads", spec.verify.latency_reads, latency_reads)
-            _guarded(report, "figures", _figures, f, path, report)
+            _guarded(report, "figures", _figures, f, path, kinds, report)
             _guarded(report, "non-finite values", _count_nonfinite, f, kinds, report)
     except Exception as err:  # noqa: BLE001 - e.g. closing a file whose metadata is corrupt
         report.error("read", f"{path}: cannot be read ({_why(err)})")
@@ -231,13 +231,12 @@ def _count(report: HealthReport, name: str, stored: int, given: int | None) -> i
     return stored
 
 
-def _figures(f: h5py.File, path: Path, report: HealthReport) -> None:
-    summary = read_summary(f)
+def _figures(f: h5py.File, path: Path, kinds: dict[str, FieldKind], report: HealthReport) -> None:
     report.stats.update({
         "version": int(f.attrs[Attr.VERSION]),
         "counts": {s: int(f[s].attrs.get(Attr.COUNT, 0)) for s in SPLITS},
         "codec": str(f.attrs.get(Attr.CODEC)),
-        "compression_ratio": summary.get("compression_ratio"),
+        "compression_ratio": version_sizes(path, kinds).ratio,
         "file_bytes": path.stat().st_size,
     })
 

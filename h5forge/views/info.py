@@ -23,6 +23,7 @@ from h5forge.format.segments import counts_of, segments_of
 from h5forge.format.summary import read_summary
 from h5forge.kinds import FieldKind, stored_kinds
 from h5forge.spec import DatasetSpec, spec_from_json
+from h5forge.store.sizes import version_sizes
 from h5forge.store.versions import latest, published
 
 MAX_CHAIN = 100  # ancestors followed when tracing a version's lineage
@@ -106,25 +107,14 @@ def samples_by_value(f: h5py.File, split: str) -> dict[str, dict[str, int]]:
 
 
 def sizes(path: Path, spec: DatasetSpec) -> dict[str, int]:
-    """Array bytes raw and as stored (over every file holding the version's rows), this file's size
-    and the size on disk of it plus the files it reads from."""
+    """Array bytes raw and as stored (over every file holding the version's rows, as verify and
+    the stored summary count them), this file's size and the size on disk of it plus the files it
+    reads from."""
     folder = Path(os.path.realpath(path)).parent
-    kinds = stored_kinds(spec)
-    bulk = [p for p, k in kinds.items() if k.stored().bulk]
-    raw = stored = 0
-    files = {Path(os.path.realpath(path))}
-    for seg in segments_of(path):
-        seg_path = folder / seg["file"]
-        if not seg_path.exists():
-            continue
-        files.add(seg_path)
-        with h5py.File(seg_path, "r") as sf:
-            for split in SPLITS:
-                for p in bulk:
-                    ds = sf[split][p]
-                    raw += ds.size * ds.dtype.itemsize
-                    stored += ds.id.get_storage_size()
-    return {"array_bytes_raw": int(raw), "array_bytes_stored": int(stored),
+    arrays = version_sizes(path, stored_kinds(spec))
+    files = {Path(os.path.realpath(path))} | {folder / s["file"] for s in segments_of(path)
+                                              if (folder / s["file"]).exists()}
+    return {"array_bytes_raw": arrays.raw, "array_bytes_stored": arrays.stored,
             "file_bytes": Path(os.path.realpath(path)).stat().st_size,
             "on_disk_bytes": sum(p.stat().st_size for p in files)}
 
