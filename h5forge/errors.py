@@ -73,6 +73,10 @@ class TooManyRejected(H5forgeError, RuntimeError):
     """More inputs were rejected than the spec's ``max_rejected`` allows; nothing was published."""
 
 
+class SamplesRemoved(H5forgeError, RuntimeError):
+    """A build would drop samples latest holds and the spec does not allow removals; nothing was published."""
+
+
 class LatestBroken(H5forgeError, RuntimeError):
     """``dataset_latest.h5`` does not resolve, inside its output folder, to a published version."""
 

@@ -89,6 +89,8 @@ class Storage(_Strict):
 class Output(_Strict):
     dir: Path
     keep: int = Field(5, ge=1, description="published versions to keep")
+    allow_removals: bool = Field(False, description="a build may publish a version without samples latest "
+                                 "holds (their raw files deleted, or now rejected); the run lists them either way")
     retire_after_seconds: float = Field(600, ge=0, description="retention deletes a version only this long after "
                                         "a newer one was published (readers on hosts whose file locks are not "
                                         "shared: docs/reading.md); live local and NFS readers are kept regardless")

@@ -33,7 +33,7 @@ from h5forge.format.names import (IDS, INBOX_MANAGED, INBOX_PROCESSED, INBOX_QUA
                                   delta_name, partial_name, version_name)
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest.clean import CleanedBatch
-from h5forge.ingest.discover import TEXT_FORMAT, discover, read_annotation_file
+from h5forge.ingest.discover import TEXT_FORMAT, discover, match_key, read_annotation_file, record_key
 from h5forge.ingest.incremental.inputs import Inputs, rules_hash
 from h5forge.ingest.parallel import clean_all
 from h5forge.ingest.writer import DatasetWriter
@@ -265,7 +265,12 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
 
     rejected = {r.sample_id: r.reason for r in rejections if r.sample_id}
     inbox_records = _read_list(inbox / spec.annotations.file) if spec.annotations.file else []
-    by_id = {str(r.get(spec.annotations.id_key)): r for r in inbox_records}
+    id_key, ids = spec.annotations.id_key, spec.source.ids
+
+    def key(rec: dict) -> str | None:  # as discovery keys it: a file name, NFC
+        return record_key(rec, id_key, ids) if id_key in rec else None
+
+    by_id = {key(r): r for r in inbox_records}
     records = []
     for ref in scan.ready:
         rel_files = [*ref.files.values(), *ref.extra_files]
@@ -275,18 +280,18 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
             continue
         assert number is not None, "a taken sample needs the version it went into"
         plan.moves += [(str(inbox / rel), str(processed_dir(inbox, number) / rel)) for rel in rel_files]
-        rec = by_id.get(ref.id)
+        rec = by_id.get(match_key(ref.id))
         if rec is None and ref.extra_files:
             rec = json.loads((inbox / ref.extra_files[0]).read_text())
         if rec is not None:
             records.append(rec)
-    taken = {ref.id for ref in scan.ready}
+    taken = {match_key(ref.id) for ref in scan.ready}
     for r in scan.rejections:  # discovery-time rejections: their files go to quarantine too
         for rel in r.paths:
             if rel and "#" not in rel and (inbox / rel).is_file():
                 quarantine(rel, r.reason)
-        taken.add(r.sample_id)
-    remaining = [r for r in inbox_records if str(r.get(spec.annotations.id_key)) not in taken]
+        taken.add(match_key(r.sample_id))
+    remaining = [r for r in inbox_records if key(r) not in taken]
     if number is not None:
         plan.processed_records = (str(processed_dir(inbox, number) / (spec.annotations.file or "annotations.json")),
                                   records)

@@ -268,10 +268,7 @@ def load_records(path: Path, id_key: str, missing_ok: bool = False,
         if not isinstance(rec, dict) or id_key not in rec:
             problems.append(Rejection("", (f"{rel}[{i}]",), f"record has no {id_key!r} key"))
             continue
-        raw_id = str(rec[id_key])
-        if Path(raw_id).suffix.lower() in _IMAGE_SUFFIXES:
-            raw_id = Path(raw_id).stem if ids == "stem" else raw_id[: -len(Path(raw_id).suffix)]
-        sid = match_key(raw_id)
+        sid = record_key(rec, id_key, ids)
         if sid in records:
             seen_twice.add(sid)
         records[sid] = rec
@@ -279,6 +276,15 @@ def load_records(path: Path, id_key: str, missing_ok: bool = False,
         problems.append(Rejection(sid, (rel,), "several annotation records for this sample"))
         del records[sid]
     return records, problems
+
+
+def record_key(rec: dict, id_key: str, ids: str = "stem") -> str:
+    """The match key of the sample a record names: its ``id_key`` value, which may be a file name
+    (the suffix goes, and with ``ids: stem`` the folders)."""
+    raw_id = str(rec[id_key])
+    if Path(raw_id).suffix.lower() in _IMAGE_SUFFIXES:
+        raw_id = Path(raw_id).stem if ids == "stem" else raw_id[: -len(Path(raw_id).suffix)]
+    return match_key(raw_id)
 
 
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".gif", ".webp", ".dcm", ".npy", ".csv",

@@ -15,6 +15,7 @@ from h5forge.ingest.discover import Inventory
 from h5forge.ingest.incremental.inputs import Inputs
 from h5forge.ingest.incremental.rebuild import inputs_of, unchanged_since
 from h5forge.ingest.rejected import check_rejected
+from h5forge.ingest.removals import check_removals, named
 from h5forge.pipeline.reports import log_report, show_diff, show_health, write_preview_sheet
 from h5forge.pipeline.results import BuildResult
 from h5forge.pipeline.runner import PLAIN, Runner, log
@@ -55,6 +56,7 @@ def build(spec: DatasetSpec | str | Path, *, output: str | Path | None = None, d
         candidate = run("stage-version", stage_version, spec)
         summary = run("clean-and-write", clean_and_write, spec, inventory, candidate, inputs, runner)
         check_rejected(spec, inventory, summary, candidate)  # above max_rejected: nothing is published
+        leaving = run("removals", samples_leaving, spec, candidate)  # unless allowed: nothing is published
         report = run("verify", verify_candidate, candidate)
         run("report", show_health, runner, spec.name, report, summary, candidate.number)
         published = run("publish", publish_version, candidate, report)
@@ -63,7 +65,7 @@ def build(spec: DatasetSpec | str | Path, *, output: str | Path | None = None, d
         run("preview", write_preview_sheet, runner, spec.name, published, candidate.number)
         removed = run("retention", apply_retention, spec)
     return BuildResult(spec.name, candidate.number, published, summary.counts, summary.rejected,
-                       summary.compression_ratio, summary.timings, report.checks, removed)
+                       summary.compression_ratio, summary.timings, report.checks, removed, left_latest=leaving)
 
 
 def resolve_spec(spec: DatasetSpec | str | Path, output, dask_address, inbox=None) -> DatasetSpec:
@@ -118,6 +120,14 @@ def clean_and_write(spec: DatasetSpec, inventory: Inventory, candidate: Candidat
     log.info("wrote %d samples %s, %d rejected, compression ratio %.3f",
              summary.samples, summary.counts, summary.rejected, summary.compression_ratio)
     return summary
+
+
+def samples_leaving(spec: DatasetSpec, candidate: Candidate) -> list[str]:
+    leaving = check_removals(spec, candidate)
+    if leaving:
+        log.warning("%d sample(s) of %s leave latest (output.allow_removals): %s", len(leaving),
+                    version_name(candidate.parent), named(leaving))
+    return leaving
 
 
 def verify_candidate(candidate: Candidate) -> HealthReport:

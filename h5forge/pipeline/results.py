@@ -20,6 +20,7 @@ class BuildResult:
     removed: list[str] = field(default_factory=list)
     skipped: str | None = None  # why the run did not build
     unchanged: bool = False  # nothing published: ``version`` was built from the same inputs and rules
+    left_latest: list[str] = field(default_factory=list)  # ids the previous latest held and this version does not
 
 
 @dataclass(frozen=True)
