@@ -203,10 +203,12 @@ class DatasetSpec(_Strict):
         return self
 
     def rejected_limit(self, seen: int) -> int:
-        """How many of ``seen`` inputs may be rejected (a fraction rounds down)."""
+        """How many of ``seen`` inputs may be rejected: a fraction rounds down, but a fraction above
+        0 allows at least one (10 % of 9 inputs must not mean that one bad input fails the build)."""
         if isinstance(self.max_rejected, int):
             return self.max_rejected
-        return int(self.max_rejected * seen + 1e-9)
+        share = int(self.max_rejected * seen + 1e-9)
+        return max(share, 1) if self.max_rejected > 0 else 0
 
     def in_flight(self) -> int:
         return self.compute.in_flight or 2 * self.compute.workers

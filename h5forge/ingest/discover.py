@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from h5forge.format.names import INBOX_PROCESSED
-from h5forge.ingest.splits import assign_split
+from h5forge.ingest.splits import assign_split, ratio_split
 from h5forge.kinds import field_kinds
 from h5forge.samples import Rejection, SampleRef, rejected_count
 from h5forge.spec import DatasetSpec
@@ -28,6 +28,8 @@ class Inventory:
     root: Path
     samples: list[SampleRef] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
+    unclaimed: int = 0  # files under the source root that no glob of the spec takes
+    unclaimed_examples: list[str] = field(default_factory=list)  # the first few of them
 
     @property
     def rejected(self) -> int:
@@ -326,6 +328,7 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
     Files under the top-level folders of ``root`` named in ``skip`` are not looked at (an inbox's
     processed/ and quarantine/).
     """
+    whole_source = root is None
     if root is None:
         root = Path(spec.source.root)
         extra_roots = processed_roots(spec) if extra_roots is None else extra_roots
@@ -398,7 +401,44 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
         inv.samples.append(SampleRef(sid, split, files, columns, extra))
     paired = set().union(*per_field.values())
     inv.rejections.extend(_orphans(sorted(set(records) - paired - already), record_file))
+    if whole_source:
+        inv.unclaimed, inv.unclaimed_examples = unclaimed_files(spec, inv)
     return inv
+
+
+UNCLAIMED_LISTED = 5
+
+
+def unclaimed_files(spec: DatasetSpec, inv: Inventory) -> tuple[int, list[str]]:
+    """How many visible files under the source root are neither a sample's file (or inside a case
+    folder that is one), nor a rejected input's, nor the annotation file, nor a ``<stem>.json``
+    sidecar beside a sample's file; and the first few of them, sorted. The inbox, when it lies
+    under the root, is append's business and is not counted."""
+    root = inv.root
+    claimed: set[str] = set()
+    for s in inv.samples:
+        claimed.update(s.files.values())
+        claimed.update(s.extra_files)
+    for r in inv.rejections:
+        claimed.update(r.paths)
+    if spec.annotations.file:
+        claimed.add(Path(spec.annotations.file).as_posix())
+    sidecars = {_stem(p) + ".json" for p in claimed}
+    skip = {os.path.realpath(p) for p in (spec.source.inbox, spec.output.dir) if p is not None}
+    count, examples = 0, []
+    for folder, dirs, files in os.walk(root):
+        rel_dir = os.path.relpath(folder, root)
+        prefix = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__MACOSX" and prefix + d not in claimed
+                         and os.path.realpath(os.path.join(folder, d)) not in skip)
+        for name in sorted(files):
+            rel = prefix + name
+            if name.startswith(".") or rel in claimed or rel in sidecars:
+                continue
+            count += 1
+            if len(examples) < UNCLAIMED_LISTED:
+                examples.append(rel)
+    return count, sorted(examples)
 
 
 ORPHANS_LISTED = 20
@@ -428,6 +468,11 @@ def _columns_for(spec: DatasetSpec, sid: str, rec: dict | None, files: dict[str,
     rec = {**folder_columns(first, ann.folders), **(rec or {})}
     text = bool(rec.get(TEXT_FORMAT))
     columns = {}
+    split_col = spec.splits.column
+    if split_col in ann.folders and rec.get(split_col) is None:
+        # a file outside the split folders (class folders at the top beside train/<class>/): the
+        # ratios give its split, and the column records the split it got
+        rec[split_col] = ratio_split(sid, spec.splits)
     for col, kind in ann.columns.items():
         try:
             columns[col] = _coerce(rec.get(col), kind, text or col in ann.folders)

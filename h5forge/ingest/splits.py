@@ -30,6 +30,11 @@ def assign_split(sample_id: str, splits: Any, columns: dict[str, Any] | None = N
         if value not in SPLITS:
             raise ValueError(f"split column {splits.column!r} is {value!r}; expected one of {', '.join(SPLITS)}")
         return value
+    return ratio_split(sample_id, splits)
+
+
+def ratio_split(sample_id: str, splits: Any) -> str:
+    """The split the ratios give a sample (its id's hash against the cumulative ratios)."""
     u = unit_hash(sample_id, splits.seed)
     edge = 0.0
     last = "train"

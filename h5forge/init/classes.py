@@ -27,6 +27,7 @@ class ClassTree:
     files: list[Path]
     classes: list[str]
     per_class: Counter
+    top: list[Path] | None = None  # with split folders: pictures of class folders beside them (<class>/*.jpg)
 
 
 def _split_understood(name: str) -> bool:
@@ -46,8 +47,10 @@ def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
         splits = [d for d in dirs if d.name.lower() in SPLIT_NAMES]
         if splits:
             files, per_class, found_in = [], Counter(), {}
+            any_loose = False
             for s in splits:
                 loose = pictures_in(s)
+                any_loose = any_loose or bool(loose)
                 if loose:
                     notes.append(f"{len(loose)} pictures lie directly in {prefix}{s.name}/, outside any class folder "
                                  "(unlabelled?): not included")
@@ -70,7 +73,19 @@ def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
                 for c, where in sorted(found_in.items()):
                     if where != names and len(names) > 1:
                         notes.append(f"class {c!r} has pictures in {', '.join(sorted(where))} only")
-                return ClassTree(prefix, True, files, sorted(per_class), per_class)
+                top_dirs = [d for d in dirs if d not in splits and pictures_in(d)]
+                top: list[Path] = []
+                if top_dirs and any_loose:
+                    notes.append(f"the pictures of the class folders beside the split folders "
+                                 f"({', '.join(prefix + d.name + '/' for d in top_dirs)}) are not included: a glob "
+                                 "for them would also take the pictures lying directly in the split folders")
+                elif top_dirs:
+                    for d in top_dirs:  # outside any split folder: the ratios give their split
+                        top += pictures_in(d)
+                        per_class[d.name] += len(pictures_in(d))
+                    notes.append(f"class folders beside the split folders ({', '.join(prefix + d.name + '/' for d in top_dirs)}) "
+                                 "are taken too; their pictures get the split the ratios give")
+                return ClassTree(prefix, True, files, sorted(per_class), per_class, top)
         class_dirs = [d for d in dirs if pictures_in(d)]
         if len(class_dirs) >= 2:
             loose = pictures_in(base)
@@ -87,11 +102,12 @@ def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
 
 
 def classify_body(raw: Path, tree: ClassTree, notes: list[str]):
-    size = target_size(tree.files, str(raw / tree.base))
+    top = tree.top or []
+    size = target_size(tree.files + top, str(raw / tree.base))
     depth = "*/*/" if tree.split else "*/"
-    globs = picture_globs(tree.base + depth, tree.files)
-    pattern = globs[0]
-    ids = {sample_id(p.relative_to(raw).as_posix(), pattern, "path") for p in tree.files}
+    globs = picture_globs(tree.base + depth, tree.files) + picture_globs(tree.base + "*/", top)
+    pattern = globs[0]  # every glob has the same fixed folders (tree.base), so any gives the ids
+    ids = {sample_id(p.relative_to(raw).as_posix(), pattern, "path") for p in tree.files + top}
     folder_columns = {"label": "str", **({"split": "str"} if tree.split else {})}
     folders = {"label": -1, **({"split": -2} if tree.split else {})}
     ann = find_annotations(raw, ids, "path", set(folder_columns), notes)

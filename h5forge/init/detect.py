@@ -10,6 +10,8 @@ from pathlib import Path
 import yaml
 
 from h5forge.errors import UsageError
+from h5forge.ingest.discover import discover
+from h5forge.ingest.rejected import common_reasons, inputs_seen
 from h5forge.init.classes import class_tree, classify_body
 from h5forge.init.csv_recordings import csv_body
 from h5forge.init.dicom import dicom_body
@@ -22,7 +24,7 @@ from h5forge.init.pictures import IMAGE_DIRS, pictures_in
 from h5forge.init.sections import footer, header
 from h5forge.init.segment import segment_body
 from h5forge.init.text import SpecText
-from h5forge.spec import parse_spec
+from h5forge.spec import DatasetSpec, parse_spec
 
 
 @dataclass(frozen=True)
@@ -74,10 +76,41 @@ def infer_spec(raw: Path, spec_path: Path) -> Inferred:
                          "class folders (<class>/*.jpg, <split>/<class>/*.jpg), lr/ + hr/ super-resolution pairs, "
                          "DICOM case folders (<case>/*.dcm), NIfTI volumes (*.nii.gz), or recordings (*.edf, "
                          "*.csv with a time column, <channel>/*.npy)")
-    t = SpecText()
-    header(t, raw, spec_path, name, notes, ids)
-    body(t)
-    footer(t, spec_path, name, split_column, batch_size)
+    def write(notes: list[str]) -> SpecText:
+        t = SpecText()
+        header(t, raw, spec_path, name, notes, ids)
+        body(t)
+        footer(t, spec_path, name, split_column, batch_size)
+        return t
+
+    t = write(notes)
+    spec = parse_spec(yaml.safe_load(t.checked()), spec_path.parent.resolve(), str(spec_path))  # must be valid
+    found = accounted(spec)
+    if found:
+        notes = [*notes, *found]
+        t = write(notes)
     text = "\n".join(t.lines) + "\n"
-    parse_spec(yaml.safe_load(t.checked()), spec_path.parent.resolve(), str(spec_path))  # must be valid
     return Inferred(text, tuple(notes), layout, tuple(todo))
+
+
+def accounted(spec: DatasetSpec) -> list[str]:
+    """Notes from discovering the folder with the spec just inferred: the files no glob takes, and
+    what a build of the folder as it is rejects at discovery, against ``max_rejected``."""
+    inv = discover(spec)
+    notes = []
+    if inv.unclaimed:
+        more = "" if inv.unclaimed <= len(inv.unclaimed_examples) else ", ..."
+        notes.append(f"{inv.unclaimed} file{'s' if inv.unclaimed > 1 else ''} under the folder "
+                     f"{'are' if inv.unclaimed > 1 else 'is'} taken by no glob: "
+                     f"{', '.join(inv.unclaimed_examples)}{more} (not pictures, volumes or recordings of the "
+                     "layout found; add a glob to take them)")
+    if inv.rejected:
+        seen = inputs_seen(inv)
+        reasons = "; ".join(f"{n} x {reason}" for reason, n in common_reasons(inv.rejections))
+        limit = spec.rejected_limit(seen)
+        verdict = (f"max_rejected {spec.max_rejected:g} allows {limit}" if inv.rejected <= limit else
+                   f"max_rejected {spec.max_rejected:g} allows only {limit}: the build publishes nothing until "
+                   f"they are fixed or max_rejected is raised to {inv.rejected}")
+        notes.append(f"a build of the folder as it is rejects {inv.rejected} of {seen} inputs at discovery "
+                     f"({reasons}); {verdict}")
+    return notes

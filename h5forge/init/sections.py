@@ -29,6 +29,7 @@ def footer(t: SpecText, spec_path: Path, name: str, split_column: str | None = N
     t(0, "splits:")
     if split_column:
         t(1, f"column: {split_column}", "from the split folders (training, validation, valid, testing understood)")
+        t(1, "ratios: {train: 0.8, val: 0.1, test: 0.1}", "for a picture outside the split folders")
     else:
         t(1, "ratios: {train: 0.8, val: 0.1, test: 0.1}", "stable: a sample's split depends on its id only")
     out_dir = os.path.relpath(Path.cwd() / "data" / name, spec_path.parent.resolve())

@@ -78,6 +78,9 @@ def discover_samples(spec: DatasetSpec) -> Inventory:
     inventory = discovery.discover(spec)
     log.info("found %d complete samples under %s (%s); %d input(s) rejected at discovery",
              len(inventory.samples), inventory.root, inventory.split_counts(), inventory.rejected)
+    if inventory.unclaimed:
+        log.warning("%d file(s) under %s are taken by no glob of the spec (e.g. %s): not part of the dataset",
+                    inventory.unclaimed, inventory.root, ", ".join(inventory.unclaimed_examples))
     return inventory
 
 

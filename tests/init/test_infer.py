@@ -84,7 +84,8 @@ def test_every_picture_format_found_is_listed_and_built(tmp_path):
             raw / "masks" / f"p{i}.png")
     (raw / "images" / "notes.txt").write_text("not a picture")
     inferred, spec, spec_path = infer(raw, tmp_path)
-    assert inferred.layout == "segment" and inferred.notes == ()
+    assert inferred.layout == "segment"
+    assert [n.split(" (")[0] for n in inferred.notes] == ["1 file under the folder is taken by no glob: images/notes.txt"]
     files = spec.fields["images"].files
     assert files[:2] == ("images/*.png", "images/*.jpg")  # the most common first (ties: png, jpg, ...)
     assert set(files) == {f"images/*{e}" for e in FORMATS}  # upper-case .JPG too: glob is case-sensitive
