@@ -35,6 +35,8 @@ class Annotations(_Strict):
     index_by: list[str] = Field(default_factory=list, description="columns to build index arrays for")
     folders: dict[str, int] = Field(default_factory=dict, description="columns taken from the folders of a "
                                     "sample's file: -1 its folder, -2 the one above (class-folder layouts)")
+    max_bytes: int = Field(256 << 20, gt=0, description="a larger annotation file is refused unread "
+                           "(parsing takes a few times its size in memory: docs/security.md)")
 
     @model_validator(mode="after")
     def _index_columns_exist(self) -> "Annotations":

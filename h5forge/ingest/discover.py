@@ -7,9 +7,11 @@ and with no window in which a file could change between hashing and decoding).
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import re
+import stat
 import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from typing import Any
 from h5forge.format.names import INBOX_PROCESSED
 from h5forge.ingest.splits import assign_split, ratio_split
 from h5forge.kinds import field_kinds
+from h5forge.kinds.base import DEFAULT_MAX_BYTES
 from h5forge.samples import Rejection, SampleRef, rejected_count
 from h5forge.spec import DatasetSpec
 
@@ -225,15 +228,41 @@ def _glob_field(root: Path, patterns: tuple[str, ...], ids: str, folders: bool =
 TEXT_FORMAT = "_text"  # marks a record whose values are all text (CSV): parsed per column type
 
 
-def read_annotation_file(path: Path) -> list:
-    """The records of a JSON list, JSON Lines or CSV file (by its suffix); ValueError says what is wrong."""
+SIDECAR_MAX_BYTES = 1 << 20  # one sample's record
+
+
+def read_bounded(path: Path, max_bytes: int, root: Path | None = None, allow_outside: bool = True) -> bytes:
+    """The bytes of an annotation file or sidecar, read the way pictures are: a regular file only
+    (a folder, FIFO or device is refused without waiting or reading), at most ``max_bytes``, and
+    (``root``, unless ``allow_outside``) not through a symlink out of the source folder.
+    FileNotFoundError when it is missing; ValueError saying why it is refused."""
+    if root is not None and not allow_outside and (target := _Outside(root)(str(path))) is not None:
+        raise ValueError(f"symlink leads outside the source folder (to {target}); "
+                         "set source.allow_symlinks_outside: true to take it")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: a FIFO never waits for a writer
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ValueError("not a regular file (a folder, device, pipe or socket)")
+    with os.fdopen(fd, "rb") as fh:
+        if st.st_size > max_bytes:
+            raise ValueError(f"{st.st_size:,} bytes, larger than the limit of {max_bytes:,}")
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"grew past the limit of {max_bytes:,} bytes while being read")
+    return data
+
+
+def read_annotation_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, root: Path | None = None,
+                         allow_outside: bool = True) -> list:
+    """The records of a JSON list, JSON Lines or CSV file (by its suffix), read by ``read_bounded``;
+    ValueError says what is wrong."""
     suffix = path.suffix.lower()
+    text = read_bounded(path, max_bytes, root, allow_outside).decode("utf-8-sig")
     if suffix == ".csv":
         # the csv module splits records itself: a quoted value keeps its line breaks (\n, \r, \u2028);
         # utf-8-sig drops the byte-order mark spreadsheet programs write before the header
-        with path.open(newline="", encoding="utf-8-sig") as fh:
-            return [{**row, TEXT_FORMAT: True} for row in csv.DictReader(fh)]
-    text = path.read_text(encoding="utf-8-sig")
+        return [{**row, TEXT_FORMAT: True} for row in csv.DictReader(io.StringIO(text, newline=""))]
     if suffix == ".jsonl":
         records = []
         # JSON Lines ends records at \n only; str.splitlines would also cut at \u2028 inside a string
@@ -252,17 +281,20 @@ def read_annotation_file(path: Path) -> list:
     return data
 
 
-def load_records(path: Path, id_key: str, missing_ok: bool = False,
-                 ids: str = "stem") -> tuple[dict[str, dict], list[Rejection]]:
+def load_records(path: Path, id_key: str, missing_ok: bool = False, ids: str = "stem", *,
+                 max_bytes: int = DEFAULT_MAX_BYTES, root: Path | None = None,
+                 allow_outside: bool = True) -> tuple[dict[str, dict], list[Rejection]]:
     """Annotation records keyed by sample id (a file-name value loses its suffix, and with
     ``ids: stem`` its folders)."""
     rel = path.name
     try:
-        data = read_annotation_file(path)
+        data = read_annotation_file(path, max_bytes, root, allow_outside)
     except FileNotFoundError:
         return {}, [] if missing_ok else [Rejection("", (rel,), "annotation file not found")]
     except (ValueError, UnicodeDecodeError, RecursionError, csv.Error) as err:
         return {}, [Rejection("", (rel,), f"annotation file cannot be read: {err}")]
+    except OSError as err:
+        return {}, [Rejection("", (rel,), f"annotation file cannot be read: {err.strerror or err}")]
     records: dict[str, dict] = {}
     problems: list[Rejection] = []
     seen_twice: set[str] = set()
@@ -293,16 +325,25 @@ _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".gif", ".w
                    ".nii", ".gz", ".edf", ".bdf"}
 
 
-def load_sidecars(root: Path, id_key: str, skip: str | None) -> tuple[dict[str, dict], list[Rejection]]:
-    """One ``<id>.json`` record per sample at the top of ``root`` (the inbox style)."""
+def load_sidecars(root: Path, id_key: str, skip: str | None,
+                  allow_outside: bool = False) -> tuple[dict[str, dict], list[Rejection]]:
+    """One ``<id>.json`` record per sample at the top of ``root`` (the inbox style); each read by
+    ``read_bounded`` (at most SIDECAR_MAX_BYTES)."""
     records, problems = {}, []
     for p in sorted(root.glob("*.json")):
         if p.name == skip or p.name.startswith("."):
             continue
         try:
-            rec = json.loads(p.read_text())
+            rec = json.loads(read_bounded(p, SIDECAR_MAX_BYTES, root, allow_outside).decode("utf-8-sig"))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             problems.append(Rejection(p.stem, (p.name,), f"annotation sidecar is not valid JSON: {err}"))
+            continue
+        except RecursionError:
+            problems.append(Rejection(p.stem, (p.name,), "annotation sidecar is nested too deep to read"))
+            continue
+        except (ValueError, OSError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else err
+            problems.append(Rejection(p.stem, (p.name,), f"annotation sidecar cannot be read: {reason}"))
             continue
         if not isinstance(rec, dict):
             problems.append(Rejection(p.stem, (p.name,), "annotation sidecar must hold one JSON object"))
@@ -361,10 +402,11 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
         found_records: dict[str, dict] = {}
         if ann.file:
             found_records, problems = load_records(r / ann.file, ann.id_key, missing_ok=r != root or sidecars,
-                                                   ids=ids)
+                                                   ids=ids, max_bytes=ann.max_bytes, root=r,
+                                                   allow_outside=spec.source.allow_symlinks_outside)
             inv.rejections.extend(problems)
         if sidecars:
-            side, problems = load_sidecars(r, ann.id_key, ann.file)
+            side, problems = load_sidecars(r, ann.id_key, ann.file, spec.source.allow_symlinks_outside)
             inv.rejections.extend(problems)
             found_records.update(side)
         for sid, rec in found_records.items():

@@ -4,6 +4,7 @@ traceback, and the build or the next append goes on."""
 from __future__ import annotations
 
 import json
+import os
 
 import h5forge
 from h5forge.format.names import QUARANTINE_DIR
@@ -78,3 +79,54 @@ def test_a_hash_cache_nested_too_deep_is_no_cache(raw_copy, tmp_path):
     (out / HASH_CACHE).write_text("[" * 100_000 + "]" * 100_000)
     again = h5forge.build(_spec(raw_copy, out))
     assert again.unchanged and again.version == first.version  # every file hashed again: the same inputs
+
+
+def test_hostile_inbox_sidecars_are_quarantined_and_the_appends_go_on(raw_copy, raw_new, tmp_path):
+    """A sidecar nested 100,000 deep, a folder named d.json, a FIFO named f.json and a symlink to
+    /dev/zero: each is one rejection with its reason; the good sample beside them is appended,
+    and so is the next one."""
+    out, inbox = tmp_path / "out", tmp_path / "inbox"
+    h5forge.build(_spec(raw_copy, out, inbox))
+    good = drop_samples(raw_new, inbox, ["cell_000000"], rename="new_")
+    inbox.mkdir(exist_ok=True)
+    (inbox / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (inbox / "d.json").mkdir()
+    os.mkfifo(inbox / "f.json")
+    (inbox / "z.json").symlink_to("/dev/zero")
+    age_files(inbox)
+    first = h5forge.append(_spec(raw_copy, out, inbox))
+    assert first.added == 1
+    reasons = {r.sample_id: r.reason for r in first.rejections}
+    assert reasons["deep"] == "annotation sidecar is nested too deep to read"
+    assert reasons["d"] == "annotation sidecar cannot be read: not a regular file (a folder, device, pipe or socket)"
+    assert reasons["f"] == "annotation sidecar cannot be read: not a regular file (a folder, device, pipe or socket)"
+    assert reasons["z"].startswith("annotation sidecar cannot be read: symlink leads outside the source folder")
+    stored = {i for ids in all_ids(out / "dataset_latest.h5").values() for i in ids}
+    assert good[0] in stored
+    more = drop_samples(raw_new, inbox, ["cell_000001"], rename="new_")
+    age_files(inbox)
+    second = h5forge.append(_spec(raw_copy, out, inbox))
+    assert second.added == 1 and second.version == first.version + 1
+    assert more[0] in {i for ids in all_ids(out / "dataset_latest.h5").values() for i in ids}
+
+
+def test_an_annotation_file_linked_to_dev_zero_is_refused_unread(raw_copy, tmp_path):
+    import pytest
+
+    from h5forge.errors import H5forgeError
+
+    (raw_copy / "annotations.json").unlink()
+    (raw_copy / "annotations.json").symlink_to("/dev/zero")
+    out = tmp_path / "out"
+    with pytest.raises(H5forgeError):
+        h5forge.build(_spec(raw_copy, out))
+    reasons = json.loads(next((out / QUARANTINE_DIR).glob("*.rejections.json")).read_text())
+    [why] = [r["reason"] for r in reasons if r["path"] == "annotations.json"]
+    assert why.startswith("annotation file cannot be read: symlink leads outside the source folder (to /dev/zero)")
+    spec = _spec(raw_copy, out)  # allowed to leave the folder: /dev/zero is still no regular file
+    spec = spec.model_copy(update={"source": spec.source.model_copy(update={"allow_symlinks_outside": True})})
+    with pytest.raises(H5forgeError):
+        h5forge.build(spec)
+    reasons = json.loads(sorted((out / QUARANTINE_DIR).glob("*.rejections.json"))[-1].read_text())
+    [why] = [r["reason"] for r in reasons if r["path"] == "annotations.json"]
+    assert why == "annotation file cannot be read: not a regular file (a folder, device, pipe or socket)"
