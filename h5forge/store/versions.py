@@ -126,10 +126,15 @@ def _remove_partials(out: Path) -> None:
         elif PARTIAL_RE.match(p.name) or p.name.startswith(f".{LATEST}."):
             p.unlink(missing_ok=True)
     versions = published(out)
-    for p in out.iterdir():  # a delta whose version was never published
-        m = DELTA_RE.match(p.name)
-        if m and int(m.group(1)) not in versions:
-            p.unlink(missing_ok=True)
+    # a delta no published version reads: its append was killed before publishing. A delta whose
+    # own version retention removed is still read by the later thin versions, so the test is what
+    # the published versions read, never whether the delta's own version is there
+    unowned = [p for p in out.iterdir() if (m := DELTA_RE.match(p.name)) and int(m.group(1)) not in versions]
+    if unowned:
+        read = {q.resolve() for path in versions.values() for q in dependencies(path)}
+        for p in unowned:
+            if p.resolve() not in read:
+                p.unlink(missing_ok=True)
 
 
 def published(out: str | Path) -> dict[int, Path]:
