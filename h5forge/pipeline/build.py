@@ -65,7 +65,8 @@ def build(spec: DatasetSpec | str | Path, *, output: str | Path | None = None, d
         run("preview", write_preview_sheet, runner, spec.name, published, candidate.number)
         removed = run("retention", apply_retention, spec)
     return BuildResult(spec.name, candidate.number, published, summary.counts, summary.rejected,
-                       summary.compression_ratio, summary.timings, report.checks, removed, left_latest=leaving)
+                       summary.compression_ratio, summary.timings, report.checks, removed, left_latest=leaving,
+                       unclaimed=inventory.unclaimed)
 
 
 def resolve_spec(spec: DatasetSpec | str | Path, output, dask_address, inbox=None) -> DatasetSpec:

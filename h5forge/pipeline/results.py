@@ -21,6 +21,7 @@ class BuildResult:
     skipped: str | None = None  # why the run did not build
     unchanged: bool = False  # nothing published: ``version`` was built from the same inputs and rules
     left_latest: list[str] = field(default_factory=list)  # ids the previous latest held and this version does not
+    unclaimed: int = 0  # files under the source root that no glob of the spec takes
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ def test_class_folders_at_two_depths_are_all_taken(tmp_path):
     assert any(n.startswith("1 file under the folder is taken by no glob: README.txt") for n in inferred.notes)
     path, summary = build(spec_path, tmp_path / "out")
     assert summary.rejections == ()
+    assert h5forge.build(override(spec, output=tmp_path / "out2")).unclaimed == 1  # README.txt
     got = stored(path)
     assert sorted(i for s in SPLITS for i in got[s]) == sorted(ids)
     in_split_folders = {s: [i.split("/")[0] for i in got[s] if i.count("/") == 2] for s in SPLITS}
