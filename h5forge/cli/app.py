@@ -30,6 +30,14 @@ class _App(typer.Typer):
             raise SystemExit(2) from None
 
 
+class _Settings:
+    """Options of the whole command line (``h5forge --debug <command>``)."""
+
+    debug = False
+
+
+settings = _Settings()
+
 app = _App(add_completion=False, no_args_is_help=True,
            help="Labelled raw data in, versioned and verified HDF5 training sets out.")
 out = Console(soft_wrap=True)

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from h5forge.cli.app import _fail, _prefect_defaults, _reported, app, out
+from h5forge.cli.app import _fail, _prefect_defaults, _reported, app, out, settings
 
 @app.command()
 def init(raw: Path = typer.Argument(..., help="raw folder: images/ (+ masks/), <class>/*.jpg or "
@@ -48,7 +48,7 @@ def build(spec: Path = typer.Argument(..., help="dataset spec YAML"),
     from h5forge.flows.build import build_dataset
     from h5forge.flows.foreground import foreground_run
 
-    with _reported(), foreground_run():  # no heartbeat thread to wait for at the end (flows/foreground.py)
+    with _reported(), foreground_run(settings.debug):  # no heartbeat thread to wait for at the end (flows/foreground.py)
         result = build_dataset(str(spec), str(output) if output else None, dask_address)
     _print_build(result)
 
@@ -78,7 +78,7 @@ def append(spec: Path = typer.Argument(..., help="dataset spec YAML"),
     from h5forge.flows.append import append_samples
     from h5forge.flows.foreground import foreground_run
 
-    with _reported(), foreground_run():
+    with _reported(), foreground_run(settings.debug):
         result = append_samples(str(spec), _opt(inbox), _opt(output), dask_address)
     _print_append(result)
 

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from h5forge.cli.app import _reported, app, out
+from h5forge.cli.app import _reported, app, out, settings
 from h5forge.figures import size as size_text
 
 
@@ -23,8 +23,11 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _main(show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
-                                                      help="print the installed h5forge version and exit")) -> None:
+                                          help="print the installed h5forge version and exit"),
+          debug: bool = typer.Option(False, "--debug", help="show the tracebacks of expected failures too "
+                                                             "(they are always in the Prefect run's log)")) -> None:
     """Labelled raw data in, versioned and verified HDF5 training sets out."""
+    settings.debug = debug
 
 
 def _counts_text(counts: dict[str, Any]) -> str:
