@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
 from torch.utils.data._utils.collate import collate as torch_collate
 from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 
@@ -43,7 +43,7 @@ from h5forge.read.reader import (DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SliceIndex, 
                                  output_dtypes, sample_value)
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
-__all__ = ["H5Dataset", "ChunkShuffleSampler", "ReadError", "collate"]
+__all__ = ["H5Dataset", "ChunkShuffleSampler", "ReadError", "ShardedTwice", "collate"]
 
 
 ALIGN = 64  # bytes: every output of a batch starts on a cache line of the shared block
@@ -397,7 +397,7 @@ class H5Dataset(Dataset):
                rank: int | None = None, persistent_workers: bool | None = None,
                multiprocessing_context: Any = None, pin_memory: bool | None = None,
                prefetch_factor: int | None = None, convert: Literal["after", "worker"] | None = "after",
-               device: str | torch.device | None = None, **kwargs: Any) -> DataLoader:
+               device: str | torch.device | None = None, sampler: Any = None, **kwargs: Any) -> DataLoader:
         """A DataLoader with the chunk-aware sampler (sharded by rank under DDP) and the batched
         fetch. ``drop_last`` drops the last incomplete batch; DDP shards are always equal-length.
         The epoch advances on each pass (or call ``loader.sampler.set_epoch(e)``).
@@ -413,7 +413,10 @@ class H5Dataset(Dataset):
         a quarter of float32's bytes over the bus) and converted there by torch kernels, to the
         same values (``H5Dataset.convert``); every tensor of the batch arrives on the device. For a
         CUDA device the batches are pinned first (``pin_memory`` defaults to True) so the copy is
-        asynchronous."""
+        asynchronous.
+
+        ``sampler``: an order of your own in place of the chunk-aware sampler (``shuffle``, ``seed``,
+        ``window``, ``num_replicas`` and ``rank`` then do nothing)."""
         if convert not in ("after", "worker", None):
             raise ValueError(f"convert must be 'after', 'worker' or None, got {convert!r}")
         if device is not None:
@@ -422,7 +425,8 @@ class H5Dataset(Dataset):
             device = torch.device(device)
         if pin_memory is None:
             pin_memory = device is not None and device.type == "cuda"
-        sampler = self.sampler(shuffle=shuffle, seed=seed, window=window, num_replicas=num_replicas, rank=rank)
+        if sampler is None:
+            sampler = self.sampler(shuffle=shuffle, seed=seed, window=window, num_replicas=num_replicas, rank=rank)
         if persistent_workers is None:
             persistent_workers = num_workers > 0
         extra: dict[str, Any] = {}
@@ -568,7 +572,11 @@ def _prefault(batch: Any) -> None:
                 return
 
 
-class ChunkShuffleSampler(Sampler[int]):
+class ShardedTwice(ReadError):
+    """A per-rank sampler handed to something that shards it again (each rank would see 1/world of its share)."""
+
+
+class ChunkShuffleSampler(DistributedSampler):
     """Chunk-aware shuffling sampler (h5forge.read.sampler explains the order).
 
     ``ChunkShuffleSampler(dataset_or_length, chunk_rows=None, shuffle=True, seed=0, window=8,
@@ -577,6 +585,11 @@ class ChunkShuffleSampler(Sampler[int]):
     each rank gets an equal-length, disjoint shard of the same epoch order (``drop_last=False``
     pads by wrapping instead of dropping the ``n % world`` leftover samples). ``set_epoch(e)``
     works as with DistributedSampler; without it each pass advances the epoch.
+
+    It is a ``DistributedSampler``: frameworks that shard a loader's sampler for DDP unless it is
+    one (Lightning's ``use_distributed_sampler=True``, the default) leave it as it is. One that
+    shards it anyway (Lightning's ``trainer.predict``, a DistributedSampler built over it) would
+    give each rank a 1/world part of its shard: iterating it that way raises ``ShardedTwice``.
     """
 
     def __init__(self, data_source: Any, chunk_rows: int | None = None, *, shuffle: bool = True, seed: int = 0,
@@ -593,10 +606,21 @@ class ChunkShuffleSampler(Sampler[int]):
             rank = me if rank is None else rank
         self.order = ChunkOrder(n, chunk_rows, shuffle=shuffle, seed=seed, window=window,
                                 num_replicas=num_replicas, rank=rank, drop_last=drop_last)
+        # DistributedSampler's attributes, for code that reads them (its __init__ is not run: it
+        # would need a process group, and it sizes shards its own way)
+        self.dataset = data_source
+        self.num_replicas, self.rank, self.shuffle, self.seed = num_replicas, rank, shuffle, seed
+        self.drop_last = drop_last
+        self.num_samples = len(self.order)
+        self.total_size = self.num_samples * num_replicas
 
     @property
     def epoch(self) -> int:
         return self.order.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self.order.set_epoch(value)
 
     def set_epoch(self, epoch: int) -> None:
         self.order.set_epoch(epoch)
@@ -605,6 +629,16 @@ class ChunkShuffleSampler(Sampler[int]):
         return self.order.indices(epoch)
 
     def __iter__(self) -> Iterator[int]:
+        if self.num_replicas > 1 and isinstance(sys._getframe(1).f_locals.get("self"), Dataset):
+            # a sampler read by a Dataset's method is being turned into a dataset to be sharded again
+            # (Lightning's DistributedSamplerWrapper, _DatasetSamplerWrapper)
+            world = self.num_replicas
+            raise ShardedTwice(
+                f"this loader's sampler already gives rank {self.rank} its 1/{world} share, and it is being sharded "
+                f"again (each rank would read 1/{world} of its share): with Lightning use "
+                "h5forge.read.lightning.H5DataModule, or Trainer(use_distributed_sampler=False), or for "
+                "trainer.predict a loader with num_replicas=1, rank=0; elsewhere, do not wrap it in a "
+                "DistributedSampler")
         return iter(self.order.next_epoch().tolist())
 
     def __len__(self) -> int:
