@@ -151,7 +151,7 @@ LAYOUT: tuple[tuple[str, str], ...] = (
     ("/inputs/<split>/sample", "(N,) 32-byte sample keys in row order: sha256 of the sample's id, split, raw files, "
                                "their sha256 and annotation values (what a rebuild matches to copy a row)"),
     ("/inputs/content, content_at, ids", "(M,) sorted sha256 of each sample's raw-file hashes, its split and row "
-                                         "(split index << 40 | row), and the sorted 16-byte sha256 of each id: "
+                                         "(split index << 40 | row), and the sorted 16-byte sha256 of each id in NFC: "
                                          "what an append checks exactly-once against"),
     (f"/{DIAGNOSTICS}", f"attrs: {Attr.SUMMARY} (JSON: counts, timings, sizes, compression ratio, codec)"),
     (f"/{REJECTIONS}", f"(R, {len(REJECTION_COLUMNS)}) strings: {', '.join(REJECTION_COLUMNS)}"),

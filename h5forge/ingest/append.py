@@ -283,6 +283,8 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
         rec = by_id.get(match_key(ref.id))
         if rec is None and ref.extra_files:
             rec = json.loads((inbox / ref.extra_files[0]).read_text())
+            if id_key not in rec:  # a sidecar is named by its file; processed/ records are named by id_key
+                rec = {id_key: ref.id, **rec}
         if rec is not None:
             records.append(rec)
     taken = {match_key(ref.id) for ref in scan.ready}

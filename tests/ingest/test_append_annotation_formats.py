@@ -128,3 +128,21 @@ def test_a_rebuild_that_would_drop_published_samples_names_them_and_publishes_on
     allowed = h5forge.build(_file_keyed_spec(tmp_path, allow_removals=True))
     assert allowed.left_latest == ["r03", "r07"]
     assert _stored_ids(allowed.path) == sorted(n[:-4] for n in names if n not in ("r03.png", "r07.png"))
+
+
+def test_a_sidecar_record_without_the_key_column_gets_it_in_processed(tmp_path):
+    import h5forge
+
+    _labelled_pngs(tmp_path / "raw", [f"r{k:02d}.png" for k in range(10)], ["a", "b"])
+    _labelled_pngs(tmp_path / "inbox", ["new0.png"], ["b"])
+    (tmp_path / "inbox" / "labels.csv").unlink()
+    (tmp_path / "inbox" / "new0.json").write_text(json.dumps({"label": "a"}))  # named by its file only
+    age_files(tmp_path / "inbox")
+    spec = _file_keyed_spec(tmp_path)
+    h5forge.build(spec)
+    appended = h5forge.append(spec)
+    assert appended.added == 1 and not appended.rejections
+    with (append.processed_dir(tmp_path / "inbox", appended.version) / "labels.csv").open(newline="") as fh:
+        assert list(csv.DictReader(fh)) == [{"file": "new0", "label": "a"}]
+    rebuilt = h5forge.build(spec)
+    assert rebuilt.rejected == 0 and "new0" in _stored_ids(rebuilt.path)
