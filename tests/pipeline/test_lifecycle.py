@@ -1,0 +1,477 @@
+"""A dataset's life as random sequences of what users do, checked against a model after every step.
+
+The model is the set of good samples the user has given (and where: the raw folder, the inbox,
+appended) with their expected values, decoded here with Pillow and the spec's pad/crop rule
+(tests/helpers/lifecycle.py), never through h5forge's cleaning code. The steps: good and defective
+files dropped into the raw folder or the inbox in every layout ``init`` knows, annotation edits,
+deletions, renames, build, append, the watcher, a rebuild of unchanged inputs, rollback,
+retention, export. After each step: every good sample given so far is in latest exactly once
+(after a rollback, as of that version) with its expected values; every defective input has a
+reason on record; no published file changed; ``verify`` is HEALTHY for latest and every kept
+version; ``diff`` between the versions before and after a step is the model's change.
+
+``make test`` runs a fixed number of derandomized sequences per layout; ``make test-soak`` a long
+run (``soak`` marker).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import zlib
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import h5py
+import hypothesis
+import numpy as np
+import pytest
+import yaml
+from hypothesis import HealthCheck, Phase, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+
+import h5forge
+from h5forge.errors import SamplesRemoved
+from h5forge.format.layout import decode_str
+from h5forge.format.names import DELTA_RE, LATEST, VERSION_RE, version_name
+from h5forge.init import infer_spec
+from h5forge.pipeline import verify
+from h5forge.pipeline.watch import watch_inbox
+from h5forge.spec import load_spec
+from h5forge.store.thin import export
+from h5forge.store.verify import verify_file
+from h5forge.store.versions import latest, output_lock, published, retain, set_latest
+from h5forge.views.diff import diff_versions
+from tests.helpers.lifecycle import LAYOUTS, Draw, Layout, Sample
+
+SPLITS = ("train", "val", "test")
+KEEP = (50,)  # output.keep of the spec: retention with keep 2 or 5 deletes a delta a kept version reads
+RUNS = {"sequences": 0, "steps": 0, "rules": Counter()}  # what the machine ran here (``run`` prints it)
+
+
+def traced(fn):
+    """Counts the rule, and with H5FORGE_LIFECYCLE_TRACE set prints each step as it runs."""
+    @functools.wraps(fn)
+    def step(self, **kwargs):
+        RUNS["rules"][fn.__name__] += 1
+        self.steps += 1
+        if os.environ.get("H5FORGE_LIFECYCLE_TRACE"):
+            print(f"  {self.layout.name} step {self.steps}: {fn.__name__}", flush=True)
+        return fn(self, **kwargs)
+    return step
+
+draws = st.builds(Draw, serial=st.just(0), picture=st.integers(0, 3), y=st.integers(0, 400),
+                  x=st.integers(0, 400), h=st.integers(40, 90), w=st.integers(40, 90), label=st.integers(0, 2),
+                  count=st.integers(0, 99), split=st.integers(0, 2))
+
+
+class Lifecycle(RuleBasedStateMachine):
+    """One dataset's life in one layout (``layout``, set by ``machine_for``)."""
+
+    layout: Layout
+
+    def __init__(self):
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"lifecycle-{self.layout.name}-"))
+        self.raw, self.inbox, self.out = self.tmp / "raw", self.tmp / "inbox", self.tmp / "out"
+        self.serial = 0
+        self.raw_good: dict[str, Sample] = {}  # good samples in the raw folder, as the user left them
+        self.pending: dict[str, Sample] = {}  # good samples waiting in the inbox
+        self.appended: dict[str, Sample] = {}  # good samples an append took (now in inbox/processed/)
+        self.expect: dict[str, dict] = {}  # what latest must hold: id -> snapshot of the sample
+        self.history: dict[int, dict[str, dict] | None] = {}  # version -> its snapshot (None: not known)
+        self.bad_raw: list[Sample] = []  # defective inputs in the raw folder (rejected by every build)
+        self.bad_inbox: list[Sample] = []  # defective inputs dropped into the inbox, not yet appended
+        self.hashes: dict[str, str] = {}  # published file -> its sha256 when first seen
+        self.split_of: dict[str, str] = {}
+        self.built_clean = False  # nothing changed since the last build, which latest still is
+        self.steps = 0
+
+    def teardown(self):
+        RUNS["sequences"] += 1
+        RUNS["steps"] += self.steps
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # ---- the model's helpers
+    def draw(self, d: Draw) -> Draw:
+        self.serial += 1
+        return replace(d, serial=self.serial)
+
+    @staticmethod
+    def snap(s: Sample) -> dict:
+        return {"sample": Sample(s.sid, dict(s.files), dict(s.data), dict(s.columns), s.split)}
+
+    def given(self) -> dict[str, dict]:
+        """What a full rebuild must hold: the raw folder's good samples and every appended one."""
+        return {sid: self.snap(s) for sid, s in {**self.raw_good, **self.appended}.items()}
+
+    def changed(self) -> None:
+        self.built_clean = False
+
+    # ---- set-up: a raw folder, the spec init writes for it
+    @initialize(first=st.lists(draws, min_size=4, max_size=4), keep=st.sampled_from(KEEP),
+                allow_removals=st.booleans())
+    def start(self, first, keep, allow_removals):
+        for i, d in enumerate(first):
+            # the first samples have one size, so the spec init infers (the targets) is known
+            d = replace(self.draw(d), h=48, w=48, label=i, split=i % 3 if i < 3 else 0)
+            s = self.layout.sample(d)
+            self.layout.write(self.raw, s)
+            self.raw_good[s.sid] = s
+        self.inbox.mkdir()
+        spec_path = self.tmp / "spec.yaml"
+        data = yaml.safe_load(infer_spec(self.raw, spec_path).text)
+        data["source"]["inbox"] = str(self.inbox)
+        data["output"] = {"dir": str(self.out), "keep": keep, "retire_after_seconds": 0,
+                          "allow_removals": allow_removals}
+        data["max_rejected"] = 0.9  # the machine decides how many defects there are, not the limit
+        data["append"] = {"settle_seconds": 0, "batch_window_seconds": 0.2, "poll_seconds": 1}
+        data["verify"] = {"latency_reads": 5}
+        data["compute"] = {"workers": 1}
+        spec_path.write_text(yaml.safe_dump(data))
+        self.spec_path = spec_path
+        self.spec = load_spec(spec_path)
+        self.build()  # what a user does first after init
+
+    # ---- what users do to their files
+    @rule(batch=st.lists(draws, min_size=1, max_size=3), to_inbox=st.booleans())
+    @traced
+    def add_good(self, batch, to_inbox):
+        for d in batch:
+            s = self.layout.sample(self.draw(d))
+            self.layout.write(self.inbox if to_inbox else self.raw, s)
+            (self.pending if to_inbox else self.raw_good)[s.sid] = s
+        if not to_inbox:
+            self.changed()
+
+    @rule(d=draws, to_inbox=st.booleans(), data=st.data())
+    @traced
+    def add_defective(self, d, to_inbox, data):
+        if len(self.bad_raw) >= 3 and not to_inbox:
+            return  # a few are enough, and max_rejected stays out of the way
+        how = data.draw(st.sampled_from(self.layout.defects()))
+        s = self.layout.defective(self.draw(d), how)
+        self.layout.write(self.inbox if to_inbox else self.raw, s)
+        (self.bad_inbox if to_inbox else self.bad_raw).append(s)
+        if not to_inbox:
+            self.changed()
+
+    @precondition(lambda self: self.expect)
+    @rule(data=st.data())
+    @traced
+    def add_duplicate(self, data):
+        """A copy of a sample latest holds, under a new name, into the inbox: exactly once says no."""
+        sid = data.draw(st.sampled_from(sorted(self.expect)))
+        s = self.layout.renamed(self.expect[sid]["sample"], self._new_id(self.expect[sid]["sample"]))
+        self.layout.write(self.inbox, s)
+        self.bad_inbox.append(s)
+
+    def _new_id(self, s: Sample) -> str:
+        self.serial += 1
+        head, _, tail = s.sid.rpartition("/")
+        return f"{head}/n{self.serial:05d}" if head else f"n{self.serial:05d}"
+
+    @precondition(lambda self: self.layout.annotation and self.raw_good)
+    @rule(data=st.data(), label=st.integers(0, 1), count=st.integers(100, 199))
+    @traced
+    def edit_annotation(self, data, label, count):
+        sid = data.draw(st.sampled_from(sorted(self.raw_good)))
+        s = self.raw_good[sid]
+        self.layout.edit(self.raw, s, {"label": ("round", "long")[label], "count": count})
+        self.changed()
+
+    @precondition(lambda self: len(self.raw_good) > 1)
+    @rule(data=st.data())
+    @traced
+    def delete_sample(self, data):
+        sid = data.draw(st.sampled_from(sorted(self.raw_good)))
+        self.layout.remove(self.raw, self.raw_good.pop(sid))
+        self.changed()
+
+    @precondition(lambda self: self.raw_good)
+    @rule(data=st.data())
+    @traced
+    def rename_sample(self, data):
+        sid = data.draw(st.sampled_from(sorted(self.raw_good)))
+        old = self.raw_good.pop(sid)
+        self.layout.remove(self.raw, old)
+        new = self.layout.renamed(old, self._new_id(old))
+        self.layout.write(self.raw, new)
+        self.raw_good[new.sid] = new
+        self.changed()
+
+    # ---- what users run
+    @rule()
+    @traced
+    def build(self):
+        before = self.latest_path()
+        want = self.given()
+        leaving = sorted(set(self.expect) - set(want))
+        if leaving and not self.spec.output.allow_removals:
+            with pytest.raises(SamplesRemoved, match=f"{len(leaving)} sample.s. of .* would leave latest"):
+                h5forge.build(self.spec)
+            assert self.latest_path() == before, "a refused build moved latest"
+            return
+        result = h5forge.build(self.spec)
+        assert sorted(result.left_latest) == leaving
+        if result.unchanged:
+            assert self.same(want, self.expect), "the build found nothing new, but the model holds changes"
+        else:
+            assert result.version is not None, result
+            self.published_version(result.version, want, before)
+            self.check_raw_defects(result.version)
+        self.built_clean = True
+
+    @precondition(lambda self: self.built_clean)
+    @rule()
+    @traced
+    def rebuild_unchanged(self):
+        current = latest(self.out)
+        result = h5forge.build(self.spec)
+        assert result.unchanged and result.version == current, result
+
+    @precondition(lambda self: self.history)
+    @rule()
+    @traced
+    def append(self):
+        before = self.latest_path()
+        result = h5forge.append(self.spec)
+        self.appended_version(result.version, before)
+
+    @precondition(lambda self: self.expect)
+    @rule(batch=st.lists(draws, min_size=0, max_size=2))
+    @traced
+    def watch(self, batch):
+        """The watch loop in a thread (the plain append), with files dropped while it runs."""
+        before, first = self.latest_path(), max(published(self.out), default=0)
+        stop, failure, runs = threading.Event(), [], []
+        own = [self.spec.annotations.file] if self.spec.annotations.file else []  # as `h5forge watch` passes
+
+        busy = threading.Lock()
+
+        def append_once() -> int:
+            with busy:
+                result = h5forge.append(self.spec)
+                runs.append(result)
+            return result.waiting
+
+        def loop():
+            try:
+                watch_inbox(self.inbox, append_once, own_files=own, settle_seconds=0.1, window_seconds=0.2,
+                            poll_seconds=0.5, stop=stop)
+            except BaseException as err:  # the main thread reports it
+                failure.append(err)
+
+        worker = threading.Thread(target=loop, name="lifecycle-watch")
+        worker.start()
+        try:
+            for d in batch:
+                s = self.layout.sample(self.draw(d))
+                self.layout.write(self.inbox, s)
+                self.pending[s.sid] = s
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and (self.inbox_files_left() or not runs) and worker.is_alive():
+                time.sleep(0.2)
+            with busy:  # the append that took the last files has returned
+                settled = len(runs)
+            time.sleep(1.5)  # three polls: the watcher's own writes must not start appends
+            idle = runs[settled:]
+        finally:
+            stop.set()
+            worker.join(60)
+        assert not failure, failure
+        assert not worker.is_alive(), "the watcher did not stop"
+        assert not self.inbox_files_left(), f"the watcher left {self.inbox_files_left()} in the inbox"
+        assert not idle, f"{len(idle)} append(s) ran with nothing dropped into the inbox: {idle}"
+        made = [v for v in published(self.out) if v > first]
+        for v in made[:-1]:
+            self.history[v] = None  # which of the dropped samples each took depends on timing
+        self.appended_version(made[-1] if made else None, before)
+
+    def inbox_files_left(self) -> list[str]:
+        return sorted(rel for s in [*self.pending.values(), *self.bad_inbox] for rel in s.files.values()
+                      if (self.inbox / rel).exists())
+
+    @precondition(lambda self: [v for v, h in self.history.items() if h is not None and v != latest(self.out)])
+    @rule(data=st.data())
+    @traced
+    def rollback(self, data):
+        kept = published(self.out)
+        targets = sorted(v for v, h in self.history.items() if h is not None and v in kept and v != latest(self.out))
+        if not targets:
+            return
+        v = data.draw(st.sampled_from(targets))
+        with output_lock(self.out, what="rollback"):
+            assert verify_file(kept[v], checksums=False, resample=0, latency_reads=0).ok
+            set_latest(self.out, v)
+        self.expect = self.history[v]
+        self.changed()
+
+    @precondition(lambda self: self.history)
+    @rule(keep=st.sampled_from(KEEP))
+    @traced
+    def retention(self, keep):
+        retain(self.out, keep, 0)
+
+    @precondition(lambda self: self.expect)
+    @rule(codec=st.sampled_from([None, "gzip-1"]))
+    @traced
+    def export_latest(self, codec):
+        dest = self.tmp / "exports" / f"export_{self.serial}_{codec}.h5"
+        dest.parent.mkdir(exist_ok=True)
+        self.serial += 1
+        export(self.out / LATEST, dest, codec)
+        assert verify_file(dest, resample=0, latency_reads=0).ok
+        self.check_holds(dest, self.expect)
+
+    # ---- what the model expects of a run
+    def published_version(self, number: int, want: dict[str, dict], before: Path | None) -> None:
+        assert latest(self.out) == number
+        self.check_diff(before, self.expect, want)
+        self.expect = want
+        self.history[number] = want
+
+    def appended_version(self, number: int | None, before: Path | None) -> None:
+        for s in self.bad_inbox:
+            self.check_inbox_reason(s)
+        self.bad_inbox = []
+        if not self.pending:
+            assert number is None, f"v{number} published with nothing new in the inbox"
+            return
+        assert number is not None, f"{len(self.pending)} good sample(s) in the inbox, nothing appended"
+        want = {**self.expect, **{sid: self.snap(s) for sid, s in self.pending.items()}}
+        self.appended.update(self.pending)
+        self.pending = {}
+        self.published_version(number, want, before)
+        self.changed()
+
+    def check_raw_defects(self, number: int) -> None:
+        report = self.out / "quarantine" / f"{version_name(number)[:-3]}.rejections.json"
+        rows = json.loads(report.read_text()) if report.exists() else []
+        for s in self.bad_raw:
+            mine = [r for r in rows if r["sample_id"] == s.sid or any(rel in r["path"] for rel in s.files.values())]
+            assert mine and all(r["reason"] for r in mine), f"{s.sid}: no reason in {report.name}: {rows}"
+
+    def check_inbox_reason(self, s: Sample) -> None:
+        """A rejected inbox input is moved to inbox/quarantine/ with a ``.reason`` beside it."""
+        reasons = [self.inbox / "quarantine" / f"{rel}.reason" for rel in s.files.values()]
+        found = [p for p in reasons if p.exists() and p.read_text().strip()]
+        assert found, f"{s.sid}: no reason on record in {self.inbox / 'quarantine'}"
+
+    def check_diff(self, before: Path | None, old: dict[str, dict], new: dict[str, dict]) -> None:
+        after = self.latest_path()
+        if before is None or not before.exists():
+            return
+        d = diff_versions(before, after)
+        assert d.added == sorted(set(new) - set(old)), d.added
+        assert d.removed == sorted(set(old) - set(new)), d.removed
+        changed = sorted(sid for sid in set(old) & set(new) if not self.same({sid: old[sid]}, {sid: new[sid]}))
+        assert d.content_changed == changed, (d.content_changed, changed)
+        cols = sorted(sid for sid in set(old) & set(new)
+                      if old[sid]["sample"].columns != new[sid]["sample"].columns)
+        assert sorted(d.columns_changed) == cols, (d.columns_changed, cols)
+        assert not d.moved_split, d.moved_split
+
+    @staticmethod
+    def same(a: dict[str, dict], b: dict[str, dict]) -> bool:
+        return a.keys() == b.keys() and all(
+            a[k]["sample"].data == b[k]["sample"].data and a[k]["sample"].columns == b[k]["sample"].columns
+            for k in a)
+
+    def latest_path(self) -> Path | None:
+        number = latest(self.out) if self.out.exists() else None
+        return None if number is None else self.out / version_name(number)
+
+    # ---- invariants, after every step
+    @invariant()
+    def latest_holds_every_good_sample_once(self):
+        path = self.latest_path()
+        if path is None:
+            assert not self.expect
+            return
+        self.check_holds(path, self.expect)
+
+    def check_holds(self, path: Path, expect: dict[str, dict]) -> None:
+        fields = list(self.spec.fields)
+        seen: list[str] = []
+        with h5py.File(os.path.realpath(path), "r") as f:
+            for split in SPLITS:
+                g = f[split]
+                ids = decode_str(g["ids"][()])
+                seen += ids
+                for row, sid in enumerate(ids):
+                    if sid not in expect:
+                        continue
+                    s = expect[sid]["sample"]
+                    want = self.layout.expected(s, self.spec)
+                    for name in fields:
+                        got = g[name][row]
+                        assert np.array_equal(got, want[name]), f"{sid}: {name} differs from its decode"
+                    for col, value in self.layout.columns_expected(s, self.spec).items():
+                        got = g["meta"][col][row]
+                        got = got.decode() if isinstance(got, bytes) else got.item()
+                        assert got == value, f"{sid}: column {col} is {got!r}, given {value!r}"
+                    if s.split is not None:
+                        assert split == s.split, f"{sid}: in {split}, its folder says {s.split}"
+                    assert self.split_of.setdefault(sid, split) == split, f"{sid} moved split"
+        dupes = sorted({i for i in seen if seen.count(i) > 1})
+        assert not dupes, f"{path.name}: ids stored more than once: {dupes}"
+        assert sorted(seen) == sorted(expect), (f"{path.name}: missing {sorted(set(expect) - set(seen))}, "
+                                                f"unexpected {sorted(set(seen) - set(expect))}")
+
+    @invariant()
+    def published_files_never_change(self):
+        if not self.out.exists():
+            return
+        for p in self.out.iterdir():
+            if VERSION_RE.match(p.name) or DELTA_RE.match(p.name):
+                digest = hashlib.sha256(p.read_bytes()).hexdigest()
+                assert self.hashes.setdefault(p.name, digest) == digest, f"{p.name} changed after it was published"
+
+    @invariant()
+    def every_kept_version_is_healthy(self):
+        if self.latest_path() is None:
+            return
+        report = verify(self.out)
+        assert report.ok, report.errors
+        for number, path in published(self.out).items():
+            if number != latest(self.out):
+                # what retention may break is a file a kept version reads: structure and sources
+                r = verify_file(path, checksums=False, resample=0, latency_reads=0)
+                assert r.ok, (path.name, r.errors)
+
+
+def machine_for(layout: str) -> type[Lifecycle]:
+    return type(f"Lifecycle_{layout.replace('-', '_')}", (Lifecycle,), {"layout": LAYOUTS[layout]})
+
+
+def run(layout: str, examples: int, steps: int, seed: int = 18, shrink: bool = False) -> None:
+    """``examples`` sequences of up to ``steps`` steps, from a fixed seed (the same sequences each run;
+    each layout its own, so the layouts do not all run the same sequence of rules)."""
+    before = {k: v for k, v in RUNS.items() if k != "rules"}
+    seed += zlib.crc32(layout.encode())
+    run_state_machine_as_test(hypothesis.seed(seed)(machine_for(layout)), settings=settings(
+        max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
+        suppress_health_check=list(HealthCheck), print_blob=True,
+        phases=[Phase.explicit, Phase.generate, *([Phase.shrink] if shrink else [])]))
+    print(f"lifecycle {layout}: {RUNS['sequences'] - before['sequences']} sequences, "
+          f"{RUNS['steps'] - before['steps']} steps; rules so far: {dict(RUNS['rules'])}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_lifecycle(layout):
+    run(layout, examples=2, steps=12)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_lifecycle_soak(layout):
+    run(layout, examples=int(os.environ.get("H5FORGE_LIFECYCLE_EXAMPLES", 25)), steps=30, shrink=True)
