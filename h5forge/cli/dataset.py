@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from h5forge.errors import H5forgeError
 from h5forge.cli.app import _fail, _prefect_defaults, _reported, app, out, settings
 
 @app.command()
@@ -246,17 +247,12 @@ def verify(path: Path = typer.Argument(..., help="a version file or dataset_late
 
 @app.command()
 def versions(folder: Path = typer.Argument(..., help="output folder of a dataset")) -> None:
-    """List published versions; the one latest points at is marked."""
-    import json
-
-    import h5py
-
-    from h5forge.format.codecs import ensure_filters
-    from h5forge.format.names import Attr
-    from h5forge.format.segments import counts_of
+    """List published versions; the one latest points at is marked. A version that cannot be read
+    is listed as such, with the reason."""
     from h5forge.store.versions import latest, published
+    from h5forge.views.info import brief
+    from h5forge.views.isolated import in_child
 
-    ensure_filters()
     found = published(folder)
     if not found:
         _fail(f"no published version in {folder}", 1)
@@ -264,13 +260,14 @@ def versions(folder: Path = typer.Argument(..., help="output folder of a dataset
         current = latest(folder)
     t = Table("", "version", "samples", "size", "kind", "created", "parent")
     for number, p in found.items():
-        with h5py.File(p, "r") as f:
-            count = sum(counts_of(f).values())
-            created, parent = f.attrs.get(Attr.CREATED, ""), int(f.attrs.get(Attr.PARENT, -1))
-            segments = len(json.loads(f.attrs[Attr.SEGMENTS])) if Attr.SEGMENTS in f.attrs else 1
-        kind = f"thin over {segments} files" if segments > 1 else "full"
-        t.add_row("latest →" if number == current else "", f"v{number:04d}", str(count),
-                  f"{p.stat().st_size / 1e6:.1f} MB", kind, str(created), f"v{parent:04d}" if parent > 0 else "")
+        mark = "latest →" if number == current else ""
+        try:
+            row = in_child(brief, p, what=f"read {p.name}")
+        except H5forgeError as err:
+            t.add_row(mark, f"v{number:04d}", "", f"{p.stat().st_size / 1e6:.1f} MB", f"unreadable: {err}", "", "")
+            continue
+        t.add_row(mark, f"v{number:04d}", str(row["samples"]), f"{row['file_bytes'] / 1e6:.1f} MB", row["kind"],
+                  str(row["created_at"]), f"v{row['parent']:04d}" if row["parent"] else "")
     out.print(t)
 
 

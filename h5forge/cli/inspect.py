@@ -94,9 +94,10 @@ def info(path: Path = typer.Argument(..., help="a version file, dataset_latest.h
     """What a version holds: samples per split, sizes, codec, the spec, lineage (thin or full),
     label and class counts, the rejected inputs by reason. A folder: every version, the latest in full."""
     from h5forge.views.info import folder_info, version_info
+    from h5forge.views.isolated import in_child
 
     with _reported():
-        data = folder_info(path) if path.is_dir() else version_info(path)
+        data = in_child(folder_info if path.is_dir() else version_info, path, what=f"read {path}")
     if as_json:
         print(json.dumps(data, indent=2))
         return
@@ -125,13 +126,14 @@ def diff(old: str = typer.Argument(..., help="the earlier version: a file, or wi
     h5forge diff --dir out previous latest; h5forge diff --dir out 1 3 --json
     """
     from h5forge.views.diff import diff_versions, resolve_version
+    from h5forge.views.isolated import in_child
 
     with _reported():
         if folder is not None:
             a, b = resolve_version(folder, old), resolve_version(folder, new)
         else:
             a, b = Path(old), Path(new)
-        result = diff_versions(a, b)
+        result = in_child(diff_versions, a, b, what=f"compare {a} and {b}")
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
         return

@@ -31,10 +31,11 @@ def preview(file: Path = typer.Argument(..., help="a version file (or dataset_la
     """A contact sheet PNG of random or chosen samples, each drawn by its field kinds: images with
     their masks overlaid in colour, volumes as three mid-planes, signals as line plots per channel;
     the id, the label and the annotation columns under each."""
+    from h5forge.views.isolated import in_child
     from h5forge.views.preview import write_preview
 
     with _reported():
-        sheet = write_preview(file, out_path, split, n, seed, _ids(ids), tile)
+        sheet = in_child(write_preview, file, out_path, split, n, seed, _ids(ids), tile, what=f"preview {file}")
     shown = ", ".join(sheet.ids[:8]) + (f" and {len(sheet.ids) - 8} more" if len(sheet.ids) > 8 else "")
     out.print(f"wrote {out_path} ({sheet.image.width}x{sheet.image.height} px): {len(sheet.ids)} samples: {shown}",
               highlight=False, markup=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
 import stat
 import time
@@ -27,6 +28,8 @@ from h5forge.format.names import (DELTA_RE, LATEST, LOCK, PARTIAL_RE, RESUMABLE,
 from h5forge.format import leases
 from h5forge.format.segments import virtual_sources
 from h5forge.store.disk_full import as_disk_full, release_partials
+
+log = logging.getLogger("h5forge.store")
 
 
 def version_number(text: str | int) -> int:
@@ -261,7 +264,12 @@ def retain(out: str | Path, keep: int, retire_after: float = 0) -> list[Path]:
         protected = {versions[v].resolve() for v in kept if v in versions}
         for v in kept:
             if v in versions:
-                protected |= {p.resolve() for p in dependencies(versions[v])}
+                try:
+                    protected |= {p.resolve() for p in dependencies(versions[v])}
+                except Exception as err:  # noqa: BLE001 - a damaged kept file: what it reads is unknown
+                    log.warning("retention deletes nothing: %s cannot be read (%s), so the files it reads "
+                                "are not known", versions[v].name, err)
+                    return []
         for number in doomed:
             path = versions[number]
             if path.resolve() not in protected:

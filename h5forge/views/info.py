@@ -216,6 +216,16 @@ def brief(path: Path) -> dict[str, Any]:
                 "created_at": _plain(f.attrs.get(Attr.CREATED, "")), "parent": parent if parent > 0 else None}
 
 
+def _brief_or_why(number: int, path: Path) -> dict[str, Any]:
+    """A version's line, or what is wrong with a file that cannot be read (a listing of the
+    folder goes on)."""
+    try:
+        return brief(path)
+    except Exception as err:  # noqa: BLE001 - a damaged file: whatever h5py raises on it
+        return {"version": number, "file": path.name, "samples": 0, "counts": {}, "file_bytes": path.stat().st_size,
+                "kind": f"unreadable: {type(err).__name__}: {err}"[:300], "created_at": "", "parent": None}
+
+
 def folder_info(folder: str | Path) -> dict[str, Any]:
     """Every published version of an output folder in brief, and the latest in full."""
     folder = Path(folder)
@@ -226,5 +236,5 @@ def folder_info(folder: str | Path) -> dict[str, Any]:
     current = latest(folder)
     shown = current if current in found else max(found)
     return {"folder": str(folder), "latest": current,
-            "versions": [{**brief(p), "latest": n == current} for n, p in found.items()],
+            "versions": [{**_brief_or_why(n, p), "latest": n == current} for n, p in found.items()],
             "detail": version_info(found[shown])}

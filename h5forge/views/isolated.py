@@ -1,0 +1,56 @@
+"""Run a look at a version file in a forked child, as ``verify`` does.
+
+A damaged file can make the HDF5 library itself crash (a corrupt virtual-dataset mapping
+segfaults when the dataset is opened) or raise from anywhere while its metadata is read. The
+commands that only look (``info``, ``diff``, ``preview``, ``versions``) call their work through
+``in_child``: a crash or an exception of the child becomes one ``ReadError`` naming the file, and
+the command says it in one line. For callers without other threads (the command line).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from typing import Any, Callable
+
+from h5forge.errors import H5forgeError, ReadError
+
+
+def in_child(fn: Callable[..., Any], *args: Any, what: str) -> Any:
+    """``fn(*args)`` computed in a forked child; its result (picklable) returned here. An
+    ``H5forgeError`` of the child is raised again as it was; any other exception, or a crash,
+    becomes a ``ReadError`` saying ``cannot <what>``."""
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child, args=(send, fn, args))
+    child.start()
+    send.close()
+    try:
+        outcome, value = receive.recv()
+    except EOFError:  # the child died without an answer
+        outcome, value = None, None
+    child.join()
+    if outcome == "ok":
+        return value
+    if outcome == "h5forge":
+        raise value
+    if outcome == "error":
+        raise ReadError(f"cannot {what}: {value}")
+    raise ReadError(f"cannot {what}: the HDF5 library crashed while reading it (exit code {child.exitcode}); "
+                    "the file is corrupt")
+
+
+def _child(send, fn: Callable[..., Any], args: tuple) -> None:
+    try:
+        try:
+            answer = ("ok", fn(*args))
+        except H5forgeError as err:
+            answer = ("h5forge", err)
+        except Exception as err:  # noqa: BLE001 - whatever a damaged file makes the library raise
+            answer = ("error", f"{type(err).__name__}: {err}"[:2000])
+        send.send(answer)
+    except Exception as err:  # noqa: BLE001 - an answer that does not pickle
+        send.send(("error", f"{type(err).__name__}: {err}"[:2000]))
+    finally:
+        send.close()
+        os._exit(0)  # no atexit work of the parent's (Prefect, dask) runs twice
