@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from h5forge.format import markdown
 from h5forge.ingest.splits import assign_split
 from h5forge.spec import load_spec
 from h5forge.views.diff import diff_versions
@@ -106,7 +107,7 @@ def test_the_build_flow_publishes_the_diff_against_the_previous_version(history)
     art = Artifact.get("demo-diff")  # the latest artifact of that key: the rebuild's (v0002 -> v0003)
     assert art is not None and art.type == "markdown"
     assert art.data.startswith("# Changes: v0002 → v0003")
-    assert "| labels/columns changed | 1 |" in art.data and f"| `{RELABELLED}` | meta/label |" in art.data
+    assert "| labels/columns changed | 1 |" in art.data and f"| {markdown.text(RELABELLED)} | meta/label |" in art.data
     assert "| added | 0 |" in art.data
 
 
