@@ -12,13 +12,11 @@ from rich.table import Table
 
 from h5forge.errors import H5forgeError
 from h5forge.cli.app import _fail, _prefect_defaults, _reported, app, out, settings
+from h5forge.kinds import demos, detectors
 
 @app.command()
-def init(raw: Path = typer.Argument(..., help="raw folder: images/ (+ masks/), <class>/*.jpg or "
-                                              "<split>/<class>/*.jpg, or lr/ + hr/; annotations beside them "
-                                              "(*.json, *.jsonl, *.csv); DICOM case folders <case>/*.dcm or "
-                                              "*.nii.gz volumes (+ masks/); recordings *.edf, *.csv with a "
-                                              "time column, or <channel>/*.npy"),
+def init(raw: Path = typer.Argument(..., help="raw folder, one of: " + "; ".join(d.expects for _, d in detectors())
+                                              + "; annotations beside pictures (*.json, *.jsonl, *.csv)"),
          out_path: Path = typer.Option(..., "--out", help="where to write the spec YAML"),
          force: bool = typer.Option(False, help="overwrite an existing spec")) -> None:
     """Write a spec inferred from a raw folder, with comments; print what could not be inferred.
@@ -293,31 +291,23 @@ def rollback(folder: Path = typer.Argument(..., help="output folder of a dataset
 
 @app.command("demo-data")
 def demo_data(folder: Path = typer.Argument(Path("data/raw/demo")),
-              kind: str = typer.Option("cells", help="cells (micrographs + binary masks + annotations.json) | "
-                                                     "classify (class folders, mixed formats) | segment-multiclass "
-                                                     "(3-class masks + annotations.csv) | sr (lr/ + hr/ pairs) | "
-                                                     "ct (DICOM series per case folder + per-slice masks) | "
-                                                     "signals (multi-rate EDF recordings)"),
-              n: Optional[int] = typer.Option(None, help="good samples to generate (default: 600 cells, "
-                                                         "240 classify, 120 segment-multiclass, 100 sr, 30 ct "
-                                                         "cases, 30 signals recordings)"),
+              kind: str = typer.Option("cells", help=" | ".join(f"{d.name} ({d.about})" for d in demos().values())),
+              n: Optional[int] = typer.Option(None, help="good samples to generate (default: " + ", ".join(
+                  f"{d.default_n} {d.name}" for d in demos().values()) + ")"),
               seed: int = typer.Option(0),
               bad: bool = typer.Option(True, help="also write the usual defects of real collections"),
               prefix: Optional[str] = typer.Option(None, help="sample id prefix (another one makes new samples); "
-                                                              "default cell_ for cells, case_ for ct, rec_ for "
-                                                              "signals")) -> None:
+                                                              "default: the demo's own")) -> None:
     """Generate a realistic raw folder of one kind, with the defects real collections have."""
-    from h5forge.demo import KINDS
-
-    if kind not in KINDS:
-        _fail(f"--kind {kind!r} is not a demo kind; choose one of {', '.join(KINDS)}")
-    generate, default_n = KINDS[kind]
-    n = default_n if n is None else n
-    if kind == "cells" and (folder / "annotations.json").exists() or (
-            kind != "cells" and folder.is_dir() and any(folder.iterdir())):
+    found = demos()
+    if kind not in found:
+        _fail(f"--kind {kind!r} is not a demo kind; choose one of {', '.join(found)}")
+    demo = found[kind]
+    n = demo.default_n if n is None else n
+    there = (folder / demo.marker).exists() if demo.marker else folder.is_dir() and any(folder.iterdir())
+    if there:
         out.print(f"{folder} already holds demo data; keeping it")
         return
     options = {} if prefix is None else {"prefix": prefix}
-    defects = generate(folder, n=n, seed=seed, bad=bad, **options)
-    what = "samples" if kind == "cells" else f"{kind} samples"
-    out.print(f"wrote {n} {what} and {len(defects)} defective inputs to {folder}")
+    defects = demo.load()(folder, n=n, seed=seed, bad=bad, **options)
+    out.print(f"wrote {n} {demo.noun} and {len(defects)} defective inputs to {folder}")

@@ -21,8 +21,9 @@ With ``bad=True`` each folder also holds defects, each of which the build must q
 reason while every good sample lands. Every generator is seeded (same arguments, same bytes) and
 returns {path: what is wrong} for the defects it wrote.
 
-Each kind has its module (``cells``, ``classify``, ``segment_multiclass``, ``sr``, ``ct``,
-``signals``); ``pictures`` writes pictures the way real collections hold them, for several kinds.
+Each demo has its module (``cells``, ``classify``, ``segment_multiclass``, ``sr``, ``ct``,
+``signals``), named by the kind that declares it (``FieldKind.demos``); ``pictures`` writes
+pictures the way real collections hold them, for several of them.
 """
 
 from __future__ import annotations
@@ -38,13 +39,13 @@ __all__ = ["CLASSIFY_CLASSES", "CT_SPACING", "CT_SPHERE_HU", "KINDS", "LABELS", 
            "STAINS", "generate", "generate_classify", "generate_ct", "generate_segment_multiclass", "generate_signals",
            "generate_sr"]
 
-# the demo folders ``h5forge demo-data --kind`` writes: generator and default sample count, large
-# enough that the defects stay under a build's default max_rejected (10 % of its inputs)
-KINDS = {
-    "cells": (generate, 600),
-    "classify": (generate_classify, 240),
-    "segment-multiclass": (generate_segment_multiclass, 120),
-    "sr": (generate_sr, 100),
-    "ct": (generate_ct, 30),
-    "signals": (generate_signals, 30),
-}
+
+
+def __getattr__(name: str):
+    """``KINDS``: the demo folders ``h5forge demo-data --kind`` writes, as the kinds declare them
+    (``h5forge.kinds.demos``): name -> (generator, default sample count)."""
+    if name == "KINDS":
+        from h5forge.kinds import demos
+
+        return {d.name: (d.load(), d.default_n) for d in demos().values()}
+    raise AttributeError(f"module 'h5forge.demo' has no attribute {name!r}")

@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from h5forge.kinds import Layout
 from h5forge.ingest.discover import sample_id
 from h5forge.init.annotations import annotation_lines, find_annotations
 from h5forge.init.folders import named, subdirs
@@ -129,3 +130,11 @@ def classify_body(raw: Path, tree: ClassTree, notes: list[str]):
                          index_by=["label"] if len(tree.classes) <= 50 else [])
 
     return body
+
+
+def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+    """The ``classify`` layout: class folders, named by path, the split from the folders when they say it."""
+    tree = class_tree(raw, notes)
+    if tree is None:
+        return None
+    return Layout("classify", classify_body(raw, tree, notes), ids="path", split_column="split" if tree.split else None)

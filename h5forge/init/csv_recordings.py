@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from h5forge.kinds import Layout
 from h5forge.init.signals import Survey, folders_with
-from h5forge.kinds.signal import TIME_COLUMNS
 
 CSV_ROWS = 20_000
 
@@ -27,7 +27,7 @@ class _CsvRecording:
     problem: str | None = None
 
 
-def _csv_recording(path: Path) -> _CsvRecording:
+def _csv_recording(path: Path, time_columns: tuple[str, ...]) -> _CsvRecording:
     """The time column, the numeric columns and the rate (from the first rows) of a CSV recording."""
     rec = _CsvRecording()
     try:
@@ -38,7 +38,7 @@ def _csv_recording(path: Path) -> _CsvRecording:
     except (OSError, csv.Error) as err:
         rec.problem = str(err)
         return rec
-    time_col = next((i for i, h in enumerate(header) if h.lower() in TIME_COLUMNS), None)
+    time_col = next((i for i, h in enumerate(header) if h.lower() in time_columns), None)
     if time_col is None:
         return rec
     rec.time = header[time_col]
@@ -63,21 +63,21 @@ def _csv_recording(path: Path) -> _CsvRecording:
     return rec
 
 
-def csv_body(raw: Path, notes: list[str]):
+def csv_body(raw: Path, notes: list[str], kind):
     """The body of a spec for the CSV recordings of ``raw`` or its first sub-folder whose first CSV
     has a time column, or None if there is none (a CSV without one is an annotation file)."""
     for base, files in folders_with(raw, (".csv",)):
-        if _csv_recording(files[0]).time is not None:
-            return _csv_recordings_body(Survey(raw, base, files), notes)
+        if _csv_recording(files[0], kind.time_columns).time is not None:
+            return _csv_recordings_body(Survey(raw, base, files, kind.rate_tolerance), notes, kind.time_columns)
     return None
 
 
-def _csv_recordings_body(survey: Survey, notes: list[str]):
+def _csv_recordings_body(survey: Survey, notes: list[str], time_columns: tuple[str, ...]):
     text_columns = Counter()
     for p in survey.sampled:
-        rec = _csv_recording(p)
+        rec = _csv_recording(p, time_columns)
         if rec.time is None or rec.rate is None:
-            survey.reject(p.name, rec.problem or "no time column (" + ", ".join(TIME_COLUMNS) + ")")
+            survey.reject(p.name, rec.problem or "no time column (" + ", ".join(time_columns) + ")")
             continue
         for column in rec.columns:
             survey.add(column, rec.rate, p.name)
@@ -88,3 +88,9 @@ def _csv_recordings_body(survey: Survey, notes: list[str]):
         notes.append(f"columns holding text are not declared: {', '.join(sorted(text_columns))}")
     return survey.layout("column", notes, f"one field per column of the {len(survey.files)} CSV recordings in "
                          f"{survey.prefix or './'} (the time column gives the rate)", "measured from the time column")
+
+
+def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+    """The ``signals`` layout; ``kind`` gives the rate tolerance and the time column names."""
+    found = csv_body(raw, notes, kind)
+    return None if found is None else Layout(*found)

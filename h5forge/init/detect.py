@@ -1,5 +1,5 @@
-"""Which layout a raw folder holds, first match wins (pairs, ``images/``, class folders, volumes,
-recordings), and the spec assembled from it, checked with ``parse_spec`` before it is returned."""
+"""Which layout a raw folder holds, asked of the kinds' detectors in their priority order (first
+match wins), and the spec assembled from it, checked with ``parse_spec`` before it is returned."""
 
 from __future__ import annotations
 
@@ -12,27 +12,18 @@ import yaml
 from h5forge.errors import UsageError
 from h5forge.ingest.discover import discover
 from h5forge.ingest.rejected import common_reasons, inputs_seen
-from h5forge.init.classes import class_tree, classify_body
-from h5forge.init.csv_recordings import csv_body
-from h5forge.init.dicom import dicom_body
-from h5forge.init.edf import edf_body
-from h5forge.init.folders import named
-from h5forge.init.nifti import nifti_body
-from h5forge.init.npy_channels import npy_body
-from h5forge.init.pairs import sr_body, sr_pairs
-from h5forge.init.pictures import IMAGE_DIRS, pictures_in
 from h5forge.init.sections import footer, header
-from h5forge.init.segment import segment_body
 from h5forge.init.text import SpecText
+from h5forge.kinds import Layout, detectors
 from h5forge.spec import DatasetSpec, parse_spec
 
 
 @dataclass(frozen=True)
 class Inferred:
     """What ``init`` writes: the spec's YAML text, the notes (also in the text as ``# note:``
-    lines), the layout recognised (``sr``, ``segment``, ``images``, ``classify``, ``volume`` or
-    ``signals``) and the keys the user must fill in before the spec is valid (``# key: TODO``
-    lines; the notes say why)."""
+    lines), the layout recognised (its detector's name for it: ``sr``, ``segment``, ``images``,
+    ``classify``, ``volume``, ``signals``, ...) and the keys the user must fill in before the spec
+    is valid (``# key: TODO`` lines; the notes say why)."""
 
     text: str
     notes: tuple[str, ...]
@@ -40,11 +31,17 @@ class Inferred:
     todo: tuple[str, ...] = ()
 
 
-def _volumes_or_signals(raw: Path, notes: list[str], todo: list[str]):
-    """The first of: DICOM case folders, NIfTI volumes, EDF/BDF, CSV with a time column, ``.npy``
-    channel folders (None: none of them)."""
-    return (dicom_body(raw, notes) or nifti_body(raw, notes) or edf_body(raw, notes) or csv_body(raw, notes)
-            or npy_body(raw, notes, todo))
+def expected() -> str:
+    """What ``init`` recognises, in the detectors' order (the CLI's help and the no-match error)."""
+    return "; ".join(d.expects for _, d in detectors())
+
+
+def find_layout(raw: Path, notes: list[str], todo: list[str]) -> Layout:
+    for kind, detector in detectors():
+        found = detector.load()(kind, raw, notes, todo)
+        if found is not None:
+            return found
+    raise UsageError(f"no layout h5forge knows found in {raw}: expected {expected()}")
 
 
 def infer_spec(raw: Path, spec_path: Path) -> Inferred:
@@ -58,39 +55,23 @@ def infer_spec(raw: Path, spec_path: Path) -> Inferred:
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", raw.name).strip("-.") or "dataset"
     notes: list[str] = []
     todo: list[str] = []
-    pairs = sr_pairs(raw)
-    images = next((d for d in named(raw, IMAGE_DIRS) if pictures_in(d)), None)
-    ids, split_column, batch_size = None, None, None
-    if pairs:
-        layout, body = "sr", sr_body(raw, pairs, notes)
-    elif images is not None:
-        layout, body = segment_body(raw, images, notes)
-    elif (tree := class_tree(raw, notes)) is not None:
-        layout, body, ids = "classify", classify_body(raw, tree, notes), "path"
-        split_column = "split" if tree.split else None
-    elif (found := _volumes_or_signals(raw, notes, todo)) is not None:
-        layout, body = found
-        batch_size = 2 if layout == "volume" else None
-    else:
-        raise UsageError(f"no pictures found in {raw}, nor volumes or recordings: expected images/ (+ masks/), "
-                         "class folders (<class>/*.jpg, <split>/<class>/*.jpg), lr/ + hr/ super-resolution pairs, "
-                         "DICOM case folders (<case>/*.dcm), NIfTI volumes (*.nii.gz), or recordings (*.edf, "
-                         "*.csv with a time column, <channel>/*.npy)")
+    found = find_layout(raw, notes, todo)
+
     def write(notes: list[str]) -> SpecText:
         t = SpecText()
-        header(t, raw, spec_path, name, notes, ids)
-        body(t)
-        footer(t, spec_path, name, split_column, batch_size)
+        header(t, raw, spec_path, name, notes, found.ids)
+        found.body(t)
+        footer(t, spec_path, name, found.split_column, found.batch_size)
         return t
 
     t = write(notes)
     spec = parse_spec(yaml.safe_load(t.checked()), spec_path.parent.resolve(), str(spec_path))  # must be valid
-    found = accounted(spec)
-    if found:
-        notes = [*notes, *found]
+    more = accounted(spec)
+    if more:
+        notes = [*notes, *more]
         t = write(notes)
     text = "\n".join(t.lines) + "\n"
-    return Inferred(text, tuple(notes), layout, tuple(todo))
+    return Inferred(text, tuple(notes), found.name, tuple(todo))
 
 
 def accounted(spec: DatasetSpec) -> list[str]:

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from h5forge.kinds import Layout
 from h5forge.errors import UsageError
 from h5forge.init.folders import named, sample, subdirs, visible
 from h5forge.init.text import SpecText
@@ -179,3 +180,9 @@ def dicom_body(raw: Path, notes: list[str]):
             volume_mask_field(t, f"{name}_mask", name, mask)
 
     return "volume", body
+
+
+def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+    """The ``volume`` layout (DICOM): two cases per task, as cases are large."""
+    found = dicom_body(raw, notes)
+    return None if found is None else Layout(*found, batch_size=2)

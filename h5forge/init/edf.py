@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from h5forge.kinds import Layout
 from h5forge.init.signals import Survey, folders_with
 
 EDF_SUFFIXES = (".edf", ".bdf")
@@ -48,7 +49,7 @@ def _edf_channels(path: Path) -> list[tuple[str, float]] | str:
         reader.close()
 
 
-def edf_body(raw: Path, notes: list[str]):
+def edf_body(raw: Path, notes: list[str], kind):
     """The body of a spec for the EDF/BDF recordings of ``raw`` or its first sub-folder holding
     some (the others noted), or None if there are none."""
     edf = folders_with(raw, EDF_SUFFIXES)
@@ -57,7 +58,7 @@ def edf_body(raw: Path, notes: list[str]):
     for other, _ in edf[1:]:
         notes.append(f"{other.relative_to(raw).as_posix()}/ also holds recordings; this spec reads "
                      f"{edf[0][0].relative_to(raw).as_posix() or '.'}/ only (add its glob to files to include it)")
-    survey = Survey(raw, *edf[0])
+    survey = Survey(raw, *edf[0], kind.rate_tolerance)
     twice = []
     for p in survey.sampled:
         got = _edf_channels(p)
@@ -76,3 +77,9 @@ def edf_body(raw: Path, notes: list[str]):
         notes.append(f"a label appears twice in a recording ({', '.join(twice[:3])}): its field reads the first")
     return survey.layout("channel", notes, f"one field per channel of the {len(survey.files)} recordings in "
                          f"{survey.prefix or './'}; they pair by file name, each at its own rate", "from the headers")
+
+
+def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+    """The ``signals`` layout; ``kind`` gives the rate tolerance."""
+    found = edf_body(raw, notes, kind)
+    return None if found is None else Layout(*found)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from h5forge.kinds import Layout
 from h5forge.errors import UsageError
 from h5forge.init.folders import named, sample
 from h5forge.init.pictures import SIZE_SAMPLE
@@ -72,3 +73,9 @@ def _nifti_volumes_body(raw: Path, base: Path, files: list[Path], notes: list[st
             volume_mask_field(t, "volume_mask", "volume", mask)
 
     return "volume", body
+
+
+def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+    """The ``volume`` layout (NIfTI): two cases per task, as cases are large."""
+    found = nifti_body(raw, notes)
+    return None if found is None else Layout(*found, batch_size=2)

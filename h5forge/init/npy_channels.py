@@ -9,12 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
+from h5forge.kinds import Layout
 from h5forge.init.folders import sample
 from h5forge.init.signals import SIGNAL_SAMPLE, Channel, folders_with, signal_field, signal_name
 from h5forge.init.text import SpecText
 
 
-def npy_body(raw: Path, notes: list[str], todo: list[str]):
+def npy_body(raw: Path, notes: list[str], todo: list[str], kind):
     """The body of a spec for the folders of ``.npy`` channels in ``raw``, or None if there are none."""
     folders = folders_with(raw, (".npy",))
     if not folders:
@@ -25,7 +26,7 @@ def npy_body(raw: Path, notes: list[str], todo: list[str]):
     for d, files in folders:
         prefix = "" if d == raw else f"{d.name}/"
         name = signal_name(d.name if d != raw else "signal", taken)
-        ch, odd = Channel(name), []
+        ch, odd = Channel(name, kind.rate_tolerance), []
         sampled = sample(files, SIGNAL_SAMPLE)
         for p in sampled:
             try:
@@ -71,3 +72,9 @@ def npy_body(raw: Path, notes: list[str], todo: list[str]):
             signal_field(t, name, globs, None, rate, why)
 
     return "signals", body
+
+
+def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+    """The ``signals`` layout; ``kind`` gives the rate tolerance."""
+    found = npy_body(raw, notes, todo, kind)
+    return None if found is None else Layout(*found)

@@ -9,6 +9,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from h5forge.kinds import Layout
 from h5forge.init.annotations import annotation_lines, find_annotations
 from h5forge.init.folders import sample, subdirs
 from h5forge.init.pictures import image_field, picture_globs, pictures_in, target_size, upright_size
@@ -142,3 +143,9 @@ def sr_body(raw: Path, pairs, notes: list[str]):
         annotation_lines(t, ann)
 
     return body
+
+
+def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+    """The ``sr`` layout: an image field and its ``kind`` partner, when ``raw`` holds LR/HR folders."""
+    pairs = sr_pairs(raw)
+    return Layout("sr", sr_body(raw, pairs, notes)) if pairs else None

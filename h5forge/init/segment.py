@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from h5forge.kinds import Layout
 from h5forge.init.annotations import annotation_lines, find_annotations, label_field
 from h5forge.init.folders import named
 from h5forge.init.masks import mask_classes, mask_field
-from h5forge.init.pictures import image_field, larger_choice, picture_globs, pictures_in, target_size
+from h5forge.init.pictures import IMAGE_DIRS, image_field, larger_choice, picture_globs, pictures_in, target_size
 from h5forge.init.text import SpecText
 
 MASK_DIRS = ("masks", "mask", "labels", "annotations_masks", "segmentationclass", "segmentations",
@@ -42,3 +43,9 @@ def segment_body(raw: Path, images: Path, notes: list[str]):
         annotation_lines(t, ann)
 
     return layout, body
+
+
+def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+    """The ``segment`` (``images/`` + ``masks/``) or ``images`` layout, when ``raw`` has a picture folder."""
+    images = next((d for d in named(raw, IMAGE_DIRS) if pictures_in(d)), None)
+    return None if images is None else Layout(*segment_body(raw, images, notes))

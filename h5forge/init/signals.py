@@ -16,7 +16,6 @@ from h5forge.format.arrays import LENGTHS
 from h5forge.format.names import RESERVED
 from h5forge.init.folders import files_in, sample, subdirs
 from h5forge.init.text import SpecText, files_value, scalar
-from h5forge.kinds.signal import RATE_TOLERANCE
 
 SIGNAL_SAMPLE = 50
 
@@ -48,6 +47,7 @@ class Channel:
     """One channel as the sampled recordings show it."""
 
     label: str
+    tolerance: float  # the kind's: a rate this far (relative) from the declared one is rejected
     rates: dict[float, list[str]] = field(default_factory=dict)  # rate -> files
 
     def add(self, rate: float, name: str) -> None:
@@ -63,7 +63,7 @@ class Channel:
     def off_rate(self) -> list[tuple[float, list[str]]]:
         """The rates other than the chosen one, beyond the kind's tolerance, with their files."""
         chosen = self.rate()
-        return [(r, names) for r, names in self.rates.items() if abs(r - chosen) > RATE_TOLERANCE * chosen]
+        return [(r, names) for r, names in self.rates.items() if abs(r - chosen) > self.tolerance * chosen]
 
 
 def signal_field(t: SpecText, name: str, globs: list[str], channel: str | None, rate: int | float | None,
@@ -93,6 +93,7 @@ class Survey:
     raw: Path
     base: Path
     files: list[Path]
+    tolerance: float  # the signal kind's rate tolerance
     prefix: str = field(init=False)  # "" or "<folder>/", as the globs start
     sampled: list[Path] = field(init=False)
     channels: dict[str, Channel] = field(default_factory=dict)
@@ -103,7 +104,7 @@ class Survey:
         self.sampled = sample(self.files, SIGNAL_SAMPLE)
 
     def add(self, label: str, rate: float, name: str) -> None:
-        self.channels.setdefault(label, Channel(label)).add(rate, name)
+        self.channels.setdefault(label, Channel(label, self.tolerance)).add(rate, name)
 
     def reject(self, name: str, why: str) -> None:
         self.problems.append(f"{name}: {why}")

@@ -1,7 +1,10 @@
 """The field-kind registry: a kind is one module, registered here by its ``kind`` name.
 
-Adding a kind is adding its module (spec model + ``FieldKind`` subclass) and one line below;
-nothing else in h5forge names a kind.
+Adding a kind is adding its module (spec model + ``FieldKind`` subclass, with its ``init``
+detectors, demo folders and reader options) and one line below; nothing else in h5forge names a
+kind. The layers above ask this registry: ``init`` for the detectors (``detectors()``),
+``demo-data`` for the demo folders (``demos()``), the readers for their options
+(``read_options``). docs/extending.md says how, and tests/kinds/conformance checks every kind.
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from h5forge.format.arrays import Stored
-from h5forge.kinds.base import Decoded, FieldKind, ReadOptions
+from h5forge.kinds.base import (Conversion, Decoded, Demo, Detector, FieldKind, Layout, ReadOption, ReadOptions,
+                                load_ref)
 from h5forge.kinds.column import ColumnKind
 from h5forge.kinds.image import ImageKind
 from h5forge.kinds.label import LabelKind
@@ -24,11 +28,57 @@ from h5forge.samples import SampleRef
 if TYPE_CHECKING:
     from h5forge.spec import DatasetSpec
 
-__all__ = ["REGISTRY", "Decoded", "FieldKind", "ReadOptions", "Stored", "field_kinds", "stored_kinds",
-           "file_fields", "decode_sample"]
+__all__ = ["REGISTRY", "Conversion", "Decoded", "Demo", "Detector", "FieldKind", "Layout", "ReadOption",
+           "ReadOptions", "Stored", "decode_sample", "demos", "detectors", "field_kinds", "file_fields", "load_ref",
+           "read_options", "reader_options", "stored_kinds"]
 
-REGISTRY: dict[str, type[FieldKind]] = {k.kind: k for k in (ImageKind, MaskKind, LabelKind, PairedKind, SignalKind,
-                                                           VolumeKind, VolumeMaskKind)}
+REGISTRY: dict[str, type[FieldKind]] = {}
+
+
+def register(kind: type[FieldKind]) -> type[FieldKind]:
+    """Add a kind to the registry (its ``kind`` name must be new and its class complete)."""
+    if kind.kind in REGISTRY:
+        raise ValueError(f"kind {kind.kind!r} is registered twice ({REGISTRY[kind.kind].__name__}, {kind.__name__})")
+    if getattr(kind, "__abstractmethods__", None):
+        raise TypeError(f"{kind.__name__} lacks {sorted(kind.__abstractmethods__)}")
+    REGISTRY[kind.kind] = kind
+    return kind
+
+
+for _kind in (ImageKind, MaskKind, LabelKind, PairedKind, SignalKind, VolumeKind, VolumeMaskKind):
+    register(_kind)
+
+
+def detectors() -> list[tuple[type[FieldKind], Detector]]:
+    """Every registered kind's ``init`` detectors, in priority order. Only those a class declares
+    itself count (a subclass does not inherit its parent's layouts)."""
+    found = [(k, d) for k in REGISTRY.values() for d in vars(k).get("detectors", ())]
+    return sorted(found, key=lambda kd: kd[1].priority)
+
+
+def demos() -> dict[str, Demo]:
+    """Every registered kind's demo folders by name, in registry order (declared by the class itself)."""
+    return {d.name: d for k in REGISTRY.values() for d in vars(k).get("demos", ())}
+
+
+def reader_options(reader: str = "numpy") -> dict[str, ReadOption]:
+    """The options the registered kinds take from a reader, by name (shared by kinds that inherit them)."""
+    out: dict[str, ReadOption] = {}
+    for kind in REGISTRY.values():
+        for opt in kind.read_options:
+            if out.setdefault(opt.name, opt) != opt:
+                raise ValueError(f"reader option {opt.name!r} is declared twice, differently")
+    return out
+
+
+def read_options(reader: str, given: dict) -> ReadOptions:
+    """The options a reader was given, checked against what the kinds take: an unknown keyword is
+    a TypeError naming the ones there are, as for any Python call."""
+    known = reader_options(reader)
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise TypeError(f"unknown reader option(s) {unknown}; the field kinds take {sorted(known)}")
+    return ReadOptions(reader, **given)
 
 
 def format_table() -> str:

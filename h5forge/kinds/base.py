@@ -4,6 +4,12 @@ The writer, thin versions, verify, export, the readers and preview go through th
 never name a kind. A kind module defines its spec model (pydantic, strict, with a ``kind``
 literal) and a ``FieldKind`` subclass; ``h5forge.kinds`` registers it. Decoding may import heavy
 libraries (Pillow, ...) inside ``decode`` only, so that the read side never loads them.
+
+A kind also declares what the layers above it ask for, without importing them (they sit higher):
+the ``init`` layouts that recognise it in a raw folder (``detectors``), the demo folders that
+show it (``demos``) and the options a reader takes for it (``read_options``). Detectors and demo
+generators are named by ``"module:function"`` and loaded by ``init`` and ``demo-data`` when they
+run: the dependency points from those layers to the kind, never back.
 """
 
 from __future__ import annotations
@@ -11,9 +17,11 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from dataclasses import dataclass
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from importlib import import_module
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 import h5py
 import numpy as np
@@ -35,14 +43,87 @@ Globs = str | tuple[str, ...]
 
 
 @dataclass(frozen=True)
-class ReadOptions:
-    """What a reader asked for; each kind takes the options that concern it."""
+class ReadOption:
+    """A keyword a reader takes for a kind (``H5Dataset(..., image_dtype="uint8")``)."""
 
-    image_dtype: str = "float32"
-    mask_dtype: str = "int64"
-    normalize: bool = False
-    window: float | None = None  # seconds: time series cut or padded to this duration
-    window_offset: float = 0.0  # seconds from the start where the window begins
+    name: str
+    default: Any
+    about: str
+    # readers whose default differs, by reader name (JAX computes in 32 bits by default)
+    reader_defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def default_for(self, reader: str) -> Any:
+        return self.reader_defaults.get(reader, self.default)
+
+
+class ReadOptions:
+    """What a reader asked for: option values by name, for the reader ``reader``. A kind takes the
+    options it declares (``FieldKind.option``); one not given is the option's default."""
+
+    def __init__(self, reader: str = "numpy", **values: Any):
+        self.reader = reader
+        self.values = dict(values)
+
+    def __repr__(self) -> str:
+        return f"ReadOptions({self.reader!r}, {self.values!r})"
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """How stored rows become model values, as steps every reader's kernels compute alike: a cast to
+    the output dtype, then (floating outputs) a division by ``scale``, then the subtraction of
+    ``mean`` and the division by ``std`` along the channel axis."""
+
+    scale: float | None = None
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Detector:
+    """An ``init`` layout: ``detect(kind, raw, notes, todo) -> Layout | None`` named as
+    ``"module:function"``; lower ``priority`` runs first (the first layout found wins)."""
+
+    ref: str
+    priority: int
+    expects: str  # what it recognises, for the CLI's help and the error when nothing matches
+
+    def load(self) -> Callable[..., Any]:
+        return load_ref(self.ref)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a detector found: the layout's name and the spec's ``fields:`` body (written into the
+    ``SpecText`` ``init`` passes), with what the rest of the spec needs to know of it."""
+
+    name: str
+    body: Callable[[Any], None]
+    ids: str | None = None  # ``ids: path`` when samples are named by their path (class folders)
+    split_column: str | None = None
+    batch_size: int | None = None  # samples per task, when they are large (volumes)
+
+
+@dataclass(frozen=True)
+class Demo:
+    """A demo raw folder for ``h5forge demo-data --kind NAME``: ``generate(root, n, seed, bad,
+    **options) -> {path: defect}`` named as ``"module:function"``."""
+
+    name: str
+    ref: str
+    default_n: int  # enough good samples that the defects stay under a build's max_rejected
+    about: str
+    noun: str = "samples"  # what the CLI says it wrote
+    marker: str | None = None  # a file whose presence means the folder holds this demo (else: any file)
+
+    def load(self) -> Callable[..., dict]:
+        return load_ref(self.ref)
+
+
+def load_ref(ref: str) -> Any:
+    """The object ``"package.module:name"`` names."""
+    module, _, name = ref.partition(":")
+    return getattr(import_module(module), name)
 
 
 @dataclass(frozen=True)
@@ -77,11 +158,17 @@ def read_source(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES) -> tup
     return data, hashlib.sha256(data).hexdigest()
 
 
-class FieldKind:
-    """One field of a dataset, bound to its spec. Subclasses override what their kind needs."""
+class FieldKind(ABC):
+    """One field of a dataset, bound to its spec. A kind must say how it is stored (``stored``) and
+    how one sample is cleaned (``decode``); the other methods have defaults it overrides as needed.
+    A kind registered in ``h5forge.kinds.REGISTRY`` also has ``kind`` and ``Spec``, and the
+    conformance suite (tests/kinds/conformance) runs against it."""
 
     kind: ClassVar[str]
     Spec: ClassVar[type[BaseModel]]
+    detectors: ClassVar[tuple[Detector, ...]] = ()
+    demos: ClassVar[tuple[Demo, ...]] = ()
+    read_options: ClassVar[tuple[ReadOption, ...]] = ()
     # a sample array: verify compares it with its re-cleaned source and times its reads (a row's
     # checksum covers every stored value; format-1 checksums cover only these fields)
     checksummed: ClassVar[bool] = True
@@ -127,8 +214,9 @@ class FieldKind:
         return ()
 
     # ---- storage ---------------------------------------------------------------------------
+    @abstractmethod
     def stored(self) -> Stored:
-        raise NotImplementedError
+        """The stored form of one sample: shape, dtype, fixed or ragged, codec."""
 
     def dataset_attrs(self) -> dict[str, Any]:
         """Attributes of the field's dataset besides its kind."""
@@ -146,9 +234,25 @@ class FieldKind:
         return np.stack(values).astype(st.dtype, copy=False) if st.shape else np.asarray(values, dtype=st.dtype)
 
     # ---- ingest ----------------------------------------------------------------------------
+    @abstractmethod
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         """Clean this field of one sample, or raise Reject with the path and the reason."""
-        raise NotImplementedError
+
+    def input_digest(self, root: Path, ref: SampleRef) -> str | None:
+        """sha256 of what decides this field's value besides its own files and the sample's
+        annotation record (its entry in a file that all samples share, such as a COCO JSON), or
+        None. It is part of the sample's input key, so an incremental build cleans the sample again
+        when that entry changes."""
+        return None
+
+    def source_digest(self, root: Path, rel: str) -> str:
+        """sha256 of one raw input as ``decode`` hashes it (a kind whose input is a folder overrides
+        it); read in blocks, as incremental builds hash every input up front."""
+        h = hashlib.sha256()
+        with open(root / rel, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+        return h.hexdigest()
 
     # ---- statistics (additive, so appends merge them without re-reading rows) ---------------
     def counts(self, block: np.ndarray) -> np.ndarray | None:
@@ -184,6 +288,12 @@ class FieldKind:
         raise NotImplementedError
 
     # ---- reading ---------------------------------------------------------------------------
+    @classmethod
+    def option(cls, opts: ReadOptions, name: str) -> Any:
+        """The value of the reader option ``name`` this kind declares, as given or its default."""
+        declared = next(o for o in cls.read_options if o.name == name)
+        return opts.values.get(name, declared.default_for(opts.reader))
+
     def output_dtype(self, opts: ReadOptions) -> np.dtype | None:
         """The dtype a reader returns, or None for Python values (strings come back as lists)."""
         return np.dtype(self.stored().dtype)
@@ -192,10 +302,29 @@ class FieldKind:
         """A ragged row brought to a fixed size when the reader asks for one (time series)."""
         return row
 
+    def conversion(self, opts: ReadOptions, stats: dict[str, np.ndarray]) -> Conversion | None:
+        """The conversion ``convert`` makes, as steps a reader may compute with its own kernels (the
+        torch reader does, on the GPU); None when a kind's ``convert`` is its own code."""
+        return Conversion() if type(self).convert is FieldKind.convert else None
+
     def convert(self, raw: np.ndarray, out: np.ndarray, opts: ReadOptions, stats: dict[str, np.ndarray],
                 axis: int = 1) -> None:
-        """Model values of the stored rows ``raw`` into ``out`` (``axis``: the channel axis)."""
+        """Model values of the stored rows ``raw`` into ``out`` (``axis``: the channel axis): the
+        kind's ``conversion``. Each step is one IEEE operation per value in float32, so every
+        reader that follows the steps returns the same bits."""
+        c = self.conversion(opts, stats) or Conversion()
+        # widen, then divide float32 by float32 in place: the same values as dividing the raw array
+        # (exact IEEE division either way) without numpy's slower mixed-type loop
         np.copyto(out, raw, casting="unsafe")
+        if out.dtype.kind != "f":
+            return
+        if c.scale is not None:
+            np.divide(out, out.dtype.type(c.scale), out=out)
+        if c.mean is not None and c.std is not None:
+            shape = [1] * out.ndim
+            shape[axis] = -1
+            out -= c.mean.astype(out.dtype).reshape(shape)
+            out /= np.where(c.std > 0, c.std, 1).astype(out.dtype).reshape(shape)
 
     # ---- preview ---------------------------------------------------------------------------
     def preview(self, value: Any) -> np.ndarray | None:

@@ -24,8 +24,8 @@ import h5py
 import numpy as np
 from pydantic import Field, field_validator
 
-from h5forge.kinds.base import (DEFAULT_MAX_BYTES, Decoded, FieldKind, Globs, ReadOptions, Stored, StrictModel,
-                                read_source)
+from h5forge.kinds.base import (DEFAULT_MAX_BYTES, Conversion, Decoded, Demo, Detector, FieldKind, Globs, ReadOption,
+                                ReadOptions, Stored, StrictModel, read_source)
 from h5forge.samples import Reject, SampleRef
 
 IMAGE_DTYPES = ("float32", "uint8")
@@ -278,6 +278,12 @@ def channel_stats(hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class ImageKind(FieldKind):
     kind = "image"
     Spec = ImageField
+    detectors = (Detector("h5forge.init.segment:detect", 20, "images/ (+ masks/)"),)
+    demos = (Demo("cells", "h5forge.demo.cells:generate", 600, "micrographs + binary masks + annotations.json",
+                  marker="annotations.json"),)
+    read_options = (ReadOption("image_dtype", "float32", "float32 in [0, 1], or uint8 as stored (for conversion "
+                                                         "on the GPU)"),
+                    ReadOption("normalize", False, "standardise images with the split's per-channel mean/std"))
     layout_doc = ("(N, C, H, W) uint8, chunks (chunk_rows, C, H, W), the spec's codec; split attrs "
                   "<field>_mean, <field>_std (per channel, of value/255), <field>_histogram (C, 256) exact counts")
 
@@ -338,25 +344,16 @@ class ImageKind(FieldKind):
 
     # ---- reading
     def output_dtype(self, opts: ReadOptions) -> np.dtype:
-        if opts.image_dtype not in IMAGE_DTYPES:
-            raise ValueError(f"image_dtype must be one of {IMAGE_DTYPES}, got {opts.image_dtype!r}")
-        return np.dtype(opts.image_dtype)
+        dtype = self.option(opts, "image_dtype")
+        if dtype not in IMAGE_DTYPES:
+            raise ValueError(f"image_dtype must be one of {IMAGE_DTYPES}, got {dtype!r}")
+        return np.dtype(dtype)
 
-    def convert(self, raw: np.ndarray, out: np.ndarray, opts: ReadOptions, stats: dict[str, np.ndarray],
-                axis: int = 1) -> None:
-        if out.dtype == np.uint8:
-            np.copyto(out, raw)
-            return
-        # widen, then divide float32 by float32 in place: the same values as dividing the uint8 array
-        # (exact IEEE division either way) without numpy's mixed-type loop, which is slower; the
-        # loader converts every batch in the main process, so this runs once per batch there
-        np.copyto(out, raw)
-        np.divide(out, np.float32(255), out=out)
-        if opts.normalize and "mean" in stats and "std" in stats:
-            shape = [1] * out.ndim
-            shape[axis] = -1
-            out -= stats["mean"].reshape(shape)
-            out /= np.where(stats["std"] > 0, stats["std"], 1).astype(np.float32).reshape(shape)
+    def conversion(self, opts: ReadOptions, stats: dict[str, np.ndarray]) -> Conversion:
+        """uint8 as stored, or float32 value/255, standardised with the split's per-channel mean/std
+        when the reader asks to ``normalize``."""
+        standardise = self.option(opts, "normalize") and "mean" in stats and "std" in stats
+        return Conversion(255.0, stats["mean"] if standardise else None, stats["std"] if standardise else None)
 
     def preview(self, value: Any) -> np.ndarray:
         tile = np.asarray(value).transpose(1, 2, 0)

@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 from pydantic import Field, field_validator
 
-from h5forge.kinds.base import Decoded, FieldKind, ReadOptions, Stored, StrictModel
+from h5forge.kinds.base import Decoded, Demo, Detector, FieldKind, ReadOptions, Stored, StrictModel
 from h5forge.samples import Reject, SampleRef
 
 
@@ -42,6 +42,9 @@ class LabelField(StrictModel):
 class LabelKind(FieldKind):
     kind = "label"
     Spec = LabelField
+    detectors = (Detector("h5forge.init.classes:detect", 30, "class folders <class>/*.jpg or <split>/<class>/*.jpg"),)
+    demos = (Demo("classify", "h5forge.demo.classify:generate_classify", 240, "class folders, mixed formats",
+                  noun="classify samples"),)
     layout_doc = ("(N,) int64 class index; dataset attr classes (names, in index order); split attr "
                   "<field>_class_counts (K,) samples per class")
 

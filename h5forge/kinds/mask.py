@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 from pydantic import Field, model_validator
 
-from h5forge.kinds.base import Decoded, FieldKind, Globs, ReadOptions, Stored, StrictModel, read_source
+from h5forge.kinds.base import Decoded, Demo, FieldKind, Globs, ReadOption, ReadOptions, Stored, StrictModel, read_source
 from h5forge.kinds.image import apply_geometry, open_picture
 from h5forge.samples import Reject, SampleRef
 
@@ -136,6 +136,9 @@ def class_array(arr: np.ndarray, classes: int, ignore_value: int | None, path: s
 class MaskKind(FieldKind):
     kind = "mask"
     Spec = MaskField
+    demos = (Demo("segment-multiclass", "h5forge.demo.segment_multiclass:generate_segment_multiclass", 120,
+                  "3-class masks + annotations.csv", noun="segment-multiclass samples"),)
+    read_options = (ReadOption("mask_dtype", "int64", "the integer dtype masks come as", {"jax": "int32"}),)
     indexed = True
     layout_doc = ("(N, 1, H, W) uint8: {0,1}, or class indices 0..K-1 (and ignore_value), chunked and compressed "
                   "like its image; split attr <field>_class_pixels (K,); /index/<split>/<field>: rows by class present")
@@ -208,9 +211,10 @@ class MaskKind(FieldKind):
 
     # ---- reading
     def output_dtype(self, opts: ReadOptions) -> np.dtype:
-        dtype = np.dtype(opts.mask_dtype)
+        given = self.option(opts, "mask_dtype")
+        dtype = np.dtype(given)
         if dtype.kind not in "iu":
-            raise ValueError(f"mask_dtype must be an integer type, got {opts.mask_dtype!r}")
+            raise ValueError(f"mask_dtype must be an integer type, got {given!r}")
         return dtype
 
     # ---- preview: class colours over the image (background and ignore_value stay transparent)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from h5forge.kinds.base import Decoded, Globs, Stored, StrictModel, read_source
+from h5forge.kinds.base import Decoded, Demo, Detector, Globs, Stored, StrictModel, read_source
 from h5forge.kinds.image import ImageKind, apply_geometry, open_picture, to_pixels
 from h5forge.samples import Reject, SampleRef
 
@@ -37,6 +37,8 @@ class PairedField(StrictModel):
 class PairedKind(ImageKind):
     kind = "paired"
     Spec = PairedField
+    detectors = (Detector("h5forge.init.pairs:detect", 10, "lr/ + hr/ super-resolution pairs"),)
+    demos = (Demo("sr", "h5forge.demo.sr:generate_sr", 100, "lr/ + hr/ pairs", noun="sr samples"),)
     layout_doc = ("(N, C, scale*H, scale*W) uint8, aligned with its `like` image field; statistics as an image")
 
     @classmethod

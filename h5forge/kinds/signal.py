@@ -31,7 +31,7 @@ from pydantic import Field
 
 from h5forge.format.arrays import LENGTHS, Ragged, Stored
 from h5forge.format.codecs import CodecName
-from h5forge.kinds.base import Decoded, FieldKind, Globs, ReadOptions, StrictModel, read_source
+from h5forge.kinds.base import Decoded, Demo, Detector, FieldKind, Globs, ReadOption, ReadOptions, StrictModel, read_source
 from h5forge.samples import Reject, SampleRef
 
 RATE_TOLERANCE = 1e-3
@@ -157,6 +157,15 @@ def trace_plot(values: np.ndarray, size: tuple[int, int] = PLOT_SIZE) -> np.ndar
 class SignalKind(FieldKind):
     kind = "signal"
     Spec = SignalField
+    detectors = (Detector("h5forge.init.edf:detect", 50, "recordings *.edf"),
+                 Detector("h5forge.init.csv_recordings:detect", 51, "*.csv with a time column"),
+                 Detector("h5forge.init.npy_channels:detect", 52, "<channel>/*.npy"))
+    demos = (Demo("signals", "h5forge.demo.signals:generate_signals", 30, "multi-rate EDF recordings",
+                  noun="signals samples"),)
+    read_options = (ReadOption("window", None, "seconds: every time series cut or zero-padded to this duration"),
+                    ReadOption("window_offset", 0.0, "seconds from the start where the window begins"))
+    rate_tolerance = RATE_TOLERANCE  # for init's detectors, which take the kind's rules from the kind
+    time_columns = TIME_COLUMNS
     layout_doc = ("ragged: (total samples,) of the split's recordings end to end, plus <field>_lengths (N,); "
                   "dataset attrs rate, channel; split attrs <field>_count, <field>_mean, <field>_std (of the "
                   "finite values: NaN/inf kept with nonfinite: keep are the sum of the lengths minus the count)")
@@ -235,9 +244,10 @@ class SignalKind(FieldKind):
     def windowed(self, row: np.ndarray, opts: ReadOptions) -> np.ndarray:
         """``window`` seconds from ``window_offset``, zero-padded: every channel covers the same span
         of time, whatever its rate."""
-        if opts.window is None:
+        window, offset = self.option(opts, "window"), self.option(opts, "window_offset")
+        if window is None:
             return row
-        start, n = int(round(opts.window_offset * self.spec.rate)), int(round(opts.window * self.spec.rate))
+        start, n = int(round(offset * self.spec.rate)), int(round(window * self.spec.rate))
         piece = row[start:start + n]
         return piece if len(piece) == n else np.concatenate([piece, np.zeros(n - len(piece), row.dtype)])
 

@@ -35,7 +35,8 @@ from pydantic import Field
 
 from h5forge.format.arrays import Stored
 from h5forge.format.layout import STR
-from h5forge.kinds.base import DEFAULT_MAX_BYTES, Decoded, FieldKind, Globs, ReadOptions, StrictModel, read_source
+from h5forge.kinds.base import (DEFAULT_MAX_BYTES, Decoded, Demo, Detector, FieldKind, Globs, ReadOptions, StrictModel,
+                                read_source)
 from h5forge.kinds.image import plan_geometry
 from h5forge.samples import Reject, SampleRef
 
@@ -293,6 +294,10 @@ class VolumeKind(FieldKind):
     kind = "volume"
     Spec = VolumeField
     reads_folders = True
+    detectors = (Detector("h5forge.init.dicom:detect", 40, "DICOM case folders <case>/*.dcm"),
+                 Detector("h5forge.init.nifti:detect", 41, "*.nii.gz volumes (+ masks/)"))
+    demos = (Demo("ct", "h5forge.demo.ct:generate_ct", 30, "DICOM series per case folder + per-slice masks",
+                  noun="ct samples"),)
     layout_doc = ("ragged: (total slices, H, W) int16 (or float32), one slice per chunk, plus <field>_lengths "
                   "(N,) depths; companions <field>_spacing (N, 3), _origin (N, 3), _orientation (N, 6), "
                   "_modality, _series; a float32 volume has split attr <field>_nonfinite (NaN/inf voxels kept)")
@@ -305,6 +310,9 @@ class VolumeKind(FieldKind):
                   "orientation": Stored((6,), np.float64, bulk=False), "modality": Stored((), STR, bulk=False),
                   "series": Stored((), STR, bulk=False)}
         return {f"{self.name}_{key}": CaseMeta(self, key, st) for key, st in stored.items()}
+
+    def source_digest(self, root: Path, rel: str) -> str:
+        return read_case(root, rel)[1]
 
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         f, rel = self.spec, ref.files[self.name]

@@ -77,6 +77,9 @@ class VolumeMaskKind(MaskKind):
         return np.stack([np.asarray(open_picture(data, f"{rel}/{name}", self.spec.max_pixels).convert("L"))
                          for name, data in parts]) if parts else np.zeros((0, 0, 0), np.uint8)
 
+    def source_digest(self, root: Path, rel: str) -> str:
+        return read_case(root, rel)[1]
+
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         rel = ref.files[self.name]
         digest = read_case(root, rel)[1]

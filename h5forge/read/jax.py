@@ -23,7 +23,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from h5forge.errors import ReadError
-from h5forge.kinds import ReadOptions
+from h5forge.kinds import read_options
 from h5forge.read.reader import (DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SplitReader, model_batch, output_dtypes,
                                  sample_value)
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
@@ -36,11 +36,10 @@ class Source:
     (records are dicts of numpy arrays), plus ``get_batch(indices)`` for a coalesced batched read."""
 
     def __init__(self, path: str | os.PathLike, split: str = "train", fields: Sequence[str] | str | None = None,
-                 *, image_dtype: str = "float32", mask_dtype: str = "int32", normalize: bool = False,
-                 channels_last: bool = False, locking: bool | None = None,
-                 cache_chunks: int = DEFAULT_CACHE_CHUNKS, return_index: bool = False):
+                 *, channels_last: bool = False, locking: bool | None = None,
+                 cache_chunks: int = DEFAULT_CACHE_CHUNKS, return_index: bool = False, **options: Any):
         self.reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks)
-        self.options = ReadOptions(image_dtype, mask_dtype, normalize)
+        self.options = read_options("jax", options)
         self._dtypes = output_dtypes(self.reader, self.options)
         self.channels_last = channels_last
         self.return_index = return_index

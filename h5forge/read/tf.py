@@ -14,12 +14,12 @@ Batches are read with the coalesced batched path and the chunk-aware order (seed
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 import tensorflow as tf
 
 from h5forge.errors import ReadError
-from h5forge.kinds import ReadOptions
+from h5forge.kinds import read_options
 from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SplitReader, model_batch, output_dtypes
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
@@ -28,10 +28,9 @@ __all__ = ["dataset"]
 
 def dataset(path: str | os.PathLike, split: str = "train", fields: Sequence[str] | str | None = None, *,
             batch_size: int | None = 32, shuffle: bool = False, seed: int = 0, drop_remainder: bool = False,
-            image_dtype: str = "float32", mask_dtype: str = "int64", normalize: bool = False,
             channels_last: bool = True, window: int = DEFAULT_WINDOW, num_replicas: int = 1, rank: int = 0,
             locking: bool | None = None, cache_chunks: int = DEFAULT_CACHE_CHUNKS,
-            prefetch: int | None = 2, return_index: bool = False) -> tf.data.Dataset:
+            prefetch: int | None = 2, return_index: bool = False, **options: Any) -> tf.data.Dataset:
     """A tf.data.Dataset of tuples in ``fields`` order (a single tensor for one field); batched
     when ``batch_size`` is given (much faster than per-sample generators), else one sample per
     element. ``num_replicas``/``rank`` give this worker's equal-length shard. Text columns come as
@@ -41,7 +40,7 @@ def dataset(path: str | os.PathLike, split: str = "train", fields: Sequence[str]
     if ragged:
         raise ReadError(f"{path}: {ragged} vary in length per sample; the TF reader serves fixed-size fields "
                         "(read them with h5forge.read.torch or h5forge.read.jax)")
-    opts = ReadOptions(image_dtype, mask_dtype, normalize)
+    opts = read_options("tf", options)
     dtypes = output_dtypes(reader, opts)
     order = ChunkOrder(len(reader), reader.chunk_rows, shuffle=shuffle, seed=seed, window=window,
                        num_replicas=num_replicas, rank=rank)

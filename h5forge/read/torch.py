@@ -36,8 +36,7 @@ from torch.utils.data._utils.collate import collate as torch_collate
 from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 
 from h5forge.errors import ReadError
-from h5forge.kinds import FieldKind, ReadOptions
-from h5forge.kinds.image import ImageKind
+from h5forge.kinds import FieldKind, ReadOptions, read_options
 from h5forge.read.collate import Padded
 from h5forge.read.reader import (DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SliceIndex, SplitReader, dense_values, model_values,
                                  output_dtypes, sample_value)
@@ -170,6 +169,7 @@ class H5Dataset(Dataset):
     as its field's kind returns it: images float32 in [0, 1] (``image_dtype="uint8"`` leaves them
     as stored, for conversion on the GPU; ``normalize=True`` standardises with the split's
     per-channel mean/std), masks int64 (``mask_dtype``) of shape (1, H, W), labels int64,
+    (``**options``: the options the field kinds declare, ``h5forge.kinds.reader_options()``)
     annotation columns (``"label"`` or ``"meta/label"``) as int64 / float32 / bool tensors, or
     lists of strings. ``return_index=True`` adds each sample's row as a last int64 element, so
     shuffled batches can be matched to ``ids()`` and ``meta()``. A ragged field (a signal, a CT
@@ -189,17 +189,15 @@ class H5Dataset(Dataset):
     """
 
     def __init__(self, path: str | os.PathLike, split: str = "train", fields: Sequence[str] | str | None = None,
-                 *, image_dtype: str = "float32", mask_dtype: str = "int64", normalize: bool = False,
-                 transform: Callable[[Any], Any] | None = None,
+                 *, transform: Callable[[Any], Any] | None = None,
                  batch_transform: Callable[[Any], Any] | None = None,
                  locking: bool | None = None, cache_chunks: int = DEFAULT_CACHE_CHUNKS,
                  rdcc_nbytes: int | None = None, return_index: bool = False,
-                 unit: Literal["sample", "slice"] = "sample", context: int = 0,
-                 window: float | None = None, window_offset: float = 0.0):
+                 unit: Literal["sample", "slice"] = "sample", context: int = 0, **options: Any):
         self.reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks,
                                   rdcc_nbytes=rdcc_nbytes)
         self.slices = SliceIndex(self.reader, context) if unit == "slice" else None
-        self.options = ReadOptions(image_dtype, mask_dtype, normalize, window, window_offset)
+        self.options = read_options("torch", options)
         self._dtypes = output_dtypes(self.reader, self.options)  # refuses unknown dtypes here, not in a worker
         self._tensor_dtypes = {name: torch.from_numpy(np.zeros(0, d)).dtype for name, d in self._dtypes.items()
                                if d is not None}
@@ -469,23 +467,24 @@ def _to_device(col: Any, device: str | torch.device) -> Any:
 def torch_convert(kind: FieldKind, raw: torch.Tensor, dtype: torch.dtype, opts: ReadOptions,
                   stats: dict[str, np.ndarray], axis: int = 1) -> torch.Tensor:
     """What ``kind.convert`` makes of the stored rows ``raw``, computed by torch kernels on
-    ``raw``'s device (a GPU: only the stored bytes cross the bus). Exact for the two conversions
-    the kinds have: a cast (FieldKind's, e.g. masks) and an image's (widen to float32, divide by
-    255, then subtract the mean and divide by the std); every step is one IEEE operation per value,
-    so the result is bit-equal to the kind's numpy conversion. The divisors are tensors, not Python
-    numbers: CUDA multiplies by the reciprocal of a Python-number divisor, which differs in the
-    last bit for some values. Any other kind is converted by its own ``convert`` on the CPU."""
-    method = type(kind).convert
-    if method is FieldKind.convert:
-        return raw.to(dtype)
-    if method is ImageKind.convert and dtype.is_floating_point:
+    ``raw``'s device (a GPU: only the stored bytes cross the bus), following the kind's
+    ``conversion`` steps (cast, divide by the scale, subtract the mean, divide by the std): every
+    step is one IEEE operation per value, so the result is bit-equal to the kind's numpy
+    ``convert``. The divisors are tensors, not Python numbers: CUDA multiplies by the reciprocal
+    of a Python-number divisor, which differs in the last bit for some values. A kind without
+    such steps is converted by its own ``convert`` on the CPU."""
+    c = kind.conversion(opts, stats)
+    if c is not None and (dtype.is_floating_point or (c.scale is None and c.mean is None)):
         out = raw.to(dtype)
-        out.div_(torch.full((), 255, dtype=dtype, device=out.device))
-        if opts.normalize and "mean" in stats and "std" in stats:
+        if not dtype.is_floating_point:
+            return out
+        if c.scale is not None:
+            out.div_(torch.full((), c.scale, dtype=dtype, device=out.device))
+        if c.mean is not None and c.std is not None:
             shape = [1] * out.dim()
             shape[axis] = -1
-            std = np.where(stats["std"] > 0, stats["std"], 1).astype(np.float32)
-            out.sub_(torch.from_numpy(np.asarray(stats["mean"], np.float32)).to(out.device).view(shape))
+            std = np.where(c.std > 0, c.std, 1).astype(np.float32)
+            out.sub_(torch.from_numpy(np.asarray(c.mean, np.float32)).to(out.device).view(shape))
             out.div_(torch.from_numpy(std).to(out.device).view(shape))
         return out
     dst = torch.empty(raw.shape, dtype=dtype)

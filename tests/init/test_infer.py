@@ -373,5 +373,5 @@ def test_low_res_high_res_names_and_no_folder_at_all(tmp_path):
     assert spec.fields["high_res"].scale == 2 and spec.fields["high_res"].files == "high_res/*.png"
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ValueError, match="no pictures found"):
+    with pytest.raises(ValueError, match="no layout h5forge knows"):
         infer_spec(empty, tmp_path / "e.yaml")

@@ -116,5 +116,5 @@ def test_codecs_command_prints_the_table_and_draws_the_chart(raw_demo, tmp_path)
 
 def test_a_folder_init_cannot_read_says_so(tmp_path):
     (tmp_path / "notes.txt").write_text("nothing to see")
-    with pytest.raises(UsageError, match="no pictures found"):
+    with pytest.raises(UsageError, match="no layout h5forge knows"):
         spec_for(tmp_path, None)

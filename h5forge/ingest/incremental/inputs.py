@@ -28,7 +28,7 @@ from h5forge.format.checksums import NOT_DATA, NOT_DATA_SOURCE
 from h5forge.format.names import FORMAT_VERSION
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.incremental.hash_cache import HashCache, State, state_of
-from h5forge.kinds import field_kinds
+from h5forge.kinds import FieldKind, field_kinds
 from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
 
@@ -56,21 +56,11 @@ def sample_key(sample_id: str, split: str, files: list[str], hexes: list[str], c
     return hashlib.sha256(text.encode()).digest()
 
 
-def raw_digest(root: Path, rel: str, folder: bool) -> str:
-    """sha256 of a raw file (as the field kinds hash what they decode); a case folder's digest
-    covers its files' names and bytes. An unreadable input gets an empty digest: cleaning will
-    reject it with the reason."""
-    path = root / rel
+def raw_digest(root: Path, rel: str, kind: FieldKind) -> str:
+    """sha256 of a raw input as its field's kind hashes what it decodes. An unreadable input gets
+    an empty digest: cleaning will reject it with the reason."""
     try:
-        if folder:  # as the case kinds hash what they decode, a folder or a single file
-            from h5forge.kinds.volume import read_case
-
-            return read_case(root, rel)[1]
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                h.update(chunk)
-        return h.hexdigest()
+        return kind.source_digest(root, rel)
     except Exception:  # the same input fails in cleaning, where it becomes a rejection
         return ""
 
@@ -100,13 +90,14 @@ class Inputs:
         """The sample keys of a cleaned batch: ``refs`` its inputs, ``ids``/``hashes`` the samples
         it kept and their raw-file hashes made by the worker. The inputs it rejected are hashed
         here, as ``fingerprint`` would have."""
-        names, folders = _file_fields(spec)
+        names, kinds = _file_fields(spec)
+        shared = field_kinds(spec).values()
         made = dict(zip(ids, hashes))
         for ref in refs:
             hexes = made.get(ref.id)
             if hexes is None:
-                hexes = [raw_digest(root, ref.files[n], folders[n]) for n in names]
-            self.samples[ref.id] = _key(ref, names, hexes)
+                hexes = [raw_digest(root, ref.files[n], kinds[n]) for n in names]
+            self.samples[ref.id] = _key(ref, names, hexes, _shared_inputs(shared, root, ref))
             self.hexes.update((ref.files[n], h) for n, h in zip(names, hexes))
 
     def seal(self, spec: DatasetSpec, inventory: Inventory) -> None:
@@ -118,15 +109,21 @@ class Inputs:
         self.deferred = False
 
 
-def _file_fields(spec: DatasetSpec) -> tuple[list[str], dict[str, bool]]:
-    """The fields read from raw files, in spec order, and whether each reads case folders."""
+def _file_fields(spec: DatasetSpec) -> tuple[list[str], dict[str, FieldKind]]:
+    """The fields read from raw files, in spec order, and their kinds."""
     kinds = field_kinds(spec)
     names = [n for n, k in kinds.items() if k.files]
-    return names, {n: kinds[n].reads_folders for n in names}
+    return names, {n: kinds[n] for n in names}
 
 
-def _key(ref: SampleRef, names: list[str], hexes: list[str]) -> bytes:
-    return sample_key(ref.id, ref.split, [ref.files[n] for n in names], hexes, ref.columns)
+def _shared_inputs(kinds, root: Path, ref: SampleRef) -> list[str]:
+    """The digests of what decides the sample's fields besides its files (``FieldKind.input_digest``)."""
+    return [d for k in kinds if (d := k.input_digest(root, ref)) is not None]
+
+
+def _key(ref: SampleRef, names: list[str], hexes: list[str], shared: list[str] = ()) -> bytes:
+    # a sample with shared inputs has them after its files' digests; one without keeps its key
+    return sample_key(ref.id, ref.split, [ref.files[n] for n in names], [*hexes, *shared], ref.columns)
 
 
 def total_key(rules: str, samples: dict[str, bytes], inventory: Inventory) -> str:
@@ -148,14 +145,14 @@ def fingerprint(spec: DatasetSpec, inventory: Inventory, threads: int | None = N
     import time
 
     t0, stated_at = time.perf_counter(), time.time_ns()
-    names, folders = _file_fields(spec)
+    names, kinds = _file_fields(spec)
     root = inventory.root
     cache = cache or HashCache()
-    jobs = [(ref.files[n], folders[n]) for ref in inventory.samples for n in names]
+    jobs = [(ref.files[n], kinds[n]) for ref in inventory.samples for n in names]
 
     # each file's state before its bytes are read (see hash_cache), in this thread: a stat is a few
     # microseconds, less than handing it to a pool; only the files to read go to the threads
-    states = {rel: st for rel, folder in jobs if not folder and (st := state_of(os.path.join(root, rel)))}
+    states = {rel: st for rel, kind in jobs if not kind.reads_folders and (st := state_of(os.path.join(root, rel)))}
     rules = rules_hash(spec)
     if not hash_files:
         return Inputs(rules, "", deferred=True, states=states, stated_at_ns=stated_at)
@@ -164,7 +161,8 @@ def fingerprint(spec: DatasetSpec, inventory: Inventory, threads: int | None = N
     with ThreadPoolExecutor(threads or min(4, os.cpu_count() or 1)) as pool:
         for i, hexed in zip(to_read, pool.map(lambda i: raw_digest(root, *jobs[i]), to_read, chunksize=16)):
             digests[i] = hexed
-    samples = {ref.id: _key(ref, names, digests[i * len(names):(i + 1) * len(names)])
+    shared = field_kinds(spec).values()
+    samples = {ref.id: _key(ref, names, digests[i * len(names):(i + 1) * len(names)], _shared_inputs(shared, root, ref))
                for i, ref in enumerate(inventory.samples)}
     return Inputs(rules, total_key(rules, samples, inventory), samples, round(time.perf_counter() - t0, 3),
                   states=states, hexes={rel: h for (rel, _), h in zip(jobs, digests)}, stated_at_ns=stated_at,
