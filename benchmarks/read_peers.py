@@ -293,7 +293,7 @@ def main() -> None:
                        check=True, cwd=REPO, env=env)
         pythons |= dict.fromkeys(("lmdb", "webdataset", "mosaic"), peers_py)
     subprocess.run(["find", "-L", str(data), "-type", "f", "-exec", "cat", "{}", "+"], stdout=subprocess.DEVNULL, check=True)
-    rates, info = {k: [] for k in pythons}, {}
+    rates, cpus, info = {k: [] for k in pythons}, {k: [] for k in pythons}, {}
     for r in range(args.rounds):  # order reversed every other round
         for name in list(pythons) if r % 2 == 0 else list(pythons)[::-1]:
             check = r == 0 and "-0workers" not in name
@@ -306,13 +306,14 @@ def main() -> None:
             res = json.loads(proc.stdout.strip().splitlines()[-1])
             rates[name].append(res.pop("samples_per_s"))
             info.setdefault(name, res)
+            cpus[name].append(res["main_cpu_ms_per_batch"] + res["workers_cpu_ms_per_batch"])
             log(f"round {r + 1}/{args.rounds} {name:36s} {rates[name][-1]:8.0f} samples/s")
     sums = {k: tuple(v["epoch_sums"]) for k, v in info.items() if "epoch_sums" in v}
     if len(set(sums.values())) != 1:
         raise SystemExit(f"readers disagree on the data: {sums}")
     lat, cpu = in_process(data, args.reads, args.cpu_batches)
     rate = {k: round(statistics.median(v)) for k, v in rates.items()}
-    loader_cpu = {k: round(v["main_cpu_ms_per_batch"] + v["workers_cpu_ms_per_batch"], 2) for k, v in info.items()}
+    loader_cpu = {k: round(statistics.median(v), 2) for k, v in cpus.items()}  # main + workers, median of the rounds
     vs_npy = {k: ratio(v, rate["npy_mmap-0workers" if "-0workers" in k else "npy_mmap"]) for k, v in rate.items()}
     # A/B: each piece's gain = with it on / with it off (speed), and the CPU it saves
     ab = {p: {"speed_on_over_off": ratio(rate["h5forge_lz4_default"], rate[f"h5forge_lz4_default-off-{p}"]),
