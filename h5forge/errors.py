@@ -87,3 +87,11 @@ class OutputTaken(UsageError):
 
 class InboxMoveFailed(H5forgeError, OSError):
     """A version was published, but some inbox files could not be sorted; a rerun finishes it."""
+
+
+class NoDaskWorkers(H5forgeError, RuntimeError):
+    """The dask scheduler has no workers to clean on."""
+
+
+class DaskWorkersLost(H5forgeError, RuntimeError):
+    """Every dask worker was lost while a run cleaned on them."""

@@ -94,9 +94,9 @@ def _check_spec(spec: Path, output, dask_address, inbox=None, needs_inbox: bool 
         loaded = load_spec(spec, output, dask_address, inbox)
         preflight(loaded, inbox=needs_inbox)
         if loaded.compute.dask_address:
-            from h5forge.ingest.parallel import check_reachable
+            from h5forge.ingest.parallel import check_workers
 
-            check_reachable(loaded.compute.dask_address)
+            check_workers(loaded.compute.dask_address)  # before a run starts: no run to mark failed
     _prefect_defaults()
     return loaded
 

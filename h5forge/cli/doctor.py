@@ -158,7 +158,7 @@ def check_file(c: Checkup, path: Path) -> None:
             c.problem("file needs", f"{_filter_name(fid, known)}: not available in this HDF5 ({where})")
 
 
-def check_spec(c: Checkup, spec_path: Path) -> Path:
+def check_spec(c: Checkup, spec_path: Path, dask_address: str | None = None) -> Path:
     """What building ``spec_path`` needs: its codecs' filters, its source folder, a writable output
     folder, the dask scheduler it names. Returns the output folder."""
     from h5forge.format.filters import available, codec_filters, known_filters
@@ -166,7 +166,7 @@ def check_spec(c: Checkup, spec_path: Path) -> Path:
     from h5forge.spec import load_spec
 
     with _reported():
-        spec = load_spec(spec_path)
+        spec = load_spec(spec_path, dask_address=dask_address)
     known = known_filters()
     codecs = sorted({k.stored().codec_of(spec.storage.codec) for k in stored_kinds(spec).values()
                      if k.stored().bulk})
@@ -194,22 +194,42 @@ def check_spec(c: Checkup, spec_path: Path) -> Path:
     else:
         c.problem("spec output", f"{spec.output.dir}: {target} is not writable")
     if spec.compute.dask_address:
-        from h5forge.errors import SchedulerUnreachable
-        from h5forge.ingest.parallel import check_reachable
-
-        try:
-            check_reachable(spec.compute.dask_address)
-            c.line("spec dask", f"{spec.compute.dask_address} reachable")
-        except SchedulerUnreachable as err:
-            c.problem("spec dask", str(err))
+        check_scheduler(c, spec.compute.dask_address, "spec dask")
     return Path(spec.output.dir)
+
+
+def check_scheduler(c: Checkup, address: str, label: str = "dask scheduler") -> None:
+    """Reachable, and how many workers it has: a scheduler without workers cleans nothing."""
+    from h5forge.errors import SchedulerUnreachable
+    from h5forge.ingest.parallel import check_reachable
+
+    try:
+        check_reachable(address)
+    except SchedulerUnreachable as err:
+        c.problem(label, str(err))
+        return
+    from distributed import Client
+
+    try:
+        with Client(address, timeout="10s") as client:
+            threads = client.nthreads()
+    except (OSError, TimeoutError) as err:
+        c.problem(label, f"{address} accepts connections but does not answer as a dask scheduler ({err})")
+        return
+    if not threads:
+        c.problem(label, f"{address} reachable, 0 workers: a build there waits for one, then fails; "
+                         f"start some (`dask worker {address}`)")
+        return
+    c.line(label, f"{address} reachable, {len(threads)} worker(s), {sum(threads.values())} thread(s)")
 
 
 @app.command()
 def doctor(file: Optional[Path] = typer.Argument(None, help="a version file (or any HDF5 file): which filters "
                                                               "it needs, and whether this machine has them"),
            spec: Optional[Path] = typer.Option(None, "--spec", help="a dataset spec: its codecs, source folder, "
-                                                                    "output folder (free disk) and dask scheduler")) -> None:
+                                                                    "output folder (free disk) and dask scheduler"),
+           dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of a dask scheduler to check "
+                                                                 "(with --spec: in place of the spec's)")) -> None:
     """Check this machine: h5py/HDF5 versions, compression filters, the HDF5_PLUGIN_PATH line for
     other HDF5 tools, the Prefect API, dask and CPUs, free disk. Exit 1 when something the FILE or
     the spec needs is missing (or a configured Prefect API does not answer)."""
@@ -221,7 +241,9 @@ def doctor(file: Optional[Path] = typer.Argument(None, help="a version file (or 
     check_compute(c)
     disk_at = Path.cwd()
     if spec is not None:
-        disk_at = check_spec(c, spec)
+        disk_at = check_spec(c, spec, dask_address)
+    elif dask_address:
+        check_scheduler(c, dask_address)
     if file is not None:
         check_file(c, file)
         if spec is None:

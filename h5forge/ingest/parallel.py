@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import dask
-from distributed import Client, LocalCluster
+from distributed import CancelledError, Client, KilledWorker, LocalCluster
 from distributed.security import Security
 
-from h5forge.errors import SchedulerUnreachable
+from h5forge.errors import DaskWorkersLost, NoDaskWorkers, SchedulerUnreachable
 from h5forge.ingest.clean import CleanedBatch, clean_batch
 from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
@@ -34,6 +34,10 @@ LEAN_WORKERS = {
 }
 
 
+WORKER_WAIT_SECONDS = 15.0  # how long a run waits for a worker: at the start, and after losing them all
+RESULT_POLL_SECONDS = 1.0  # how often a run waiting for a batch checks that the cluster still has workers
+
+
 def check_reachable(address: str, timeout: float = 5.0) -> None:
     """Fail fast, before any run starts, when nothing listens at a scheduler address."""
     from urllib.parse import urlparse
@@ -45,6 +49,27 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
         socket.create_connection((parsed.hostname, parsed.port), timeout=timeout).close()
     except OSError as err:
         raise SchedulerUnreachable(f"cannot reach the dask scheduler at {address}: {err.strerror or err}") from None
+
+
+def require_workers(client: Client, address: str) -> None:
+    """Wait up to ``WORKER_WAIT_SECONDS`` for a worker; ``NoDaskWorkers`` when none joins (dask
+    itself would wait for ever)."""
+    try:
+        client.wait_for_workers(1, timeout=WORKER_WAIT_SECONDS)
+    except TimeoutError:
+        raise NoDaskWorkers(f"the dask scheduler at {address} has no workers (none joined within "
+                            f"{WORKER_WAIT_SECONDS:g} s): start some (`dask worker {address}`), "
+                            "or run without --dask-address to clean on this machine") from None
+
+
+def check_workers(address: str) -> None:
+    """Before a run starts: the scheduler answers and has a worker (or gets one soon)."""
+    check_reachable(address)
+    try:
+        with Client(address, timeout="20s") as client:
+            require_workers(client, address)
+    except (OSError, TimeoutError) as err:
+        raise SchedulerUnreachable(f"cannot reach the dask scheduler at {address}: {err}") from None
 
 
 @contextmanager
@@ -63,6 +88,7 @@ def dask_client(address: str | None, workers: int, secure: bool = True) -> Itera
         except (OSError, TimeoutError) as err:
             raise SchedulerUnreachable(f"cannot reach the dask scheduler at {address}: {err}") from None
         try:
+            require_workers(client, address)
             yield client
         finally:
             client.close()
@@ -116,19 +142,55 @@ def clean_all(spec: DatasetSpec, root: Path, samples: Sequence[SampleRef],
 
 def clean_stream(client: Client, spec: DatasetSpec, root: Path, samples: Sequence[SampleRef],
                  batch_size: int, in_flight: int) -> Iterator[CleanedBatch]:
-    """Clean ``samples`` on the cluster; yield batches in input order, ``in_flight`` at a time."""
-    [spec_future] = client.scatter([spec], broadcast=True)
+    """Clean ``samples`` on the cluster; yield batches in input order, ``in_flight`` at a time.
+
+    The spec goes with each task (a few kB), not scattered to the workers: data held only by
+    workers is lost with them, and a batch re-run on a worker that joins later still has it."""
     pending = deque()
     todo = iter(batches(samples, batch_size))
     for batch in todo:
-        pending.append(client.submit(clean_batch, spec_future, str(root), batch, pure=False))
+        pending.append(client.submit(clean_batch, spec, str(root), batch, pure=False))
         if len(pending) >= in_flight:
             break
+    where = spec.compute.dask_address
     while pending:
         future = pending.popleft()
-        result = future.result()
+        result = batch_result(client, future, where)
         future.release()
         nxt = next(todo, None)
         if nxt is not None:
-            pending.append(client.submit(clean_batch, spec_future, str(root), nxt, pure=False))
+            pending.append(client.submit(clean_batch, spec, str(root), nxt, pure=False))
         yield result
+
+
+def batch_result(client: Client, future, address: str | None) -> CleanedBatch:
+    """The batch's result; ``DaskWorkersLost`` once the cluster has had no worker for
+    ``WORKER_WAIT_SECONDS`` (dask itself would wait for one for ever), or when a batch killed
+    every worker that ran it."""
+    without_workers: float | None = None
+    while True:
+        try:
+            return future.result(timeout=RESULT_POLL_SECONDS)
+        except TimeoutError:
+            if client.nthreads():
+                without_workers = None
+                continue
+            without_workers = without_workers or time.monotonic()
+            if time.monotonic() - without_workers >= WORKER_WAIT_SECONDS:
+                raise _all_lost(address, f"none came back within {WORKER_WAIT_SECONDS:g} s") from None
+        except KilledWorker as err:
+            raise DaskWorkersLost(f"a batch of samples killed each dask worker that ran it ({err}): the workers "
+                                  "may be running out of memory; lower compute.batch_size or give them more "
+                                  "memory, then rerun") from None
+        except CancelledError:
+            if not client.nthreads():
+                raise _all_lost(address, "none left") from None
+            raise
+
+
+def _all_lost(address: str | None, detail: str) -> DaskWorkersLost:
+    if address:
+        return DaskWorkersLost(f"all dask workers of the scheduler at {address} were lost mid-run ({detail}); "
+                               f"nothing was published: start workers (`dask worker {address}`) and rerun")
+    return DaskWorkersLost(f"all local dask workers were lost mid-run ({detail}), out of memory perhaps; "
+                           "nothing was published: lower compute.workers or compute.batch_size and rerun")
