@@ -68,8 +68,15 @@ class Splits(_Strict):
     ratios: dict[Literal["train", "val", "test"], float] = Field(
         default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1}
     )
-    seed: str = Field("h5forge", description="changing it reshuffles every sample's split")
+    seed: str = Field("h5forge", description="changing it reshuffles every sample's split (text or a "
+                      "whole number: 0 and \"0\" are the same seed)")
     column: str | None = Field(None, description="take the split from this annotation column")
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _whole_number_seed(cls, v: object) -> object:
+        # YAML reads ``seed: 0`` as an int; its text is the seed, so both spellings split alike
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
     @field_validator("ratios")
     @classmethod

@@ -415,6 +415,9 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
                                                 "several annotation records for this sample"))
             records[sid] = rec
             record_file[sid] = prefix + rec.get("_sidecar", ann.file or "")
+    if ids == "path":
+        records, record_file, problems = by_bare_name(records, record_file, per_field)
+        inv.rejections.extend(problems)
     already = {match_key(r.sample_id) for r in inv.rejections if r.sample_id}  # reported once is enough
     all_keys = sorted(set().union(*per_field.values()) - already)
     for key in all_keys:
@@ -446,6 +449,41 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
     if whole_source:
         inv.unclaimed, inv.unclaimed_examples = unclaimed_files(spec, inv)
     return inv
+
+
+def bare_name_index(keys) -> dict[str, list[str]]:
+    """Sample keys by their last path component (``cat/x`` under ``x``)."""
+    index: dict[str, list[str]] = defaultdict(list)
+    for key in keys:
+        if "/" in key:
+            index[key.rsplit("/", 1)[1]].append(key)
+    return index
+
+
+def by_bare_name(records: dict[str, dict], record_file: dict[str, str],
+                 per_field: dict[str, dict[str, str]]) -> tuple[dict[str, dict], dict[str, str], list[Rejection]]:
+    """With ``ids: path``, a record keyed by a bare file name (``x.jpg`` for ``cat/x.jpg``) joins
+    the one sample whose path ends in that name; a name found in several folders is refused with
+    the clashing paths, since joining any one of them would be a guess."""
+    keys = set().union(*per_field.values())
+    stray = [k for k in records if "/" not in k and k not in keys]
+    if not stray:
+        return records, record_file, []
+    index = bare_name_index(keys)
+    records, record_file, problems = dict(records), dict(record_file), []
+    for bare in stray:
+        found = index.get(bare, [])
+        if len(found) == 1 and found[0] not in records:
+            records[found[0]] = records.pop(bare)
+            record_file[found[0]] = record_file.pop(bare)
+        elif len(found) > 1:
+            paths = sorted(next(f[k] for f in per_field.values() if k in f) for k in found)
+            where = record_file.pop(bare)
+            del records[bare]
+            problems.append(Rejection(bare, (f"{where}#{bare}", *paths),
+                                      f"the annotation record names a file found in {len(paths)} folders "
+                                      f"({', '.join(paths)}); name it by its path below the root"))
+    return records, record_file, problems
 
 
 UNCLAIMED_LISTED = 5

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from h5forge.ingest.discover import _IMAGE_SUFFIXES, TEXT_FORMAT, read_annotation_file
+from h5forge.ingest.discover import _IMAGE_SUFFIXES, TEXT_FORMAT, bare_name_index, read_annotation_file
 from h5forge.init.columns import column_types
 from h5forge.init.folders import visible
 from h5forge.init.text import SpecText, flow, mapping, scalar
@@ -49,6 +49,7 @@ def find_annotations(raw: Path, ids: set[str], id_mode: str, skip: set[str],
     """The annotation file beside the pictures that names most samples; notes for the others."""
     usable: list[tuple[tuple, Annotations, list[str]]] = []
     example = ", ".join(sorted(ids)[:3])
+    bare = bare_name_index(ids) if id_mode == "path" else {}  # discovery joins a unique bare file name
     for path in sorted(p for p in raw.iterdir() if _looks_annotation(p)):
         name = path.name
         try:
@@ -81,7 +82,7 @@ def find_annotations(raw: Path, ids: set[str], id_mode: str, skip: set[str],
         scores = {}
         for key in keys:
             found = {_record_id(r[key], id_mode) for r in dicts if key in r and isinstance(r[key], (str, int))}
-            scores[key] = len(found & ids)
+            scores[key] = len(found & ids) + sum(len(bare[k]) == 1 for k in found - ids if k in bare)
         if not scores or max(scores.values()) == 0:
             notes.append(f"{name} is not used: no column names the samples (tried {', '.join(sorted(keys)) or 'none'}; "
                          f"sample ids look like {example})")

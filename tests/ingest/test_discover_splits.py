@@ -1,10 +1,12 @@
 import json
 from collections import Counter
 
+import yaml
+
 from h5forge.ingest.discover import discover
 from h5forge.ingest.splits import assign_split
-from h5forge.spec import Splits
-from tests.helpers.data import demo_spec
+from h5forge.spec import Splits, load_spec
+from tests.helpers.data import REPO, demo_spec
 
 
 def test_pairs_by_stem_and_reports_every_unusable_input(raw_demo, tmp_path):
@@ -82,3 +84,17 @@ def test_a_nul_character_in_an_annotation_rejects_that_record_only(raw_copy, tmp
     [bad] = [r for r in inv.rejections if r.sample_id == target["id"]]
     assert "annotation column 'stain': contains a NUL character" in bad.reason
     assert {s.id for s in inv.samples} == before - {target["id"]}
+
+
+def test_a_whole_number_seed_is_taken_as_its_text(tmp_path):
+    data = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
+    data["source"]["root"] = str(tmp_path)
+    spec_path = tmp_path / "seeded.yaml"
+    data["splits"]["seed"] = 0
+    spec_path.write_text(yaml.safe_dump(data))
+    assert "seed: 0\n" in spec_path.read_text()
+    splits = load_spec(spec_path).splits
+    assert splits.seed == "0"
+    ids = [f"s{i}" for i in range(200)]
+    assert [assign_split(i, splits) for i in ids] == [assign_split(i, Splits(seed="0")) for i in ids]
+    assert [assign_split(i, splits) for i in ids] != [assign_split(i, Splits()) for i in ids]

@@ -164,6 +164,41 @@ def test_split_and_class_folders_take_the_split_from_the_folder(tmp_path):
             assert len(ids) == 8 and all(i.startswith(folder + "/") for i in ids)
 
 
+def test_a_csv_keyed_by_bare_file_names_joins_class_folders_and_a_clash_is_refused(tmp_path):
+    raw = tmp_path / "people"
+    for c, cls in enumerate(("faces", "cars")):
+        (raw / cls).mkdir(parents=True)
+        for k in range(3):
+            photo(c * 3 + k).convert("RGB").save(raw / cls / f"{cls[:-1]}_{k:03d}.jpg")
+    with open(raw / "quality.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["filename", "quality"])
+        for c, cls in enumerate(("faces", "cars")):
+            for k in range(3):
+                w.writerow([f"{cls[:-1]}_{k:03d}.jpg", 10 * c + k])
+    inferred, spec, spec_path = infer(raw, tmp_path)
+    ann = spec.annotations
+    assert (ann.file, ann.id_key, ann.columns) == ("quality.csv", "filename", {"label": "str", "quality": "int"})
+    path, summary = build(spec_path, tmp_path / "out")
+    assert summary.rejections == ()
+    ds = H5Dataset(path, split="train", fields=("label", "quality"))
+    for i, sid in enumerate(ds.ids()):
+        label, quality = ds[i]
+        cls, name = sid.split("/")
+        assert spec.fields["label"].classes[int(label)] == cls
+        assert int(quality) == 10 * ("faces", "cars").index(cls) + int(name[-3:])
+
+    photo(9).convert("RGB").save(raw / "cars" / "face_001.jpg")  # the same bare name in two folders
+    spec = load_spec(spec_path)
+    inv = discover(spec)
+    clash = [r for r in inv.rejections if r.sample_id == "face_001"]
+    assert [r.paths for r in clash] == [("quality.csv#face_001", "cars/face_001.jpg", "faces/face_001.jpg")]
+    assert "found in 2 folders (cars/face_001.jpg, faces/face_001.jpg)" in clash[0].reason
+    unjoined = sorted(r.sample_id for r in inv.rejections if r.reason.startswith("no annotation record"))
+    assert unjoined == ["cars/face_001", "faces/face_001"]
+    assert len(inv.samples) == 5
+
+
 # ---- annotations beside the pictures ----------------------------------------------------------
 
 def picture_folder(root: Path, n: int = 6) -> list[str]:
