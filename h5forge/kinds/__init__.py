@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from h5forge.format.arrays import Stored
 from h5forge.kinds.base import (Conversion, Decoded, Demo, Detector, FieldKind, Layout, ReadOption, ReadOptions,
                                 load_ref)
+from h5forge.kinds.boxes import BoxesKind
 from h5forge.kinds.column import ColumnKind
 from h5forge.kinds.image import ImageKind
 from h5forge.kinds.label import LabelKind
@@ -45,7 +46,7 @@ def register(kind: type[FieldKind]) -> type[FieldKind]:
     return kind
 
 
-for _kind in (ImageKind, MaskKind, LabelKind, PairedKind, SignalKind, VolumeKind, VolumeMaskKind):
+for _kind in (ImageKind, MaskKind, LabelKind, PairedKind, SignalKind, VolumeKind, VolumeMaskKind, BoxesKind):
     register(_kind)
 
 

@@ -18,7 +18,7 @@ PACKAGE = REPO / "h5forge"
 
 
 def test_registry_and_spec_union_agree(raw_demo, tmp_path):
-    assert set(REGISTRY) == {"image", "mask", "label", "paired", "signal", "volume", "volume_mask"}
+    assert set(REGISTRY) == {"image", "mask", "label", "paired", "signal", "volume", "volume_mask", "boxes"}
     spec = demo_spec(raw_demo, tmp_path)
     kinds = stored_kinds(spec)
     assert list(kinds) == ["images", "masks", "meta/label", "meta/num_cells", "meta/stain", "meta/focus_score"]

@@ -1,0 +1,172 @@
+"""``h5forge init`` for object detection folders: the ``boxes`` layout.
+
+COCO: an ``instances_*.json`` (in the folder or in ``annotations/``) whose images are pictures of a
+sub-folder (``images/``, ``train2017/``, ...): an image field over that folder, its size the most
+common of the COCO entries' sizes (``larger: shrink``, so no object is cut away by a crop), and a
+boxes field over the COCO file(s), the classes its categories in id order. YOLO: ``labels/*.txt``
+beside ``images/`` with the same stems: the classes from ``classes.txt`` (one name a line) or the
+``names`` of a ``data.yaml``, else ``class_0`` ... up to the largest index in the sampled labels
+(noted). Nothing here imports ``init``: the ``SpecText`` it writes into is passed in.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path, PurePosixPath
+
+import yaml
+
+from h5forge.kinds.base import Layout
+
+PICTURES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
+SAMPLED = 200  # label files read to find the classes of a YOLO folder without a names file
+
+
+def _quoted(value: str) -> str:
+    return json.dumps(value)
+
+
+def _flow(values) -> str:
+    return "[" + ", ".join(_quoted(v) for v in values) + "]"
+
+
+def _pictures(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in PICTURES) if folder.is_dir() else []
+
+
+def _globs(rel: str, pictures: list[Path]) -> list[str]:
+    suffixes = Counter(p.suffix for p in pictures)
+    return [f"{rel}/*{s}" for s, _ in suffixes.most_common()]
+
+
+def _coco_files(raw: Path) -> list[Path]:
+    found = []
+    for folder in (raw, raw / "annotations"):
+        for p in sorted(folder.glob("instances_*.json")) if folder.is_dir() else []:
+            try:
+                data = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and {"images", "annotations", "categories"} <= set(data):
+                found.append((p, data))
+    return found
+
+
+def _image_folder(raw: Path, names: set[str]) -> Path | None:
+    """The sub-folder holding the most of the COCO file names."""
+    best, hits = None, 0
+    for folder in [raw, *sorted(d for d in raw.iterdir() if d.is_dir())]:
+        n = len(names & {p.name for p in _pictures(folder)})
+        if n > hits:
+            best, hits = folder, n
+    return best
+
+
+def _image_lines(t, rel: str, pictures: list[Path], size: tuple[int, int], what: str) -> None:
+    t(0, "fields:")
+    t(1, "images:")
+    t(2, "kind: image", what)
+    globs = _globs(rel, pictures)
+    t(2, f"files: {_quoted(globs[0]) if len(globs) == 1 else _flow(globs)}")
+    t(2, f"size: [{size[0]}, {size[1]}]", "(height, width): the most common picture size")
+    t(2, "larger: shrink", "a larger picture is shrunk (keeping its aspect), so no box is cropped away")
+
+
+def _coco_layout(raw: Path, notes: list[str]) -> Layout | None:
+    found = _coco_files(raw)
+    if not found:
+        return None
+    names = {PurePosixPath(str(im.get("file_name", ""))).name for _, d in found for im in d["images"]}
+    folder = _image_folder(raw, names)
+    if folder is None:
+        return None
+    pictures = _pictures(folder)
+    sizes = Counter((int(im["height"]), int(im["width"])) for _, d in found for im in d["images"]
+                    if "height" in im and "width" in im)
+    size = sizes.most_common(1)[0][0] if sizes else (256, 256)
+    categories: dict[int, str] = {}
+    for _, d in found:
+        for c in d["categories"]:
+            categories.setdefault(int(c["id"]), str(c["name"]))
+    classes = list(dict.fromkeys(categories[k] for k in sorted(categories)))
+    listed = len(names & {p.name for p in pictures})
+    if listed < len(pictures):
+        notes.append(f"{len(pictures) - listed} of {len(pictures)} pictures in {folder.name}/ have no entry in the "
+                     "COCO file(s): they are rejected")
+    coco = [p.relative_to(raw).as_posix() for p, _ in found]
+    rel = folder.relative_to(raw).as_posix() if folder != raw else "."
+
+    def body(t) -> None:
+        _image_lines(t, rel, pictures, size, f"{len(pictures)} pictures, boxes in {', '.join(coco)}")
+        t(1, "boxes:")
+        t(2, "kind: boxes", "COCO boxes per picture, by its file_name; crowd regions left out")
+        t(2, "like: images", "shrunk, cropped and padded with the picture")
+        t(2, f"coco: {_quoted(coco[0]) if len(coco) == 1 else _flow(coco)}")
+        t(2, f"classes: {_flow(classes)}", "the COCO categories, in id order")
+        t(2, "outside: clip", "a box that leaves the frame is clipped to it (drop: dropped); both counted")
+
+    return Layout("boxes", body)
+
+
+def _yolo_classes(raw: Path, labels: list[Path], notes: list[str]) -> list[str]:
+    names_file = next((p for p in (raw / "classes.txt", raw / "labels" / "classes.txt") if p.is_file()), None)
+    if names_file is not None:
+        return [line.strip() for line in names_file.read_text().splitlines() if line.strip()]
+    data_yaml = raw / "data.yaml"
+    if data_yaml.is_file():
+        try:
+            names = yaml.safe_load(data_yaml.read_text()).get("names")
+        except (yaml.YAMLError, AttributeError):
+            names = None
+        if isinstance(names, dict):
+            return [str(names[k]) for k in sorted(names)]
+        if isinstance(names, list):
+            return [str(n) for n in names]
+    top = -1
+    for p in labels[:SAMPLED]:
+        for line in p.read_text(errors="replace").splitlines():
+            head = line.split()[:1]
+            if head and head[0].isdigit():
+                top = max(top, int(head[0]))
+    notes.append("no classes.txt or data.yaml names: the classes are named class_0 ... by index; rename them")
+    return [f"class_{i}" for i in range(max(top + 1, 1))]
+
+
+def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
+    labels_dir, images_dir = raw / "labels", raw / "images"
+    labels = sorted(p for p in labels_dir.glob("*.txt") if p.name != "classes.txt") if labels_dir.is_dir() else []
+    pictures = _pictures(images_dir)
+    if not labels or not pictures or not {p.stem for p in labels} & {p.stem for p in pictures}:
+        return None
+    classes = _yolo_classes(raw, labels, notes)
+    missing = len({p.stem for p in pictures} - {p.stem for p in labels})
+    if missing:
+        notes.append(f"{missing} of {len(pictures)} pictures have no label file: they are quarantined as incomplete "
+                     "(write an empty labels/<stem>.txt for a picture without objects)")
+    from PIL import Image
+
+    sizes = Counter()
+    for p in pictures[:SAMPLED]:
+        try:
+            with Image.open(p) as img:
+                sizes[(img.height, img.width)] += 1
+        except OSError:
+            continue
+    size = sizes.most_common(1)[0][0] if sizes else (256, 256)
+
+    def body(t) -> None:
+        _image_lines(t, "images", pictures, size, f"{len(pictures)} pictures, YOLO boxes in labels/")
+        t(1, "boxes:")
+        t(2, "kind: boxes", "YOLO labels: class cx cy w h relative to the picture, one file per picture")
+        t(2, "like: images", "shrunk, cropped and padded with the picture")
+        t(2, 'files: "labels/*.txt"')
+        t(2, f"classes: {_flow(classes)}")
+        t(2, "outside: clip", "a box that leaves the frame is clipped to it (drop: dropped); both counted")
+
+    return Layout("boxes", body)
+
+
+def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+    """The ``boxes`` layout of a COCO or YOLO folder, or None."""
+    return _coco_layout(raw, notes) or _yolo_layout(raw, notes)

@@ -1,0 +1,253 @@
+"""``kind: boxes``: the objects of a picture as boxes and classes (object detection).
+
+    fields:
+      images: {kind: image, files: images/*.jpg, size: [256, 256], larger: shrink}
+      boxes:  {kind: boxes, like: images, coco: annotations/instances_train.json, classes: [cat, dog]}
+      boxes:  {kind: boxes, like: images, files: labels/*.txt, classes: [cat, dog]}      # YOLO
+
+The boxes follow their picture (``like``): they are shrunk, cropped and padded with the image's
+plan, so they stay on the same pixels. A box that leaves the frame is clipped to it (``outside:
+clip``, the default) or dropped (``outside: drop``); one with less than ``min_size`` pixels of
+width or height left inside is dropped either way. Each picture records how many of its boxes
+were clipped and dropped (``<field>_clipped``, ``<field>_dropped``). Sources: ``sources``.
+Stored ragged: a picture's boxes as rows ``x0, y0, x1, y1, class`` (float32, pixels of the stored
+image, x right, y down), any number per picture (none included). Statistics: boxes per class per
+split, and ``/index/<split>/<field>`` lists the pictures that hold each class. Readers return a
+picture's (n, 5) rows, batched as ``Padded(values (B, n_max, 5), lengths)``. ``masks: true`` also
+stores each kept box's instance mask (``instances``) as ``<field>_masks``, (n, H, W) per picture.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import h5py
+import numpy as np
+from pydantic import Field, model_validator
+
+from h5forge.format.arrays import Ragged, Stored
+from h5forge.kinds.base import Decoded, Demo, Detector, FieldKind, Globs, ReadOptions, StrictModel, read_source
+from h5forge.kinds.boxes.geometry import place
+from h5forge.kinds.boxes.instances import instance_mask, placed_masks
+from h5forge.kinds.boxes.sources import coco_boxes, coco_digest, coco_index, yolo_boxes
+from h5forge.kinds.mask import OVERLAY
+from h5forge.samples import Reject, SampleRef
+
+COLUMNS = ("x0", "y0", "x1", "y1", "class")
+
+
+class BoxesField(StrictModel):
+    """Boxes and classes per picture, from a COCO instances file or YOLO label files."""
+
+    kind: Literal["boxes"] = "boxes"
+    like: str = Field(description="the image field whose pictures the boxes are drawn on")
+    classes: tuple[str, ...] = Field(description="class names, in index order (COCO categories by name)")
+    coco: str | tuple[str, ...] | None = Field(None, description="COCO instances JSON file(s), relative to source.root")
+    files: Globs | None = Field(None, description="YOLO label files, one <stem>.txt per picture")
+    outside: Literal["clip", "drop"] = Field("clip", description="a box that leaves the frame: clipped to it, "
+                                                                  "or dropped")
+    min_size: float = Field(1.0, ge=0, description="a box narrower or lower than this (pixels) is dropped")
+    masks: bool = Field(False, description="also store each box's instance mask (COCO polygons or RLE, YOLO "
+                                           "segmentation polygons; pycocotools decodes them)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "BoxesField":
+        if (self.coco is None) == (self.files is None):
+            raise ValueError("give either coco (COCO instances files) or files (YOLO labels)")
+        if not self.classes or len(set(self.classes)) != len(self.classes):
+            raise ValueError("classes must be a non-empty list of distinct names")
+        return self
+
+
+class BoxesKind(FieldKind):
+    kind = "boxes"
+    Spec = BoxesField
+    indexed = True
+    detectors = (Detector("h5forge.kinds.boxes.detect:detect", 15,
+                          "pictures with COCO instances_*.json or YOLO labels/*.txt boxes"),)
+    demos = (Demo("boxes", "h5forge.kinds.boxes.demo:generate", 60, "pictures + COCO instances boxes",
+                  noun="boxes samples"),)
+    layout_doc = ("ragged: (total boxes, 5) float32 rows x0, y0, x1, y1 (pixels of the stored image), class, plus "
+                  "<field>_lengths (N,) boxes per picture; companions <field>_clipped, <field>_dropped (N,); "
+                  "dataset attr classes; split attr <field>_class_boxes (K,); /index/<split>/<field>: pictures by "
+                  "class present; with masks: true, <field>_masks ragged (total boxes, H, W) uint8 instance masks")
+
+    @classmethod
+    def check_spec(cls, name: str, spec: BoxesField, dataset: Any) -> None:
+        if getattr(dataset.fields.get(spec.like), "kind", None) != "image":
+            raise ValueError(f"fields.{name}.like: {spec.like!r} is not an image field")
+
+    @property
+    def after(self) -> tuple[str, ...]:
+        return (self.spec.like,)
+
+    @property
+    def coco_files(self) -> tuple[str, ...]:
+        c = self.spec.coco
+        return () if c is None else (c,) if isinstance(c, str) else tuple(c)
+
+    def stored(self) -> Stored:
+        return Stored((len(COLUMNS),), np.float32, bulk=True, ragged=True)
+
+    def dataset_attrs(self) -> dict[str, Any]:
+        return {"classes": list(self.spec.classes), "columns": list(COLUMNS)}
+
+    def companions(self) -> dict[str, FieldKind]:
+        out: dict[str, FieldKind] = {f"{self.name}_{what}": BoxCount(self, what) for what in ("clipped", "dropped")}
+        if self.spec.masks:
+            out[f"{self.name}_masks"] = BoxMasks(self)
+        return out
+
+    # ---- decoding
+    def _coco(self, root: Path, picture: str):
+        """The index of the COCO file that lists ``picture`` (the first of ``coco`` that does)."""
+        last = None
+        for rel in self.coco_files:
+            index = coco_index(root, rel)
+            try:
+                coco_digest(index, picture)
+                return index
+            except Reject as err:
+                last = err
+        raise last
+
+    def input_digest(self, root: Path, ref: SampleRef) -> str | None:
+        if not self.coco_files:
+            return None  # YOLO: the label file is hashed as the field's file
+        try:
+            return coco_digest(self._coco(root, ref.files[self.spec.like]), ref.files[self.spec.like])
+        except Reject as err:
+            return f"rejected: {err}"  # cleaning rejects the sample with the reason
+
+    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
+        geometry = done[self.spec.like].context
+        picture = ref.files[self.spec.like]
+        if self.coco_files:
+            corners, labels, segments = coco_boxes(self._coco(root, picture), picture, geometry.raw, self.spec.classes)
+            digest = None
+            where = picture
+        else:
+            where = ref.files[self.name]
+            data, digest = read_source(root, where)
+            corners, labels, segments = yolo_boxes(data, where, geometry.raw, len(self.spec.classes))
+        placed = place(corners, geometry, self.spec.outside, self.spec.min_size)
+        rows = np.column_stack([placed.boxes, labels[placed.kept]]).astype(np.float32).reshape(-1, len(COLUMNS))
+        context = {"clipped": placed.clipped, "dropped": placed.dropped}
+        if self.spec.masks:
+            raw = [instance_mask(segments[i], corners[i], geometry.raw, where) for i in np.flatnonzero(placed.kept)]
+            context["masks"] = placed_masks(raw, geometry, tuple(self.dataset.fields[self.spec.like].size))
+        return Decoded(rows, digest, context)
+
+    # ---- statistics: boxes per class, and which pictures hold each class
+    def _attr(self) -> str:
+        return f"{self.name}_class_boxes"
+
+    def row_counts(self, block: Ragged) -> np.ndarray:
+        k = len(self.spec.classes)
+        rows = [np.bincount(block[i][:, 4].astype(np.int64), minlength=k)[:k] for i in range(len(block))]
+        return np.array(rows, np.int64).reshape(len(block), k)
+
+    def counts(self, block: Ragged) -> np.ndarray:
+        return self.row_counts(block).sum(axis=0).astype(np.int64)
+
+    def write_stats(self, group: h5py.Group, counts: np.ndarray | None) -> None:
+        group.attrs[self._attr()] = np.zeros(len(self.spec.classes), np.int64) if counts is None else counts
+
+    def stored_counts(self, group: h5py.Group) -> np.ndarray:
+        return np.asarray(group.attrs[self._attr()], np.int64)
+
+    def stats_attrs(self) -> tuple[str, ...]:
+        return (self._attr(),)
+
+    def index_values(self, row_counts: np.ndarray) -> list[list[int]]:
+        return [[int(c) for c in np.flatnonzero(row)] for row in row_counts]
+
+    # ---- reading
+    def output_dtype(self, opts: ReadOptions) -> np.dtype:
+        return np.dtype(np.float32)
+
+    # ---- preview: each box's outline in its class colour, over its picture
+    @property
+    def overlay_on(self) -> str:
+        return self.spec.like
+
+    def preview(self, value: Any) -> np.ndarray:
+        image = self.dataset.fields[self.spec.like]
+        h, w = image.size
+        canvas = np.zeros((h, w, 3), np.uint8)
+        for x0, y0, x1, y1, cls in np.asarray(value, np.float64).reshape(-1, len(COLUMNS)):
+            colour = OVERLAY[int(cls) % len(OVERLAY)]
+            left, right = int(np.clip(np.floor(x0), 0, w - 1)), int(np.clip(np.ceil(x1) - 1, 0, w - 1))
+            top, bottom = int(np.clip(np.floor(y0), 0, h - 1)), int(np.clip(np.ceil(y1) - 1, 0, h - 1))
+            canvas[top, left:right + 1] = canvas[bottom, left:right + 1] = colour
+            canvas[top:bottom + 1, left] = canvas[top:bottom + 1, right] = colour
+        return canvas
+
+    def caption(self, value: Any) -> str:
+        labels = np.asarray(value).reshape(-1, len(COLUMNS))[:, 4].astype(int)
+        named = ", ".join(f"{np.count_nonzero(labels == i)} {c}" for i, c in enumerate(self.spec.classes)
+                          if np.count_nonzero(labels == i))
+        return f"{self.name}: {len(labels)}" + (f" ({named})" if named else "")
+
+
+class BoxCount(FieldKind):
+    """How many of a picture's boxes the frame clipped or dropped (written beside the boxes)."""
+
+    kind = "box-count"
+    checksummed = False
+
+    def __init__(self, boxes: BoxesKind, what: str):
+        super().__init__(f"{boxes.name}_{what}", None, boxes.dataset)
+        self.boxes, self.what = boxes.name, what
+
+    @property
+    def after(self) -> tuple[str, ...]:
+        return (self.boxes,)
+
+    def stored(self) -> Stored:
+        return Stored((), np.int64, bulk=False)
+
+    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
+        return Decoded(done[self.boxes].context[self.what])
+
+    def output_dtype(self, opts: ReadOptions) -> np.dtype:
+        return np.dtype(np.int64)
+
+
+class BoxMasks(FieldKind):
+    """Each kept box's instance mask, in box order, at the stored picture's size (``masks: true``)."""
+
+    kind = "box-masks"
+
+    def __init__(self, boxes: BoxesKind):
+        super().__init__(f"{boxes.name}_masks", None, boxes.dataset)
+        self.boxes, self.like = boxes.name, boxes.spec.like
+
+    @property
+    def after(self) -> tuple[str, ...]:
+        return (self.boxes,)
+
+    def stored(self) -> Stored:
+        return Stored(tuple(self.dataset.fields[self.like].size), np.uint8, bulk=True, ragged=True, chunk_elements=1)
+
+    def dataset_attrs(self) -> dict[str, Any]:
+        return {"boxes": self.boxes}
+
+    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
+        return Decoded(done[self.boxes].context["masks"])
+
+    def output_dtype(self, opts: ReadOptions) -> np.dtype:
+        return np.dtype(np.uint8)
+
+    @property
+    def overlay_on(self) -> str:
+        return self.like
+
+    def preview(self, value: Any) -> np.ndarray:
+        """Each instance filled in its own colour over the picture (later boxes on top)."""
+        masks = np.asarray(value)
+        canvas = np.zeros((*self.dataset.fields[self.like].size, 3), np.uint8)
+        for i, m in enumerate(masks):
+            canvas[m.astype(bool)] = OVERLAY[i % len(OVERLAY)]
+        return canvas

@@ -1,0 +1,333 @@
+"""``kind: boxes`` on real COCO files: scikit-image's bundled pictures, their objects encoded with
+pycocotools (RLE masks, ``toBbox``, ``area``) and the files read back by ``pycocotools.coco.COCO``;
+the same objects as YOLO labels. The expected boxes are computed here from the crop/pad/scale
+rules, not by the kind's code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import h5forge
+from h5forge.format.names import SPLITS
+from h5forge.read.reader import SplitReader
+
+SIZE = 256
+CLASSES = ("person", "cup", "cat")
+# picture -> objects as (class, x0, y0, x1, y1) pixel rectangles of a binary mask, some at the border
+PICTURES = {
+    "astronaut": (512, 512, [("person", 150, 30, 360, 512), ("cup", 5, 400, 60, 470)]),
+    "coffee": (400, 600, [("cup", 180, 40, 470, 330), ("cup", 0, 0, 120, 90), ("person", 560, 300, 600, 400)]),
+    "chelsea": (300, 451, [("cat", 60, 20, 400, 300)]),
+    "rocket": (427, 640, []),
+}
+
+
+def _picture(name: str) -> np.ndarray:
+    import skimage.data
+
+    return getattr(skimage.data, name)()
+
+
+@pytest.fixture(scope="module")
+def coco_folder(tmp_path_factory) -> Path:
+    from PIL import Image
+    from pycocotools import mask as rle
+    from pycocotools.coco import COCO
+
+    raw = tmp_path_factory.mktemp("coco") / "raw"
+    (raw / "images").mkdir(parents=True)
+    (raw / "annotations").mkdir()
+    images, annotations = [], []
+    for i, (name, (h, w, objects)) in enumerate(PICTURES.items(), 1):
+        pixels = _picture(name)
+        assert pixels.shape[:2] == (h, w)
+        Image.fromarray(pixels).save(raw / "images" / f"{name}.png")
+        images.append({"id": i, "file_name": f"{name}.png", "height": h, "width": w})
+        for cls, x0, y0, x1, y1 in objects:
+            m = np.zeros((h, w), np.uint8)
+            m[y0:y1, x0:x1] = 1
+            encoded = rle.encode(np.asfortranarray(m))
+            bbox = [float(v) for v in rle.toBbox(encoded)]
+            assert bbox == [x0, y0, x1 - x0, y1 - y0]
+            annotations.append({"id": len(annotations) + 1, "image_id": i, "category_id": CLASSES.index(cls) + 1,
+                                "bbox": bbox, "area": float(rle.area(encoded)), "iscrowd": 0,
+                                "segmentation": {"size": encoded["size"], "counts": encoded["counts"].decode()}})
+    # a crowd region is not an object
+    annotations.append({"id": 99, "image_id": 1, "category_id": 1, "bbox": [0, 0, 50, 50], "area": 2500.0,
+                        "iscrowd": 1, "segmentation": {"size": [512, 512], "counts": "0"}})
+    categories = [{"id": k + 1, "name": c, "supercategory": "thing"} for k, c in enumerate(CLASSES)]
+    path = raw / "annotations" / "instances_val.json"
+    path.write_text(json.dumps({"images": images, "annotations": annotations, "categories": categories}))
+    api = COCO(str(path))  # the reference reader takes the file
+    assert len(api.getAnnIds(iscrowd=False)) == sum(len(o) for _, _, o in PICTURES.values())
+    return raw
+
+
+def _spec(raw: Path, out: Path, boxes: dict, larger: str = "crop") -> dict:
+    return {"name": "boxes", "source": {"root": str(raw)},
+            "fields": {"images": {"kind": "image", "files": "images/*.png", "size": [SIZE, SIZE], "larger": larger},
+                       "boxes": {"kind": "boxes", "like": "images", "classes": list(CLASSES), **boxes}},
+            "output": {"dir": str(out)}, "verify": {"resample": 4, "latency_reads": 0}}
+
+
+def _build(tmp_path: Path, spec: dict) -> dict[str, dict[str, np.ndarray]]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = h5forge.build(path)
+    assert result.version == 1 and result.rejected == 0, result
+    out = {}
+    for split in SPLITS:
+        if result.counts.get(split):
+            with SplitReader(result.path, split, fields=["boxes", "boxes_clipped", "boxes_dropped"]) as r:
+                v = r.read(range(len(r)))
+                for i, sid in enumerate(r.ids()):
+                    out[sid] = {k: v[k][i] for k in v}
+    return out
+
+
+def _expected(name: str, larger: str, outside: str) -> tuple[np.ndarray, int, int]:
+    """(rows x0 y0 x1 y1 class, clipped, dropped) by the image rules: a centre crop (the odd
+    pixel at the bottom/right) or a shrink keeping the aspect, then an even pad."""
+    h, w, objects = PICTURES[name]
+    scale = min(SIZE / h, SIZE / w) if larger == "shrink" else 1.0
+    sh, sw = (max(1, min(SIZE, round(h * scale))), max(1, min(SIZE, round(w * scale)))) if scale < 1 else (h, w)
+    top, left = max(sh - SIZE, 0) // 2, max(sw - SIZE, 0) // 2
+    ch, cw = min(sh, SIZE), min(sw, SIZE)
+    pt, pl = (SIZE - ch) // 2, (SIZE - cw) // 2
+    rows, clipped, dropped = [], 0, 0
+    for cls, x0, y0, x1, y1 in objects:
+        box = np.array([x0 * sw / w, y0 * sh / h, x1 * sw / w, y1 * sh / h]) - [left, top, left, top]
+        inside = np.clip(box, 0, [cw, ch, cw, ch])
+        cut = not np.allclose(inside, box)
+        if inside[2] - inside[0] < 1 or inside[3] - inside[1] < 1 or (cut and outside == "drop"):
+            dropped += 1
+            continue
+        clipped += cut
+        rows.append([*(inside + [pl, pt, pl, pt]), CLASSES.index(cls)])
+    return np.array(rows, np.float32).reshape(-1, 5), clipped, dropped
+
+
+@pytest.mark.parametrize("larger,outside", [("crop", "clip"), ("crop", "drop"), ("shrink", "clip")])
+def test_coco_boxes_follow_the_picture(coco_folder, tmp_path, larger, outside):
+    got = _build(tmp_path, _spec(coco_folder, tmp_path / "out", {"coco": "annotations/instances_val.json",
+                                                                 "outside": outside}, larger))
+    assert set(got) == set(PICTURES)
+    for name in PICTURES:
+        rows, clipped, dropped = _expected(name, larger, outside)
+        assert np.allclose(got[name]["boxes"], rows, atol=1e-3), (name, got[name]["boxes"], rows)
+        assert (got[name]["boxes_clipped"], got[name]["boxes_dropped"]) == (clipped, dropped), name
+    if larger == "crop":  # the coffee cup in the corner leaves the 256 x 256 centre crop entirely
+        assert got["coffee"]["boxes_dropped"] >= 1
+
+
+def _yolo_folder(coco_folder: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    raw = tmp_path / "yolo"
+    shutil.copytree(coco_folder / "images", raw / "images")
+    (raw / "labels").mkdir()
+    for name, (h, w, objects) in PICTURES.items():
+        lines = [f"{CLASSES.index(c)} {(x0 + x1) / 2 / w:.9f} {(y0 + y1) / 2 / h:.9f} {(x1 - x0) / w:.9f} "
+                 f"{(y1 - y0) / h:.9f}" for c, x0, y0, x1, y1 in objects]
+        (raw / "labels" / f"{name}.txt").write_text("\n".join(lines) + ("\n" if lines else ""))
+    (raw / "classes.txt").write_text("\n".join(CLASSES) + "\n")
+    return raw
+
+
+def test_yolo_labels_give_the_same_boxes(coco_folder, tmp_path):
+    raw = _yolo_folder(coco_folder, tmp_path)
+    yolo = _build(tmp_path / "y", _spec(raw, tmp_path / "y" / "out", {"files": "labels/*.txt"}))
+    coco = _build(tmp_path / "c", _spec(coco_folder, tmp_path / "c" / "out", {"coco": "annotations/instances_val.json"}))
+    assert set(yolo) == set(coco) == set(PICTURES)
+    for name in PICTURES:
+        assert np.allclose(yolo[name]["boxes"], coco[name]["boxes"], atol=1e-3), name
+        assert yolo[name]["boxes_dropped"] == coco[name]["boxes_dropped"]
+
+
+def test_init_recognises_coco_and_yolo_folders(coco_folder, tmp_path):
+    from h5forge.init import infer_spec
+
+    found = infer_spec(coco_folder, tmp_path / "coco.yaml")
+    fields = yaml.safe_load(found.text)["fields"]
+    assert found.layout == "boxes"
+    assert fields["boxes"] == {"kind": "boxes", "like": "images", "coco": "annotations/instances_val.json",
+                               "classes": list(CLASSES), "outside": "clip"}
+    assert fields["images"]["files"] == "images/*.png" and fields["images"]["larger"] == "shrink"
+    found = infer_spec(_yolo_folder(coco_folder, tmp_path), tmp_path / "yolo.yaml")
+    fields = yaml.safe_load(found.text)["fields"]
+    assert found.layout == "boxes" and fields["boxes"]["files"] == "labels/*.txt"
+    assert fields["boxes"]["classes"] == list(CLASSES)
+
+
+def _decode_one(raw: Path, tmp_path: Path, boxes: dict, picture: str):
+    from h5forge.ingest.discover import discover
+    from h5forge.kinds import decode_sample, stored_kinds
+    from h5forge.spec import DatasetSpec
+
+    spec = DatasetSpec.model_validate(_spec(raw, tmp_path / "out", boxes))
+    ref = next(r for r in discover(spec).samples if r.id == picture)
+    return decode_sample(stored_kinds(spec), raw, ref)
+
+
+def test_bad_boxes_reject_the_picture_with_the_reason(coco_folder, tmp_path):
+    from h5forge.samples import Reject
+
+    raw = _yolo_folder(coco_folder, tmp_path)
+    (raw / "labels" / "chelsea.txt").write_text("2 0.5 0.5 -0.1 0.2\n")
+    with pytest.raises(Reject, match="line 1: negative width or height"):
+        _decode_one(raw, tmp_path, {"files": "labels/*.txt"}, "chelsea")
+    (raw / "labels" / "chelsea.txt").write_text("7 0.5 0.5 0.1 0.2\n")
+    with pytest.raises(Reject, match="class 7 is not a class index 0..2"):
+        _decode_one(raw, tmp_path, {"files": "labels/*.txt"}, "chelsea")
+    with pytest.raises(Reject, match="category 'cat' is not one of the classes"):
+        _decode_with_classes(coco_folder, tmp_path)
+    data = json.loads((coco_folder / "annotations" / "instances_val.json").read_text())
+    data["images"][2]["width"] = 450
+    (tmp_path / "sized").mkdir()
+    bad = tmp_path / "sized" / "instances_val.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(Reject, match=r"says the picture is 450x300 \(WxH\); it is 451x300"):
+        _decode_one(coco_folder, tmp_path, {"coco": str(bad)}, "chelsea")
+
+
+def _decode_with_classes(raw: Path, tmp_path: Path):
+    from h5forge.ingest.discover import discover
+    from h5forge.kinds import decode_sample, stored_kinds
+    from h5forge.spec import DatasetSpec
+
+    data = _spec(raw, tmp_path / "out", {"coco": "annotations/instances_val.json"})
+    data["fields"]["boxes"]["classes"] = ["person", "cup"]
+    spec = DatasetSpec.model_validate(data)
+    ref = next(r for r in discover(spec).samples if r.id == "chelsea")
+    return decode_sample(stored_kinds(spec), raw, ref)
+
+
+def test_a_changed_coco_entry_changes_only_its_samples_input_key(coco_folder, tmp_path):
+    """The COCO file is shared by every picture: an incremental build must see that one picture's
+    boxes changed (its input key), and that the others did not."""
+    import shutil
+
+    from h5forge.ingest.discover import discover
+    from h5forge.ingest.incremental.inputs import fingerprint
+    from h5forge.spec import DatasetSpec
+
+    raw = tmp_path / "raw"
+    shutil.copytree(coco_folder, raw)
+    spec = DatasetSpec.model_validate(_spec(raw, tmp_path / "out", {"coco": "annotations/instances_val.json"}))
+    before = fingerprint(spec, discover(spec)).samples
+    path = raw / "annotations" / "instances_val.json"
+    data = json.loads(path.read_text())
+    next(a for a in data["annotations"] if a["image_id"] == 3)["bbox"][0] += 5
+    path.write_text(json.dumps(data))
+    after = fingerprint(spec, discover(spec)).samples
+    assert [sid for sid in before if before[sid] != after[sid]] == ["chelsea"]
+
+
+def test_batches_are_padded_with_counts(coco_folder, tmp_path):
+    from torch.utils.data import DataLoader
+
+    from h5forge.read.collate import Padded
+    from h5forge.read.jax import Source
+    from h5forge.read.torch import H5Dataset, collate
+
+    spec = _spec(coco_folder, tmp_path / "out", {"coco": "annotations/instances_val.json"})
+    spec["splits"] = {"ratios": {"train": 1.0}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    path = h5forge.build(tmp_path / "spec.yaml").path
+    ds = H5Dataset(path, "train", fields=["images", "boxes"])
+    images, boxes = next(iter(DataLoader(ds, batch_size=4, collate_fn=collate)))
+    assert isinstance(boxes, Padded) and tuple(images.shape) == (4, 3, SIZE, SIZE)
+    ids = ds.reader.ids()
+    want = [len(_expected(sid, "crop", "clip")[0]) for sid in ids]
+    assert boxes.lengths.tolist() == want and tuple(boxes.values.shape) == (4, max(want), 5)
+    for i, sid in enumerate(ids):
+        assert np.allclose(boxes.values[i, :want[i]].numpy(), _expected(sid, "crop", "clip")[0], atol=1e-3)
+        assert not boxes.values[i, want[i]:].numpy().any()  # padding
+    batch = Source(path, "train", fields=["boxes"]).get_batch([0, 1, 2, 3])
+    assert np.array_equal(batch["boxes"].lengths, boxes.lengths.numpy())
+
+
+def test_preview_outlines_the_boxes_over_the_picture(coco_folder, tmp_path):
+    from h5forge.views.preview import load_samples
+
+    spec = _spec(coco_folder, tmp_path / "out", {"coco": "annotations/instances_val.json"})
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    path = h5forge.build(tmp_path / "spec.yaml").path
+    drawn = {d.id: d for d in load_samples(path, n=len(PICTURES))}
+    chelsea = drawn["chelsea"]
+    (overlay,) = chelsea.overlays["images"]
+    x0, y0, x1, y1, _ = _expected("chelsea", "crop", "clip")[0][0]
+    assert overlay[int(y0), int(x0) + 5].any() and overlay[int(y1) - 1, int(x0) + 5].any()  # top and bottom edges
+    assert not overlay[int((y0 + y1) / 2), int((x0 + x1) / 2)].any()  # inside: transparent
+    assert any("boxes: 1 (1 cat)" == c for c in chelsea.captions)
+    assert not drawn["rocket"].overlays.get("images", [np.zeros(1)])[0].any()  # no object, nothing drawn
+
+
+def _masks_of(result_path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    out = {}
+    for split in SPLITS:
+        with SplitReader(result_path, split, fields=["boxes", "boxes_masks"]) as r:
+            v = r.read(range(len(r)))
+            for i, sid in enumerate(r.ids()):
+                out[sid] = (v["boxes"][i], v["boxes_masks"][i])
+    return out
+
+
+def test_instance_masks_from_coco_rle_and_polygons(coco_folder, tmp_path):
+    """RLE masks (as the fixture wrote them) and the same objects as polygons come out cropped with
+    the picture, one per kept box, equal to pycocotools' own decoding cropped by the plan."""
+    from pycocotools import mask as rle
+
+    data = json.loads((coco_folder / "annotations" / "instances_val.json").read_text())
+    polygons = tmp_path / "polygons.json"
+    for a in data["annotations"]:
+        x, y, bw, bh = a["bbox"]
+        a["segmentation"] = [[x, y, x + bw, y, x + bw, y + bh, x, y + bh]]
+    polygons.write_text(json.dumps(data))
+    for source in ("annotations/instances_val.json", str(polygons)):
+        spec = _spec(coco_folder, tmp_path / source.replace("/", "_") / "out", {"coco": source, "masks": True})
+        (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+        result = h5forge.build(tmp_path / "spec.yaml")
+        assert result.rejected == 0
+        got = _masks_of(result.path)
+        ann = json.loads(Path(source if source.startswith("/") else coco_folder / source).read_text())
+        for i, (name, (h, w, objects)) in enumerate(PICTURES.items(), 1):
+            boxes, masks = got[name]
+            assert masks.shape == (len(boxes), SIZE, SIZE) and masks.dtype == np.uint8
+            top, left = (h - SIZE) // 2, (w - SIZE) // 2
+            want = []
+            for a in (a for a in ann["annotations"] if a["image_id"] == i and not a["iscrowd"]):
+                seg = a["segmentation"]
+                enc = rle.merge(rle.frPyObjects(seg, h, w)) if isinstance(seg, list) else \
+                    {"size": seg["size"], "counts": seg["counts"].encode()}
+                m = rle.decode(enc)[top:top + SIZE, left:left + SIZE]
+                if m.sum() >= 1 and m.any(axis=0).sum() >= 1:
+                    want.append(m)
+            kept = [m for m in want if m.any(axis=1).sum() >= 1 and m.any(axis=0).sum() >= 1]
+            assert len(kept) == len(masks), name
+            for m, k in zip(masks, kept):
+                assert np.array_equal(m, k), name
+            for (x0, y0, x1, y1, _), m in zip(boxes, masks):  # each mask lies in its box
+                ys, xs = np.nonzero(m)
+                assert xs.min() >= np.floor(x0) and xs.max() < np.ceil(x1) and ys.min() >= np.floor(y0)
+
+
+def test_a_yolo_polygon_is_its_boxes_instance_mask(coco_folder, tmp_path):
+    """A YOLO segmentation line (a triangle) gives its bounding box and the triangle as its mask."""
+    raw = _yolo_folder(coco_folder, tmp_path)
+    h, w, _ = PICTURES["chelsea"]
+    (raw / "labels" / "chelsea.txt").write_text(f"2 {100 / w} {80 / h} {300 / w} {80 / h} {200 / w} {260 / h}\n")
+    decoded = _decode_one(raw, tmp_path, {"files": "labels/*.txt", "masks": True}, "chelsea")
+    boxes, masks = decoded["boxes"].value, decoded["boxes_masks"].value
+    top, left = (h - SIZE) // 2, (w - SIZE) // 2  # 22, 97
+    assert np.allclose(boxes, [[100 - left, 80 - top, 300 - left, 260 - top, 2]], atol=1e-3)
+    (m,) = masks
+    assert m[150 - top, 200 - left] == 1  # inside the triangle
+    assert m[255 - top, 102 - left] == 0  # the box's bottom-left corner is outside it
+    assert m.sum() < 0.6 * (200 * 180)  # about half the box
