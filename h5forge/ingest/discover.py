@@ -491,7 +491,8 @@ UNCLAIMED_LISTED = 5
 
 def unclaimed_files(spec: DatasetSpec, inv: Inventory) -> tuple[int, list[str]]:
     """How many visible files under the source root are neither a sample's file (or inside a case
-    folder that is one), nor a rejected input's, nor the annotation file, nor a ``<stem>.json``
+    folder that is one), nor a rejected input's, nor the annotation file, nor a file a field reads
+    for many samples (``FieldKind.shared_files``), nor a ``<stem>.json``
     sidecar beside a sample's file; and the first few of them, sorted. The inbox, when it lies
     under the root, is append's business and is not counted."""
     root = inv.root
@@ -503,6 +504,8 @@ def unclaimed_files(spec: DatasetSpec, inv: Inventory) -> tuple[int, list[str]]:
         claimed.update(r.paths)
     if spec.annotations.file:
         claimed.add(Path(spec.annotations.file).as_posix())
+    for kind in field_kinds(spec).values():
+        claimed.update(Path(f).as_posix() for f in kind.shared_files())
     sidecars = {_stem(p) + ".json" for p in claimed}
     skip = {os.path.realpath(p) for p in (spec.source.inbox, spec.output.dir) if p is not None}
     count, examples = 0, []

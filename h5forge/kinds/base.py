@@ -245,6 +245,11 @@ class FieldKind(ABC):
         when that entry changes."""
         return None
 
+    def shared_files(self) -> tuple[str, ...]:
+        """Files (relative to the source root) the field reads for many samples, such as a COCO
+        annotation file: they belong to the dataset, though to no one sample."""
+        return ()
+
     def source_digest(self, root: Path, rel: str) -> str:
         """sha256 of one raw input as ``decode`` hashes it (a kind whose input is a folder overrides
         it); read in blocks, as incremental builds hash every input up front."""

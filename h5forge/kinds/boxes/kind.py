@@ -87,6 +87,9 @@ class BoxesKind(FieldKind):
         c = self.spec.coco
         return () if c is None else (c,) if isinstance(c, str) else tuple(c)
 
+    def shared_files(self) -> tuple[str, ...]:
+        return self.coco_files
+
     def stored(self) -> Stored:
         return Stored((len(COLUMNS),), np.float32, bulk=True, ragged=True)
 

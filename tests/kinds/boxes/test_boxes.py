@@ -159,6 +159,7 @@ def test_init_recognises_coco_and_yolo_folders(coco_folder, tmp_path):
     assert fields["boxes"] == {"kind": "boxes", "like": "images", "coco": "annotations/instances_val.json",
                                "classes": list(CLASSES), "outside": "clip"}
     assert fields["images"]["files"] == "images/*.png" and fields["images"]["larger"] == "shrink"
+    assert not any("taken by no glob" in n for n in found.notes), found.notes  # the COCO file is the field's
     found = infer_spec(_yolo_folder(coco_folder, tmp_path), tmp_path / "yolo.yaml")
     fields = yaml.safe_load(found.text)["fields"]
     assert found.layout == "boxes" and fields["boxes"]["files"] == "labels/*.txt"
