@@ -1,6 +1,6 @@
 """``h5forge init``: a commented spec inferred from a raw folder.
 
-Layouts recognised, first match wins:
+Layouts recognised, first match wins (the built-in kinds'):
 
 - super-resolution pairs: ``lr/`` + ``hr/``, ``low_res/`` + ``high_res/``, ``<name>_LR_x4/`` +
   ``<name>_HR/`` (also ``<name>_LR_bicubic/X4/``): an image field and its ``paired`` partner, the
@@ -28,7 +28,9 @@ returned for the CLI to print. A value that must be known and cannot be inferred
 channels without a sidecar) is written as a ``# rate: TODO`` line and returned in ``todo``: such a
 spec is incomplete on purpose, and ``init`` exits 2 after writing it.
 
-``detect`` picks the layout; each layout has its module (``pairs``, ``segment``, ``classes``,
+The layouts are the field kinds' registered detectors (``FieldKind.detectors``), which ``detect``
+asks in priority order; a kind whose detector lives in its own package adds it without an edit
+here. The built-in kinds' layouts have their modules here (``pairs``, ``segment``, ``classes``,
 ``dicom``, ``nifti``, ``edf``, ``csv_recordings``, ``npy_channels``), those of one family sharing
 ``volumes`` or ``signals``; ``text`` writes the commented YAML.
 """
