@@ -95,6 +95,7 @@ def _coco_layout(raw: Path, notes: list[str]) -> Layout | None:
         notes.append(f"{len(pictures) - listed} of {len(pictures)} pictures in {folder.name}/ have no entry in the "
                      "COCO file(s): they are rejected")
     coco = [p.relative_to(raw).as_posix() for p, _ in found]
+    segmented = any(a.get("segmentation") for _, d in found for a in d["annotations"])
     rel = folder.relative_to(raw).as_posix() if folder != raw else "."
 
     def body(t) -> None:
@@ -105,6 +106,8 @@ def _coco_layout(raw: Path, notes: list[str]) -> Layout | None:
         t(2, f"coco: {_quoted(coco[0]) if len(coco) == 1 else _flow(coco)}")
         t(2, f"classes: {_flow(classes)}", "the COCO categories, in id order")
         t(2, "outside: clip", "a box that leaves the frame is clipped to it (drop: dropped); both counted")
+        if segmented:
+            t(2, "masks: false", "the COCO file has segmentations: true also stores each box's instance mask")
 
     return Layout("boxes", body)
 

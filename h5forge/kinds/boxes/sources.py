@@ -36,6 +36,7 @@ class CocoIndex:
 
 
 _CACHE: dict[tuple[str, int, int], CocoIndex] = {}
+CACHED_FILES = 8  # a spec lists a few COCO files (train, val, ...); each sample looks in each
 _LOCK = threading.Lock()
 
 
@@ -49,7 +50,10 @@ def coco_index(root: Path, rel: str) -> CocoIndex:
     key = (str(path), st.st_mtime_ns, st.st_size)
     with _LOCK:
         if key not in _CACHE:
-            _CACHE.clear()  # one file at a time is what a build reads
+            stale = [k for k in _CACHE if k[0] == key[0]]  # the same file as it was before
+            oldest = list(_CACHE)[:max(0, len(_CACHE) - CACHED_FILES + 1)]
+            for k in stale or oldest:
+                del _CACHE[k]
             _CACHE[key] = _parse(path, rel)
         return _CACHE[key]
 

@@ -157,7 +157,8 @@ def test_init_recognises_coco_and_yolo_folders(coco_folder, tmp_path):
     fields = yaml.safe_load(found.text)["fields"]
     assert found.layout == "boxes"
     assert fields["boxes"] == {"kind": "boxes", "like": "images", "coco": "annotations/instances_val.json",
-                               "classes": list(CLASSES), "outside": "clip"}
+                               "classes": list(CLASSES), "outside": "clip", "masks": False}
+    assert "masks: false" in found.text and "instance mask" in found.text  # the file has segmentations
     assert fields["images"]["files"] == "images/*.png" and fields["images"]["larger"] == "shrink"
     assert not any("taken by no glob" in n for n in found.notes), found.notes  # the COCO file is the field's
     found = infer_spec(_yolo_folder(coco_folder, tmp_path), tmp_path / "yolo.yaml")
@@ -207,6 +208,28 @@ def _decode_with_classes(raw: Path, tmp_path: Path):
     spec = DatasetSpec.model_validate(data)
     ref = next(r for r in discover(spec).samples if r.id == "chelsea")
     return decode_sample(stored_kinds(spec), raw, ref)
+
+
+def test_two_coco_files_are_indexed_once_each(coco_folder, tmp_path):
+    """A spec may list several COCO files (train, val): each is parsed once, not once a sample."""
+    from h5forge.kinds.boxes import sources
+
+    data = json.loads((coco_folder / "annotations" / "instances_val.json").read_text())
+    first = dict(data, images=data["images"][:2])
+    second = dict(data, images=data["images"][2:], annotations=[a for a in data["annotations"] if a["image_id"] > 2])
+    for name, part in (("a.json", first), ("b.json", second)):
+        (tmp_path / name).write_text(json.dumps(part))
+    parsed = []
+    real = sources._parse
+    sources._parse = lambda path, rel: parsed.append(rel) or real(path, rel)
+    try:
+        for name in ("astronaut", "chelsea", "coffee", "rocket") * 2:
+            decoded = _decode_one(coco_folder, tmp_path, {"coco": [str(tmp_path / "a.json"), str(tmp_path / "b.json")]},
+                                  name)
+            assert len(decoded["boxes"].value) == len(_expected(name, "crop", "clip")[0])
+    finally:
+        sources._parse = real
+    assert sorted(parsed) == sorted({str(tmp_path / "a.json"), str(tmp_path / "b.json")})
 
 
 def test_a_changed_coco_entry_changes_only_its_samples_input_key(coco_folder, tmp_path):
