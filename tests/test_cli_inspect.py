@@ -171,3 +171,19 @@ def test_doctor_finds_a_running_prefect_api(prefect_server):
     r = run("doctor", env={"PREFECT_API_URL": url})
     assert r.returncode == 0, r.stdout
     assert lines(r.stdout)["Prefect API"] == [f"{url} reachable"]
+
+
+def test_version_imports_no_command_module_and_flags_show_no_type():
+    # the installed console script, run as it is, reporting the modules it imported when it ends
+    script = Path(H5FORGE).read_text()
+    report = ("import atexit, sys; atexit.register(lambda: print(' '.join(sorted(sys.modules)), file=sys.stderr)); "
+              "sys.argv = ['h5forge', '--version']; exec(compile(SCRIPT, 'h5forge', 'exec'))")
+    r = run(prefix=[PY, "-c", f"SCRIPT = {script!r}; " + report])
+    assert r.stdout == f"h5forge {version('h5forge')}\n"
+    loaded = set(r.stderr.split())
+    assert "h5forge" in loaded  # the report is of this run
+    assert loaded.isdisjoint({"typer", "click", "rich", "pydantic", "yaml", "prefect", "dask", "PIL",
+                              "h5forge.cli.dataset", "h5forge.cli.app", "h5forge.spec"})
+    for args in (["--help"], ["build", "--help"], ["verify", "--help"]):
+        shown = run(*args).stdout
+        assert "--help" in shown and "<bool>" not in shown

@@ -1,14 +1,37 @@
-"""The ``h5forge`` command line: one module per group of commands, all on one typer app."""
+"""The ``h5forge`` command line: one module per group of commands, all on one typer app.
+
+``main`` is the console entry: ``h5forge --version`` prints the version without importing the
+command modules (typer, rich, pydantic and what the commands import), so it answers at once.
+``app`` imports them on first use."""
 
 from __future__ import annotations
 
-from h5forge.cli import dataset  # noqa: F401  (registers its commands)
-from h5forge.cli import views  # noqa: F401  (preview, codecs)
-from h5forge.cli import doctor, inspect  # noqa: F401  (register their commands)
-from h5forge.cli.app import app
+import sys
 
 __all__ = ["app", "main"]
 
 
+def _app():
+    from h5forge.cli import dataset  # noqa: F401  (registers its commands)
+    from h5forge.cli import views  # noqa: F401  (preview, codecs)
+    from h5forge.cli import doctor, inspect  # noqa: F401  (register their commands)
+    from h5forge.cli.app import app
+
+    # importing the submodule h5forge.cli.app bound its name here; the name means the Typer app
+    globals()["app"] = app
+    return app
+
+
+def __getattr__(name: str):
+    if name == "app":
+        return _app()
+    raise AttributeError(f"module 'h5forge.cli' has no attribute {name!r}")
+
+
 def main() -> None:  # pragma: no cover - console entry
-    app()
+    if sys.argv[1:] == ["--version"]:
+        from importlib.metadata import version
+
+        print(f"h5forge {version('h5forge')}")
+        return
+    _app()()

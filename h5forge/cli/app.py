@@ -8,6 +8,7 @@ from typing import Iterator
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand, TyperGroup
 
 from h5forge.errors import H5forgeError
 
@@ -16,8 +17,31 @@ BUILD_MODULES = frozenset({"prefect", "prefect_dask", "dask", "distributed", "PI
                            "pyedflib", "pydicom", "nibabel", "pylibjpeg", "libjpeg", "openjpeg", "rle"})
 
 
+class _FlagsTakeNoValue:
+    """typer's rich help gives a flag the type of its parameter (``--version <bool>``) though a flag
+    takes no value; with an empty metavar it shows none, as click's plain help does."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for p in params:
+            if getattr(p, "is_flag", False) and p.metavar is None:
+                p.metavar = ""
+        return params
+
+
+class _Group(_FlagsTakeNoValue, TyperGroup):
+    pass
+
+
+class _Command(_FlagsTakeNoValue, TyperCommand):
+    pass
+
+
 class _App(typer.Typer):
     """A command that needs the build extra on a reader-only install says so in one line."""
+
+    def command(self, *args, cls=None, **kwargs):
+        return super().command(*args, cls=cls or _Command, **kwargs)
 
     def __call__(self, *args, **kwargs):
         try:
@@ -38,7 +62,7 @@ class _Settings:
 
 settings = _Settings()
 
-app = _App(add_completion=False, no_args_is_help=True,
+app = _App(cls=_Group, add_completion=False, no_args_is_help=True,
            help="Labelled raw data in, versioned and verified HDF5 training sets out.")
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
