@@ -27,6 +27,7 @@ from h5forge.format.names import IDS, SOURCE_SHA256, SPLITS
 INPUTS = "inputs"
 KEY_ATTR = "key"
 RULES_ATTR = "rules"
+DIGEST_ATTR = "digest"
 SAMPLE = "sample"
 KEY = np.dtype("S32")
 ID_KEY = np.dtype("S16")
@@ -97,6 +98,21 @@ class Catalog:
         return Catalog(content, content_at, ids)
 
 
+def catalog_digest(catalog: Catalog) -> str:
+    """sha256 of the catalog's arrays (little-endian locations, the hashes as stored)."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(catalog.content, KEY).tobytes())
+    h.update(np.ascontiguousarray(catalog.content_at, "<i8").tobytes())
+    h.update(np.ascontiguousarray(catalog.ids, ID_KEY).tobytes())
+    return h.hexdigest()
+
+
+def catalog_intact(f: h5py.File, catalog: Catalog) -> bool | None:
+    """Whether the catalog read from ``f`` is the one written (None: a file without the digest)."""
+    stored = f[INPUTS].attrs.get(DIGEST_ATTR)
+    return None if stored is None else str(stored) == catalog_digest(catalog)
+
+
 def catalog_from_rows(f: h5py.File) -> Catalog:
     """The catalog of a self-contained file, from its stored ids and raw-file hashes."""
     contents, at, ids = [], [], []
@@ -126,6 +142,7 @@ def write_catalog(f: h5py.File, catalog: Catalog, key: str = "", rules: str = ""
         g.create_dataset(name, data=data)
     g.attrs[KEY_ATTR] = key
     g.attrs[RULES_ATTR] = rules
+    g.attrs[DIGEST_ATTR] = catalog_digest(catalog)
 
 
 def create_sample_keys(f: h5py.File) -> None:

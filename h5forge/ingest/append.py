@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,8 +27,8 @@ from typing import Callable
 import h5py
 
 from h5forge.errors import InboxMoveFailed, NoBaseVersion, VerificationFailed
-from h5forge.format.catalog import (catalog_from_rows, content_digest, id_digest, read_catalog, split_row,
-                                    write_catalog)
+from h5forge.format.catalog import (catalog_from_rows, catalog_intact, content_digest, id_digest, read_catalog,
+                                    split_row, write_catalog)
 from h5forge.format.layout import decode_str
 from h5forge.format.names import (IDS, INBOX_MANAGED, INBOX_PROCESSED, INBOX_QUARANTINE, JOURNAL, SPLITS, Attr,
                                   delta_name, partial_name, version_name)
@@ -45,6 +46,8 @@ from h5forge.store.reports import write_health
 from h5forge.store.thin import require_current_format, write_thin
 from h5forge.store.verify import HealthReport, verify_file
 from h5forge.store.versions import Candidate, fsync_dir, latest, publish, published, seal, set_latest
+
+log = logging.getLogger("h5forge.ingest.append")
 
 
 @dataclass
@@ -87,7 +90,14 @@ class KnownSamples:
     def __init__(self, path: Path):
         self.path = Path(os.path.realpath(path))
         with h5py.File(self.path, "r") as f:
-            self.catalog = read_catalog(f) or catalog_from_rows(f)
+            self.catalog = read_catalog(f)
+            if self.catalog is not None and catalog_intact(f, self.catalog) is False:
+                log.warning("%s: its /inputs catalog does not match its digest (damaged); the exactly-once check "
+                            "reads the ids and raw-file hashes of its rows instead (`h5forge verify` reports it)",
+                            self.path.name)
+                self.catalog = None
+            if self.catalog is None:
+                self.catalog = catalog_from_rows(f)
         self.new_contents: dict[bytes, str] = {}
         self.new_ids: set[bytes] = set()
 

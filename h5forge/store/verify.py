@@ -11,6 +11,7 @@ counts from the stored spec are capped.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -26,6 +27,8 @@ from h5forge.format import arrays
 from h5forge.format import markdown
 from h5forge.format.checksums import (PROVENANCE, UnknownDigestRule, canonical, legacy_checksum, split_digest,
                                      stored_checksums)
+from h5forge.format.catalog import (INPUTS, Catalog, catalog_intact, content_digest, id_digest, location,
+                                    read_catalog)
 from h5forge.format.codecs import ensure_filters
 from h5forge.format.layout import SMALL_ROWS, decode_str
 from h5forge.format.names import (CHECKSUM, CHECKSUMS_COVER_ALL, FORMAT, FORMAT_VERSION, IDS, INDEX, PER_SAMPLE,
@@ -146,8 +149,9 @@ def verify_file(path: str | Path, *, checksums: bool = True, resample: int | Non
                 return report
             if not old_format:
                 _guarded(report, "split digests", _check_digests, f, report)
+            rows = None if checksum_sample is None else _sampled_rows(f, checksum_sample, seed)
+            _guarded(report, "inputs catalog", _check_catalog, f, report, rows if checksums else {})
             if checksums:
-                rows = None if checksum_sample is None else _sampled_rows(f, checksum_sample, seed)
                 _guarded(report, "checksums", _check_checksums, f, spec, kinds, report, rows, old_format,
                          verify_workers() if workers is None else workers)
             n_resample = _count(report, "resample", spec.verify.resample, resample)
@@ -385,6 +389,101 @@ def _check_digests(f: h5py.File, report: HealthReport) -> None:
             problems.append(f"/{split}: its attributes, statistics, row indexes or the spec do not match "
                             f"the split's {Attr.DIGEST}")
     report.errors_of("split digests", problems, f"ok ({len(SPLITS)} splits)")
+
+
+def _check_catalog(f: h5py.File, report: HealthReport, ranges: dict[str, list[tuple[int, int]]] | None) -> None:
+    """Ids are unique, and the exactly-once catalog (``/inputs``) is what the rows say. ``ranges``
+    None: recomputed from every row (ids unique by name); otherwise the stored catalog's own
+    consistency (its digest, sizes, order, no id twice) and the rows of ``ranges`` found in it."""
+    stored = read_catalog(f)
+    if ranges is None:
+        problems, made, ids = _rows_catalog(f)
+        if stored is not None:
+            problems += _catalog_differences(stored, made, ids)
+        checked = "every row"
+    else:
+        problems = [] if stored is None else _catalog_consistency(f, stored, ranges)
+        checked = "sampled rows"
+    if stored is None and not problems:
+        report.checks["inputs catalog"] = f"ok (ids unique; no catalog: an older file; {checked})"
+        return
+    report.errors_of("inputs catalog", problems, f"ok ({len(stored.ids) if stored is not None else 0} samples, "
+                                                 f"ids unique; {checked})")
+
+
+def _rows_catalog(f: h5py.File) -> tuple[list[str], Catalog, list[str]]:
+    """Duplicate ids (by name, in NFC as the exactly-once check compares them), the catalog the
+    rows make and their ids."""
+    contents, at, digests, every = [], [], [], []
+    rows_of: dict[bytes, list[tuple[str, int, str]]] = {}
+    for split in SPLITS:
+        g = f[split]
+        ids = decode_str(g[IDS][()])
+        for row, (sid, hexes) in enumerate(zip(ids, g[SOURCE_SHA256][()])):
+            digest = id_digest(sid)
+            digests.append(digest)
+            every.append(sid)
+            rows_of.setdefault(digest, []).append((split, row, sid))
+            contents.append(content_digest(hexes))
+            at.append(location(split, row))
+    problems = [f"id {rows[0][2]!r} is in {len(rows)} rows: " + ", ".join(f"{s}[{r}]" for s, r, _ in rows[:MAX_LISTED])
+                for rows in rows_of.values() if len(rows) > 1]
+    return problems, Catalog.of(contents, at, digests), every
+
+
+def _catalog_differences(stored: Catalog, made: Catalog, ids: list[str]) -> list[str]:
+    problems = []
+    if not _same_ids(stored.ids, made.ids) and not _same_ids(stored.ids, _bytes_id_digests(ids)):
+        problems.append(f"/{INPUTS}/ids does not match the ids of the rows (the exactly-once check reads it)")
+    if len(stored.content) != len(made.content) or not np.array_equal(stored.content, made.content):
+        problems.append(f"/{INPUTS}/content does not match the raw-file hashes of the rows")
+    elif not np.array_equal(_pairs(stored), _pairs(made)):
+        problems.append(f"/{INPUTS}/content_at does not match where the rows are")
+    return problems
+
+
+def _same_ids(a: np.ndarray, b: np.ndarray) -> bool:
+    return len(a) == len(b) and bool(np.array_equal(a, b))
+
+
+def _bytes_id_digests(ids: list[str]) -> np.ndarray:
+    """The id hashes as catalogs written before ids were matched in NFC have them (of the id's bytes)."""
+    return np.sort(np.array([hashlib.sha256(i.encode("utf-8", "surrogatepass")).digest()[:16] for i in ids],
+                            dtype="S16"))
+
+
+def _pairs(c: Catalog) -> np.ndarray:
+    """The locations ordered by (content, location): equal contents may be stored in any order."""
+    return c.content_at[np.lexsort((c.content_at, c.content))]
+
+
+def _catalog_consistency(f: h5py.File, stored: Catalog, ranges: dict[str, list[tuple[int, int]]]) -> list[str]:
+    problems = []
+    if catalog_intact(f, stored) is False:
+        problems.append(f"/{INPUTS}/ids, content or content_at do not match the catalog's digest (damaged since "
+                        "it was written)")
+    total = sum(int(f[s].attrs[Attr.COUNT]) for s in SPLITS)
+    if not len(stored.ids) == len(stored.content) == len(stored.content_at) == total:
+        problems.append(f"/{INPUTS} holds {len(stored.ids)} ids and {len(stored.content)} contents for {total} rows")
+        return problems
+    if total and (np.any(stored.ids[1:] < stored.ids[:-1]) or np.any(stored.content[1:] < stored.content[:-1])):
+        problems.append(f"/{INPUTS}/ids or content is not sorted (the exactly-once check bisects it)")
+    twice = int(np.count_nonzero(stored.ids[1:] == stored.ids[:-1])) if total else 0
+    if twice:
+        problems.append(f"/{INPUTS}/ids: {twice} id(s) are in the dataset more than once")
+    for split, spans in ranges.items():
+        g = f[split]
+        for lo, hi in spans:
+            for row in range(lo, hi):
+                sid = decode_str(g[IDS][row:row + 1])[0]
+                digest = content_digest(g[SOURCE_SHA256][row])
+                if not (stored.has_id(id_digest(sid)) or stored.has_id(_bytes_id_digests([sid])[0])):
+                    problems.append(f"{split}[{row}] (id {sid!r}) is missing from /{INPUTS}/ids")
+                q = np.array([digest], dtype=stored.content.dtype)
+                first, last = (int(np.searchsorted(stored.content, q, side)[0]) for side in ("left", "right"))
+                if location(split, row) not in set(stored.content_at[first:last].tolist()):
+                    problems.append(f"{split}[{row}] (id {sid!r}) is not where /{INPUTS}/content_at says")
+    return problems
 
 
 def _sampled_rows(f: h5py.File, k: int, seed: int) -> dict[str, list[tuple[int, int]]]:

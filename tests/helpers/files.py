@@ -25,10 +25,10 @@ def spec_for(raw: Path, out: Path, size=(64, 64), **storage):
     return override(spec, output=out)
 
 
-def make_raw(root: Path, n: int = 200, seed: int = 0) -> Path:
+def make_raw(root: Path, n: int = 200, seed: int = 0, prefix: str = "cell_") -> Path:
     from h5forge.demo import generate
 
-    generate(root, n=n, seed=seed, bad=False, size_range=(64, 96), workers=1)
+    generate(root, n=n, seed=seed, bad=False, size_range=(64, 96), workers=1, prefix=prefix)
     return root
 
 

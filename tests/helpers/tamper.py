@@ -20,10 +20,10 @@ from tests.helpers.files import spec_for
 
 
 def raw_pair(root: Path) -> tuple[Path, Path]:
-    """Two small raw folders: 12 samples for a version, 5 others for a delta."""
+    """Two small raw folders: 12 samples for a version, 5 others (other ids) for a delta."""
     from tests.helpers.files import make_raw
 
-    return make_raw(root / "raw", n=12, seed=3), make_raw(root / "raw_new", n=5, seed=4)
+    return make_raw(root / "raw", n=12, seed=3), make_raw(root / "raw_new", n=5, seed=4, prefix="new_")
 
 
 def small_version(path: Path, raw: Path, *, size=(16, 16), codec: str = "zstd", chunk_rows: int = 1,

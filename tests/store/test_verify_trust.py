@@ -204,13 +204,13 @@ def test_an_append_onto_a_format_1_version_asks_for_a_rebuild(raws, tmp_path):
     as_format_1(out / "dataset_v0001.h5")
     (out / "dataset_latest.h5").symlink_to("dataset_v0001.h5")
     inbox = tmp_path / "inbox"
-    drop_samples(raws[1], inbox, ["cell_000000"], rename="new_")
+    drop_samples(raws[1], inbox, ["new_000000"], rename="more_")
     age_files(inbox)
     spec = spec_for(raws[0], out)
     with pytest.raises(VersionError, match=r"^dataset_v0001.h5 is in format 1 \(older checksums\); rebuild it "):
         write_delta(spec, scan_inbox(spec, inbox), stage_append(out))
     assert sorted(p.name for p in out.iterdir()) == ["dataset_latest.h5", "dataset_v0001.h5"]
-    assert (inbox / "images" / "new_cell_000000.png").exists()
+    assert (inbox / "images" / "more_new_000000.png").exists()
 
 
 # ---- item 10: a broken file is a BROKEN report, never an exception ----------------------------
