@@ -71,7 +71,11 @@ def _from_npy(data: bytes, root: Path, rel: str) -> tuple[np.ndarray, float | No
 
 
 def _from_csv(data: bytes, rel: str, channel: str | None) -> tuple[np.ndarray, float]:
-    rows = list(csv.reader(io.StringIO(data.decode("utf-8", errors="replace"))))
+    reader = csv.reader(io.StringIO(data.decode("utf-8", errors="replace")))
+    rows, lines = [], []  # each row and the line it ends on (a quoted value may span lines)
+    for row in reader:
+        rows.append(row)
+        lines.append(reader.line_num)
     if len(rows) < 3:
         raise Reject(rel, "CSV recording has fewer than two samples")
     header = [h.strip() for h in rows[0]]
@@ -81,10 +85,20 @@ def _from_csv(data: bytes, rel: str, channel: str | None) -> tuple[np.ndarray, f
     if channel not in header:
         raise Reject(rel, f"channel {channel!r} not in the CSV; columns: {header}")
     col = header.index(channel)
-    try:
-        table = np.array([[float(r[time_col]), float(r[col])] for r in rows[1:] if r], dtype=np.float64)
-    except (ValueError, IndexError) as err:
-        raise Reject(rel, f"CSV recording holds a value that is not a number: {err}") from None
+    values = []
+    for row, line in zip(rows[1:], lines[1:]):
+        if not row:
+            continue
+        pair = []
+        for i in (time_col, col):
+            if i >= len(row):
+                raise Reject(rel, f"CSV recording line {line} has no value for column {header[i]!r}")
+            try:
+                pair.append(float(row[i]))
+            except ValueError:
+                raise Reject(rel, f"CSV recording line {line}, column {header[i]!r}: {row[i]!r} is not a number") from None
+        values.append(pair)
+    table = np.array(values, dtype=np.float64)
     steps = np.diff(table[:, 0])
     if (steps <= 0).any():
         raise Reject(rel, "CSV time column does not increase")

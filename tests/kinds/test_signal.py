@@ -4,6 +4,7 @@ and read back padded with their lengths."""
 
 from __future__ import annotations
 
+import csv
 import shutil
 from pathlib import Path
 
@@ -127,11 +128,15 @@ def test_csv_and_npy_channels_with_rates_checked(tmp_path, build_spec):
         np.save(root / "npy" / f"{name}.npy", np.cos(t).astype(np.float32))
     np.save(root / "npy" / "c.npy", np.array([1.0, np.nan, 2.0]))
     (root / "csv" / "c.csv").write_text("time,volt\n0,1\n0.01,2\n0.02,3\n")
+    with open(root / "csv" / "d.csv", "w", newline="") as fh:  # one value left empty
+        csv.writer(fh).writerows([["time", "volt"], [0, 1], [0.01, ""], [0.02, 3]])
+    np.save(root / "npy" / "d.npy", np.cos(t[:3]))
     fields = {"volt": {"kind": "signal", "files": "csv/*.csv", "channel": "volt", "rate": 100},
               "cos": {"kind": "signal", "files": "npy/*.npy", "rate": 100}}
     path, summary = build_spec(spec_data(root, tmp_path / "out") | {"fields": fields})
     reasons = {r.sample_id: r.reason for r in summary.rejections}
     assert "recorded at 50 Hz" in reasons["b"] and "1 NaN/inf value(s)" in reasons["c"]
+    assert reasons["d"] == "CSV recording line 3, column 'volt': '' is not a number"
     with h5py.File(path, "r") as f:
         assert np.allclose(f["train"]["volt"][()], np.sin(t), atol=1e-6)
         assert np.array_equal(f["train"]["cos"][()], np.cos(t).astype(np.float32))
