@@ -66,7 +66,7 @@ def build(spec: DatasetSpec | str | Path, *, output: str | Path | None = None, d
         removed = run("retention", apply_retention, spec)
     return BuildResult(spec.name, candidate.number, published, summary.counts, summary.rejected,
                        summary.compression_ratio, summary.timings, report.checks, removed, left_latest=leaving,
-                       unclaimed=inventory.unclaimed)
+                       unclaimed=inventory.unclaimed, rejections=summary.rejections)
 
 
 def resolve_spec(spec: DatasetSpec | str | Path, output, dask_address, inbox=None) -> DatasetSpec:

@@ -13,7 +13,7 @@ class BuildResult:
     version: int | None = None  # None: skipped, nothing built
     path: str | None = None
     counts: dict[str, int] = field(default_factory=dict)
-    rejected: int = 0
+    rejected: int = 0  # rejected inputs (an entry of ``rejections`` may summarise several)
     compression_ratio: float = 1.0
     timings: dict = field(default_factory=dict)
     health: dict[str, str] = field(default_factory=dict)
@@ -22,6 +22,12 @@ class BuildResult:
     unchanged: bool = False  # nothing published: ``version`` was built from the same inputs and rules
     left_latest: list[str] = field(default_factory=list)  # ids the previous latest held and this version does not
     unclaimed: int = 0  # files under the source root that no glob of the spec takes
+    rejections: tuple[Rejection, ...] = ()  # each input turned away, with its stage and reason
+
+    @property
+    def samples(self) -> int:
+        """Samples the published version holds."""
+        return sum(self.counts.values())
 
 
 @dataclass(frozen=True)
