@@ -1,4 +1,6 @@
-"""Shared fixtures. Prefect runs against one session-wide test server (never one per test).
+"""Shared fixtures. Builds and appends go through the pipeline (``h5forge.build`` / ``h5forge.append``),
+without Prefect; only tests/flows and tests/deployments run Prefect, on the session's one test
+server (their conftest.py, tests/helpers/prefect_server.py).
 
 Plain helpers are in tests/helpers/ (``from tests.helpers.data import demo_spec, write_spec_file``); only fixtures live here.
 """
@@ -19,6 +21,13 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_TASKS_DEFAULT_NO_CACHE", "true")
 
 
+TESTS = Path(__file__).resolve().parent
+RUN_PREFECT = (TESTS / "flows", TESTS / "deployments")  # the only tests that start a Prefect server
+# every other test points Prefect at a port nobody listens on: a flow run that slipped into one of
+# them fails at once (connection refused) instead of starting a server of its own
+NO_PREFECT_SERVER = "http://127.0.0.1:9/api"
+
+
 def _sigterm_to_exit(signum, frame):  # a CI timeout's SIGTERM still runs fixture teardown
     sys.exit(128 + signum)
 
@@ -26,12 +35,19 @@ def _sigterm_to_exit(signum, frame):  # a CI timeout's SIGTERM still runs fixtur
 signal.signal(signal.SIGTERM, _sigterm_to_exit)
 
 
-@pytest.fixture(scope="session")
-def prefect_server():
-    """A temporary Prefect API for flow tests (about 20 s to start on a fresh database)."""
-    from prefect.testing.utilities import prefect_test_harness
+@pytest.fixture(autouse=True)
+def no_prefect_server_outside_flows(request, monkeypatch):
+    """Outside tests/flows and tests/deployments no test may reach or start a Prefect server."""
+    if any(request.node.path.is_relative_to(folder) for folder in RUN_PREFECT):
+        yield
+        return
+    monkeypatch.setenv("PREFECT_API_URL", NO_PREFECT_SERVER)  # subprocesses, and a first import of prefect
+    if "prefect.settings" not in sys.modules:
+        yield
+        return
+    from prefect.settings import PREFECT_API_URL, temporary_settings  # prefect imported already
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with temporary_settings(updates={PREFECT_API_URL: NO_PREFECT_SERVER}):
         yield
 
 
@@ -75,28 +91,27 @@ def small_inventory(raw_demo, tmp_path_factory):
 
 @pytest.fixture
 def build_spec():
-    """``build_spec(dict) -> (path of the published version, write summary)``."""
-    from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
-    from h5forge.ingest.discover import discover
+    """``build_spec(dict) -> (path of the published version, its BuildResult)``, built by the pipeline.
+
+    The small folders these tests build hold bad inputs on purpose, often more than the default
+    ``max_rejected`` share, so unless ``dict`` sets one every input may be rejected (the limit has
+    tests of its own: tests/ingest/test_inputs_trust.py)."""
+    import h5forge
     from h5forge.spec import DatasetSpec
-    from h5forge.store.versions import stage
 
     def build(data: dict):
-        spec = DatasetSpec.model_validate(data)
-        cand = stage(spec.output.dir)
-        summary = write_version(spec, discover(spec), cand)
-        report = verify_candidate(cand)
-        assert report.ok, report.errors
-        return publish_candidate(cand, report), summary
+        result = h5forge.build(DatasetSpec.model_validate({"max_rejected": 1.0, **data}))
+        assert result.version is not None and not result.unchanged, result
+        return result.path, result
 
     return build
 
 
 @pytest.fixture
-def dataset(prefect_server, raw_demo, tmp_path):
-    """A built v1 and its spec file; the inbox is tmp_path/inbox."""
-    from h5forge.flows.build import build_dataset
+def dataset(raw_demo, tmp_path):
+    """A built v1 (the pipeline) and its spec file; the inbox is tmp_path/inbox."""
+    import h5forge
 
     spec_file = write_spec_file(raw_demo, tmp_path / "out", tmp_path / "spec.yaml", inbox=tmp_path / "inbox")
-    build_dataset(str(spec_file))
+    assert h5forge.build(spec_file).version == 1
     return spec_file, tmp_path / "out", tmp_path / "inbox"

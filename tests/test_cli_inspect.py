@@ -22,7 +22,7 @@ H5FORGE = str(Path(PY).parent / "h5forge")
 
 def run(*args, env=None, prefix=()):
     clean = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "HDF5_PLUGIN_PATH")}
-    r = subprocess.run([*(prefix or [H5FORGE]), *map(str, args)], capture_output=True, text=True, timeout=300,
+    r = subprocess.run([*(prefix or [H5FORGE]), *map(str, args)], capture_output=True, text=True, timeout=900,
                        env={**clean, **(env or {})}, cwd=REPO)
     assert "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
     return r
@@ -162,15 +162,6 @@ def test_doctor_spec_with_a_missing_source_and_an_unreachable_prefect_api(tmp_pa
         assert got["spec source"] == [f"MISSING {REPO / 'data' / 'raw' / 'demo'}: no such folder (source.root)"]
     r = run("doctor", tmp_path / "nope.h5")
     assert r.returncode == 1 and "nope.h5: no such file" in r.stderr
-
-
-def test_doctor_finds_a_running_prefect_api(prefect_server):
-    from prefect.settings import PREFECT_API_URL
-
-    url = PREFECT_API_URL.value()
-    r = run("doctor", env={"PREFECT_API_URL": url})
-    assert r.returncode == 0, r.stdout
-    assert lines(r.stdout)["Prefect API"] == [f"{url} reachable"]
 
 
 def test_version_imports_no_command_module_and_flags_show_no_type():

@@ -40,7 +40,7 @@ def test_the_reader_installs_and_reads_without_the_build_extra(tmp_path, raw_dem
     def isolated(code: str, *argv: str) -> subprocess.CompletedProcess:
         # -I -S: no site-packages of this venv, so only what the target holds (and the stdlib) imports
         return subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {str(target)!r})\n"
-                               + code, *argv], capture_output=True, text=True, timeout=300)
+                               + code, *argv], capture_output=True, text=True, timeout=900)
 
     read = isolated("import importlib.util\n"
                     "print([m for m in ('prefect', 'dask', 'distributed', 'PIL') if importlib.util.find_spec(m)])\n"

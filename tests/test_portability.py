@@ -46,7 +46,7 @@ def _python(code: str, **env) -> subprocess.CompletedProcess:
     """``code`` in a fresh interpreter (filters registered in this one do not leak into it)."""
     clean = {k: v for k, v in os.environ.items() if k != "HDF5_PLUGIN_PATH"}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**clean, **env},
-                          timeout=120)
+                          timeout=600)
 
 
 def _datasets(f: h5py.File) -> dict[str, h5py.Dataset]:
@@ -113,7 +113,7 @@ def _dump_row(path: Path, dataset: str, row: int, shape: tuple[int, ...], tmp: P
         env["HDF5_PLUGIN_PATH"] = hdf5plugin.PLUGIN_PATH
     start, count = ",".join(["%d" % row] + ["0"] * len(shape)), ",".join(["1", *map(str, shape)])
     done = subprocess.run([_h5dump(), "-d", dataset, "-s", start, "-c", count, "-b", "NATIVE", "-o", str(out),
-                           str(path)], capture_output=True, text=True, env=env, timeout=120)
+                           str(path)], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr
     return out.read_bytes()
 

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -41,7 +40,7 @@ def start(args: list[str], log: Path) -> subprocess.Popen:
                                 start_new_session=True)
 
 
-def stop_all(procs: list[subprocess.Popen], timeout: float = 20) -> list[str]:
+def stop_all(procs: list[subprocess.Popen], timeout: float = 120) -> list[str]:
     """SIGTERM each process, wait, then SIGKILL its process group; returns what had to be killed."""
     tree = {}
     for p in procs:
@@ -83,11 +82,11 @@ def dask_cluster(tmp_path_factory):
     try:
         for i in range(2):  # two separate worker processes, as on two machines
             procs.append(start([str(BIN / "dask"), "worker", address, "--nworkers", "1", "--nthreads", "1",
-                                "--host", "127.0.0.1", "--no-dashboard", "--death-timeout", "60",
+                                "--host", "127.0.0.1", "--no-dashboard", "--death-timeout", "600",
                                 "--name", f"w{i}"], logs / f"worker{i}.log"))
         try:
-            with Client(address, timeout="60s") as client:
-                client.wait_for_workers(2, timeout=60)
+            with Client(address, timeout="600s") as client:  # bounds a hang; a loaded machine is slow
+                client.wait_for_workers(2, timeout=600)
         except Exception as e:
             dead = [p.args[1] for p in procs if p.poll() is not None]
             raise RuntimeError(f"dask cluster not ready ({e!r}; exited: {dead}):\n"
@@ -102,7 +101,7 @@ def executed_per_worker(address: str) -> dict[str, int]:
     """Tasks each connected worker has executed (dask's own counter, kept by the worker)."""
     from distributed import Client
 
-    with Client(address, timeout="20s") as client:
+    with Client(address, timeout="120s") as client:
         return client.run(lambda dask_worker: dask_worker.state.executed_count)
 
 
@@ -144,18 +143,26 @@ def unreachable(prefect_server, raw_demo, tmp_path_factory):
     spec_file = write_spec_file(raw_demo, tmp / "out", tmp / "spec.yaml", inline_below=0)
     address = f"tcp://127.0.0.1:{free_port()}"  # bound then closed: connections are refused
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}  # the session's test server
-    t0 = time.perf_counter()
+    runs_before = flow_runs()
     r = subprocess.run([str(BIN / "h5forge"), "build", str(spec_file), "--dask-address", address],
-                       capture_output=True, text=True, timeout=180, env=env)
-    return address, r, time.perf_counter() - t0, tmp / "out"
+                       capture_output=True, text=True, timeout=900, env=env)
+    return address, r, flow_runs() - runs_before, tmp / "out"
 
 
-def test_unreachable_scheduler_fails_fast_with_a_clear_message(unreachable):
-    address, r, seconds, out = unreachable
+def flow_runs() -> int:
+    """Flow runs the session's Prefect server knows of."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.count_flow_runs()
+
+
+def test_unreachable_scheduler_fails_before_any_run_with_a_clear_message(unreachable):
+    address, r, new_runs, out = unreachable
     assert r.returncode == 1, r.stdout + r.stderr
     assert r.stderr.strip().splitlines() == [f"error: cannot reach the dask scheduler at {address}: "
                                              "Connection refused"], r.stderr
     assert "Traceback" not in r.stdout + r.stderr
-    # probed before Prefect starts: no 20 s connect timeout, no run, no candidate file
-    assert seconds < 30, f"took {seconds:.0f} s"
+    # probed before Prefect starts: no flow run, no candidate file
+    assert new_runs == 0
     assert latest(out) is None and not list(out.glob("*dataset_v*"))

@@ -56,7 +56,7 @@ def test_killed_append_converges_on_rerun(point, api_url, base_version, raw_demo
     age_files(inbox)
 
     child = subprocess.run([H5FORGE, "append", str(spec_file)], env=child_env(api_url, H5FORGE_KILL_AT=point),
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=900)
     assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
     # whatever the crash point, latest is a complete, verified version
     assert latest(out) in (1, 2)
@@ -89,14 +89,14 @@ def test_watch_service_appends_files_dropped_after_it_started(api_url, raw_demo,
         watcher = subprocess.Popen([H5FORGE, "watch", str(spec_file)], env=child_env(api_url),
                                    stdout=sink, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(lambda: latest(out) == 2, 120, watcher, log)
+        wait_for(lambda: latest(out) == 2, 900, watcher, log)
         assert set(early) <= set(sum(all_ids(out / "dataset_latest.h5").values(), []))
         later = drop_samples(raw_new, inbox, ["cell_000001", "cell_000002"], rename="later_")
-        wait_for(lambda: latest(out) == 3, 120, watcher, log)
+        wait_for(lambda: latest(out) == 3, 900, watcher, log)
         assert set(later) <= set(sum(all_ids(out / "dataset_latest.h5").values(), []))
     finally:
         watcher.send_signal(signal.SIGTERM)
-        watcher.wait(timeout=60)
+        watcher.wait(timeout=300)
     output = log.read_text()
     assert watcher.returncode == 0, output
     assert "stopped" in output

@@ -4,12 +4,9 @@
   random delay drawn over the length of a whole run. After each kill: latest verifies, no
   published file changed, and one clean rerun converges (exact counts, no duplicate ids, no stray
   files). 3 trials of each in the default run, 20 of each in the `slow` run.
-- Readers across publishes: 4 DataLoader workers read dataset_latest.h5 in a loop (a new
-  dataset per pass, so each pass follows latest) while 10 versions are published and retention
-  runs after each; a reader pinned to the first version reads it throughout. Zero read errors,
-  zero all-zero rows.
+  (Readers across publishes and retention: tests/store/test_retention_readers.py.)
 
-Each test prints its figures (trials run, converged, where the kills landed, reader errors).
+Each test prints its figures (trials run, converged, where the kills landed).
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +28,7 @@ import pytest
 import yaml
 
 from h5forge.store.verify import verify_file
-from h5forge.store.versions import latest, published, retain
+from h5forge.store.versions import latest, published
 from tests.helpers.data import age_files, drop_samples, write_spec_file
 from tests.helpers.files import all_ids, make_raw, strays
 
@@ -72,7 +68,7 @@ def kill_after(args: list[str], env: dict, delay: float) -> str:
         proc.wait(timeout=delay)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
+        proc.wait(timeout=300)
         return "killed"
     assert proc.returncode == 0, proc.stderr.read().decode()[-3000:]
     return "finished"
@@ -80,7 +76,7 @@ def kill_after(args: list[str], env: dict, delay: float) -> str:
 
 def timed_run(args: list[str], env: dict) -> float:
     t0 = time.monotonic()
-    res = subprocess.run([H5FORGE, *args], env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run([H5FORGE, *args], env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     return time.monotonic() - t0
 
@@ -234,68 +230,3 @@ def test_killed_appends_converge_many(api_url, raw_new, append_base, tmp_path):
     figures = append_trials(SLOW_TRIALS, api_url, raw_new, append_base, tmp_path)
     assert figures["converged"] == figures["trials"] == SLOW_TRIALS
     assert figures["killed"] >= SLOW_TRIALS // 2
-
-
-# ---- readers across publishes -------------------------------------------------------------
-
-READERS = textwrap.dedent("""
-    import json, os, sys, time
-    import torch
-    from h5forge.read.torch import H5Dataset
-    out, stop = sys.argv[1], sys.argv[2]
-    pinned = H5Dataset(os.path.join(out, "dataset_latest.h5"), split="train", fields=("images", "masks"))
-    figures = {"passes": 0, "batches": 0, "rows": 0, "errors": [], "zero_rows": 0, "versions": [],
-               "pinned_version": pinned.version, "pinned_passes": 0}
-    print("ready", flush=True)
-    while not os.path.exists(stop) or figures["passes"] < 3:
-        try:
-            ds = H5Dataset(os.path.join(out, "dataset_latest.h5"), split="train", fields=("images", "masks"))
-            figures["versions"].append(ds.version)
-            for images, masks in ds.loader(batch_size=4, num_workers=4, shuffle=True, seed=figures["passes"],
-                                           persistent_workers=False):
-                figures["batches"] += 1
-                figures["rows"] += len(images)
-                figures["zero_rows"] += int((images.flatten(1).abs().sum(1) == 0).sum())
-            del ds
-            for images, masks in pinned.loader(batch_size=4, num_workers=2):  # new workers open it afresh
-                figures["zero_rows"] += int((images.flatten(1).abs().sum(1) == 0).sum())
-            figures["pinned_passes"] += 1
-        except Exception as err:
-            figures["errors"].append(f"{type(err).__name__}: {err}")
-        figures["passes"] += 1
-    figures["versions"] = sorted(set(figures["versions"]))
-    print(json.dumps(figures), flush=True)
-""")
-
-
-def test_readers_across_publishes_and_retention(small_inventory, raw_demo, tmp_path):
-    from tests.helpers.files import make_version
-
-    out = tmp_path / "out"
-    make_version(out, small_inventory, raw_demo)
-    stop = tmp_path / "stop"
-    reader = subprocess.Popen([sys.executable, "-c", READERS, str(out), str(stop)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        assert reader.stdout.readline().strip() == "ready", reader.stderr.read()
-        removed = []
-        for _ in range(10):
-            time.sleep(1.0)  # readers are mid-pass when the next version lands
-            make_version(out, small_inventory, raw_demo)
-            removed += retain(out, keep=2)
-        stop.touch()
-        figures = json.loads(reader.stdout.readline())
-        assert reader.wait(timeout=120) == 0, reader.stderr.read()
-    finally:
-        if reader.poll() is None:
-            reader.kill()
-    figures["published"], figures["removed_during_reads"] = 10, len(removed)
-    print("readers across publishes:", json.dumps({k: v for k, v in figures.items() if k != "errors"}),
-          "errors:", len(figures["errors"]))
-    assert figures["errors"] == []
-    assert figures["zero_rows"] == 0
-    assert figures["pinned_version"] == 1 and figures["pinned_passes"] == figures["passes"]
-    assert len(figures["versions"]) >= 3  # the loop followed latest across publishes
-    assert len(removed) >= 6  # retention really ran and deleted what no reader held
-    assert list(published(out)) == [1, 10, 11]  # the pinned v1 outlived every retention while read
-    assert [p.name for p in retain(out, keep=2)] == ["dataset_v0001.h5"]  # and goes once its reader is gone

@@ -36,7 +36,7 @@ def test_a_killed_build_resumes_and_equals_an_uninterrupted_one(api_url, tmp_pat
     spec_file = write_spec_file(raw, out, tmp_path / "spec.yaml", batch_size=8)
     env = {**os.environ, "PREFECT_API_URL": api_url, "H5FORGE_KILL_AT": "build:at-80%",
            "H5FORGE_CHECKPOINT_SECONDS": "0"}  # a checkpoint after every batch: the kill loses none
-    child = subprocess.run([H5FORGE, "build", str(spec_file)], env=env, capture_output=True, text=True, timeout=300)
+    child = subprocess.run([H5FORGE, "build", str(spec_file)], env=env, capture_output=True, text=True, timeout=900)
     assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
     assert latest(out) is None and published(out) == {}  # nothing half-done is visible
     partials = sorted(p.name for p in out.iterdir() if p.name.endswith((".partial", ".partial" + RESUME_SUFFIX)))
@@ -53,7 +53,7 @@ def test_a_killed_build_resumes_and_equals_an_uninterrupted_one(api_url, tmp_pat
     assert_same(Path(resumed.path), Path(fresh.path))  # every checksum, value and statistic
 
     again = subprocess.run([H5FORGE, "build", str(spec_file)], env={**os.environ, "PREFECT_API_URL": api_url},
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "unchanged since v0001" in again.stdout
     assert list(published(out)) == [1] and latest(out) == 1
@@ -74,7 +74,7 @@ def test_a_short_build_checkpoints_by_progress_and_leaves_its_hashes(api_url, tm
     spec_file = write_spec_file(raw, out, tmp_path / "spec.yaml", batch_size=8)
     env = {**os.environ, "PREFECT_API_URL": api_url, "H5FORGE_KILL_AT": "build:at-80%",
            "H5FORGE_CHECKPOINT_SECONDS": "3600"}
-    child = subprocess.run([H5FORGE, "build", str(spec_file)], env=env, capture_output=True, text=True, timeout=300)
+    child = subprocess.run([H5FORGE, "build", str(spec_file)], env=env, capture_output=True, text=True, timeout=900)
     assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
 
     resumed = build_dataset(str(spec_file))

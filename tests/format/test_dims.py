@@ -4,12 +4,14 @@ reads a split through h5netcdf with those names, values equal to h5py's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import h5py
 import numpy as np
 import xarray as xr
 
+import h5forge
 from h5forge.format.names import SPLITS  # importing h5forge registers the filters h5netcdf's reads need
-from h5forge.ingest import append
 from h5forge.spec import DatasetSpec
 from h5forge.store.thin import export
 from tests.helpers.data import age_files, demo_spec, drop_samples
@@ -54,17 +56,13 @@ def test_full_thin_and_exported_versions_name_every_axis(raw_demo, raw_new, tmp_
     spec = DatasetSpec.model_validate({**spec.model_dump(mode="json"),
                                        "source": {**spec.source.model_dump(mode="json"), "inbox": str(inbox)}})
     v1, _ = build_spec(spec.model_dump(mode="json"))
+    v1 = Path(v1)
     drop_samples(raw_new, inbox, [f"cell_{i:06d}" for i in range(12)], rename="late_")
     age_files(inbox)
-    scan = append.scan_inbox(spec, inbox)
-    cand = append.stage_append(out)
-    append.write_thin_version(spec, cand, append.write_delta(spec, scan, cand))
-    report = append.verify_append(cand)
-    assert report.ok, report.errors
-    append.publish_append(cand, report, append.plan_moves(spec, scan, (), cand.number))
+    assert h5forge.append(spec).added == 12
     thin, copy = out / "dataset_v0002.h5", export(out / "dataset_latest.h5", tmp_path / "copy.h5")
 
-    for path in (v1, cand.delta, thin, copy):
+    for path in (v1, out / "dataset_v0002.delta.h5", thin, copy):
         dims = dims_of(path)
         for key, want in IMAGE_DIMS.items():
             assert dims[key] == want, (path.name, key)
@@ -88,9 +86,10 @@ def test_full_thin_and_exported_versions_name_every_axis(raw_demo, raw_new, tmp_
 def test_a_ragged_field_names_its_element_axis_through_an_append(tmp_path, build_spec):
     from tests.kinds.test_signal import appended_recordings
 
-    _, _, _, cand, _ = appended_recordings(tmp_path, build_spec)
-    copy = export(cand.version.partial, tmp_path / "copy.h5")
-    for path in (cand.version.partial, copy):
+    _, _, result = appended_recordings(tmp_path, build_spec)
+    thin = Path(result.path)
+    copy = export(thin, tmp_path / "copy.h5")
+    for path in (thin, copy):
         dims = dims_of(path)
         assert dims["train/acc"] == ("acc_element",) and dims["train/acc_lengths"] == ("sample",)
         ds = xr.open_dataset(path, group="train", engine="h5netcdf")

@@ -38,7 +38,7 @@ class DaskProcesses:
     def __enter__(self) -> "DaskProcesses":
         self.scheduler = self._start([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port",
                                       str(self.port), "--no-dashboard", "--idle-timeout", "900"], "scheduler")
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # bounds a scheduler that never listens; a loaded machine is slow
         while True:  # listening
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
@@ -57,8 +57,8 @@ class DaskProcesses:
             self.worker_procs.append(self._start(
                 [str(BIN / "dask"), "worker", self.address, "--nworkers", "1", "--nthreads", "1", "--no-nanny",
                  "--host", "127.0.0.1", "--no-dashboard", "--name", f"w{i}"], f"worker{i}"))
-        with Client(self.address, timeout="60s") as client:
-            client.wait_for_workers(n, timeout=120)
+        with Client(self.address, timeout="600s") as client:
+            client.wait_for_workers(n, timeout=600)
 
     def tasks_started(self) -> int:
         """Tasks the scheduler has been given so far (any state)."""

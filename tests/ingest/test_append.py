@@ -5,8 +5,8 @@ import os
 
 import h5py
 import numpy as np
-import pytest
 
+import h5forge
 from h5forge.format.layout import decode_str
 from h5forge.ingest.splits import assign_split
 from h5forge.store.verify import verify_file
@@ -14,23 +14,18 @@ from h5forge.store.versions import latest
 from tests.helpers.data import age_files, demo_spec, drop_samples, write_spec_file
 from tests.helpers.files import all_ids
 
-pytestmark = pytest.mark.e2e  # appends through the flow on the session's real Prefect server
-
-
 def sha(path):
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
 def test_append_extends_every_split_and_leaves_the_old_version_alone(dataset, raw_new):
-    from h5forge.flows.append import append_samples
-
     spec_file, out, inbox = dataset
     v1 = out / "dataset_v0001.h5"
     before = sha(v1)
     old_ids = all_ids(v1)
     new_ids = drop_samples(raw_new, inbox, [f"cell_{i:06d}" for i in range(10)], rename="new_")
     age_files(inbox)
-    result = append_samples(str(spec_file))
+    result = h5forge.append(spec_file)
     assert result.version == 2 and result.added == 10 and result.rejected == 0
     assert sha(v1) == before  # byte for byte
     assert latest(out) == 2
@@ -64,14 +59,12 @@ def test_append_extends_every_split_and_leaves_the_old_version_alone(dataset, ra
 
 
 def test_duplicates_and_id_conflicts_are_quarantined(dataset, raw_demo, raw_new):
-    from h5forge.flows.append import append_samples
-
     spec_file, out, inbox = dataset
     drop_samples(raw_demo, inbox, ["cell_000003"], rename="copy_of_")  # same content, new name
     drop_samples(raw_new, inbox, ["cell_000001"])  # an id v1 holds, other content
     drop_samples(raw_new, inbox, ["cell_000002"], rename="fresh_")
     age_files(inbox)
-    result = append_samples(str(spec_file))
+    result = h5forge.append(spec_file)
     assert result.added == 1
     reasons = {r.sample_id: r.reason for r in result.rejections}
     assert reasons["copy_of_cell_000003"].startswith("duplicate: identical content is already in the dataset as 'cell_000003'")
@@ -81,7 +74,7 @@ def test_duplicates_and_id_conflicts_are_quarantined(dataset, raw_demo, raw_new)
     # the same files dropped again are duplicates of v2 now: nothing is added twice
     drop_samples(raw_new, inbox, ["cell_000002"], rename="fresh_")
     age_files(inbox)
-    again = append_samples(str(spec_file))
+    again = h5forge.append(spec_file)
     assert again.version is None and again.added == 0
     assert latest(out) == 2
     ids = sum(all_ids(out / "dataset_latest.h5").values(), [])
@@ -89,33 +82,28 @@ def test_duplicates_and_id_conflicts_are_quarantined(dataset, raw_demo, raw_new)
 
 
 def test_partial_pairs_and_unsettled_files_wait(dataset, raw_demo, raw_new):
-    from h5forge.flows.append import append_samples
-
     spec_file, out, inbox = dataset
     spec_file = write_spec_file(raw_demo, out, spec_file, inbox=inbox, append={"settle_seconds": 30})
     drop_samples(raw_new, inbox, ["cell_000004", "cell_000005"], rename="w_")
     (inbox / "masks" / "w_cell_000004.png").rename(inbox.parent / "held_back.png")
     age_files(inbox, seconds=60)
     os.utime(inbox / "images" / "w_cell_000005.png")  # just written: not settled for 30 s
-    result = append_samples(str(spec_file))
+    result = h5forge.append(spec_file)
     assert result.version is None and result.waiting == 2
     assert (inbox / "images" / "w_cell_000004.png").exists()  # untouched, not quarantined
     (inbox.parent / "held_back.png").rename(inbox / "masks" / "w_cell_000004.png")
     age_files(inbox, seconds=60)
-    result = append_samples(str(spec_file))
+    result = h5forge.append(spec_file)
     assert result.added == 2 and result.waiting == 0
 
 
 def test_nightly_rebuild_is_compact_and_keeps_appended_samples(dataset, raw_new):
-    from h5forge.flows.append import append_samples
-    from h5forge.flows.build import build_dataset
-
     spec_file, out, inbox = dataset
     new_ids = drop_samples(raw_new, inbox, ["cell_000010", "cell_000011"], rename="n_")
     age_files(inbox)
-    append_samples(str(spec_file))
+    h5forge.append(spec_file)
     thin_ids = all_ids(out / "dataset_latest.h5")
-    result = build_dataset(str(spec_file))
+    result = h5forge.build(spec_file)
     assert result.version == 3
     rebuilt = all_ids(out / "dataset_latest.h5")
     assert {s: sorted(v) for s, v in rebuilt.items()} == {s: sorted(v) for s, v in thin_ids.items()}

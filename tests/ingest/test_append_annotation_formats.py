@@ -7,6 +7,7 @@ import csv
 import json
 import shutil
 
+import h5forge
 from h5forge.ingest import append
 from h5forge.ingest.discover import discover
 from h5forge.spec import DatasetSpec
@@ -39,13 +40,10 @@ def test_append_with_csv_annotations(raw_demo, tmp_path, build_spec):
     spec = DatasetSpec.model_validate(data)
     scan = append.scan_inbox(spec, inbox)
     assert len(scan.ready) == 6 and not scan.rejections
-    cand = append.stage_append(spec.output.dir)
-    summary = append.write_delta(spec, scan, cand)
-    append.write_thin_version(spec, cand, summary)
-    report = append.verify_append(cand)
-    append.publish_append(cand, report, append.plan_moves(spec, scan, summary.rejections, cand.number))
+    result = h5forge.append(spec)
+    assert result.added == 6 and result.rejections == ()
     assert not (inbox / "labels.csv").exists()  # every record was taken
-    processed = append.processed_dir(inbox, cand.number) / "labels.csv"
+    processed = append.processed_dir(inbox, result.version) / "labels.csv"
     with processed.open() as fh:
         assert sorted(r["id"] for r in csv.DictReader(fh)) == good[20:26]
     rebuilt = discover(spec)

@@ -1,11 +1,12 @@
-"""Building a version without Prefect: a failed verification or a source without a good sample
-publishes nothing."""
+"""Building a version without Prefect: a failed verification (the build steps) or a source without
+a good sample (the pipeline) publishes nothing."""
 
 from pathlib import Path
 
 import h5py
 import pytest
 
+import h5forge
 from h5forge.ingest.build import VerificationFailed, publish_candidate, verify_candidate, write_version
 from h5forge.ingest.discover import discover
 from h5forge.store.versions import latest, published, stage
@@ -52,7 +53,7 @@ def test_a_source_without_any_good_sample_publishes_nothing(tmp_path):
     out = tmp_path / "out"
     spec = demo_spec(raw, out)
     with pytest.raises(NothingToBuild, match="no complete sample under"):
-        write_version(spec, discover(spec), stage(out))
+        h5forge.build(spec)
     assert latest(out) is None and not published(out)
     rows = (out / "quarantine" / "dataset_v0001.rejections.json").read_text()
     assert "lonely" in rows and "incomplete sample" in rows

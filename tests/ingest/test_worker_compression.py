@@ -6,14 +6,13 @@ import h5py
 import numpy as np
 import pytest
 
+import h5forge
 from h5forge.format.chunk_codec import EncodedRows, encode
-from h5forge.ingest.build import verify_candidate, write_version
 from h5forge.ingest.clean import clean_batch
 from h5forge.ingest.discover import discover
 from h5forge.ingest.parallel import batches
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.kinds import stored_kinds
-from h5forge.store.versions import stage
 from tests.helpers.data import demo_spec
 
 FIELDS = ("images", "masks")
@@ -107,16 +106,15 @@ def test_take_counts_statistics_from_the_chunks(tmp_path, raw_demo):
 
 
 def test_build_on_dask_workers_equals_writer_compression(tmp_path, raw_demo):
-    """write_version on a LocalCluster (the workers compress) against the writer compressing; verify passes."""
+    """A build on a LocalCluster (the workers compress) against the writer compressing; verify passes
+    (the build publishes only a verified version)."""
     spec = demo_spec(raw_demo, tmp_path / "out")
     spec = spec.model_copy(update={"compute": spec.compute.model_copy(update={"inline_below": 0, "workers": 1})})
-    candidate = stage(spec.output.dir)
-    inventory = discover(spec)
-    summary = write_version(spec, inventory, candidate)
-    assert summary.timings["cleaned_in"] == "LocalCluster(1)"
-    assert verify_candidate(candidate).ok
+    result = h5forge.build(spec)
+    assert result.timings["cleaned_in"] == "LocalCluster(1)"
+    assert result.health["checksums"].startswith("ok")
     _write(tmp_path / "writer.h5", spec, discover(spec), False)
-    _assert_same_values(candidate.partial, tmp_path / "writer.h5")
+    _assert_same_values(result.path, tmp_path / "writer.h5")
 
 
 def test_batches_with_and_without_chunks_keep_their_order(tmp_path, raw_demo):

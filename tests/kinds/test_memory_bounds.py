@@ -69,7 +69,7 @@ def image_spec(root: Path, size=(64, 64), **image) -> dict:
 
 def clean_in_a_fresh_process(spec: dict) -> dict:
     res = subprocess.run([sys.executable, "-c", CLEAN, json.dumps(spec)], capture_output=True, text=True,
-                         timeout=300, cwd=REPO)
+                         timeout=900, cwd=REPO)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -125,7 +125,7 @@ def huge_png(tmp_path_factory) -> Path:
     """A 7999 x 7999 RGB PNG (just under the default max_pixels of 64 M), smooth so it stays small."""
     root = tmp_path_factory.mktemp("huge") / "raw"
     (root / "images").mkdir(parents=True)
-    subprocess.run([sys.executable, "-c", MAKE_HUGE, str(root / "images" / "huge.png")], check=True, timeout=300)
+    subprocess.run([sys.executable, "-c", MAKE_HUGE, str(root / "images" / "huge.png")], check=True, timeout=900)
     return root
 
 

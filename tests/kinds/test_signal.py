@@ -43,8 +43,9 @@ def spec_data(root, out, **extra_fields):
 
 
 def appended_recordings(tmp_path: Path, build_spec):
-    """Three EDF recordings built, a settled fourth in the inbox written as a staged thin version."""
-    from h5forge.ingest import append
+    """Three EDF recordings built, then a settled fourth appended from the inbox (a thin version):
+    (the fourth's signals, the spec, the append result)."""
+    import h5forge
     from h5forge.spec import DatasetSpec
     from tests.helpers.data import age_files
 
@@ -59,10 +60,10 @@ def appended_recordings(tmp_path: Path, build_spec):
     data["source"]["inbox"] = str(inbox)
     spec = DatasetSpec.model_validate(data)
     build_spec(data)
-    scan = append.scan_inbox(spec, inbox)
-    cand = append.stage_append(spec.output.dir)
-    merged = append.write_thin_version(spec, cand, append.write_delta(spec, scan, cand))
-    return new, spec, scan, cand, merged
+    result = h5forge.append(spec)
+    assert result.version == 2 and result.added == 1, result
+    return new, spec, result
+
 
 def test_multi_rate_recordings_round_trip_exactly(tmp_path, build_spec):
     root = tmp_path / "raw"
@@ -152,16 +153,13 @@ def test_signal_spec_needs_a_channel_for_edf(tmp_path):
 
 
 def test_append_and_export_keep_ragged_rows(tmp_path, build_spec):
-    from h5forge.ingest import append
     from h5forge.store.thin import export
     from h5forge.store.verify import verify_file
 
-    new, spec, scan, cand, merged = appended_recordings(tmp_path, build_spec)
-    report = append.verify_append(cand)
-    assert report.ok, report.errors
-    assert merged.counts["train"] == 4
-    append.publish_append(cand, report, append.plan_moves(spec, scan, (), cand.number))
-    assert oct(cand.delta.stat().st_mode & 0o777) == "0o444"  # as read-only as the version reading it
+    new, spec, result = appended_recordings(tmp_path, build_spec)
+    assert result.counts["train"] == 4
+    delta = spec.output.dir / "dataset_v0002.delta.h5"
+    assert oct(delta.stat().st_mode & 0o777) == "0o444"  # as read-only as the version reading it
     ds = H5Dataset(spec.output.dir / "dataset_latest.h5", fields=("acc", "temp"))
     late = ds.ids().index("late")
     acc, temp = ds[late]

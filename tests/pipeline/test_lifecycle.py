@@ -278,7 +278,7 @@ class Lifecycle(RuleBasedStateMachine):
                 s = self.layout.sample(self.draw(d))
                 self.layout.write(self.inbox, s)
                 self.pending[s.sid] = s
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 600  # bounds a watcher that never takes the files
             while time.monotonic() < deadline and (self.inbox_files_left() or not runs) and worker.is_alive():
                 time.sleep(0.2)
             with busy:  # the append that took the last files has returned
@@ -287,7 +287,7 @@ class Lifecycle(RuleBasedStateMachine):
             idle = runs[settled:]
         finally:
             stop.set()
-            worker.join(60)
+            worker.join(600)
         assert not failure, failure
         assert not worker.is_alive(), "the watcher did not stop"
         assert not self.inbox_files_left(), f"the watcher left {self.inbox_files_left()} in the inbox"

@@ -46,7 +46,7 @@ class Watcher:
         return result.waiting
 
     def settle_on(self, version: int) -> None:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 900  # bounds a watcher that never appends
         while latest(self.spec.output.dir) != version:
             assert time.monotonic() < deadline and self.thread.is_alive(), [c.version for c in self.calls]
             time.sleep(0.2)

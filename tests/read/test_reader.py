@@ -238,9 +238,10 @@ def with_worker_fds(batch):
     return x, m, torch.tensor([n_fds(), h5_fds()])
 
 
-def settled_fds(limit: int, seconds: float = 5.0) -> int:
+def settled_fds(limit: int, seconds: float = 120.0) -> int:
     """The fd count once exited workers' pipes are closed (they may close a moment after the
-    epoch ends); a real leak never drops back to ``limit``, so it still shows."""
+    epoch ends, later on a loaded machine); a real leak never drops back to ``limit``, so it still
+    shows, after ``seconds``."""
     deadline = time.monotonic() + seconds
     while n_fds() > limit and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import h5forge
 from h5forge.errors import LatestBroken, OutputTaken, SpecError
 from h5forge.format.names import LATEST
 from h5forge.store.versions import latest, published
@@ -24,7 +25,7 @@ H5FORGE = str(Path(sys.executable).parent / "h5forge")
 
 
 def cli(*args):
-    return subprocess.run([H5FORGE, *map(str, args)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    return subprocess.run([H5FORGE, *map(str, args)], capture_output=True, text=True, timeout=900, cwd=REPO)
 
 
 def sha(path: Path) -> str:
@@ -33,21 +34,24 @@ def sha(path: Path) -> str:
 
 @pytest.fixture
 def two_folders(tmp_path):
-    """Two output folders of one raw folder, each with v1 and v2 published."""
+    """Two output folders of one raw folder, each with v1 and v2 (one sample more) published."""
     from h5forge.spec import parse_spec
 
     raw = tmp_path / "raw"
     make_pairs(raw, [f"s{i}" for i in range(6)])
-    outs = []
+    specs = {}
     for name in ("here", "elsewhere"):
         data = spec_data(raw, tmp_path / name)
         data["source"]["inbox"] = str(tmp_path / "inbox")
-        spec = parse_spec(data, tmp_path)
-        library_build(spec)
-        library_build(spec)
+        specs[name] = parse_spec(data, tmp_path)
         write_spec(tmp_path / f"{name}.yaml", data)
-        outs.append(tmp_path / name)
-    return tmp_path, *outs
+    for version in (1, 2):
+        if version == 2:
+            make_pairs(raw, ["s6"], seed=100)  # new inputs: the second build has something to publish
+        for spec in specs.values():
+            path, _ = library_build(spec)
+            assert path.name == f"dataset_v000{version}.h5"
+    return tmp_path, tmp_path / "here", tmp_path / "elsewhere"
 
 
 def repoint(out: Path, target: str) -> None:
@@ -84,42 +88,37 @@ def test_latest_outside_the_folder_or_dangling_is_refused_everywhere(two_folders
     assert latest(here) == 1
 
 
-def test_a_build_and_an_append_refuse_a_latest_that_points_outside(prefect_server, two_folders):
-    from h5forge.flows.append import append_samples
-    from h5forge.flows.build import build_dataset
-
+def test_a_build_and_an_append_refuse_a_latest_that_points_outside(two_folders):
     tmp, here, elsewhere = two_folders
     repoint(here, str(elsewhere / "dataset_v0002.h5"))
     before = sorted(p.name for p in here.iterdir())
     with pytest.raises(LatestBroken):
-        build_dataset(str(tmp / "here.yaml"))
+        h5forge.build(tmp / "here.yaml")
     make_pairs(tmp / "inbox", ["new0"])
     with pytest.raises(LatestBroken):
-        append_samples(str(tmp / "here.yaml"))
+        h5forge.append(tmp / "here.yaml")
     assert sorted(p.name for p in here.iterdir()) == before
     assert os.readlink(here / LATEST) == str(elsewhere / "dataset_v0002.h5")
 
 
 # ---- 5: one dataset per output folder, outside its sources -------------------------------------
 
-def test_a_second_dataset_cannot_take_over_an_output_folder(prefect_server, two_folders):
-    from h5forge.flows.build import build_dataset
-
+def test_a_second_dataset_cannot_take_over_an_output_folder(two_folders):
     tmp, here, _ = two_folders
     data = yaml.safe_load((tmp / "here.yaml").read_text())
     data.update(name="intruder", output={"dir": str(here), "keep": 1})
     spec_path = write_spec(tmp / "intruder.yaml", data)
     files = {p.name: sha(p) for p in here.glob("dataset_v*.h5")}
     with pytest.raises(OutputTaken) as err:
-        build_dataset(str(spec_path))
+        h5forge.build(spec_path)
     assert str(err.value) == (f"output folder {here} holds the dataset 'cells'; the dataset 'intruder' needs "
                               "an output folder of its own")
     assert {p.name: sha(p) for p in here.glob("dataset_v*.h5")} == files and latest(here) == 2
     r = cli("build", spec_path)
     assert r.returncode == 2 and r.stderr.strip() == f"error: {err.value}", r.stderr
     # the folder's own dataset still builds there
-    result = build_dataset(str(tmp / "here.yaml"))
-    assert result.skipped is None and result.version in (2, 3)  # 2: unchanged inputs publish nothing new
+    result = h5forge.build(tmp / "here.yaml")
+    assert result.skipped is None and result.version == 2 and result.unchanged  # unchanged inputs: nothing new
 
 
 def test_the_owner_is_recorded_even_before_a_version_survives(tmp_path):
@@ -142,9 +141,7 @@ def test_the_owner_is_recorded_even_before_a_version_survives(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["raw", "raw/out", "inbox", "inbox/deeper/out"])
-def test_an_output_folder_in_the_sources_is_refused(prefect_server, tmp_path, where):
-    from h5forge.flows.build import build_dataset
-
+def test_an_output_folder_in_the_sources_is_refused(tmp_path, where):
     raw = tmp_path / "raw"
     make_pairs(raw, ["a", "b"])
     out = tmp_path / where
@@ -154,7 +151,7 @@ def test_an_output_folder_in_the_sources_is_refused(prefect_server, tmp_path, wh
     spec_path = write_spec(tmp_path / "spec.yaml", data)
     listing = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
     with pytest.raises(SpecError) as err:
-        build_dataset(str(spec_path))
+        h5forge.build(spec_path)
     folder = "source.root" if where.startswith("raw") else "source.inbox"
     assert str(err.value).startswith(f"output.dir {out} is ")
     assert f"{folder} {tmp_path / where.split('/')[0]}" in str(err.value)

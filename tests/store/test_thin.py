@@ -5,25 +5,20 @@ import shutil
 
 import h5py
 import numpy as np
-import pytest
 
+import h5forge
 from h5forge.format.layout import decode_str
 from h5forge.store.thin import segments_of
 from h5forge.store.verify import verify_file
 from h5forge.store.versions import published, retain
 from tests.helpers.data import age_files, drop_samples
 
-pytestmark = pytest.mark.e2e  # appends through the flow on the session's real Prefect server
-
-
 def test_retention_keeps_what_kept_versions_read_and_export_is_self_contained(dataset, raw_new, tmp_path):
-    from h5forge.flows.append import append_samples
-
     spec_file, out, inbox = dataset
     for k in range(3):
         drop_samples(raw_new, inbox, [f"cell_{i:06d}" for i in range(3 * k, 3 * k + 3)], rename=f"r{k}_")
         age_files(inbox)
-        append_samples(str(spec_file))
+        h5forge.append(spec_file)
     assert list(published(out)) == [1, 2, 3, 4]
     assert [s["file"] for s in segments_of(out / "dataset_v0004.h5")] == [
         "dataset_v0001.h5", "dataset_v0002.delta.h5", "dataset_v0003.delta.h5", "dataset_v0004.delta.h5"]
@@ -45,12 +40,10 @@ def test_retention_keeps_what_kept_versions_read_and_export_is_self_contained(da
 
 
 def test_a_missing_delta_is_an_error_never_silent_zeros(dataset, raw_new, tmp_path):
-    from h5forge.flows.append import append_samples
-
     spec_file, out, inbox = dataset
     drop_samples(raw_new, inbox, ["cell_000006"], rename="m_")
     age_files(inbox)
-    append_samples(str(spec_file))
+    h5forge.append(spec_file)
     moved = tmp_path / "moved"
     shutil.copytree(out, moved, symlinks=True)
     (moved / "dataset_v0002.delta.h5").unlink()

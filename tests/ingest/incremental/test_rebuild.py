@@ -17,19 +17,13 @@ from h5forge.format.names import SPLITS
 from tests.helpers.files import make_raw, spec_for
 
 
-def build(spec, inputs=None):
-    """Write, verify and publish one version as the build flow does (no Prefect); (path, summary).
-    ``inputs``: the build's input hashes, made as the build makes them when not given."""
-    from h5forge.ingest.build import publish_candidate, verify_candidate, write_version
-    from h5forge.ingest.discover import discover
-    from h5forge.store.versions import output_lock, stage
+def build(spec):
+    """One version built by the pipeline (``h5forge.build``): (the published file, the build result)."""
+    import h5forge
 
-    with output_lock(spec.output.dir):
-        cand = stage(spec.output.dir)
-        summary = write_version(spec, discover(spec), cand, inputs=inputs)
-        report = verify_candidate(cand)
-        assert report.ok, report.errors
-        return Path(publish_candidate(cand, report)), summary
+    result = h5forge.build(spec)
+    assert not result.unchanged, result
+    return Path(result.path), result
 
 
 def contents(path: Path) -> dict:
@@ -99,6 +93,7 @@ def test_unchanged_inputs_are_recognised(raw, tmp_path):
 @pytest.mark.parametrize("chunk_rows", [1, 4])
 def test_a_one_percent_change_equals_a_full_rebuild(raw, tmp_path, chunk_rows):
     spec = spec_for(raw, tmp_path / "out", chunk_rows=chunk_rows)
+    spec = spec.model_copy(update={"output": spec.output.model_copy(update={"allow_removals": True})})  # one goes
     first, full_summary = build(spec)
     assert full_summary.timings["reused"] == 0
     what = change_one_percent(raw, make_raw(tmp_path / "spare", n=2, seed=9))
@@ -128,8 +123,7 @@ def test_a_one_percent_change_equals_a_full_rebuild(raw, tmp_path, chunk_rows):
 
 def test_a_rebuild_after_appends_takes_the_appended_rows_from_their_delta(raw, tmp_path):
     """A thin latest version: its rows are taken from the files it reads (parent and delta)."""
-    from h5forge.ingest import append as ap
-    from h5forge.store.versions import output_lock
+    import h5forge
     from tests.helpers.data import age_files, drop_samples
 
     spec = spec_for(raw, tmp_path / "out")
@@ -138,13 +132,7 @@ def test_a_rebuild_after_appends_takes_the_appended_rows_from_their_delta(raw, t
     spare = make_raw(tmp_path / "spare", n=3, seed=9)
     drop_samples(spare, tmp_path / "inbox", ["cell_000000", "cell_000001", "cell_000002"], rename="in_")
     age_files(tmp_path / "inbox")
-    with output_lock(spec.output.dir):
-        scan = ap.scan_inbox(spec, tmp_path / "inbox")
-        cand = ap.stage_append(spec.output.dir)
-        summary = ap.write_delta(spec, scan, cand)
-        ap.write_thin_version(spec, cand, summary)
-        report = ap.verify_append(cand)
-        ap.publish_append(cand, report, ap.plan_moves(spec, scan, summary.rejections, cand.number))
+    assert h5forge.append(spec).version == 2
     thin = spec.output.dir / "dataset_v0002.h5"
     with h5py.File(thin) as f:  # the merged catalog is the catalog of the thin version's rows
         merged, recomputed = read_catalog(f), catalog_from_rows(f)
@@ -184,7 +172,7 @@ def test_a_killed_nightly_rebuild_resumes_with_exact_statistics(raw, tmp_path):
         [sys.executable, "-c", "import sys; from pathlib import Path; "
          "from tests.ingest.incremental.test_rebuild import build, nightly_spec; "
          "build(nightly_spec(Path(sys.argv[1]), Path(sys.argv[2])))", str(raw), str(tmp_path / "out")],
-        cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=300,
+        cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=900,
         env={**os.environ, "H5FORGE_KILL_AT": "build:at-80%", "H5FORGE_CHECKPOINT_SECONDS": "0"})
     assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
 
