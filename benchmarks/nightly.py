@@ -105,7 +105,8 @@ def round_trip(raw0: Path, spare: Path, args, r: int) -> dict:
     from h5forge.ingest.incremental.hash_cache import RACY_SECONDS
     raw = link_copy(raw0, WORK / "raw")
     time.sleep(RACY_SECONDS)  # a nightly's inputs are older than the racy window (the links moved their ctime)
-    spec_in = lambda name: make_spec(raw, WORK / name, args.size)  # noqa: E731
+    # the 1 % change removes samples too: a nightly of such a folder allows their removal
+    spec_in = lambda name: make_spec(raw, WORK / name, args.size, output={"allow_removals": True})  # noqa: E731
     for name in ("out", "reference", "resume"):
         shutil.rmtree(WORK / name, ignore_errors=True)
     res = {"full": build(spec := spec_in("out"))}
