@@ -1,5 +1,6 @@
 """The command line as a user runs it: real subprocesses, exit codes and messages."""
 
+import json
 import os
 import re
 import shutil
@@ -54,6 +55,17 @@ def test_verify_healthy_file_exits_0(dataset):
     r = run("verify", dataset / "dataset_latest.h5")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "HEALTHY" in r.stdout and re.search(r"^ +checksums +ok \(40 samples\) *$", r.stdout, re.M)
+
+
+def test_verify_quick_neither_recomputes_checksums_nor_re_derives_samples(dataset):
+    full = json.loads(run("verify", "--json", dataset / "dataset_latest.h5").stdout)
+    assert full["checks"]["checksums"].startswith("ok") and full["checks"]["sources"].startswith("ok")
+    r = run("verify", "--quick", "--json", dataset / "dataset_latest.h5")
+    assert r.returncode == 0, r.stdout + r.stderr
+    quick = json.loads(r.stdout)
+    assert quick["ok"] and "checksums" not in quick["checks"] and "sources" not in quick["checks"]
+    asked = json.loads(run("verify", "--quick", "--resample", "3", "--json", dataset / "dataset_latest.h5").stdout)
+    assert "3 samples" in asked["checks"]["sources"]  # asked for, they are re-derived
 
 
 @pytest.mark.parametrize("codec, expect", [

@@ -217,7 +217,8 @@ def export(version: Path = typer.Argument(..., help="a version file (thin or not
 
 @app.command()
 def verify(path: Path = typer.Argument(..., help="a version file or dataset_latest.h5"),
-           quick: bool = typer.Option(False, help="skip recomputing every checksum"),
+           quick: bool = typer.Option(False, help="skip recomputing every checksum and re-deriving samples "
+                                                  "from their sources (unless --resample asks for some)"),
            resample: Optional[int] = typer.Option(None, "--resample", "--compare", min=0,
                                                   help="samples re-cleaned from sources and compared "
                                                        "(default: the stored spec's, at most 1000)"),
@@ -234,6 +235,8 @@ def verify(path: Path = typer.Argument(..., help="a version file or dataset_late
     if path.name == LATEST:  # only a link that resolves inside its folder is that folder's latest
         with _reported():
             latest(path.parent)
+    if quick and resample is None:
+        resample = 0
     report = verify_file(path, checksums=not quick, resample=resample, latency_reads=latency_reads,
                          source_root=source_root, isolate=True)  # a file that crashes HDF5 is BROKEN too
     if as_json:
