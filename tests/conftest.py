@@ -35,20 +35,22 @@ def _sigterm_to_exit(signum, frame):  # a CI timeout's SIGTERM still runs fixtur
 signal.signal(signal.SIGTERM, _sigterm_to_exit)
 
 
-@pytest.fixture(autouse=True)
-def no_prefect_server_outside_flows(request, monkeypatch):
-    """Outside tests/flows and tests/deployments no test may reach or start a Prefect server."""
+@pytest.fixture(scope="module", autouse=True)
+def no_prefect_server_outside_flows(request):
+    """Outside tests/flows and tests/deployments no test (nor a module's fixture: an autouse fixture
+    runs first in its scope) may reach or start a Prefect server."""
     if any(request.node.path.is_relative_to(folder) for folder in RUN_PREFECT):
         yield
         return
-    monkeypatch.setenv("PREFECT_API_URL", NO_PREFECT_SERVER)  # subprocesses, and a first import of prefect
-    if "prefect.settings" not in sys.modules:
-        yield
-        return
-    from prefect.settings import PREFECT_API_URL, temporary_settings  # prefect imported already
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PREFECT_API_URL", NO_PREFECT_SERVER)  # subprocesses, and a first import of prefect
+        if "prefect.settings" not in sys.modules:
+            yield
+            return
+        from prefect.settings import PREFECT_API_URL, temporary_settings  # prefect imported already
 
-    with temporary_settings(updates={PREFECT_API_URL: NO_PREFECT_SERVER}):
-        yield
+        with temporary_settings(updates={PREFECT_API_URL: NO_PREFECT_SERVER}):
+            yield
 
 
 @pytest.fixture(scope="session")
