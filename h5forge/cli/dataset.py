@@ -20,7 +20,8 @@ def init(raw: Path = typer.Argument(..., help="raw folder, one of: " + "; ".join
          out_path: Path = typer.Option(..., "--out", help="where to write the spec YAML"),
          force: bool = typer.Option(False, help="overwrite an existing spec")) -> None:
     """Write a spec inferred from a raw folder, with comments; print what could not be inferred.
-    Exits 2 when a value must be filled in first (a ``# ...: TODO`` line in the spec)."""
+    Exits 2 when a value must be filled in first (a ``# ...: TODO`` line in the spec), 1 when a build
+    with the spec would publish nothing (the reason is printed)."""
     from h5forge.init import infer_spec
 
     if out_path.exists() and not force:
@@ -34,6 +35,10 @@ def init(raw: Path = typer.Argument(..., help="raw folder, one of: " + "; ".join
     if inferred.todo:
         _fail(f"wrote {out_path} ({inferred.layout} layout), but it is incomplete: fill in "
               f"{', '.join(inferred.todo)} (the TODO lines), then run: h5forge build {out_path}")
+    if inferred.unbuildable:
+        _fail(f"wrote {out_path} ({inferred.layout} layout), but a build with it publishes nothing: "
+              f"{inferred.unbuildable}; see the notes, fix the folder or the spec, then run: h5forge build "
+              f"{out_path}", 1)
     out.print(f"wrote {out_path} ({inferred.layout} layout); review it, then run: h5forge build {out_path}",
               highlight=False, markup=False)
 

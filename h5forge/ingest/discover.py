@@ -180,11 +180,12 @@ def _files_below(folder: str):
 
 
 def _glob_field(root: Path, patterns: tuple[str, ...], ids: str, folders: bool = False,
-                allow_outside: bool = False, skip: tuple[str, ...] = ()
+                allow_outside: bool = False, skip: tuple[str, ...] = (), id_suffix: str | None = None
                 ) -> tuple[dict[str, tuple[str, str]], list[Rejection]]:
     """{match key: (file, id as spelled)} of one field, and the files that cannot be told apart or
     that a symlink takes out of the source folder (unless ``allow_outside``). Nothing under the
-    top-level folders named in ``skip`` is taken."""
+    top-level folders named in ``skip`` is taken. ``id_suffix`` ends every stem of the field and
+    is no part of the id; a file without it is rejected."""
     by_stem: dict[str, list[tuple[str, str]]] = defaultdict(list)
     seen: set[str] = set()
     outside: list[Rejection] = []
@@ -204,6 +205,12 @@ def _glob_field(root: Path, patterns: tuple[str, ...], ids: str, folders: bool =
             if skip and rel.split("/", 1)[0] in skip:
                 continue
             sid = sample_id(rel, pattern, ids, is_dir)
+            if id_suffix:
+                if not sid.endswith(id_suffix) or sid == id_suffix:
+                    outside.append(Rejection(sid, (rel,), f"the file name does not end in {id_suffix!r} "
+                                                          "(the field's id_suffix)"))
+                    continue
+                sid = sid[:-len(id_suffix)]
             target = None if leaves is None else leaves(path)
             if target is None and is_dir and leaves is not None:  # every file of a case folder, too
                 target = next(filter(None, map(leaves, _files_below(path))), None)
@@ -391,7 +398,8 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
         prefix = "" if r == root else os.path.relpath(r, root) + "/"
         for name, pattern in globs.items():
             found, problems = _glob_field(r, pattern, ids, kinds[name].reads_folders,
-                                          spec.source.allow_symlinks_outside, skip if r == root else ())
+                                          spec.source.allow_symlinks_outside, skip if r == root else (),
+                                          kinds[name].id_suffix)
             inv.rejections.extend(problems)
             for stem, (rel, sid) in found.items():
                 if stem in per_field[name]:

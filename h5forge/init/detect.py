@@ -29,6 +29,7 @@ class Inferred:
     notes: tuple[str, ...]
     layout: str
     todo: tuple[str, ...] = ()
+    unbuildable: str | None = None  # why a build of the folder with this spec publishes nothing
 
 
 def expected() -> str:
@@ -66,19 +67,20 @@ def infer_spec(raw: Path, spec_path: Path) -> Inferred:
 
     t = write(notes)
     spec = parse_spec(yaml.safe_load(t.checked()), spec_path.parent.resolve(), str(spec_path))  # must be valid
-    more = accounted(spec)
+    more, unbuildable = accounted(spec)
     if more:
         notes = [*notes, *more]
         t = write(notes)
     text = "\n".join(t.lines) + "\n"
-    return Inferred(text, tuple(notes), found.name, tuple(todo))
+    return Inferred(text, tuple(notes), found.name, tuple(todo), None if todo else unbuildable)
 
 
-def accounted(spec: DatasetSpec) -> list[str]:
+def accounted(spec: DatasetSpec) -> tuple[list[str], str | None]:
     """Notes from discovering the folder with the spec just inferred: the files no glob takes, and
-    what a build of the folder as it is rejects at discovery, against ``max_rejected``."""
+    what a build of the folder as it is rejects at discovery, against ``max_rejected``; and why
+    such a build publishes nothing, if it does not."""
     inv = discover(spec)
-    notes = []
+    notes, unbuildable = [], None
     if inv.unclaimed:
         more = "" if inv.unclaimed <= len(inv.unclaimed_examples) else ", ..."
         notes.append(f"{inv.unclaimed} file{'s' if inv.unclaimed > 1 else ''} under the folder "
@@ -94,4 +96,11 @@ def accounted(spec: DatasetSpec) -> list[str]:
                    f"they are fixed or max_rejected is raised to {inv.rejected}")
         notes.append(f"a build of the folder as it is rejects {inv.rejected} of {seen} inputs at discovery "
                      f"({reasons}); {verdict}")
-    return notes
+        if not inv.samples:
+            unbuildable = f"every one of the {seen} inputs is rejected at discovery ({reasons})"
+        elif inv.rejected > limit:
+            unbuildable = (f"{inv.rejected} of {seen} inputs are rejected at discovery ({reasons}), more than "
+                           f"max_rejected {spec.max_rejected:g} allows ({limit})")
+    elif not inv.samples:
+        unbuildable = "no input of the folder becomes a sample"
+    return notes, unbuildable

@@ -106,12 +106,19 @@ def sr_body(raw: Path, pairs, notes: list[str]):
     lr_files, hr_files = pictures_in(lr_dir), pictures_in(hr_dir)
     lr = {p.stem: p for p in lr_files}
     hr = {p.stem: p for p in hr_files}
+    id_suffix = None
     if not set(lr) & set(hr):
         stripped = {_strip_scale(s): p for s, p in lr.items()}
-        if set(stripped) & set(hr):
+        suffixes = Counter(s[len(_strip_scale(s)):] for s in lr)
+        if set(stripped) & set(hr) and len(suffixes) == 1 and "" not in suffixes:
+            # every LR stem ends in the same scale word (DIV2K's 0001x4.png): the id leaves it out
+            [id_suffix] = suffixes
+            lr = stripped
+        elif set(stripped) & set(hr):
             stem = next(s for s in sorted(stripped) if s in hr)
-            notes.append(f"the LR files carry the scale in their name ({stripped[stem].name} vs {hr[stem].name}): "
-                         "pairs are matched by file name, so rename the LR files without it")
+            notes.append(f"the LR files carry the scale in their name ({stripped[stem].name} vs {hr[stem].name}), "
+                         f"not all the same ({', '.join(sorted(suffixes))}): pairs are matched by file name, so "
+                         "rename the LR files without it")
             lr = stripped
         else:
             notes.append(f"{lr_rel}/ and {hr_rel}/ share no file name: pairs are matched by name, so nothing pairs")
@@ -123,12 +130,15 @@ def sr_body(raw: Path, pairs, notes: list[str]):
         notes.append(f"{lr_rel}/ is named x{named_scale} but the sampled pairs are x{scale}")
     size = target_size(lr_files, str(raw / lr_rel))
     hr_size = None if scale else target_size(hr_files, str(raw / hr_rel))
-    ann = find_annotations(raw, {p.stem for p in lr_files}, "stem", set(), notes)
+    ann = find_annotations(raw, set(lr) if id_suffix else {p.stem for p in lr_files}, "stem", set(), notes)
 
     def body(t: SpecText) -> None:
         t(0, "fields:")
         image_field(t, "low_res", picture_globs(f"{lr_rel}/", lr_files), size, "crop",
                     "bigger LR pictures are centre-cropped, their HR partner with them")
+        if id_suffix:
+            t(2, f"id_suffix: {id_suffix}", f"the LR names end in {id_suffix} ({lr[sorted(lr)[0]].name}): "
+                                            "the sample id leaves it out, to pair with the HR name")
         t(1, "high_res:")
         if scale:
             t(2, "kind: paired", "the HR partner: exactly scale x its LR picture, checked per pair")

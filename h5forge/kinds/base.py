@@ -199,6 +199,11 @@ class FieldKind(ABC):
         files = getattr(self.spec, "files", None)
         return () if files is None else (files,) if isinstance(files, str) else tuple(files)
 
+    @property
+    def id_suffix(self) -> str | None:
+        """An end of its file stems that is not part of the sample id (``0001x4.png``: ``x4``)."""
+        return getattr(self.spec, "id_suffix", None)
+
     def companions(self) -> dict[str, "FieldKind"]:
         """Columns the field writes beside itself, by dataset path (e.g. a CT case's voxel spacing)."""
         return {}

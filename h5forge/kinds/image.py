@@ -38,6 +38,8 @@ class ImageField(StrictModel):
 
     kind: Literal["image"] = "image"
     files: Globs = Field(description="glob(s) relative to source.root, e.g. images/*.png")
+    id_suffix: str | None = Field(None, min_length=1, description="an end of this field's file stems that "
+                                  "is not part of the sample id (x4: DIV2K's LR 0001x4.png is sample 0001)")
     size: tuple[int, int] = Field(description="target (height, width)")
     channels: Literal[1, 3] = 3
     larger: Literal["crop", "shrink", "reject"] = "crop"

@@ -392,6 +392,37 @@ def test_div2k_style_folders_pair_and_the_scale_is_measured(tmp_path):
     assert high_px.shape[1:] == (4 * low_px.shape[1], 4 * low_px.shape[2])
 
 
+def test_div2k_names_with_the_scale_in_the_lr_name_pair(tmp_path):
+    raw = tmp_path / "DIV2K"
+    sr_pairs(raw, "DIV2K_train_LR_x4", "DIV2K_train_HR", [4] * 6)
+    for p in (raw / "DIV2K_train_LR_x4").iterdir():
+        p.rename(p.with_name(f"{p.stem}x4.png"))  # 0001x4.png beside the HR 0001.png, as DIV2K names them
+    inferred, spec, spec_path = infer(raw, tmp_path)
+    assert inferred.layout == "sr" and inferred.unbuildable is None
+    low, high = spec.fields["low_res"], spec.fields["high_res"]
+    assert (low.id_suffix, high.kind, high.scale) == ("x4", "paired", 4)
+    path, summary = build(spec_path, tmp_path / "out")
+    assert summary.rejections == () and sorted(all_ids(path)) == [f"{i:04d}" for i in range(6)]
+    with h5py.File(path, "r") as f:
+        sid = decode_str(f["train"]["ids"][()])[0]
+        hr = np.asarray(Image.open(raw / "DIV2K_train_HR" / f"{sid}.png"), dtype=np.int64)
+        stored = f["train"]["high_res"][0]
+        assert stored.shape[1:] == (4 * f["train"]["low_res"].shape[2], 4 * f["train"]["low_res"].shape[3])
+        assert int(stored.astype(np.int64).sum()) == int(hr.sum())  # the whole HR picture, padded with 0
+
+
+def test_init_exits_1_naming_why_when_its_spec_builds_nothing(tmp_path):
+    raw = tmp_path / "unpaired"
+    sr_pairs(raw, "lr", "hr", [2] * 4)
+    for k, p in enumerate(sorted((raw / "lr").iterdir())):
+        p.rename(p.with_name(f"low_{k}.png"))  # LR names that share nothing with the HR names
+    r = subprocess.run([H5FORGE, "init", str(raw), "--out", str(tmp_path / "u.yaml")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "error:" in r.stderr and "publishes nothing: every one of the 8 inputs is rejected" in r.stderr
+    assert (tmp_path / "u.yaml").is_file()
+
+
 def test_a_scale_that_is_not_an_integer_is_not_guessed(tmp_path):
     raw = tmp_path / "odd"
     sr_pairs(raw, "lr", "hr", [2.5] * 4)
