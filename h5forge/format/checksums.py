@@ -32,7 +32,8 @@ import h5py
 import numpy as np
 
 from h5forge.format import arrays
-from h5forge.format.names import DIGEST_RULE, IDS, INDEX, SOURCE_FILES, SOURCE_SHA256, SPEC, SPLITS, Attr
+from h5forge.format.names import (DIAGNOSTICS, DIGEST_RULE, IDS, INDEX, SOURCE_FILES, SOURCE_SHA256, SPEC,
+                                  SPLITS, Attr)
 
 PROVENANCE = (IDS, SOURCE_FILES, SOURCE_SHA256)  # after the fields, in this order
 # dimension-scale bookkeeping (object references and ids, different in every copy of a file): it
@@ -157,3 +158,31 @@ def write_digests(f: h5py.File, splits: Sequence[str] | None = None) -> None:
     for split in splits or SPLITS:
         f[split].attrs[Attr.DIGEST_RULE] = DIGEST_RULE
         f[split].attrs[Attr.DIGEST] = split_digest(f, split)
+
+
+# what the split digests leave out: the file's own attributes (name, version, codec, lineage,
+# created_at, ...), its diagnostics and its inputs catalog
+FILE_PARTS = (DIAGNOSTICS, "inputs")
+
+
+def file_digest(f: h5py.File) -> str:
+    """sha256 of the root attributes (but this digest), and of every attribute and value under
+    /diagnostics and /inputs."""
+    h = hashlib.sha256()
+    names = sorted(k for k in f.attrs.keys() if k not in _SKIPPED_ATTRS and k != Attr.FILE_DIGEST)
+    h.update(b"".join(_string(k) + canonical(f.attrs[k]) for k in names))
+    for part in FILE_PARTS:
+        if part not in f:
+            continue
+        g = f[part]
+        h.update(_string(part) + _attrs(g))
+        datasets: list[tuple[str, h5py.Dataset]] = []
+        g.visititems(lambda name, obj: datasets.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
+        for name, ds in sorted(datasets, key=lambda item: item[0]):
+            h.update(_string(name) + _attrs(ds) + canonical(ds[()]))
+    return h.hexdigest()
+
+
+def write_file_digest(f: h5py.File) -> None:
+    """Store the file digest (call last, once nothing else of the file changes)."""
+    f.attrs[Attr.FILE_DIGEST] = file_digest(f)

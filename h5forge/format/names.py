@@ -102,6 +102,7 @@ class Attr:
     COLUMNS = "columns"
     DIGEST = "digest"
     DIGEST_RULE = "digest_rule"
+    FILE_DIGEST = "file_digest"
 
 
 # what a split's digest covers of the stored spec: 1 (files without the attribute) the whole spec;

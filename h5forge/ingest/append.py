@@ -29,6 +29,7 @@ import h5py
 from h5forge.errors import InboxMoveFailed, NoBaseVersion, VerificationFailed
 from h5forge.format.catalog import (catalog_from_rows, catalog_intact, content_digest, id_digest, read_catalog,
                                     split_row, write_catalog)
+from h5forge.format.checksums import write_file_digest
 from h5forge.format.layout import decode_str
 from h5forge.format.names import (IDS, INBOX_MANAGED, INBOX_PROCESSED, INBOX_QUARANTINE, JOURNAL, SPLITS, Attr,
                                   delta_name, partial_name, version_name)
@@ -223,6 +224,7 @@ def write_thin_catalog(path: Path, parent: Path, delta: Path) -> None:
         shift = {s: int(p[s].attrs[Attr.COUNT]) for s in SPLITS}
     with h5py.File(path, "r+") as f:
         write_catalog(f, old.merged(new, shift))
+        write_file_digest(f)  # over the catalog too
 
 
 def verify_append(cand: AppendCandidate, seed: int = 0) -> HealthReport:

@@ -28,7 +28,7 @@ from h5forge import __version__
 from h5forge.format import arrays
 from h5forge.format.arrays import Ragged
 from h5forge.format.catalog import KEY, catalog_from_rows, create_sample_keys, sample_keys_path, write_catalog
-from h5forge.format.checksums import row_checksum, write_digests
+from h5forge.format.checksums import row_checksum, write_digests, write_file_digest
 from h5forge.format.chunk_codec import EncodedRows, accepts, append_chunks
 from h5forge.format.codecs import CODECS, codec_options, ensure_filters
 from h5forge.format.dims import name_axes
@@ -288,6 +288,7 @@ class DatasetWriter:
         write_digests(f)
         summary = self._summary(timings or {})
         write_diagnostics(f, summary)
+        write_file_digest(f)
         f.flush()
         self._held, self._direct, self._groups = [], {}, {}
         f.close()

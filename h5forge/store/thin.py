@@ -17,7 +17,7 @@ from pathlib import Path
 import h5py
 
 from h5forge.errors import UsageError, VersionError
-from h5forge.format.checksums import write_digests
+from h5forge.format.checksums import write_digests, write_file_digest
 from h5forge.format.codecs import CODECS, codec_options, ensure_filters
 from h5forge.format.dims import name_axes, plain_attrs
 from h5forge.format.layout import SMALL_ROWS, merge_index, small_options
@@ -85,6 +85,7 @@ def write_thin(path: Path, parent: Path, delta: Path, spec: DatasetSpec, number:
                                array_bytes_raw=sizes.raw, array_bytes_stored=sizes.stored,
                                split_bytes=sizes.split_stored, compression_ratio=sizes.ratio)
         write_diagnostics(f, merged)
+        write_file_digest(f)
     return merged
 
 
@@ -139,6 +140,8 @@ def _export(src_path: Path, tmp: Path, codec: str | None) -> None:
         if int(out.attrs[Attr.FORMAT_VERSION]) >= CHECKSUMS_COVER_ALL:
             write_digests(out)  # same values as the source's; recomputed over the copy's own layout
         _describe_copy(out, kinds, codec)
+        if int(out.attrs[Attr.FORMAT_VERSION]) >= CHECKSUMS_COVER_ALL:
+            write_file_digest(out)
         out.flush()
 
 

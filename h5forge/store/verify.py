@@ -25,8 +25,8 @@ import numpy as np
 
 from h5forge.format import arrays
 from h5forge.format import markdown
-from h5forge.format.checksums import (PROVENANCE, UnknownDigestRule, canonical, legacy_checksum, split_digest,
-                                     stored_checksums)
+from h5forge.format.checksums import (PROVENANCE, UnknownDigestRule, canonical, file_digest, legacy_checksum,
+                                      split_digest, stored_checksums)
 from h5forge.format.catalog import (INPUTS, Catalog, catalog_intact, content_digest, id_digest, location,
                                     read_catalog)
 from h5forge.format.codecs import ensure_filters
@@ -149,6 +149,7 @@ def verify_file(path: str | Path, *, checksums: bool = True, resample: int | Non
                 return report
             if not old_format:
                 _guarded(report, "split digests", _check_digests, f, report)
+                _guarded(report, "file digest", _check_file_digest, f, report)
             rows = None if checksum_sample is None else _sampled_rows(f, checksum_sample, seed)
             _guarded(report, "inputs catalog", _check_catalog, f, report, rows if checksums else {})
             if checksums:
@@ -484,6 +485,18 @@ def _catalog_consistency(f: h5py.File, stored: Catalog, ranges: dict[str, list[t
                 if location(split, row) not in set(stored.content_at[first:last].tolist()):
                     problems.append(f"{split}[{row}] (id {sid!r}) is not where /{INPUTS}/content_at says")
     return problems
+def _check_file_digest(f: h5py.File, report: HealthReport) -> None:
+    stored = f.attrs.get(Attr.FILE_DIGEST)
+    if stored is None:
+        report.warnings.append(f"no {Attr.FILE_DIGEST}: the file's own attributes, diagnostics and inputs catalog "
+                               "are not covered (written by an h5forge that did not record it)")
+        report.checks["file digest"] = "none (older file)"
+        return
+    if str(stored) != file_digest(f):
+        report.error("file digest", f"the file's attributes (name, version, codec, lineage, ...), its diagnostics or "
+                                    f"its inputs catalog do not match its {Attr.FILE_DIGEST}")
+    else:
+        report.checks["file digest"] = "ok"
 
 
 def _sampled_rows(f: h5py.File, k: int, seed: int) -> dict[str, list[tuple[int, int]]]:
