@@ -6,7 +6,14 @@ command modules (typer, rich, pydantic and what the commands import), so it answ
 
 from __future__ import annotations
 
+import os
 import sys
+
+# Prefect's client-side telemetry prints a notice on a terminal the first time `prefect` is imported
+# under a PREFECT_HOME, and then reports usage; h5forge sends nothing (docs/production.md). Set on
+# import of the command line, before any command imports Prefect; an explicit DO_NOT_TRACK=0 in the
+# environment still wins.
+os.environ.setdefault("DO_NOT_TRACK", "1")
 
 __all__ = ["app", "main"]
 

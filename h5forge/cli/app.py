@@ -68,11 +68,6 @@ out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 
-# Prefect's client-side telemetry prints a notice on a terminal the first time `prefect` is imported
-# under a PREFECT_HOME, and then reports usage; h5forge sends nothing (docs/production.md). Set
-# before any command imports Prefect; an explicit DO_NOT_TRACK=0 in the environment still wins.
-os.environ.setdefault("DO_NOT_TRACK", "1")
-
 
 def _prefect_defaults() -> None:
     """Settings that make the local ephemeral server work here even outside the repo folder."""
