@@ -111,6 +111,13 @@ def class_lines(t: SpecText, mc: MaskClasses, ignored: str) -> None:
             t(2, f"ignore_value: {mc.ignore_value}", ignored)
 
 
+def pad_line(t: SpecText, mc: MaskClasses) -> None:
+    """The pad value, unless the ignore value is the padding already."""
+    if mc.ignore_value is None:
+        t(2, "pad_value: 255", "where a mask is padded to its image's size: not a class, not counted; "
+                               "give the loss ignore_index=255")
+
+
 def mask_field(t: SpecText, globs: list[str], mc: MaskClasses) -> None:
     t(1, "masks:")
     if mc.classes is None:
@@ -120,3 +127,4 @@ def mask_field(t: SpecText, globs: list[str], mc: MaskClasses) -> None:
     t(2, f"files: {files_value(globs)}")
     t(2, "like: images", "must have its image's size; padded/cropped the same way")
     class_lines(t, mc, "pixels to ignore in the loss (VOC convention); padding uses it")
+    pad_line(t, mc)

@@ -14,7 +14,7 @@ from typing import Iterable
 import numpy as np
 
 from h5forge.init.folders import named, sample, subdirs, visible
-from h5forge.init.masks import MaskClasses, class_lines, mask_classes
+from h5forge.init.masks import MaskClasses, class_lines, mask_classes, pad_line
 from h5forge.init.pictures import pictures_in
 from h5forge.init.text import SpecText, files_value
 
@@ -110,6 +110,7 @@ def volume_mask_field(t: SpecText, name: str, like: str, mask: VolumeMask) -> No
     t(2, f"files: {files_value(mask.globs)}")
     t(2, f"like: {like}", "must have its volume's depth and slice size; cropped/padded with it")
     class_lines(t, mask.classes, "voxels to ignore in the loss; padding uses it")
+    pad_line(t, mask.classes)
 
 
 def most_common_size(sizes: Counter, what: str, notes: list[str]) -> tuple[int, int]:

@@ -7,8 +7,10 @@ Cityscapes convention), stored as they are. A palette PNG is read by its palette
 mask goes through ``palette`` (class -> [r, g, b]); a grey mask is read by value. A value or colour outside the declared ones
 rejects the sample, naming what was found.
 Three equal channels count as one. A mask has its image's raw size and is cropped, shrunk
-(nearest) and padded exactly like it (padding with ``ignore_value`` when declared, else 0).
-Statistics: pixels per class per split (the class balance loss weights need), and
+(nearest) and padded exactly like it, with ``pad_value``: 255 unless the spec says otherwise
+(``ignore_value`` when one is declared), never a class. Padding is no labelled pixel, so it is
+not counted: give the loss ``ignore_index=255`` (the pad value) and it is not trained on either.
+Statistics: pixels per class per split, padding left out (the class balance loss weights need), and
 ``/index/<split>/<field>`` lists the rows that contain each class.
 Readers get integers (int64 by default), shape (1, H, W).
 """
@@ -31,6 +33,21 @@ OVERLAY = np.array([[40, 230, 90], [40, 160, 230], [240, 200, 40], [230, 40, 40]
                     [250, 140, 40], [40, 220, 200], [150, 150, 150]], dtype=np.uint8)
 
 
+PAD = 255  # where a mask is padded, unless the spec says otherwise: no class (classes are 0..254)
+PAD_DOC = ("written where the mask is padded to its image's size: never a class, never counted in "
+           "<mask>_class_pixels (default: the ignore_value if declared, else 255; pass it as the loss's ignore_index)")
+
+
+def pad_of(pad_value: int | None, ignore_value: int | None) -> int:
+    return pad_value if pad_value is not None else ignore_value if ignore_value is not None else PAD
+
+
+def check_pad(pad: int, classes: int | None) -> None:
+    k = classes or 2
+    if pad < k:
+        raise ValueError(f"pad_value {pad} is one of the classes 0..{k - 1}: padding must never count as a class")
+
+
 class MaskField(StrictModel):
     """A label mask: binary ({0,1} or {0,255}, stored {0,1}) or with ``classes`` values 0..K-1."""
 
@@ -40,7 +57,12 @@ class MaskField(StrictModel):
     classes: int | None = Field(None, ge=2, le=255, description="multi-class: values 0..classes-1")
     ignore_value: int | None = Field(None, ge=0, le=255, description="a value that marks pixels to ignore")
     palette: dict[int, tuple[int, int, int]] | None = Field(None, description="RGB masks: class -> [r, g, b]")
+    pad_value: int | None = Field(None, ge=0, le=255, description=PAD_DOC)
     max_pixels: int = Field(64_000_000, gt=0)
+
+    @property
+    def pad(self) -> int:
+        return pad_of(self.pad_value, self.ignore_value)
 
     @model_validator(mode="after")
     def _consistent(self) -> "MaskField":
@@ -48,6 +70,7 @@ class MaskField(StrictModel):
             raise ValueError("ignore_value and palette need classes")
         if self.classes is not None and self.ignore_value is not None and self.ignore_value < self.classes:
             raise ValueError(f"ignore_value {self.ignore_value} is one of the classes 0..{self.classes - 1}")
+        check_pad(self.pad, self.classes)
         for cls in self.palette or {}:
             if not 0 <= cls < (self.classes or 0) and cls != self.ignore_value:
                 raise ValueError(f"palette: {cls} is not a class (0..{(self.classes or 0) - 1}) or the ignore_value")
@@ -140,8 +163,9 @@ class MaskKind(FieldKind):
                   "3-class masks + annotations.csv", noun="segment-multiclass samples"),)
     read_options = (ReadOption("mask_dtype", "int64", "the integer dtype masks come as", {"jax": "int32"}),)
     indexed = True
-    layout_doc = ("(N, 1, H, W) uint8: {0,1}, or class indices 0..K-1 (and ignore_value), chunked and compressed "
-                  "like its image; split attr <field>_class_pixels (K,); /index/<split>/<field>: rows by class present")
+    layout_doc = ("(N, 1, H, W) uint8: {0,1}, or class indices 0..K-1 (and ignore_value), and pad_value (dataset "
+                  "attr; 255 by default) where padded, chunked and compressed like its image; split attr "
+                  "<field>_class_pixels (K,), padding not counted; /index/<split>/<field>: rows by class present")
 
     @classmethod
     def check_spec(cls, name: str, spec: MaskField, dataset: Any) -> None:
@@ -161,7 +185,7 @@ class MaskKind(FieldKind):
         return Stored((1, *self.dataset.fields[self.spec.like].size), np.uint8, bulk=True)
 
     def dataset_attrs(self) -> dict[str, Any]:
-        attrs: dict[str, Any] = {"classes": self.n_classes}
+        attrs: dict[str, Any] = {"classes": self.n_classes, "pad_value": self.spec.pad}
         if self.spec.ignore_value is not None:
             attrs["ignore_value"] = self.spec.ignore_value
         return attrs
@@ -176,8 +200,7 @@ class MaskKind(FieldKind):
             ih, iw = geometry.raw
             raise Reject(rel, f"mask is {values.shape[0]}x{values.shape[1]} (HxW) but its image "
                               f"{ref.files[self.spec.like]} is {ih}x{iw}")
-        fill = self.spec.ignore_value or 0
-        return Decoded(apply_geometry(values[..., None], geometry, fill, nearest=True), digest)
+        return Decoded(apply_geometry(values[..., None], geometry, self.spec.pad, nearest=True), digest)
 
     # ---- statistics: pixels per class, and which rows hold each class
     def _attr(self) -> str:

@@ -55,7 +55,9 @@ class VolumeField(StrictModel):
     series: str | None = Field(None, description="which series of a folder: 'largest' or a SeriesDescription regex")
     dtype: Literal["int16", "float32"] = "int16"
     larger: Literal["crop", "reject"] = "crop"
-    fill: int = Field(-1024, description="padding value (air in HU)")
+    fill: int | None = Field(None, description="padding value; default: the background of the modality or "
+                             "dtype (-1024, air in HU, for CT; 0 for other DICOM modalities and unsigned NIfTI "
+                             "data; the case's lowest value for other NIfTI data)")
     max_slices: int = Field(4096, gt=0)
     max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a file of a case larger than this is rejected unread")
     max_decoded_bytes: int = Field(DEFAULT_MAX_DECODED_VOLUME, gt=0, description="a case whose voxels, as its headers "
@@ -226,7 +228,7 @@ def _from_nifti(parts: list[tuple[str, bytes]], rel: str, max_decoded: int) -> t
     affine = img.affine
     meta = {"spacing": np.array([zooms[2], zooms[1], zooms[0]], float), "origin": affine[:3, 3],
             "orientation": np.concatenate([affine[:3, 0] / max(zooms[0], 1e-9), affine[:3, 1] / max(zooms[1], 1e-9)]),
-            "modality": "", "series": ""}
+            "modality": "", "series": "", "unsigned": data.dtype.kind == "u"}
     return np.ascontiguousarray(np.transpose(data, (2, 1, 0))).astype(np.float64), meta
 
 
@@ -266,6 +268,22 @@ def load_case(root: Path, rel: str, rule: str | None = None, *, max_slices: int 
     else:
         values, meta = _from_dicom(parts, rel, rule, max_slices, max_decoded)
     return values, meta, digest
+
+
+AIR_HU = -1024
+
+
+def background(values: np.ndarray, meta: dict) -> float:
+    """What a case is padded with when the spec gives no fill: air (-1024 HU) for CT, 0 for another
+    DICOM modality (MR, PT, ...) or NIfTI data of an unsigned dtype, else the case's lowest finite
+    value (NIfTI has no modality: a CT in HU has air there, an MR scan its dark background)."""
+    modality = meta.get("modality", "")
+    if modality:
+        return AIR_HU if modality.upper() == "CT" else 0
+    if meta.get("unsigned"):
+        return 0
+    finite = values[np.isfinite(values)]
+    return float(finite.min()) if finite.size else 0
 
 
 def crop_or_pad(values: np.ndarray, size: tuple[int, int], larger: str, fill: float, rel: str) -> np.ndarray:
@@ -321,7 +339,7 @@ class VolumeKind(FieldKind):
         if len(values) > f.max_slices:
             raise Reject(rel, f"{len(values)} slices, more than max_slices {f.max_slices}")
         raw = values.shape
-        values = crop_or_pad(values, f.size, f.larger, f.fill, rel)
+        values = crop_or_pad(values, f.size, f.larger, background(values, meta) if f.fill is None else f.fill, rel)
         if f.dtype == "int16":
             bad = int(np.count_nonzero(~np.isfinite(values)))
             if bad:

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from h5forge.format.arrays import Ragged, Stored
 from h5forge.kinds.base import Decoded, Globs, StrictModel
 from h5forge.kinds.image import open_picture
-from h5forge.kinds.mask import MaskKind, binary_array, class_array
+from h5forge.kinds.mask import PAD_DOC, MaskKind, binary_array, check_pad, class_array, pad_of
 from h5forge.kinds.volume import crop_or_pad, load_case, read_case, three_planes
 from h5forge.samples import Reject, SampleRef
 
@@ -37,7 +37,17 @@ class VolumeMaskField(StrictModel):
     like: str = Field(description="the volume field this mask labels")
     classes: int | None = Field(None, ge=2, le=255)
     ignore_value: int | None = Field(None, ge=0, le=255)
+    pad_value: int | None = Field(None, ge=0, le=255, description=PAD_DOC)
     max_pixels: int = Field(64_000_000, gt=0)
+
+    @property
+    def pad(self) -> int:
+        return pad_of(self.pad_value, self.ignore_value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "VolumeMaskField":
+        check_pad(self.pad, self.classes)
+        return self
 
 
 def _slice_number(name: str) -> int:
@@ -94,7 +104,7 @@ class VolumeMaskKind(MaskKind):
         labels = binary_array(labels, rel) if self.spec.classes is None else \
             class_array(labels, self.spec.classes, self.spec.ignore_value, rel)
         volume_spec = self.dataset.fields[self.spec.like]
-        values = crop_or_pad(labels, volume_spec.size, volume_spec.larger, self.spec.ignore_value or 0, rel)
+        values = crop_or_pad(labels, volume_spec.size, volume_spec.larger, self.spec.pad, rel)
         return Decoded(np.ascontiguousarray(values, dtype=np.uint8), digest)
 
     def row_counts(self, block: Ragged) -> np.ndarray:

@@ -71,13 +71,14 @@ def test_mask_follows_its_image_and_255_becomes_1(spec, tmp_path):
     arrays, _ = clean_sample(spec, tmp_path, save(tmp_path, "m", image, mask))
     m = arrays["masks"][0]
     assert arrays["masks"].shape == (1, 224, 224)
-    assert set(np.unique(m)) == {0, 1}
+    assert set(np.unique(m)) == {0, 1, 255}  # 255: padding, no class
     assert np.array_equal(m == 1, arrays["images"][0] == 250)
+    assert np.count_nonzero(m != 255) == 180 * 160
 
 
 def test_mask_with_values_0_1_is_kept(spec, tmp_path):
     arrays, _ = clean_sample(spec, tmp_path, save(tmp_path, "m01", rgb(100, 100), binary(100, 100, on=1)))
-    assert arrays["masks"].sum() == 25 * 25
+    assert np.count_nonzero(arrays["masks"] == 1) == 25 * 25
 
 
 def test_centre_crop_of_larger_images(spec, tmp_path):
@@ -95,7 +96,8 @@ def test_shrink_keeps_aspect_then_pads(tmp_path):
     arrays, _ = clean_sample(spec, tmp_path, save(tmp_path, "tall", image, binary(448, 224)))
     cols = np.flatnonzero(arrays["images"][0].any(axis=0))
     assert cols.size == 112 and cols[0] == 56  # 448x224 -> 224x112, padded 56 | 56
-    assert set(np.unique(arrays["masks"])) <= {0, 1}
+    assert set(np.unique(arrays["masks"])) <= {0, 1, 255}
+    assert np.count_nonzero(arrays["masks"] != 255) == 224 * 112
 
 
 def test_reject_policy_for_larger_images(tmp_path):
@@ -176,7 +178,7 @@ def test_colour_mask_rejected_but_equal_channels_accepted(spec, tmp_path):
     assert "single-channel" in rejected(spec, tmp_path, save(tmp_path, "cm", rgb(20, 20), colour))
     same = np.repeat(binary(20, 20)[..., None], 3, axis=2)
     arrays, _ = clean_sample(spec, tmp_path, save(tmp_path, "gm", rgb(20, 20), same))
-    assert arrays["masks"].sum() == 25
+    assert np.count_nonzero(arrays["masks"] == 1) == 25
 
 
 def test_one_bad_sample_does_not_lose_the_good_ones(spec, tmp_path):

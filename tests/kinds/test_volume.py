@@ -75,7 +75,7 @@ def test_dicom_series_are_sorted_by_position_and_broken_cases_rejected(tmp_path,
         assert np.array_equal(good, np.broadcast_to(hu, good.shape))
         mr = read.row(ids.index("mr_rle"))
         assert np.array_equal(mr[:, 32:96, 32:96], np.broadcast_to(rle, (3, 64, 64)))  # 64x64 padded to 128
-        assert (mr[:, :32] == -1024).all()
+        assert (mr[:, :32] == 0).all()  # an MR case is padded with 0, a CT case with air
         assert list(g["ct_spacing"][ids.index("good")]) == [2.5, *[float(v) for v in pydicom.dcmread(
             get_testdata_file("CT_small.dcm")).PixelSpacing]]
         assert decode_str(g["ct_modality"][()]) == ["CT" if i == "good" else "MR" for i in ids]
@@ -132,7 +132,8 @@ def test_nifti_volumes_with_slice_masks(tmp_path, build_spec):
         assert np.array_equal(g["ct"][()][:, 19:109, 14:114], vol)  # 90 rows x 100 columns, padded to 128 x 128
         assert np.array_equal(g["ct_mask"][()][:, 19:109, 14:114], labels)
         assert np.allclose(g["ct_spacing"][0], [3.0, 0.9, 0.8])
-        assert g.attrs["ct_mask_class_pixels"].tolist() == [7 * 128 * 128 - labels.sum(), labels.sum()]
+        assert g.attrs["ct_mask_class_pixels"].tolist() == [labels.size - labels.sum(), labels.sum()]  # no padding
+        assert (g["ct_mask"][()][:, :19] == 255).all()
 
 
 def test_volume_mask_must_follow_a_volume(tmp_path):
