@@ -76,6 +76,7 @@ def action(applies, **arguments):
         return step
     return register
 
+
 draws = st.builds(Draw, serial=st.just(0), picture=st.integers(0, 3), y=st.integers(0, 400),
                   x=st.integers(0, 400), h=st.integers(40, 90), w=st.integers(40, 90), label=st.integers(0, 2),
                   count=st.integers(0, 99), split=st.integers(0, 2))
@@ -130,7 +131,7 @@ class Lifecycle(RuleBasedStateMachine):
                 allow_removals=st.booleans())
     def start(self, first, keep, allow_removals):
         for i, d in enumerate(first):
-            # the first samples have one size, so the spec init infers (the targets) is known
+            # the first samples share one size, from which init infers the targets
             d = replace(self.draw(d), h=48, w=48, label=i, split=i % 3 if i < 3 else 0)
             s = self.layout.sample(d)
             self.layout.write(self.raw, s)
