@@ -5,8 +5,9 @@
       ct: {kind: volume, files: "cases/*.nii.gz", size: [256, 256]}
 
 DICOM rules: the files of a case folder are grouped by SeriesInstanceUID; a folder holding more
-than one series is rejected as ambiguous unless ``series`` picks one (``largest``, or a regular
-expression matched against SeriesDescription). Slices are ordered by their position along the
+than one series is rejected as ambiguous unless ``series`` picks one (``largest``, a regular
+expression matched against SeriesDescription, or header rules such as ``{uid: 1.2.826...}`` or
+``{SeriesNumber: "^3$"}``, which the one series picked must all match). Slices are ordered by their position along the
 slice normal (ImagePositionPatient . (row x column direction)), never by file name or
 InstanceNumber. Rejected with the reason: a missing slice (a gap in the positions), duplicate
 positions, uneven spacing, differing orientation or slice size, and pixel data no installed
@@ -31,7 +32,7 @@ from typing import Any, Literal
 
 import h5py
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from h5forge.format.arrays import Stored
 from h5forge.format.layout import STR
@@ -52,7 +53,26 @@ class VolumeField(StrictModel):
     kind: Literal["volume"] = "volume"
     files: Globs = Field(description="case folders of DICOM files (e.g. cases/*), or NIfTI files (*.nii.gz)")
     size: tuple[int, int] = Field(description="in-plane target (rows, columns): centre crop / even pad")
-    series: str | None = Field(None, description="which series of a folder: 'largest' or a SeriesDescription regex")
+    series: str | dict[str, str | list[str]] | None = Field(
+        None, description="which series of a folder: 'largest', a SeriesDescription regex, or header rules: "
+        "{uid: <SeriesInstanceUID> or a list of them} and/or {<DICOM keyword>: <regex>} (e.g. SeriesNumber: '^3$'), "
+        "all of which the series must match")
+
+    @field_validator("series")
+    @classmethod
+    def _series_rules(cls, v):
+        if isinstance(v, dict):
+            if not v:
+                raise ValueError("series rules are empty: name uid or a DICOM keyword")
+            for key, value in v.items():
+                if key != "uid" and not re.fullmatch(r"[A-Z][A-Za-z0-9]*", key):
+                    raise ValueError(f"series rule {key!r}: uid or a DICOM keyword (e.g. SeriesNumber) is needed")
+                for pattern in ([value] if isinstance(value, str) else value) if key != "uid" else ():
+                    try:
+                        re.compile(pattern)
+                    except re.error as err:
+                        raise ValueError(f"series rule {key}: {pattern!r} is not a regular expression: {err}") from None
+        return v
     dtype: Literal["int16", "float32"] = "int16"
     larger: Literal["crop", "reject"] = "crop"
     fill: int | None = Field(None, description="padding value; default: the background of the modality or "
@@ -90,7 +110,20 @@ def read_case(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES,
     return parts, h.hexdigest()
 
 
-def _series(datasets: list, rule: str | None, rel: str) -> list:
+def _matches(ds, uid: str, rule: dict[str, str | list[str]]) -> bool:
+    """Whether a series (its first slice's header) meets every rule: its UID is the one (or one of
+    those) named, and each keyword's value matches its regex (or one of them)."""
+    for key, want in rule.items():
+        wanted = [want] if isinstance(want, str) else want
+        if key == "uid":
+            if uid not in wanted:
+                return False
+        elif not any(re.search(p, str(ds.get(key, ""))) for p in wanted):
+            return False
+    return True
+
+
+def _series(datasets: list, rule: str | dict | None, rel: str) -> list:
     groups: dict[str, list] = {}
     for ds in datasets:
         groups.setdefault(str(getattr(ds, "SeriesInstanceUID", "")), []).append(ds)
@@ -101,18 +134,25 @@ def _series(datasets: list, rule: str | None, rel: str) -> list:
         sizes = sorted((len(g) for g in groups.values()), reverse=True)
         if sizes[0] == sizes[1]:
             raise Reject(rel, f"series: largest is a tie: {sizes[0]} slices in more than one series "
-                              f"({sorted(described.values())}); pick one by its SeriesDescription")
+                              f"({sorted(described.values())}); pick one by its SeriesDescription or "
+                              "series: {uid: ...}")
         return max(groups.values(), key=len)
+    if isinstance(rule, dict):
+        hits = [uid for uid, g in groups.items() if _matches(g[0], uid, rule)]
+        if len(hits) == 1:
+            return groups[hits[0]]
+        raise Reject(rel, f"series rules {rule} match {len(hits)} of the {len(groups)} series (UIDs and "
+                          f"descriptions: {sorted(described.items())})")
     if rule:
         hits = [uid for uid, d in described.items() if re.search(rule, d)]
         if len(hits) == 1:
             return groups[hits[0]]
         raise Reject(rel, f"series rule {rule!r} matches {len(hits)} of the series {sorted(described.values())}")
     raise Reject(rel, f"ambiguous: {len(groups)} series in one case folder ({sorted(described.values())}); "
-                      "set the field's series: largest, or a SeriesDescription pattern")
+                      "set the field's series: largest, a SeriesDescription pattern, or {uid: ...}")
 
 
-def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | None, max_slices: int,
+def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | dict | None, max_slices: int,
                 max_decoded: int) -> tuple[np.ndarray, dict]:
     import pydicom
     from pydicom.errors import InvalidDicomError
@@ -256,7 +296,7 @@ def _check_decoded(voxels: int, max_decoded: int, rel: str, what: str) -> None:
                           f"max_decoded_bytes {max_decoded:,}; rejected before decoding")
 
 
-def load_case(root: Path, rel: str, rule: str | None = None, *, max_slices: int = 4096,
+def load_case(root: Path, rel: str, rule: str | dict | None = None, *, max_slices: int = 4096,
               max_bytes: int = DEFAULT_MAX_BYTES,
               max_decoded: int = DEFAULT_MAX_DECODED_VOLUME) -> tuple[np.ndarray, dict, str]:
     """(D, H, W) values in slice order, the case's geometry, and the digest of its files."""

@@ -105,6 +105,37 @@ def test_series_rule_picks_one_and_an_undecodable_syntax_is_named(tmp_path, buil
         assert f["train"]["ct" + arrays.LENGTHS][()].tolist() == [4]
 
 
+def test_series_picked_by_uid_or_by_a_header_value_when_descriptions_tie(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    case = root / "cases" / "tie"
+    write_series(case, depth=3, spacing=2.0, description="")
+    before = set(case.iterdir())
+    write_series(case, depth=3, spacing=5.0, seed=1, description="")  # same size, no description
+    second = set(case.iterdir()) - before
+    for p in case.iterdir():
+        ds = pydicom.dcmread(p)
+        ds.SeriesNumber = 8 if p in second else 7
+        ds.save_as(p, enforce_file_format=True)
+    uid = str(pydicom.dcmread(next(iter(second))).SeriesInstanceUID)
+    for n, rule in enumerate(({"uid": uid}, {"uid": [uid, "1.2.3"]}, {"SeriesNumber": "^8$"})):
+        path, summary = build_spec(spec_data(root, tmp_path / f"out{n}", series=rule))
+        assert summary.rejections == ()
+        with h5py.File(path, "r") as f:
+            assert decode_str(f["train"]["ct_series"][()]) == [uid]
+            assert f["train"]["ct_spacing"][0][0] == pytest.approx(5.0)
+    from h5forge.ingest.discover import discover
+    from h5forge.kinds import field_kinds
+    from h5forge.samples import Reject
+    from h5forge.spec import DatasetSpec
+
+    spec = DatasetSpec.model_validate(spec_data(root, tmp_path / "out9", series={"SeriesNumber": "^9$"}))
+    [ref] = discover(spec).samples
+    with pytest.raises(Reject, match=r"series rules .* match 0 of the 2 series .*" + uid.replace(".", r"\.")):
+        field_kinds(spec)["ct"].decode(root, ref, {})
+    with pytest.raises(ValueError, match="series rule 'seriesnumber': uid or a DICOM keyword"):
+        DatasetSpec.model_validate(spec_data(root, tmp_path / "o", series={"seriesnumber": "3"}))
+
+
 def test_nifti_volumes_with_slice_masks(tmp_path, build_spec):
     root = tmp_path / "raw"
     (root / "cases").mkdir(parents=True)
