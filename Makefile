@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: install install-test demo test test-soak test-quick lint docs bench bench-smoke clean
+.PHONY: install install-test demo test test-soak test-quick lint format docs bench bench-smoke clean
 
 # `install`: what building needs (the package and its [build] extra: Prefect, dask, decoders);
 # `install-test` adds the test extra (pytest, torch, jax, xarray, ...), which only the tests need.
@@ -74,13 +74,21 @@ bench-smoke: install-test
 	  $(BIN)/python -m benchmarks.$$b --smoke || { echo "benchmarks.$$b --smoke FAILED"; status=1; }; done; \
 	exit $$status
 
-# import contracts (pyproject.toml [tool.importlinter]), checked on the package as pip installs it,
-# where flows/, tasks/ and deployments/ sit inside h5forge/
+# Static checks (settings in pyproject.toml): ruff's linter on the source folders, then the import
+# contracts and mypy on the package as pip installs it, where flows/, tasks/ and deployments/ sit
+# inside h5forge/ (h5forge.flows, ...), as the contracts name them.
 LINT_DIR = build/lint
+LINT_SRC = h5forge flows tasks deployments
 lint: install-test
+	$(BIN)/ruff check $(LINT_SRC)
 	rm -rf $(LINT_DIR)
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation --target $(LINT_DIR) .
 	cd $(LINT_DIR) && $(CURDIR)/$(BIN)/lint-imports $(CURDIR)/pyproject.toml
+	cd $(LINT_DIR) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml --cache-dir $(CURDIR)/build/mypy-cache -p h5forge
+
+# ruff's formatter over the source folders (settings in pyproject.toml [tool.ruff.format])
+format: install-test
+	$(BIN)/ruff format $(LINT_SRC)
 
 # docs/format.md's layout table, from the code
 docs: install

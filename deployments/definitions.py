@@ -9,6 +9,7 @@ verify-dataset/weekly   recompute every checksum of the latest version
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from prefect.flows import EntrypointType
 from prefect.schedules import Cron, Interval
@@ -34,7 +35,7 @@ def dataset_deployments(spec_path: str | Path, output: str | None = None, dask_a
     spec = str(Path(spec_path).resolve())  # runs start in other working directories
     common = {"spec_path": spec, "output": output}
     # module entrypoints: the runner imports flows.* from the installed package, from any directory
-    opts = {"entrypoint_type": EntrypointType.MODULE_PATH, "concurrency_limit": 1,
+    opts: dict[str, Any] = {"entrypoint_type": EntrypointType.MODULE_PATH, "concurrency_limit": 1,
             "tags": ["h5forge"]}
     return [
         build_dataset.to_deployment(

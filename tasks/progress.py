@@ -49,12 +49,12 @@ class StepDisplay:
 
     def status(self, text: str) -> None:
         self.logger.info(text, extra=self._extra)
-        if self.live is not None:
+        if self.live is not None and self._bar is not None:
             self.live.update(self._bar, description=text)
 
     def advance(self, n: int) -> None:
         self.done += n
-        if self.live is not None:
+        if self.live is not None and self._bar is not None:
             self.live.update(self._bar, completed=self.done, description=self.label)
         if self.total and self.done / self.total >= self._next_log:
             self.logger.info(f"{self.label}: {self.done}/{self.total} ({100 * self.done // self.total} %)",

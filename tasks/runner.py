@@ -22,7 +22,7 @@ LIBRARY_LOGGER = "h5forge"
 
 @lru_cache(maxsize=None)
 def _task(name: str, fn: Callable) -> Any:
-    return task(fn, name=name, cache_policy=NONE, persist_result=False)
+    return task(fn, name=name, cache_policy=NONE, persist_result=False)  # type: ignore[call-overload]  # overloads want a ParamSpec
 
 
 class _ToRunLog(logging.Handler):

@@ -19,7 +19,8 @@ _SPLIT_FOLDERS = (("train", 0.7), ("val", 0.15), ("test", 0.15))
 def _contrast(rng: np.random.Generator, background: np.ndarray) -> tuple[int, int, int]:
     """A colour far from the background's mean, so the shapes always show."""
     base = np.where(background.reshape(-1, 3).mean(axis=0) > 128, 40, 215)
-    return tuple(int(v) for v in np.clip(base + rng.integers(-35, 36, 3), 0, 255))
+    r, g, b = (int(v) for v in np.clip(base + rng.integers(-35, 36, 3), 0, 255))
+    return r, g, b
 
 
 def _shape_picture(rng: np.random.Generator, cls: str, h: int, w: int) -> Image.Image:

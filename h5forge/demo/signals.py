@@ -4,6 +4,7 @@ plausible shape (gait, an ECG-like pulse, a slowly rising temperature), with bro
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ def _write_edf(path: Path, rng: np.random.Generator, seconds: int, channels: dic
 
     w = pyedflib.EdfWriter(str(path), len(channels), file_type=pyedflib.FILETYPE_EDFPLUS)
     try:
-        headers = []
+        headers: list[dict[str, Any]] = []
         for label, rate in channels.items():
             _, unit, lo, hi = SIGNAL_CHANNELS[label]
             headers.append({"label": label, "dimension": unit, "sample_frequency": rate, "physical_min": lo,

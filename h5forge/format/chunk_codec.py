@@ -35,7 +35,7 @@ _LZ4_HEADER = struct.Struct(">QI")  # original size, block size
 _LZ4_BLOCK = struct.Struct(">I")  # compressed size of the next block
 
 
-def _load_lz4() -> "ctypes._CFuncPtr | None":
+def _load_lz4() -> Any:
     """``LZ4_decompress_safe(src, dst, compressed_size, dst_capacity)`` from a loaded LZ4 library, to
     decompress a block straight into its row: the lz4 package's block module (the library it
     bundles) or else the system's liblz4. The package's own ``decompress`` returns a new bytes
@@ -89,7 +89,7 @@ def pipeline(codec: str) -> list[tuple[int, tuple[int, ...]]]:
 
 def encode(codec: str, row: np.ndarray) -> bytes:
     """The chunk HDF5 would store for ``row`` (one whole chunk) under ``codec``."""
-    plain = memoryview(np.ascontiguousarray(row)).cast("B")
+    plain = memoryview(np.ascontiguousarray(row).data).cast("B")
     if codec == "none":
         return plain.tobytes()
     if codec == "lz4":

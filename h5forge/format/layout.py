@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import h5py
 import numpy as np
@@ -21,7 +22,7 @@ def small_options(dtype) -> dict:
     return {} if info is not None and info.length is None else dict(SMALL_CODEC)
 
 
-def decode_str(values: np.ndarray) -> list[str]:
+def decode_str(values: Any) -> list[str]:
     return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
 
 

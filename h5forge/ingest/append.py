@@ -383,12 +383,12 @@ def apply_moves(plan: MovePlan) -> None:
     for i, (src, dst) in enumerate(plan.moves):
         checkpoint(f"append:move-{i}")
         if os.path.exists(src):
-            attempt(f"{src} -> {dst}", lambda: _move(src, dst))
+            attempt(f"{src} -> {dst}", lambda src=src, dst=dst: _move(src, dst))
         if i == 0:
             checkpoint("append:mid-move")
     checkpoint("append:reasons")
     for reason_path, reason in plan.reasons:
-        attempt(reason_path, lambda: _write_reason(Path(reason_path), reason))
+        attempt(reason_path, lambda p=reason_path, r=reason: _write_reason(Path(p), r))
     if failed:
         done = f"{version_name(plan.version)} is published, but " if plan.version is not None else ""
         raise InboxMoveFailed(f"{done}{len(failed)} inbox file(s) could not be moved or written (first: {failed[0]}); "
@@ -418,6 +418,7 @@ def recover(out: Path) -> str | None:
         return None
     plan = MovePlan.from_json(journal.read_text())
     number = plan.version
+    assert number is not None  # a journal is written only when a staged version is published
     if number in published(out):
         if (latest(out) or 0) < number:
             set_latest(out, number)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -31,7 +32,7 @@ class CleanedBatch:
     ids: list[str]
     splits: list[str]
     files: list[list[str]]  # per sample, raw file paths of the fields read from files
-    arrays: dict[str, np.ndarray]  # dataset path -> (n, *shape) block of stored rows (or their chunks: EncodedRows)
+    arrays: dict[str, Any]  # dataset path -> (n, *shape) block of stored rows (or their chunks: EncodedRows)
     source_sha256: list[list[str]]  # per sample, hex digest per raw file
     digests: list[bytes]  # per sample, checksums.values_digest of its stored values
     stats: dict[str, dict[str, np.ndarray]]  # dataset path -> split -> additive statistic
@@ -65,9 +66,9 @@ def split_stats(kinds: dict[str, FieldKind], arrays: dict[str, np.ndarray], spli
         rows = (row_counts or {}).get(path)
         per_split = {s: kind.counts(arrays[path][labels == s]) if rows is None else rows[labels == s].sum(axis=0)
                      for s in sorted(set(splits))}
-        per_split = {s: c for s, c in per_split.items() if c is not None}
-        if per_split:
-            out[path] = per_split
+        counted = {s: c for s, c in per_split.items() if c is not None}
+        if counted:
+            out[path] = counted
     return out
 
 
@@ -76,7 +77,8 @@ def clean_sample(spec: DatasetSpec, root: Path, ref: SampleRef, kinds: dict[str,
     """Stored values by dataset path and the raw files' sha256; raises Reject."""
     kinds = stored_kinds(spec) if kinds is None else kinds
     decoded = decode_sample(kinds, Path(root), ref, order)
-    return {p: d.value for p, d in decoded.items()}, [decoded[n].sha256 for n in file_fields(kinds)]
+    hashes = [decoded[n].sha256 for n in file_fields(kinds)]  # a field read from a file has its sha256
+    return {p: d.value for p, d in decoded.items()}, cast(list[str], hashes)
 
 
 def encode_rows(spec: DatasetSpec, kinds: dict[str, FieldKind], arrays: dict[str, object]) -> dict[str, object]:

@@ -516,7 +516,8 @@ def unclaimed_files(spec: DatasetSpec, inv: Inventory) -> tuple[int, list[str]]:
         claimed.update(Path(f).as_posix() for f in kind.shared_files())
     sidecars = {_stem(p) + ".json" for p in claimed}
     skip = {os.path.realpath(p) for p in (spec.source.inbox, spec.output.dir) if p is not None}
-    count, examples = 0, []
+    count = 0
+    examples: list[str] = []
     for folder, dirs, files in os.walk(root):
         rel_dir = os.path.relpath(folder, root)
         prefix = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"

@@ -49,6 +49,7 @@ def check_removals(spec: DatasetSpec, candidate: Candidate) -> list[str]:
     the candidate) when there are any and the spec does not allow removals."""
     leaving = leaving_latest(candidate)
     if leaving and not spec.output.allow_removals:
+        assert candidate.parent is not None  # samples leave only a parent version
         candidate.discard()
         raise SamplesRemoved(
             f"{len(leaving)} sample(s) of {version_name(candidate.parent)} would leave latest: {named(leaving)}; "

@@ -85,7 +85,7 @@ class DatasetWriter:
         self.started = time.perf_counter()
         self._buffers: dict[str, dict[str, list[tuple]]] = {s: {} for s in SPLITS}  # (block, rows) pairs
         self._buffered = {s: 0 for s in SPLITS}
-        self._indexed = {s: {p: [] for p, k in self.kinds.items() if k.indexed} for s in SPLITS}
+        self._indexed: dict[str, dict[str, list]] = {s: {p: [] for p, k in self.kinds.items() if k.indexed} for s in SPLITS}
         self._finished = False
         self._direct: dict[tuple, tuple] = {}  # (split, path) -> (dataset, takes workers' chunks as they are)
         self._bulk = [path for path, kind in self.kinds.items() if kind.stored().bulk]
@@ -153,7 +153,7 @@ class DatasetWriter:
 
     def _codecs(self) -> list[str]:
         """Every codec the file's sample arrays use: the spec's, and any a field kind picks."""
-        return [self.spec.storage.codec, *(k.stored().codec for k in self.kinds.values() if k.stored().codec)]
+        return [self.spec.storage.codec, *(c for c in (k.stored().codec for k in self.kinds.values()) if c)]
 
     # ---- data --------------------------------------------------------------------------------
     def add(self, batch: CleanedBatch) -> int:

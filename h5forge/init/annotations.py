@@ -60,8 +60,8 @@ def find_annotations(raw: Path, ids: set[str], id_mode: str, skip: set[str],
                 try:
                     data = json.loads(path.read_text(encoding="utf-8"))
                     if isinstance(data, dict):
-                        keys = ", ".join(list(map(str, data))[:6])
-                        reason = f"it holds a JSON object (keys: {keys}), not a list of records"
+                        shown = ", ".join(list(map(str, data))[:6])
+                        reason = f"it holds a JSON object (keys: {shown}), not a list of records"
                 except (ValueError, UnicodeDecodeError, RecursionError):
                     pass
             notes.append(f"{name} is not used: {reason}")
@@ -88,7 +88,7 @@ def find_annotations(raw: Path, ids: set[str], id_mode: str, skip: set[str],
                          f"sample ids look like {example})")
             continue
 
-        def preference(k: str) -> tuple:
+        def preference(k: str, scores: dict = scores) -> tuple:
             return scores[k], -(_ID_KEYS.index(k.lower()) if k.lower() in _ID_KEYS else len(_ID_KEYS)), k
 
         id_key = max(scores, key=preference)

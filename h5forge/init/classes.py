@@ -47,7 +47,9 @@ def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
         dirs = subdirs(base)
         splits = [d for d in dirs if d.name.lower() in SPLIT_NAMES]
         if splits:
-            files, per_class, found_in = [], Counter(), {}
+            files: list[Path] = []
+            per_class: Counter[str] = Counter()
+            found_in: dict[str, set[str]] = {}
             any_loose = False
             for s in splits:
                 loose = pictures_in(s)
@@ -71,9 +73,9 @@ def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
                         notes.append(f"split folder {prefix}{s.name}/ is not understood as a split name (lower "
                                      f"case is), so its samples will be rejected; rename it {s.name.lower()}/")
                 names = {s.name for s in splits if any(pictures_in(c) for c in subdirs(s))}
-                for c, where in sorted(found_in.items()):
+                for name, where in sorted(found_in.items()):
                     if where != names and len(names) > 1:
-                        notes.append(f"class {c!r} has pictures in {', '.join(sorted(where))} only")
+                        notes.append(f"class {name!r} has pictures in {', '.join(sorted(where))} only")
                 top_dirs = [d for d in dirs if d not in splits and pictures_in(d)]
                 top: list[Path] = []
                 if top_dirs and any_loose:

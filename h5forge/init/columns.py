@@ -62,12 +62,12 @@ def column_types(records: list[dict], id_key: str, text: bool, name: str, skip: 
             kind = _text_type([str(v).strip() for v in present])
             values = {str(v) if kind == "str" else str(v).strip() for v in present}  # str values stay as written
         else:
-            kind = _json_type(present)
-            if kind is None:
+            json_kind = _json_type(present)
+            if json_kind is None:
                 notes.append(f"{name}: column {key!r} holds lists or objects and is not declared "
                              "(only str, int, float and bool columns are stored)")
                 continue
-            values = set(present)
+            kind, values = json_kind, set(present)
         missing = len(records) - len(present) if kind != "str" else absent  # an empty text is a str
         if missing:
             notes.append(f"{name}: column {key!r} is missing in {missing} of {len(records)} records; "

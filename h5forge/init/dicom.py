@@ -165,8 +165,8 @@ def dicom_body(raw: Path, notes: list[str]):
         notes.append(f"{len(strays)} files in sampled case folders are not DICOM slices pydicom reads (e.g. {n}/{s}): "
                      "every file of a case folder is read, so those cases will be rejected; move such files out")
     size = most_common_size(Counter(c.sizes[c.main] for c in read.values() if c.main in c.sizes), "cases", notes)
-    modality = Counter(c.modality for c in read.values() if c.modality).most_common(1)
-    modality = modality[0][0] if modality else ""
+    common = Counter(c.modality for c in read.values() if c.modality).most_common(1)
+    modality = common[0][0] if common else ""
     name = _MODALITY_NAMES.get(modality, "volume")
     mask = volume_masks(raw, base, {d.name for d in cases}, notes)
     where = "case folders" if base == raw else f"case folders in {base.name}/"

@@ -35,7 +35,8 @@ def _nifti_volumes_body(raw: Path, base: Path, files: list[Path], notes: list[st
     import nibabel
     from nibabel.filebasedimages import ImageFileError
 
-    sizes, odd, unreadable, fractional = Counter(), [], [], False
+    sizes: Counter = Counter()
+    odd, unreadable, fractional = [], [], False
     sampled = sample(files, SIZE_SAMPLE)
     for p in sampled:
         try:

@@ -21,7 +21,7 @@ def npy_body(raw: Path, notes: list[str], todo: list[str], kind):
     if not folders:
         return None
     taken: set[str] = set()
-    fields = []  # (name, globs, rate or None, why)
+    fields: list[tuple[str, list[str], float | None, str]] = []  # (name, globs, rate or None, why)
     stems = {}
     for d, files in folders:
         prefix = "" if d == raw else f"{d.name}/"

@@ -149,6 +149,7 @@ def sr_body(raw: Path, pairs, notes: list[str]):
             t(2, "kind: image", "the scale is unknown (see the notes); once known: kind: paired, like: low_res, "
                                 "scale: k")
             t(2, f"files: {files_value(picture_globs(f'{hr_rel}/', hr_files))}")
+            assert hr_size is not None  # measured when the scale is unknown
             t(2, f"size: [{hr_size.height}, {hr_size.width}]")
         annotation_lines(t, ann)
 

@@ -69,7 +69,8 @@ class Size:
 
 
 def target_size(paths: list[Path], what: str) -> Size:
-    sizes, modes = [], Counter()
+    sizes: list[tuple[int, int]] = []
+    modes: Counter[str] = Counter()
     for p in sample(paths, SIZE_SAMPLE):
         got = upright_size(p)
         if got is not None:

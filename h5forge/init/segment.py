@@ -35,7 +35,7 @@ def segment_body(raw: Path, images: Path, notes: list[str]):
         t(0, "fields:")
         larger, why = larger_choice(size, "crop")
         image_field(t, "images", picture_globs(f"{images.name}/", image_files), size, larger, why)
-        if masks:
+        if masks and mc is not None:
             mask_field(t, picture_globs(f"{masks.name}/", mask_files), mc)
         if ann is not None and ann.label is not None:
             column, classes = ann.label

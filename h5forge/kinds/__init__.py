@@ -87,8 +87,8 @@ def format_table() -> str:
     docs/format.md embeds it (``make docs`` rewrites it; a test keeps them equal)."""
     from h5forge.format.names import render_layout
 
-    rows = [f"| `<field>` of kind `{k.kind}` | {k.layout_doc} |" for k in (*REGISTRY.values(), ColumnKind)
-            if k.layout_doc]
+    kinds: tuple[type[FieldKind], ...] = (*REGISTRY.values(), ColumnKind)
+    rows = [f"| `<field>` of kind `{k.kind}` | {k.layout_doc} |" for k in kinds if k.layout_doc]
     return "\n".join([render_layout(), *rows])
 
 

@@ -302,6 +302,7 @@ class ImageKind(FieldKind):
         draft = self._draft_size(data)
         img = open_picture(data, rel, f.max_pixels, f.max_decoded_bytes, draft_to=draft)
         full = _jpeg_size(data) if draft else img.size  # the plan is the full picture's, drafted or not
+        assert full is not None  # a picture is drafted only when its JPEG header gave its size
         geometry = plan_geometry(full[1], full[0], f.size[0], f.size[1], f.larger, rel)
         img, local = _cut_early(img, geometry)
         pixels = to_pixels(img, rel, f.channels, f.fill)

@@ -143,6 +143,7 @@ def class_values(img, spec: MaskField, path: str) -> np.ndarray:
         arr = np.asarray(img)
         if arr.ndim == 3:
             arr = _single_channel(img, arr, path)
+    assert spec.classes is not None  # a multi-class mask's values; binary masks never come here
     return class_array(arr, spec.classes, spec.ignore_value, path)
 
 

@@ -28,7 +28,7 @@ import io
 import re
 import zlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import h5py
 import numpy as np
@@ -182,7 +182,8 @@ def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | dict | Non
     if np.abs(iop - iop[0]).max() > 1e-4:
         raise Reject(rel, "slices have different orientations (ImageOrientationPatient)")
     try:
-        sizes = {(int(ds.Rows), int(ds.Columns), int(ds.get("SamplesPerPixel", 1) or 1)) for ds in series}
+        sizes: set[tuple[int, int, int]] = {(int(ds.Rows), int(ds.Columns), int(ds.get("SamplesPerPixel", 1) or 1))
+                                            for ds in series}
     except (AttributeError, TypeError, ValueError) as err:
         raise Reject(rel, f"a slice has no valid Rows/Columns: {err}") from None
     if len(sizes) > 1:
@@ -215,7 +216,7 @@ def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | dict | Non
     if wrong:
         raise Reject(rel, f"{wrong[0]} in {wrong.count(wrong[0])} of {len(series)} slices")
     slices = []
-    for ds, (slope, intercept) in zip(series, rescale):
+    for ds, (slope, intercept) in zip(series, cast(list[tuple[float, float]], rescale)):  # none is a str here
         try:
             pixels = ds.pixel_array
         except (NotImplementedError, RuntimeError, ValueError) as err:

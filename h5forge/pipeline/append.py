@@ -112,5 +112,5 @@ def verify_append(cand: AppendCandidate) -> HealthReport:
 
 def publish_append(cand: AppendCandidate, report: HealthReport, plan: MovePlan) -> str:
     path = steps.publish_append(cand, report, plan)
-    log.info("published %s; inbox files moved to %s", path, steps.processed_dir(Path(plan.inbox), plan.version))
+    log.info("published %s; inbox files moved to %s", path, steps.processed_dir(Path(plan.inbox), cand.number))
     return path

@@ -129,6 +129,7 @@ def clean_and_write(spec: DatasetSpec, inventory: Inventory, candidate: Candidat
 def samples_leaving(spec: DatasetSpec, candidate: Candidate) -> list[str]:
     leaving = check_removals(spec, candidate)
     if leaving:
+        assert candidate.parent is not None  # samples leave only a parent version
         log.warning("%d sample(s) of %s leave latest (output.allow_removals): %s", len(leaving),
                     version_name(candidate.parent), named(leaving))
     return leaving

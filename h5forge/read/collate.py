@@ -47,18 +47,18 @@ def pad_batch(arrays: Sequence[Any], pad_value: float = 0, axis: int = 0, dtype:
     arrs = [np.asarray(a) if dtype is None else np.asarray(a, dtype=dtype) for a in arrays]
     nd = arrs[0].ndim
     ax = axis % max(nd, 1)
-    lengths = np.array([a.shape[ax] for a in arrs], dtype=np.int64)
+    lens = np.array([a.shape[ax] for a in arrs], dtype=np.int64)
     other = {tuple(s for k, s in enumerate(a.shape) if k != ax) for a in arrs}
     if len(other) != 1 or any(a.ndim != nd for a in arrs):
         raise ValueError(f"arrays differ in more than axis {axis}: shapes {[a.shape for a in arrs]}")
     shape = list(arrs[0].shape)
-    shape[ax] = int(lengths.max())
-    out = np.full((len(arrs), *shape), pad_value, dtype=np.result_type(*arrs))
+    shape[ax] = int(lens.max())
+    padded = np.full((len(arrs), *shape), pad_value, dtype=np.result_type(*arrs))
     for i, a in enumerate(arrs):
-        sl = [slice(None)] * nd
+        sl: list[Any] = [slice(None)] * nd
         sl[ax] = slice(0, a.shape[ax])
-        out[(i, *sl)] = a
-    return Padded(out, lengths)
+        padded[(i, *sl)] = a
+    return Padded(padded, lens)
 
 
 def _stack(items: Sequence[Any]) -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from typing import Literal
 
 import h5py
 import numpy as np
@@ -32,7 +33,7 @@ class DirectRows:
         self.d, self.codec = d, codec
         self.nbytes = int(np.prod(d.shape[1:], dtype=np.int64)) * d.dtype.itemsize
         self.tail = (0,) * (len(d.shape) - 1)
-        self._index: _ChunkIndex | None | bool = None  # made on the first read in this process
+        self._index: _ChunkIndex | None | Literal[False] = None  # made on the first read in this process
 
     @classmethod
     def of(cls, d: h5py.Dataset) -> "DirectRows | None":

@@ -58,7 +58,7 @@ class Source:
             out[INDEX_FIELD] = np.int64(self.reader.row(record_key))
         return out
 
-    def get_batch(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+    def get_batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
         return model_batch(self.reader, indices, self.options, self.channels_last, self.return_index)
 
     @property

@@ -367,7 +367,7 @@ class SplitReader:
         uniq, first = np.unique(rows_sorted, return_index=True)
         runs = coalesce(uniq)
         dups = np.flatnonzero(np.diff(rows_sorted) == 0) + 1
-        result: dict[str, np.ndarray] = {}
+        result: dict[str, Any] = {}  # arrays; a ragged field's rows are a list of arrays
         dsets = self._handles()
         for name, fi in self.fields.items():
             if fields is not None and name not in fields:
@@ -380,8 +380,9 @@ class SplitReader:
                 continue
             target = out[name] if out is not None and name in out else np.empty((idx.size, *fi.shape), dtype=fi.dtype)
             if idx.size:
-                if self._direct.get(name) is not None:  # one sample per chunk: the chunks, decoded here
-                    self._direct[name].read_rows(uniq, target, order[first])
+                direct = self._direct.get(name)
+                if direct is not None:  # one sample per chunk: the chunks, decoded here
+                    direct.read_rows(uniq, target, order[first])
                 else:
                     _read_runs(dsets[name], target, runs, order[first])
                 for k in dups:  # a row asked for twice: copy it

@@ -27,7 +27,7 @@ import copy
 import ctypes
 import sys
 import threading
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence, cast
 
 import numpy as np
 import torch
@@ -316,14 +316,16 @@ class H5Dataset(Dataset):
 
     def _slice_columns(self, indices: Sequence[int]) -> tuple:
         """unit="slice": each volume field as (B, [2k+1,] H, W), the others per case; the case rows last."""
-        raw = self.slices.read(self.reader, indices)
+        slices = self.slices
+        assert slices is not None  # unit="slice"
+        raw = slices.read(self.reader, indices)
         cols = []
         for name, fi in self.reader.fields.items():
             v = dense_values(fi, raw[name], self.options, self._dtypes[name])
             cols.append(v if isinstance(v, list) else torch.from_numpy(np.ascontiguousarray(v)))
         if self.return_index:
             rows = np.asarray(indices, dtype=np.int64)
-            cols.append(torch.from_numpy(self.slices.case[np.where(rows < 0, rows + len(self), rows)]))
+            cols.append(torch.from_numpy(slices.case[np.where(rows < 0, rows + len(self), rows)]))
         return tuple(cols)
 
     def _batch(self, cols: tuple, n: int) -> _Batch:
@@ -354,14 +356,15 @@ class H5Dataset(Dataset):
         stored columns are converted there by torch kernels to the same values: images are widened
         to float32 and divided by 255 (then standardised with ``normalize``), masks widened; a kind
         with another conversion is converted on the CPU, then moved."""
-        return self._convert(batch, device, self._targets(batch) if device is None else {})
+        target = None if device is None else torch.device(device)
+        return self._convert(batch, target, self._targets(batch) if target is None else {})
 
     def _columns(self, batch: Any) -> Iterator[tuple[str, Any, bool]]:
         """(name, column, whether it is stored and converts) for each column of a batch."""
         cols = (batch,) if self._single else tuple(batch)
         for name, col in zip([*self.reader.fields, INDEX_FIELD], cols):
             fi = self.reader.fields.get(name)
-            yield name, col, (name in self._deferrable and isinstance(col, torch.Tensor)
+            yield name, col, (fi is not None and name in self._deferrable and isinstance(col, torch.Tensor)
                               and col.dtype == _torch_dtype(fi.dtype))
 
     def _targets(self, batch: Any) -> dict[str, torch.Tensor]:
@@ -372,11 +375,11 @@ class H5Dataset(Dataset):
     def _convert(self, batch: Any, device: torch.device | None, targets: dict[str, torch.Tensor]) -> Any:
         out = []
         for name, col, stored in self._columns(batch):
-            fi = self.reader.fields.get(name)
-            if stored and device is not None:
+            fi = self.reader.fields[name] if stored else None
+            if fi is not None and device is not None:
                 col = torch_convert(fi.kind, col.to(device, non_blocking=True), self._tensor_dtypes[name],
                                     self.options, fi.stats)
-            elif stored:
+            elif fi is not None:
                 fi.kind.convert(col.numpy(), targets[name].numpy(), self.options, fi.stats)
                 col = targets[name]
             elif device is not None:
@@ -498,11 +501,11 @@ class _ConvertingLoader(DataLoader):
 
     device: torch.device | None = None
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # yields batches, as a DataLoader's iterator does
         """Batch k+1 is converted on a thread while batch k is with the caller and the next one is
         received (numpy and torch release the GIL while they convert): the main thread's own work
         per batch is then receiving it."""
-        dataset, device = self.dataset, self.device
+        dataset, device = cast(H5Dataset, self.dataset), self.device
         # the last received batches stay referenced, so a block a worker sends again is found in
         # torch's mapping cache instead of being mapped (and page-faulted) afresh
         recent: deque = deque(maxlen=max(1, self.num_workers) * (self.prefetch_factor or 2) * 2 + 2)

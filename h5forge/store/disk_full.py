@@ -25,7 +25,7 @@ _FULL_TEXT = ("No space left on device", "Disk quota exceeded")
 _H5_FILENAME = re.compile(r"filename = '([^']+)'")
 
 
-def _chain(err: BaseException):
+def _chain(err: BaseException | None):
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))

@@ -26,16 +26,16 @@ def source_problem(roots: Iterable[Path], rel: str, *, folders: bool = False,
                    max_bytes: int = MAX_SOURCE_BYTES) -> str | None:
     """Why the source ``rel`` (relative to the first root) must not be read, or None when it may.
     A source that does not exist is no problem here: reading it rejects the sample as usual."""
-    roots = [os.path.realpath(r) for r in roots]
-    real = os.path.realpath(os.path.join(roots[0], rel))
-    if not _inside(real, roots):
+    real_roots = [os.path.realpath(r) for r in roots]
+    real = os.path.realpath(os.path.join(real_roots[0], rel))
+    if not _inside(real, real_roots):
         return "is outside the source root"
     try:
         st = os.stat(real)
     except OSError:
         return None
     if stat.S_ISDIR(st.st_mode) and folders:
-        return _folder_problem(real, roots, max_bytes)
+        return _folder_problem(real, real_roots, max_bytes)
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file"
     if st.st_size > max_bytes:

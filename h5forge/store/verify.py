@@ -19,6 +19,7 @@ import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import h5py
 import numpy as np
@@ -624,9 +625,15 @@ def _checksum_part(path: str, blocks: list[tuple[str, int, int]], old_format: bo
 def _locate_unreadable(g: h5py.Group, kinds: dict[str, FieldKind], split: str, start: int, stop: int,
                        err: Exception) -> list[str]:
     """Which rows of which datasets cannot be read, after a block failed."""
-    readers = {path: (lambda i, p=path, k=kind: arrays.RowReader(g, p, k.stored()).row(i))
-               for path, kind in kinds.items()}
-    readers.update({name: (lambda i, n=name: g[n][i]) for name in (*PROVENANCE, CHECKSUM)})
+
+    def field_row(path: str, kind: FieldKind) -> Callable[[int], Any]:
+        return lambda i: arrays.RowReader(g, path, kind.stored()).row(i)
+
+    def column_row(name: str) -> Callable[[int], Any]:
+        return lambda i: g[name][i]
+
+    readers = {path: field_row(path, kind) for path, kind in kinds.items()}
+    readers.update({name: column_row(name) for name in (*PROVENANCE, CHECKSUM)})
     out = []
     for row in range(start, stop):
         for name, read in readers.items():

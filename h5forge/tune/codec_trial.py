@@ -129,11 +129,11 @@ def _write(spec: DatasetSpec, batches: list[CleanedBatch], path: Path) -> tuple[
 def _reads(path: Path, rng: np.random.Generator, reads: int, batch: int, batches: int) -> tuple[float, float, int]:
     """(p50 ms of one random sample, CPU ms per random batch, samples per batch), in the split
     with most samples."""
-    counts = {}
+    counts: dict[str, int] = {}
     for split in ("train", "val", "test"):
         with SplitReader(path, split) as r:
             counts[split] = len(r)
-    split = max(counts, key=counts.get)
+    split = max(counts, key=lambda s: counts[s])
     with SplitReader(path, split) as reader:
         n = len(reader)
         reader.read([0])  # open the file and read the small columns outside the timings

@@ -86,9 +86,9 @@ class VersionDiff:
         out.append(self._moved_line())
         for sid, (a, b) in list(self.moved_split.items())[:LISTED]:
             out.append(f"  {sid}: {a} -> {b}")
-        for side, cols in self.columns_only_in.items():
-            if cols:
-                out.append(f"columns only in the {side} version: {', '.join(cols)}")
+        for side, only in self.columns_only_in.items():
+            if only:
+                out.append(f"columns only in the {side} version: {', '.join(only)}")
         for col, values in self.labels.items():
             changed = {v: c for v, c in values.items() if c["change"]}
             if changed:

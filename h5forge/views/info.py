@@ -143,7 +143,9 @@ def lineage(f: h5py.File, path: Path) -> dict[str, Any]:
     folder = Path(os.path.realpath(path)).parent
     segments = json.loads(f.attrs[Attr.SEGMENTS]) if Attr.SEGMENTS in f.attrs else []
     parent = int(f.attrs.get(Attr.PARENT, -1))
-    chain, seen, at = [], set(), parent
+    chain: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    at = parent
     while at > 0 and at not in seen and len(chain) < MAX_CHAIN:
         seen.add(at)
         ancestor = folder / version_name(at)

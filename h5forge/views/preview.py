@@ -16,7 +16,7 @@ import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import h5py
 import numpy as np
@@ -125,7 +125,7 @@ def choose(f: h5py.File, split: str | None, n: int, seed: int,
     return [(chosen, int(r), decode_str(names[int(r):int(r) + 1])[0]) for r in rows]
 
 
-def draw_sample(kinds: dict[str, FieldKind], values: dict[str, object], split: str, row: int,
+def draw_sample(kinds: dict[str, FieldKind], values: Mapping[str, object], split: str, row: int,
                 sample_id: str) -> Drawn:
     """The pictures of one sample, the overlays of each (an overlay whose target draws nothing,
     or that does not have its shape, is left out), and its captions."""
@@ -184,7 +184,7 @@ def compose(samples: list[Drawn], tile: int = 192, columns: int | None = None) -
     scratch = ImageDraw.Draw(Image.new("RGB", (1, 1)))
     layouts = []
     for s in samples:
-        sizes = {p: drawing.fitted_size(*pic.shape[:2], tile) for p, pic in s.pictures.items()}
+        sizes = {p: drawing.fitted_size(pic.shape[0], pic.shape[1], tile) for p, pic in s.pictures.items()}
         lines = [drawing.fit_text(scratch, f"{s.id} ({s.split})", tile)]
         lines += drawing.wrap_text(scratch, s.captions, tile, CAPTION_LINES - 1)
         height = sum(h for h, _ in sizes.values()) + PICTURE_GAP * max(0, len(sizes) - 1)

@@ -25,7 +25,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import h5py
 import numpy as np
@@ -58,7 +58,7 @@ class Source:
     limit: dict[str, int] | None = None
     stats: dict[str, dict[str, list]] | None = None
     listed: dict[str, dict[str, list]] | None = None
-    file: h5py.File | None = None
+    file: Any = None  # the h5py.File, once open
     rows: dict[str, int] = field(default_factory=dict)
     recount: bool = False
 
@@ -110,7 +110,7 @@ class Plan:
 
 def make_plan(samples: list[SampleRef], inputs: Inputs, sources: list[Source]) -> Plan:
     """Match each sample's key against the keys stored in the sources (first source wins)."""
-    where: dict[tuple[str, bytes], Taken] = {}
+    where: dict[tuple[str, bytes | None], Taken] = {}
     for k in reversed(range(len(sources))):
         src = sources[k]
         f = src.open()
@@ -264,7 +264,8 @@ def write_reusing(spec: DatasetSpec, root: Path, plan: Plan, sources: list[Sourc
             keys = src.file[sample_keys_path(split)]
             copiers[(k, split)] = Copier(src.file[split], kinds, keys)
     indexed = [p for p, kind in kinds.items() if kind.indexed]
-    listed_of = {(k, s, p): None for k in range(len(sources)) for s in SPLITS for p in indexed}
+    listed_of: dict[tuple[int, str, str], list[list] | None] = {
+        (k, s, p): None for k in range(len(sources)) for s in SPLITS for p in indexed}
 
     pending: dict[str, list[Taken]] = {s: [] for s in SPLITS}
 
@@ -277,9 +278,10 @@ def write_reusing(spec: DatasetSpec, root: Path, plan: Plan, sources: list[Sourc
                     rows = np.array([t.row for t in items[start:i]], np.int64)
                     listed = {}
                     for p in indexed:
-                        if listed_of[(k, split, p)] is None:
-                            listed_of[(k, split, p)] = _listed_rows(sources[k], split, p)
-                        listed[p] = [listed_of[(k, split, p)][r] for r in rows.tolist()]
+                        per_row = listed_of[(k, split, p)]
+                        if per_row is None:
+                            per_row = listed_of[(k, split, p)] = _listed_rows(sources[k], split, p)
+                        listed[p] = [per_row[r] for r in rows.tolist()]
                     writer.add_stored(split, copiers[(k, split)](rows), listed)
                     progress(len(rows))
                     start = i
