@@ -56,7 +56,7 @@ class _NotExpected(logging.Filter):
         return not _expected(self.names, record)
 
 
-def _error_names(cls: type) -> Iterator[str]:
+def _error_names(cls: type[BaseException]) -> Iterator[str]:
     yield cls.__name__
     for sub in cls.__subclasses__():
         yield from _error_names(sub)

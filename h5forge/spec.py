@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -20,8 +20,12 @@ from h5forge.format.names import RESERVED
 from h5forge.kinds import REGISTRY
 from h5forge.kinds.base import StrictModel as _Strict
 
-# a field's ``kind`` picks its model from the registry
-FieldSpec = Annotated[Union[tuple(k.Spec for k in REGISTRY.values())], Field(discriminator="kind")]
+# a field's ``kind`` picks its model from the registry (a union built at import time, which a type
+# checker cannot see: to it a field's spec is any kind's)
+if TYPE_CHECKING:
+    FieldSpec = Any
+else:
+    FieldSpec = Annotated[Union[tuple(k.Spec for k in REGISTRY.values())], Field(discriminator="kind")]
 
 ColumnType = Literal["str", "int", "float", "bool"]
 
@@ -64,10 +68,11 @@ class Append(_Strict):
     poll_seconds: float = Field(15.0, gt=0, description="watch: without events, re-check the inbox this often")
 
 
+DEFAULT_RATIOS: dict[Literal["train", "val", "test"], float] = {"train": 0.8, "val": 0.1, "test": 0.1}
+
+
 class Splits(_Strict):
-    ratios: dict[Literal["train", "val", "test"], float] = Field(
-        default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1}
-    )
+    ratios: dict[Literal["train", "val", "test"], float] = Field(default_factory=lambda: dict(DEFAULT_RATIOS))
     seed: str = Field("h5forge", description="changing it reshuffles every sample's split (text or a "
                       "whole number: 0 and \"0\" are the same seed)")
     column: str | None = Field(None, description="take the split from this annotation column")

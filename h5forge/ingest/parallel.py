@@ -146,7 +146,7 @@ def clean_stream(client: Client, spec: DatasetSpec, root: Path, samples: Sequenc
 
     The spec goes with each task (a few kB), not scattered to the workers: data held only by
     workers is lost with them, and a batch re-run on a worker that joins later still has it."""
-    pending = deque()
+    pending: deque = deque()
     todo = iter(batches(samples, batch_size))
     for batch in todo:
         pending.append(client.submit(clean_batch, spec, str(root), batch, pure=False))

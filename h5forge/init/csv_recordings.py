@@ -73,7 +73,7 @@ def csv_body(raw: Path, notes: list[str], kind):
 
 
 def _csv_recordings_body(survey: Survey, notes: list[str], time_columns: tuple[str, ...]):
-    text_columns = Counter()
+    text_columns: Counter[str] = Counter()
     for p in survey.sampled:
         rec = _csv_recording(p, time_columns)
         if rec.time is None or rec.rate is None:

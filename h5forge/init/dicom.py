@@ -185,4 +185,7 @@ def dicom_body(raw: Path, notes: list[str]):
 def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
     """The ``volume`` layout (DICOM): two cases per task, as cases are large."""
     found = dicom_body(raw, notes)
-    return None if found is None else Layout(*found, batch_size=2)
+    if found is None:
+        return None
+    name, body = found
+    return Layout(name, body, batch_size=2)

@@ -79,4 +79,7 @@ def _nifti_volumes_body(raw: Path, base: Path, files: list[Path], notes: list[st
 def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
     """The ``volume`` layout (NIfTI): two cases per task, as cases are large."""
     found = nifti_body(raw, notes)
-    return None if found is None else Layout(*found, batch_size=2)
+    if found is None:
+        return None
+    name, body = found
+    return Layout(name, body, batch_size=2)

@@ -66,6 +66,7 @@ class H5DataModule(pl.LightningDataModule):
         """The split's ``H5Dataset`` (opened once per process)."""
         if split not in self._datasets:
             self.setup()
+            assert self.version_path is not None  # setup() resolved it
             self._datasets[split] = H5Dataset(self.version_path, split, self.fields, **self.dataset_options)
         return self._datasets[split]
 

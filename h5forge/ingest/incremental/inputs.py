@@ -20,7 +20,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence, cast
 
 import numpy as np
 
@@ -121,7 +121,7 @@ def _shared_inputs(kinds, root: Path, ref: SampleRef) -> list[str]:
     return [d for k in kinds if (d := k.input_digest(root, ref)) is not None]
 
 
-def _key(ref: SampleRef, names: list[str], hexes: list[str], shared: list[str] = ()) -> bytes:
+def _key(ref: SampleRef, names: list[str], hexes: list[str], shared: Sequence[str] = ()) -> bytes:
     # a sample with shared inputs has them after its files' digests; one without keeps its key
     return sample_key(ref.id, ref.split, [ref.files[n] for n in names], [*hexes, *shared], ref.columns)
 
@@ -161,9 +161,10 @@ def fingerprint(spec: DatasetSpec, inventory: Inventory, threads: int | None = N
     with ThreadPoolExecutor(threads or min(4, os.cpu_count() or 1)) as pool:
         for i, hexed in zip(to_read, pool.map(lambda i: raw_digest(root, *jobs[i]), to_read, chunksize=16)):
             digests[i] = hexed
+    hexes = cast(list[str], digests)  # every file the cache did not know was read just above
     shared = field_kinds(spec).values()
-    samples = {ref.id: _key(ref, names, digests[i * len(names):(i + 1) * len(names)], _shared_inputs(shared, root, ref))
+    samples = {ref.id: _key(ref, names, hexes[i * len(names):(i + 1) * len(names)], _shared_inputs(shared, root, ref))
                for i, ref in enumerate(inventory.samples)}
     return Inputs(rules, total_key(rules, samples, inventory), samples, round(time.perf_counter() - t0, 3),
-                  states=states, hexes={rel: h for (rel, _), h in zip(jobs, digests)}, stated_at_ns=stated_at,
+                  states=states, hexes={rel: h for (rel, _), h in zip(jobs, hexes)}, stated_at_ns=stated_at,
                   hashed_files=len(to_read))

@@ -50,7 +50,9 @@ def generate(root: str | Path, n: int = 60, seed: int = 0, bad: bool = True, pre
     (root / "images").mkdir(parents=True, exist_ok=True)
     (root / "annotations").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    images, annotations, defects = [], [], {}
+    images: list[dict] = []
+    annotations: list[dict] = []
+    defects: dict[str, str] = {}
     for i in range(n + (3 if bad else 0)):
         name = f"{prefix}{i:04d}.png"
         h, w = int(rng.integers(96, 161)), int(rng.integers(96, 161))

@@ -40,8 +40,8 @@ def _globs(rel: str, pictures: list[Path]) -> list[str]:
     return [f"{rel}/*{s}" for s, _ in suffixes.most_common()]
 
 
-def _coco_files(raw: Path) -> list[Path]:
-    found = []
+def _coco_files(raw: Path) -> list[tuple[Path, dict]]:
+    found: list[tuple[Path, dict]] = []
     for folder in (raw, raw / "annotations"):
         for p in sorted(folder.glob("instances_*.json")) if folder.is_dir() else []:
             try:
@@ -149,7 +149,7 @@ def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
                      "(write an empty labels/<stem>.txt for a picture without objects)")
     from PIL import Image
 
-    sizes = Counter()
+    sizes: Counter[tuple[int, int]] = Counter()
     for p in pictures[:SAMPLED]:
         try:
             with Image.open(p) as img:

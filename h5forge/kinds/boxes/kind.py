@@ -113,6 +113,7 @@ class BoxesKind(FieldKind):
                 return index
             except Reject as err:
                 last = err
+        assert last is not None  # the loop above ran at least once
         raise last
 
     def input_digest(self, root: Path, ref: SampleRef) -> str | None:

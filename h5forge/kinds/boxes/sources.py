@@ -30,7 +30,7 @@ class CocoIndex:
     """One COCO file, indexed by picture file name."""
 
     rel: str
-    images: dict[str, dict]  # file name -> image entry (None when two entries share the name)
+    images: dict[str, dict | None]  # file name -> image entry (None when two entries share the name)
     annotations: dict[int, list[dict]]  # image id -> its annotations
     categories: dict[int, str]  # category id -> name
 
@@ -102,7 +102,9 @@ def coco_boxes(index: CocoIndex, picture: str, raw: tuple[int, int], classes: tu
     if (int(entry.get("height", h)), int(entry.get("width", w))) != (h, w):
         raise Reject(picture, f"{index.rel} says the picture is {entry.get('width')}x{entry.get('height')} (WxH); "
                               f"it is {w}x{h}")
-    corners, labels, segments = [], [], []
+    corners: list[list[float]] = []
+    labels: list[int] = []
+    segments: list[list[list[float]] | None] = []
     for a in anns:
         if a.get("iscrowd"):
             continue
@@ -124,7 +126,9 @@ def coco_boxes(index: CocoIndex, picture: str, raw: tuple[int, int], classes: tu
 def yolo_boxes(data: bytes, rel: str, raw: tuple[int, int], n_classes: int):
     """(corners (n, 4), class indices (n,), polygons) of a YOLO label file for a picture of size ``raw`` (h, w)."""
     h, w = raw
-    corners, labels, segments = [], [], []
+    corners: list[list[float]] = []
+    labels: list[int] = []
+    segments: list[list[list[float]] | None] = []
     for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
         parts = line.split()
         if not parts:
