@@ -177,7 +177,7 @@ def file_digest(f: h5py.File) -> str:
         g = f[part]
         h.update(_string(part) + _attrs(g))
         datasets: list[tuple[str, h5py.Dataset]] = []
-        g.visititems(lambda name, obj: datasets.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
+        g.visititems(lambda name, obj, found=datasets: found.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
         for name, ds in sorted(datasets, key=lambda item: item[0]):
             h.update(_string(name) + _attrs(ds) + canonical(ds[()]))
     return h.hexdigest()

@@ -91,14 +91,13 @@ class KnownSamples:
     def __init__(self, path: Path):
         self.path = Path(os.path.realpath(path))
         with h5py.File(self.path, "r") as f:
-            self.catalog = read_catalog(f)
-            if self.catalog is not None and catalog_intact(f, self.catalog) is False:
+            catalog = read_catalog(f)
+            if catalog is not None and catalog_intact(f, catalog) is False:
                 log.warning("%s: its /inputs catalog does not match its digest (damaged); the exactly-once check "
                             "reads the ids and raw-file hashes of its rows instead (`h5forge verify` reports it)",
                             self.path.name)
-                self.catalog = None
-            if self.catalog is None:
-                self.catalog = catalog_from_rows(f)
+                catalog = None
+            self.catalog = catalog if catalog is not None else catalog_from_rows(f)
         self.new_contents: dict[bytes, str] = {}
         self.new_ids: set[bytes] = set()
 
