@@ -28,7 +28,7 @@ PEERS_VENV = REPO / "build" / "peers-venv"
 PEERS = ["webdataset==1.0.2", "mosaicml-streaming==0.13.0", "lmdb==3.0.0"]
 FIELDS = ("images", "masks")
 WARMUP = 5  # batches before the clock starts: workers up, first batches through
-PIECES = ("ctypes", "mmap", "direct", "madvise", "pool", "thread")
+PIECES = ("ctypes", "mmap", "direct", "pool", "thread")
 
 
 # ---- the read path's machinery, each piece with its switch ---------------------------------------
@@ -51,7 +51,6 @@ def _switches() -> dict[str, tuple]:
     return {"ctypes": (chunk_codec, "_LZ4_SAFE", None),  # LZ4 blocks through lz4.block.decompress + a copy
             "mmap": (direct._ChunkIndex, "of", classmethod(lambda cls, d: None)),  # chunks by read_direct_chunk
             "direct": (direct.DirectRows, "of", staticmethod(lambda d: None)),  # every row through h5py's filters
-            "madvise": (h5torch, "_madvise", False),  # received pages faulted in one by one
             "pool": (h5torch._BlockPool, "take", lambda self, nbytes: h5torch._shared_block(nbytes)),  # a new block a batch
             "thread": (h5torch._ConvertingLoader, "__iter__", _unthreaded)}  # converted in the main thread
 

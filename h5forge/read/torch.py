@@ -24,7 +24,6 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Sequence as SequenceABC
 import copy
-import ctypes
 import sys
 import threading
 from typing import Any, Callable, Iterator, Literal, Sequence, cast
@@ -525,7 +524,6 @@ class _ConvertingLoader(DataLoader):
 
 
 def _converted(dataset: H5Dataset, batch: Any, device: torch.device | None, targets: dict[str, torch.Tensor]) -> Any:
-    _prefault(batch)
     return _own(dataset._convert(batch, device, targets), batch)
 
 
@@ -538,40 +536,6 @@ def _own(converted: Any, raw: Any) -> Any:
         return converted.clone() if converted.untyped_storage().data_ptr() in blocks else converted
     return type(converted)(c.clone() if isinstance(c, torch.Tensor) and c.untyped_storage().data_ptr() in blocks else c
                            for c in converted)
-
-
-MADV_POPULATE_READ = 22  # Linux 5.14+
-_madvise: Any = None
-
-
-def _prefault(batch: Any) -> None:
-    """Map the pages of a batch that arrived in shared memory in one call before converting it.
-    Touched one by one they cost a page fault each (one per 4 KiB: over a thousand for a uint8
-    batch of 32 224² image+mask samples); MADV_POPULATE_READ maps them in one system call. Where
-    the call is not available it does nothing."""
-    global _madvise
-    if _madvise is None:
-        _madvise = False
-        if sys.platform.startswith("linux"):
-            try:
-                _madvise = ctypes.CDLL(None, use_errno=True).madvise
-                _madvise.argtypes, _madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-            except (OSError, AttributeError):
-                _madvise = False
-    if not _madvise:
-        return
-    seen = set()
-    for col in (batch,) if isinstance(batch, torch.Tensor) else batch:
-        if not isinstance(col, torch.Tensor) or not col.is_shared() or col.device.type != "cpu":
-            continue
-        storage = col.untyped_storage()
-        start, size = storage.data_ptr(), storage.nbytes()
-        if size and start not in seen:
-            seen.add(start)
-            page = start & ~4095
-            if _madvise(page, start + size - page, MADV_POPULATE_READ) != 0:
-                _madvise = False  # an older kernel: stop asking
-                return
 
 
 class ShardedTwice(ReadError):

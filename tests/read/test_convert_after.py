@@ -97,11 +97,3 @@ def test_plain_dataloader_takes_the_stacked_batch_as_default_collate_would_stack
     assert samples[0] == tuple(samples[0])  # each sample is still a tuple to its users
     by_torch = torch.utils.data.default_collate(list(samples))  # samples alone: stacked by torch as usual
     assert all(torch.equal(a, b) for a, b in zip(by_torch, samples.stacked))
-
-
-def test_received_batches_are_mapped_in_one_call():
-    from h5forge.read import torch as h5torch
-    block = torch.arange(3 << 20, dtype=torch.int64).to(torch.uint8).share_memory_()
-    h5torch._prefault((block[:100], block[100:], "not a tensor"))
-    assert h5torch._madvise  # Linux >= 5.14 here: MADV_POPULATE_READ is accepted
-    assert int(block[12345]) == 12345 % 256
