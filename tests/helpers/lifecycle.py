@@ -208,6 +208,11 @@ def write_records(path: Path, records: list[dict]) -> None:
     write_file(path, data)
 
 
+def mask_pad(field) -> int:
+    """Where a mask is padded (docs/spec.md): its pad_value, else its ignore_value, else 255 (no class)."""
+    return next((v for v in (field.pad_value, field.ignore_value) if v is not None), 255)
+
+
 class Segment(Layout):
     """``images/`` + ``masks/`` + an annotation file (JSON, JSON Lines or CSV; keyed by id or file)."""
 
@@ -246,7 +251,7 @@ class Segment(Layout):
         fill = spec.fields["images"].fill
         mask = decode_grey(s.data["masks"])
         return {"images": fit(decode_rgb(s.data["images"]), th, tw, fill),
-                "masks": fit((mask > 0).astype(np.uint8), th, tw, 0)}
+                "masks": fit((mask > 0).astype(np.uint8), th, tw, mask_pad(spec.fields["masks"]))}
 
 
 class Classes(Layout):
