@@ -192,12 +192,15 @@ def prepare(n: int, size: int) -> Path:
         path = built(spec, f"read-n{n}-{size}-{codec}")
         (data / f"{codec}.h5").unlink(missing_ok=True)
         (data / f"{codec}.h5").symlink_to(path)
+    made_from = os.path.realpath(data / "lz4.h5")  # the cached arrays are this version's, or made anew
+    stale = (data / "npy_from").read_text() != made_from if (data / "npy_from").exists() else True
     with h5py.File(data / "lz4.h5", "r") as f:
         shapes = [list(f["train"][k].shape[1:]) for k in FIELDS]
         for k in FIELDS:
-            if not (data / f"{k}.npy").exists():
+            if stale or not (data / f"{k}.npy").exists():
                 np.save(data / "tmp.npy", f["train"][k][()])
                 os.replace(data / "tmp.npy", data / f"{k}.npy")
+    (data / "npy_from").write_text(made_from)
     (data / "shapes.json").write_text(json.dumps({"n": n, "shapes": shapes}))
     return data
 
