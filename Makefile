@@ -81,6 +81,7 @@ LINT_DIR = build/lint
 LINT_SRC = h5forge flows tasks deployments
 lint: install-test
 	$(BIN)/ruff check $(LINT_SRC)
+	$(BIN)/ruff format --check $(LINT_SRC)
 	rm -rf $(LINT_DIR)
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation --target $(LINT_DIR) .
 	cd $(LINT_DIR) && $(CURDIR)/$(BIN)/lint-imports $(CURDIR)/pyproject.toml

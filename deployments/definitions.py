@@ -28,25 +28,41 @@ NIGHTLY_WHEN_BUSY = {"wait_for_lock": 3600, "skip_if_busy": False}
 INBOX_WHEN_BUSY = {"wait_for_lock": 0, "skip_if_busy": True}
 
 
-def dataset_deployments(spec_path: str | Path, output: str | None = None, dask_address: str | None = None,
-                        timezone: str = "UTC", nightly_cron: str = NIGHTLY_CRON, poll_seconds: float = 300,
-                        weekly_cron: str = WEEKLY_CRON, suffix: str = "") -> list:
+def dataset_deployments(
+    spec_path: str | Path,
+    output: str | None = None,
+    dask_address: str | None = None,
+    timezone: str = "UTC",
+    nightly_cron: str = NIGHTLY_CRON,
+    poll_seconds: float = 300,
+    weekly_cron: str = WEEKLY_CRON,
+    suffix: str = "",
+) -> list:
     """``suffix`` tells apart the deployments of several datasets served by one Prefect server."""
     spec = str(Path(spec_path).resolve())  # runs start in other working directories
     common = {"spec_path": spec, "output": output}
     # module entrypoints: the runner imports flows.* from the installed package, from any directory
-    opts: dict[str, Any] = {"entrypoint_type": EntrypointType.MODULE_PATH, "concurrency_limit": 1,
-            "tags": ["h5forge"]}
+    opts: dict[str, Any] = {"entrypoint_type": EntrypointType.MODULE_PATH, "concurrency_limit": 1, "tags": ["h5forge"]}
     return [
         build_dataset.to_deployment(
-            name=f"nightly{suffix}", schedules=[Cron(nightly_cron, timezone=timezone)],
+            name=f"nightly{suffix}",
+            schedules=[Cron(nightly_cron, timezone=timezone)],
             parameters={**common, "dask_address": dask_address, **NIGHTLY_WHEN_BUSY},
-            description="Full rebuild into a compact, verified version", **opts),
+            description="Full rebuild into a compact, verified version",
+            **opts,
+        ),
         append_samples.to_deployment(
-            name=f"inbox{suffix}", schedules=[Interval(poll_seconds, timezone=timezone)],
+            name=f"inbox{suffix}",
+            schedules=[Interval(poll_seconds, timezone=timezone)],
             parameters={**common, "dask_address": dask_address, **INBOX_WHEN_BUSY},
-            description="Append the samples waiting in the inbox (polling fallback of `h5forge watch`)", **opts),
+            description="Append the samples waiting in the inbox (polling fallback of `h5forge watch`)",
+            **opts,
+        ),
         verify_dataset.to_deployment(
-            name=f"weekly{suffix}", schedules=[Cron(weekly_cron, timezone=timezone)], parameters=common,
-            description="Recompute every checksum of the latest version", **opts),
+            name=f"weekly{suffix}",
+            schedules=[Cron(weekly_cron, timezone=timezone)],
+            parameters=common,
+            description="Recompute every checksum of the latest version",
+            **opts,
+        ),
     ]

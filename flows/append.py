@@ -10,9 +10,14 @@ from h5forge.tasks import PrefectRunner
 
 
 @flow(name="append-samples")
-def append_samples(spec_path: str, inbox: str | None = None, output: str | None = None,
-                   dask_address: str | None = None, wait_for_lock: float = 0,
-                   skip_if_busy: bool = False) -> AppendResult:
+def append_samples(
+    spec_path: str,
+    inbox: str | None = None,
+    output: str | None = None,
+    dask_address: str | None = None,
+    wait_for_lock: float = 0,
+    skip_if_busy: bool = False,
+) -> AppendResult:
     """Append the complete samples waiting in ``inbox`` as a new version.
 
     Args:
@@ -26,5 +31,12 @@ def append_samples(spec_path: str, inbox: str | None = None, output: str | None 
             appending (logged as "skipped: …"); the samples stay in the inbox for the next run.
     """
     with PrefectRunner() as runner:
-        return append(spec_path, inbox=inbox, output=output, dask_address=dask_address,
-                      wait_for_lock=wait_for_lock, skip_if_busy=skip_if_busy, runner=runner)
+        return append(
+            spec_path,
+            inbox=inbox,
+            output=output,
+            dask_address=dask_address,
+            wait_for_lock=wait_for_lock,
+            skip_if_busy=skip_if_busy,
+            runner=runner,
+        )

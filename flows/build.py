@@ -10,8 +10,13 @@ from h5forge.tasks import PrefectRunner
 
 
 @flow(name="build-dataset")
-def build_dataset(spec_path: str, output: str | None = None, dask_address: str | None = None,
-                  wait_for_lock: float = 0, skip_if_busy: bool = False) -> BuildResult:
+def build_dataset(
+    spec_path: str,
+    output: str | None = None,
+    dask_address: str | None = None,
+    wait_for_lock: float = 0,
+    skip_if_busy: bool = False,
+) -> BuildResult:
     """Full rebuild of the dataset described by ``spec_path`` into a new published version.
 
     Args:
@@ -24,5 +29,11 @@ def build_dataset(spec_path: str, output: str | None = None, dask_address: str |
             building (logged as "skipped: …") instead of failing.
     """
     with PrefectRunner() as runner:
-        return build(spec_path, output=output, dask_address=dask_address, wait_for_lock=wait_for_lock,
-                     skip_if_busy=skip_if_busy, runner=runner)
+        return build(
+            spec_path,
+            output=output,
+            dask_address=dask_address,
+            wait_for_lock=wait_for_lock,
+            skip_if_busy=skip_if_busy,
+            runner=runner,
+        )

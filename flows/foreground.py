@@ -43,8 +43,9 @@ def _expected(names: frozenset[str], record: logging.LogRecord) -> bool:
     if isinstance(exc, H5forgeError):
         return True
     message = record.getMessage()
-    return "Finished in state Failed(" in message and any(f"{name}: " in message or f"{name}(" in message
-                                                          for name in names)
+    return "Finished in state Failed(" in message and any(
+        f"{name}: " in message or f"{name}(" in message for name in names
+    )
 
 
 class _NotExpected(logging.Filter):
@@ -67,8 +68,9 @@ def _expected_failures_off_the_terminal() -> Iterator[None]:
     from prefect.logging.handlers import PrefectConsoleHandler
 
     quiet = _NotExpected()
-    handlers = {h for name in ("", "prefect") for h in logging.getLogger(name).handlers
-                if isinstance(h, PrefectConsoleHandler)}
+    handlers = {
+        h for name in ("", "prefect") for h in logging.getLogger(name).handlers if isinstance(h, PrefectConsoleHandler)
+    }
     for h in handlers:
         h.addFilter(quiet)
     try:

@@ -31,16 +31,24 @@ ColumnType = Literal["str", "int", "float", "bool"]
 
 
 class Annotations(_Strict):
-    file: str | None = Field(None, description="JSON list, JSON Lines (.jsonl) or CSV (.csv) of records, "
-                                               "relative to source.root")
+    file: str | None = Field(
+        None, description="JSON list, JSON Lines (.jsonl) or CSV (.csv) of records, relative to source.root"
+    )
     id_key: str = Field("id", description="record key naming the sample (id or file name)")
     columns: dict[str, ColumnType] = Field(default_factory=dict)
     required: bool = Field(True, description="a sample without a record is rejected")
     index_by: list[str] = Field(default_factory=list, description="columns to build index arrays for")
-    folders: dict[str, int] = Field(default_factory=dict, description="columns taken from the folders of a "
-                                    "sample's file: -1 its folder, -2 the one above (class-folder layouts)")
-    max_bytes: int = Field(256 << 20, gt=0, description="a larger annotation file is refused unread "
-                           "(parsing takes a few times its size in memory: docs/security.md)")
+    folders: dict[str, int] = Field(
+        default_factory=dict,
+        description="columns taken from the folders of a "
+        "sample's file: -1 its folder, -2 the one above (class-folder layouts)",
+    )
+    max_bytes: int = Field(
+        256 << 20,
+        gt=0,
+        description="a larger annotation file is refused unread "
+        "(parsing takes a few times its size in memory: docs/security.md)",
+    )
 
     @model_validator(mode="after")
     def _index_columns_exist(self) -> "Annotations":
@@ -56,10 +64,14 @@ class Annotations(_Strict):
 class Source(_Strict):
     root: Path
     inbox: Path | None = Field(None, description="folder new samples are dropped into (append/watch)")
-    ids: Literal["stem", "path"] = Field("stem", description="a sample's id: its files' stem, or their path "
-                                         "below the glob's fixed folders without the suffix (class folders)")
-    allow_symlinks_outside: bool = Field(False, description="take files that symlinks in the source folder "
-                                         "lead to outside it (rejected by default)")
+    ids: Literal["stem", "path"] = Field(
+        "stem",
+        description="a sample's id: its files' stem, or their path "
+        "below the glob's fixed folders without the suffix (class folders)",
+    )
+    allow_symlinks_outside: bool = Field(
+        False, description="take files that symlinks in the source folder lead to outside it (rejected by default)"
+    )
 
 
 class Append(_Strict):
@@ -73,8 +85,11 @@ DEFAULT_RATIOS: dict[Literal["train", "val", "test"], float] = {"train": 0.8, "v
 
 class Splits(_Strict):
     ratios: dict[Literal["train", "val", "test"], float] = Field(default_factory=lambda: dict(DEFAULT_RATIOS))
-    seed: str = Field("h5forge", description="changing it reshuffles every sample's split (text or a "
-                      "whole number: 0 and \"0\" are the same seed)")
+    seed: str = Field(
+        "h5forge",
+        description="changing it reshuffles every sample's split (text or a "
+        'whole number: 0 and "0" are the same seed)',
+    )
     column: str | None = Field(None, description="take the split from this annotation column")
 
     @field_validator("seed", mode="before")
@@ -103,11 +118,18 @@ class Storage(_Strict):
 class Output(_Strict):
     dir: Path
     keep: int = Field(5, ge=1, description="published versions to keep")
-    allow_removals: bool = Field(False, description="a build may publish a version without samples latest "
-                                 "holds (their raw files deleted, or now rejected); the run lists them either way")
-    retire_after_seconds: float = Field(600, ge=0, description="retention deletes a version only this long after "
-                                        "a newer one was published (readers on hosts whose file locks are not "
-                                        "shared: docs/reading.md); live local and NFS readers are kept regardless")
+    allow_removals: bool = Field(
+        False,
+        description="a build may publish a version without samples latest "
+        "holds (their raw files deleted, or now rejected); the run lists them either way",
+    )
+    retire_after_seconds: float = Field(
+        600,
+        ge=0,
+        description="retention deletes a version only this long after "
+        "a newer one was published (readers on hosts whose file locks are not "
+        "shared: docs/reading.md); live local and NFS readers are kept regardless",
+    )
 
 
 class Compute(_Strict):
@@ -115,10 +137,14 @@ class Compute(_Strict):
     workers: int = Field(2, ge=1, description="LocalCluster worker processes")
     batch_size: int = Field(64, ge=1, description="samples per dask task")
     in_flight: int = Field(0, ge=0, description="batches in flight; 0 means 2 per worker")
-    inline_below: int = Field(256, ge=0, description="fewer samples than this are cleaned in-process "
-                                                     "(starting a cluster costs seconds)")
-    secure: bool = Field(True, description="the LocalCluster h5forge starts talks TLS with temporary credentials, "
-                                           "so no other local process can reach its scheduler (docs/security.md)")
+    inline_below: int = Field(
+        256, ge=0, description="fewer samples than this are cleaned in-process (starting a cluster costs seconds)"
+    )
+    secure: bool = Field(
+        True,
+        description="the LocalCluster h5forge starts talks TLS with temporary credentials, "
+        "so no other local process can reach its scheduler (docs/security.md)",
+    )
 
     @field_validator("workers")
     @classmethod
@@ -128,7 +154,8 @@ class Compute(_Strict):
             raise ValueError(
                 f"{workers} LocalCluster processes are more than this machine can hold (at most {most}: "
                 f"{WORKERS_PER_CPU} per CPU of its {cpus}, and {WORKER_MEMORY >> 20} MiB of its "
-                f"{memory / 2**30:.1f} GiB of memory each); use a dask cluster (compute.dask_address) for more")
+                f"{memory / 2**30:.1f} GiB of memory each); use a dask cluster (compute.dask_address) for more"
+            )
         return workers
 
 
@@ -193,9 +220,12 @@ class DatasetSpec(_Strict):
     compute: Compute = Compute()
     verify: Verification = Verification()
     append: Append = Append()
-    max_rejected: float | int = Field(0.1, description="the most rejected inputs a build may have and still "
-                                      "publish: a fraction (0.1) or percentage ('10%') of the inputs it saw, "
-                                      "or a count (12)")
+    max_rejected: float | int = Field(
+        0.1,
+        description="the most rejected inputs a build may have and still "
+        "publish: a fraction (0.1) or percentage ('10%') of the inputs it saw, "
+        "or a count (12)",
+    )
 
     @field_validator("max_rejected", mode="before")
     @classmethod
@@ -250,20 +280,24 @@ def parse_spec(data: dict, base: Path, origin: str = "<dict>") -> DatasetSpec:
         spec = DatasetSpec.model_validate(data)
     except ValidationError as err:
         raise SpecError(_format_errors(err, origin)) from None
+
     def absolute(p: Path | None) -> Path | None:
         return None if p is None else (p if p.is_absolute() else base / p).resolve()
 
     return spec.model_copy(
         update={
-            "source": spec.source.model_copy(update={"root": absolute(spec.source.root),
-                                                     "inbox": absolute(spec.source.inbox)}),
+            "source": spec.source.model_copy(
+                update={"root": absolute(spec.source.root), "inbox": absolute(spec.source.inbox)}
+            ),
             "output": spec.output.model_copy(update={"dir": absolute(spec.output.dir)}),
         }
     )
 
 
 def load_spec(
-    path: str | Path, output: str | Path | None = None, dask_address: str | None = None,
+    path: str | Path,
+    output: str | Path | None = None,
+    dask_address: str | None = None,
     inbox: str | Path | None = None,
 ) -> DatasetSpec:
     """Read a YAML spec; ``output`` and ``dask_address`` override the file (CLI flags)."""
@@ -281,7 +315,9 @@ def load_spec(
 
 
 def override(
-    spec: DatasetSpec, output: str | Path | None = None, dask_address: str | None = None,
+    spec: DatasetSpec,
+    output: str | Path | None = None,
+    dask_address: str | None = None,
     inbox: str | Path | None = None,
 ) -> DatasetSpec:
     update: dict = {}

@@ -16,8 +16,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from prefect.logging.handlers import PrefectConsoleHandler
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                           TimeRemainingColumn)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 from rich.theme import Theme
 
 SHOWN_LIVE = "h5forge_shown_live"  # log record attribute: the live line already shows this
@@ -31,8 +30,11 @@ class _NotShownLive(logging.Filter):
 def terminal_log_handler() -> PrefectConsoleHandler | None:
     """Prefect's console handler when it writes to a terminal (it sits on the root logger)."""
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, PrefectConsoleHandler) and handler.console.is_terminal \
-                and not handler.console.is_dumb_terminal:
+        if (
+            isinstance(handler, PrefectConsoleHandler)
+            and handler.console.is_terminal
+            and not handler.console.is_dumb_terminal
+        ):
             return handler
     return None
 
@@ -57,8 +59,9 @@ class StepDisplay:
         if self.live is not None and self._bar is not None:
             self.live.update(self._bar, completed=self.done, description=self.label)
         if self.total and self.done / self.total >= self._next_log:
-            self.logger.info(f"{self.label}: {self.done}/{self.total} ({100 * self.done // self.total} %)",
-                             extra=self._extra)
+            self.logger.info(
+                f"{self.label}: {self.done}/{self.total} ({100 * self.done // self.total} %)", extra=self._extra
+            )
             while self._next_log <= self.done / self.total:
                 self._next_log += 0.1
 
@@ -70,8 +73,15 @@ def progress(total: int, label: str, logger) -> Iterator[StepDisplay]:
     if handler is None:
         yield StepDisplay(total, label, logger, None)
         return
-    live = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeRemainingColumn(), console=handler.console, transient=True)
+    live = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=handler.console,
+        transient=True,
+    )
     hide = _NotShownLive()
     handler.addFilter(hide)
     handler.console.push_theme(Theme())  # Prefect's theme lacks the bar's styles; rich's defaults added

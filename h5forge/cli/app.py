@@ -13,8 +13,24 @@ from typer.core import TyperCommand, TyperGroup
 from h5forge.errors import H5forgeError
 
 # modules of the [build] extra (pyproject.toml): a reader-only install lacks them
-BUILD_MODULES = frozenset({"prefect", "prefect_dask", "dask", "distributed", "PIL", "watchfiles", "psutil",
-                           "pyedflib", "pydicom", "nibabel", "pylibjpeg", "libjpeg", "openjpeg", "rle"})
+BUILD_MODULES = frozenset(
+    {
+        "prefect",
+        "prefect_dask",
+        "dask",
+        "distributed",
+        "PIL",
+        "watchfiles",
+        "psutil",
+        "pyedflib",
+        "pydicom",
+        "nibabel",
+        "pylibjpeg",
+        "libjpeg",
+        "openjpeg",
+        "rle",
+    }
+)
 
 
 class _FlagsTakeNoValue:
@@ -49,8 +65,11 @@ class _App(typer.Typer):
         except ModuleNotFoundError as e:
             if (e.name or "").split(".")[0] not in BUILD_MODULES:
                 raise
-            err.print(f"[bold red]error:[/] this command needs h5forge's build extra (no module {e.name!r} "
-                      "here): pip install 'h5forge\\[build]'", highlight=False)  # "\\[": a bracket, not rich markup
+            err.print(
+                f"[bold red]error:[/] this command needs h5forge's build extra (no module {e.name!r} "
+                "here): pip install 'h5forge\\[build]'",
+                highlight=False,
+            )  # "\\[": a bracket, not rich markup
             raise SystemExit(2) from None
 
 
@@ -62,11 +81,14 @@ class _Settings:
 
 settings = _Settings()
 
-app = _App(cls=_Group, add_completion=False, no_args_is_help=True,
-           help="Labelled raw data in, versioned and verified HDF5 training sets out.")
+app = _App(
+    cls=_Group,
+    add_completion=False,
+    no_args_is_help=True,
+    help="Labelled raw data in, versioned and verified HDF5 training sets out.",
+)
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
-
 
 
 def _prefect_defaults() -> None:

@@ -14,11 +14,18 @@ from h5forge.errors import H5forgeError
 from h5forge.cli.app import _fail, _prefect_defaults, _reported, app, out, settings
 from h5forge.kinds import demos, detectors
 
+
 @app.command()
-def init(raw: Path = typer.Argument(..., help="raw folder, one of: " + "; ".join(d.expects for _, d in detectors())
-                                              + "; annotations beside pictures (*.json, *.jsonl, *.csv)"),
-         out_path: Path = typer.Option(..., "--out", help="where to write the spec YAML"),
-         force: bool = typer.Option(False, help="overwrite an existing spec")) -> None:
+def init(
+    raw: Path = typer.Argument(
+        ...,
+        help="raw folder, one of: "
+        + "; ".join(d.expects for _, d in detectors())
+        + "; annotations beside pictures (*.json, *.jsonl, *.csv)",
+    ),
+    out_path: Path = typer.Option(..., "--out", help="where to write the spec YAML"),
+    force: bool = typer.Option(False, help="overwrite an existing spec"),
+) -> None:
     """Write a spec inferred from a raw folder, with comments; print what could not be inferred.
     Exits 2 when a value must be filled in first (a ``# ...: TODO`` line in the spec), 1 when a build
     with the spec would publish nothing (the reason is printed)."""
@@ -33,34 +40,49 @@ def init(raw: Path = typer.Argument(..., help="raw folder, one of: " + "; ".join
     for note in inferred.notes:
         out.print(f"note: {note}", highlight=False, markup=False)
     if inferred.todo:
-        _fail(f"wrote {out_path} ({inferred.layout} layout), but it is incomplete: fill in "
-              f"{', '.join(inferred.todo)} (the TODO lines), then run: h5forge build {out_path}")
+        _fail(
+            f"wrote {out_path} ({inferred.layout} layout), but it is incomplete: fill in "
+            f"{', '.join(inferred.todo)} (the TODO lines), then run: h5forge build {out_path}"
+        )
     if inferred.unbuildable:
-        _fail(f"wrote {out_path} ({inferred.layout} layout), but a build with it publishes nothing: "
-              f"{inferred.unbuildable}; see the notes, fix the folder or the spec, then run: h5forge build "
-              f"{out_path}", 1)
-    out.print(f"wrote {out_path} ({inferred.layout} layout); review it, then run: h5forge build {out_path}",
-              highlight=False, markup=False)
+        _fail(
+            f"wrote {out_path} ({inferred.layout} layout), but a build with it publishes nothing: "
+            f"{inferred.unbuildable}; see the notes, fix the folder or the spec, then run: h5forge build "
+            f"{out_path}",
+            1,
+        )
+    out.print(
+        f"wrote {out_path} ({inferred.layout} layout); review it, then run: h5forge build {out_path}",
+        highlight=False,
+        markup=False,
+    )
 
 
 @app.command()
-def build(spec: Path = typer.Argument(..., help="dataset spec YAML"),
-          output: Optional[Path] = typer.Option(None, help="output folder (overrides the spec)"),
-          dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler")) -> None:
+def build(
+    spec: Path = typer.Argument(..., help="dataset spec YAML"),
+    output: Optional[Path] = typer.Option(None, help="output folder (overrides the spec)"),
+    dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler"),
+) -> None:
     """Full build: discover, clean on dask, write, verify, publish (a Prefect flow run)."""
     _check_spec(spec, output, dask_address)  # fail fast, before starting Prefect
     from h5forge.flows.build import build_dataset
     from h5forge.flows.foreground import foreground_run
 
-    with _reported(), foreground_run(settings.debug):  # no heartbeat thread to wait for at the end (flows/foreground.py)
+    with (
+        _reported(),
+        foreground_run(settings.debug),
+    ):  # no heartbeat thread to wait for at the end (flows/foreground.py)
         result = build_dataset(str(spec), str(output) if output else None, dask_address)
     _print_build(result)
 
 
 def _print_build(result) -> None:
     if result.unchanged:
-        out.print(f"{result.name}: unchanged since v{result.version:04d} (same raw inputs and spec); "
-                  "nothing published", highlight=False)
+        out.print(
+            f"{result.name}: unchanged since v{result.version:04d} (same raw inputs and spec); nothing published",
+            highlight=False,
+        )
         return
     t = Table(title=f"{result.name}: published v{result.version:04d}", show_header=False)
     t.add_row("file", result.path)
@@ -73,10 +95,12 @@ def _print_build(result) -> None:
 
 
 @app.command()
-def append(spec: Path = typer.Argument(..., help="dataset spec YAML"),
-           inbox: Optional[Path] = typer.Option(None, "--from", help="inbox folder (default: source.inbox of the spec)"),
-           output: Optional[Path] = typer.Option(None, help="output folder (overrides the spec)"),
-           dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler")) -> None:
+def append(
+    spec: Path = typer.Argument(..., help="dataset spec YAML"),
+    inbox: Optional[Path] = typer.Option(None, "--from", help="inbox folder (default: source.inbox of the spec)"),
+    output: Optional[Path] = typer.Option(None, help="output folder (overrides the spec)"),
+    dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler"),
+) -> None:
     """Append the complete samples waiting in the inbox as a new version (a Prefect flow run)."""
     _check_spec(spec, output, dask_address, inbox, needs_inbox=True)
     from h5forge.flows.append import append_samples
@@ -110,8 +134,9 @@ def _print_append(result) -> None:
     if result.skipped:
         out.print(f"skipped: {result.skipped}")
     elif result.version:
-        out.print(f"appended {result.added} sample(s) {result.added_counts} as v{result.version:04d}; "
-                  f"now {result.counts}")
+        out.print(
+            f"appended {result.added} sample(s) {result.added_counts} as v{result.version:04d}; now {result.counts}"
+        )
     else:
         out.print("nothing appended")
     for r in result.rejections:
@@ -121,12 +146,15 @@ def _print_append(result) -> None:
 
 
 @app.command()
-def watch(spec: Path = typer.Argument(..., help="dataset spec YAML"),
-          inbox: Optional[Path] = typer.Option(None, "--inbox", help="inbox folder (default: source.inbox)"),
-          output: Optional[Path] = typer.Option(None, help="output folder (overrides the spec)"),
-          dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler"),
-          deployment: Optional[str] = typer.Option(None, help="run this deployment (e.g. append-samples/inbox) "
-                                                               "on a Prefect server instead of in-process")) -> None:
+def watch(
+    spec: Path = typer.Argument(..., help="dataset spec YAML"),
+    inbox: Optional[Path] = typer.Option(None, "--inbox", help="inbox folder (default: source.inbox)"),
+    output: Optional[Path] = typer.Option(None, help="output folder (overrides the spec)"),
+    dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler"),
+    deployment: Optional[str] = typer.Option(
+        None, help="run this deployment (e.g. append-samples/inbox) on a Prefect server instead of in-process"
+    ),
+) -> None:
     """Long-running: append samples as they settle in the inbox; Ctrl-C / SIGTERM stops between appends."""
     import logging
 
@@ -146,8 +174,7 @@ def watch(spec: Path = typer.Argument(..., help="dataset spec YAML"),
         from h5forge.flows.append import append_samples
 
         def run_once() -> int:
-            result = append_samples(str(spec), str(loaded.source.inbox), _opt(output), dask_address,
-                                    skip_if_busy=True)
+            result = append_samples(str(spec), str(loaded.source.inbox), _opt(output), dask_address, skip_if_busy=True)
             _print_append(result)
             return result.waiting
 
@@ -155,20 +182,29 @@ def watch(spec: Path = typer.Argument(..., help="dataset spec YAML"),
     a = loaded.append
     # append rewrites the inbox's annotation file (the records it took leave it): not a change to act on
     own = [loaded.annotations.file] if loaded.annotations.file else []
-    serve_inbox(loaded.source.inbox, run_once, own_files=own, settle_seconds=a.settle_seconds,
-                window_seconds=a.batch_window_seconds, poll_seconds=a.poll_seconds)
+    serve_inbox(
+        loaded.source.inbox,
+        run_once,
+        own_files=own,
+        settle_seconds=a.settle_seconds,
+        window_seconds=a.batch_window_seconds,
+        poll_seconds=a.poll_seconds,
+    )
     out.print("stopped")
 
 
 @app.command()
-def serve(spec: Path = typer.Argument(..., help="dataset spec YAML"),
-          output: Optional[Path] = typer.Option(None, help="output folder (overrides the spec)"),
-          dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler"),
-          timezone: str = typer.Option("UTC", help="time zone of the schedules, e.g. Europe/Berlin"),
-          nightly_cron: str = typer.Option("0 2 * * *", help="when the full rebuild runs"),
-          poll_seconds: float = typer.Option(300, help="append-samples/inbox polling interval"),
-          suffix: str = typer.Option("", help="appended to the deployment names, e.g. -cells, when one "
-                                              "server runs several datasets")) -> None:
+def serve(
+    spec: Path = typer.Argument(..., help="dataset spec YAML"),
+    output: Optional[Path] = typer.Option(None, help="output folder (overrides the spec)"),
+    dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler"),
+    timezone: str = typer.Option("UTC", help="time zone of the schedules, e.g. Europe/Berlin"),
+    nightly_cron: str = typer.Option("0 2 * * *", help="when the full rebuild runs"),
+    poll_seconds: float = typer.Option(300, help="append-samples/inbox polling interval"),
+    suffix: str = typer.Option(
+        "", help="appended to the deployment names, e.g. -cells, when one server runs several datasets"
+    ),
+) -> None:
     """Serve the deployments build-dataset/nightly, append-samples/inbox, verify-dataset/weekly.
 
     Needs a Prefect server: PREFECT_API_URL (e.g. http://127.0.0.1:4200/api after `prefect server start`).
@@ -183,17 +219,22 @@ def serve(spec: Path = typer.Argument(..., help="dataset spec YAML"),
 
     from h5forge.deployments.definitions import dataset_deployments
 
-    deps = dataset_deployments(spec, _opt(output), dask_address, timezone, nightly_cron, poll_seconds,
-                               suffix=suffix)
+    deps = dataset_deployments(spec, _opt(output), dask_address, timezone, nightly_cron, poll_seconds, suffix=suffix)
     prefect_serve(*deps, pause_on_shutdown=False, limit=2)
 
 
 @app.command()
-def export(version: Path = typer.Argument(..., help="a version file (thin or not) or dataset_latest.h5"),
-           dest: Path = typer.Argument(..., help="the self-contained copy to write"),
-           codec: Optional[str] = typer.Option(None, "--codec", help="recompress every sample array: gzip-1 or "
-                                               "none make a copy any HDF5 tool reads without plugins (default: "
-                                               "keep each field's codec)")) -> None:
+def export(
+    version: Path = typer.Argument(..., help="a version file (thin or not) or dataset_latest.h5"),
+    dest: Path = typer.Argument(..., help="the self-contained copy to write"),
+    codec: Optional[str] = typer.Option(
+        None,
+        "--codec",
+        help="recompress every sample array: gzip-1 or "
+        "none make a copy any HDF5 tool reads without plugins (default: "
+        "keep each field's codec)",
+    ),
+) -> None:
     """Write a self-contained copy of a version, to move to another machine or hand to other tools."""
     import h5py
 
@@ -216,21 +257,33 @@ def export(version: Path = typer.Argument(..., help="a version file (thin or not
         _fail(f"the copy failed verification: {'; '.join(check.errors)}", 1)
     with h5py.File(dest, "r") as f:
         needs = str(f.attrs.get(Attr.CODEC_NEEDS, ""))
-    out.print(f"wrote {dest} ({dest.stat().st_size / 1e6:.1f} MB, self-contained, {check.checks['checksums']}; "
-              f"reading it needs {needs})")
+    out.print(
+        f"wrote {dest} ({dest.stat().st_size / 1e6:.1f} MB, self-contained, {check.checks['checksums']}; "
+        f"reading it needs {needs})"
+    )
 
 
 @app.command()
-def verify(path: Path = typer.Argument(..., help="a version file or dataset_latest.h5"),
-           quick: bool = typer.Option(False, help="skip recomputing every checksum and re-deriving samples "
-                                                  "from their sources (unless --resample asks for some)"),
-           resample: Optional[int] = typer.Option(None, "--resample", "--compare", min=0,
-                                                  help="samples re-cleaned from sources and compared "
-                                                       "(default: the stored spec's, at most 1000)"),
-           latency_reads: Optional[int] = typer.Option(None, min=0, help="random reads timed (default: the "
-                                                       "stored spec's, at most 1000)"),
-           source_root: Optional[Path] = typer.Option(None, help="raw folder, if it moved"),
-           as_json: bool = typer.Option(False, "--json", help="print the report as JSON (for scripts)")) -> None:
+def verify(
+    path: Path = typer.Argument(..., help="a version file or dataset_latest.h5"),
+    quick: bool = typer.Option(
+        False,
+        help="skip recomputing every checksum and re-deriving samples "
+        "from their sources (unless --resample asks for some)",
+    ),
+    resample: Optional[int] = typer.Option(
+        None,
+        "--resample",
+        "--compare",
+        min=0,
+        help="samples re-cleaned from sources and compared (default: the stored spec's, at most 1000)",
+    ),
+    latency_reads: Optional[int] = typer.Option(
+        None, min=0, help="random reads timed (default: the stored spec's, at most 1000)"
+    ),
+    source_root: Optional[Path] = typer.Option(None, help="raw folder, if it moved"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON (for scripts)"),
+) -> None:
     """Check a version; exit 0 if healthy, 1 with the reasons if not."""
     from h5forge.cli.health_view import health_view
     from h5forge.format.names import LATEST
@@ -242,8 +295,9 @@ def verify(path: Path = typer.Argument(..., help="a version file or dataset_late
             latest(path.parent)
     if quick and resample is None:
         resample = 0
-    report = verify_file(path, checksums=not quick, resample=resample, latency_reads=latency_reads,
-                         source_root=source_root, isolate=True)  # a file that crashes HDF5 is BROKEN too
+    report = verify_file(
+        path, checksums=not quick, resample=resample, latency_reads=latency_reads, source_root=source_root, isolate=True
+    )  # a file that crashes HDF5 is BROKEN too
     if as_json:
         print(report.to_json())
     else:
@@ -272,14 +326,23 @@ def versions(folder: Path = typer.Argument(..., help="output folder of a dataset
         except H5forgeError as err:
             t.add_row(mark, f"v{number:04d}", "", f"{p.stat().st_size / 1e6:.1f} MB", f"unreadable: {err}", "", "")
             continue
-        t.add_row(mark, f"v{number:04d}", str(row["samples"]), f"{row['file_bytes'] / 1e6:.1f} MB", row["kind"],
-                  str(row["created_at"]), f"v{row['parent']:04d}" if row["parent"] else "")
+        t.add_row(
+            mark,
+            f"v{number:04d}",
+            str(row["samples"]),
+            f"{row['file_bytes'] / 1e6:.1f} MB",
+            row["kind"],
+            str(row["created_at"]),
+            f"v{row['parent']:04d}" if row["parent"] else "",
+        )
     out.print(t)
 
 
 @app.command()
-def rollback(folder: Path = typer.Argument(..., help="output folder of a dataset"),
-             version: str = typer.Argument(..., help="version to point latest at, e.g. v0002")) -> None:
+def rollback(
+    folder: Path = typer.Argument(..., help="output folder of a dataset"),
+    version: str = typer.Argument(..., help="version to point latest at, e.g. v0002"),
+) -> None:
     """Point dataset_latest.h5 at an earlier (or later) published version."""
     from h5forge.store.verify import verify_file
     from h5forge.format.names import version_name
@@ -298,14 +361,21 @@ def rollback(folder: Path = typer.Argument(..., help="output folder of a dataset
 
 
 @app.command("demo-data")
-def demo_data(folder: Path = typer.Argument(Path("data/raw/demo")),
-              kind: str = typer.Option("cells", help=" | ".join(f"{d.name} ({d.about})" for d in demos().values())),
-              n: Optional[int] = typer.Option(None, help="good samples to generate (default: " + ", ".join(
-                  f"{d.default_n} {d.name}" for d in demos().values()) + ")"),
-              seed: int = typer.Option(0),
-              bad: bool = typer.Option(True, help="also write the usual defects of real collections"),
-              prefix: Optional[str] = typer.Option(None, help="sample id prefix (another one makes new samples); "
-                                                              "default: the demo's own")) -> None:
+def demo_data(
+    folder: Path = typer.Argument(Path("data/raw/demo")),
+    kind: str = typer.Option("cells", help=" | ".join(f"{d.name} ({d.about})" for d in demos().values())),
+    n: Optional[int] = typer.Option(
+        None,
+        help="good samples to generate (default: "
+        + ", ".join(f"{d.default_n} {d.name}" for d in demos().values())
+        + ")",
+    ),
+    seed: int = typer.Option(0),
+    bad: bool = typer.Option(True, help="also write the usual defects of real collections"),
+    prefix: Optional[str] = typer.Option(
+        None, help="sample id prefix (another one makes new samples); default: the demo's own"
+    ),
+) -> None:
     """Generate a realistic raw folder of one kind, with the defects real collections have."""
     found = demos()
     if kind not in found:

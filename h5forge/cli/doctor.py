@@ -73,8 +73,11 @@ def check_plugin_path(c: Checkup) -> None:
         c.line("HDF5_PLUGIN_PATH", "hdf5plugin is not installed: `pip install hdf5plugin` first")
         return
     current = os.environ.get("HDF5_PLUGIN_PATH")
-    state = "set in this shell" if current == hdf5plugin.PLUGIN_PATH else (
-        f"this shell has {current}" if current else "not set in this shell")
+    state = (
+        "set in this shell"
+        if current == hdf5plugin.PLUGIN_PATH
+        else (f"this shell has {current}" if current else "not set in this shell")
+    )
     c.line("HDF5_PLUGIN_PATH", f"export HDF5_PLUGIN_PATH={hdf5plugin.PLUGIN_PATH}")
     c.line("", f"({state}; h5dump, HDFView and h5py without `import h5forge` need it for lz4/zstd files)")
 
@@ -85,15 +88,20 @@ def check_prefect(c: Checkup) -> None:
 
     url = os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()
     if not url:
-        c.line("Prefect API", "ephemeral (no server configured): each run starts a temporary local server; "
-                              "`serve` needs PREFECT_API_URL")
+        c.line(
+            "Prefect API",
+            "ephemeral (no server configured): each run starts a temporary local server; `serve` needs PREFECT_API_URL",
+        )
         return
     health = f"{url.rstrip('/')}/health"
     try:
         response = httpx.get(health, timeout=HEALTH_TIMEOUT)
     except httpx.HTTPError as err:
-        c.problem("Prefect API", f"{url} does not answer ({type(err).__name__}: {err}); start the server "
-                                 "(`prefect server start`) or unset PREFECT_API_URL")
+        c.problem(
+            "Prefect API",
+            f"{url} does not answer ({type(err).__name__}: {err}); start the server "
+            "(`prefect server start`) or unset PREFECT_API_URL",
+        )
         return
     if response.status_code != 200:
         c.problem("Prefect API", f"{health} answered HTTP {response.status_code}")
@@ -168,8 +176,7 @@ def check_spec(c: Checkup, spec_path: Path, dask_address: str | None = None) -> 
     with _reported():
         spec = load_spec(spec_path, dask_address=dask_address)
     known = known_filters()
-    codecs = sorted({k.stored().codec_of(spec.storage.codec) for k in stored_kinds(spec).values()
-                     if k.stored().bulk})
+    codecs = sorted({k.stored().codec_of(spec.storage.codec) for k in stored_kinds(spec).values() if k.stored().bulk})
     for codec in codecs:
         try:
             ids = codec_filters(codec)
@@ -189,8 +196,10 @@ def check_spec(c: Checkup, spec_path: Path, dask_address: str | None = None) -> 
         c.problem("spec source", f"{root}: no such folder (source.root)")
     target = _existing(Path(spec.output.dir))
     if os.access(target, os.W_OK):
-        c.line("spec output", f"{spec.output.dir} ({'exists' if Path(spec.output.dir).exists() else 'created on build'}"
-                              f", writable)")
+        c.line(
+            "spec output",
+            f"{spec.output.dir} ({'exists' if Path(spec.output.dir).exists() else 'created on build'}, writable)",
+        )
     else:
         c.problem("spec output", f"{spec.output.dir}: {target} is not writable")
     if spec.compute.dask_address:
@@ -217,19 +226,27 @@ def check_scheduler(c: Checkup, address: str, label: str = "dask scheduler") -> 
         c.problem(label, f"{address} accepts connections but does not answer as a dask scheduler ({err})")
         return
     if not threads:
-        c.problem(label, f"{address} reachable, 0 workers: a build there waits for one, then fails; "
-                         f"start some (`dask worker {address}`)")
+        c.problem(
+            label,
+            f"{address} reachable, 0 workers: a build there waits for one, then fails; "
+            f"start some (`dask worker {address}`)",
+        )
         return
     c.line(label, f"{address} reachable, {len(threads)} worker(s), {sum(threads.values())} thread(s)")
 
 
 @app.command()
-def doctor(file: Optional[Path] = typer.Argument(None, help="a version file (or any HDF5 file): which filters "
-                                                              "it needs, and whether this machine has them"),
-           spec: Optional[Path] = typer.Option(None, "--spec", help="a dataset spec: its codecs, source folder, "
-                                                                    "output folder (free disk) and dask scheduler"),
-           dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of a dask scheduler to check "
-                                                                 "(with --spec: in place of the spec's)")) -> None:
+def doctor(
+    file: Optional[Path] = typer.Argument(
+        None, help="a version file (or any HDF5 file): which filters it needs, and whether this machine has them"
+    ),
+    spec: Optional[Path] = typer.Option(
+        None, "--spec", help="a dataset spec: its codecs, source folder, output folder (free disk) and dask scheduler"
+    ),
+    dask_address: Optional[str] = typer.Option(
+        None, help="tcp://host:port of a dask scheduler to check (with --spec: in place of the spec's)"
+    ),
+) -> None:
     """Check this machine: h5py/HDF5 versions, compression filters, the HDF5_PLUGIN_PATH line for
     other HDF5 tools, the Prefect API, dask and CPUs, free disk. Exit 1 when something the FILE or
     the spec needs is missing (or a configured Prefect API does not answer)."""

@@ -29,8 +29,9 @@ def report_name(path: str) -> str:
 
 
 def health_view(report: HealthReport) -> RenderableType:
-    verdict = Text.assemble((report_name(report.path), "bold"), ": ",
-                            ("HEALTHY", "bold green") if report.ok else ("BROKEN", "bold red"))
+    verdict = Text.assemble(
+        (report_name(report.path), "bold"), ": ", ("HEALTHY", "bold green") if report.ok else ("BROKEN", "bold red")
+    )
     checks = Table("check", "result", box=box.SIMPLE_HEAD, show_edge=False)
     for check, result in report.checks.items():
         checks.add_row(check, Text(result, style="red" if result == "FAILED" else ""))

@@ -22,10 +22,14 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def _main(show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
-                                          help="print the installed h5forge version and exit"),
-          debug: bool = typer.Option(False, "--debug", help="show the tracebacks of expected failures too "
-                                                             "(they are always in the Prefect run's log)")) -> None:
+def _main(
+    show_version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="print the installed h5forge version and exit"
+    ),
+    debug: bool = typer.Option(
+        False, "--debug", help="show the tracebacks of expected failures too (they are always in the Prefect run's log)"
+    ),
+) -> None:
     """Labelled raw data in, versioned and verified HDF5 training sets out."""
     settings.debug = debug
 
@@ -47,36 +51,58 @@ def _print_info(info: dict[str, Any]) -> None:
     t = Table(title=f"{info['name']} v{lin['version']:04d} ({info['file']})", show_header=False)
     t.add_row("samples", f"{info['samples']} ({_counts_text(info['counts'])})")
     ratio = sz["array_bytes_stored"] / sz["array_bytes_raw"] if sz["array_bytes_raw"] else 1.0
-    t.add_row("arrays", f"{size_text(sz['array_bytes_stored'])} stored of {size_text(sz['array_bytes_raw'])} raw "
-                        f"({ratio:.3f})")
-    t.add_row("file", f"{size_text(sz['file_bytes'])}; on disk with the files it reads: "
-                      f"{size_text(sz['on_disk_bytes'])}")
+    t.add_row(
+        "arrays",
+        f"{size_text(sz['array_bytes_stored'])} stored of {size_text(sz['array_bytes_raw'])} raw ({ratio:.3f})",
+    )
+    t.add_row(
+        "file", f"{size_text(sz['file_bytes'])}; on disk with the files it reads: {size_text(sz['on_disk_bytes'])}"
+    )
     t.add_row("codec", f"{info['codec']} (needs {info['codec_needs']})")
-    t.add_row("created", f"{lin['created_at']} by {lin['creator']}, h5forge {lin['written_with']['h5forge']}, "
-                         f"HDF5 {lin['written_with']['hdf5']}")
+    t.add_row(
+        "created",
+        f"{lin['created_at']} by {lin['creator']}, h5forge {lin['written_with']['h5forge']}, "
+        f"HDF5 {lin['written_with']['hdf5']}",
+    )
     if lin["kind"] == "thin":
         segs = ", ".join(f"{s['file']}{'' if s['present'] else ' (MISSING)'}" for s in lin["segments"])
         t.add_row("kind", f"thin: reads {len(lin['segments'])} files: {segs}")
     else:
-        t.add_row("kind", "full (self-contained)" + (f", exported from {lin['exported_from']}"
-                                                     if lin["exported_from"] else ""))
-    chain = " <- ".join([f"v{lin['version']:04d}"] + [
-        f"v{a['version']:04d}" + ("" if a["present"] else " (deleted)") + (f" {a['kind']}" if a.get("kind") else "")
-        for a in lin["ancestors"]])
+        t.add_row(
+            "kind",
+            "full (self-contained)" + (f", exported from {lin['exported_from']}" if lin["exported_from"] else ""),
+        )
+    chain = " <- ".join(
+        [f"v{lin['version']:04d}"]
+        + [
+            f"v{a['version']:04d}" + ("" if a["present"] else " (deleted)") + (f" {a['kind']}" if a.get("kind") else "")
+            for a in lin["ancestors"]
+        ]
+    )
     t.add_row("lineage", chain if lin["parent"] else "no parent (first version of the folder)")
-    fields = "; ".join(f"{n}: {f['kind']} {f['shape']} {f['dtype']}" + (f" {f['codec']}" if f["codec"] else "")
-                       for n, f in spec["fields"].items())
+    fields = "; ".join(
+        f"{n}: {f['kind']} {f['shape']} {f['dtype']}" + (f" {f['codec']}" if f["codec"] else "")
+        for n, f in spec["fields"].items()
+    )
     t.add_row("spec", f"{spec['name']}: {spec['description']}")
     t.add_row("fields", fields)
     t.add_row("columns", ", ".join(f"{c} ({ty})" for c, ty in spec["columns"].items()) or "none")
     t.add_row("splits", _counts_text(spec["splits"]) + f"; chunk_rows {spec['chunk_rows']}")
     t.add_row("source", spec["source_root"])
     out.print(t)
-    stats = Table("split", "samples", "statistics", "samples per value", title="per split",
-                  caption="samples per value: of the indexed columns, and for a mask the samples holding each class")
+    stats = Table(
+        "split",
+        "samples",
+        "statistics",
+        "samples per value",
+        title="per split",
+        caption="samples per value: of the indexed columns, and for a mask the samples holding each class",
+    )
     for split, s in info["splits"].items():
-        st = "\n".join(f"{k}: {', '.join(f'{c} {n}' for c, n in v.items()) if isinstance(v, dict) else _number(v)}"
-                       for k, v in s["stats"].items())
+        st = "\n".join(
+            f"{k}: {', '.join(f'{c} {n}' for c, n in v.items()) if isinstance(v, dict) else _number(v)}"
+            for k, v in s["stats"].items()
+        )
         by = "\n".join(f"{k}: {_counts_text(v)}" for k, v in s["samples_by_value"].items())
         stats.add_row(split, str(s["samples"]), st, by)
     out.print(stats)
@@ -89,8 +115,10 @@ def _print_info(info: dict[str, Any]) -> None:
 
 
 @app.command()
-def info(path: Path = typer.Argument(..., help="a version file, dataset_latest.h5, or an output folder"),
-         as_json: bool = typer.Option(False, "--json", help="print everything as JSON")) -> None:
+def info(
+    path: Path = typer.Argument(..., help="a version file, dataset_latest.h5, or an output folder"),
+    as_json: bool = typer.Option(False, "--json", help="print everything as JSON"),
+) -> None:
     """What a version holds: samples per split, sizes, codec, the spec, lineage (thin or full),
     label and class counts, the rejected inputs by reason. A folder: every version, the latest in full."""
     from h5forge.views.info import folder_info, version_info
@@ -104,20 +132,29 @@ def info(path: Path = typer.Argument(..., help="a version file, dataset_latest.h
     if path.is_dir():
         t = Table("", "version", "samples", "size", "kind", "created", "parent", title=str(path))
         for v in data["versions"]:
-            t.add_row("latest →" if v["latest"] else "", f"v{v['version']:04d}",
-                      f"{v['samples']} ({_counts_text(v['counts'])})", size_text(v["file_bytes"]), v["kind"],
-                      v["created_at"], f"v{v['parent']:04d}" if v["parent"] else "")
+            t.add_row(
+                "latest →" if v["latest"] else "",
+                f"v{v['version']:04d}",
+                f"{v['samples']} ({_counts_text(v['counts'])})",
+                size_text(v["file_bytes"]),
+                v["kind"],
+                v["created_at"],
+                f"v{v['parent']:04d}" if v["parent"] else "",
+            )
         out.print(t)
         data = data["detail"]
     _print_info(data)
 
 
 @app.command()
-def diff(old: str = typer.Argument(..., help="the earlier version: a file, or with --dir a version name"),
-         new: str = typer.Argument(..., help="the later version: a file, or with --dir a version name"),
-         folder: Optional[Path] = typer.Option(None, "--dir", help="output folder: OLD and NEW are then versions "
-                                                                   "of it: 3, v0003, latest or previous"),
-         as_json: bool = typer.Option(False, "--json", help="print the diff as JSON (every id listed)")) -> None:
+def diff(
+    old: str = typer.Argument(..., help="the earlier version: a file, or with --dir a version name"),
+    new: str = typer.Argument(..., help="the later version: a file, or with --dir a version name"),
+    folder: Optional[Path] = typer.Option(
+        None, "--dir", help="output folder: OLD and NEW are then versions of it: 3, v0003, latest or previous"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="print the diff as JSON (every id listed)"),
+) -> None:
     """Sample-level changes between two versions: ids added and removed, content (checksum) and
     label/column changes, samples that moved split (none, by the stable-split rule), counts per
     split and per label.

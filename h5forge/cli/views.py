@@ -19,15 +19,17 @@ def _ids(values: Optional[List[str]]) -> list[str] | None:
 
 
 @app.command()
-def preview(file: Path = typer.Argument(..., help="a version file (or dataset_latest.h5)"),
-            split: Optional[str] = typer.Option(None, help="train | val | test (default: train; with --ids, "
-                                                           "every split is searched)"),
-            n: int = typer.Option(16, "--n", min=1, max=400, help="samples drawn at random"),
-            seed: int = typer.Option(0, help="the same seed draws the same samples"),
-            ids: Optional[List[str]] = typer.Option(None, help="sample ids to draw instead, comma-separated "
-                                                               "or repeated"),
-            out_path: Path = typer.Option(Path("preview.png"), "--out", help="PNG to write"),
-            tile: int = typer.Option(192, min=32, max=1024, help="width of a sample's cell in pixels")) -> None:
+def preview(
+    file: Path = typer.Argument(..., help="a version file (or dataset_latest.h5)"),
+    split: Optional[str] = typer.Option(
+        None, help="train | val | test (default: train; with --ids, every split is searched)"
+    ),
+    n: int = typer.Option(16, "--n", min=1, max=400, help="samples drawn at random"),
+    seed: int = typer.Option(0, help="the same seed draws the same samples"),
+    ids: Optional[List[str]] = typer.Option(None, help="sample ids to draw instead, comma-separated or repeated"),
+    out_path: Path = typer.Option(Path("preview.png"), "--out", help="PNG to write"),
+    tile: int = typer.Option(192, min=32, max=1024, help="width of a sample's cell in pixels"),
+) -> None:
     """A contact sheet PNG of random or chosen samples, each drawn by its field kinds: images with
     their masks overlaid in colour, volumes as three mid-planes, signals as line plots per channel;
     the id, the label and the annotation columns under each."""
@@ -37,19 +39,24 @@ def preview(file: Path = typer.Argument(..., help="a version file (or dataset_la
     with _reported():
         sheet = in_child(write_preview, file, out_path, split, n, seed, _ids(ids), tile, what=f"preview {file}")
     shown = ", ".join(sheet.ids[:8]) + (f" and {len(sheet.ids) - 8} more" if len(sheet.ids) > 8 else "")
-    out.print(f"wrote {out_path} ({sheet.image.width}x{sheet.image.height} px): {len(sheet.ids)} samples: {shown}",
-              highlight=False, markup=False)
+    out.print(
+        f"wrote {out_path} ({sheet.image.width}x{sheet.image.height} px): {len(sheet.ids)} samples: {shown}",
+        highlight=False,
+        markup=False,
+    )
 
 
 @app.command()
-def codecs(raw: Path = typer.Argument(..., help="raw folder, as for init/build"),
-           spec: Optional[Path] = typer.Option(None, help="dataset spec YAML (default: inferred as `init` does); "
-                                                          "its source root is replaced by RAW"),
-           sample: int = typer.Option(500, min=1, help="raw inputs sampled (at random, seeded)"),
-           only: Optional[str] = typer.Option(None, "--codecs", help="comma-separated codecs to measure "
-                                                                     "(default: all)"),
-           seed: int = typer.Option(0),
-           chart: Path = typer.Option(Path("codecs.png"), help="bar chart PNG to write")) -> None:
+def codecs(
+    raw: Path = typer.Argument(..., help="raw folder, as for init/build"),
+    spec: Optional[Path] = typer.Option(
+        None, help="dataset spec YAML (default: inferred as `init` does); its source root is replaced by RAW"
+    ),
+    sample: int = typer.Option(500, min=1, help="raw inputs sampled (at random, seeded)"),
+    only: Optional[str] = typer.Option(None, "--codecs", help="comma-separated codecs to measure (default: all)"),
+    seed: int = typer.Option(0),
+    chart: Path = typer.Option(Path("codecs.png"), help="bar chart PNG to write"),
+) -> None:
     """Measure every codec on a sample of your own data: stored/raw, write CPU per sample, random
     single-sample read p50, reader CPU per batch; print the table, draw it, and recommend one."""
     from h5forge.format.codecs import CODECS
@@ -60,15 +67,27 @@ def codecs(raw: Path = typer.Argument(..., help="raw folder, as for init/build")
     with _reported():
         result = trial(spec_for(raw, spec), sample, names, seed)
         draw_chart(result, chart)
-    t = Table(title=f"codecs on {len(result.ids)} samples of {result.spec_name}"
-                    + (f" ({result.rejected} sampled input(s) rejected)" if result.rejected else ""))
+    t = Table(
+        title=f"codecs on {len(result.ids)} samples of {result.spec_name}"
+        + (f" ({result.rejected} sampled input(s) rejected)" if result.rejected else "")
+    )
     for col in ("codec", "stored/raw", "write CPU ms/sample", "read p50 ms", f"reader CPU ms/batch of {result.batch}"):
         t.add_column(col, justify="left" if col == "codec" else "right", no_wrap=col == "codec")
     for r in result.results:
         style = "bold green" if r.codec == result.recommended else None
-        t.add_row(r.codec, f"{r.ratio:.3f}", f"{r.write_ms_per_sample:.2f}", f"{r.read_p50_ms:.3f}",
-                  f"{r.batch_cpu_ms:.2f}", style=style)
+        t.add_row(
+            r.codec,
+            f"{r.ratio:.3f}",
+            f"{r.write_ms_per_sample:.2f}",
+            f"{r.read_p50_ms:.3f}",
+            f"{r.batch_cpu_ms:.2f}",
+            style=style,
+        )
     out.print(t)
     out.print(f"recommended: {result.recommended} ({result.reason})", highlight=False, markup=False)
-    out.print(f"a reader needs: {CODECS[result.recommended].needs}; set it in the spec as "
-              f"storage: {{codec: {result.recommended}}}; chart: {chart}", highlight=False, markup=False)
+    out.print(
+        f"a reader needs: {CODECS[result.recommended].needs}; set it in the spec as "
+        f"storage: {{codec: {result.recommended}}}; chart: {chart}",
+        highlight=False,
+        markup=False,
+    )

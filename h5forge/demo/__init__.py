@@ -35,10 +35,22 @@ from h5forge.demo.segment_multiclass import SEGMENT_CLASSES, generate_segment_mu
 from h5forge.demo.signals import SIGNAL_CHANNELS, generate_signals
 from h5forge.demo.sr import generate_sr
 
-__all__ = ["CLASSIFY_CLASSES", "CT_SPACING", "CT_SPHERE_HU", "KINDS", "LABELS", "SEGMENT_CLASSES", "SIGNAL_CHANNELS",
-           "STAINS", "generate", "generate_classify", "generate_ct", "generate_segment_multiclass", "generate_signals",
-           "generate_sr"]
-
+__all__ = [
+    "CLASSIFY_CLASSES",
+    "CT_SPACING",
+    "CT_SPHERE_HU",
+    "KINDS",
+    "LABELS",
+    "SEGMENT_CLASSES",
+    "SIGNAL_CHANNELS",
+    "STAINS",
+    "generate",
+    "generate_classify",
+    "generate_ct",
+    "generate_segment_multiclass",
+    "generate_signals",
+    "generate_sr",
+]
 
 
 def __getattr__(name: str):

@@ -134,8 +134,15 @@ def _add_bad_inputs(root: Path, rng: np.random.Generator, records: list[dict]) -
     return bad
 
 
-def generate(root: str | Path, n: int = 600, seed: int = 0, bad: bool = True,
-             size_range: tuple[int, int] = (150, 260), workers: int = 2, prefix: str = "cell_") -> dict[str, str]:
+def generate(
+    root: str | Path,
+    n: int = 600,
+    seed: int = 0,
+    bad: bool = True,
+    size_range: tuple[int, int] = (150, 260),
+    workers: int = 2,
+    prefix: str = "cell_",
+) -> dict[str, str]:
     """Write ``n`` good samples (plus defects when ``bad``) under ``root``; returns the defects.
 
     Sample ids are ``<prefix><number>``: another prefix makes new samples for an inbox.

@@ -49,8 +49,9 @@ def _shape_picture(rng: np.random.Generator, cls: str, h: int, w: int) -> Image.
         for _ in range(int(rng.integers(2, 5))):
             r = rng.uniform(0.1, 0.22) * side
             cx, cy, a = rng.uniform(r, w - r), rng.uniform(r, h - r), rng.uniform(0, 2 * np.pi)
-            corners = [(cx + r * np.cos(a + k * 2 * np.pi / 3), cy + r * np.sin(a + k * 2 * np.pi / 3))
-                       for k in range(3)]
+            corners = [
+                (cx + r * np.cos(a + k * 2 * np.pi / 3), cy + r * np.sin(a + k * 2 * np.pi / 3)) for k in range(3)
+            ]
             draw.polygon(corners, fill=colour)
     else:  # stripes
         a, period = rng.uniform(0, np.pi), rng.uniform(0.12, 0.25) * side
@@ -63,10 +64,15 @@ def _shape_picture(rng: np.random.Generator, cls: str, h: int, w: int) -> Image.
     return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
 
 
-
-
-def generate_classify(root: str | Path, n: int = 240, seed: int = 0, bad: bool = True, prefix: str = "",
-                      split_folders: bool = False, size_range: tuple[int, int] = (72, 144)) -> dict[str, str]:
+def generate_classify(
+    root: str | Path,
+    n: int = 240,
+    seed: int = 0,
+    bad: bool = True,
+    prefix: str = "",
+    split_folders: bool = False,
+    size_range: tuple[int, int] = (72, 144),
+) -> dict[str, str]:
     """``n`` good pictures in ROOT/<class>/ (or ROOT/<split>/<class>/), classes taking turns, plus
     (``bad``) a truncated JPEG and a zero-byte PNG. Each class numbers its files from 0, so the same
     file name appears in every class (class-folder ids are paths, so they do not collide)."""

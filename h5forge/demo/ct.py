@@ -20,8 +20,18 @@ def _uid(*parts: object) -> str:
     return generate_uid(entropy_srcs=[str(p) for p in parts])
 
 
-def _ct_case(root: Path, case: str, base, seed: int, depth: int, *, skip: tuple[int, ...] = (),
-             mask_depth: int | None = None, scout: int = 0, suffix: str = ".dcm") -> None:
+def _ct_case(
+    root: Path,
+    case: str,
+    base,
+    seed: int,
+    depth: int,
+    *,
+    skip: tuple[int, ...] = (),
+    mask_depth: int | None = None,
+    scout: int = 0,
+    suffix: str = ".dcm",
+) -> None:
     """A case folder of ``depth`` axial slices (minus ``skip``) at a fixed spacing, a sphere of
     +400 HU in it, saved in shuffled order with shuffled InstanceNumbers; its per-slice PNG masks
     (``mask_depth`` of them); and ``scout`` slices of a second series (a localizer) beside it."""
@@ -36,8 +46,13 @@ def _ct_case(root: Path, case: str, base, seed: int, depth: int, *, skip: tuple[
     row_mm, col_mm = (float(v) for v in base.PixelSpacing)
     x0, y0, z0 = -col_mm * cols / 2, -row_mm * rows / 2, float(rng.uniform(-200, -100))
     radius = float(rng.uniform(8, 14))  # mm
-    centre = np.array([rng.uniform(0.35, 0.65) * depth * spacing, rng.uniform(0.3, 0.7) * rows * row_mm,
-                       rng.uniform(0.3, 0.7) * cols * col_mm])  # (z, y, x) in mm from the first voxel
+    centre = np.array(
+        [
+            rng.uniform(0.35, 0.65) * depth * spacing,
+            rng.uniform(0.3, 0.7) * rows * row_mm,
+            rng.uniform(0.3, 0.7) * cols * col_mm,
+        ]
+    )  # (z, y, x) in mm from the first voxel
     yy, xx = np.mgrid[0:rows, 0:cols].astype(np.float64)
     study, series = _uid(seed, case, "study"), _uid(seed, case, "series")
     pixels = base.pixel_array.astype(np.int32)
@@ -47,8 +62,9 @@ def _ct_case(root: Path, case: str, base, seed: int, depth: int, *, skip: tuple[
         ds.save_as(folder / name, enforce_file_format=True)
 
     for k in rng.permutation(depth):
-        inside = ((k * spacing - centre[0]) ** 2 + (yy * row_mm - centre[1]) ** 2
-                  + (xx * col_mm - centre[2]) ** 2) <= radius ** 2
+        inside = (
+            (k * spacing - centre[0]) ** 2 + (yy * row_mm - centre[1]) ** 2 + (xx * col_mm - centre[2]) ** 2
+        ) <= radius**2
         if mask_depth is None or k < mask_depth:
             Image.fromarray(inside.astype(np.uint8) * 255).save(masks / f"slice_{k:03d}.png")
         if k in skip:
@@ -76,8 +92,14 @@ def _ct_case(root: Path, case: str, base, seed: int, depth: int, *, skip: tuple[
         write(ds, f"{ds.SOPInstanceUID}{suffix}" if suffix else f"IM{depth + k + 1:04d}")
 
 
-def generate_ct(root: str | Path, n: int = 6, seed: int = 0, bad: bool = True, prefix: str = "case_",
-                depth_range: tuple[int, int] = (8, 20)) -> dict[str, str]:
+def generate_ct(
+    root: str | Path,
+    n: int = 6,
+    seed: int = 0,
+    bad: bool = True,
+    prefix: str = "case_",
+    depth_range: tuple[int, int] = (8, 20),
+) -> dict[str, str]:
     """``n`` good CT cases ROOT/<prefix>NNN/ of 8-20 slices with masks/<case>/, plus (``bad``) a case
     missing a slice, a case holding a second (scout) series, and a case whose mask lacks a slice."""
     import pydicom
@@ -93,8 +115,10 @@ def generate_ct(root: str | Path, n: int = 6, seed: int = 0, bad: bool = True, p
         _ct_case(root, f"{prefix}missing_slice", base, seed, 12, skip=(5,))
         defects[f"{prefix}missing_slice"] = "slice 5 of 12 is missing (a gap in the positions)"
         _ct_case(root, f"{prefix}two_series", base, seed, 12, scout=3)
-        defects[f"{prefix}two_series"] = ("two series in one folder: 12 axial slices and a 3-slice scout "
-                                          "(series: largest takes the axial one; without it, ambiguous)")
+        defects[f"{prefix}two_series"] = (
+            "two series in one folder: 12 axial slices and a 3-slice scout "
+            "(series: largest takes the axial one; without it, ambiguous)"
+        )
         _ct_case(root, f"{prefix}mask_depth", base, seed, 10, mask_depth=9)
         defects[f"masks/{prefix}mask_depth"] = "the mask has 9 slices, its volume 10"
     return defects

@@ -42,8 +42,14 @@ def _cell_scene(rng: np.random.Generator, h: int, w: int, uncertain: bool) -> tu
     return np.clip(img, 0, 255).astype(np.uint8), mask, n_cells
 
 
-def generate_segment_multiclass(root: str | Path, n: int = 120, seed: int = 0, bad: bool = True,
-                                prefix: str = "scan_", size_range: tuple[int, int] = (96, 160)) -> dict[str, str]:
+def generate_segment_multiclass(
+    root: str | Path,
+    n: int = 120,
+    seed: int = 0,
+    bad: bool = True,
+    prefix: str = "scan_",
+    size_range: tuple[int, int] = (96, 160),
+) -> dict[str, str]:
     """``n`` good images/ + masks/ pairs with 3-class masks (every 4th with an ignore rim of 255,
     the 4th one a palette PNG), annotations.csv, and (``bad``) a mask holding the undeclared value 7."""
     root = Path(root)
@@ -56,8 +62,15 @@ def generate_segment_multiclass(root: str | Path, n: int = 120, seed: int = 0, b
         rgb, mask, n_cells = _cell_scene(rng, h, w, uncertain=i % 4 == 1)
         ext = ".jpg" if i % 5 == 2 else ".png"
         save_picture(Image.fromarray(rgb), root / "images" / f"{sid}{ext}")
-        rows.append({"file": f"{sid}{ext}", "stain": ("H&E", "DAPI", "GFP")[i % 3], "num_cells": n_cells,
-                     "focus": f"{rng.uniform(0.2, 1.0):.3f}", "reviewed": "true" if i % 3 else "false"})
+        rows.append(
+            {
+                "file": f"{sid}{ext}",
+                "stain": ("H&E", "DAPI", "GFP")[i % 3],
+                "num_cells": n_cells,
+                "focus": f"{rng.uniform(0.2, 1.0):.3f}",
+                "reviewed": "true" if i % 3 else "false",
+            }
+        )
         return mask
 
     for i in range(n):

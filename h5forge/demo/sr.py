@@ -27,8 +27,15 @@ def _texture(rng: np.random.Generator, h: int, w: int) -> Image.Image:
     return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
 
 
-def generate_sr(root: str | Path, n: int = 100, seed: int = 0, bad: bool = True, prefix: str = "",
-                scale: int = 4, lr_range: tuple[int, int] = (24, 48)) -> dict[str, str]:
+def generate_sr(
+    root: str | Path,
+    n: int = 100,
+    seed: int = 0,
+    bad: bool = True,
+    prefix: str = "",
+    scale: int = 4,
+    lr_range: tuple[int, int] = (24, 48),
+) -> dict[str, str]:
     """``n`` pairs hr/<id>.png and lr/<id>.png (the HR picture shrunk ``scale`` times with bicubic
     ``Image.resize``), plus (``bad``) a pair made at scale 3."""
     root = Path(root)

@@ -76,23 +76,31 @@ class Ragged:
         off = self.offsets
         if isinstance(idx, (int, np.integer)):
             i = int(idx) + (len(self) if idx < 0 else 0)
-            return self.values[off[i]:off[i + 1]]
+            return self.values[off[i] : off[i + 1]]
         if isinstance(idx, slice):
             start, stop, step = idx.indices(len(self))
             if step == 1:
-                return Ragged(self.values[off[start]:off[max(start, stop)]], self.lengths[start:stop])
+                return Ragged(self.values[off[start] : off[max(start, stop)]], self.lengths[start:stop])
             idx = np.arange(start, stop, step)
         rows = np.flatnonzero(idx) if np.asarray(idx).dtype == bool else np.asarray(idx, dtype=np.int64)
-        return Ragged.of([self.values[off[i]:off[i + 1]] for i in rows], self.values.shape[1:], self.values.dtype)
+        return Ragged.of([self.values[off[i] : off[i + 1]] for i in rows], self.values.shape[1:], self.values.dtype)
 
 
 def create(g: h5py.Group, path: str, st: Stored, chunks: tuple[int, ...], options: dict) -> h5py.Dataset:
     """The empty, resizable dataset(s) of a field; returns the values dataset."""
-    ds = g.create_dataset(path, shape=(0, *st.shape), maxshape=(None, *st.shape), dtype=st.dtype,
-                          chunks=chunks, **options)
+    ds = g.create_dataset(
+        path, shape=(0, *st.shape), maxshape=(None, *st.shape), dtype=st.dtype, chunks=chunks, **options
+    )
     if st.ragged:
-        g.create_dataset(path + LENGTHS, shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(4096,),
-                         compression="gzip", compression_opts=1)
+        g.create_dataset(
+            path + LENGTHS,
+            shape=(0,),
+            maxshape=(None,),
+            dtype=np.int64,
+            chunks=(4096,),
+            compression="gzip",
+            compression_opts=1,
+        )
     return ds
 
 
@@ -127,12 +135,12 @@ class RowReader:
         if self.starts is None:
             return self.values[start:stop]
         off = self.starts
-        return Ragged(self.values[off[start]:off[stop]], np.diff(off[start:stop + 1]))
+        return Ragged(self.values[off[start] : off[stop]], np.diff(off[start : stop + 1]))
 
     def row(self, i: int) -> np.ndarray:
         if self.starts is None:
             return self.values[i]
-        return self.values[self.starts[i]:self.starts[i + 1]]
+        return self.values[self.starts[i] : self.starts[i + 1]]
 
 
 def same_values(made: Any, stored: Any) -> bool:

@@ -71,8 +71,7 @@ class Catalog:
     def of(cls, contents: list[bytes], at: list[int], ids: list[bytes]) -> "Catalog":
         content = np.array(contents, dtype=KEY)
         order = np.argsort(content, kind="stable")
-        return cls(content[order], np.asarray(at, np.int64).reshape(-1)[order],
-                   np.sort(np.array(ids, dtype=ID_KEY)))
+        return cls(content[order], np.asarray(at, np.int64).reshape(-1)[order], np.sort(np.array(ids, dtype=ID_KEY)))
 
     def find_content(self, digest: bytes) -> int | None:
         """The location of a sample with this raw content, or None."""
@@ -148,8 +147,9 @@ def write_catalog(f: h5py.File, catalog: Catalog, key: str = "", rules: str = ""
 def create_sample_keys(f: h5py.File) -> None:
     """Empty, resizable per-split sample-key datasets (the writer extends them as rows are written)."""
     for split in SPLITS:
-        f.require_group(f"{INPUTS}/{split}").create_dataset(SAMPLE, shape=(0,), maxshape=(None,), dtype=KEY,
-                                                           chunks=(4096,))
+        f.require_group(f"{INPUTS}/{split}").create_dataset(
+            SAMPLE, shape=(0,), maxshape=(None,), dtype=KEY, chunks=(4096,)
+        )
 
 
 def input_key(f: h5py.File) -> tuple[str, str]:

@@ -32,14 +32,14 @@ import h5py
 import numpy as np
 
 from h5forge.format import arrays
-from h5forge.format.names import (DIAGNOSTICS, DIGEST_RULE, IDS, INDEX, SOURCE_FILES, SOURCE_SHA256, SPEC,
-                                  SPLITS, Attr)
+from h5forge.format.names import DIAGNOSTICS, DIGEST_RULE, IDS, INDEX, SOURCE_FILES, SOURCE_SHA256, SPEC, SPLITS, Attr
 
 PROVENANCE = (IDS, SOURCE_FILES, SOURCE_SHA256)  # after the fields, in this order
 # dimension-scale bookkeeping (object references and ids, different in every copy of a file): it
 # names axes and changes no value a reader returns
-_SKIPPED_ATTRS = frozenset({"DIMENSION_LIST", "REFERENCE_LIST", "CLASS", "NAME", "_Netcdf4Dimid",
-                            "_Netcdf4Coordinates", Attr.DIGEST})
+_SKIPPED_ATTRS = frozenset(
+    {"DIMENSION_LIST", "REFERENCE_LIST", "CLASS", "NAME", "_Netcdf4Dimid", "_Netcdf4Coordinates", Attr.DIGEST}
+)
 
 
 def _string(value: str | bytes) -> bytes:
@@ -135,8 +135,9 @@ def split_digest(f: h5py.File, split: str) -> str:
     g = f[split]
     rule = int(g.attrs.get(Attr.DIGEST_RULE, 1))
     if rule not in (1, DIGEST_RULE):
-        raise UnknownDigestRule(f"/{split} has {Attr.DIGEST_RULE} {rule}, not one this h5forge knows "
-                                f"(1 to {DIGEST_RULE})")
+        raise UnknownDigestRule(
+            f"/{split} has {Attr.DIGEST_RULE} {rule}, not one this h5forge knows (1 to {DIGEST_RULE})"
+        )
     h.update(_attrs(g))
     datasets: list[tuple[str, h5py.Dataset]] = []
     g.visititems(lambda name, obj: datasets.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
@@ -145,7 +146,8 @@ def split_digest(f: h5py.File, split: str) -> str:
     index: list[tuple[str, h5py.Dataset]] = []
     if f"{INDEX}/{split}" in f:
         f[f"{INDEX}/{split}"].visititems(
-            lambda name, obj: index.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
+            lambda name, obj: index.append((name, obj)) if isinstance(obj, h5py.Dataset) else None
+        )
     for name, ds in sorted(index, key=lambda item: item[0]):
         h.update(_string(name) + canonical(ds[()]))
     spec = f[SPEC][()]
@@ -177,7 +179,9 @@ def file_digest(f: h5py.File) -> str:
         g = f[part]
         h.update(_string(part) + _attrs(g))
         datasets: list[tuple[str, h5py.Dataset]] = []
-        g.visititems(lambda name, obj, found=datasets: found.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
+        g.visititems(
+            lambda name, obj, found=datasets: found.append((name, obj)) if isinstance(obj, h5py.Dataset) else None
+        )
         for name, ds in sorted(datasets, key=lambda item: item[0]):
             h.update(_string(name) + _attrs(ds) + canonical(ds[()]))
     return h.hexdigest()

@@ -54,9 +54,12 @@ def _load_lz4() -> Any:
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         fn.restype = ctypes.c_int
         out = ctypes.create_string_buffer(len(plain))
-        bad = packed[:len(packed) // 2]
-        if fn(packed, out, len(packed), len(plain)) == len(plain) and out.raw == plain \
-                and fn(bad, out, len(bad), len(plain)) < 0:
+        bad = packed[: len(packed) // 2]
+        if (
+            fn(packed, out, len(packed), len(plain)) == len(plain)
+            and out.raw == plain
+            and fn(bad, out, len(bad), len(plain)) < 0
+        ):
             return fn
     return None
 
@@ -106,7 +109,7 @@ def lz4_frame(plain: memoryview, block: int = LZ4_DEFAULT_BLOCK) -> bytes:
     block = min(block, total) if total else block
     parts = [_LZ4_HEADER.pack(total, block)]
     for start in range(0, total, block):
-        piece = plain[start:start + block]
+        piece = plain[start : start + block]
         packed = lz4.block.compress(piece, mode="default", store_size=False)
         if len(packed) >= len(piece):  # LZ4 did not help: the filter stores the block as is
             packed = piece.tobytes()
@@ -136,18 +139,18 @@ def lz4_into(chunk: bytes | memoryview, flat: np.ndarray) -> bool:
         if pos + size > len(chunk):
             return False
         if size == n:  # stored as is: LZ4 would not have made it smaller
-            flat[done:done + n] = np.frombuffer(view[pos:pos + size], np.uint8)
+            flat[done : done + n] = np.frombuffer(view[pos : pos + size], np.uint8)
         elif decompress is not None:
             if decompress(src + pos, flat.ctypes.data + done, size, n) != n:
                 return False
         else:
             try:
-                plain = lz4.block.decompress(view[pos:pos + size], uncompressed_size=n)
+                plain = lz4.block.decompress(view[pos : pos + size], uncompressed_size=n)
             except lz4.block.LZ4BlockError:
                 return False
             if len(plain) != n:
                 return False
-            flat[done:done + n] = np.frombuffer(plain, np.uint8)
+            flat[done : done + n] = np.frombuffer(plain, np.uint8)
         pos += size
         done += n
     return True

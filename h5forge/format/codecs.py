@@ -49,9 +49,7 @@ CODECS: dict[str, Codec] = {
     "bitshuffle-lz4": Codec(
         "bitshuffle-lz4", "hdf5plugin (Bitshuffle filter 32008)", _plugin("Bitshuffle", cname="lz4")
     ),
-    "blosc2-zstd": Codec(
-        "blosc2-zstd", "hdf5plugin (Blosc2 filter 32026)", _plugin("Blosc2", cname="zstd", clevel=3)
-    ),
+    "blosc2-zstd": Codec("blosc2-zstd", "hdf5plugin (Blosc2 filter 32026)", _plugin("Blosc2", cname="zstd", clevel=3)),
 }
 
 

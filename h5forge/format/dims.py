@@ -21,8 +21,7 @@ from h5forge.format.names import SAMPLE_DIM, SOURCE_FIELD_DIM, SOURCE_FILES, SOU
 
 # netCDF-4's marker for a dimension without a coordinate variable (h5netcdf and netCDF-C read it)
 NOT_A_VARIABLE = "This is a netCDF dimension but not a netCDF variable."
-SCALE_ATTRS = frozenset({"CLASS", "NAME", "DIMENSION_LIST", "REFERENCE_LIST", "_Netcdf4Dimid",
-                         "_Netcdf4Coordinates"})
+SCALE_ATTRS = frozenset({"CLASS", "NAME", "DIMENSION_LIST", "REFERENCE_LIST", "_Netcdf4Dimid", "_Netcdf4Coordinates"})
 
 
 def plain_attrs(obj: h5py.HLObject) -> dict:

@@ -76,6 +76,7 @@ def filters_used(path: str | Path) -> dict[int, list[str]]:
         files = [path, *sorted(Path(s) for s in virtual_sources(f) if Path(s).is_file())]
     for file in files:
         with h5py.File(file, "r") as f:
+
             def visit(name: str, obj, file: Path = file) -> None:
                 if isinstance(obj, h5py.Dataset) and not obj.is_virtual and obj.chunks is not None:
                     for fid in _pipeline(obj):

@@ -44,7 +44,7 @@ def index_parts(group: h5py.Group) -> dict:
     """{value: rows} of one index group."""
     values = _index_values(group["values"][()])
     offsets, rows = group["offsets"][()], group["rows"][()]
-    return {v: rows[offsets[k]:offsets[k + 1]] for k, v in enumerate(values)}
+    return {v: rows[offsets[k] : offsets[k + 1]] for k, v in enumerate(values)}
 
 
 def _write_index_group(g: h5py.Group, keys: list, parts: list[np.ndarray]) -> None:
@@ -72,13 +72,13 @@ def write_index_lists(f: h5py.File, split: str, name: str, values_per_row: list[
     for row, values in enumerate(values_per_row):
         for v in values:
             rows_of[v].append(row)
-    keys = sorted(rows_of, key=lambda k: (str(k) if isinstance(k, str) else k))
-    _write_index_group(f.require_group(f"{INDEX}/{split}/{name}"), keys,
-                       [np.asarray(rows_of[k], dtype=np.int64) for k in keys])
+    keys = sorted(rows_of, key=lambda k: str(k) if isinstance(k, str) else k)
+    _write_index_group(
+        f.require_group(f"{INDEX}/{split}/{name}"), keys, [np.asarray(rows_of[k], dtype=np.int64) for k in keys]
+    )
 
 
-def merge_index(f: h5py.File, split: str, column: str, parent: h5py.Group, delta: h5py.Group,
-                n_parent: int) -> None:
+def merge_index(f: h5py.File, split: str, column: str, parent: h5py.Group, delta: h5py.Group, n_parent: int) -> None:
     """The parent's row index plus the delta's (rows shifted past the parent's): no column re-read."""
     old, new = index_parts(parent), index_parts(delta)
     keys = sorted(set(old) | set(new), key=str)

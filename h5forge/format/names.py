@@ -120,40 +120,70 @@ def block_rows(chunk_rows: int) -> int:
 
 
 LAYOUT: tuple[tuple[str, str], ...] = (
-    ("/", f"attrs: {Attr.FORMAT}=\"{FORMAT}\", {Attr.FORMAT_VERSION}={FORMAT_VERSION}, {Attr.NAME}, "
-          f"{Attr.DESCRIPTION}, {Attr.VERSION}, {Attr.PARENT} (-1 for none), {Attr.CREATED} (UTC ISO-8601), "
-          f"{Attr.CREATOR}, h5forge_version, h5py_version, hdf5_version, python_version, {Attr.CODEC}, "
-          f"{Attr.CODEC_NEEDS} (what a reader must have), {Attr.FIELDS}; thin versions also "
-          f"{Attr.SEGMENTS} (JSON) and {Attr.SELF_CONTAINED}=False; exports {Attr.EXPORTED_FROM}"),
-    ("/<split>/", f"{', '.join(SPLITS)}; attrs: {Attr.COUNT}, {Attr.FIELDS}, each field kind's statistics "
-                  f"(below), and {Attr.DIGEST}: hex sha256 of the split's other attributes, its datasets' "
-                  f"attributes, its row indexes under /{INDEX}/<split> and what defines the data in /{SPEC} "
-                  f"(not output, compute, verify, append, source.root or source.inbox); {Attr.DIGEST_RULE}=2 "
-                  f"(absent: the whole of /{SPEC} is covered)"),
-    ("/<split>/<field>", f"one dataset per field, sample axis first and resizable; attr {Attr.KIND}. "
-                         "Its shape, dtype and statistics are the field kind's (below)"),
+    (
+        "/",
+        f'attrs: {Attr.FORMAT}="{FORMAT}", {Attr.FORMAT_VERSION}={FORMAT_VERSION}, {Attr.NAME}, '
+        f"{Attr.DESCRIPTION}, {Attr.VERSION}, {Attr.PARENT} (-1 for none), {Attr.CREATED} (UTC ISO-8601), "
+        f"{Attr.CREATOR}, h5forge_version, h5py_version, hdf5_version, python_version, {Attr.CODEC}, "
+        f"{Attr.CODEC_NEEDS} (what a reader must have), {Attr.FIELDS}; thin versions also "
+        f"{Attr.SEGMENTS} (JSON) and {Attr.SELF_CONTAINED}=False; exports {Attr.EXPORTED_FROM}",
+    ),
+    (
+        "/<split>/",
+        f"{', '.join(SPLITS)}; attrs: {Attr.COUNT}, {Attr.FIELDS}, each field kind's statistics "
+        f"(below), and {Attr.DIGEST}: hex sha256 of the split's other attributes, its datasets' "
+        f"attributes, its row indexes under /{INDEX}/<split> and what defines the data in /{SPEC} "
+        f"(not output, compute, verify, append, source.root or source.inbox); {Attr.DIGEST_RULE}=2 "
+        f"(absent: the whole of /{SPEC} is covered)",
+    ),
+    (
+        "/<split>/<field>",
+        f"one dataset per field, sample axis first and resizable; attr {Attr.KIND}. "
+        "Its shape, dtype and statistics are the field kind's (below)",
+    ),
     (f"/<split>/{IDS}", "(N,) UTF-8 strings: sample ids exactly as given (data, never path names)"),
-    (f"/<split>/{SOURCE_FILES}", "(N, F) raw file paths relative to the spec's source root "
-                                 f"(F = the fields read from files, listed in its attr {Attr.FIELDS})"),
+    (
+        f"/<split>/{SOURCE_FILES}",
+        "(N, F) raw file paths relative to the spec's source root "
+        f"(F = the fields read from files, listed in its attr {Attr.FIELDS})",
+    ),
     (f"/<split>/{SOURCE_SHA256}", "(N, F) hex sha256 of each raw file"),
-    (f"/<split>/{SAMPLE_DIM}", "(N,) HDF5 dimension scale (no values stored) on axis 0 of every per-sample dataset, "
-                               "so netCDF readers (xarray via h5netcdf) call that axis "
-                               f"`{SAMPLE_DIM}`; the other axes have scales too: `{SOURCE_FIELD_DIM}`, "
-                               "`<field>_axis<k>`, `<field>_element` (a ragged field's values)"),
-    (f"/<split>/{CHECKSUM}", "(N,) hex sha256 covering every value a reader can return for the row: the "
-                             "sha256 of its fields and annotation columns in spec order, then its "
-                             f"{IDS}, {SOURCE_FILES}, {SOURCE_SHA256} (encoding in the section below; format 1 "
-                             "files: the stored bytes of the image-like fields only)"),
-    (f"/{INDEX}/<split>/<col>/", "values (K,), offsets (K+1,), rows (N,): rows[offsets[k]:offsets[k+1]] "
-                                 "are the rows whose <col> equals values[k]"),
+    (
+        f"/<split>/{SAMPLE_DIM}",
+        "(N,) HDF5 dimension scale (no values stored) on axis 0 of every per-sample dataset, "
+        "so netCDF readers (xarray via h5netcdf) call that axis "
+        f"`{SAMPLE_DIM}`; the other axes have scales too: `{SOURCE_FIELD_DIM}`, "
+        "`<field>_axis<k>`, `<field>_element` (a ragged field's values)",
+    ),
+    (
+        f"/<split>/{CHECKSUM}",
+        "(N,) hex sha256 covering every value a reader can return for the row: the "
+        "sha256 of its fields and annotation columns in spec order, then its "
+        f"{IDS}, {SOURCE_FILES}, {SOURCE_SHA256} (encoding in the section below; format 1 "
+        "files: the stored bytes of the image-like fields only)",
+    ),
+    (
+        f"/{INDEX}/<split>/<col>/",
+        "values (K,), offsets (K+1,), rows (N,): rows[offsets[k]:offsets[k+1]] "
+        "are the rows whose <col> equals values[k]",
+    ),
     (f"/{SPEC}", "the spec that built the file, as JSON"),
-    ("/inputs", "attrs: key (the build's input key: sha256 of the field rules, every sample key and every "
-                "discovery-time rejection; empty for an append), rules (sha256 of the spec's field rules)"),
-    ("/inputs/<split>/sample", "(N,) 32-byte sample keys in row order: sha256 of the sample's id, split, raw files, "
-                               "their sha256 and annotation values (what a rebuild matches to copy a row)"),
-    ("/inputs/content, content_at, ids", "(M,) sorted sha256 of each sample's raw-file hashes, its split and row "
-                                         "(split index << 40 | row), and the sorted 16-byte sha256 of each id in NFC: "
-                                         "what an append checks exactly-once against"),
+    (
+        "/inputs",
+        "attrs: key (the build's input key: sha256 of the field rules, every sample key and every "
+        "discovery-time rejection; empty for an append), rules (sha256 of the spec's field rules)",
+    ),
+    (
+        "/inputs/<split>/sample",
+        "(N,) 32-byte sample keys in row order: sha256 of the sample's id, split, raw files, "
+        "their sha256 and annotation values (what a rebuild matches to copy a row)",
+    ),
+    (
+        "/inputs/content, content_at, ids",
+        "(M,) sorted sha256 of each sample's raw-file hashes, its split and row "
+        "(split index << 40 | row), and the sorted 16-byte sha256 of each id in NFC: "
+        "what an append checks exactly-once against",
+    ),
     (f"/{DIAGNOSTICS}", f"attrs: {Attr.SUMMARY} (JSON: counts, timings, sizes, compression ratio, codec)"),
     (f"/{REJECTIONS}", f"(R, {len(REJECTION_COLUMNS)}) strings: {', '.join(REJECTION_COLUMNS)}"),
 )

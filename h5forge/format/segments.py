@@ -60,8 +60,9 @@ def segment_lengths(folder: Path, segments: list[dict], split: str, key: str) ->
     return out
 
 
-def map_virtual(g: h5py.Group, key: str, like: h5py.Dataset, segments: list[dict], split: str,
-                lengths: list[int] | None = None) -> None:
+def map_virtual(
+    g: h5py.Group, key: str, like: h5py.Dataset, segments: list[dict], split: str, lengths: list[int] | None = None
+) -> None:
     """``g[key]``: the rows of every segment's ``<split>/<key>``, in segment order (``lengths``: each
     segment's length of it, when that is not its row count)."""
     tail = like.shape[1:]
@@ -70,8 +71,9 @@ def map_virtual(g: h5py.Group, key: str, like: h5py.Dataset, segments: list[dict
     offset = 0
     for seg, n in zip(segments, sizes):
         if n:
-            layout[offset:offset + n] = h5py.VirtualSource(seg["file"], f"{split}/{key}", shape=(n, *tail),
-                                                           dtype=like.dtype)
+            layout[offset : offset + n] = h5py.VirtualSource(
+                seg["file"], f"{split}/{key}", shape=(n, *tail), dtype=like.dtype
+            )
         offset += n
     fill = 0 if like.dtype.kind in "biuf" else None
     g.create_virtual_dataset(key, layout, fillvalue=fill)

@@ -55,8 +55,9 @@ def bounded_rows(rejections: Sequence[Rejection], limit: int = TABLE_ROWS) -> li
     rows = [r.as_dict() for r in rejections[:limit]]
     rest = sum(r.count for r in rejections[limit:])
     if rest:
-        rows.append({"sample_id": "", "path": "", "reason": f"... and {rest} more (see the quarantine report)",
-                     "stage": ""})
+        rows.append(
+            {"sample_id": "", "path": "", "reason": f"... and {rest} more (see the quarantine report)", "stage": ""}
+        )
     return rows
 
 
@@ -65,8 +66,7 @@ def write_diagnostics(f: h5py.File, summary: WriteSummary) -> None:
     d.attrs[Attr.SUMMARY] = summary.to_json()
     width = len(REJECTION_COLUMNS)
     table = np.array([[r[c] for c in REJECTION_COLUMNS] for r in bounded_rows(summary.rejections)], dtype=object)
-    f.create_dataset(REJECTIONS, data=table.reshape(-1, width), dtype=STR, maxshape=(None, width),
-                     chunks=(256, width))
+    f.create_dataset(REJECTIONS, data=table.reshape(-1, width), dtype=STR, maxshape=(None, width), chunks=(256, width))
     f[REJECTIONS].attrs[Attr.COLUMNS] = list(REJECTION_COLUMNS)
 
 

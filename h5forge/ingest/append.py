@@ -27,12 +27,29 @@ from typing import Callable
 import h5py
 
 from h5forge.errors import InboxMoveFailed, NoBaseVersion, VerificationFailed
-from h5forge.format.catalog import (catalog_from_rows, catalog_intact, content_digest, id_digest, read_catalog,
-                                    split_row, write_catalog)
+from h5forge.format.catalog import (
+    catalog_from_rows,
+    catalog_intact,
+    content_digest,
+    id_digest,
+    read_catalog,
+    split_row,
+    write_catalog,
+)
 from h5forge.format.checksums import write_file_digest
 from h5forge.format.layout import decode_str
-from h5forge.format.names import (IDS, INBOX_MANAGED, INBOX_PROCESSED, INBOX_QUARANTINE, JOURNAL, SPLITS, Attr,
-                                  delta_name, partial_name, version_name)
+from h5forge.format.names import (
+    IDS,
+    INBOX_MANAGED,
+    INBOX_PROCESSED,
+    INBOX_QUARANTINE,
+    JOURNAL,
+    SPLITS,
+    Attr,
+    delta_name,
+    partial_name,
+    version_name,
+)
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest.clean import CleanedBatch
 from h5forge.ingest.discover import TEXT_FORMAT, discover, match_key, read_annotation_file, record_key
@@ -72,8 +89,14 @@ def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> Inbo
         paths = [inbox / p for p in (*ref.files.values(), *ref.extra_files)]
         young = [p for p in paths if now - p.stat().st_mtime < settle]
         if young:
-            scan.waiting.append(Rejection(ref.id, (young[0].relative_to(inbox).as_posix(),),
-                                          f"still being written (changed less than {settle:g} s ago)", waitable=True))
+            scan.waiting.append(
+                Rejection(
+                    ref.id,
+                    (young[0].relative_to(inbox).as_posix(),),
+                    f"still being written (changed less than {settle:g} s ago)",
+                    waitable=True,
+                )
+            )
         else:
             scan.ready.append(ref)
     for r in inv.rejections:
@@ -93,9 +116,11 @@ class KnownSamples:
         with h5py.File(self.path, "r") as f:
             catalog = read_catalog(f)
             if catalog is not None and catalog_intact(f, catalog) is False:
-                log.warning("%s: its /inputs catalog does not match its digest (damaged); the exactly-once check "
-                            "reads the ids and raw-file hashes of its rows instead (`h5forge verify` reports it)",
-                            self.path.name)
+                log.warning(
+                    "%s: its /inputs catalog does not match its digest (damaged); the exactly-once check "
+                    "reads the ids and raw-file hashes of its rows instead (`h5forge verify` reports it)",
+                    self.path.name,
+                )
                 catalog = None
             self.catalog = catalog if catalog is not None else catalog_from_rows(f)
         self.new_contents: dict[bytes, str] = {}
@@ -111,7 +136,7 @@ class KnownSamples:
             return None
         split, row = split_row(at)
         with h5py.File(self.path, "r") as f:  # one row of one column, only for a duplicate
-            return decode_str(f[split][IDS][row:row + 1])[0]
+            return decode_str(f[split][IDS][row : row + 1])[0]
 
     def has_id(self, sid: str) -> bool:
         digest = id_digest(sid)
@@ -132,12 +157,25 @@ def _dedupe(batch: CleanedBatch, kinds: dict[str, FieldKind], known: KnownSample
         path = tuple(batch.files[i])
         same = known.holder_of(batch.source_sha256[i])
         if same is not None:
-            dropped.append(Rejection(sid, path, f"duplicate: identical content is already in the dataset "
-                                                f"as {same!r} ({parent})", stage="append"))
+            dropped.append(
+                Rejection(
+                    sid,
+                    path,
+                    f"duplicate: identical content is already in the dataset as {same!r} ({parent})",
+                    stage="append",
+                )
+            )
         elif known.has_id(sid):
-            dropped.append(Rejection(sid, path, f"id {sid!r} is already in the dataset with other content; "
-                                                "rename the new sample, or replace the old one in the raw "
-                                                "folder and rebuild", stage="append"))
+            dropped.append(
+                Rejection(
+                    sid,
+                    path,
+                    f"id {sid!r} is already in the dataset with other content; "
+                    "rename the new sample, or replace the old one in the raw "
+                    "folder and rebuild",
+                    stage="append",
+                )
+            )
         else:
             keep.append(i)
             known.take(sid, batch.source_sha256[i])
@@ -176,9 +214,13 @@ def processed_dir(inbox: Path, number: int) -> Path:
     return inbox / INBOX_PROCESSED / f"v{number:04d}"
 
 
-def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate,
-                progress: Callable[[int], None] = lambda n: None,
-                status: Callable[[str], None] = lambda text: None) -> WriteSummary:
+def write_delta(
+    spec: DatasetSpec,
+    scan: InboxScan,
+    cand: AppendCandidate,
+    progress: Callable[[int], None] = lambda n: None,
+    status: Callable[[str], None] = lambda text: None,
+) -> WriteSummary:
     """Clean the ready samples and write the new ones to the delta file. Returns the summary.
 
     ``progress`` hears how many samples each batch settled, ``status`` what happens before the first."""
@@ -236,6 +278,7 @@ def verify_append(cand: AppendCandidate, seed: int = 0) -> HealthReport:
 
 
 # ---- journal and inbox moves ------------------------------------------------------------------
+
 
 @dataclass
 class MovePlan:
@@ -306,8 +349,10 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
         taken.add(match_key(r.sample_id))
     remaining = [r for r in inbox_records if key(r) not in taken]
     if number is not None:
-        plan.processed_records = (str(processed_dir(inbox, number) / (spec.annotations.file or "annotations.json")),
-                                  records)
+        plan.processed_records = (
+            str(processed_dir(inbox, number) / (spec.annotations.file or "annotations.json")),
+            records,
+        )
     if spec.annotations.file and inbox_records:
         plan.inbox_records = (str(inbox / spec.annotations.file), remaining)
     return plan
@@ -390,8 +435,10 @@ def apply_moves(plan: MovePlan) -> None:
         attempt(reason_path, lambda p=reason_path, r=reason: _write_reason(Path(p), r))
     if failed:
         done = f"{version_name(plan.version)} is published, but " if plan.version is not None else ""
-        raise InboxMoveFailed(f"{done}{len(failed)} inbox file(s) could not be moved or written (first: {failed[0]}); "
-                              "fix that and rerun append to finish")
+        raise InboxMoveFailed(
+            f"{done}{len(failed)} inbox file(s) could not be moved or written (first: {failed[0]}); "
+            "fix that and rerun append to finish"
+        )
     if plan.inbox_records:
         path, remaining = plan.inbox_records
         if remaining:

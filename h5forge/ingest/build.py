@@ -12,8 +12,13 @@ from h5forge.format.summary import WriteSummary
 from h5forge.ingest.incremental import hash_cache
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.incremental.inputs import Inputs
-from h5forge.ingest.incremental.rebuild import (REUSED_CHECKSUM_SAMPLE, check_cleaned_rows, copies_verified_rows, inputs_of,
-                                    write_samples)
+from h5forge.ingest.incremental.rebuild import (
+    REUSED_CHECKSUM_SAMPLE,
+    check_cleaned_rows,
+    copies_verified_rows,
+    inputs_of,
+    write_samples,
+)
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.spec import DatasetSpec
 from h5forge.store.reports import write_health, write_quarantine
@@ -21,9 +26,14 @@ from h5forge.store.verify import HealthReport, verify_file
 from h5forge.store.versions import Candidate, publish
 
 
-def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
-                  progress: Callable[[int], None] = lambda n: None,
-                  status: Callable[[str], None] = lambda text: None, inputs: Inputs | None = None) -> WriteSummary:
+def write_version(
+    spec: DatasetSpec,
+    inventory: Inventory,
+    candidate: Candidate,
+    progress: Callable[[int], None] = lambda n: None,
+    status: Callable[[str], None] = lambda text: None,
+    inputs: Inputs | None = None,
+) -> WriteSummary:
     """Clean every sample on dask and stream it into the candidate file. Returns the summary.
 
     Samples whose inputs (``inputs``: their hashes, ``nightly.inputs_of`` when not given) are unchanged since
@@ -36,15 +46,18 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
     """
     if not inventory.samples:
         write_quarantine(candidate.out, candidate.number, inventory.rejections)
-        raise NothingToBuild(f"no complete sample under {inventory.root} "
-                             f"({inventory.rejected} input(s) rejected; see the quarantine report)")
+        raise NothingToBuild(
+            f"no complete sample under {inventory.root} "
+            f"({inventory.rejected} input(s) rejected; see the quarantine report)"
+        )
     timings: dict = {}
     inputs = inputs_of(spec, inventory) if inputs is None else inputs
     with DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent, inputs) as writer:
         writer.add_rejections(inventory.rejections)
         cleaned = write_samples(spec, inventory, inputs, writer, timings, progress, status)
-        timings["hash_cache_files"] = hash_cache.save(candidate.out, inventory.root, inputs.states, inputs.hexes,
-                                                      inputs.stated_at_ns)
+        timings["hash_cache_files"] = hash_cache.save(
+            candidate.out, inventory.root, inputs.states, inputs.hexes, inputs.stated_at_ns
+        )
         summary = writer.finish(timings)
     if cleaned is not None:  # a rebuild that copied rows: the rows it made are checked in full here
         try:
@@ -55,8 +68,10 @@ def write_version(spec: DatasetSpec, inventory: Inventory, candidate: Candidate,
     write_quarantine(candidate.out, candidate.number, summary.rejections)
     if summary.samples == 0:
         candidate.discard()
-        raise NothingToBuild(f"all {len(inventory.samples)} sample(s) under {inventory.root} were rejected "
-                             "while cleaning; nothing to publish (see the quarantine report)")
+        raise NothingToBuild(
+            f"all {len(inventory.samples)} sample(s) under {inventory.root} were rejected "
+            "while cleaning; nothing to publish (see the quarantine report)"
+        )
     return summary
 
 

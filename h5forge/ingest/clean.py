@@ -48,32 +48,47 @@ class CleanedBatch:
         splits = [self.splits[i] for i in keep]
         values = {path: a.decoded() if isinstance(a, EncodedRows) else a for path, a in arrays.items()}
         return CleanedBatch(
-            ids=[self.ids[i] for i in keep], splits=splits, files=[self.files[i] for i in keep], arrays=arrays,
-            source_sha256=[self.source_sha256[i] for i in keep], digests=[self.digests[i] for i in keep],
+            ids=[self.ids[i] for i in keep],
+            splits=splits,
+            files=[self.files[i] for i in keep],
+            arrays=arrays,
+            source_sha256=[self.source_sha256[i] for i in keep],
+            digests=[self.digests[i] for i in keep],
             stats=split_stats(kinds, values, splits),
             listed={path: [rows[i] for i in keep] for path, rows in self.listed.items()},
             rejections=self.rejections + extra,
         )
 
 
-def split_stats(kinds: dict[str, FieldKind], arrays: dict[str, np.ndarray], splits: list[str],
-                row_counts: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, np.ndarray]]:
+def split_stats(
+    kinds: dict[str, FieldKind],
+    arrays: dict[str, np.ndarray],
+    splits: list[str],
+    row_counts: dict[str, np.ndarray] | None = None,
+) -> dict[str, dict[str, np.ndarray]]:
     """Per dataset path and split, the kind's additive statistic of the rows (summed from
     ``row_counts`` where a kind has them already)."""
     labels = np.asarray(splits)
     out: dict[str, dict[str, np.ndarray]] = {}
     for path, kind in kinds.items():
         rows = (row_counts or {}).get(path)
-        per_split = {s: kind.counts(arrays[path][labels == s]) if rows is None else rows[labels == s].sum(axis=0)
-                     for s in sorted(set(splits))}
+        per_split = {
+            s: kind.counts(arrays[path][labels == s]) if rows is None else rows[labels == s].sum(axis=0)
+            for s in sorted(set(splits))
+        }
         counted = {s: c for s, c in per_split.items() if c is not None}
         if counted:
             out[path] = counted
     return out
 
 
-def clean_sample(spec: DatasetSpec, root: Path, ref: SampleRef, kinds: dict[str, FieldKind] | None = None,
-                 order: list[FieldKind] | None = None) -> tuple[dict[str, object], list[str]]:
+def clean_sample(
+    spec: DatasetSpec,
+    root: Path,
+    ref: SampleRef,
+    kinds: dict[str, FieldKind] | None = None,
+    order: list[FieldKind] | None = None,
+) -> tuple[dict[str, object], list[str]]:
     """Stored values by dataset path and the raw files' sha256; raises Reject."""
     kinds = stored_kinds(spec) if kinds is None else kinds
     decoded = decode_sample(kinds, Path(root), ref, order)
@@ -89,8 +104,15 @@ def encode_rows(spec: DatasetSpec, kinds: dict[str, FieldKind], arrays: dict[str
     for path, kind in kinds.items():
         st, block = kind.stored(), arrays[path]
         codec = st.codec_of(spec.storage.codec)
-        if (st.bulk and not st.ragged and encodable(codec) and isinstance(block, np.ndarray)
-                and block.dtype.isnative and not block.dtype.hasobject and np.prod(block.shape[1:]) > 0):
+        if (
+            st.bulk
+            and not st.ragged
+            and encodable(codec)
+            and isinstance(block, np.ndarray)
+            and block.dtype.isnative
+            and not block.dtype.hasobject
+            and np.prod(block.shape[1:]) > 0
+        ):
             out[path] = EncodedRows.of(codec, block)
     return out
 
@@ -111,8 +133,9 @@ def clean_batch(spec: DatasetSpec, root: str | Path, refs: list[SampleRef], enco
             rejections.append(Rejection(ref.id, (rej.path,), rej.reason, stage="clean"))
             continue
         except Exception as err:  # a defect no rule foresaw still must not kill the run
-            rejections.append(Rejection(ref.id, tuple(ref.files.values()),
-                                        f"unexpected {type(err).__name__}: {err}", stage="clean"))
+            rejections.append(
+                Rejection(ref.id, tuple(ref.files.values()), f"unexpected {type(err).__name__}: {err}", stage="clean")
+            )
             continue
         kept.append((ref, values, hashes))
     arrays = {path: kind.stack([k[1][path] for k in kept]) for path, kind in kinds.items()}

@@ -132,14 +132,14 @@ def sample_id(rel: str, pattern: str, ids: str, folder: bool = False) -> str:
         name = rel.rsplit("/", 1)[-1]
         if folder:  # a case folder's name is its id, dots and all (DICOM UIDs)
             return name
-        return name[:-len(".nii.gz")] if name.lower().endswith(".nii.gz") else _stem(name)
+        return name[: -len(".nii.gz")] if name.lower().endswith(".nii.gz") else _stem(name)
     fixed = 0
     for part in pattern.split("/")[:-1]:
         if _WILDCARD.search(part):
             break
         fixed += 1
     below = Path(*Path(rel).parts[fixed:]).as_posix()
-    return below[:-len(".nii.gz")] if below.lower().endswith(".nii.gz") else str(Path(below).with_suffix(""))
+    return below[: -len(".nii.gz")] if below.lower().endswith(".nii.gz") else str(Path(below).with_suffix(""))
 
 
 def control_character(sid: str) -> str | None:
@@ -179,9 +179,15 @@ def _files_below(folder: str):
             yield os.path.join(top, name)
 
 
-def _glob_field(root: Path, patterns: tuple[str, ...], ids: str, folders: bool = False,
-                allow_outside: bool = False, skip: tuple[str, ...] = (), id_suffix: str | None = None
-                ) -> tuple[dict[str, tuple[str, str]], list[Rejection]]:
+def _glob_field(
+    root: Path,
+    patterns: tuple[str, ...],
+    ids: str,
+    folders: bool = False,
+    allow_outside: bool = False,
+    skip: tuple[str, ...] = (),
+    id_suffix: str | None = None,
+) -> tuple[dict[str, tuple[str, str]], list[Rejection]]:
     """{match key: (file, id as spelled)} of one field, and the files that cannot be told apart or
     that a symlink takes out of the source folder (unless ``allow_outside``). Nothing under the
     top-level folders named in ``skip`` is taken. ``id_suffix`` ends every stem of the field and
@@ -207,24 +213,36 @@ def _glob_field(root: Path, patterns: tuple[str, ...], ids: str, folders: bool =
             sid = sample_id(rel, pattern, ids, is_dir)
             if id_suffix:
                 if not sid.endswith(id_suffix) or sid == id_suffix:
-                    outside.append(Rejection(sid, (rel,), f"the file name does not end in {id_suffix!r} "
-                                                          "(the field's id_suffix)"))
+                    outside.append(
+                        Rejection(sid, (rel,), f"the file name does not end in {id_suffix!r} (the field's id_suffix)")
+                    )
                     continue
-                sid = sid[:-len(id_suffix)]
+                sid = sid[: -len(id_suffix)]
             target = None if leaves is None else leaves(path)
             if target is None and is_dir and leaves is not None:  # every file of a case folder, too
                 target = next(filter(None, map(leaves, _files_below(path))), None)
             if target is not None:
-                outside.append(Rejection(sid, (rel,), f"symlink leads outside the source folder (to {target}); "
-                                                      "set source.allow_symlinks_outside: true to take it"))
+                outside.append(
+                    Rejection(
+                        sid,
+                        (rel,),
+                        f"symlink leads outside the source folder (to {target}); "
+                        "set source.allow_symlinks_outside: true to take it",
+                    )
+                )
                 continue
             by_stem[match_key(sid)].append((rel, sid))
     found, problems = {}, outside
     for entries in by_stem.values():
         paths = tuple(rel for rel, _ in entries)
         if len({sid for _, sid in entries}) > 1:
-            problems.append(Rejection(entries[0][1], paths, f"ambiguous: {len(paths)} file names differ only by "
-                                                            "Unicode normalisation (NFC/NFD)"))
+            problems.append(
+                Rejection(
+                    entries[0][1],
+                    paths,
+                    f"ambiguous: {len(paths)} file names differ only by Unicode normalisation (NFC/NFD)",
+                )
+            )
         elif len(paths) > 1:
             problems.append(Rejection(entries[0][1], paths, f"ambiguous: {len(paths)} files share the stem"))
         else:
@@ -244,8 +262,9 @@ def read_bounded(path: Path, max_bytes: int, root: Path | None = None, allow_out
     (``root``, unless ``allow_outside``) not through a symlink out of the source folder.
     FileNotFoundError when it is missing; ValueError saying why it is refused."""
     if root is not None and not allow_outside and (target := _Outside(root)(str(path))) is not None:
-        raise ValueError(f"symlink leads outside the source folder (to {target}); "
-                         "set source.allow_symlinks_outside: true to take it")
+        raise ValueError(
+            f"symlink leads outside the source folder (to {target}); set source.allow_symlinks_outside: true to take it"
+        )
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: a FIFO never waits for a writer
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -260,8 +279,9 @@ def read_bounded(path: Path, max_bytes: int, root: Path | None = None, allow_out
     return data
 
 
-def read_annotation_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, root: Path | None = None,
-                         allow_outside: bool = True) -> list:
+def read_annotation_file(
+    path: Path, max_bytes: int = DEFAULT_MAX_BYTES, root: Path | None = None, allow_outside: bool = True
+) -> list:
     """The records of a JSON list, JSON Lines or CSV file (by its suffix), read by ``read_bounded``;
     ValueError says what is wrong."""
     suffix = path.suffix.lower()
@@ -288,9 +308,16 @@ def read_annotation_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, root: P
     return data
 
 
-def load_records(path: Path, id_key: str, missing_ok: bool = False, ids: str = "stem", *,
-                 max_bytes: int = DEFAULT_MAX_BYTES, root: Path | None = None,
-                 allow_outside: bool = True) -> tuple[dict[str, dict], list[Rejection]]:
+def load_records(
+    path: Path,
+    id_key: str,
+    missing_ok: bool = False,
+    ids: str = "stem",
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    root: Path | None = None,
+    allow_outside: bool = True,
+) -> tuple[dict[str, dict], list[Rejection]]:
     """Annotation records keyed by sample id (a file-name value loses its suffix, and with
     ``ids: stem`` its folders)."""
     rel = path.name
@@ -328,12 +355,28 @@ def record_key(rec: dict, id_key: str, ids: str = "stem") -> str:
     return match_key(raw_id)
 
 
-_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".gif", ".webp", ".dcm", ".npy", ".csv",
-                   ".nii", ".gz", ".edf", ".bdf"}
+_IMAGE_SUFFIXES = {
+    ".png",
+    ".jpg",
+    ".jpeg",
+    ".tif",
+    ".tiff",
+    ".bmp",
+    ".gif",
+    ".webp",
+    ".dcm",
+    ".npy",
+    ".csv",
+    ".nii",
+    ".gz",
+    ".edf",
+    ".bdf",
+}
 
 
-def load_sidecars(root: Path, id_key: str, skip: str | None,
-                  allow_outside: bool = False) -> tuple[dict[str, dict], list[Rejection]]:
+def load_sidecars(
+    root: Path, id_key: str, skip: str | None, allow_outside: bool = False
+) -> tuple[dict[str, dict], list[Rejection]]:
     """One ``<id>.json`` record per sample at the top of ``root`` (the inbox style); each read by
     ``read_bounded`` (at most SIDECAR_MAX_BYTES)."""
     records, problems = {}, []
@@ -367,8 +410,14 @@ def processed_roots(spec: DatasetSpec) -> list[Path]:
     return sorted(p for p in base.glob("v[0-9]*") if p.is_dir()) if base.is_dir() else []
 
 
-def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[Path] | None = None,
-             sidecars: bool = False, skip: tuple[str, ...] = ()) -> Inventory:
+def discover(
+    spec: DatasetSpec,
+    root: Path | None = None,
+    *,
+    extra_roots: list[Path] | None = None,
+    sidecars: bool = False,
+    skip: tuple[str, ...] = (),
+) -> Inventory:
     """Pair the files of every field by stem and join annotations; order is sorted by id.
 
     ``root`` defaults to the spec's source root plus the inbox folders already appended, so a full
@@ -397,21 +446,38 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
     for r in roots:
         prefix = "" if r == root else os.path.relpath(r, root) + "/"
         for name, pattern in globs.items():
-            found, problems = _glob_field(r, pattern, ids, kinds[name].reads_folders,
-                                          spec.source.allow_symlinks_outside, skip if r == root else (),
-                                          kinds[name].id_suffix)
+            found, problems = _glob_field(
+                r,
+                pattern,
+                ids,
+                kinds[name].reads_folders,
+                spec.source.allow_symlinks_outside,
+                skip if r == root else (),
+                kinds[name].id_suffix,
+            )
             inv.rejections.extend(problems)
             for stem, (rel, sid) in found.items():
                 if stem in per_field[name]:
-                    inv.rejections.append(Rejection(sid, (per_field[name][stem], prefix + rel),
-                                                    "ambiguous: the same sample id in two source folders"))
+                    inv.rejections.append(
+                        Rejection(
+                            sid,
+                            (per_field[name][stem], prefix + rel),
+                            "ambiguous: the same sample id in two source folders",
+                        )
+                    )
                 per_field[name][stem] = prefix + rel
                 spelled.setdefault(stem, sid)
         found_records: dict[str, dict] = {}
         if ann.file:
-            found_records, problems = load_records(r / ann.file, ann.id_key, missing_ok=r != root or sidecars,
-                                                   ids=ids, max_bytes=ann.max_bytes, root=r,
-                                                   allow_outside=spec.source.allow_symlinks_outside)
+            found_records, problems = load_records(
+                r / ann.file,
+                ann.id_key,
+                missing_ok=r != root or sidecars,
+                ids=ids,
+                max_bytes=ann.max_bytes,
+                root=r,
+                allow_outside=spec.source.allow_symlinks_outside,
+            )
             inv.rejections.extend(problems)
         if sidecars:
             side, problems = load_sidecars(r, ann.id_key, ann.file, spec.source.allow_symlinks_outside)
@@ -419,8 +485,9 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
             found_records.update(side)
         for sid, rec in found_records.items():
             if sid in records:
-                inv.rejections.append(Rejection(sid, (prefix + (ann.file or ""),),
-                                                "several annotation records for this sample"))
+                inv.rejections.append(
+                    Rejection(sid, (prefix + (ann.file or ""),), "several annotation records for this sample")
+                )
             records[sid] = rec
             record_file[sid] = prefix + rec.get("_sidecar", ann.file or "")
     if ids == "path":
@@ -432,14 +499,20 @@ def discover(spec: DatasetSpec, root: Path | None = None, *, extra_roots: list[P
         sid = spelled[key]
         files = {name: found[key] for name, found in per_field.items() if key in found}
         if (bad := control_character(sid)) is not None:
-            inv.rejections.append(Rejection(sid, tuple(files.values()), f"the sample id {sid!r} holds a control "
-                                            f"character (U+{ord(bad):04X}); rename its files"))
+            inv.rejections.append(
+                Rejection(
+                    sid,
+                    tuple(files.values()),
+                    f"the sample id {sid!r} holds a control character (U+{ord(bad):04X}); rename its files",
+                )
+            )
             continue
         missing = [name for name in globs if name not in files]
         if missing:
             where = ", ".join(f"{m} ({', '.join(globs[m])})" for m in missing)
-            inv.rejections.append(Rejection(sid, tuple(files.values()), f"incomplete sample: no file for {where}",
-                                            waitable=True))
+            inv.rejections.append(
+                Rejection(sid, tuple(files.values()), f"incomplete sample: no file for {where}", waitable=True)
+            )
             continue
         rejection, columns = _columns_for(spec, sid, records.get(key), files, record_file.get(key, ""))
         if rejection:
@@ -468,8 +541,9 @@ def bare_name_index(keys) -> dict[str, list[str]]:
     return index
 
 
-def by_bare_name(records: dict[str, dict], record_file: dict[str, str],
-                 per_field: dict[str, dict[str, str]]) -> tuple[dict[str, dict], dict[str, str], list[Rejection]]:
+def by_bare_name(
+    records: dict[str, dict], record_file: dict[str, str], per_field: dict[str, dict[str, str]]
+) -> tuple[dict[str, dict], dict[str, str], list[Rejection]]:
     """With ``ids: path``, a record keyed by a bare file name (``x.jpg`` for ``cat/x.jpg``) joins
     the one sample whose path ends in that name; a name found in several folders is refused with
     the clashing paths, since joining any one of them would be a guess."""
@@ -488,9 +562,14 @@ def by_bare_name(records: dict[str, dict], record_file: dict[str, str],
             paths = sorted(next(f[k] for f in per_field.values() if k in f) for k in found)
             where = record_file.pop(bare)
             del records[bare]
-            problems.append(Rejection(bare, (f"{where}#{bare}", *paths),
-                                      f"the annotation record names a file found in {len(paths)} folders "
-                                      f"({', '.join(paths)}); name it by its path below the root"))
+            problems.append(
+                Rejection(
+                    bare,
+                    (f"{where}#{bare}", *paths),
+                    f"the annotation record names a file found in {len(paths)} folders "
+                    f"({', '.join(paths)}); name it by its path below the root",
+                )
+            )
     return records, record_file, problems
 
 
@@ -521,8 +600,14 @@ def unclaimed_files(spec: DatasetSpec, inv: Inventory) -> tuple[int, list[str]]:
     for folder, dirs, files in os.walk(root):
         rel_dir = os.path.relpath(folder, root)
         prefix = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__MACOSX" and prefix + d not in claimed
-                         and os.path.realpath(os.path.join(folder, d)) not in skip)
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith(".")
+            and d != "__MACOSX"
+            and prefix + d not in claimed
+            and os.path.realpath(os.path.join(folder, d)) not in skip
+        )
         for name in sorted(files):
             rel = prefix + name
             if name.startswith(".") or rel in claimed or rel in sidecars:
@@ -548,8 +633,9 @@ def _orphans(keys: list[str], record_file: dict[str, str]) -> list[Rejection]:
     return listed
 
 
-def _columns_for(spec: DatasetSpec, sid: str, rec: dict | None, files: dict[str, str],
-                 where: str) -> tuple[Rejection | None, dict]:
+def _columns_for(
+    spec: DatasetSpec, sid: str, rec: dict | None, files: dict[str, str], where: str
+) -> tuple[Rejection | None, dict]:
     ann = spec.annotations
     first = next(iter(files.values()))
     if rec is None:

@@ -57,9 +57,11 @@ def require_workers(client: Client, address: str) -> None:
     try:
         client.wait_for_workers(1, timeout=WORKER_WAIT_SECONDS)
     except TimeoutError:
-        raise NoDaskWorkers(f"the dask scheduler at {address} has no workers (none joined within "
-                            f"{WORKER_WAIT_SECONDS:g} s): start some (`dask worker {address}`), "
-                            "or run without --dask-address to clean on this machine") from None
+        raise NoDaskWorkers(
+            f"the dask scheduler at {address} has no workers (none joined within "
+            f"{WORKER_WAIT_SECONDS:g} s): start some (`dask worker {address}`), "
+            "or run without --dask-address to clean on this machine"
+        ) from None
 
 
 def check_workers(address: str) -> None:
@@ -98,11 +100,20 @@ def dask_client(address: str | None, workers: int, secure: bool = True) -> Itera
     quiet.setLevel(logging.ERROR)  # the shutdown chatter of worker processes is not news
     security = Security.temporary() if secure else None
     try:
-        with dask.config.set(LEAN_WORKERS), \
-                LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                             protocol="tls://" if secure else "tcp://", security=security,
-                             dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
-                Client(cluster, security=security) as client:
+        with (
+            dask.config.set(LEAN_WORKERS),
+            LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                protocol="tls://" if secure else "tcp://",
+                security=security,
+                dashboard_address="127.0.0.1:0",
+                silence_logs=logging.ERROR,
+            ) as cluster,
+            Client(cluster, security=security) as client,
+        ):
             yield client
     finally:
         quiet.setLevel(level)
@@ -112,9 +123,13 @@ def batches(samples: Sequence[SampleRef], size: int) -> list[list[SampleRef]]:
     return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
 
 
-def clean_all(spec: DatasetSpec, root: Path, samples: Sequence[SampleRef],
-              timings: dict | None = None, status: Callable[[str], None] = lambda text: None
-              ) -> Iterator[CleanedBatch]:
+def clean_all(
+    spec: DatasetSpec,
+    root: Path,
+    samples: Sequence[SampleRef],
+    timings: dict | None = None,
+    status: Callable[[str], None] = lambda text: None,
+) -> Iterator[CleanedBatch]:
     """Clean on dask, or in this process when there is too little work to pay for a cluster.
 
     ``status`` hears what happens before the first batch (a cluster start takes seconds)."""
@@ -133,15 +148,18 @@ def clean_all(spec: DatasetSpec, root: Path, samples: Sequence[SampleRef],
     with dask_client(address, workers, spec.compute.secure) as client:
         timings["cleaned_in"] = address or f"LocalCluster({workers})"
         timings["cluster_start_seconds"] = round(time.perf_counter() - t0, 3)
-        status(f"{len(client.scheduler_info()['workers'])} dask workers ready "
-               f"after {timings['cluster_start_seconds']:.1f} s")
+        status(
+            f"{len(client.scheduler_info()['workers'])} dask workers ready "
+            f"after {timings['cluster_start_seconds']:.1f} s"
+        )
         t1 = time.perf_counter()
         yield from clean_stream(client, spec, root, samples, size, spec.in_flight())
         timings["clean_write_seconds"] = round(time.perf_counter() - t1, 3)  # cluster shutdown excluded
 
 
-def clean_stream(client: Client, spec: DatasetSpec, root: Path, samples: Sequence[SampleRef],
-                 batch_size: int, in_flight: int) -> Iterator[CleanedBatch]:
+def clean_stream(
+    client: Client, spec: DatasetSpec, root: Path, samples: Sequence[SampleRef], batch_size: int, in_flight: int
+) -> Iterator[CleanedBatch]:
     """Clean ``samples`` on the cluster; yield batches in input order, ``in_flight`` at a time.
 
     The spec goes with each task (a few kB), not scattered to the workers: data held only by
@@ -179,9 +197,11 @@ def batch_result(client: Client, future, address: str | None) -> CleanedBatch:
             if time.monotonic() - without_workers >= WORKER_WAIT_SECONDS:
                 raise _all_lost(address, f"none came back within {WORKER_WAIT_SECONDS:g} s") from None
         except KilledWorker as err:
-            raise DaskWorkersLost(f"a batch of samples killed each dask worker that ran it ({err}): the workers "
-                                  "may be running out of memory; lower compute.batch_size or give them more "
-                                  "memory, then rerun") from None
+            raise DaskWorkersLost(
+                f"a batch of samples killed each dask worker that ran it ({err}): the workers "
+                "may be running out of memory; lower compute.batch_size or give them more "
+                "memory, then rerun"
+            ) from None
         except CancelledError:
             if not client.nthreads():
                 raise _all_lost(address, "none left") from None
@@ -190,7 +210,11 @@ def batch_result(client: Client, future, address: str | None) -> CleanedBatch:
 
 def _all_lost(address: str | None, detail: str) -> DaskWorkersLost:
     if address:
-        return DaskWorkersLost(f"all dask workers of the scheduler at {address} were lost mid-run ({detail}); "
-                               f"nothing was published: start workers (`dask worker {address}`) and rerun")
-    return DaskWorkersLost(f"all local dask workers were lost mid-run ({detail}), out of memory perhaps; "
-                           "nothing was published: lower compute.workers or compute.batch_size and rerun")
+        return DaskWorkersLost(
+            f"all dask workers of the scheduler at {address} were lost mid-run ({detail}); "
+            f"nothing was published: start workers (`dask worker {address}`) and rerun"
+        )
+    return DaskWorkersLost(
+        f"all local dask workers were lost mid-run ({detail}), out of memory perhaps; "
+        "nothing was published: lower compute.workers or compute.batch_size and rerun"
+    )

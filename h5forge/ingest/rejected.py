@@ -45,11 +45,12 @@ def check_rejected(spec: DatasetSpec, inventory: Inventory, summary: WriteSummar
     if rejected <= limit:
         return
     candidate.discard()
-    allowed = (f"{spec.max_rejected * 100:g} % = {limit}" if isinstance(spec.max_rejected, float)
-               else str(limit))
+    allowed = f"{spec.max_rejected * 100:g} % = {limit}" if isinstance(spec.max_rejected, float) else str(limit)
     reasons = "; ".join(f"{n} x {reason}" for reason, n in common_reasons(summary.rejections))
     share = f"{100 * rejected / seen:.0f} %" if seen else "all"
     report = f"{candidate.out / QUARANTINE_DIR / version_tag(candidate.number)}.rejections.md"
-    raise TooManyRejected(f"{rejected} of {seen} inputs rejected ({share}), above max_rejected ({allowed}); "
-                          f"nothing published. Most common reasons: {reasons}; see {report} "
-                          "(raise max_rejected in the spec to publish anyway)")
+    raise TooManyRejected(
+        f"{rejected} of {seen} inputs rejected ({share}), above max_rejected ({allowed}); "
+        f"nothing published. Most common reasons: {reasons}; see {report} "
+        "(raise max_rejected in the spec to publish anyway)"
+    )

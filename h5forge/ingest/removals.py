@@ -35,8 +35,9 @@ def leaving_latest(candidate: Candidate) -> list[str]:
     if candidate.parent is None:
         return []
     kept = {match_key(sid) for sid in stored_ids(candidate.partial)}
-    return sorted(sid for sid in stored_ids(candidate.out / version_name(candidate.parent))
-                  if match_key(sid) not in kept)
+    return sorted(
+        sid for sid in stored_ids(candidate.out / version_name(candidate.parent)) if match_key(sid) not in kept
+    )
 
 
 def named(ids: list[str]) -> str:
@@ -54,5 +55,6 @@ def check_removals(spec: DatasetSpec, candidate: Candidate) -> list[str]:
         raise SamplesRemoved(
             f"{len(leaving)} sample(s) of {version_name(candidate.parent)} would leave latest: {named(leaving)}; "
             "nothing published. Their raw files are gone or were rejected (see the quarantine report): "
-            "restore them, or set output.allow_removals: true in the spec to publish without them")
+            "restore them, or set output.allow_removals: true in the spec to publish without them"
+        )
     return leaving

@@ -33,8 +33,19 @@ from h5forge.format.chunk_codec import EncodedRows, accepts, append_chunks
 from h5forge.format.codecs import CODECS, codec_options, ensure_filters
 from h5forge.format.dims import name_axes
 from h5forge.format.layout import HEX, SMALL_ROWS, STR, small_options, write_index, write_index_lists
-from h5forge.format.names import (CHECKSUM, FORMAT, FORMAT_VERSION, IDS, SOURCE_FILES, SOURCE_SHA256, SPEC,
-                                  SPLITS, Attr, block_rows, column_path)
+from h5forge.format.names import (
+    CHECKSUM,
+    FORMAT,
+    FORMAT_VERSION,
+    IDS,
+    SOURCE_FILES,
+    SOURCE_SHA256,
+    SPEC,
+    SPLITS,
+    Attr,
+    block_rows,
+    column_path,
+)
 from h5forge.format.summary import WriteSummary, write_diagnostics
 from h5forge.ingest.clean import CleanedBatch
 from h5forge.ingest.incremental.inputs import Inputs, sample_key
@@ -70,8 +81,14 @@ def _gather(pairs: list[tuple], n: int):
 class DatasetWriter:
     """Create ``path`` and append cleaned samples to it; ``finish`` writes the summaries."""
 
-    def __init__(self, path: str | Path, spec: DatasetSpec, version: int, parent_version: int | None = None,
-                 inputs: "Inputs | None" = None):
+    def __init__(
+        self,
+        path: str | Path,
+        spec: DatasetSpec,
+        version: int,
+        parent_version: int | None = None,
+        inputs: "Inputs | None" = None,
+    ):
         ensure_filters()
         self.path = Path(path)
         self.spec = spec
@@ -85,7 +102,9 @@ class DatasetWriter:
         self.started = time.perf_counter()
         self._buffers: dict[str, dict[str, list[tuple]]] = {s: {} for s in SPLITS}  # (block, rows) pairs
         self._buffered = {s: 0 for s in SPLITS}
-        self._indexed: dict[str, dict[str, list]] = {s: {p: [] for p, k in self.kinds.items() if k.indexed} for s in SPLITS}
+        self._indexed: dict[str, dict[str, list]] = {
+            s: {p: [] for p, k in self.kinds.items() if k.indexed} for s in SPLITS
+        }
         self._finished = False
         self._direct: dict[tuple, tuple] = {}  # (split, path) -> (dataset, takes workers' chunks as they are)
         self._bulk = [path for path, kind in self.kinds.items() if kind.stored().bulk]
@@ -118,23 +137,25 @@ class DatasetWriter:
 
     def _create(self, version: int, parent_version: int | None) -> None:
         spec, f = self.spec, self.file
-        f.attrs.update({
-            Attr.FORMAT: FORMAT,
-            Attr.FORMAT_VERSION: FORMAT_VERSION,
-            Attr.NAME: spec.name,
-            Attr.DESCRIPTION: spec.description,
-            Attr.VERSION: version,
-            Attr.PARENT: parent_version if parent_version is not None else -1,
-            Attr.CREATED: datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            Attr.CREATOR: f"{getpass.getuser()}@{socket.gethostname()}",
-            "h5forge_version": __version__,
-            "h5py_version": h5py.version.version,
-            "hdf5_version": h5py.version.hdf5_version,
-            "python_version": platform.python_version(),
-            Attr.CODEC: spec.storage.codec,
-            Attr.CODEC_NEEDS: "; ".join(dict.fromkeys(CODECS[c].needs for c in self._codecs())),
-            Attr.FIELDS: self.fields,
-        })
+        f.attrs.update(
+            {
+                Attr.FORMAT: FORMAT,
+                Attr.FORMAT_VERSION: FORMAT_VERSION,
+                Attr.NAME: spec.name,
+                Attr.DESCRIPTION: spec.description,
+                Attr.VERSION: version,
+                Attr.PARENT: parent_version if parent_version is not None else -1,
+                Attr.CREATED: datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                Attr.CREATOR: f"{getpass.getuser()}@{socket.gethostname()}",
+                "h5forge_version": __version__,
+                "h5py_version": h5py.version.version,
+                "hdf5_version": h5py.version.hdf5_version,
+                "python_version": platform.python_version(),
+                Attr.CODEC: spec.storage.codec,
+                Attr.CODEC_NEEDS: "; ".join(dict.fromkeys(CODECS[c].needs for c in self._codecs())),
+                Attr.FIELDS: self.fields,
+            }
+        )
         f.create_dataset(SPEC, data=spec.to_json(), dtype=STR)
         chunk = spec.storage.chunk_rows
         for split in SPLITS:
@@ -146,8 +167,14 @@ class DatasetWriter:
                 ds = arrays.create(g, path, st, st.chunk(chunk, SMALL_ROWS), options)
                 ds.attrs.update({Attr.KIND: kind.kind, **kind.dataset_attrs()})
             for key, (shape, dtype) in self._provenance().items():
-                g.create_dataset(key, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype,
-                                 chunks=(SMALL_ROWS, *shape), **small_options(dtype))
+                g.create_dataset(
+                    key,
+                    shape=(0, *shape),
+                    maxshape=(None, *shape),
+                    dtype=dtype,
+                    chunks=(SMALL_ROWS, *shape),
+                    **small_options(dtype),
+                )
             g[SOURCE_SHA256].attrs[Attr.FIELDS] = self.file_fields
         create_sample_keys(f)
 
@@ -165,13 +192,16 @@ class DatasetWriter:
                 acc[split] = acc[split] + counts if split in acc else counts
         labels = np.asarray(batch.splits)
         nf = len(self.file_fields)
-        provenance = {IDS: np.asarray(batch.ids, dtype=object),
-                      SOURCE_FILES: np.asarray(batch.files, dtype=object).reshape(len(batch), nf),
-                      SOURCE_SHA256: np.asarray(batch.source_sha256, dtype="S64").reshape(len(batch), nf)}
+        provenance = {
+            IDS: np.asarray(batch.ids, dtype=object),
+            SOURCE_FILES: np.asarray(batch.files, dtype=object).reshape(len(batch), nf),
+            SOURCE_SHA256: np.asarray(batch.source_sha256, dtype="S64").reshape(len(batch), nf),
+        }
         # completed here, with the provenance as stored (an append rewrites source paths after cleaning)
         ids, files, hashes = provenance[IDS], provenance[SOURCE_FILES], provenance[SOURCE_SHA256]
-        provenance[CHECKSUM] = np.asarray([row_checksum(d, ids[i], files[i], hashes[i])
-                                           for i, d in enumerate(batch.digests)], dtype="S64")
+        provenance[CHECKSUM] = np.asarray(
+            [row_checksum(d, ids[i], files[i], hashes[i]) for i, d in enumerate(batch.digests)], dtype="S64"
+        )
         keys = self._sample_keys(batch)  # once per batch, whatever the number of splits in it
         for split in sorted(set(batch.splits)):
             rows = np.flatnonzero(labels == split)
@@ -213,7 +243,9 @@ class DatasetWriter:
             else:
                 arrays.extend(g, path, data[:take])
             rest = data[take:]
-            buf[path] = [(rest.copy() if isinstance(rest, np.ndarray) else rest, np.arange(n - take))] if take < n else []
+            buf[path] = (
+                [(rest.copy() if isinstance(rest, np.ndarray) else rest, np.arange(n - take))] if take < n else []
+            )
         self.counts[split] += take
         self._buffered[split] = n - take
         self.file.flush()  # a full disk raises here, as an error the run reports
@@ -235,9 +267,20 @@ class DatasetWriter:
         """Each row's sample key: the build's, or made from what the batch holds (an append)."""
         known = self.inputs.samples if self.inputs is not None else {}
         columns = {k.annotation_column: p for p, k in self.kinds.items() if k.annotation_column}
-        return np.array([known.get(sid) or sample_key(sid, batch.splits[i], batch.files[i], batch.source_sha256[i],
-                                                      {c: batch.arrays[p][i] for c, p in columns.items()})
-                         for i, sid in enumerate(batch.ids)], dtype=KEY)
+        return np.array(
+            [
+                known.get(sid)
+                or sample_key(
+                    sid,
+                    batch.splits[i],
+                    batch.files[i],
+                    batch.source_sha256[i],
+                    {c: batch.arrays[p][i] for c, p in columns.items()},
+                )
+                for i, sid in enumerate(batch.ids)
+            ],
+            dtype=KEY,
+        )
 
     def add_stored(self, split: str, copy: Callable[[h5py.Group], int], listed: dict[str, list]) -> None:
         """Rows copied from another file (nightly reuse, resume) by ``copy(split group)``, which
@@ -262,9 +305,11 @@ class DatasetWriter:
         for split in SPLITS:
             self._flush(split, final=True)
         self.file.flush()
-        return {"counts": dict(self.counts),
-                "stats": {p: {s: np.asarray(c).tolist() for s, c in per.items()} for p, per in self.stats.items()},
-                "listed": {s: {p: list(v) for p, v in per.items()} for s, per in self._indexed.items()}}
+        return {
+            "counts": dict(self.counts),
+            "stats": {p: {s: np.asarray(c).tolist() for s, c in per.items()} for p, per in self.stats.items()},
+            "listed": {s: {p: list(v) for p, v in per.items()} for s, per in self._indexed.items()},
+        }
 
     def add_rejections(self, rejections: list[Rejection]) -> None:
         self.rejections.extend(rejections)
@@ -298,8 +343,14 @@ class DatasetWriter:
     def _summary(self, timings: dict[str, float]) -> WriteSummary:
         sizes = own_sizes(self.file, self.kinds)
         return WriteSummary(
-            counts=dict(self.counts), samples=sum(self.counts.values()), array_bytes_raw=sizes.raw,
-            array_bytes_stored=sizes.stored, split_bytes=sizes.split_stored, compression_ratio=sizes.ratio,
-            codec=self.spec.storage.codec, chunk_rows=self.spec.storage.chunk_rows,
+            counts=dict(self.counts),
+            samples=sum(self.counts.values()),
+            array_bytes_raw=sizes.raw,
+            array_bytes_stored=sizes.stored,
+            split_bytes=sizes.split_stored,
+            compression_ratio=sizes.ratio,
+            codec=self.spec.storage.codec,
+            chunk_rows=self.spec.storage.chunk_rows,
             timings={**timings, "write_seconds": round(time.perf_counter() - self.started, 3)},
-            rejections=tuple(self.rejections))
+            rejections=tuple(self.rejections),
+        )

@@ -44,8 +44,7 @@ def _looks_annotation(p: Path) -> bool:
     return p.is_file() and visible(p) and p.suffix.lower() in ANNOTATION_SUFFIXES
 
 
-def find_annotations(raw: Path, ids: set[str], id_mode: str, skip: set[str],
-                     notes: list[str]) -> Annotations | None:
+def find_annotations(raw: Path, ids: set[str], id_mode: str, skip: set[str], notes: list[str]) -> Annotations | None:
     """The annotation file beside the pictures that names most samples; notes for the others."""
     usable: list[tuple[tuple, Annotations, list[str]]] = []
     example = ", ".join(sorted(ids)[:3])
@@ -68,15 +67,19 @@ def find_annotations(raw: Path, ids: set[str], id_mode: str, skip: set[str],
             continue
         dicts = [r for r in records if isinstance(r, dict)]
         if not dicts:
-            notes.append(f"{name} is not used: it holds no records (a list of objects, JSON Lines or a CSV "
-                         "with a header row is needed)")
+            notes.append(
+                f"{name} is not used: it holds no records (a list of objects, JSON Lines or a CSV "
+                "with a header row is needed)"
+            )
             continue
         text = path.suffix.lower() == ".csv"
         if text:
             header = [k for k in dicts[0] if k != TEXT_FORMAT]
             if any(_record_id(h, id_mode) in ids for h in header if h is not None):
-                notes.append(f"{name} is not used: its first line names a sample ({', '.join(map(str, header))}); "
-                             "a CSV needs a header row (e.g. id,label)")
+                notes.append(
+                    f"{name} is not used: its first line names a sample ({', '.join(map(str, header))}); "
+                    "a CSV needs a header row (e.g. id,label)"
+                )
                 continue
         keys = {k for r in dicts[:2000] for k, v in r.items() if k != TEXT_FORMAT and isinstance(v, (str, int))}
         scores = {}
@@ -84,8 +87,10 @@ def find_annotations(raw: Path, ids: set[str], id_mode: str, skip: set[str],
             found = {_record_id(r[key], id_mode) for r in dicts if key in r and isinstance(r[key], (str, int))}
             scores[key] = len(found & ids) + sum(len(bare[k]) == 1 for k in found - ids if k in bare)
         if not scores or max(scores.values()) == 0:
-            notes.append(f"{name} is not used: no column names the samples (tried {', '.join(sorted(keys)) or 'none'}; "
-                         f"sample ids look like {example})")
+            notes.append(
+                f"{name} is not used: no column names the samples (tried {', '.join(sorted(keys)) or 'none'}; "
+                f"sample ids look like {example})"
+            )
             continue
 
         def preference(k: str, scores: dict = scores) -> tuple:
@@ -115,16 +120,25 @@ def find_annotations(raw: Path, ids: set[str], id_mode: str, skip: set[str],
     _, chosen, file_notes = usable[0]
     notes.extend(file_notes)
     for _, other, _ in usable[1:]:
-        notes.append(f"{other.file} also names {other.matched} samples but only one annotation file is read "
-                     f"({chosen.file}); merge its columns into it to use them")
+        notes.append(
+            f"{other.file} also names {other.matched} samples but only one annotation file is read "
+            f"({chosen.file}); merge its columns into it to use them"
+        )
     if chosen.matched < len(ids):
-        notes.append(f"{chosen.file} has records for {chosen.matched} of {len(ids)} samples; the others are "
-                     "quarantined (no annotation record)")
+        notes.append(
+            f"{chosen.file} has records for {chosen.matched} of {len(ids)} samples; the others are "
+            "quarantined (no annotation record)"
+        )
     return chosen
 
 
-def annotation_lines(t: SpecText, ann: Annotations | None, folders: dict[str, int] | None = None,
-                     folder_columns: dict[str, str] | None = None, index_by: list[str] | None = None) -> None:
+def annotation_lines(
+    t: SpecText,
+    ann: Annotations | None,
+    folders: dict[str, int] | None = None,
+    folder_columns: dict[str, str] | None = None,
+    index_by: list[str] | None = None,
+) -> None:
     columns = {**(folder_columns or {}), **(ann.columns if ann else {})}
     index = [*(index_by or []), *(c for c in (ann.index_by if ann else []) if c not in (index_by or []))]
     if ann is None and not folders:
@@ -143,14 +157,16 @@ def annotation_lines(t: SpecText, ann: Annotations | None, folders: dict[str, in
         t(1, "required: false", "no annotation file: the folders say everything")
 
 
-def label_field(t: SpecText, column: str, classes: tuple[str, ...] | None, comment: str,
-                active: bool = True) -> None:
+def label_field(t: SpecText, column: str, classes: tuple[str, ...] | None, comment: str, active: bool = True) -> None:
     """A ``label`` field from a label-like annotation column; commented out (``active`` false) where
     the masks are the target, so it is offered without being stored."""
     if not active:
         listed = f", classes: {flow(classes)}" if classes else ""
-        t.comment(1, f"label: {{kind: label, column: {scalar(column)}{listed}}}   # uncomment to store "
-                     f"{column!r} as a class index")
+        t.comment(
+            1,
+            f"label: {{kind: label, column: {scalar(column)}{listed}}}   # uncomment to store "
+            f"{column!r} as a class index",
+        )
         return
     t(1, "label:")
     t(2, "kind: label")

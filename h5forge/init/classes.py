@@ -12,8 +12,7 @@ from h5forge.kinds import Layout
 from h5forge.ingest.discover import sample_id
 from h5forge.init.annotations import annotation_lines, find_annotations
 from h5forge.init.folders import named, subdirs
-from h5forge.init.pictures import (IMAGE_DIRS, image_field, larger_choice, picture_globs, pictures_in,
-                                           target_size)
+from h5forge.init.pictures import IMAGE_DIRS, image_field, larger_choice, picture_globs, pictures_in, target_size
 from h5forge.init.text import SpecText, flow
 from h5forge.ingest.splits import assign_split
 from h5forge.spec import Splits
@@ -55,8 +54,10 @@ def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
                 loose = pictures_in(s)
                 any_loose = any_loose or bool(loose)
                 if loose:
-                    notes.append(f"{len(loose)} pictures lie directly in {prefix}{s.name}/, outside any class folder "
-                                 "(unlabelled?): not included")
+                    notes.append(
+                        f"{len(loose)} pictures lie directly in {prefix}{s.name}/, outside any class folder "
+                        "(unlabelled?): not included"
+                    )
                 for c in subdirs(s):
                     pics = pictures_in(c)
                     if pics:
@@ -66,12 +67,16 @@ def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
             if files:
                 for d in dirs:
                     if d not in splits and any(pictures_in(c) for c in subdirs(d)):
-                        notes.append(f"{prefix}{d.name}/ is not a split folder ({', '.join(SPLIT_NAMES)}): its "
-                                     "samples will be rejected (split column)")
+                        notes.append(
+                            f"{prefix}{d.name}/ is not a split folder ({', '.join(SPLIT_NAMES)}): its "
+                            "samples will be rejected (split column)"
+                        )
                 for s in splits:
                     if not _split_understood(s.name):
-                        notes.append(f"split folder {prefix}{s.name}/ is not understood as a split name (lower "
-                                     f"case is), so its samples will be rejected; rename it {s.name.lower()}/")
+                        notes.append(
+                            f"split folder {prefix}{s.name}/ is not understood as a split name (lower "
+                            f"case is), so its samples will be rejected; rename it {s.name.lower()}/"
+                        )
                 names = {s.name for s in splits if any(pictures_in(c) for c in subdirs(s))}
                 for name, where in sorted(found_in.items()):
                     if where != names and len(names) > 1:
@@ -79,22 +84,27 @@ def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
                 top_dirs = [d for d in dirs if d not in splits and pictures_in(d)]
                 top: list[Path] = []
                 if top_dirs and any_loose:
-                    notes.append(f"the pictures of the class folders beside the split folders "
-                                 f"({', '.join(prefix + d.name + '/' for d in top_dirs)}) are not included: a glob "
-                                 "for them would also take the pictures lying directly in the split folders")
+                    notes.append(
+                        f"the pictures of the class folders beside the split folders "
+                        f"({', '.join(prefix + d.name + '/' for d in top_dirs)}) are not included: a glob "
+                        "for them would also take the pictures lying directly in the split folders"
+                    )
                 elif top_dirs:
                     for d in top_dirs:  # outside any split folder: the ratios give their split
                         top += pictures_in(d)
                         per_class[d.name] += len(pictures_in(d))
-                    notes.append(f"class folders beside the split folders ({', '.join(prefix + d.name + '/' for d in top_dirs)}) "
-                                 "are taken too; their pictures get the split the ratios give")
+                    notes.append(
+                        f"class folders beside the split folders ({', '.join(prefix + d.name + '/' for d in top_dirs)}) "
+                        "are taken too; their pictures get the split the ratios give"
+                    )
                 return ClassTree(prefix, True, files, sorted(per_class), per_class, top)
         class_dirs = [d for d in dirs if pictures_in(d)]
         if len(class_dirs) >= 2:
             loose = pictures_in(base)
             if loose:
-                notes.append(f"{len(loose)} pictures lie directly in {prefix or './'}, outside any class folder: "
-                             "not included")
+                notes.append(
+                    f"{len(loose)} pictures lie directly in {prefix or './'}, outside any class folder: not included"
+                )
             for d in dirs:
                 if d not in class_dirs:
                     notes.append(f"{prefix}{d.name}/ holds no pictures directly: not a class")
@@ -117,8 +127,10 @@ def classify_body(raw: Path, tree: ClassTree, notes: list[str]):
     counts = ", ".join(f"{c} {tree.per_class[c]}" for c in tree.classes)
     small = [c for c in tree.classes if tree.per_class[c] < 0.2 * max(tree.per_class.values())]
     if small:
-        notes.append(f"unbalanced classes: {', '.join(small)} have under a fifth of the largest class's pictures "
-                     "(the label's class counts per split give loss weights)")
+        notes.append(
+            f"unbalanced classes: {', '.join(small)} have under a fifth of the largest class's pictures "
+            "(the label's class counts per split give loss weights)"
+        )
 
     def body(t: SpecText) -> None:
         t(0, "fields:")
@@ -128,8 +140,13 @@ def classify_body(raw: Path, tree: ClassTree, notes: list[str]):
         t(2, "kind: label")
         t(2, "column: label", "the class folder's name (annotations.folders)")
         t(2, f"classes: {flow(tree.classes)}", f"sorted folder names; pictures: {counts}")
-        annotation_lines(t, ann, folders=folders, folder_columns=folder_columns,
-                         index_by=["label"] if len(tree.classes) <= 50 else [])
+        annotation_lines(
+            t,
+            ann,
+            folders=folders,
+            folder_columns=folder_columns,
+            index_by=["label"] if len(tree.classes) <= 50 else [],
+        )
 
     return body
 

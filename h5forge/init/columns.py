@@ -39,8 +39,9 @@ def _json_type(values: list[Any]) -> str | None:
     return "str"
 
 
-def column_types(records: list[dict], id_key: str, text: bool, name: str, skip: set[str],
-                 notes: list[str]) -> tuple[dict[str, str], dict[str, set]]:
+def column_types(
+    records: list[dict], id_key: str, text: bool, name: str, skip: set[str], notes: list[str]
+) -> tuple[dict[str, str], dict[str, set]]:
     """{column: type} and {column: its distinct values} of the records (``text``: CSV), without the
     id column and the ``skip`` columns."""
     kinds: dict[str, str] = {}
@@ -48,8 +49,10 @@ def column_types(records: list[dict], id_key: str, text: bool, name: str, skip: 
     keys = sorted({k for r in records for k in r} - {id_key, TEXT_FORMAT})
     for key in keys:
         if key in skip:
-            notes.append(f"{name}: column {key!r} is not declared (the folders give it); "
-                         "a record's value still takes precedence over the folder")
+            notes.append(
+                f"{name}: column {key!r} is not declared (the folders give it); "
+                "a record's value still takes precedence over the folder"
+            )
             continue
         if "/" in key or not key.strip():
             notes.append(f"{name}: column {key!r} is not declared (a column name cannot hold '/' or be blank)")
@@ -64,14 +67,18 @@ def column_types(records: list[dict], id_key: str, text: bool, name: str, skip: 
         else:
             json_kind = _json_type(present)
             if json_kind is None:
-                notes.append(f"{name}: column {key!r} holds lists or objects and is not declared "
-                             "(only str, int, float and bool columns are stored)")
+                notes.append(
+                    f"{name}: column {key!r} holds lists or objects and is not declared "
+                    "(only str, int, float and bool columns are stored)"
+                )
                 continue
             kind, values = json_kind, set(present)
         missing = len(records) - len(present) if kind != "str" else absent  # an empty text is a str
         if missing:
-            notes.append(f"{name}: column {key!r} is missing in {missing} of {len(records)} records; "
-                         "those samples will be rejected (drop the column from columns if it is optional)")
+            notes.append(
+                f"{name}: column {key!r} is missing in {missing} of {len(records)} records; "
+                "those samples will be rejected (drop the column from columns if it is optional)"
+            )
         kinds[key] = kind
         distinct[key] = values
     return kinds, distinct

@@ -82,12 +82,21 @@ def _csv_recordings_body(survey: Survey, notes: list[str], time_columns: tuple[s
         for column in rec.columns:
             survey.add(column, rec.rate, p.name)
         text_columns.update(rec.other)
-    survey.require(notes, f"no CSV recording in {survey.base} has a numeric column beside its time column",
-                   "no columns", "CSV recordings cannot be used")
+    survey.require(
+        notes,
+        f"no CSV recording in {survey.base} has a numeric column beside its time column",
+        "no columns",
+        "CSV recordings cannot be used",
+    )
     if text_columns:
         notes.append(f"columns holding text are not declared: {', '.join(sorted(text_columns))}")
-    return survey.layout("column", notes, f"one field per column of the {len(survey.files)} CSV recordings in "
-                         f"{survey.prefix or './'} (the time column gives the rate)", "measured from the time column")
+    return survey.layout(
+        "column",
+        notes,
+        f"one field per column of the {len(survey.files)} CSV recordings in "
+        f"{survey.prefix or './'} (the time column gives the rate)",
+        "measured from the time column",
+    )
 
 
 def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:

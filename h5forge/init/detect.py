@@ -83,24 +83,33 @@ def accounted(spec: DatasetSpec) -> tuple[list[str], str | None]:
     notes, unbuildable = [], None
     if inv.unclaimed:
         more = "" if inv.unclaimed <= len(inv.unclaimed_examples) else ", ..."
-        notes.append(f"{inv.unclaimed} file{'s' if inv.unclaimed > 1 else ''} under the folder "
-                     f"{'are' if inv.unclaimed > 1 else 'is'} taken by no glob: "
-                     f"{', '.join(inv.unclaimed_examples)}{more} (not pictures, volumes or recordings of the "
-                     "layout found; add a glob to take them)")
+        notes.append(
+            f"{inv.unclaimed} file{'s' if inv.unclaimed > 1 else ''} under the folder "
+            f"{'are' if inv.unclaimed > 1 else 'is'} taken by no glob: "
+            f"{', '.join(inv.unclaimed_examples)}{more} (not pictures, volumes or recordings of the "
+            "layout found; add a glob to take them)"
+        )
     if inv.rejected:
         seen = inputs_seen(inv)
         reasons = "; ".join(f"{n} x {reason}" for reason, n in common_reasons(inv.rejections))
         limit = spec.rejected_limit(seen)
-        verdict = (f"max_rejected {spec.max_rejected:g} allows {limit}" if inv.rejected <= limit else
-                   f"max_rejected {spec.max_rejected:g} allows only {limit}: the build publishes nothing until "
-                   f"they are fixed or max_rejected is raised to {inv.rejected}")
-        notes.append(f"a build of the folder as it is rejects {inv.rejected} of {seen} inputs at discovery "
-                     f"({reasons}); {verdict}")
+        verdict = (
+            f"max_rejected {spec.max_rejected:g} allows {limit}"
+            if inv.rejected <= limit
+            else f"max_rejected {spec.max_rejected:g} allows only {limit}: the build publishes nothing until "
+            f"they are fixed or max_rejected is raised to {inv.rejected}"
+        )
+        notes.append(
+            f"a build of the folder as it is rejects {inv.rejected} of {seen} inputs at discovery "
+            f"({reasons}); {verdict}"
+        )
         if not inv.samples:
             unbuildable = f"every one of the {seen} inputs is rejected at discovery ({reasons})"
         elif inv.rejected > limit:
-            unbuildable = (f"{inv.rejected} of {seen} inputs are rejected at discovery ({reasons}), more than "
-                           f"max_rejected {spec.max_rejected:g} allows ({limit})")
+            unbuildable = (
+                f"{inv.rejected} of {seen} inputs are rejected at discovery ({reasons}), more than "
+                f"max_rejected {spec.max_rejected:g} allows ({limit})"
+            )
     elif not inv.samples:
         unbuildable = "no input of the folder becomes a sample"
     return notes, unbuildable

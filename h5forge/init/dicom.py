@@ -18,8 +18,15 @@ from h5forge.kinds import Layout
 from h5forge.errors import UsageError
 from h5forge.init.folders import named, sample, subdirs, visible
 from h5forge.init.text import SpecText
-from h5forge.init.volumes import (CASE_DIRS, CASE_SAMPLE, VOLUME_MASK_DIRS, most_common_size, volume_field,
-                                          volume_mask_field, volume_masks)
+from h5forge.init.volumes import (
+    CASE_DIRS,
+    CASE_SAMPLE,
+    VOLUME_MASK_DIRS,
+    most_common_size,
+    volume_field,
+    volume_mask_field,
+    volume_masks,
+)
 
 CASE_FILES = 2000
 _MODALITY_NAMES = {"CT": "ct", "MR": "mr", "PT": "pet"}
@@ -111,8 +118,9 @@ def _dicom_cases(raw: Path) -> tuple[Path, list[Path]] | None:
     its sub-folders with DICOM files at any depth."""
     for base in [raw, *named(raw, CASE_DIRS)]:
         skip = set(VOLUME_MASK_DIRS) | (set(CASE_DIRS) if base == raw else set())
-        cases = [d for d in subdirs(base) if d.name.lower() not in skip
-                 and any(_is_dicom(p) for p in _files_below(d, 8))]
+        cases = [
+            d for d in subdirs(base) if d.name.lower() not in skip and any(_is_dicom(p) for p in _files_below(d, 8))
+        ]
         if cases:
             return base, cases
     return None
@@ -127,17 +135,24 @@ def _case_glob(raw: Path, base: Path, cases: list[Path], notes: list[str]) -> st
         prefix = os.path.commonprefix([d.name for d in cases]).rstrip("0123456789")
         glob = f"{prefix}*" if not re.search(r"[*?\[\]]", prefix) else "*"
     pattern = glob.split("/")[-1]
-    others = sorted(p.name + ("/" if p.is_dir() else "") for p in base.iterdir()
-                    if visible(p) and fnmatch.fnmatchcase(p.name, pattern) and p not in cases)
+    others = sorted(
+        p.name + ("/" if p.is_dir() else "")
+        for p in base.iterdir()
+        if visible(p) and fnmatch.fnmatchcase(p.name, pattern) and p not in cases
+    )
     if others:
         where = "" if base == raw else f"{base.name}/"
-        notes.append(f"files: {glob} also takes {', '.join(where + o for o in others[:4])}"
-                     f"{' ...' if len(others) > 4 else ''}, which are not case folders of DICOM files: they will be "
-                     "rejected as cases" + ("; move the case folders into cases/" if base == raw else "; move them out"))
+        notes.append(
+            f"files: {glob} also takes {', '.join(where + o for o in others[:4])}"
+            f"{' ...' if len(others) > 4 else ''}, which are not case folders of DICOM files: they will be "
+            "rejected as cases" + ("; move the case folders into cases/" if base == raw else "; move them out")
+        )
     dotted = [d.name for d in cases if "." in d.name]
     if dotted:
-        notes.append(f"case folder names with a dot ({', '.join(dotted[:3])}): a sample id is the name without "
-                     "what follows its last dot, so such cases may collide; rename the folders without dots")
+        notes.append(
+            f"case folder names with a dot ({', '.join(dotted[:3])}): a sample id is the name without "
+            "what follows its last dot, so such cases may collide; rename the folders without dots"
+        )
     return glob
 
 
@@ -156,14 +171,18 @@ def dicom_body(raw: Path, notes: list[str]):
     if several:
         n, c = next(iter(several.items()))
         listed = ", ".join(f"{c.described[u] or 'no description'!r} {k} slices" for u, k in c.slices.most_common())
-        notes.append(f"{len(several)} of {len(read)} sampled case folders hold more than one series (e.g. {n}: "
-                     f"{listed}): series: largest keeps the one with the most slices; set a SeriesDescription "
-                     "pattern instead to choose by name")
+        notes.append(
+            f"{len(several)} of {len(read)} sampled case folders hold more than one series (e.g. {n}: "
+            f"{listed}): series: largest keeps the one with the most slices; set a SeriesDescription "
+            "pattern instead to choose by name"
+        )
     strays = [(n, s) for n, c in sampled.items() for s in c.strays]
     if strays:
         n, s = strays[0]
-        notes.append(f"{len(strays)} files in sampled case folders are not DICOM slices pydicom reads (e.g. {n}/{s}): "
-                     "every file of a case folder is read, so those cases will be rejected; move such files out")
+        notes.append(
+            f"{len(strays)} files in sampled case folders are not DICOM slices pydicom reads (e.g. {n}/{s}): "
+            "every file of a case folder is read, so those cases will be rejected; move such files out"
+        )
     size = most_common_size(Counter(c.sizes[c.main] for c in read.values() if c.main in c.sizes), "cases", notes)
     common = Counter(c.modality for c in read.values() if c.modality).most_common(1)
     modality = common[0][0] if common else ""
@@ -174,8 +193,7 @@ def dicom_body(raw: Path, notes: list[str]):
 
     def body(t: SpecText) -> None:
         t(0, "fields:")
-        volume_field(t, name, [glob], size, len(read), what, bool(several),
-                     any(c.fractional for c in read.values()))
+        volume_field(t, name, [glob], size, len(read), what, bool(several), any(c.fractional for c in read.values()))
         if mask is not None:
             volume_mask_field(t, f"{name}_mask", name, mask)
 

@@ -43,8 +43,9 @@ def _edf_channels(path: Path) -> list[tuple[str, float]] | str:
     except OSError as err:
         return str(err).replace(str(path) + ": ", "")
     try:
-        return [(label.strip(), float(reader.getSampleFrequency(i))) for i, label in
-                enumerate(reader.getSignalLabels())]
+        return [
+            (label.strip(), float(reader.getSampleFrequency(i))) for i, label in enumerate(reader.getSignalLabels())
+        ]
     finally:
         reader.close()
 
@@ -56,8 +57,10 @@ def edf_body(raw: Path, notes: list[str], kind):
     if not edf:
         return None
     for other, _ in edf[1:]:
-        notes.append(f"{other.relative_to(raw).as_posix()}/ also holds recordings; this spec reads "
-                     f"{edf[0][0].relative_to(raw).as_posix() or '.'}/ only (add its glob to files to include it)")
+        notes.append(
+            f"{other.relative_to(raw).as_posix()}/ also holds recordings; this spec reads "
+            f"{edf[0][0].relative_to(raw).as_posix() or '.'}/ only (add its glob to files to include it)"
+        )
     survey = Survey(raw, *edf[0], kind.rate_tolerance)
     twice = []
     for p in survey.sampled:
@@ -71,12 +74,21 @@ def edf_body(raw: Path, notes: list[str], kind):
                 twice.append(f"{p.name}: {label}")
                 continue
             survey.add(label, rate, p.name)
-    survey.require(notes, f"no EDF/BDF recording in {survey.base} can be read by pyedflib", "no channels",
-                   "recordings cannot be read by pyedflib")
+    survey.require(
+        notes,
+        f"no EDF/BDF recording in {survey.base} can be read by pyedflib",
+        "no channels",
+        "recordings cannot be read by pyedflib",
+    )
     if twice:
         notes.append(f"a label appears twice in a recording ({', '.join(twice[:3])}): its field reads the first")
-    return survey.layout("channel", notes, f"one field per channel of the {len(survey.files)} recordings in "
-                         f"{survey.prefix or './'}; they pair by file name, each at its own rate", "from the headers")
+    return survey.layout(
+        "channel",
+        notes,
+        f"one field per channel of the {len(survey.files)} recordings in "
+        f"{survey.prefix or './'}; they pair by file name, each at its own rate",
+        "from the headers",
+    )
 
 
 def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:

@@ -65,8 +65,10 @@ def mask_classes(paths: list[Path], notes: list[str]) -> MaskClasses:
         per_file.append((p, values))
     info.sampled = len(per_file)
     if colour:
-        notes.append(f"{colour} sampled masks are RGB colour pictures: declare the mask's palette "
-                     "({class: [r, g, b]}) and classes, or they are rejected")
+        notes.append(
+            f"{colour} sampled masks are RGB colour pictures: declare the mask's palette "
+            "({class: [r, g, b]}) and classes, or they are rejected"
+        )
     if not per_file:
         return info
     freq = Counter(v for _, vals in per_file for v in vals)
@@ -75,9 +77,11 @@ def mask_classes(paths: list[Path], notes: list[str]) -> MaskClasses:
     def note_strays(strays: set[int]) -> None:
         if strays:
             where = [f"{p.name}: {sorted(vals & strays)}" for p, vals in per_file if vals & strays]
-            notes.append(f"mask values {sorted(strays)} appear in one sampled mask each ({'; '.join(where[:4])}); "
-                         "they are not declared, so those masks will be rejected (raise classes if they are real "
-                         "classes)")
+            notes.append(
+                f"mask values {sorted(strays)} appear in one sampled mask each ({'; '.join(where[:4])}); "
+                "they are not declared, so those masks will be rejected (raise classes if they are real "
+                "classes)"
+            )
 
     binary_strays = rare - {0, 1, 255}
     if all((vals - binary_strays) <= {0, 1} or (vals - binary_strays) <= {0, 255} for _, vals in per_file):
@@ -90,15 +94,19 @@ def mask_classes(paths: list[Path], notes: list[str]) -> MaskClasses:
     note_strays(set(freq) - real)
     top = max(real - {255}, default=0)
     if max(real, default=0) > 255:
-        notes.append(f"masks hold values up to {max(real)} (16-bit, instance ids?): only 8-bit class indices "
-                     "are supported; the mask is declared binary and such masks will be rejected")
+        notes.append(
+            f"masks hold values up to {max(real)} (16-bit, instance ids?): only 8-bit class indices "
+            "are supported; the mask is declared binary and such masks will be rejected"
+        )
         return info
     info.classes = max(top + 1, 2)
     info.ignore_value = 255 if 255 in real else None
     info.found = sorted(real)
     if info.classes > 8 and len(real - {255}) < info.classes / 2:
-        notes.append(f"mask values {sorted(real - {255})} are sparse for classes: {info.classes}; if they are "
-                     "grey levels rather than class indices, remap them to 0..K-1")
+        notes.append(
+            f"mask values {sorted(real - {255})} are sparse for classes: {info.classes}; if they are "
+            "grey levels rather than class indices, remap them to 0..K-1"
+        )
     return info
 
 
@@ -114,8 +122,11 @@ def class_lines(t: SpecText, mc: MaskClasses, ignored: str) -> None:
 def pad_line(t: SpecText, mc: MaskClasses) -> None:
     """The pad value, unless the ignore value is the padding already."""
     if mc.ignore_value is None:
-        t(2, "pad_value: 255", "where a mask is padded to its image's size: not a class, not counted; "
-                               "give the loss ignore_index=255")
+        t(
+            2,
+            "pad_value: 255",
+            "where a mask is padded to its image's size: not a class, not counted; give the loss ignore_index=255",
+        )
 
 
 def mask_field(t: SpecText, globs: list[str], mc: MaskClasses) -> None:

@@ -15,8 +15,17 @@ from h5forge.errors import UsageError
 from h5forge.init.folders import named, sample
 from h5forge.init.pictures import SIZE_SAMPLE
 from h5forge.init.text import SpecText
-from h5forge.init.volumes import (CASE_DIRS, VOLUME_MASK_DIRS, is_nifti, most_common_size, nifti_globs,
-                                          nifti_id, volume_field, volume_mask_field, volume_masks)
+from h5forge.init.volumes import (
+    CASE_DIRS,
+    VOLUME_MASK_DIRS,
+    is_nifti,
+    most_common_size,
+    nifti_globs,
+    nifti_id,
+    volume_field,
+    volume_mask_field,
+    volume_masks,
+)
 
 
 def nifti_body(raw: Path, notes: list[str]):
@@ -50,10 +59,13 @@ def _nifti_volumes_body(raw: Path, base: Path, files: list[Path], notes: list[st
         sizes[(int(img.shape[1]), int(img.shape[0]))] += 1  # stored (z, y, x): a slice is y rows of x
         slope, inter = img.header.get_slope_inter()
         fractional |= img.get_data_dtype().kind == "f" or any(
-            v is not None and np.isfinite(v) and not float(v).is_integer() for v in (slope, inter))
+            v is not None and np.isfinite(v) and not float(v).is_integer() for v in (slope, inter)
+        )
     if unreadable:
-        notes.append(f"{len(unreadable)} of {len(sampled)} sampled NIfTI files cannot be read by nibabel "
-                     f"(e.g. {unreadable[0]}): they will be rejected")
+        notes.append(
+            f"{len(unreadable)} of {len(sampled)} sampled NIfTI files cannot be read by nibabel "
+            f"(e.g. {unreadable[0]}): they will be rejected"
+        )
     if odd:
         notes.append(f"{len(odd)} sampled NIfTI files are not 3-D volumes (e.g. {odd[0]}): they will be rejected")
     if not sizes:
@@ -62,8 +74,10 @@ def _nifti_volumes_body(raw: Path, base: Path, files: list[Path], notes: list[st
     prefix = "" if base == raw else f"{base.name}/"
     labelled = [p.name for p in files if re.search(r"[_-](seg|mask|label|labels|gt)$", nifti_id(p), re.I)]
     if labelled:
-        notes.append(f"{', '.join(labelled[:3])} look like label volumes but are read as volumes: move them into "
-                     "labels/, named like their volume")
+        notes.append(
+            f"{', '.join(labelled[:3])} look like label volumes but are read as volumes: move them into "
+            "labels/, named like their volume"
+        )
     mask = volume_masks(raw, base, {nifti_id(p) for p in files}, notes)
     what = f"NIfTI volumes ({len(files)} in {prefix or './'}), slices along the third axis"
 

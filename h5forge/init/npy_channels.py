@@ -44,26 +44,35 @@ def npy_body(raw: Path, notes: list[str], todo: list[str], kind):
             if isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0:
                 ch.add(float(rate), p.name)
         if odd:
-            notes.append(f"{prefix}: {len(odd)} of {len(sampled)} sampled arrays are not one channel of numbers "
-                         f"({', '.join(odd[:3])}): a .npy must hold one 1-D channel; they will be rejected")
+            notes.append(
+                f"{prefix}: {len(odd)} of {len(sampled)} sampled arrays are not one channel of numbers "
+                f"({', '.join(odd[:3])}): a .npy must hold one 1-D channel; they will be rejected"
+            )
         stems[prefix or "./"] = {p.stem for p in files}
         if ch.rates:
             for rate, names in ch.off_rate():
-                notes.append(f"{prefix}: {len(names)} sidecars give {rate:g} Hz ({', '.join(names[:3])}), not "
-                             f"{ch.rate():g} Hz: those recordings will be rejected")
-            fields.append((name, [f"{prefix}*.npy"], ch.rate(), f"Hz, from the <stem>.json sidecars of "
-                                                                  f"{ch.files} sampled files"))
+                notes.append(
+                    f"{prefix}: {len(names)} sidecars give {rate:g} Hz ({', '.join(names[:3])}), not "
+                    f"{ch.rate():g} Hz: those recordings will be rejected"
+                )
+            fields.append(
+                (name, [f"{prefix}*.npy"], ch.rate(), f"Hz, from the <stem>.json sidecars of {ch.files} sampled files")
+            )
         else:
-            message = (f"fields.{name}.rate: no {prefix}<stem>.json sidecar gives the rate of {prefix}*.npy; "
-                       "fill in rate: (samples per second) in the spec")
+            message = (
+                f"fields.{name}.rate: no {prefix}<stem>.json sidecar gives the rate of {prefix}*.npy; "
+                "fill in rate: (samples per second) in the spec"
+            )
             notes.append(message)
             todo.append(f"fields.{name}.rate")
             fields.append((name, [f"{prefix}*.npy"], None, f"no {prefix}<stem>.json sidecar gives it; fill it in"))
     every = set.intersection(*stems.values())
     for where, have in stems.items():
         if have - every:
-            notes.append(f"{len(have - every)} recordings in {where} are missing in another channel folder "
-                         f"(e.g. {sorted(have - every)[0]}): they are quarantined as incomplete samples")
+            notes.append(
+                f"{len(have - every)} recordings in {where} are missing in another channel folder "
+                f"(e.g. {sorted(have - every)[0]}): they are quarantined as incomplete samples"
+            )
 
     def body(t: SpecText) -> None:
         t(0, "fields:")

@@ -82,15 +82,19 @@ def _scale(lr: dict[str, Path], hr: dict[str, Path], notes: list[str]) -> tuple[
     k, n = max(ratios.items(), key=lambda kv: (kv[1], kv[0] is not None))
     if k is None or k < 2 or k > 16 or n < 0.75 * measured:
         seen = ", ".join(f"x{r}: {c}" if r else f"not an integer scale: {c}" for r, c in ratios.most_common())
-        notes.append(f"the HR/LR size ratio could not be inferred from {measured} sampled pairs ({seen}"
-                     f"{'; e.g. ' + odd[0] if odd else ''}): it must be an integer from 2 to 16, the same in both "
-                     "sides; high_res is declared as a plain image, change it to kind: paired with the scale")
+        notes.append(
+            f"the HR/LR size ratio could not be inferred from {measured} sampled pairs ({seen}"
+            f"{'; e.g. ' + odd[0] if odd else ''}): it must be an integer from 2 to 16, the same in both "
+            "sides; high_res is declared as a plain image, change it to kind: paired with the scale"
+        )
         return None, measured
     wrong = measured - n
     if wrong:
         other = [f"x{r}" if r else "not an integer scale" for r in ratios if r != k]
-        notes.append(f"{wrong} of {measured} sampled pairs are not x{k} ({', '.join(other)}"
-                     f"{'; e.g. ' + odd[0] if odd else ''}): they will be rejected")
+        notes.append(
+            f"{wrong} of {measured} sampled pairs are not x{k} ({', '.join(other)}"
+            f"{'; e.g. ' + odd[0] if odd else ''}): they will be rejected"
+        )
     return k, measured
 
 
@@ -101,30 +105,36 @@ def _strip_scale(stem: str) -> str:
 def sr_body(raw: Path, pairs, notes: list[str]):
     (lr_rel, lr_dir), (hr_rel, hr_dir), named_scale = pairs[0]
     for (other_lr, _), (other_hr, _), _ in pairs[1:]:
-        notes.append(f"also found {other_lr}/ + {other_hr}/; this spec reads {lr_rel}/ + {hr_rel}/ only "
-                     "(add their globs to files to include them)")
+        notes.append(
+            f"also found {other_lr}/ + {other_hr}/; this spec reads {lr_rel}/ + {hr_rel}/ only "
+            "(add their globs to files to include them)"
+        )
     lr_files, hr_files = pictures_in(lr_dir), pictures_in(hr_dir)
     lr = {p.stem: p for p in lr_files}
     hr = {p.stem: p for p in hr_files}
     id_suffix = None
     if not set(lr) & set(hr):
         stripped = {_strip_scale(s): p for s, p in lr.items()}
-        suffixes = Counter(s[len(_strip_scale(s)):] for s in lr)
+        suffixes = Counter(s[len(_strip_scale(s)) :] for s in lr)
         if set(stripped) & set(hr) and len(suffixes) == 1 and "" not in suffixes:
             # every LR stem ends in the same scale word (DIV2K's 0001x4.png): the id leaves it out
             [id_suffix] = suffixes
             lr = stripped
         elif set(stripped) & set(hr):
             stem = next(s for s in sorted(stripped) if s in hr)
-            notes.append(f"the LR files carry the scale in their name ({stripped[stem].name} vs {hr[stem].name}), "
-                         f"not all the same ({', '.join(sorted(suffixes))}): pairs are matched by file name, so "
-                         "rename the LR files without it")
+            notes.append(
+                f"the LR files carry the scale in their name ({stripped[stem].name} vs {hr[stem].name}), "
+                f"not all the same ({', '.join(sorted(suffixes))}): pairs are matched by file name, so "
+                "rename the LR files without it"
+            )
             lr = stripped
         else:
             notes.append(f"{lr_rel}/ and {hr_rel}/ share no file name: pairs are matched by name, so nothing pairs")
     elif set(lr) ^ set(hr):
-        notes.append(f"{len(set(lr) ^ set(hr))} pictures of {lr_rel}/ and {hr_rel}/ have no partner: they are "
-                     "quarantined as incomplete samples")
+        notes.append(
+            f"{len(set(lr) ^ set(hr))} pictures of {lr_rel}/ and {hr_rel}/ have no partner: they are "
+            "quarantined as incomplete samples"
+        )
     scale, measured = _scale(lr, hr, notes)
     if scale and named_scale and scale != named_scale:
         notes.append(f"{lr_rel}/ is named x{named_scale} but the sampled pairs are x{scale}")
@@ -134,11 +144,21 @@ def sr_body(raw: Path, pairs, notes: list[str]):
 
     def body(t: SpecText) -> None:
         t(0, "fields:")
-        image_field(t, "low_res", picture_globs(f"{lr_rel}/", lr_files), size, "crop",
-                    "bigger LR pictures are centre-cropped, their HR partner with them")
+        image_field(
+            t,
+            "low_res",
+            picture_globs(f"{lr_rel}/", lr_files),
+            size,
+            "crop",
+            "bigger LR pictures are centre-cropped, their HR partner with them",
+        )
         if id_suffix:
-            t(2, f"id_suffix: {id_suffix}", f"the LR names end in {id_suffix} ({lr[sorted(lr)[0]].name}): "
-                                            "the sample id leaves it out, to pair with the HR name")
+            t(
+                2,
+                f"id_suffix: {id_suffix}",
+                f"the LR names end in {id_suffix} ({lr[sorted(lr)[0]].name}): "
+                "the sample id leaves it out, to pair with the HR name",
+            )
         t(1, "high_res:")
         if scale:
             t(2, "kind: paired", "the HR partner: exactly scale x its LR picture, checked per pair")
@@ -146,8 +166,11 @@ def sr_body(raw: Path, pairs, notes: list[str]):
             t(2, "like: low_res", "cropped and padded with the LR plan times scale: pairs stay aligned")
             t(2, f"scale: {scale}", f"HR/LR size ratio of {measured} sampled pairs")
         else:
-            t(2, "kind: image", "the scale is unknown (see the notes); once known: kind: paired, like: low_res, "
-                                "scale: k")
+            t(
+                2,
+                "kind: image",
+                "the scale is unknown (see the notes); once known: kind: paired, like: low_res, scale: k",
+            )
             t(2, f"files: {files_value(picture_globs(f'{hr_rel}/', hr_files))}")
             assert hr_size is not None  # measured when the scale is unknown
             t(2, f"size: [{hr_size.height}, {hr_size.width}]")

@@ -24,8 +24,9 @@ def header(t: SpecText, raw: Path, spec_path: Path, name: str, notes: list[str],
         t.more("(cat/0001), so one file name in two classes does not collide")
 
 
-def footer(t: SpecText, spec_path: Path, name: str, split_column: str | None = None,
-           batch_size: int | None = None) -> None:
+def footer(
+    t: SpecText, spec_path: Path, name: str, split_column: str | None = None, batch_size: int | None = None
+) -> None:
     t(0, "splits:")
     if split_column:
         t(1, f"column: {split_column}", "from the split folders (training, validation, valid, testing understood)")

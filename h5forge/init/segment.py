@@ -12,8 +12,17 @@ from h5forge.init.masks import mask_classes, mask_field
 from h5forge.init.pictures import IMAGE_DIRS, image_field, larger_choice, picture_globs, pictures_in, target_size
 from h5forge.init.text import SpecText
 
-MASK_DIRS = ("masks", "mask", "labels", "annotations_masks", "segmentationclass", "segmentations",
-             "groundtruth", "ground_truth", "gt")
+MASK_DIRS = (
+    "masks",
+    "mask",
+    "labels",
+    "annotations_masks",
+    "segmentationclass",
+    "segmentations",
+    "groundtruth",
+    "ground_truth",
+    "gt",
+)
 
 
 def segment_body(raw: Path, images: Path, notes: list[str]):
@@ -25,8 +34,10 @@ def segment_body(raw: Path, images: Path, notes: list[str]):
     if masks:
         stems_i, stems_m = {p.stem for p in image_files}, {p.stem for p in mask_files}
         if stems_i - stems_m:
-            notes.append(f"{len(stems_i - stems_m)} of {len(stems_i)} pictures in {images.name}/ have no mask in "
-                         f"{masks.name}/: they are quarantined as incomplete samples")
+            notes.append(
+                f"{len(stems_i - stems_m)} of {len(stems_i)} pictures in {images.name}/ have no mask in "
+                f"{masks.name}/: they are quarantined as incomplete samples"
+            )
     ids = {p.stem for p in image_files}
     ann = find_annotations(raw, ids, "stem", set(), notes)
     layout = "segment" if masks else "images"

@@ -66,8 +66,9 @@ class Channel:
         return [(r, names) for r, names in self.rates.items() if abs(r - chosen) > self.tolerance * chosen]
 
 
-def signal_field(t: SpecText, name: str, globs: list[str], channel: str | None, rate: int | float | None,
-                 why: str) -> None:
+def signal_field(
+    t: SpecText, name: str, globs: list[str], channel: str | None, rate: int | float | None, why: str
+) -> None:
     t(1, f"{name}:")
     t(2, "kind: signal")
     t(2, f"files: {files_value(globs)}")
@@ -115,8 +116,10 @@ class Survey:
         if not self.channels:
             raise UsageError(f"{nothing} ({self.problems[0] if self.problems else empty})")
         if self.problems:
-            notes.append(f"{len(self.problems)} of {len(self.sampled)} sampled {unusable} "
-                         f"({'; '.join(self.problems[:3])}): they will be rejected")
+            notes.append(
+                f"{len(self.problems)} of {len(self.sampled)} sampled {unusable} "
+                f"({'; '.join(self.problems[:3])}): they will be rejected"
+            )
 
     def layout(self, unit: str, notes: list[str], comment: str, source: str):
         """The ``signals`` layout: one field per channel, at its most common rate (``source`` says
@@ -140,11 +143,15 @@ class Survey:
 def _channel_notes(channels: dict[str, Channel], readable: list[str], unit: str, notes: list[str]) -> None:
     for ch in channels.values():
         for rate, names in ch.off_rate():
-            notes.append(f"{unit} {ch.label!r} is at {rate:g} Hz in {len(names)} of {ch.files} sampled files "
-                         f"({', '.join(names[:3])}), not {ch.rate():g} Hz: those recordings will be rejected")
+            notes.append(
+                f"{unit} {ch.label!r} is at {rate:g} Hz in {len(names)} of {ch.files} sampled files "
+                f"({', '.join(names[:3])}), not {ch.rate():g} Hz: those recordings will be rejected"
+            )
         having = {n for names in ch.rates.values() for n in names}
         missing = [n for n in readable if n not in having]
         if missing:
-            notes.append(f"{unit} {ch.label!r} is missing in {len(missing)} of {len(readable)} sampled files "
-                         f"({', '.join(missing[:3])}): those recordings will be rejected (every field must be in "
-                         "a sample; drop the field to keep them)")
+            notes.append(
+                f"{unit} {ch.label!r} is missing in {len(missing)} of {len(readable)} sampled files "
+                f"({', '.join(missing[:3])}): those recordings will be rejected (every field must be in "
+                "a sample; drop the field to keep them)"
+            )

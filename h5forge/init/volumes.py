@@ -18,10 +18,32 @@ from h5forge.init.masks import MaskClasses, class_lines, mask_classes, pad_line
 from h5forge.init.pictures import pictures_in
 from h5forge.init.text import SpecText, files_value
 
-CASE_DIRS = ("cases", "volumes", "scans", "series", "studies", "patients", "subjects", "dicom", "images",
-             "imagestr", "ct", "mr")
-VOLUME_MASK_DIRS = ("masks", "mask", "labels", "labelstr", "segmentations", "segmentation", "seg", "gt",
-                    "ground_truth", "groundtruth")
+CASE_DIRS = (
+    "cases",
+    "volumes",
+    "scans",
+    "series",
+    "studies",
+    "patients",
+    "subjects",
+    "dicom",
+    "images",
+    "imagestr",
+    "ct",
+    "mr",
+)
+VOLUME_MASK_DIRS = (
+    "masks",
+    "mask",
+    "labels",
+    "labelstr",
+    "segmentations",
+    "segmentation",
+    "seg",
+    "gt",
+    "ground_truth",
+    "groundtruth",
+)
 CASE_SAMPLE, LABEL_SAMPLE = 20, 5
 
 
@@ -59,16 +81,20 @@ def _label_volume_classes(files: list[Path], notes: list[str]) -> MaskClasses:
             continue
         found = np.unique(data)
         if not np.array_equal(found, np.round(found)):
-            notes.append(f"{p.name} holds values that are not whole numbers: label volumes must hold class "
-                         "indices, so such masks will be rejected")
+            notes.append(
+                f"{p.name} holds values that are not whole numbers: label volumes must hold class "
+                "indices, so such masks will be rejected"
+            )
             return info
         values |= {int(v) for v in found}
         info.sampled += 1
     if values <= {0, 1} or values <= {0, 255}:
         return info
     if min(values) < 0 or max(values) > 255:
-        notes.append(f"label volumes hold values {min(values)}..{max(values)}: only class indices 0..255 are "
-                     "supported; the mask is declared binary and such masks will be rejected")
+        notes.append(
+            f"label volumes hold values {min(values)}..{max(values)}: only class indices 0..255 are "
+            "supported; the mask is declared binary and such masks will be rejected"
+        )
         return info
     info.classes = max(max(values - {255}, default=0) + 1, 2)
     info.ignore_value = 255 if 255 in values else None
@@ -85,21 +111,29 @@ def volume_masks(raw: Path, base: Path, ids: set[str], notes: list[str]) -> Volu
         folders = [c for c in subdirs(d) if pictures_in(c)]
         if nifti:
             mask_ids = {nifti_id(p) for p in nifti}
-            mask = VolumeMask(nifti_globs(f"{d.name}/", nifti), "label volumes (NIfTI)",
-                              _label_volume_classes(nifti, notes))
+            mask = VolumeMask(
+                nifti_globs(f"{d.name}/", nifti), "label volumes (NIfTI)", _label_volume_classes(nifti, notes)
+            )
         elif folders:
             mask_ids = {c.name for c in folders}
             slices = [p for c in sample(folders, CASE_SAMPLE) for p in pictures_in(c)]
-            mask = VolumeMask([f"{d.name}/*"], "a folder of per-slice pictures per case, numbered in slice "
-                              "order", mask_classes(slices, notes))
+            mask = VolumeMask(
+                [f"{d.name}/*"],
+                "a folder of per-slice pictures per case, numbered in slice order",
+                mask_classes(slices, notes),
+            )
         else:
             continue
         if ids - mask_ids:
-            notes.append(f"{len(ids - mask_ids)} of {len(ids)} cases have no mask in {d.name}/ "
-                         f"(e.g. {sorted(ids - mask_ids)[0]}): they are quarantined as incomplete samples")
+            notes.append(
+                f"{len(ids - mask_ids)} of {len(ids)} cases have no mask in {d.name}/ "
+                f"(e.g. {sorted(ids - mask_ids)[0]}): they are quarantined as incomplete samples"
+            )
         if mask_ids - ids:
-            notes.append(f"{len(mask_ids - ids)} masks in {d.name}/ have no case (e.g. {sorted(mask_ids - ids)[0]}): "
-                         "they are quarantined as incomplete samples")
+            notes.append(
+                f"{len(mask_ids - ids)} masks in {d.name}/ have no case (e.g. {sorted(mask_ids - ids)[0]}): "
+                "they are quarantined as incomplete samples"
+            )
         return mask
     return None
 
@@ -117,13 +151,23 @@ def most_common_size(sizes: Counter, what: str, notes: list[str]) -> tuple[int, 
     (rows, cols), n = sizes.most_common(1)[0]
     if len(sizes) > 1:
         seen = ", ".join(f"{r}x{c} in {k}" for (r, c), k in sizes.most_common(4))
-        notes.append(f"slice sizes differ among the sampled {what} ({seen}): others are centre-cropped or padded "
-                     f"to {rows}x{cols}, never resampled")
+        notes.append(
+            f"slice sizes differ among the sampled {what} ({seen}): others are centre-cropped or padded "
+            f"to {rows}x{cols}, never resampled"
+        )
     return rows, cols
 
 
-def volume_field(t: SpecText, name: str, globs: list[str], size: tuple[int, int], sampled: int, what: str,
-                 series: bool, fractional: bool) -> None:
+def volume_field(
+    t: SpecText,
+    name: str,
+    globs: list[str],
+    size: tuple[int, int],
+    sampled: int,
+    what: str,
+    series: bool,
+    fractional: bool,
+) -> None:
     t(1, f"{name}:")
     t(2, "kind: volume", what)
     t(2, f"files: {files_value(globs)}", "one case each; the sample id is its name")

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from h5forge.format.arrays import Stored
-from h5forge.kinds.base import (Conversion, Decoded, Demo, Detector, FieldKind, Layout, ReadOption, ReadOptions,
-                                load_ref)
+from h5forge.kinds.base import Conversion, Decoded, Demo, Detector, FieldKind, Layout, ReadOption, ReadOptions, load_ref
 from h5forge.kinds.boxes import BoxesKind
 from h5forge.kinds.column import ColumnKind
 from h5forge.kinds.image import ImageKind
@@ -29,9 +28,27 @@ from h5forge.samples import SampleRef
 if TYPE_CHECKING:
     from h5forge.spec import DatasetSpec
 
-__all__ = ["REGISTRY", "Conversion", "Decoded", "Demo", "Detector", "FieldKind", "Layout", "ReadOption",
-           "ReadOptions", "Stored", "decode_sample", "demos", "detectors", "field_kinds", "file_fields", "load_ref",
-           "read_options", "reader_options", "stored_kinds"]
+__all__ = [
+    "REGISTRY",
+    "Conversion",
+    "Decoded",
+    "Demo",
+    "Detector",
+    "FieldKind",
+    "Layout",
+    "ReadOption",
+    "ReadOptions",
+    "Stored",
+    "decode_sample",
+    "demos",
+    "detectors",
+    "field_kinds",
+    "file_fields",
+    "load_ref",
+    "read_options",
+    "reader_options",
+    "stored_kinds",
+]
 
 REGISTRY: dict[str, type[FieldKind]] = {}
 
@@ -133,8 +150,9 @@ def decode_order(kinds: dict[str, FieldKind]) -> list[FieldKind]:
     return ordered
 
 
-def decode_sample(kinds: dict[str, FieldKind], root: Path, ref: SampleRef,
-                  order: list[FieldKind] | None = None) -> dict[str, Decoded]:
+def decode_sample(
+    kinds: dict[str, FieldKind], root: Path, ref: SampleRef, order: list[FieldKind] | None = None
+) -> dict[str, Decoded]:
     """Every stored value of one sample, by dataset path, in ``kinds`` order; raises Reject.
     ``order`` is ``decode_order(kinds)``, when the caller decodes many samples."""
     done: dict[str, Decoded] = {}

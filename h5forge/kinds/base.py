@@ -148,8 +148,9 @@ def read_source(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES) -> tup
             if not stat.S_ISREG(st.st_mode):
                 raise Reject(rel, "not a regular file (a device, pipe or socket)")
             if st.st_size > max_bytes:
-                raise Reject(rel, f"file is {st.st_size:,} bytes, larger than the field's limit of {max_bytes:,} "
-                                  "(max_bytes)")
+                raise Reject(
+                    rel, f"file is {st.st_size:,} bytes, larger than the field's limit of {max_bytes:,} (max_bytes)"
+                )
             data = fh.read(max_bytes + 1)  # bounded even if the file grows while we read it
     except OSError as err:
         raise Reject(rel, f"cannot read file: {err.strerror or err}") from None
@@ -317,8 +318,9 @@ class FieldKind(ABC):
         torch reader does, on the GPU); None when a kind's ``convert`` is its own code."""
         return Conversion() if type(self).convert is FieldKind.convert else None
 
-    def convert(self, raw: np.ndarray, out: np.ndarray, opts: ReadOptions, stats: dict[str, np.ndarray],
-                axis: int = 1) -> None:
+    def convert(
+        self, raw: np.ndarray, out: np.ndarray, opts: ReadOptions, stats: dict[str, np.ndarray], axis: int = 1
+    ) -> None:
         """Model values of the stored rows ``raw`` into ``out`` (``axis``: the channel axis): the
         kind's ``conversion``. Each step is one IEEE operation per value in float32, so every
         reader that follows the steps returns the same bits."""

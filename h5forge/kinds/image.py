@@ -24,8 +24,20 @@ import h5py
 import numpy as np
 from pydantic import Field, field_validator
 
-from h5forge.kinds.base import (DEFAULT_MAX_BYTES, Conversion, Decoded, Demo, Detector, FieldKind, Globs, ReadOption,
-                                ReadOptions, Stored, StrictModel, read_source)
+from h5forge.kinds.base import (
+    DEFAULT_MAX_BYTES,
+    Conversion,
+    Decoded,
+    Demo,
+    Detector,
+    FieldKind,
+    Globs,
+    ReadOption,
+    ReadOptions,
+    Stored,
+    StrictModel,
+    read_source,
+)
 from h5forge.samples import Reject, SampleRef
 
 IMAGE_DTYPES = ("float32", "uint8")
@@ -38,15 +50,22 @@ class ImageField(StrictModel):
 
     kind: Literal["image"] = "image"
     files: Globs = Field(description="glob(s) relative to source.root, e.g. images/*.png")
-    id_suffix: str | None = Field(None, min_length=1, description="an end of this field's file stems that "
-                                  "is not part of the sample id (x4: DIV2K's LR 0001x4.png is sample 0001)")
+    id_suffix: str | None = Field(
+        None,
+        min_length=1,
+        description="an end of this field's file stems that "
+        "is not part of the sample id (x4: DIV2K's LR 0001x4.png is sample 0001)",
+    )
     size: tuple[int, int] = Field(description="target (height, width)")
     channels: Literal[1, 3] = 3
     larger: Literal["crop", "shrink", "reject"] = "crop"
     fill: int = Field(0, ge=0, le=255)
     max_pixels: int = Field(64_000_000, gt=0, description="larger headers are decompression bombs")
-    max_decoded_bytes: int = Field(DEFAULT_MAX_DECODED, gt=0, description="a picture whose decoded form would "
-                                   "take more memory than this is rejected before it is decoded")
+    max_decoded_bytes: int = Field(
+        DEFAULT_MAX_DECODED,
+        gt=0,
+        description="a picture whose decoded form would take more memory than this is rejected before it is decoded",
+    )
     max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a file larger than this is rejected unread")
 
     @field_validator("size")
@@ -82,8 +101,13 @@ def decoded_bytes(img) -> int:
     return w * h * per_pixel
 
 
-def open_picture(data: bytes, path: str, max_pixels: int, max_decoded: int = DEFAULT_MAX_DECODED,
-                 draft_to: tuple[int, int] | None = None):
+def open_picture(
+    data: bytes,
+    path: str,
+    max_pixels: int,
+    max_decoded: int = DEFAULT_MAX_DECODED,
+    draft_to: tuple[int, int] | None = None,
+):
     """A loaded Pillow image; a bomb, an empty, truncated or unknown file rejects the sample.
     ``draft_to`` (width, height): a JPEG is decoded at the smallest 1/2, 1/4 or 1/8 scale at least
     that large (a fraction of the memory and time)."""
@@ -95,11 +119,16 @@ def open_picture(data: bytes, path: str, max_pixels: int, max_decoded: int = DEF
         img = _open_unchecked(data)
         w, h = img.size  # from the header: nothing is decoded yet
         if w * h > max_pixels:
-            raise Reject(path, f"decompression bomb: header declares {w}x{h} = {w * h:,} pixels, "
-                               f"limit is {max_pixels:,} (max_pixels)")
+            raise Reject(
+                path,
+                f"decompression bomb: header declares {w}x{h} = {w * h:,} pixels, limit is {max_pixels:,} (max_pixels)",
+            )
         if decoded_bytes(img) > max_decoded:
-            raise Reject(path, f"too large to decode: {w}x{h} {img.mode} takes {decoded_bytes(img):,} bytes "
-                               f"decoded, limit is {max_decoded:,} (max_decoded_bytes)")
+            raise Reject(
+                path,
+                f"too large to decode: {w}x{h} {img.mode} takes {decoded_bytes(img):,} bytes "
+                f"decoded, limit is {max_decoded:,} (max_decoded_bytes)",
+            )
         if draft_to is not None and img.format == "JPEG":
             img.draft(img.mode, draft_to)
         img.load()
@@ -167,6 +196,7 @@ class Geometry:
 
     def times(self, k: int) -> "Geometry":
         """The same plan for a picture ``k`` times larger (a super-resolution partner)."""
+
         def mul(t):
             return None if t is None else tuple(k * x for x in t)
 
@@ -238,7 +268,7 @@ def apply_geometry(arr: np.ndarray, g: Geometry, fill: int, nearest: bool) -> np
     out = np.empty((arr.shape[2], pt + ch + pb, pl + cw + pr), dtype=arr.dtype)
     if pt or pb or pl or pr:
         out.fill(fill)
-    out[:, pt:pt + ch, pl:pl + cw] = arr[top:top + ch, left:left + cw].transpose(2, 0, 1)
+    out[:, pt : pt + ch, pl : pl + cw] = arr[top : top + ch, left : left + cw].transpose(2, 0, 1)
     return out
 
 
@@ -267,6 +297,7 @@ def channel_counts(block: np.ndarray) -> np.ndarray:
 
 # ---- statistics ----------------------------------------------------------------------------
 
+
 def channel_stats(hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel mean and std of value/255 from exact 8-bit histograms (C, 256)."""
     levels = np.arange(256, dtype=np.float64) / 255.0
@@ -281,13 +312,23 @@ class ImageKind(FieldKind):
     kind = "image"
     Spec = ImageField
     detectors = (Detector("h5forge.init.segment:detect", 20, "images/ (+ masks/)"),)
-    demos = (Demo("cells", "h5forge.demo.cells:generate", 600, "micrographs + binary masks + annotations.json",
-                  marker="annotations.json"),)
-    read_options = (ReadOption("image_dtype", "float32", "float32 in [0, 1], or uint8 as stored (for conversion "
-                                                         "on the GPU)"),
-                    ReadOption("normalize", False, "standardise images with the split's per-channel mean/std"))
-    layout_doc = ("(N, C, H, W) uint8, chunks (chunk_rows, C, H, W), the spec's codec; split attrs "
-                  "<field>_mean, <field>_std (per channel, of value/255), <field>_histogram (C, 256) exact counts")
+    demos = (
+        Demo(
+            "cells",
+            "h5forge.demo.cells:generate",
+            600,
+            "micrographs + binary masks + annotations.json",
+            marker="annotations.json",
+        ),
+    )
+    read_options = (
+        ReadOption("image_dtype", "float32", "float32 in [0, 1], or uint8 as stored (for conversion on the GPU)"),
+        ReadOption("normalize", False, "standardise images with the split's per-channel mean/std"),
+    )
+    layout_doc = (
+        "(N, C, H, W) uint8, chunks (chunk_rows, C, H, W), the spec's codec; split attrs "
+        "<field>_mean, <field>_std (per channel, of value/255), <field>_histogram (C, 256) exact counts"
+    )
 
     @property
     def channels(self) -> int:
@@ -342,8 +383,11 @@ class ImageKind(FieldKind):
         return tuple(self._attr(w) for w in ("mean", "std", "histogram"))
 
     def read_stats(self, group: h5py.Group) -> dict[str, np.ndarray]:
-        return {w: np.asarray(group.attrs[self._attr(w)], np.float32) for w in ("mean", "std")
-                if self._attr(w) in group.attrs}
+        return {
+            w: np.asarray(group.attrs[self._attr(w)], np.float32)
+            for w in ("mean", "std")
+            if self._attr(w) in group.attrs
+        }
 
     # ---- reading
     def output_dtype(self, opts: ReadOptions) -> np.dtype:

@@ -43,10 +43,19 @@ class LabelKind(FieldKind):
     kind = "label"
     Spec = LabelField
     detectors = (Detector("h5forge.init.classes:detect", 30, "class folders <class>/*.jpg or <split>/<class>/*.jpg"),)
-    demos = (Demo("classify", "h5forge.demo.classify:generate_classify", 240, "class folders, mixed formats",
-                  noun="classify samples"),)
-    layout_doc = ("(N,) int64 class index; dataset attr classes (names, in index order); split attr "
-                  "<field>_class_counts (K,) samples per class")
+    demos = (
+        Demo(
+            "classify",
+            "h5forge.demo.classify:generate_classify",
+            240,
+            "class folders, mixed formats",
+            noun="classify samples",
+        ),
+    )
+    layout_doc = (
+        "(N,) int64 class index; dataset attr classes (names, in index order); split attr "
+        "<field>_class_counts (K,) samples per class"
+    )
 
     @classmethod
     def check_spec(cls, name: str, spec: LabelField, dataset: Any) -> None:
@@ -72,8 +81,9 @@ class LabelKind(FieldKind):
             index = {unicodedata.normalize("NFC", c): i for i, c in enumerate(classes)}
             i = index.get(unicodedata.normalize("NFC", value))
             if i is None:
-                raise Reject(where, f"label {value!r} (column {self.spec.column!r}) is not one of the classes "
-                                    f"{list(classes)}")
+                raise Reject(
+                    where, f"label {value!r} (column {self.spec.column!r}) is not one of the classes {list(classes)}"
+                )
             return Decoded(i)
         if value < 0 or (classes and value >= len(classes)):
             bound = f"0..{len(classes) - 1}" if classes else ">= 0"

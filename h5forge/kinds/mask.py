@@ -24,18 +24,41 @@ import h5py
 import numpy as np
 from pydantic import Field, model_validator
 
-from h5forge.kinds.base import Decoded, Demo, FieldKind, Globs, ReadOption, ReadOptions, Stored, StrictModel, read_source
+from h5forge.kinds.base import (
+    Decoded,
+    Demo,
+    FieldKind,
+    Globs,
+    ReadOption,
+    ReadOptions,
+    Stored,
+    StrictModel,
+    read_source,
+)
 from h5forge.kinds.image import apply_geometry, open_picture
 from h5forge.samples import Reject, SampleRef
 
 # preview colours of classes 1, 2, ...: green first, as stained tissue is mostly pink and purple
-OVERLAY = np.array([[40, 230, 90], [40, 160, 230], [240, 200, 40], [230, 40, 40], [200, 80, 220],
-                    [250, 140, 40], [40, 220, 200], [150, 150, 150]], dtype=np.uint8)
+OVERLAY = np.array(
+    [
+        [40, 230, 90],
+        [40, 160, 230],
+        [240, 200, 40],
+        [230, 40, 40],
+        [200, 80, 220],
+        [250, 140, 40],
+        [40, 220, 200],
+        [150, 150, 150],
+    ],
+    dtype=np.uint8,
+)
 
 
 PAD = 255  # where a mask is padded, unless the spec says otherwise: no class (classes are 0..254)
-PAD_DOC = ("written where the mask is padded to its image's size: never a class, never counted in "
-           "<mask>_class_pixels (default: the ignore_value if declared, else 255; pass it as the loss's ignore_index)")
+PAD_DOC = (
+    "written where the mask is padded to its image's size: never a class, never counted in "
+    "<mask>_class_pixels (default: the ignore_value if declared, else 255; pass it as the loss's ignore_index)"
+)
 
 
 def pad_of(pad_value: int | None, ignore_value: int | None) -> int:
@@ -94,8 +117,11 @@ def _single_channel(img, arr: np.ndarray, path: str) -> np.ndarray:
         raise Reject(path, "mask has transparency; masks must be a single opaque channel")
     colour = arr[..., :3] if arr.shape[2] >= 3 else arr[..., :1]
     if not (colour == colour[..., :1]).all():
-        raise Reject(path, f"mask has {colour.shape[2]} different channels ({mode}); masks must be single-channel "
-                           "(or declare a palette)")
+        raise Reject(
+            path,
+            f"mask has {colour.shape[2]} different channels ({mode}); masks must be single-channel "
+            "(or declare a palette)",
+        )
     return colour[..., 0]
 
 
@@ -152,21 +178,33 @@ def class_array(arr: np.ndarray, classes: int, ignore_value: int | None, path: s
     allowed = set(range(classes)) | ({ignore_value} if ignore_value is not None else set())
     present = set(int(v) for v in _present(arr))
     if not present <= allowed:
-        raise Reject(path, f"mask values {_listed(present - allowed)} are not classes 0..{classes - 1}"
-                           + (f" or the ignore value {ignore_value}" if ignore_value is not None else ""))
+        raise Reject(
+            path,
+            f"mask values {_listed(present - allowed)} are not classes 0..{classes - 1}"
+            + (f" or the ignore value {ignore_value}" if ignore_value is not None else ""),
+        )
     return arr.astype(np.uint8, copy=False)
 
 
 class MaskKind(FieldKind):
     kind = "mask"
     Spec = MaskField
-    demos = (Demo("segment-multiclass", "h5forge.demo.segment_multiclass:generate_segment_multiclass", 120,
-                  "3-class masks + annotations.csv", noun="segment-multiclass samples"),)
+    demos = (
+        Demo(
+            "segment-multiclass",
+            "h5forge.demo.segment_multiclass:generate_segment_multiclass",
+            120,
+            "3-class masks + annotations.csv",
+            noun="segment-multiclass samples",
+        ),
+    )
     read_options = (ReadOption("mask_dtype", "int64", "the integer dtype masks come as", {"jax": "int32"}),)
     indexed = True
-    layout_doc = ("(N, 1, H, W) uint8: {0,1}, or class indices 0..K-1 (and ignore_value), and pad_value (dataset "
-                  "attr; 255 by default) where padded, chunked and compressed like its image; split attr "
-                  "<field>_class_pixels (K,), padding not counted; /index/<split>/<field>: rows by class present")
+    layout_doc = (
+        "(N, 1, H, W) uint8: {0,1}, or class indices 0..K-1 (and ignore_value), and pad_value (dataset "
+        "attr; 255 by default) where padded, chunked and compressed like its image; split attr "
+        "<field>_class_pixels (K,), padding not counted; /index/<split>/<field>: rows by class present"
+    )
 
     @classmethod
     def check_spec(cls, name: str, spec: MaskField, dataset: Any) -> None:
@@ -199,8 +237,11 @@ class MaskKind(FieldKind):
         geometry = done[self.spec.like].context
         if values.shape != geometry.raw:
             ih, iw = geometry.raw
-            raise Reject(rel, f"mask is {values.shape[0]}x{values.shape[1]} (HxW) but its image "
-                              f"{ref.files[self.spec.like]} is {ih}x{iw}")
+            raise Reject(
+                rel,
+                f"mask is {values.shape[0]}x{values.shape[1]} (HxW) but its image "
+                f"{ref.files[self.spec.like]} is {ih}x{iw}",
+            )
         return Decoded(apply_geometry(values[..., None], geometry, self.spec.pad, nearest=True), digest)
 
     # ---- statistics: pixels per class, and which rows hold each class
@@ -215,8 +256,9 @@ class MaskKind(FieldKind):
         flat = block.reshape(len(block), -1)
         if self.n_classes <= 16:
             return np.stack([np.count_nonzero(flat == c, axis=1) for c in range(self.n_classes)], axis=1)
-        return np.array([np.bincount(row, minlength=256)[:self.n_classes] for row in flat],
-                        dtype=np.int64).reshape(len(flat), self.n_classes)
+        return np.array([np.bincount(row, minlength=256)[: self.n_classes] for row in flat], dtype=np.int64).reshape(
+            len(flat), self.n_classes
+        )
 
     def counts(self, block: np.ndarray) -> np.ndarray:
         return self.row_counts(block).sum(axis=0).astype(np.int64)
@@ -249,7 +291,7 @@ class MaskKind(FieldKind):
     def paint(self, classes: np.ndarray) -> np.ndarray:
         """(..., 3) colours of a label array: class k > 0 in OVERLAY[k - 1], anything else black."""
         colours = np.zeros((256, 3), np.uint8)
-        colours[1:self.n_classes] = OVERLAY[np.arange(self.n_classes - 1) % len(OVERLAY)]
+        colours[1 : self.n_classes] = OVERLAY[np.arange(self.n_classes - 1) % len(OVERLAY)]
         return colours[classes]
 
     def preview(self, value: Any) -> np.ndarray:

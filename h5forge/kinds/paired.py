@@ -39,7 +39,7 @@ class PairedKind(ImageKind):
     Spec = PairedField
     detectors = (Detector("h5forge.init.pairs:detect", 10, "lr/ + hr/ super-resolution pairs"),)
     demos = (Demo("sr", "h5forge.demo.sr:generate_sr", 100, "lr/ + hr/ pairs", noun="sr samples"),)
-    layout_doc = ("(N, C, scale*H, scale*W) uint8, aligned with its `like` image field; statistics as an image")
+    layout_doc = "(N, C, scale*H, scale*W) uint8, aligned with its `like` image field; statistics as an image"
 
     @classmethod
     def check_spec(cls, name: str, spec: PairedField, dataset: Any) -> None:
@@ -68,7 +68,10 @@ class PairedKind(ImageKind):
         pixels = to_pixels(open_picture(data, rel, self.spec.max_pixels), rel, self.channels, self.partner.fill)
         low = done[self.spec.like].context
         if pixels.shape[:2] != (k * low.raw[0], k * low.raw[1]):
-            raise Reject(rel, f"HR is {pixels.shape[0]}x{pixels.shape[1]} (HxW) but its LR partner "
-                              f"{ref.files[self.spec.like]} is {low.raw[0]}x{low.raw[1]}: scale {k} needs "
-                              f"{k * low.raw[0]}x{k * low.raw[1]}")
+            raise Reject(
+                rel,
+                f"HR is {pixels.shape[0]}x{pixels.shape[1]} (HxW) but its LR partner "
+                f"{ref.files[self.spec.like]} is {low.raw[0]}x{low.raw[1]}: scale {k} needs "
+                f"{k * low.raw[0]}x{k * low.raw[1]}",
+            )
         return Decoded(apply_geometry(pixels, low.times(k), self.partner.fill, nearest=False), digest)

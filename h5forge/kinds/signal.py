@@ -31,7 +31,17 @@ from pydantic import Field
 
 from h5forge.format.arrays import LENGTHS, Ragged, Stored
 from h5forge.format.codecs import CodecName
-from h5forge.kinds.base import Decoded, Demo, Detector, FieldKind, Globs, ReadOption, ReadOptions, StrictModel, read_source
+from h5forge.kinds.base import (
+    Decoded,
+    Demo,
+    Detector,
+    FieldKind,
+    Globs,
+    ReadOption,
+    ReadOptions,
+    StrictModel,
+    read_source,
+)
 from h5forge.samples import Reject, SampleRef
 
 RATE_TOLERANCE = 1e-3
@@ -49,8 +59,11 @@ class SignalField(StrictModel):
     nonfinite: Literal["reject", "keep"] = "reject"
     resample: bool = Field(False, description="resample (linear) a recording at another rate instead of rejecting it")
     max_samples: int = Field(500_000_000, gt=0, description="longer recordings are rejected before reading")
-    codec: CodecName = Field("bitshuffle-lz4", description="measured on 16-bit recordings stored as float32: "
-                                                            "0.59 of raw, against 0.98 with lz4 (benchmarks/results/kinds.md)")
+    codec: CodecName = Field(
+        "bitshuffle-lz4",
+        description="measured on 16-bit recordings stored as float32: "
+        "0.59 of raw, against 0.98 with lz4 (benchmarks/results/kinds.md)",
+    )
 
 
 def _from_npy(data: bytes, root: Path, rel: str) -> tuple[np.ndarray, float | None]:
@@ -65,8 +78,10 @@ def _from_npy(data: bytes, root: Path, rel: str) -> tuple[np.ndarray, float | No
         meta = json.loads(sidecar.read_text())
         rate = float(meta["rate"])
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
-        raise Reject(Path(rel).with_suffix(".json").as_posix(),
-                     f"sidecar must be a JSON object with a numeric rate: {type(err).__name__}: {err}") from None
+        raise Reject(
+            Path(rel).with_suffix(".json").as_posix(),
+            f"sidecar must be a JSON object with a numeric rate: {type(err).__name__}: {err}",
+        ) from None
     return values, rate
 
 
@@ -96,7 +111,9 @@ def _from_csv(data: bytes, rel: str, channel: str | None) -> tuple[np.ndarray, f
             try:
                 pair.append(float(row[i]))
             except ValueError:
-                raise Reject(rel, f"CSV recording line {line}, column {header[i]!r}: {row[i]!r} is not a number") from None
+                raise Reject(
+                    rel, f"CSV recording line {line}, column {header[i]!r}: {row[i]!r} is not a number"
+                ) from None
         values.append(pair)
     table = np.array(values, dtype=np.float64)
     steps = np.diff(table[:, 0])
@@ -157,32 +174,41 @@ def trace_plot(values: np.ndarray, size: tuple[int, int] = PLOT_SIZE) -> np.ndar
         spans = []
         for c in range(cols):
             start, stop = np.searchsorted(at, [c * len(v) / cols, (c + 1) * len(v) / cols])
-            seg = rows[start:min(at.size, max(stop, start + 1) + 1)]
+            seg = rows[start : min(at.size, max(stop, start + 1) + 1)]
             spans.append((seg.min(), seg.max()) if seg.size else None)
     else:
         line = np.interp(np.linspace(at[0], at[-1], cols + 1), at, rows)
         spans = [(min(a, b), max(a, b)) for a, b in zip(line[:-1], line[1:])]
     for c, span in enumerate(spans):
         if span is not None:
-            img[int(round(span[0])):int(round(span[1])) + 1, 1 + c] = PLOT_INK
+            img[int(round(span[0])) : int(round(span[1])) + 1, 1 + c] = PLOT_INK
     return img
 
 
 class SignalKind(FieldKind):
     kind = "signal"
     Spec = SignalField
-    detectors = (Detector("h5forge.init.edf:detect", 50, "recordings *.edf"),
-                 Detector("h5forge.init.csv_recordings:detect", 51, "*.csv with a time column"),
-                 Detector("h5forge.init.npy_channels:detect", 52, "<channel>/*.npy"))
-    demos = (Demo("signals", "h5forge.demo.signals:generate_signals", 30, "multi-rate EDF recordings",
-                  noun="signals samples"),)
-    read_options = (ReadOption("window", None, "seconds: every time series cut or zero-padded to this duration"),
-                    ReadOption("window_offset", 0.0, "seconds from the start where the window begins"))
+    detectors = (
+        Detector("h5forge.init.edf:detect", 50, "recordings *.edf"),
+        Detector("h5forge.init.csv_recordings:detect", 51, "*.csv with a time column"),
+        Detector("h5forge.init.npy_channels:detect", 52, "<channel>/*.npy"),
+    )
+    demos = (
+        Demo(
+            "signals", "h5forge.demo.signals:generate_signals", 30, "multi-rate EDF recordings", noun="signals samples"
+        ),
+    )
+    read_options = (
+        ReadOption("window", None, "seconds: every time series cut or zero-padded to this duration"),
+        ReadOption("window_offset", 0.0, "seconds from the start where the window begins"),
+    )
     rate_tolerance = RATE_TOLERANCE  # for init's detectors, which take the kind's rules from the kind
     time_columns = TIME_COLUMNS
-    layout_doc = ("ragged: (total samples,) of the split's recordings end to end, plus <field>_lengths (N,); "
-                  "dataset attrs rate, channel; split attrs <field>_count, <field>_mean, <field>_std (of the "
-                  "finite values: NaN/inf kept with nonfinite: keep are the sum of the lengths minus the count)")
+    layout_doc = (
+        "ragged: (total samples,) of the split's recordings end to end, plus <field>_lengths (N,); "
+        "dataset attrs rate, channel; split attrs <field>_count, <field>_mean, <field>_std (of the "
+        "finite values: NaN/inf kept with nonfinite: keep are the sum of the lengths minus the count)"
+    )
 
     def stored(self) -> Stored:
         return Stored((), np.dtype(self.spec.dtype), bulk=True, ragged=True, codec=self.spec.codec)
@@ -217,13 +243,15 @@ class SignalKind(FieldKind):
             raise Reject(rel, f"a channel must be one row of numbers; found shape {values.shape}, dtype {values.dtype}")
         if abs(rate - f.rate) > RATE_TOLERANCE * f.rate:
             if not f.resample:
-                raise Reject(rel, f"recorded at {rate:g} Hz, the spec declares {f.rate:g} Hz (resample: true "
-                                  "converts it)")
+                raise Reject(
+                    rel, f"recorded at {rate:g} Hz, the spec declares {f.rate:g} Hz (resample: true converts it)"
+                )
             values = _resampled(values, rate, f.rate)
         bad = int(np.count_nonzero(~np.isfinite(values))) if values.dtype.kind == "f" else 0
         if bad and f.nonfinite == "reject":
-            raise Reject(rel, f"{bad} NaN/inf value(s) in channel {f.channel or self.name!r} "
-                              "(nonfinite: keep stores them)")
+            raise Reject(
+                rel, f"{bad} NaN/inf value(s) in channel {f.channel or self.name!r} (nonfinite: keep stores them)"
+            )
         return Decoded(values.astype(f.dtype, copy=False), digest)
 
     # ---- statistics: count, sum, sum of squares of the finite values
@@ -262,7 +290,7 @@ class SignalKind(FieldKind):
         if window is None:
             return row
         start, n = int(round(offset * self.spec.rate)), int(round(window * self.spec.rate))
-        piece = row[start:start + n]
+        piece = row[start : start + n]
         return piece if len(piece) == n else np.concatenate([piece, np.zeros(n - len(piece), row.dtype)])
 
     # ---- preview: a small line plot per channel (each channel is a field)

@@ -36,8 +36,17 @@ from pydantic import Field, field_validator
 
 from h5forge.format.arrays import Stored
 from h5forge.format.layout import STR
-from h5forge.kinds.base import (DEFAULT_MAX_BYTES, Decoded, Demo, Detector, FieldKind, Globs, ReadOptions, StrictModel,
-                                read_source)
+from h5forge.kinds.base import (
+    DEFAULT_MAX_BYTES,
+    Decoded,
+    Demo,
+    Detector,
+    FieldKind,
+    Globs,
+    ReadOptions,
+    StrictModel,
+    read_source,
+)
 from h5forge.kinds.image import plan_geometry
 from h5forge.samples import Reject, SampleRef
 
@@ -54,9 +63,11 @@ class VolumeField(StrictModel):
     files: Globs = Field(description="case folders of DICOM files (e.g. cases/*), or NIfTI files (*.nii.gz)")
     size: tuple[int, int] = Field(description="in-plane target (rows, columns): centre crop / even pad")
     series: str | dict[str, str | list[str]] | None = Field(
-        None, description="which series of a folder: 'largest', a SeriesDescription regex, or header rules: "
+        None,
+        description="which series of a folder: 'largest', a SeriesDescription regex, or header rules: "
         "{uid: <SeriesInstanceUID> or a list of them} and/or {<DICOM keyword>: <regex>} (e.g. SeriesNumber: '^3$'), "
-        "all of which the series must match")
+        "all of which the series must match",
+    )
 
     @field_validator("series")
     @classmethod
@@ -73,27 +84,39 @@ class VolumeField(StrictModel):
                     except re.error as err:
                         raise ValueError(f"series rule {key}: {pattern!r} is not a regular expression: {err}") from None
         return v
+
     dtype: Literal["int16", "float32"] = "int16"
     larger: Literal["crop", "reject"] = "crop"
-    fill: int | None = Field(None, description="padding value; default: the background of the modality or "
-                             "dtype (-1024, air in HU, for CT; 0 for other DICOM modalities and unsigned NIfTI "
-                             "data; the case's lowest value for other NIfTI data)")
+    fill: int | None = Field(
+        None,
+        description="padding value; default: the background of the modality or "
+        "dtype (-1024, air in HU, for CT; 0 for other DICOM modalities and unsigned NIfTI "
+        "data; the case's lowest value for other NIfTI data)",
+    )
     max_slices: int = Field(4096, gt=0)
     max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a file of a case larger than this is rejected unread")
-    max_decoded_bytes: int = Field(DEFAULT_MAX_DECODED_VOLUME, gt=0, description="a case whose voxels, as its headers "
-                                   "declare them, would take more memory than this while decoded is rejected "
-                                   "before any pixel is decoded (8 bytes a voxel: values are rescaled in float64)")
+    max_decoded_bytes: int = Field(
+        DEFAULT_MAX_DECODED_VOLUME,
+        gt=0,
+        description="a case whose voxels, as its headers "
+        "declare them, would take more memory than this while decoded is rejected "
+        "before any pixel is decoded (8 bytes a voxel: values are rescaled in float64)",
+    )
 
 
-def read_case(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES,
-              max_total: int = DEFAULT_MAX_DECODED_VOLUME) -> tuple[list[tuple[str, bytes]], str]:
+def read_case(
+    root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES, max_total: int = DEFAULT_MAX_DECODED_VOLUME
+) -> tuple[list[tuple[str, bytes]], str]:
     """The files of a case (a folder's files by name, or one file) and one sha256 over them all.
     Each file is read as ``read_source`` reads a picture (regular files only, at most
     ``max_bytes``), and the case holds at most ``max_total`` bytes."""
     path = root / rel
     try:
-        files = sorted(p for p in path.rglob("*") if not p.name.startswith(".") and not p.is_dir()) \
-            if path.is_dir() else [path]
+        files = (
+            sorted(p for p in path.rglob("*") if not p.name.startswith(".") and not p.is_dir())
+            if path.is_dir()
+            else [path]
+        )
     except OSError as err:
         raise Reject(rel, f"cannot read: {err.strerror or err}") from None
     parts, total = [], 0
@@ -133,27 +156,37 @@ def _series(datasets: list, rule: str | dict | None, rel: str) -> list:
     if rule == "largest":
         sizes = sorted((len(g) for g in groups.values()), reverse=True)
         if sizes[0] == sizes[1]:
-            raise Reject(rel, f"series: largest is a tie: {sizes[0]} slices in more than one series "
-                              f"({sorted(described.values())}); pick one by its SeriesDescription or "
-                              "series: {uid: ...}")
+            raise Reject(
+                rel,
+                f"series: largest is a tie: {sizes[0]} slices in more than one series "
+                f"({sorted(described.values())}); pick one by its SeriesDescription or "
+                "series: {uid: ...}",
+            )
         return max(groups.values(), key=len)
     if isinstance(rule, dict):
         hits = [uid for uid, g in groups.items() if _matches(g[0], uid, rule)]
         if len(hits) == 1:
             return groups[hits[0]]
-        raise Reject(rel, f"series rules {rule} match {len(hits)} of the {len(groups)} series (UIDs and "
-                          f"descriptions: {sorted(described.items())})")
+        raise Reject(
+            rel,
+            f"series rules {rule} match {len(hits)} of the {len(groups)} series (UIDs and "
+            f"descriptions: {sorted(described.items())})",
+        )
     if rule:
         hits = [uid for uid, d in described.items() if re.search(rule, d)]
         if len(hits) == 1:
             return groups[hits[0]]
         raise Reject(rel, f"series rule {rule!r} matches {len(hits)} of the series {sorted(described.values())}")
-    raise Reject(rel, f"ambiguous: {len(groups)} series in one case folder ({sorted(described.values())}); "
-                      "set the field's series: largest, a SeriesDescription pattern, or {uid: ...}")
+    raise Reject(
+        rel,
+        f"ambiguous: {len(groups)} series in one case folder ({sorted(described.values())}); "
+        "set the field's series: largest, a SeriesDescription pattern, or {uid: ...}",
+    )
 
 
-def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | dict | None, max_slices: int,
-                max_decoded: int) -> tuple[np.ndarray, dict]:
+def _from_dicom(
+    parts: list[tuple[str, bytes]], rel: str, rule: str | dict | None, max_slices: int, max_decoded: int
+) -> tuple[np.ndarray, dict]:
     import pydicom
     from pydicom.errors import InvalidDicomError
 
@@ -182,8 +215,9 @@ def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | dict | Non
     if np.abs(iop - iop[0]).max() > 1e-4:
         raise Reject(rel, "slices have different orientations (ImageOrientationPatient)")
     try:
-        sizes: set[tuple[int, int, int]] = {(int(ds.Rows), int(ds.Columns), int(ds.get("SamplesPerPixel", 1) or 1))
-                                            for ds in series}
+        sizes: set[tuple[int, int, int]] = {
+            (int(ds.Rows), int(ds.Columns), int(ds.get("SamplesPerPixel", 1) or 1)) for ds in series
+        }
     except (AttributeError, TypeError, ValueError) as err:
         raise Reject(rel, f"a slice has no valid Rows/Columns: {err}") from None
     if len(sizes) > 1:
@@ -191,7 +225,9 @@ def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | dict | Non
     if len(series) > max_slices:
         raise Reject(rel, f"{len(series)} slices, more than max_slices {max_slices}")
     rows, columns, samples = next(iter(sizes))
-    _check_decoded(len(series) * rows * columns * samples, max_decoded, rel, f"{len(series)} slices of {rows}x{columns}")
+    _check_decoded(
+        len(series) * rows * columns * samples, max_decoded, rel, f"{len(series)} slices of {rows}x{columns}"
+    )
     normal = np.cross(iop[0][:3], iop[0][3:])
     order = np.argsort(ipp @ normal, kind="stable")
     series = [series[i] for i in order]
@@ -205,8 +241,11 @@ def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | dict | Non
         gaps = np.flatnonzero(steps > (1 + SPACING_TOLERANCE) * step)
         if gaps.size and np.any(np.abs(steps[gaps] / step - np.round(steps[gaps] / step)) < SPACING_TOLERANCE):
             k = int(gaps[0])
-            raise Reject(rel, f"missing slice: a gap of {steps[k]:.2f} mm between {positions[k]:.2f} and "
-                              f"{positions[k + 1]:.2f} mm (spacing {step:.2f} mm)")
+            raise Reject(
+                rel,
+                f"missing slice: a gap of {steps[k]:.2f} mm between {positions[k]:.2f} and "
+                f"{positions[k + 1]:.2f} mm (spacing {step:.2f} mm)",
+            )
         if np.abs(steps - step).max() > SPACING_TOLERANCE * step:
             raise Reject(rel, f"uneven slice spacing: steps from {steps.min():.2f} to {steps.max():.2f} mm")
     else:
@@ -220,14 +259,21 @@ def _from_dicom(parts: list[tuple[str, bytes]], rel: str, rule: str | dict | Non
         try:
             pixels = ds.pixel_array
         except (NotImplementedError, RuntimeError, ValueError) as err:
-            raise Reject(rel, f"pixel data in {ds.file_meta.TransferSyntaxUID.name} "
-                              f"({ds.file_meta.TransferSyntaxUID}) cannot be decoded here: {err}") from None
+            raise Reject(
+                rel,
+                f"pixel data in {ds.file_meta.TransferSyntaxUID.name} "
+                f"({ds.file_meta.TransferSyntaxUID}) cannot be decoded here: {err}",
+            ) from None
         slices.append(pixels.astype(np.float64) * slope + intercept)
     first = series[0]
     row_spacing, col_spacing = (float(v) for v in getattr(first, "PixelSpacing", (0, 0)))
-    meta = {"spacing": np.array([step, row_spacing, col_spacing]), "origin": ipp[order[0]],
-            "orientation": iop[0], "modality": str(getattr(first, "Modality", "")),
-            "series": str(getattr(first, "SeriesInstanceUID", ""))}
+    meta = {
+        "spacing": np.array([step, row_spacing, col_spacing]),
+        "origin": ipp[order[0]],
+        "orientation": iop[0],
+        "modality": str(getattr(first, "Modality", "")),
+        "series": str(getattr(first, "SeriesInstanceUID", "")),
+    }
     return np.stack(slices), meta
 
 
@@ -260,16 +306,24 @@ def _from_nifti(parts: list[tuple[str, bytes]], rel: str, max_decoded: int) -> t
     voxels = int(np.prod(shape, dtype=object))
     _check_decoded(voxels, max_decoded, rel, f"a volume of {'x'.join(map(str, shape))}")
     if offset + voxels * dtype.itemsize > len(raw):
-        raise Reject(rel, f"the header declares {voxels * dtype.itemsize:,} bytes of voxels, the file holds "
-                          f"{max(0, len(raw) - offset):,}")
+        raise Reject(
+            rel,
+            f"the header declares {voxels * dtype.itemsize:,} bytes of voxels, the file holds "
+            f"{max(0, len(raw) - offset):,}",
+        )
     data = np.asanyarray(img.dataobj)
     if data.ndim != 3:
         raise Reject(rel, f"a NIfTI volume must have 3 dimensions; found shape {data.shape}")
     zooms = img.header.get_zooms()[:3]
     affine = img.affine
-    meta = {"spacing": np.array([zooms[2], zooms[1], zooms[0]], float), "origin": affine[:3, 3],
-            "orientation": np.concatenate([affine[:3, 0] / max(zooms[0], 1e-9), affine[:3, 1] / max(zooms[1], 1e-9)]),
-            "modality": "", "series": "", "unsigned": data.dtype.kind == "u"}
+    meta = {
+        "spacing": np.array([zooms[2], zooms[1], zooms[0]], float),
+        "origin": affine[:3, 3],
+        "orientation": np.concatenate([affine[:3, 0] / max(zooms[0], 1e-9), affine[:3, 1] / max(zooms[1], 1e-9)]),
+        "modality": "",
+        "series": "",
+        "unsigned": data.dtype.kind == "u",
+    }
     return np.ascontiguousarray(np.transpose(data, (2, 1, 0))).astype(np.float64), meta
 
 
@@ -293,13 +347,22 @@ def _gunzipped(data: bytes, limit: int, rel: str) -> bytes:
 
 def _check_decoded(voxels: int, max_decoded: int, rel: str, what: str) -> None:
     if voxels * DECODED_VOXEL_BYTES > max_decoded:
-        raise Reject(rel, f"{what} would take {voxels * DECODED_VOXEL_BYTES:,} bytes decoded, more than "
-                          f"max_decoded_bytes {max_decoded:,}; rejected before decoding")
+        raise Reject(
+            rel,
+            f"{what} would take {voxels * DECODED_VOXEL_BYTES:,} bytes decoded, more than "
+            f"max_decoded_bytes {max_decoded:,}; rejected before decoding",
+        )
 
 
-def load_case(root: Path, rel: str, rule: str | dict | None = None, *, max_slices: int = 4096,
-              max_bytes: int = DEFAULT_MAX_BYTES,
-              max_decoded: int = DEFAULT_MAX_DECODED_VOLUME) -> tuple[np.ndarray, dict, str]:
+def load_case(
+    root: Path,
+    rel: str,
+    rule: str | dict | None = None,
+    *,
+    max_slices: int = 4096,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_decoded: int = DEFAULT_MAX_DECODED_VOLUME,
+) -> tuple[np.ndarray, dict, str]:
     """(D, H, W) values in slice order, the case's geometry, and the digest of its files."""
     parts, digest = read_case(root, rel, max_bytes, max_decoded)
     if not parts:
@@ -332,7 +395,7 @@ def crop_or_pad(values: np.ndarray, size: tuple[int, int], larger: str, fill: fl
     g = plan_geometry(values.shape[1], values.shape[2], size[0], size[1], larger, rel)
     top, left, ch, cw = g.crop
     pt, pb, pl, pr = g.pad
-    out = values[:, top:top + ch, left:left + cw]
+    out = values[:, top : top + ch, left : left + cw]
     return np.pad(out, ((0, 0), (pt, pb), (pl, pr)), constant_values=fill) if (pt or pb or pl or pr) else out
 
 
@@ -353,21 +416,32 @@ class VolumeKind(FieldKind):
     kind = "volume"
     Spec = VolumeField
     reads_folders = True
-    detectors = (Detector("h5forge.init.dicom:detect", 40, "DICOM case folders <case>/*.dcm"),
-                 Detector("h5forge.init.nifti:detect", 41, "*.nii.gz volumes (+ masks/)"))
-    demos = (Demo("ct", "h5forge.demo.ct:generate_ct", 30, "DICOM series per case folder + per-slice masks",
-                  noun="ct samples"),)
-    layout_doc = ("ragged: (total slices, H, W) int16 (or float32), one slice per chunk, plus <field>_lengths "
-                  "(N,) depths; companions <field>_spacing (N, 3), _origin (N, 3), _orientation (N, 6), "
-                  "_modality, _series; a float32 volume has split attr <field>_nonfinite (NaN/inf voxels kept)")
+    detectors = (
+        Detector("h5forge.init.dicom:detect", 40, "DICOM case folders <case>/*.dcm"),
+        Detector("h5forge.init.nifti:detect", 41, "*.nii.gz volumes (+ masks/)"),
+    )
+    demos = (
+        Demo(
+            "ct", "h5forge.demo.ct:generate_ct", 30, "DICOM series per case folder + per-slice masks", noun="ct samples"
+        ),
+    )
+    layout_doc = (
+        "ragged: (total slices, H, W) int16 (or float32), one slice per chunk, plus <field>_lengths "
+        "(N,) depths; companions <field>_spacing (N, 3), _origin (N, 3), _orientation (N, 6), "
+        "_modality, _series; a float32 volume has split attr <field>_nonfinite (NaN/inf voxels kept)"
+    )
 
     def stored(self) -> Stored:
         return Stored(tuple(self.spec.size), np.dtype(self.spec.dtype), bulk=True, ragged=True, chunk_elements=1)
 
     def companions(self) -> dict[str, FieldKind]:
-        stored = {"spacing": Stored((3,), np.float64, bulk=False), "origin": Stored((3,), np.float64, bulk=False),
-                  "orientation": Stored((6,), np.float64, bulk=False), "modality": Stored((), STR, bulk=False),
-                  "series": Stored((), STR, bulk=False)}
+        stored = {
+            "spacing": Stored((3,), np.float64, bulk=False),
+            "origin": Stored((3,), np.float64, bulk=False),
+            "orientation": Stored((6,), np.float64, bulk=False),
+            "modality": Stored((), STR, bulk=False),
+            "series": Stored((), STR, bulk=False),
+        }
         return {f"{self.name}_{key}": CaseMeta(self, key, st) for key, st in stored.items()}
 
     def source_digest(self, root: Path, rel: str) -> str:
@@ -375,8 +449,9 @@ class VolumeKind(FieldKind):
 
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         f, rel = self.spec, ref.files[self.name]
-        values, meta, digest = load_case(root, rel, f.series, max_slices=f.max_slices, max_bytes=f.max_bytes,
-                                         max_decoded=f.max_decoded_bytes)
+        values, meta, digest = load_case(
+            root, rel, f.series, max_slices=f.max_slices, max_bytes=f.max_bytes, max_decoded=f.max_decoded_bytes
+        )
         if len(values) > f.max_slices:
             raise Reject(rel, f"{len(values)} slices, more than max_slices {f.max_slices}")
         raw = values.shape
@@ -386,8 +461,9 @@ class VolumeKind(FieldKind):
             if bad:
                 raise Reject(rel, f"{bad} NaN/inf voxel(s), which int16 cannot hold; set dtype: float32")
             if not np.array_equal(values, np.round(values)) or values.min() < -32768 or values.max() > 32767:
-                raise Reject(rel, f"values {values.min():g}..{values.max():g} are not int16 integers; "
-                                  "set dtype: float32")
+                raise Reject(
+                    rel, f"values {values.min():g}..{values.max():g} are not int16 integers; set dtype: float32"
+                )
         return Decoded(values.astype(f.dtype), digest, {**meta, "raw": raw})
 
     # ---- statistics: a float32 volume counts the NaN/inf voxels it keeps (an MR scan's NaN
@@ -421,8 +497,9 @@ class VolumeKind(FieldKind):
         if finite.size == 0:
             return np.zeros((*self.spec.size, 3), np.uint8)
         lo, hi = np.percentile(finite, 1), np.percentile(finite, 99)
-        scaled = np.clip(np.nan_to_num(np.round((v - lo) / max(hi - lo, 1e-9) * 255), nan=0.0, posinf=0.0,
-                                       neginf=0.0), 0, 255).astype(np.uint8)
+        scaled = np.clip(
+            np.nan_to_num(np.round((v - lo) / max(hi - lo, 1e-9) * 255), nan=0.0, posinf=0.0, neginf=0.0), 0, 255
+        ).astype(np.uint8)
         return np.repeat(three_planes(scaled)[..., None], 3, axis=2)
 
 

@@ -61,12 +61,15 @@ class VolumeMaskKind(MaskKind):
     kind = "volume_mask"
     Spec = VolumeMaskField
     reads_folders = True
-    layout_doc = ("ragged like its volume: (total slices, H, W) uint8 labels, plus <field>_lengths; split attr "
-                  "<field>_class_pixels (K,); /index/<split>/<field>: cases by class present")
+    layout_doc = (
+        "ragged like its volume: (total slices, H, W) uint8 labels, plus <field>_lengths; split attr "
+        "<field>_class_pixels (K,); /index/<split>/<field>: cases by class present"
+    )
 
     def stored(self) -> Stored:
-        return Stored(tuple(self.dataset.fields[self.spec.like].size), np.uint8, bulk=True, ragged=True,
-                      chunk_elements=1)
+        return Stored(
+            tuple(self.dataset.fields[self.spec.like].size), np.uint8, bulk=True, ragged=True, chunk_elements=1
+        )
 
     @classmethod
     def check_spec(cls, name: str, spec: VolumeMaskField, dataset: Any) -> None:
@@ -84,8 +87,16 @@ class VolumeMaskKind(MaskKind):
             parts = sorted(parts, key=lambda p: _slice_number(p[0]))
         except ValueError as err:
             raise Reject(f"{rel}/{err}", "a slice mask's file name has no slice number") from None
-        return np.stack([np.asarray(open_picture(data, f"{rel}/{name}", self.spec.max_pixels).convert("L"))
-                         for name, data in parts]) if parts else np.zeros((0, 0, 0), np.uint8)
+        return (
+            np.stack(
+                [
+                    np.asarray(open_picture(data, f"{rel}/{name}", self.spec.max_pixels).convert("L"))
+                    for name, data in parts
+                ]
+            )
+            if parts
+            else np.zeros((0, 0, 0), np.uint8)
+        )
 
     def source_digest(self, root: Path, rel: str) -> str:
         return read_case(root, rel)[1]
@@ -96,13 +107,19 @@ class VolumeMaskKind(MaskKind):
         labels = self._labels(root, rel)
         volume = done[self.spec.like].context
         if labels.shape != volume["raw"]:
-            raise Reject(rel, f"mask is {'x'.join(map(str, labels.shape))} (DxHxW) but its volume "
-                              f"{ref.files[self.spec.like]} is {'x'.join(map(str, volume['raw']))}")
+            raise Reject(
+                rel,
+                f"mask is {'x'.join(map(str, labels.shape))} (DxHxW) but its volume "
+                f"{ref.files[self.spec.like]} is {'x'.join(map(str, volume['raw']))}",
+            )
         if labels.size and (labels.min() < 0 or labels.max() > 255):
             raise Reject(rel, f"mask values {labels.min()}..{labels.max()} are outside 0..255")
         labels = labels.astype(np.uint8)
-        labels = binary_array(labels, rel) if self.spec.classes is None else \
-            class_array(labels, self.spec.classes, self.spec.ignore_value, rel)
+        labels = (
+            binary_array(labels, rel)
+            if self.spec.classes is None
+            else class_array(labels, self.spec.classes, self.spec.ignore_value, rel)
+        )
         volume_spec = self.dataset.fields[self.spec.like]
         values = crop_or_pad(labels, volume_spec.size, volume_spec.larger, self.spec.pad, rel)
         return Decoded(np.ascontiguousarray(values, dtype=np.uint8), digest)

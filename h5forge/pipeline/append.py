@@ -25,9 +25,16 @@ from h5forge.store.verify import HealthReport
 from h5forge.store.versions import output_lock_or_skip
 
 
-def append(spec: DatasetSpec | str | Path, *, inbox: str | Path | None = None, output: str | Path | None = None,
-           dask_address: str | None = None, wait_for_lock: float = 0, skip_if_busy: bool = False,
-           runner: Runner = PLAIN) -> AppendResult:
+def append(
+    spec: DatasetSpec | str | Path,
+    *,
+    inbox: str | Path | None = None,
+    output: str | Path | None = None,
+    dask_address: str | None = None,
+    wait_for_lock: float = 0,
+    skip_if_busy: bool = False,
+    runner: Runner = PLAIN,
+) -> AppendResult:
     """Append the complete samples waiting in ``inbox`` as a new version.
 
     Args:
@@ -71,8 +78,9 @@ def append(spec: DatasetSpec | str | Path, *, inbox: str | Path | None = None, o
         plan = plan_moves(spec, scan, summary.rejections, cand.number)
         path = run("publish", publish_append, cand, report, plan)
         run("retention", apply_retention, spec)
-    return AppendResult(spec.name, cand.number, path, summary.samples, summary.counts, merged.counts, waiting,
-                        summary.rejections)
+    return AppendResult(
+        spec.name, cand.number, path, summary.samples, summary.counts, merged.counts, waiting, summary.rejections
+    )
 
 
 def recover_interrupted(out: Path) -> str | None:
@@ -84,8 +92,13 @@ def recover_interrupted(out: Path) -> str | None:
 
 def scan_inbox(spec: DatasetSpec, inbox: Path) -> InboxScan:
     scan = steps.scan_inbox(spec, inbox)
-    log.info("inbox %s: %d sample(s) ready, %d waiting, %d rejected", inbox, len(scan.ready),
-             rejected_count(scan.waiting), rejected_count(scan.rejections))
+    log.info(
+        "inbox %s: %d sample(s) ready, %d waiting, %d rejected",
+        inbox,
+        len(scan.ready),
+        rejected_count(scan.waiting),
+        rejected_count(scan.rejections),
+    )
     for w in scan.waiting[:20]:
         log.info("waiting: %s (%s): %s", w.sample_id, w.path, w.reason)
     return scan
@@ -101,8 +114,14 @@ def write_delta(spec: DatasetSpec, scan: InboxScan, cand: AppendCandidate, runne
 
 def write_thin_version(spec: DatasetSpec, cand: AppendCandidate, summary: WriteSummary) -> WriteSummary:
     merged = steps.write_thin_version(spec, cand, summary)
-    log.info("%s = %s + %s: %s samples over %d file(s)", version_name(cand.number),
-             version_name(cand.parent), cand.delta.name, merged.counts, merged.segments)
+    log.info(
+        "%s = %s + %s: %s samples over %d file(s)",
+        version_name(cand.number),
+        version_name(cand.parent),
+        cand.delta.name,
+        merged.counts,
+        merged.segments,
+    )
     return merged
 
 

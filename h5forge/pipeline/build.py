@@ -26,8 +26,15 @@ from h5forge.store.verify import HealthReport
 from h5forge.store.versions import Candidate, output_lock_or_skip
 
 
-def build(spec: DatasetSpec | str | Path, *, output: str | Path | None = None, dask_address: str | None = None,
-          wait_for_lock: float = 0, skip_if_busy: bool = False, runner: Runner = PLAIN) -> BuildResult:
+def build(
+    spec: DatasetSpec | str | Path,
+    *,
+    output: str | Path | None = None,
+    dask_address: str | None = None,
+    wait_for_lock: float = 0,
+    skip_if_busy: bool = False,
+    runner: Runner = PLAIN,
+) -> BuildResult:
     """Full rebuild of the dataset described by ``spec`` (a spec or its YAML) into a new published version.
 
     Args:
@@ -64,9 +71,20 @@ def build(spec: DatasetSpec | str | Path, *, output: str | Path | None = None, d
             run("diff", show_diff, runner, spec.name, candidate)
         run("preview", write_preview_sheet, runner, spec.name, published, candidate.number)
         removed = run("retention", apply_retention, spec)
-    return BuildResult(spec.name, candidate.number, published, summary.counts, summary.rejected,
-                       summary.compression_ratio, summary.timings, report.checks, removed, left_latest=leaving,
-                       unclaimed=inventory.unclaimed, rejections=summary.rejections)
+    return BuildResult(
+        spec.name,
+        candidate.number,
+        published,
+        summary.counts,
+        summary.rejected,
+        summary.compression_ratio,
+        summary.timings,
+        report.checks,
+        removed,
+        left_latest=leaving,
+        unclaimed=inventory.unclaimed,
+        rejections=summary.rejections,
+    )
 
 
 def resolve_spec(spec: DatasetSpec | str | Path, output, dask_address, inbox=None) -> DatasetSpec:
@@ -77,11 +95,20 @@ def resolve_spec(spec: DatasetSpec | str | Path, output, dask_address, inbox=Non
 
 def discover_samples(spec: DatasetSpec) -> Inventory:
     inventory = discovery.discover(spec)
-    log.info("found %d complete samples under %s (%s); %d input(s) rejected at discovery",
-             len(inventory.samples), inventory.root, inventory.split_counts(), inventory.rejected)
+    log.info(
+        "found %d complete samples under %s (%s); %d input(s) rejected at discovery",
+        len(inventory.samples),
+        inventory.root,
+        inventory.split_counts(),
+        inventory.rejected,
+    )
     if inventory.unclaimed:
-        log.warning("%d file(s) under %s are taken by no glob of the spec (e.g. %s): not part of the dataset",
-                    inventory.unclaimed, inventory.root, ", ".join(inventory.unclaimed_examples))
+        log.warning(
+            "%d file(s) under %s are taken by no glob of the spec (e.g. %s): not part of the dataset",
+            inventory.unclaimed,
+            inventory.root,
+            ", ".join(inventory.unclaimed_examples),
+        )
     return inventory
 
 
@@ -104,13 +131,15 @@ def unchanged_version(spec: DatasetSpec, inputs: Inputs) -> int | None:
 
 def stage_version(spec: DatasetSpec) -> Candidate:
     candidate = versions.stage(spec.output.dir)
-    log.info("writing %s (parent: %s)", version_name(candidate.number),
-             candidate.parent and version_name(candidate.parent))
+    log.info(
+        "writing %s (parent: %s)", version_name(candidate.number), candidate.parent and version_name(candidate.parent)
+    )
     return candidate
 
 
-def clean_and_write(spec: DatasetSpec, inventory: Inventory, candidate: Candidate, inputs: Inputs | None,
-                    runner: Runner) -> WriteSummary:
+def clean_and_write(
+    spec: DatasetSpec, inventory: Inventory, candidate: Candidate, inputs: Inputs | None, runner: Runner
+) -> WriteSummary:
     n, compute = len(inventory.samples), spec.compute
     if compute.dask_address:
         where = f"on the dask scheduler at {compute.dask_address}"
@@ -121,8 +150,13 @@ def clean_and_write(spec: DatasetSpec, inventory: Inventory, candidate: Candidat
     log.info("cleaning %d samples %s, %d per batch", n, where, compute.batch_size)
     with runner.progress(n, "clean+write") as display:
         summary = steps.write_version(spec, inventory, candidate, display.advance, display.status, inputs)
-    log.info("wrote %d samples %s, %d rejected, compression ratio %.3f",
-             summary.samples, summary.counts, summary.rejected, summary.compression_ratio)
+    log.info(
+        "wrote %d samples %s, %d rejected, compression ratio %.3f",
+        summary.samples,
+        summary.counts,
+        summary.rejected,
+        summary.compression_ratio,
+    )
     return summary
 
 
@@ -130,8 +164,12 @@ def samples_leaving(spec: DatasetSpec, candidate: Candidate) -> list[str]:
     leaving = check_removals(spec, candidate)
     if leaving:
         assert candidate.parent is not None  # samples leave only a parent version
-        log.warning("%d sample(s) of %s leave latest (output.allow_removals): %s", len(leaving),
-                    version_name(candidate.parent), named(leaving))
+        log.warning(
+            "%d sample(s) of %s leave latest (output.allow_removals): %s",
+            len(leaving),
+            version_name(candidate.parent),
+            named(leaving),
+        )
     return leaving
 
 

@@ -39,19 +39,25 @@ def log_report(report: HealthReport) -> HealthReport:
 def show_health(runner: Runner, name: str, report: HealthReport, summary: WriteSummary, version: int) -> None:
     """Titled with the version as it is published (the report was made on its temporary file)."""
     file = version_name(version)
-    runner.markdown(artifact_key(name, "health"), replace(report, path=file).to_markdown(),
-                    f"health report of {file} ({name})")
+    runner.markdown(
+        artifact_key(name, "health"), replace(report, path=file).to_markdown(), f"health report of {file} ({name})"
+    )
     # the stage says where an input was turned away (discover, clean, append); the reason is whole
     # bounded: the first rows, then one counting the rest (the quarantine report lists them all)
-    rejections = [{"sample_id": r["sample_id"], "path": r["path"], "stage": r["stage"], "reason": r["reason"]}
-                  for r in bounded_rows(summary.rejections)]
-    runner.table(artifact_key(name, "rejections"),
-                 rejections or [{"sample_id": "", "path": "", "stage": "", "reason": "none"}],
-                 f"{summary.rejected} rejected input(s) of {file} ({name})")
-    runner.table(artifact_key(name, "splits"),
-                 [{"split": s, "samples": n, "stored": size(summary.split_bytes.get(s, 0))}
-                  for s, n in summary.counts.items()],
-                 f"samples and stored size per split of {file} ({name})")
+    rejections = [
+        {"sample_id": r["sample_id"], "path": r["path"], "stage": r["stage"], "reason": r["reason"]}
+        for r in bounded_rows(summary.rejections)
+    ]
+    runner.table(
+        artifact_key(name, "rejections"),
+        rejections or [{"sample_id": "", "path": "", "stage": "", "reason": "none"}],
+        f"{summary.rejected} rejected input(s) of {file} ({name})",
+    )
+    runner.table(
+        artifact_key(name, "splits"),
+        [{"split": s, "samples": n, "stored": size(summary.split_bytes.get(s, 0))} for s, n in summary.counts.items()],
+        f"samples and stored size per split of {file} ({name})",
+    )
 
 
 def show_diff(runner: Runner, name: str, candidate: Candidate) -> str | None:
@@ -70,9 +76,16 @@ def show_diff(runner: Runner, name: str, candidate: Candidate) -> str | None:
         return None
     key = artifact_key(name, "diff")
     runner.markdown(key, changes.to_markdown(), f"changes from v{candidate.parent:04d} to v{candidate.number:04d}")
-    log.info("diff v%04d -> v%04d: %d added, %d removed, %d changed, %d relabelled, %d moved split",
-             candidate.parent, candidate.number, len(changes.added), len(changes.removed),
-             len(changes.content_changed), len(changes.columns_changed), len(changes.moved_split))
+    log.info(
+        "diff v%04d -> v%04d: %d added, %d removed, %d changed, %d relabelled, %d moved split",
+        candidate.parent,
+        candidate.number,
+        len(changes.added),
+        len(changes.removed),
+        len(changes.content_changed),
+        len(changes.columns_changed),
+        len(changes.moved_split),
+    )
     return key
 
 
@@ -97,6 +110,7 @@ def write_preview_sheet(runner: Runner, name: str, published: str, number: int) 
             f"# Preview: {version_name(number)}\n\n{len(sheet.ids)} random samples of `{split}` "
             f"(seed 0), drawn by their field kinds.\n\n![preview of {version_name(number)}]"
             f"({artifact_data_uri(sheet.image)})\n\nFull size: {markdown.text(png)}\n",
-            f"{len(sheet.ids)} random {split} samples of {version_name(number)} ({name})")
+            f"{len(sheet.ids)} random {split} samples of {version_name(number)} ({name})",
+        )
     log.info("preview of %d samples: %s", len(sheet.ids), png)
     return str(png)

@@ -17,8 +17,11 @@ def verify(out: str | Path, *, name: str = "", runner: Runner = PLAIN) -> Health
     """Recompute every checksum of the version latest points at; raises DatasetBroken when it is broken."""
     out = Path(out)
     report = runner.step("verify-latest", verify_latest, out)
-    runner.markdown(artifact_key(name or out.name, "verify"), report.to_markdown(),
-                    f"full verification of {Path(report.path).name} ({name or out.name})")
+    runner.markdown(
+        artifact_key(name or out.name, "verify"),
+        report.to_markdown(),
+        f"full verification of {Path(report.path).name} ({name or out.name})",
+    )
     if not report.ok:
         raise DatasetBroken(report.errors)
     return report

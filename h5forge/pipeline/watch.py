@@ -31,8 +31,13 @@ class InboxFilter(DefaultFilter):
     def __call__(self, change: Change, path: str) -> bool:
         rel = os.path.relpath(path, self.inbox)
         name = rel.rsplit("/", 1)[-1]
-        return (super().__call__(change, path) and change != Change.deleted and rel.split("/", 1)[0] not in INBOX_MANAGED
-                and not name.startswith(".") and not name.endswith((".tmp", ".partial")))
+        return (
+            super().__call__(change, path)
+            and change != Change.deleted
+            and rel.split("/", 1)[0] not in INBOX_MANAGED
+            and not name.startswith(".")
+            and not name.endswith((".tmp", ".partial"))
+        )
 
 
 def serve_inbox(inbox: Path, append: Callable[[], int], **options) -> None:
@@ -92,8 +97,16 @@ def inbox_files(inbox: Path) -> Files:
     return found
 
 
-def watch_inbox(inbox: Path, append: Callable[[], int], *, settle_seconds: float, window_seconds: float,
-                poll_seconds: float, stop: threading.Event, own_files: Iterable[str] = ()) -> None:
+def watch_inbox(
+    inbox: Path,
+    append: Callable[[], int],
+    *,
+    settle_seconds: float,
+    window_seconds: float,
+    poll_seconds: float,
+    stop: threading.Event,
+    own_files: Iterable[str] = (),
+) -> None:
     """Append what is already there, then whenever the inbox holds something new, until ``stop``.
 
     New means a file the last append did not see as it is now. What an append writes itself (the
@@ -119,14 +132,24 @@ def watch_inbox(inbox: Path, append: Callable[[], int], *, settle_seconds: float
             return
         after = inbox_files(inbox)
         seen = {p: s for p, s in after.items() if p in own or before.get(p) == s}
-        fresh = [s[0] / 1e9 + settle_seconds for p, s in after.items()
-                 if p in seen and p not in own and s[0] / 1e9 > started - settle_seconds]
+        fresh = [
+            s[0] / 1e9 + settle_seconds
+            for p, s in after.items()
+            if p in seen and p not in own and s[0] / 1e9 > started - settle_seconds
+        ]
         due = min(fresh) if fresh else None
 
     attempt()  # nothing dropped while the service was down is missed
-    for changes in watch(inbox, watch_filter=InboxFilter(inbox), debounce=int(window_seconds * 1000),
-                         step=50, stop_event=stop, rust_timeout=int(poll_seconds * 1000),
-                         yield_on_timeout=True, recursive=True):
+    for changes in watch(
+        inbox,
+        watch_filter=InboxFilter(inbox),
+        debounce=int(window_seconds * 1000),
+        step=50,
+        stop_event=stop,
+        rust_timeout=int(poll_seconds * 1000),
+        yield_on_timeout=True,
+        recursive=True,
+    ):
         if stop.is_set():
             break
         new = [p for p, s in inbox_files(inbox).items() if seen.get(p) != s]

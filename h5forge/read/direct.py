@@ -38,8 +38,15 @@ class DirectRows:
     @classmethod
     def of(cls, d: h5py.Dataset) -> "DirectRows | None":
         dcpl = d.id.get_create_plist()
-        if dcpl.get_layout() != h5py.h5d.CHUNKED or d.chunks is None or d.chunks[1:] != d.shape[1:] \
-                or d.chunks[0] != 1 or not d.dtype.isnative or d.dtype.hasobject or len(d.shape) < 2:
+        if (
+            dcpl.get_layout() != h5py.h5d.CHUNKED
+            or d.chunks is None
+            or d.chunks[1:] != d.shape[1:]
+            or d.chunks[0] != 1
+            or not d.dtype.isnative
+            or d.dtype.hasobject
+            or len(d.shape) < 2
+        ):
             return None
         filters = [dcpl.get_filter(k)[0] for k in range(dcpl.get_nfilters())]
         if not filters:
@@ -117,7 +124,7 @@ class _ChunkIndex:
         first = int(written[0])
         mask, chunk = d.id.read_direct_chunk((first, *(0,) * (len(d.shape) - 1)))
         o, z = int(offsets[first]), int(sizes[first])
-        if mask != masks[first] or view[o:o + z] != chunk:
+        if mask != masks[first] or view[o : o + z] != chunk:
             return None
         return cls(offsets, sizes, masks, view)
 
@@ -127,7 +134,7 @@ class _ChunkIndex:
         o = int(self.offsets[row])
         if o < 0:
             return False
-        chunk = self.view[o:o + int(self.sizes[row])]  # no copy: lz4_into decompresses from the map
+        chunk = self.view[o : o + int(self.sizes[row])]  # no copy: lz4_into decompresses from the map
         if codec == "none" or self.masks[row] & 1:
             if len(chunk) != flat.size:
                 return False

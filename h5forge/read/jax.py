@@ -24,8 +24,7 @@ import numpy as np
 
 from h5forge.errors import ReadError
 from h5forge.kinds import read_options
-from h5forge.read.reader import (DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SplitReader, model_batch, output_dtypes,
-                                 sample_value)
+from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SplitReader, model_batch, output_dtypes, sample_value
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["Source", "batches", "ReadError"]
@@ -35,9 +34,18 @@ class Source:
     """Grain-style random-access data source over one split: ``__len__`` and ``__getitem__``
     (records are dicts of numpy arrays), plus ``get_batch(indices)`` for a coalesced batched read."""
 
-    def __init__(self, path: str | os.PathLike, split: str = "train", fields: Sequence[str] | str | None = None,
-                 *, channels_last: bool = False, locking: bool | None = None,
-                 cache_chunks: int = DEFAULT_CACHE_CHUNKS, return_index: bool = False, **options: Any):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        split: str = "train",
+        fields: Sequence[str] | str | None = None,
+        *,
+        channels_last: bool = False,
+        locking: bool | None = None,
+        cache_chunks: int = DEFAULT_CACHE_CHUNKS,
+        return_index: bool = False,
+        **options: Any,
+    ):
         self.reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks)
         self.options = read_options("jax", options)
         self._dtypes = output_dtypes(self.reader, self.options)
@@ -76,10 +84,22 @@ class Source:
         return f"h5forge.read.jax.Source({self.reader.path!r}, split={self.reader.split!r}, n={len(self)})"
 
 
-def batches(source: Source | str | os.PathLike, split: str = "train", fields: Sequence[str] | str | None = None,
-            *, batch_size: int = 32, shuffle: bool = True, seed: int = 0, epoch: int = 0,
-            drop_last: bool = True, window: int = DEFAULT_WINDOW, num_replicas: int | None = None,
-            rank: int | None = None, as_jax: bool = False, **source_kwargs: Any) -> Iterator[dict[str, np.ndarray]]:
+def batches(
+    source: Source | str | os.PathLike,
+    split: str = "train",
+    fields: Sequence[str] | str | None = None,
+    *,
+    batch_size: int = 32,
+    shuffle: bool = True,
+    seed: int = 0,
+    epoch: int = 0,
+    drop_last: bool = True,
+    window: int = DEFAULT_WINDOW,
+    num_replicas: int | None = None,
+    rank: int | None = None,
+    as_jax: bool = False,
+    **source_kwargs: Any,
+) -> Iterator[dict[str, np.ndarray]]:
     """One epoch of batches {field: array}: chunk-aware shuffled order seeded by (seed, epoch),
     this process's equal-length shard when ``num_replicas`` > 1 (defaults to
     ``jax.process_count()`` / ``jax.process_index()`` when jax is already imported)."""
@@ -91,8 +111,9 @@ def batches(source: Source | str | os.PathLike, split: str = "train", fields: Se
             world, me = jax.process_count(), jax.process_index()
         num_replicas = world if num_replicas is None else num_replicas
         rank = me if rank is None else rank
-    order = ChunkOrder(len(src), src.chunk_rows, shuffle=shuffle, seed=seed, window=window,
-                       num_replicas=num_replicas, rank=rank).indices(epoch)
+    order = ChunkOrder(
+        len(src), src.chunk_rows, shuffle=shuffle, seed=seed, window=window, num_replicas=num_replicas, rank=rank
+    ).indices(epoch)
     put = None
     if as_jax:
         import jax
@@ -100,5 +121,5 @@ def batches(source: Source | str | os.PathLike, split: str = "train", fields: Se
         put = jax.device_put
     stop = len(order) - (len(order) % batch_size if drop_last else 0)
     for start in range(0, stop, batch_size):
-        batch = src.get_batch(order[start:start + batch_size])
+        batch = src.get_batch(order[start : start + batch_size])
         yield {k: put(v) for k, v in batch.items()} if put is not None else batch

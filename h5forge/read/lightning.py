@@ -44,9 +44,18 @@ class H5DataModule(pl.LightningDataModule):
     predicted once.
     """
 
-    def __init__(self, path: str | os.PathLike, *, fields: Sequence[str] | str | None = None, batch_size: int = 32,
-                 num_workers: int = 0, seed: int = 0, predict_split: str = "test",
-                 loader_options: dict[str, Any] | None = None, **dataset_options: Any):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        fields: Sequence[str] | str | None = None,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        seed: int = 0,
+        predict_split: str = "test",
+        loader_options: dict[str, Any] | None = None,
+        **dataset_options: Any,
+    ):
         super().__init__()
         self.path = os.fspath(path)
         self.fields, self.batch_size, self.num_workers, self.seed = fields, batch_size, num_workers, seed
@@ -71,8 +80,9 @@ class H5DataModule(pl.LightningDataModule):
         return self._datasets[split]
 
     def _loader(self, split: str, **options: Any) -> DataLoader:
-        return self.dataset(split).loader(self.batch_size, num_workers=self.num_workers,
-                                          **{**self.loader_options, **options})
+        return self.dataset(split).loader(
+            self.batch_size, num_workers=self.num_workers, **{**self.loader_options, **options}
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True, seed=self.seed)
@@ -88,8 +98,9 @@ class H5DataModule(pl.LightningDataModule):
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         ds = self.dataset(self.predict_split)
-        return self._loader(self.predict_split, sampler=UnrepeatedDistributedSampler(ds, num_replicas=world, rank=rank,
-                                                                                       shuffle=False))
+        return self._loader(
+            self.predict_split, sampler=UnrepeatedDistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False)
+        )
 
     def teardown(self, stage: str | None = None) -> None:
         for ds in self._datasets.values():

@@ -33,8 +33,18 @@ from h5forge.errors import ReadError
 from h5forge.format import arrays, leases
 from h5forge.format.codecs import ensure_filters
 from h5forge.format.layout import decode_str
-from h5forge.format.names import (DIAGNOSTICS, FORMAT, FORMAT_VERSION, IDS, INDEX, META, SPEC, VERSION_RE, Attr,
-                                  column_path)
+from h5forge.format.names import (
+    DIAGNOSTICS,
+    FORMAT,
+    FORMAT_VERSION,
+    IDS,
+    INDEX,
+    META,
+    SPEC,
+    VERSION_RE,
+    Attr,
+    column_path,
+)
 from h5forge.format.segments import virtual_sources
 from h5forge.kinds import FieldKind, ReadOptions, stored_kinds
 from h5forge.read.collate import Padded, pad_batch
@@ -71,9 +81,11 @@ def _open(path: str, locking: bool | None, **kwargs) -> h5py.File:
             raise
         except OSError as err:
             if "locking flag" in str(err):
-                raise ReadError(f"{path}: already open in this process with a different locking= setting "
-                                f"(HDF5 shares one handle per file per process); close the other reader or "
-                                f"open both with the same locking=") from None
+                raise ReadError(
+                    f"{path}: already open in this process with a different locking= setting "
+                    f"(HDF5 shares one handle per file per process); close the other reader or "
+                    f"open both with the same locking="
+                ) from None
             last = err  # transient (e.g. a network file system hiccup): retry
             time.sleep(0.05 * (attempt + 1))
     raise ReadError(f"{path}: cannot be opened as an HDF5 file ({last})")
@@ -104,7 +116,7 @@ def _read_runs(d: h5py.Dataset, target: np.ndarray, runs: list[tuple[int, int, i
     mspace = h5py.h5s.create_simple(target.shape)
     for start, stop, pos in runs:
         n = stop - start
-        dest = positions[pos:pos + n]
+        dest = positions[pos : pos + n]
         if n == 1 or bool(np.all(np.diff(dest) == 1)):
             fspace.select_hyperslab((start, *tail), (n, *target.shape[1:]))
             mspace.select_hyperslab((int(dest[0]), *tail), (n, *target.shape[1:]))
@@ -131,9 +143,16 @@ class SplitReader:
     cache holds (at least one); ``rdcc_nbytes`` overrides the derived size.
     """
 
-    def __init__(self, path: str | os.PathLike, split: str = "train", fields: Sequence[str] | str | None = None,
-                 *, locking: bool | None = None, cache_chunks: int = DEFAULT_CACHE_CHUNKS,
-                 rdcc_nbytes: int | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        split: str = "train",
+        fields: Sequence[str] | str | None = None,
+        *,
+        locking: bool | None = None,
+        cache_chunks: int = DEFAULT_CACHE_CHUNKS,
+        rdcc_nbytes: int | None = None,
+    ):
         ensure_filters()
         self.path = os.fspath(path)
         self.split = split
@@ -152,7 +171,9 @@ class SplitReader:
         with _open(real, locking) as f:
             self._read_layout(f, fields)
         chunk_max = max([fi.chunk_nbytes for fi in self.fields.values() if fi.bulk] or [4096])
-        self.rdcc_nbytes = int(rdcc_nbytes) if rdcc_nbytes is not None else max(1 << 20, max(1, cache_chunks) * chunk_max + 4096)
+        self.rdcc_nbytes = (
+            int(rdcc_nbytes) if rdcc_nbytes is not None else max(1 << 20, max(1, cache_chunks) * chunk_max + 4096)
+        )
         self.rdcc_nslots = _next_prime(max(521, 100 * max(1, self.rdcc_nbytes // max(1, chunk_max))))
         self._file: h5py.File | None = None
         self._dsets: dict[str, h5py.Dataset] = {}
@@ -163,15 +184,18 @@ class SplitReader:
 
     # ---- layout ------------------------------------------------------------------------------
     def _where(self) -> str:
-        return f"{self.path}" + (f" (-> {os.path.basename(self.real_path)})" if self.real_path != os.path.abspath(self.path) else "")
+        return f"{self.path}" + (
+            f" (-> {os.path.basename(self.real_path)})" if self.real_path != os.path.abspath(self.path) else ""
+        )
 
     def _read_layout(self, f: h5py.File, fields: Sequence[str] | None) -> None:
         where = self._where()
         if f.attrs.get(Attr.FORMAT) != FORMAT:
             raise ReadError(f"{where}: not an h5forge dataset file (format attribute {f.attrs.get(Attr.FORMAT)!r})")
         if int(f.attrs.get(Attr.FORMAT_VERSION, -1)) > FORMAT_VERSION:
-            raise ReadError(f"{where}: format_version {int(f.attrs[Attr.FORMAT_VERSION])} is newer than this "
-                            "h5forge reads")
+            raise ReadError(
+                f"{where}: format_version {int(f.attrs[Attr.FORMAT_VERSION])} is newer than this h5forge reads"
+            )
         self.version = int(f.attrs.get(Attr.VERSION, -1))
         self.codec = str(f.attrs.get(Attr.CODEC, ""))
         try:
@@ -193,19 +217,26 @@ class SplitReader:
             # an annotation column may be asked for by its bare name when no field has that name
             path = name if name in kinds else column_path(name)
             if path not in kinds or path not in g:
-                readable = [*kinds, *(k.annotation_column for k in kinds.values() if k.annotation_column
-                                      and k.annotation_column not in kinds)]
-                raise ReadError(f"{where}: split {self.split!r} has no field or column {name!r}; "
-                                f"it has {readable}")
+                readable = [
+                    *kinds,
+                    *(
+                        k.annotation_column
+                        for k in kinds.values()
+                        if k.annotation_column and k.annotation_column not in kinds
+                    ),
+                ]
+                raise ReadError(f"{where}: split {self.split!r} has no field or column {name!r}; it has {readable}")
             ds, st = g[path], kinds[path].stored()
             if arrays.rows(g, path, st) != count:
-                raise ReadError(f"{where}: /{self.split}/{path} has {arrays.rows(g, path, st)} rows but the split "
-                                f"count is {count}")
+                raise ReadError(
+                    f"{where}: /{self.split}/{path} has {arrays.rows(g, path, st)} rows but the split count is {count}"
+                )
             shape = tuple(int(s) for s in ds.shape[1:])
             rows = int(ds.chunks[0]) if ds.chunks else 1
             cbytes = int(np.prod(ds.chunks if ds.chunks else shape)) * ds.dtype.itemsize
-            infos[name] = FieldInfo(name, path, kinds[path], shape, ds.dtype, rows, cbytes, kinds[path].read_stats(g),
-                                    st.bulk, st.ragged)
+            infos[name] = FieldInfo(
+                name, path, kinds[path], shape, ds.dtype, rows, cbytes, kinds[path].read_stats(g), st.bulk, st.ragged
+            )
         self.fields = infos
         self.count = count
 
@@ -216,8 +247,10 @@ class SplitReader:
     def _check_sources_exist(self) -> None:
         missing = [s for s in self.sources if not os.path.exists(s)]
         if missing:
-            raise ReadError(f"{self._where()}: version {self.version} reads from files that are missing: "
-                            f"{', '.join(missing)} (their rows would read as zeros)")
+            raise ReadError(
+                f"{self._where()}: version {self.version} reads from files that are missing: "
+                f"{', '.join(missing)} (their rows would read as zeros)"
+            )
 
     @property
     def field_names(self) -> tuple[str, ...]:
@@ -248,9 +281,11 @@ class SplitReader:
             leases.release(self.real_path)
 
     def _deleted(self) -> ReadError:
-        return ReadError(f"{self._where()}: version {self.version} ({self.real_path}) no longer exists: it was "
-                         "deleted after this reader pinned it (by hand, or by retention on a host whose file "
-                         "locks this one cannot see); open the dataset again to read its current version")
+        return ReadError(
+            f"{self._where()}: version {self.version} ({self.real_path}) no longer exists: it was "
+            "deleted after this reader pinned it (by hand, or by retention on a host whose file "
+            "locks this one cannot see); open the dataset again to read its current version"
+        )
 
     def _open_plain(self) -> h5py.File:
         """A short-lived handle (for ids, columns, lengths); a deleted version is a ReadError."""
@@ -272,15 +307,17 @@ class SplitReader:
             if self.sources:
                 self._check_sources_exist()
             try:
-                self._file = _open(self.real_path, self.locking, rdcc_nbytes=self.rdcc_nbytes,
-                                   rdcc_nslots=self.rdcc_nslots)
+                self._file = _open(
+                    self.real_path, self.locking, rdcc_nbytes=self.rdcc_nbytes, rdcc_nslots=self.rdcc_nslots
+                )
             except FileNotFoundError:
                 raise self._deleted() from None
             g = self._file[self.split]
             self._dsets = {name: g[fi.path] for name, fi in self.fields.items() if fi.bulk and not fi.ragged}
             self._direct = {name: DirectRows.of(d) for name, d in self._dsets.items()}
-            self._ragged = {name: arrays.RowReader(g, fi.path, fi.kind.stored())
-                            for name, fi in self.fields.items() if fi.ragged}
+            self._ragged = {
+                name: arrays.RowReader(g, fi.path, fi.kind.stored()) for name, fi in self.fields.items() if fi.ragged
+            }
             # small columns (labels, annotations) are read whole, once per process: a batch then
             # costs a take() instead of an HDF5 call per row
             self._columns = {name: g[fi.path][()] for name, fi in self.fields.items() if not fi.bulk}
@@ -329,7 +366,9 @@ class SplitReader:
         if j < 0:
             j += self.count
         if not 0 <= j < self.count:
-            raise IndexError(f"index {int(i)} out of range for split {self.split!r} of {self.path} ({self.count} samples)")
+            raise IndexError(
+                f"index {int(i)} out of range for split {self.split!r} of {self.path} ({self.count} samples)"
+            )
         return j
 
     def read_one(self, i: int, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
@@ -338,8 +377,14 @@ class SplitReader:
         read through h5py comes back as a new array (h5py's own row read is the faster one there)."""
         j = self.row(i)
         self._handles()
-        return {name: self._ragged[name].row(j) if fi.ragged else self._row(name, j, out) if fi.bulk
-                else self._columns[name][j] for name, fi in self.fields.items()}
+        return {
+            name: self._ragged[name].row(j)
+            if fi.ragged
+            else self._row(name, j, out)
+            if fi.bulk
+            else self._columns[name][j]
+            for name, fi in self.fields.items()
+        }
 
     def _row(self, name: str, j: int, out: dict[str, np.ndarray] | None = None) -> np.ndarray:
         direct = self._direct.get(name)
@@ -350,14 +395,17 @@ class SplitReader:
             return out[name]
         return direct.row(j)
 
-    def read(self, indices: Iterable[int], out: dict[str, np.ndarray] | None = None,
-             fields: Sequence[str] | None = None) -> dict[str, Any]:
+    def read(
+        self, indices: Iterable[int], out: dict[str, np.ndarray] | None = None, fields: Sequence[str] | None = None
+    ) -> dict[str, Any]:
         """Rows ``indices`` of every field, in the order asked: {field: (len(indices), *shape) uint8}.
 
         ``out`` may hold preallocated arrays to fill (e.g. shared-memory buffers).
         """
-        idx = np.asarray(indices if not isinstance(indices, range) else np.arange(indices.start, indices.stop, indices.step),
-                         dtype=np.int64).reshape(-1)
+        idx = np.asarray(
+            indices if not isinstance(indices, range) else np.arange(indices.start, indices.stop, indices.step),
+            dtype=np.int64,
+        ).reshape(-1)
         if idx.size and (idx.min() < -self.count or idx.max() >= self.count):
             bad = int(idx[(idx < -self.count) | (idx >= self.count)][0])
             raise IndexError(f"index {bad} out of range for split {self.split!r} of {self.path} ({self.count} samples)")
@@ -444,13 +492,15 @@ class SliceIndex:
     def __init__(self, reader: SplitReader, context: int = 0):
         ragged = [name for name, fi in reader.fields.items() if fi.ragged]
         if not ragged:
-            raise ReadError(f"{reader.path}: unit='slice' needs a ragged field (a volume); fields are "
-                            f"{list(reader.fields)}")
+            raise ReadError(
+                f"{reader.path}: unit='slice' needs a ragged field (a volume); fields are {list(reader.fields)}"
+            )
         lengths = reader.lengths(ragged[0])
         for name in ragged[1:]:
             if not np.array_equal(reader.lengths(name), lengths):
-                raise ReadError(f"{reader.path}: {name!r} and {ragged[0]!r} differ in depth: their slices "
-                                "cannot be read together")
+                raise ReadError(
+                    f"{reader.path}: {name!r} and {ragged[0]!r} differ in depth: their slices cannot be read together"
+                )
         starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self.ragged, self.context = ragged, int(context)
         self.case = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
@@ -507,7 +557,9 @@ def model_values(info: FieldInfo, raw: Any, opts: ReadOptions, dtype: np.dtype |
 def sample_value(info: FieldInfo, raw: Any, opts: ReadOptions, dtype: np.dtype | None) -> Any:
     """The model value of one stored row (a ragged row keeps its own length, or the window's)."""
     if info.ragged:
-        return decode_str([raw])[0] if dtype is None else info.kind.windowed(_converted(info, raw, opts, dtype, 0), opts)
+        return (
+            decode_str([raw])[0] if dtype is None else info.kind.windowed(_converted(info, raw, opts, dtype, 0), opts)
+        )
     return model_values(info, np.asarray(raw)[None], opts, dtype)[0]
 
 
@@ -527,8 +579,9 @@ def _converted(info: FieldInfo, raw: np.ndarray, opts: ReadOptions, dtype: np.dt
 INDEX_FIELD = "index"  # the key of the row numbers when a reader is asked to return them
 
 
-def model_batch(reader: SplitReader, indices, opts: ReadOptions, channels_last: bool = False,
-                return_index: bool = False) -> dict[str, Any]:
+def model_batch(
+    reader: SplitReader, indices, opts: ReadOptions, channels_last: bool = False, return_index: bool = False
+) -> dict[str, Any]:
     """Rows ``indices`` as model-ready values {field: (B, C, H, W)} (or (B, H, W, C) when
     ``channels_last``), in the order asked; with ``return_index`` also {"index": the rows}."""
     dtypes = output_dtypes(reader, opts)

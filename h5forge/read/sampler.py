@@ -20,8 +20,9 @@ import numpy as np
 DEFAULT_WINDOW = 8  # chunks shuffled together (matches the reader's default chunk cache)
 
 
-def epoch_order(n: int, chunk_rows: int = 1, *, shuffle: bool = True, seed: int = 0, epoch: int = 0,
-                window: int = DEFAULT_WINDOW) -> np.ndarray:
+def epoch_order(
+    n: int, chunk_rows: int = 1, *, shuffle: bool = True, seed: int = 0, epoch: int = 0, window: int = DEFAULT_WINDOW
+) -> np.ndarray:
     """A permutation of ``range(n)`` (``arange(n)`` when not shuffling)."""
     if n <= 0:
         return np.zeros(0, dtype=np.int64)
@@ -36,7 +37,7 @@ def epoch_order(n: int, chunk_rows: int = 1, *, shuffle: bool = True, seed: int 
     chunk_perm = rng.permutation(n_chunks)
     parts = []
     for w in range(0, n_chunks, window):
-        chunks = chunk_perm[w:w + window]
+        chunks = chunk_perm[w : w + window]
         rows = np.concatenate([np.arange(c * chunk_rows, min(n, (c + 1) * chunk_rows)) for c in chunks])
         parts.append(rng.permutation(rows))
     return np.concatenate(parts).astype(np.int64)
@@ -51,11 +52,11 @@ def shard(order: np.ndarray, num_replicas: int = 1, rank: int = 0, drop_last: bo
         return order
     if drop_last:
         per = n // num_replicas
-        return order[rank * per:(rank + 1) * per]
+        return order[rank * per : (rank + 1) * per]
     per = -(-n // num_replicas)
     if per * num_replicas > n and n:
         order = np.concatenate([order, np.resize(order, per * num_replicas - n)])
-    return order[rank * per:(rank + 1) * per]
+    return order[rank * per : (rank + 1) * per]
 
 
 def shard_len(n: int, num_replicas: int = 1, drop_last: bool = True) -> int:
@@ -69,8 +70,18 @@ class ChunkOrder:
     calling ``set_epoch(e)`` before every epoch (the DistributedSampler habit) and never calling it
     give the same sequence of orders."""
 
-    def __init__(self, n: int, chunk_rows: int = 1, *, shuffle: bool = True, seed: int = 0,
-                 window: int = DEFAULT_WINDOW, num_replicas: int = 1, rank: int = 0, drop_last: bool = True):
+    def __init__(
+        self,
+        n: int,
+        chunk_rows: int = 1,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        window: int = DEFAULT_WINDOW,
+        num_replicas: int = 1,
+        rank: int = 0,
+        drop_last: bool = True,
+    ):
         if num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
         self.n, self.chunk_rows, self.shuffle, self.seed = int(n), int(chunk_rows), shuffle, int(seed)

@@ -26,11 +26,25 @@ from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 __all__ = ["dataset"]
 
 
-def dataset(path: str | os.PathLike, split: str = "train", fields: Sequence[str] | str | None = None, *,
-            batch_size: int | None = 32, shuffle: bool = False, seed: int = 0, drop_remainder: bool = False,
-            channels_last: bool = True, window: int = DEFAULT_WINDOW, num_replicas: int = 1, rank: int = 0,
-            locking: bool | None = None, cache_chunks: int = DEFAULT_CACHE_CHUNKS,
-            prefetch: int | None = 2, return_index: bool = False, **options: Any) -> tf.data.Dataset:
+def dataset(
+    path: str | os.PathLike,
+    split: str = "train",
+    fields: Sequence[str] | str | None = None,
+    *,
+    batch_size: int | None = 32,
+    shuffle: bool = False,
+    seed: int = 0,
+    drop_remainder: bool = False,
+    channels_last: bool = True,
+    window: int = DEFAULT_WINDOW,
+    num_replicas: int = 1,
+    rank: int = 0,
+    locking: bool | None = None,
+    cache_chunks: int = DEFAULT_CACHE_CHUNKS,
+    prefetch: int | None = 2,
+    return_index: bool = False,
+    **options: Any,
+) -> tf.data.Dataset:
     """A tf.data.Dataset of tuples in ``fields`` order (a single tensor for one field); batched
     when ``batch_size`` is given (much faster than per-sample generators), else one sample per
     element. ``num_replicas``/``rank`` give this worker's equal-length shard. Text columns come as
@@ -38,12 +52,15 @@ def dataset(path: str | os.PathLike, split: str = "train", fields: Sequence[str]
     reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks)
     ragged = [name for name, fi in reader.fields.items() if fi.ragged]
     if ragged:
-        raise ReadError(f"{path}: {ragged} vary in length per sample; the TF reader serves fixed-size fields "
-                        "(read them with h5forge.read.torch or h5forge.read.jax)")
+        raise ReadError(
+            f"{path}: {ragged} vary in length per sample; the TF reader serves fixed-size fields "
+            "(read them with h5forge.read.torch or h5forge.read.jax)"
+        )
     opts = read_options("tf", options)
     dtypes = output_dtypes(reader, opts)
-    order = ChunkOrder(len(reader), reader.chunk_rows, shuffle=shuffle, seed=seed, window=window,
-                       num_replicas=num_replicas, rank=rank)
+    order = ChunkOrder(
+        len(reader), reader.chunk_rows, shuffle=shuffle, seed=seed, window=window, num_replicas=num_replicas, rank=rank
+    )
     names = (*reader.field_names, *((INDEX_FIELD,) if return_index else ()))
     lead = () if batch_size is None else ((batch_size,) if drop_remainder else (None,))
     specs = []
@@ -61,7 +78,7 @@ def dataset(path: str | os.PathLike, split: str = "train", fields: Sequence[str]
         step = batch_size or 1
         stop = len(idx) - (len(idx) % step if (batch_size and drop_remainder) else 0)
         for start in range(0, stop, step):
-            b = model_batch(reader, idx[start:start + step], opts, channels_last, return_index)
+            b = model_batch(reader, idx[start : start + step], opts, channels_last, return_index)
             cols = tuple(b[n] if batch_size else b[n][0] for n in names)
             yield cols[0] if len(cols) == 1 else cols
 

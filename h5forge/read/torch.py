@@ -37,8 +37,16 @@ from torch.utils.data._utils.collate import default_collate, default_collate_fn_
 from h5forge.errors import ReadError
 from h5forge.kinds import FieldKind, ReadOptions, read_options
 from h5forge.read.collate import Padded
-from h5forge.read.reader import (DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SliceIndex, SplitReader, dense_values, model_values,
-                                 output_dtypes, sample_value)
+from h5forge.read.reader import (
+    DEFAULT_CACHE_CHUNKS,
+    INDEX_FIELD,
+    SliceIndex,
+    SplitReader,
+    dense_values,
+    model_values,
+    output_dtypes,
+    sample_value,
+)
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["H5Dataset", "ChunkShuffleSampler", "ReadError", "ShardedTwice", "collate"]
@@ -48,8 +56,9 @@ ALIGN = 64  # bytes: every output of a batch starts on a cache line of the share
 _SCRATCH = threading.local()  # per thread: the stored rows of one sample, before ds[i] converts them
 
 
-def _empty_batch(specs: dict[str, tuple[tuple[int, ...], torch.dtype]],
-                 pool: "_BlockPool | None" = None) -> dict[str, torch.Tensor]:
+def _empty_batch(
+    specs: dict[str, tuple[tuple[int, ...], torch.dtype]], pool: "_BlockPool | None" = None
+) -> dict[str, torch.Tensor]:
     """New tensors for one batch. In a DataLoader worker they are views into ONE shared-memory
     block, so sending the batch to the main process costs no copy and a single segment however
     many fields it has: a segment per tensor would make every extra field (a label beside the
@@ -61,12 +70,14 @@ def _empty_batch(specs: dict[str, tuple[tuple[int, ...], torch.dtype]],
         # separate tensors: a block over glibc's 32 MiB mmap ceiling would be mapped afresh (and
         # page-faulted) every batch, while smaller ones are reused from the heap
         return {name: torch.empty(shape, dtype=dtype) for name, (shape, dtype) in specs.items()}
-    sizes = {name: math.prod(shape) * torch.empty(0, dtype=dtype).element_size() for name, (shape, dtype) in specs.items()}
+    sizes = {
+        name: math.prod(shape) * torch.empty(0, dtype=dtype).element_size() for name, (shape, dtype) in specs.items()
+    }
     total = max(1, sum(-(-b // ALIGN) * ALIGN for b in sizes.values()))
     block = pool.take(total) if pool is not None else _shared_block(total)
     out, at = {}, 0
     for name, (shape, dtype) in specs.items():
-        out[name] = block[at:at + sizes[name]].view(dtype).view(shape)
+        out[name] = block[at : at + sizes[name]].view(dtype).view(shape)
         at += -(-sizes[name] // ALIGN) * ALIGN
     return out
 
@@ -110,7 +121,7 @@ class _BlockPool:
 def _row(column: Any, k: int) -> Any:
     """Sample ``k`` of a batch column (a padded ragged column gives back its row's own length)."""
     if isinstance(column, Padded):
-        return column.values[k, :int(column.lengths[k])]
+        return column.values[k, : int(column.lengths[k])]
     return column[k]
 
 
@@ -187,30 +198,48 @@ class H5Dataset(Dataset):
     least the sampler's window); ``rdcc_nbytes`` sets the cache size in bytes directly.
     """
 
-    def __init__(self, path: str | os.PathLike, split: str = "train", fields: Sequence[str] | str | None = None,
-                 *, transform: Callable[[Any], Any] | None = None,
-                 batch_transform: Callable[[Any], Any] | None = None,
-                 locking: bool | None = None, cache_chunks: int = DEFAULT_CACHE_CHUNKS,
-                 rdcc_nbytes: int | None = None, return_index: bool = False,
-                 unit: Literal["sample", "slice"] = "sample", context: int = 0, **options: Any):
-        self.reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks,
-                                  rdcc_nbytes=rdcc_nbytes)
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        split: str = "train",
+        fields: Sequence[str] | str | None = None,
+        *,
+        transform: Callable[[Any], Any] | None = None,
+        batch_transform: Callable[[Any], Any] | None = None,
+        locking: bool | None = None,
+        cache_chunks: int = DEFAULT_CACHE_CHUNKS,
+        rdcc_nbytes: int | None = None,
+        return_index: bool = False,
+        unit: Literal["sample", "slice"] = "sample",
+        context: int = 0,
+        **options: Any,
+    ):
+        self.reader = SplitReader(
+            path, split, fields, locking=locking, cache_chunks=cache_chunks, rdcc_nbytes=rdcc_nbytes
+        )
         self.slices = SliceIndex(self.reader, context) if unit == "slice" else None
         self.options = read_options("torch", options)
         self._dtypes = output_dtypes(self.reader, self.options)  # refuses unknown dtypes here, not in a worker
-        self._tensor_dtypes = {name: torch.from_numpy(np.zeros(0, d)).dtype for name, d in self._dtypes.items()
-                               if d is not None}
+        self._tensor_dtypes = {
+            name: torch.from_numpy(np.zeros(0, d)).dtype for name, d in self._dtypes.items() if d is not None
+        }
         self.transform, self.batch_transform = transform, batch_transform
         self.return_index = return_index
         self._single = len(self.reader.fields) == 1 and not return_index
         # fixed-size fields whose model dtype differs from the stored one: ds[i] reads their rows into
         # a per-thread buffer and converts from there
-        self._converted_rows = frozenset(name for name, fi in self.reader.fields.items() if fi.bulk and not fi.ragged
-                                         and self._dtypes[name] is not None and self._dtypes[name] != fi.dtype)
+        self._converted_rows = frozenset(
+            name
+            for name, fi in self.reader.fields.items()
+            if fi.bulk and not fi.ragged and self._dtypes[name] is not None and self._dtypes[name] != fi.dtype
+        )
         # fields a loader may ship as stored and convert after the transfer (unless a transform needs
         # model values in the worker)
-        self._deferrable = frozenset() if transform is not None or batch_transform is not None or unit != "sample" else \
-            self._converted_rows
+        self._deferrable = (
+            frozenset()
+            if transform is not None or batch_transform is not None or unit != "sample"
+            else self._converted_rows
+        )
         self._ship_stored = False  # True on the copy a loader with convert="after"/None hands to its workers
         self._pool: _BlockPool | None = None  # on the copy a loader with convert="after" hands to its workers
 
@@ -233,8 +262,10 @@ class H5Dataset(Dataset):
         return len(self.slices) if self.slices is not None else len(self.reader)
 
     def __repr__(self) -> str:
-        return (f"H5Dataset({self.path!r}, split={self.split!r}, fields={self.fields}, version={self.version}, "
-                f"n={len(self)})")
+        return (
+            f"H5Dataset({self.path!r}, split={self.split!r}, fields={self.fields}, version={self.version}, "
+            f"n={len(self)})"
+        )
 
     def close(self) -> None:
         self.reader.close()
@@ -297,16 +328,24 @@ class H5Dataset(Dataset):
         if self.slices is not None:
             return self._batch(self._slice_columns(indices), n)
         shipped = self._deferrable if self._ship_stored else frozenset()  # left as stored, converted later
-        dense = {name: ((n, *fi.shape), _torch_dtype(fi.dtype) if name in shipped else self._tensor_dtypes[name])
-                 for name, fi in self.reader.fields.items() if name in self._tensor_dtypes and not fi.ragged}
+        dense = {
+            name: ((n, *fi.shape), _torch_dtype(fi.dtype) if name in shipped else self._tensor_dtypes[name])
+            for name, fi in self.reader.fields.items()
+            if name in self._tensor_dtypes and not fi.ragged
+        }
         if self.return_index:
             dense[INDEX_FIELD] = ((n,), torch.int64)
         outs = _empty_batch(dense, self._pool if shipped else None)
-        raw_out = {name: outs[name].numpy() for name, fi in self.reader.fields.items()
-                   if name in outs and (self._dtypes[name] == fi.dtype or name in shipped) and fi.bulk}  # read straight into place
+        raw_out = {
+            name: outs[name].numpy()
+            for name, fi in self.reader.fields.items()
+            if name in outs and (self._dtypes[name] == fi.dtype or name in shipped) and fi.bulk
+        }  # read straight into place
         raw = self.reader.read(indices, out=raw_out)
-        cols = tuple(outs[name] if name in raw_out else self._value(name, raw[name], outs.get(name))
-                     for name in self.reader.fields)
+        cols = tuple(
+            outs[name] if name in raw_out else self._value(name, raw[name], outs.get(name))
+            for name in self.reader.fields
+        )
         if self.return_index:
             rows = np.asarray(indices, dtype=np.int64)
             np.copyto(outs[INDEX_FIELD].numpy(), np.where(rows < 0, rows + len(self), rows))
@@ -329,8 +368,11 @@ class H5Dataset(Dataset):
 
     def _batch(self, cols: tuple, n: int) -> _Batch:
         def rows() -> list:
-            return [_row(cols[0], k) for k in range(n)] if self._single else \
-                [(_Sample if self.batch_transform is None else tuple)(_row(c, k) for c in cols) for k in range(n)]
+            return (
+                [_row(cols[0], k) for k in range(n)]
+                if self._single
+                else [(_Sample if self.batch_transform is None else tuple)(_row(c, k) for c in cols) for k in range(n)]
+            )
 
         if self.transform is not None:
             samples = [self.transform(sample) for sample in rows()]
@@ -363,21 +405,33 @@ class H5Dataset(Dataset):
         cols = (batch,) if self._single else tuple(batch)
         for name, col in zip([*self.reader.fields, INDEX_FIELD], cols):
             fi = self.reader.fields.get(name)
-            yield name, col, (fi is not None and name in self._deferrable and isinstance(col, torch.Tensor)
-                              and col.dtype == _torch_dtype(fi.dtype))
+            yield (
+                name,
+                col,
+                (
+                    fi is not None
+                    and name in self._deferrable
+                    and isinstance(col, torch.Tensor)
+                    and col.dtype == _torch_dtype(fi.dtype)
+                ),
+            )
 
     def _targets(self, batch: Any) -> dict[str, torch.Tensor]:
         """New CPU tensors for the model values of the batch's stored columns."""
-        return {name: torch.empty(col.shape, dtype=self._tensor_dtypes[name])
-                for name, col, stored in self._columns(batch) if stored}
+        return {
+            name: torch.empty(col.shape, dtype=self._tensor_dtypes[name])
+            for name, col, stored in self._columns(batch)
+            if stored
+        }
 
     def _convert(self, batch: Any, device: torch.device | None, targets: dict[str, torch.Tensor]) -> Any:
         out = []
         for name, col, stored in self._columns(batch):
             fi = self.reader.fields[name] if stored else None
             if fi is not None and device is not None:
-                col = torch_convert(fi.kind, col.to(device, non_blocking=True), self._tensor_dtypes[name],
-                                    self.options, fi.stats)
+                col = torch_convert(
+                    fi.kind, col.to(device, non_blocking=True), self._tensor_dtypes[name], self.options, fi.stats
+                )
             elif fi is not None:
                 fi.kind.convert(col.numpy(), targets[name].numpy(), self.options, fi.stats)
                 col = targets[name]
@@ -387,17 +441,40 @@ class H5Dataset(Dataset):
         return out[0] if self._single else tuple(out)
 
     # ---- loading -----------------------------------------------------------------------------
-    def sampler(self, *, shuffle: bool = True, seed: int = 0, window: int = DEFAULT_WINDOW,
-                num_replicas: int | None = None, rank: int | None = None, drop_last: bool = True) -> "ChunkShuffleSampler":
-        return ChunkShuffleSampler(self, shuffle=shuffle, seed=seed, window=window, num_replicas=num_replicas,
-                                   rank=rank, drop_last=drop_last)
+    def sampler(
+        self,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        window: int = DEFAULT_WINDOW,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = True,
+    ) -> "ChunkShuffleSampler":
+        return ChunkShuffleSampler(
+            self, shuffle=shuffle, seed=seed, window=window, num_replicas=num_replicas, rank=rank, drop_last=drop_last
+        )
 
-    def loader(self, batch_size: int = 32, *, shuffle: bool = True, seed: int = 0, num_workers: int = 0,
-               drop_last: bool = False, window: int = DEFAULT_WINDOW, num_replicas: int | None = None,
-               rank: int | None = None, persistent_workers: bool | None = None,
-               multiprocessing_context: Any = None, pin_memory: bool | None = None,
-               prefetch_factor: int | None = None, convert: Literal["after", "worker"] | None = "after",
-               device: str | torch.device | None = None, sampler: Any = None, **kwargs: Any) -> DataLoader:
+    def loader(
+        self,
+        batch_size: int = 32,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_workers: int = 0,
+        drop_last: bool = False,
+        window: int = DEFAULT_WINDOW,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        persistent_workers: bool | None = None,
+        multiprocessing_context: Any = None,
+        pin_memory: bool | None = None,
+        prefetch_factor: int | None = None,
+        convert: Literal["after", "worker"] | None = "after",
+        device: str | torch.device | None = None,
+        sampler: Any = None,
+        **kwargs: Any,
+    ) -> DataLoader:
         """A DataLoader with the chunk-aware sampler (sharded by rank under DDP) and the batched
         fetch. ``drop_last`` drops the last incomplete batch; DDP shards are always equal-length.
         The epoch advances on each pass (or call ``loader.sampler.set_epoch(e)``).
@@ -445,13 +522,30 @@ class H5Dataset(Dataset):
             if convert == "after":  # each batch is dropped once converted: its block can be refilled
                 dataset._pool = _BlockPool((2 if prefetch_factor is None else prefetch_factor) + 3)
         if convert == "after" and (dataset is not self or device is not None):
-            loader = _ConvertingLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                                       collate_fn=collate, drop_last=drop_last, pin_memory=pin_memory, **extra,
-                                       **kwargs)
+            loader = _ConvertingLoader(
+                dataset,
+                batch_size=batch_size,
+                sampler=sampler,
+                num_workers=num_workers,
+                collate_fn=collate,
+                drop_last=drop_last,
+                pin_memory=pin_memory,
+                **extra,
+                **kwargs,
+            )
             loader.device = device
             return loader
-        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                          collate_fn=collate, drop_last=drop_last, pin_memory=pin_memory, **extra, **kwargs)
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=num_workers,
+            collate_fn=collate,
+            drop_last=drop_last,
+            pin_memory=pin_memory,
+            **extra,
+            **kwargs,
+        )
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -466,8 +560,14 @@ def _to_device(col: Any, device: str | torch.device) -> Any:
     return col  # a list of strings
 
 
-def torch_convert(kind: FieldKind, raw: torch.Tensor, dtype: torch.dtype, opts: ReadOptions,
-                  stats: dict[str, np.ndarray], axis: int = 1) -> torch.Tensor:
+def torch_convert(
+    kind: FieldKind,
+    raw: torch.Tensor,
+    dtype: torch.dtype,
+    opts: ReadOptions,
+    stats: dict[str, np.ndarray],
+    axis: int = 1,
+) -> torch.Tensor:
     """What ``kind.convert`` makes of the stored rows ``raw``, computed by torch kernels on
     ``raw``'s device (a GPU: only the stored bytes cross the bus), following the kind's
     ``conversion`` steps (cast, divide by the scale, subtract the mean, divide by the std): every
@@ -530,12 +630,16 @@ def _converted(dataset: H5Dataset, batch: Any, device: torch.device | None, targ
 def _own(converted: Any, raw: Any) -> Any:
     """Columns a conversion passed through (labels, row numbers) copied out of the received block,
     which its worker refills a few batches later."""
-    blocks = {c.untyped_storage().data_ptr() for c in ((raw,) if isinstance(raw, torch.Tensor) else raw)
-              if isinstance(c, torch.Tensor)}
+    blocks = {
+        c.untyped_storage().data_ptr()
+        for c in ((raw,) if isinstance(raw, torch.Tensor) else raw)
+        if isinstance(c, torch.Tensor)
+    }
     if isinstance(converted, torch.Tensor):
         return converted.clone() if converted.untyped_storage().data_ptr() in blocks else converted
-    return type(converted)(c.clone() if isinstance(c, torch.Tensor) and c.untyped_storage().data_ptr() in blocks else c
-                           for c in converted)
+    return type(converted)(
+        c.clone() if isinstance(c, torch.Tensor) and c.untyped_storage().data_ptr() in blocks else c for c in converted
+    )
 
 
 class ShardedTwice(ReadError):
@@ -558,9 +662,18 @@ class ChunkShuffleSampler(DistributedSampler):
     give each rank a 1/world part of its shard: iterating it that way raises ``ShardedTwice``.
     """
 
-    def __init__(self, data_source: Any, chunk_rows: int | None = None, *, shuffle: bool = True, seed: int = 0,
-                 window: int = DEFAULT_WINDOW, num_replicas: int | None = None, rank: int | None = None,
-                 drop_last: bool = True):
+    def __init__(
+        self,
+        data_source: Any,
+        chunk_rows: int | None = None,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        window: int = DEFAULT_WINDOW,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = True,
+    ):
         n = data_source if isinstance(data_source, int) else len(data_source)
         if chunk_rows is None:
             chunk_rows = int(getattr(data_source, "chunk_rows", 1) or 1)
@@ -570,8 +683,16 @@ class ChunkShuffleSampler(DistributedSampler):
                 world, me = torch.distributed.get_world_size(), torch.distributed.get_rank()
             num_replicas = world if num_replicas is None else num_replicas
             rank = me if rank is None else rank
-        self.order = ChunkOrder(n, chunk_rows, shuffle=shuffle, seed=seed, window=window,
-                                num_replicas=num_replicas, rank=rank, drop_last=drop_last)
+        self.order = ChunkOrder(
+            n,
+            chunk_rows,
+            shuffle=shuffle,
+            seed=seed,
+            window=window,
+            num_replicas=num_replicas,
+            rank=rank,
+            drop_last=drop_last,
+        )
         # DistributedSampler's attributes, for code that reads them (its __init__ is not run: it
         # would need a process group, and it sizes shards its own way)
         self.dataset = data_source
@@ -604,7 +725,8 @@ class ChunkShuffleSampler(DistributedSampler):
                 f"again (each rank would read 1/{world} of its share): with Lightning use "
                 "h5forge.read.lightning.H5DataModule, or Trainer(use_distributed_sampler=False), or for "
                 "trainer.predict a loader with num_replicas=1, rank=0; elsewhere, do not wrap it in a "
-                "DistributedSampler")
+                "DistributedSampler"
+            )
         return iter(self.order.next_epoch().tolist())
 
     def __len__(self) -> int:

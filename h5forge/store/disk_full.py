@@ -80,8 +80,10 @@ def as_disk_full(err: BaseException, fallback: str | os.PathLike) -> DiskFull | 
     if disk_full_cause(err) is None:
         return None
     target = file_of(err) or os.fspath(fallback)
-    return DiskFull(f"no space left on {device_of(target)} while writing {target}; nothing was published: "
-                    "free some space and run it again")
+    return DiskFull(
+        f"no space left on {device_of(target)} while writing {target}; nothing was published: "
+        "free some space and run it again"
+    )
 
 
 def _redirect_to_scratch(file: h5py.File) -> bool:

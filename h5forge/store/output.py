@@ -42,8 +42,10 @@ def check_folders(spec: DatasetSpec, inbox: bool = False) -> None:
     for key, folder in (("source.root", spec.source.root), ("source.inbox", spec.source.inbox)):
         if folder is not None and _inside(out, folder):
             where = "is" if os.path.realpath(out) == os.path.realpath(folder) else "is inside"
-            raise SpecError(f"output.dir {out} {where} {key} {folder}: its files would be read as raw input; "
-                            "choose an output folder outside the sources")
+            raise SpecError(
+                f"output.dir {out} {where} {key} {folder}: its files would be read as raw input; "
+                "choose an output folder outside the sources"
+            )
 
 
 def owner(out: Path) -> str | None:
@@ -69,8 +71,9 @@ def owner(out: Path) -> str | None:
 def check_owner(out: Path, name: str) -> None:
     found = owner(out)
     if found is not None and found != name:
-        raise OutputTaken(f"output folder {out} holds the dataset {found!r}; the dataset {name!r} needs an "
-                          "output folder of its own")
+        raise OutputTaken(
+            f"output folder {out} holds the dataset {found!r}; the dataset {name!r} needs an output folder of its own"
+        )
 
 
 def claim_output(out: Path, name: str) -> None:

@@ -23,10 +23,19 @@ def write_quarantine(out: Path, number: int, rejections: Sequence[Rejection]) ->
     js = folder / f"{tag}.rejections.json"
     js.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
     md = folder / f"{tag}.rejections.md"
-    lines = [f"# Rejected inputs: {tag}", "", f"{sum(r.count for r in rejections)} input(s) were not added.", "",
-             "| sample | file | stage | reason |", "|---|---|---|---|"]
-    lines += [f"| {markdown.text(r['sample_id'])} | {markdown.text(r['path'])} | {r['stage']} | "
-              f"{markdown.text(r['reason'])} |" for r in bounded_rows(rejections)]
+    lines = [
+        f"# Rejected inputs: {tag}",
+        "",
+        f"{sum(r.count for r in rejections)} input(s) were not added.",
+        "",
+        "| sample | file | stage | reason |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {markdown.text(r['sample_id'])} | {markdown.text(r['path'])} | {r['stage']} | "
+        f"{markdown.text(r['reason'])} |"
+        for r in bounded_rows(rejections)
+    ]
     md.write_text("\n".join(lines) + "\n")
     return [js, md]
 

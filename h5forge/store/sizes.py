@@ -29,8 +29,11 @@ class ArraySizes:
         return round(self.stored / self.raw, 4) if self.raw else 1.0
 
     def __add__(self, other: "ArraySizes") -> "ArraySizes":
-        return ArraySizes(self.raw + other.raw, self.stored + other.stored,
-                          {s: self.split_stored.get(s, 0) + other.split_stored.get(s, 0) for s in SPLITS})
+        return ArraySizes(
+            self.raw + other.raw,
+            self.stored + other.stored,
+            {s: self.split_stored.get(s, 0) + other.split_stored.get(s, 0) for s in SPLITS},
+        )
 
 
 def own_sizes(f: h5py.File, kinds: dict[str, FieldKind]) -> ArraySizes:

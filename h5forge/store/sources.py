@@ -22,8 +22,9 @@ def _inside(real: str, roots: list[str]) -> bool:
     return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
 
 
-def source_problem(roots: Iterable[Path], rel: str, *, folders: bool = False,
-                   max_bytes: int = MAX_SOURCE_BYTES) -> str | None:
+def source_problem(
+    roots: Iterable[Path], rel: str, *, folders: bool = False, max_bytes: int = MAX_SOURCE_BYTES
+) -> str | None:
     """Why the source ``rel`` (relative to the first root) must not be read, or None when it may.
     A source that does not exist is no problem here: reading it rejects the sample as usual."""
     real_roots = [os.path.realpath(r) for r in roots]

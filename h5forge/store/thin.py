@@ -21,8 +21,18 @@ from h5forge.format.checksums import write_digests, write_file_digest
 from h5forge.format.codecs import CODECS, codec_options, ensure_filters
 from h5forge.format.dims import name_axes, plain_attrs
 from h5forge.format.layout import SMALL_ROWS, merge_index, small_options
-from h5forge.format.names import (CHECKSUMS_COVER_ALL, DIAGNOSTICS, INDEX, PER_SAMPLE, SPEC, SPLITS, Attr,
-                                  block_rows, partial_name, version_name)
+from h5forge.format.names import (
+    CHECKSUMS_COVER_ALL,
+    DIAGNOSTICS,
+    INDEX,
+    PER_SAMPLE,
+    SPEC,
+    SPLITS,
+    Attr,
+    block_rows,
+    partial_name,
+    version_name,
+)
 from h5forge.format.segments import counts_of, map_virtual, segment_lengths, segments_of
 from h5forge.format.summary import WriteSummary, read_summary, write_diagnostics
 from h5forge.kinds import stored_kinds
@@ -36,12 +46,15 @@ def require_current_format(parent: Path, parent_number: int) -> None:
     with h5py.File(os.path.realpath(parent), "r") as p:
         parent_format = int(p.attrs.get(Attr.FORMAT_VERSION, 1))
     if parent_format < CHECKSUMS_COVER_ALL:
-        raise VersionError(f"{version_name(parent_number)} is in format {parent_format} (older checksums); "
-                           "rebuild it with `h5forge build` before appending")
+        raise VersionError(
+            f"{version_name(parent_number)} is in format {parent_format} (older checksums); "
+            "rebuild it with `h5forge build` before appending"
+        )
 
 
-def write_thin(path: Path, parent: Path, delta: Path, spec: DatasetSpec, number: int, parent_number: int,
-               summary: WriteSummary) -> WriteSummary:
+def write_thin(
+    path: Path, parent: Path, delta: Path, spec: DatasetSpec, number: int, parent_number: int, summary: WriteSummary
+) -> WriteSummary:
     """Write the thin version ``path`` = ``parent`` + ``delta`` (both in ``path``'s folder)."""
     ensure_filters()
     require_current_format(parent, parent_number)
@@ -50,13 +63,15 @@ def write_thin(path: Path, parent: Path, delta: Path, spec: DatasetSpec, number:
     with h5py.File(os.path.realpath(parent), "r") as p, h5py.File(delta, "r") as d, h5py.File(path, "w") as f:
         segments.append({"file": delta.name, "counts": counts_of(d)})
         f.attrs.update(dict(d.attrs))
-        f.attrs.update({
-            Attr.VERSION: number,
-            Attr.PARENT: parent_number,
-            Attr.CREATED: datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            Attr.SEGMENTS: json.dumps(segments),
-            Attr.SELF_CONTAINED: False,
-        })
+        f.attrs.update(
+            {
+                Attr.VERSION: number,
+                Attr.PARENT: parent_number,
+                Attr.CREATED: datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                Attr.SEGMENTS: json.dumps(segments),
+                Attr.SELF_CONTAINED: False,
+            }
+        )
         f.create_dataset(SPEC, data=spec.to_json(), dtype=d[SPEC].dtype)
         for split in SPLITS:
             g = f.create_group(split)
@@ -81,9 +96,15 @@ def write_thin(path: Path, parent: Path, delta: Path, spec: DatasetSpec, number:
         write_digests(f)  # over the merged statistics and indexes
         counts = counts_of(f)
         sizes = segments_sizes(path.parent, segments, kinds)  # every row's, not the delta's alone
-        merged = summary.with_(counts=counts, samples=sum(counts.values()), segments=len(segments),
-                               array_bytes_raw=sizes.raw, array_bytes_stored=sizes.stored,
-                               split_bytes=sizes.split_stored, compression_ratio=sizes.ratio)
+        merged = summary.with_(
+            counts=counts,
+            samples=sum(counts.values()),
+            segments=len(segments),
+            array_bytes_raw=sizes.raw,
+            array_bytes_stored=sizes.stored,
+            split_bytes=sizes.split_stored,
+            compression_ratio=sizes.ratio,
+        )
         write_diagnostics(f, merged)
         write_file_digest(f)
     return merged
@@ -132,10 +153,22 @@ def _export(src_path: Path, tmp: Path, codec: str | None) -> None:
             for key in [*small, *PER_SAMPLE]:
                 _materialize(g_src[key], g, key)
             for path, st in bulk.items():
-                sizes = segment_lengths(src_path.parent, segments, split, path) if st.ragged else \
-                    [seg["counts"][split] for seg in segments]
-                _copy_bulk(src_path.parent, segments, sizes, split, path, g, g_src[path],
-                           st.chunk(spec.storage.chunk_rows, SMALL_ROWS), codec or st.codec_of(spec.storage.codec))
+                sizes = (
+                    segment_lengths(src_path.parent, segments, split, path)
+                    if st.ragged
+                    else [seg["counts"][split] for seg in segments]
+                )
+                _copy_bulk(
+                    src_path.parent,
+                    segments,
+                    sizes,
+                    split,
+                    path,
+                    g,
+                    g_src[path],
+                    st.chunk(spec.storage.chunk_rows, SMALL_ROWS),
+                    codec or st.codec_of(spec.storage.codec),
+                )
             name_axes(g, int(g_src.attrs[Attr.COUNT]))
         if int(out.attrs[Attr.FORMAT_VERSION]) >= CHECKSUMS_COVER_ALL:
             write_digests(out)  # same values as the source's; recomputed over the copy's own layout
@@ -153,8 +186,15 @@ def _describe_copy(out: h5py.File, kinds: dict, codec: str | None) -> None:
     summary = read_summary(out)
     sizes = own_sizes(out, kinds)
     counts = counts_of(out)
-    summary.update(counts=counts, samples=sum(counts.values()), segments=1, array_bytes_raw=sizes.raw,
-                   array_bytes_stored=sizes.stored, split_bytes=sizes.split_stored, compression_ratio=sizes.ratio)
+    summary.update(
+        counts=counts,
+        samples=sum(counts.values()),
+        segments=1,
+        array_bytes_raw=sizes.raw,
+        array_bytes_stored=sizes.stored,
+        split_bytes=sizes.split_stored,
+        compression_ratio=sizes.ratio,
+    )
     if codec is not None:
         summary["codec"] = codec
     out[DIAGNOSTICS].attrs[Attr.SUMMARY] = json.dumps(summary)
@@ -163,18 +203,39 @@ def _describe_copy(out: h5py.File, kinds: dict, codec: str | None) -> None:
 def _materialize(obj: h5py.Dataset, g: h5py.Group, name: str) -> None:
     """A real copy of a small per-sample dataset (virtual in a thin version)."""
     tail = obj.shape[1:]
-    g.create_dataset(name, data=obj[()], dtype=obj.dtype, maxshape=(None, *tail), chunks=(SMALL_ROWS, *tail),
-                     **small_options(obj.dtype))
+    g.create_dataset(
+        name,
+        data=obj[()],
+        dtype=obj.dtype,
+        maxshape=(None, *tail),
+        chunks=(SMALL_ROWS, *tail),
+        **small_options(obj.dtype),
+    )
     g[name].attrs.update(plain_attrs(obj))
 
 
-def _copy_bulk(folder: Path, segments: list[dict], sizes: list[int], split: str, name: str, g: h5py.Group,
-               like: h5py.Dataset, chunks: tuple[int, ...], codec: str) -> None:
+def _copy_bulk(
+    folder: Path,
+    segments: list[dict],
+    sizes: list[int],
+    split: str,
+    name: str,
+    g: h5py.Group,
+    like: h5py.Dataset,
+    chunks: tuple[int, ...],
+    codec: str,
+) -> None:
     """The rows of every segment, copying compressed chunks as they are when the pipelines match."""
     shape = like.shape[1:]
     rows = chunks[0]
-    dst = g.create_dataset(name, shape=(sum(sizes), *shape), maxshape=(None, *shape), dtype=like.dtype,
-                           chunks=chunks, **codec_options(codec))
+    dst = g.create_dataset(
+        name,
+        shape=(sum(sizes), *shape),
+        maxshape=(None, *shape),
+        dtype=like.dtype,
+        chunks=chunks,
+        **codec_options(codec),
+    )
     dst.attrs.update(plain_attrs(like))
     offset = 0
     for seg, n in zip(segments, sizes):
@@ -194,5 +255,5 @@ def _copy_bulk(folder: Path, segments: list[dict], sizes: list[int], split: str,
                 step = block_rows(rows)
                 for start in range(0, n, step):
                     stop = min(n, start + step)
-                    dst[offset + start:offset + stop] = sd[start:stop]
+                    dst[offset + start : offset + stop] = sd[start:stop]
         offset += n

@@ -26,14 +26,33 @@ import numpy as np
 
 from h5forge.format import arrays
 from h5forge.format import markdown
-from h5forge.format.checksums import (PROVENANCE, UnknownDigestRule, canonical, file_digest, legacy_checksum,
-                                      split_digest, stored_checksums)
-from h5forge.format.catalog import (INPUTS, Catalog, catalog_intact, content_digest, id_digest, location,
-                                    read_catalog)
+from h5forge.format.checksums import (
+    PROVENANCE,
+    UnknownDigestRule,
+    canonical,
+    file_digest,
+    legacy_checksum,
+    split_digest,
+    stored_checksums,
+)
+from h5forge.format.catalog import INPUTS, Catalog, catalog_intact, content_digest, id_digest, location, read_catalog
 from h5forge.format.codecs import ensure_filters
 from h5forge.format.layout import SMALL_ROWS, decode_str
-from h5forge.format.names import (CHECKSUM, CHECKSUMS_COVER_ALL, FORMAT, FORMAT_VERSION, IDS, INDEX, PER_SAMPLE,
-                                  SOURCE_FILES, SOURCE_SHA256, SPEC, SPLITS, Attr, block_rows)
+from h5forge.format.names import (
+    CHECKSUM,
+    CHECKSUMS_COVER_ALL,
+    FORMAT,
+    FORMAT_VERSION,
+    IDS,
+    INDEX,
+    PER_SAMPLE,
+    SOURCE_FILES,
+    SOURCE_SHA256,
+    SPEC,
+    SPLITS,
+    Attr,
+    block_rows,
+)
 from h5forge.format.segments import counts_of, virtual_sources
 from h5forge.kinds import FieldKind, decode_sample, stored_kinds
 from h5forge.samples import Reject, SampleRef
@@ -81,8 +100,14 @@ class HealthReport:
         return json.dumps(asdict(self), indent=2, default=str)
 
     def to_markdown(self) -> str:
-        lines = [f"# Health report: {markdown.text(Path(self.path).name)}", "",
-                 f"**{'HEALTHY' if self.ok else 'BROKEN'}**", "", "| check | result |", "|---|---|"]
+        lines = [
+            f"# Health report: {markdown.text(Path(self.path).name)}",
+            "",
+            f"**{'HEALTHY' if self.ok else 'BROKEN'}**",
+            "",
+            "| check | result |",
+            "|---|---|",
+        ]
         lines += [f"| {markdown.text(k)} | {markdown.text(v)} |" for k, v in self.checks.items()]
         if self.errors:
             lines += ["", "## Errors", *[f"- {markdown.text(e)}" for e in self.errors]]
@@ -94,11 +119,19 @@ class HealthReport:
         return "\n".join(lines) + "\n"
 
 
-def verify_file(path: str | Path, *, checksums: bool = True, resample: int | None = None,
-                latency_reads: int | None = None, source_root: str | Path | None = None,
-                seed: int = 0, checksum_sample: int | None = None,
-                max_source_bytes: int = MAX_SOURCE_BYTES, isolate: bool = False,
-                workers: int | None = None) -> HealthReport:
+def verify_file(
+    path: str | Path,
+    *,
+    checksums: bool = True,
+    resample: int | None = None,
+    latency_reads: int | None = None,
+    source_root: str | Path | None = None,
+    seed: int = 0,
+    checksum_sample: int | None = None,
+    max_source_bytes: int = MAX_SOURCE_BYTES,
+    isolate: bool = False,
+    workers: int | None = None,
+) -> HealthReport:
     """Run every check on ``path``; never raises for a broken file: whatever cannot be read is an
     error of the check that tried, and the report says BROKEN.
 
@@ -113,9 +146,19 @@ def verify_file(path: str | Path, *, checksums: bool = True, resample: int | Non
     (default: ``verify_workers()``, the CPUs this process may use); 1 checks in this process.
     """
     if isolate:
-        return _in_child(path, dict(checksums=checksums, resample=resample, latency_reads=latency_reads,
-                                    source_root=source_root, seed=seed, checksum_sample=checksum_sample,
-                                    max_source_bytes=max_source_bytes, workers=workers))
+        return _in_child(
+            path,
+            dict(
+                checksums=checksums,
+                resample=resample,
+                latency_reads=latency_reads,
+                source_root=source_root,
+                seed=seed,
+                checksum_sample=checksum_sample,
+                max_source_bytes=max_source_bytes,
+                workers=workers,
+            ),
+        )
     ensure_filters()
     path = Path(path)
     report = HealthReport(str(path))
@@ -154,20 +197,44 @@ def verify_file(path: str | Path, *, checksums: bool = True, resample: int | Non
             rows = None if checksum_sample is None else _sampled_rows(f, checksum_sample, seed)
             _guarded(report, "inputs catalog", _check_catalog, f, report, rows if checksums else {})
             if checksums:
-                _guarded(report, "checksums", _check_checksums, f, spec, kinds, report, rows, old_format,
-                         verify_workers() if workers is None else workers)
+                _guarded(
+                    report,
+                    "checksums",
+                    _check_checksums,
+                    f,
+                    spec,
+                    kinds,
+                    report,
+                    rows,
+                    old_format,
+                    verify_workers() if workers is None else workers,
+                )
             n_resample = _count(report, "resample", spec.verify.resample, resample)
             if n_resample:
-                roots = [Path(source_root) if source_root else spec.source.root,
-                         *([spec.source.inbox] if spec.source.inbox else [])]
+                roots = [
+                    Path(source_root) if source_root else spec.source.root,
+                    *([spec.source.inbox] if spec.source.inbox else []),
+                ]
                 missing = _missing_decoders()
                 if missing:  # a reader-only install: the file is not at fault, so this is no error
-                    report.warnings.append(f"sources not compared: re-deriving samples needs the build extra "
-                                           f"(pip install 'h5forge[build]'; {missing} is not installed)")
+                    report.warnings.append(
+                        f"sources not compared: re-deriving samples needs the build extra "
+                        f"(pip install 'h5forge[build]'; {missing} is not installed)"
+                    )
                     report.checks["sources"] = "skipped (no build extra)"
                 else:
-                    _guarded(report, "sources", _check_against_sources, f, kinds, roots, n_resample, seed,
-                             report, max_source_bytes)
+                    _guarded(
+                        report,
+                        "sources",
+                        _check_against_sources,
+                        f,
+                        kinds,
+                        roots,
+                        n_resample,
+                        seed,
+                        report,
+                        max_source_bytes,
+                    )
             reads = _count(report, "latency_reads", spec.verify.latency_reads, latency_reads)
             _guarded(report, "figures", _figures, f, path, kinds, report)
             _guarded(report, "non-finite values", _count_nonfinite, f, kinds, report)
@@ -194,8 +261,10 @@ def _in_child(path: str | Path, options: dict) -> HealthReport:
     child.join()
     if report is None:
         report = HealthReport(str(path))
-        report.error("read", f"{path}: the HDF5 library crashed while reading it (exit code {child.exitcode}); "
-                             "the file is corrupt")
+        report.error(
+            "read",
+            f"{path}: the HDF5 library crashed while reading it (exit code {child.exitcode}); the file is corrupt",
+        )
     return report
 
 
@@ -231,20 +300,23 @@ def _count(report: HealthReport, name: str, stored: int, given: int | None) -> i
         return given
     if stored > MAX_STORED_COUNT:
         flag = "--latency-reads" if name == "latency_reads" else "--resample"
-        report.warnings.append(f"verify.{name} {stored} stored in the file is capped at {MAX_STORED_COUNT}; "
-                               f"pass {flag} to choose")
+        report.warnings.append(
+            f"verify.{name} {stored} stored in the file is capped at {MAX_STORED_COUNT}; pass {flag} to choose"
+        )
         return MAX_STORED_COUNT
     return stored
 
 
 def _figures(f: h5py.File, path: Path, kinds: dict[str, FieldKind], report: HealthReport) -> None:
-    report.stats.update({
-        "version": int(f.attrs[Attr.VERSION]),
-        "counts": {s: int(f[s].attrs.get(Attr.COUNT, 0)) for s in SPLITS},
-        "codec": str(f.attrs.get(Attr.CODEC)),
-        "compression_ratio": version_sizes(path, kinds).ratio,
-        "file_bytes": path.stat().st_size,
-    })
+    report.stats.update(
+        {
+            "version": int(f.attrs[Attr.VERSION]),
+            "counts": {s: int(f[s].attrs.get(Attr.COUNT, 0)) for s in SPLITS},
+            "codec": str(f.attrs.get(Attr.CODEC)),
+            "compression_ratio": version_sizes(path, kinds).ratio,
+            "file_bytes": path.stat().st_size,
+        }
+    )
 
 
 def _count_nonfinite(f: h5py.File, kinds: dict[str, FieldKind], report: HealthReport) -> None:
@@ -254,8 +326,9 @@ def _count_nonfinite(f: h5py.File, kinds: dict[str, FieldKind], report: HealthRe
     kept = {path: n for path, n in kept.items() if n}
     if kept:
         report.stats["nonfinite"] = kept
-        report.checks["non-finite values"] = (f"{sum(kept.values())} kept ("
-                                              + ", ".join(f"{p}: {n}" for p, n in kept.items()) + ")")
+        report.checks["non-finite values"] = (
+            f"{sum(kept.values())} kept (" + ", ".join(f"{p}: {n}" for p, n in kept.items()) + ")"
+        )
 
 
 def _check_header(f: h5py.File, report: HealthReport) -> tuple[DatasetSpec | None, bool]:
@@ -282,7 +355,8 @@ def _check_header(f: h5py.File, report: HealthReport) -> tuple[DatasetSpec | Non
         report.warnings.append(
             f"format {version}: its checksums cover the stored field bytes only, not the ids, annotation "
             "columns, source files and their hashes, split statistics or row indexes; rebuild (`h5forge build`) to "
-            "have every value covered")
+            "have every value covered"
+        )
     return spec, old
 
 
@@ -296,8 +370,9 @@ def _check_dependencies(f: h5py.File, report: HealthReport) -> None:
         base = Path(os.path.realpath(f.filename)).parent
         for seg in json.loads(f.attrs[Attr.SEGMENTS]):
             problems += _segment_problems(base / seg["file"], seg["counts"])
-    report.errors_of("dependencies", problems,
-                     f"ok ({len(sources)} other file(s))" if sources else "ok (self-contained)")
+    report.errors_of(
+        "dependencies", problems, f"ok ({len(sources)} other file(s))" if sources else "ok (self-contained)"
+    )
 
 
 def _segment_problems(path: Path, counts: dict[str, int]) -> list[str]:
@@ -311,8 +386,9 @@ def _segment_problems(path: Path, counts: dict[str, int]) -> list[str]:
     except Exception as err:  # noqa: BLE001 - a replaced or damaged segment
         return [f"file this version reads from cannot be read: {path} ({_why(err)})"]
     if any(have[s] < int(counts.get(s, 0)) for s in SPLITS):
-        return [f"file this version reads from holds other rows than it recorded: {path} "
-                f"(counts {have}, recorded {counts})"]
+        return [
+            f"file this version reads from holds other rows than it recorded: {path} (counts {have}, recorded {counts})"
+        ]
     return []
 
 
@@ -345,8 +421,9 @@ def _check_structure(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind
             rows = arrays.rows(g, path, st)
             lead = int(g[path + arrays.LENGTHS][()].sum()) if st.ragged else count
             if rows != count or ds.shape != (lead, *st.shape):
-                problems.append(f"/{split}/{path} has shape {ds.shape} over {rows} rows, expected "
-                                f"{(lead, *st.shape)} over {count}")
+                problems.append(
+                    f"/{split}/{path} has shape {ds.shape} over {rows} rows, expected {(lead, *st.shape)} over {count}"
+                )
             if st.ragged and count > 0 and int(g[path + arrays.LENGTHS][()].min()) < 0:
                 problems.append(f"/{split}/{path}{arrays.LENGTHS} holds a negative length")
             if not _dtype_matches(ds, st.dtype):
@@ -388,8 +465,9 @@ def _check_digests(f: h5py.File, report: HealthReport) -> None:
             problems.append(str(err))
             continue
         if str(stored) != digest:
-            problems.append(f"/{split}: its attributes, statistics, row indexes or the spec do not match "
-                            f"the split's {Attr.DIGEST}")
+            problems.append(
+                f"/{split}: its attributes, statistics, row indexes or the spec do not match the split's {Attr.DIGEST}"
+            )
     report.errors_of("split digests", problems, f"ok ({len(SPLITS)} splits)")
 
 
@@ -409,8 +487,11 @@ def _check_catalog(f: h5py.File, report: HealthReport, ranges: dict[str, list[tu
     if stored is None and not problems:
         report.checks["inputs catalog"] = f"ok (ids unique; no catalog: an older file; {checked})"
         return
-    report.errors_of("inputs catalog", problems, f"ok ({len(stored.ids) if stored is not None else 0} samples, "
-                                                 f"ids unique; {checked})")
+    report.errors_of(
+        "inputs catalog",
+        problems,
+        f"ok ({len(stored.ids) if stored is not None else 0} samples, ids unique; {checked})",
+    )
 
 
 def _rows_catalog(f: h5py.File) -> tuple[list[str], Catalog, list[str]]:
@@ -428,8 +509,11 @@ def _rows_catalog(f: h5py.File) -> tuple[list[str], Catalog, list[str]]:
             rows_of.setdefault(digest, []).append((split, row, sid))
             contents.append(content_digest(hexes))
             at.append(location(split, row))
-    problems = [f"id {rows[0][2]!r} is in {len(rows)} rows: " + ", ".join(f"{s}[{r}]" for s, r, _ in rows[:MAX_LISTED])
-                for rows in rows_of.values() if len(rows) > 1]
+    problems = [
+        f"id {rows[0][2]!r} is in {len(rows)} rows: " + ", ".join(f"{s}[{r}]" for s, r, _ in rows[:MAX_LISTED])
+        for rows in rows_of.values()
+        if len(rows) > 1
+    ]
     return problems, Catalog.of(contents, at, digests), every
 
 
@@ -450,8 +534,9 @@ def _same_ids(a: np.ndarray, b: np.ndarray) -> bool:
 
 def _bytes_id_digests(ids: list[str]) -> np.ndarray:
     """The id hashes as catalogs written before ids were matched in NFC have them (of the id's bytes)."""
-    return np.sort(np.array([hashlib.sha256(i.encode("utf-8", "surrogatepass")).digest()[:16] for i in ids],
-                            dtype="S16"))
+    return np.sort(
+        np.array([hashlib.sha256(i.encode("utf-8", "surrogatepass")).digest()[:16] for i in ids], dtype="S16")
+    )
 
 
 def _pairs(c: Catalog) -> np.ndarray:
@@ -462,8 +547,9 @@ def _pairs(c: Catalog) -> np.ndarray:
 def _catalog_consistency(f: h5py.File, stored: Catalog, ranges: dict[str, list[tuple[int, int]]]) -> list[str]:
     problems = []
     if catalog_intact(f, stored) is False:
-        problems.append(f"/{INPUTS}/ids, content or content_at do not match the catalog's digest (damaged since "
-                        "it was written)")
+        problems.append(
+            f"/{INPUTS}/ids, content or content_at do not match the catalog's digest (damaged since it was written)"
+        )
     total = sum(int(f[s].attrs[Attr.COUNT]) for s in SPLITS)
     if not len(stored.ids) == len(stored.content) == len(stored.content_at) == total:
         problems.append(f"/{INPUTS} holds {len(stored.ids)} ids and {len(stored.content)} contents for {total} rows")
@@ -477,7 +563,7 @@ def _catalog_consistency(f: h5py.File, stored: Catalog, ranges: dict[str, list[t
         g = f[split]
         for lo, hi in spans:
             for row in range(lo, hi):
-                sid = decode_str(g[IDS][row:row + 1])[0]
+                sid = decode_str(g[IDS][row : row + 1])[0]
                 digest = content_digest(g[SOURCE_SHA256][row])
                 if not (stored.has_id(id_digest(sid)) or stored.has_id(_bytes_id_digests([sid])[0])):
                     problems.append(f"{split}[{row}] (id {sid!r}) is missing from /{INPUTS}/ids")
@@ -486,16 +572,23 @@ def _catalog_consistency(f: h5py.File, stored: Catalog, ranges: dict[str, list[t
                 if location(split, row) not in set(stored.content_at[first:last].tolist()):
                     problems.append(f"{split}[{row}] (id {sid!r}) is not where /{INPUTS}/content_at says")
     return problems
+
+
 def _check_file_digest(f: h5py.File, report: HealthReport) -> None:
     stored = f.attrs.get(Attr.FILE_DIGEST)
     if stored is None:
-        report.warnings.append(f"no {Attr.FILE_DIGEST}: the file's own attributes, diagnostics and inputs catalog "
-                               "are not covered (written by an h5forge that did not record it)")
+        report.warnings.append(
+            f"no {Attr.FILE_DIGEST}: the file's own attributes, diagnostics and inputs catalog "
+            "are not covered (written by an h5forge that did not record it)"
+        )
         report.checks["file digest"] = "none (older file)"
         return
     if str(stored) != file_digest(f):
-        report.error("file digest", f"the file's attributes (name, version, codec, lineage, ...), its diagnostics or "
-                                    f"its inputs catalog do not match its {Attr.FILE_DIGEST}")
+        report.error(
+            "file digest",
+            f"the file's attributes (name, version, codec, lineage, ...), its diagnostics or "
+            f"its inputs catalog do not match its {Attr.FILE_DIGEST}",
+        )
     else:
         report.checks["file digest"] = "ok"
 
@@ -511,8 +604,15 @@ def _sampled_rows(f: h5py.File, k: int, seed: int) -> dict[str, list[tuple[int, 
     return out
 
 
-def _check_checksums(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind], report: HealthReport,
-                     ranges: dict[str, list[tuple[int, int]]] | None, old_format: bool, workers: int = 1) -> None:
+def _check_checksums(
+    f: h5py.File,
+    spec: DatasetSpec,
+    kinds: dict[str, FieldKind],
+    report: HealthReport,
+    ranges: dict[str, list[tuple[int, int]]] | None,
+    old_format: bool,
+    workers: int = 1,
+) -> None:
     step = min(block_rows(spec.storage.chunk_rows), MAX_BLOCK_ROWS)  # chunk_rows comes from the file
     blocks: list[tuple[str, int, int]] = []
     for split in SPLITS:
@@ -530,8 +630,9 @@ def _check_checksums(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind
     report.stats["checksum_processes"] = len(parts)
 
 
-def _checksum_blocks(f: h5py.File, kinds: dict[str, FieldKind], blocks: list[tuple[str, int, int]],
-                     old_format: bool) -> tuple[list[str], int]:
+def _checksum_blocks(
+    f: h5py.File, kinds: dict[str, FieldKind], blocks: list[tuple[str, int, int]], old_format: bool
+) -> tuple[list[str], int]:
     """The rows of ``blocks`` whose stored data does not match their checksum, and how many were checked."""
     bad: list[str] = []
     checked = 0
@@ -550,8 +651,11 @@ def _checksum_blocks(f: h5py.File, kinds: dict[str, FieldKind], blocks: list[tup
         except Exception as err:  # noqa: BLE001 - a corrupt chunk, heap or string
             bad.extend(_locate_unreadable(g, summed, split, start, stop, err))
             continue
-        bad += [f"{split}[{start + i}] (id {ids[i]!r}): stored data does not match its checksum"
-                for i in range(stop - start) if sums[i].encode() != stored[i]]
+        bad += [
+            f"{split}[{start + i}] (id {ids[i]!r}): stored data does not match its checksum"
+            for i in range(stop - start)
+            if sums[i].encode() != stored[i]
+        ]
         checked += stop - start
     return bad, checked
 
@@ -586,8 +690,9 @@ def _shares(blocks: list[tuple[str, int, int]], workers: int) -> list[list[tuple
     return [p for p in parts if p]
 
 
-def _checksums_in_processes(f: h5py.File, kinds: dict[str, FieldKind], parts: list,
-                            old_format: bool) -> tuple[list[str], int]:
+def _checksums_in_processes(
+    f: h5py.File, kinds: dict[str, FieldKind], parts: list, old_format: bool
+) -> tuple[list[str], int]:
     """Each part of the blocks checked in its own process, the first in this one. The children are
     forked from a fresh server process (``forkserver``): this process may run other threads (a
     Prefect task), which a plain fork would copy mid-operation. Where no process can be started,
@@ -609,8 +714,13 @@ def _checksums_in_processes(f: h5py.File, kinds: dict[str, FieldKind], parts: li
                 more, n = future.result()
             except BrokenProcessPool:  # the HDF5 library crashed on a part of the file
                 split, start, _ = part[0]
-                more, n = [f"{split}[{start}:] cannot be read: the HDF5 library crashed while checking "
-                           "these rows; the file is corrupt"], 0
+                more, n = (
+                    [
+                        f"{split}[{start}:] cannot be read: the HDF5 library crashed while checking "
+                        "these rows; the file is corrupt"
+                    ],
+                    0,
+                )
             bad += more
             checked += n
     return bad, checked
@@ -622,8 +732,9 @@ def _checksum_part(path: str, blocks: list[tuple[str, int, int]], old_format: bo
         return _checksum_blocks(f, stored_kinds(spec_from_json(f[SPEC][()].decode())), blocks, old_format)
 
 
-def _locate_unreadable(g: h5py.Group, kinds: dict[str, FieldKind], split: str, start: int, stop: int,
-                       err: Exception) -> list[str]:
+def _locate_unreadable(
+    g: h5py.Group, kinds: dict[str, FieldKind], split: str, start: int, stop: int, err: Exception
+) -> list[str]:
     """Which rows of which datasets cannot be read, after a block failed."""
 
     def field_row(path: str, kind: FieldKind) -> Callable[[int], Any]:
@@ -653,11 +764,18 @@ def _stored_ref(g: h5py.Group, kinds: dict[str, FieldKind], split: str, row: int
         if kind.annotation_column:
             value = g[kind.path][row]
             columns[kind.annotation_column] = value.decode() if isinstance(value, bytes) else value.item()
-    return SampleRef(decode_str(g[IDS][row:row + 1])[0], split, files, columns)
+    return SampleRef(decode_str(g[IDS][row : row + 1])[0], split, files, columns)
 
 
-def _check_against_sources(f: h5py.File, kinds: dict[str, FieldKind], roots: list[Path], k: int, seed: int,
-                           report: HealthReport, max_source_bytes: int) -> None:
+def _check_against_sources(
+    f: h5py.File,
+    kinds: dict[str, FieldKind],
+    roots: list[Path],
+    k: int,
+    seed: int,
+    report: HealthReport,
+    max_source_bytes: int,
+) -> None:
     rng = np.random.default_rng(seed)
     population = [(s, i) for s in SPLITS for i in range(int(f[s].attrs[Attr.COUNT]))]
     if not population:
@@ -669,8 +787,11 @@ def _check_against_sources(f: h5py.File, kinds: dict[str, FieldKind], roots: lis
     for split, row in picks:
         g = f[split]
         ref = _stored_ref(g, kinds, split, row)
-        refused = [(rel, why) for name, rel in ref.files.items()
-                   if (why := source_problem(roots, rel, folders=name in folders, max_bytes=max_source_bytes))]
+        refused = [
+            (rel, why)
+            for name, rel in ref.files.items()
+            if (why := source_problem(roots, rel, folders=name in folders, max_bytes=max_source_bytes))
+        ]
         if refused:
             unread += [f"{split}[{row}] source {rel!r} {why}; not read" for rel, why in refused]
             continue
@@ -683,17 +804,21 @@ def _check_against_sources(f: h5py.File, kinds: dict[str, FieldKind], roots: lis
             changed.append(f"{split}[{row}] raw files of {ref.id!r} changed since the build; not compared")
             continue
         for path, kind in kinds.items():
-            if kind.checksummed and not arrays.same_values(decoded[path].value,
-                                                           arrays.RowReader(g, path, kind.stored()).row(row)):
+            if kind.checksummed and not arrays.same_values(
+                decoded[path].value, arrays.RowReader(g, path, kind.stored()).row(row)
+            ):
                 source = ref.files.get(path, "its annotation record")
-                report.error("sources", f"{split}[{row}] field {path!r} (id {ref.id!r}) differs from its "
-                                        f"source cleaned again ({source})")
+                report.error(
+                    "sources",
+                    f"{split}[{row}] field {path!r} (id {ref.id!r}) differs from its source cleaned again ({source})",
+                )
         compared += 1
     report.warnings.extend(changed + unread)
     if "sources" not in report.checks:
-        report.checks["sources"] = (f"ok ({compared} samples re-derived from their sources and compared, "
-                                    f"{len(changed)} sources changed or gone"
-                                    + (f", {len(unread)} not read" if unread else "") + ")")
+        report.checks["sources"] = (
+            f"ok ({compared} samples re-derived from their sources and compared, "
+            f"{len(changed)} sources changed or gone" + (f", {len(unread)} not read" if unread else "") + ")"
+        )
 
 
 def _measure_latency(path: Path, kinds: dict[str, FieldKind], reads: int, seed: int, report: HealthReport) -> None:
@@ -717,5 +842,6 @@ def _measure_latency(path: Path, kinds: dict[str, FieldKind], reads: int, seed: 
     report.stats["random_read_ms"] = {"split": split, "reads": reads, "p50": round(p50, 3), "p99": round(p99, 3)}
     report.checks["read latency"] = f"p50 {p50:.2f} ms, p99 {p99:.2f} ms"
     if p50 > 5.0:
-        report.warnings.append(f"random reads are slow: p50 {p50:.1f} ms > 5 ms (SSD target); "
-                               "check the chunk rows and codec, or the disk")
+        report.warnings.append(
+            f"random reads are slow: p50 {p50:.1f} ms > 5 ms (SSD target); check the chunk rows and codec, or the disk"
+        )

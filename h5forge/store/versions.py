@@ -23,8 +23,18 @@ from typing import Iterator
 import h5py
 
 from h5forge.errors import LatestBroken, OutputBusy, UsageError, VersionError
-from h5forge.format.names import (DELTA_RE, LATEST, LOCK, PARTIAL_RE, RESUMABLE, RESUME_SUFFIX, VERSION_RE,
-                                  parse_version, partial_name, version_name)
+from h5forge.format.names import (
+    DELTA_RE,
+    LATEST,
+    LOCK,
+    PARTIAL_RE,
+    RESUMABLE,
+    RESUME_SUFFIX,
+    VERSION_RE,
+    parse_version,
+    partial_name,
+    version_name,
+)
 from h5forge.format import leases
 from h5forge.format.segments import virtual_sources
 from h5forge.store.disk_full import as_disk_full, release_partials
@@ -86,11 +96,16 @@ def output_lock(out: str | Path, what: str = "build", wait: float = 0) -> Iterat
                     continue
                 holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
                 waited = f" after waiting {wait:g} s" if wait else ""
-                raise OutputBusy(f"another h5forge run is writing to {out} ({holder}){waited}; "
-                                 "wait for it to finish, or stop it, then retry") from None
+                raise OutputBusy(
+                    f"another h5forge run is writing to {out} ({holder}){waited}; "
+                    "wait for it to finish, or stop it, then retry"
+                ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "what": what,
-                                  "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode(), 0)
+        os.pwrite(
+            fd,
+            json.dumps({"pid": os.getpid(), "what": what, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode(),
+            0,
+        )
         _remove_partials(out)
         try:
             yield out
@@ -163,8 +178,10 @@ def latest(out: str | Path) -> int | None:
     except FileNotFoundError:
         return None
     except OSError:
-        raise LatestBroken(f"{link} is not a symlink to a published version; remove it, or point it at one: "
-                           f"h5forge rollback {out} <version>") from None
+        raise LatestBroken(
+            f"{link} is not a symlink to a published version; remove it, or point it at one: "
+            f"h5forge rollback {out} <version>"
+        ) from None
     real = Path(os.path.realpath(link))
     m = VERSION_RE.match(real.name)
     if real.parent != Path(os.path.realpath(out)):
@@ -267,8 +284,11 @@ def retain(out: str | Path, keep: int, retire_after: float = 0) -> list[Path]:
                 try:
                     protected |= {p.resolve() for p in dependencies(versions[v])}
                 except Exception as err:  # noqa: BLE001 - a damaged kept file: what it reads is unknown
-                    log.warning("retention deletes nothing: %s cannot be read (%s), so the files it reads "
-                                "are not known", versions[v].name, err)
+                    log.warning(
+                        "retention deletes nothing: %s cannot be read (%s), so the files it reads are not known",
+                        versions[v].name,
+                        err,
+                    )
                     return []
         for number in doomed:
             path = versions[number]
@@ -298,7 +318,7 @@ def _drop_stale_leases(out: Path) -> None:
     if not folder.is_dir():
         return
     for lease in folder.glob("*.lease"):
-        version = out / lease.name[:-len(".lease")]
+        version = out / lease.name[: -len(".lease")]
         if not version.exists():
             with leases.unclaimed(version) as free:
                 if free:

@@ -10,8 +10,12 @@ from PIL import Image, ImageDraw
 from h5forge.tune.codec_trial import CodecTrial
 from h5forge.views import drawing
 
-MEASURES = (("ratio", "stored / raw", "{:.3f}"), ("write_ms_per_sample", "write CPU ms / sample", "{:.2f}"),
-            ("read_p50_ms", "random read p50 ms", "{:.3f}"), ("batch_cpu_ms", "reader CPU ms / batch", "{:.2f}"))
+MEASURES = (
+    ("ratio", "stored / raw", "{:.3f}"),
+    ("write_ms_per_sample", "write CPU ms / sample", "{:.2f}"),
+    ("read_p50_ms", "random read p50 ms", "{:.3f}"),
+    ("batch_cpu_ms", "reader CPU ms / batch", "{:.2f}"),
+)
 BAR = (90, 140, 210)
 PICKED = (60, 200, 110)
 NAME_W, BAR_W, VALUE_W, ROW_H, PAD = 110, 260, 60, 16, 12
@@ -27,10 +31,15 @@ def draw_chart(result: CodecTrial, out: str | Path) -> Path:
     height = title_h + 2 * (panel_h + PAD) + PAD
     image = Image.new("RGB", (width, height), drawing.BACKGROUND)
     draw = ImageDraw.Draw(image)
-    draw.text((PAD, PAD // 2), f"codecs measured on {len(result.ids)} samples of {result.spec_name}",
-              font=drawing.font(), fill=drawing.TEXT)
-    draw.text((PAD, PAD // 2 + drawing.LINE_HEIGHT), f"recommended: {result.recommended}",
-              font=drawing.font(), fill=PICKED)
+    draw.text(
+        (PAD, PAD // 2),
+        f"codecs measured on {len(result.ids)} samples of {result.spec_name}",
+        font=drawing.font(),
+        fill=drawing.TEXT,
+    )
+    draw.text(
+        (PAD, PAD // 2 + drawing.LINE_HEIGHT), f"recommended: {result.recommended}", font=drawing.font(), fill=PICKED
+    )
     for k, (attr, label, fmt) in enumerate(MEASURES):
         left = PAD + (k % 2) * (panel_w + PAD)
         top = title_h + (k // 2) * (panel_h + PAD)

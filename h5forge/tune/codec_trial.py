@@ -85,18 +85,21 @@ def spec_for(raw: Path, spec_file: Path | None) -> DatasetSpec:
     with tempfile.TemporaryDirectory() as tmp:
         inferred = infer_spec(raw, Path(tmp) / "spec.yaml")
         if inferred.todo:
-            raise UsageError(f"cannot infer a complete spec for {raw} ({', '.join(inferred.todo)} unknown); "
-                             f"write one with `h5forge init {raw} --out spec.yaml`, fill it in, and pass --spec")
+            raise UsageError(
+                f"cannot infer a complete spec for {raw} ({', '.join(inferred.todo)} unknown); "
+                f"write one with `h5forge init {raw} --out spec.yaml`, fill it in, and pass --spec"
+            )
         return parse_spec(yaml.safe_load(inferred.text), Path(tmp), "inferred spec")
 
 
 def with_codec(spec: DatasetSpec, codec: str) -> DatasetSpec:
     """The spec writing every sample array with ``codec``: the storage codec, and the codec of any
     field whose kind picks its own."""
-    fields = {name: f.model_copy(update={"codec": codec}) if "codec" in type(f).model_fields else f
-              for name, f in spec.fields.items()}
-    return spec.model_copy(update={"fields": fields,
-                                   "storage": spec.storage.model_copy(update={"codec": codec})})
+    fields = {
+        name: f.model_copy(update={"codec": codec}) if "codec" in type(f).model_fields else f
+        for name, f in spec.fields.items()
+    }
+    return spec.model_copy(update={"fields": fields, "storage": spec.storage.model_copy(update={"codec": codec})})
 
 
 def cleaned_sample(spec: DatasetSpec, n: int, seed: int = 0) -> tuple[list[CleanedBatch], int]:
@@ -108,7 +111,7 @@ def cleaned_sample(spec: DatasetSpec, n: int, seed: int = 0) -> tuple[list[Clean
     picked = sorted(rng.choice(len(inventory.samples), size=min(n, len(inventory.samples)), replace=False))
     refs = [inventory.samples[i] for i in picked]
     size = spec.compute.batch_size
-    batches = [clean_batch(spec, inventory.root, refs[i:i + size]) for i in range(0, len(refs), size)]
+    batches = [clean_batch(spec, inventory.root, refs[i : i + size]) for i in range(0, len(refs), size)]
     rejected = sum(len(b.rejections) for b in batches)
     if not sum(len(b) for b in batches):
         raise NothingToBuild(f"all {len(refs)} sampled input(s) under {inventory.root} were rejected")
@@ -155,8 +158,7 @@ def recommend(results: Sequence[CodecResult]) -> tuple[str, str]:
     cheapest = min(r.batch_cpu_ms for r in results)
     quick = [r for r in results if r.read_p50_ms <= READ_SLACK * fastest and r.batch_cpu_ms <= READ_SLACK * cheapest]
     best = min(quick, key=lambda r: (r.ratio, r.read_p50_ms))
-    rule = (f"smallest stored/raw among the codecs reading within {READ_SLACK:g}x of the fastest "
-            f"(p50 and batch CPU)")
+    rule = f"smallest stored/raw among the codecs reading within {READ_SLACK:g}x of the fastest (p50 and batch CPU)"
     if best.codec == "none":
         return "none", f"{rule}: none of the codecs that read as fast saves space"
     if best.ratio > 1 - MIN_SAVING:
@@ -164,9 +166,16 @@ def recommend(results: Sequence[CodecResult]) -> tuple[str, str]:
     return best.codec, f"{rule}: {best.codec} stores {best.ratio:.3f} of raw, reads in {best.read_p50_ms:.2f} ms"
 
 
-def trial(spec: DatasetSpec, sample: int = 500, codecs: Sequence[str] | None = None, seed: int = 0,
-          reads: int = READS, batch: int = BATCH, batches: int = BATCHES,
-          workdir: Path | None = None) -> CodecTrial:
+def trial(
+    spec: DatasetSpec,
+    sample: int = 500,
+    codecs: Sequence[str] | None = None,
+    seed: int = 0,
+    reads: int = READS,
+    batch: int = BATCH,
+    batches: int = BATCHES,
+    workdir: Path | None = None,
+) -> CodecTrial:
     """Measure ``codecs`` (default: every codec h5forge knows) on ``sample`` inputs of ``spec``."""
     names = list(codecs or CODECS)
     unknown = [c for c in names if c not in CODECS]

@@ -61,11 +61,17 @@ class VersionDiff:
 
     def _moved_line(self) -> str:
         if not self.moved_split:
-            rule = ("the stable-split rule holds" if self.split_rule == "stable"
-                    else f"splits come from the annotation {self.split_rule}")
+            rule = (
+                "the stable-split rule holds"
+                if self.split_rule == "stable"
+                else f"splits come from the annotation {self.split_rule}"
+            )
             return f"moved split: none ({rule})"
-        why = ("VIOLATES the stable-split rule" if self.split_rule == "stable"
-               else f"their annotation {self.split_rule} changed")
+        why = (
+            "VIOLATES the stable-split rule"
+            if self.split_rule == "stable"
+            else f"their annotation {self.split_rule} changed"
+        )
         return f"moved split: {len(self.moved_split)} ({why})"
 
     def lines(self) -> list[str]:
@@ -73,8 +79,9 @@ class VersionDiff:
         out = [f"{_name(self.old)} -> {_name(self.new)}"]
         if self.unchanged:
             out.append("no sample changed")
-        out.append("samples: " + ", ".join(f"{s} {c['old']} -> {c['new']} ({c['change']:+d})"
-                                           for s, c in self.counts.items()))
+        out.append(
+            "samples: " + ", ".join(f"{s} {c['old']} -> {c['new']} ({c['change']:+d})" for s, c in self.counts.items())
+        )
         out.append(f"added: {len(self.added)}{_listed(self.added)}")
         out.append(f"removed: {len(self.removed)}{_listed(self.removed)}")
         out.append(f"content changed (checksum): {len(self.content_changed)}{_listed(self.content_changed)}")
@@ -92,8 +99,10 @@ class VersionDiff:
         for col, values in self.labels.items():
             changed = {v: c for v, c in values.items() if c["change"]}
             if changed:
-                out.append(f"{col}: " + ", ".join(f"{v} {c['old']} -> {c['new']} ({c['change']:+d})"
-                                                  for v, c in changed.items()))
+                out.append(
+                    f"{col}: "
+                    + ", ".join(f"{v} {c['old']} -> {c['new']} ({c['change']:+d})" for v, c in changed.items())
+                )
             else:
                 out.append(f"{col}: unchanged")
         return out
@@ -105,21 +114,34 @@ class VersionDiff:
             md += ["No sample changed.", ""]
         md += ["| split | before | after | change |", "|---|---:|---:|---:|"]
         md += [f"| {markdown.text(s)} | {c['old']} | {c['new']} | {c['change']:+d} |" for s, c in self.counts.items()]
-        md += ["", "| change | samples |", "|---|---:|",
-               f"| added | {len(self.added)} |", f"| removed | {len(self.removed)} |",
-               f"| content changed (checksum) | {len(self.content_changed)} |",
-               f"| labels/columns changed | {len(self.columns_changed)} |",
-               f"| moved split | {len(self.moved_split)} |", "", f"**{markdown.text(self._moved_line())}**", ""]
-        for title, ids in (("Added", self.added), ("Removed", self.removed),
-                           ("Content changed", self.content_changed)):
+        md += [
+            "",
+            "| change | samples |",
+            "|---|---:|",
+            f"| added | {len(self.added)} |",
+            f"| removed | {len(self.removed)} |",
+            f"| content changed (checksum) | {len(self.content_changed)} |",
+            f"| labels/columns changed | {len(self.columns_changed)} |",
+            f"| moved split | {len(self.moved_split)} |",
+            "",
+            f"**{markdown.text(self._moved_line())}**",
+            "",
+        ]
+        for title, ids in (("Added", self.added), ("Removed", self.removed), ("Content changed", self.content_changed)):
             if ids:
-                md += [f"## {title}", ", ".join(markdown.text(i) for i in ids[:LISTED])
-                       + (f" … and {len(ids) - LISTED} more" if len(ids) > LISTED else ""), ""]
+                md += [
+                    f"## {title}",
+                    ", ".join(markdown.text(i) for i in ids[:LISTED])
+                    + (f" … and {len(ids) - LISTED} more" if len(ids) > LISTED else ""),
+                    "",
+                ]
         if self.columns_changed:
             md += ["## Labels and columns changed", "| sample | column | before | after |", "|---|---|---|---|"]
-            md += [f"| {markdown.text(sid)} | {markdown.text(c)} | {markdown.text(o)} | {markdown.text(n)} |"
-                   for sid, cols in list(self.columns_changed.items())[:LISTED]
-                   for c, (o, n) in cols.items()]
+            md += [
+                f"| {markdown.text(sid)} | {markdown.text(c)} | {markdown.text(o)} | {markdown.text(n)} |"
+                for sid, cols in list(self.columns_changed.items())[:LISTED]
+                for c, (o, n) in cols.items()
+            ]
             md.append("")
         for col, values in self.labels.items():
             md += [f"## {markdown.text(col)}", "| value | before | after | change |", "|---|---:|---:|---:|"]
@@ -185,24 +207,29 @@ def read_rows(f: h5py.File, columns: dict[str, list[str] | None]) -> dict[str, R
 
 def _count_change(old: dict, new: dict, keep_order: bool = False) -> dict[str, dict[str, int]]:
     keys = list(dict.fromkeys([*old, *new])) if keep_order else sorted(set(old) | set(new), key=str)
-    return {str(k): {"old": old.get(k, 0), "new": new.get(k, 0), "change": new.get(k, 0) - old.get(k, 0)}
-            for k in keys}
+    return {str(k): {"old": old.get(k, 0), "new": new.get(k, 0), "change": new.get(k, 0) - old.get(k, 0)} for k in keys}
 
 
 def _side(path: Path, f: h5py.File, rows: dict[str, Row]) -> dict[str, Any]:
     counts = {s: 0 for s in SPLITS}
     for r in rows.values():
         counts[r.split] += 1
-    return {"path": str(path), "file": Path(os.path.realpath(path)).name,
-            "version": int(f.attrs.get(Attr.VERSION, 0)), "counts": counts}
+    return {
+        "path": str(path),
+        "file": Path(os.path.realpath(path)).name,
+        "version": int(f.attrs.get(Attr.VERSION, 0)),
+        "counts": counts,
+    }
 
 
 def _check_sources(path: Path, f: h5py.File) -> None:
     """A thin version's rows come from other files; a missing one would read as blank ids."""
     missing = sorted(Path(s).name for s in virtual_sources(f) if not Path(s).is_file())
     if missing:
-        raise ReadError(f"{path} reads its rows from {', '.join(missing)}, which is missing; "
-                        "restore it, or compare versions that are complete")
+        raise ReadError(
+            f"{path} reads its rows from {', '.join(missing)}, which is missing; "
+            "restore it, or compare versions that are complete"
+        )
 
 
 def diff_versions(old: str | Path, new: str | Path) -> VersionDiff:
@@ -230,7 +257,9 @@ def diff_versions(old: str | Path, new: str | Path) -> VersionDiff:
             d.moved_split[sid] = [ra.split, rb.split]
     d.counts = _count_change(d.old["counts"], d.new["counts"], keep_order=True)
     labelled = [p for p in common if common[p] is not None]
-    labelled += [f"meta/{c}" for c in spec_b.annotations.index_by if f"meta/{c}" in common and f"meta/{c}" not in labelled]
+    labelled += [
+        f"meta/{c}" for c in spec_b.annotations.index_by if f"meta/{c}" in common and f"meta/{c}" not in labelled
+    ]
     for p in labelled:
         d.labels[p] = _count_change(_tally(a, p), _tally(b, p))
     return d
@@ -263,6 +292,7 @@ def resolve_version(folder: str | Path, text: str) -> Path:
     if number is None:
         raise VersionError(f"not a version: {text!r} (expected e.g. v0003, 3, latest or previous)")
     if number not in found:
-        raise VersionError(f"{folder}: v{number:04d} is not a published version "
-                           f"(published: {', '.join(f'v{n:04d}' for n in found)})")
+        raise VersionError(
+            f"{folder}: v{number:04d} is not a published version (published: {', '.join(f'v{n:04d}' for n in found)})"
+        )
     return found[number]

@@ -46,7 +46,7 @@ def wrap_text(draw: ImageDraw.ImageDraw, words: list[str], width: int, max_lines
     if line:
         lines.append(line)
     if len(lines) > max_lines:
-        lines = lines[:max_lines - 1] + ["  ".join(lines[max_lines - 1:])]
+        lines = lines[: max_lines - 1] + ["  ".join(lines[max_lines - 1 :])]
     return [fit_text(draw, text, width) for text in lines]
 
 

@@ -112,11 +112,15 @@ def sizes(path: Path, spec: DatasetSpec) -> dict[str, int]:
     reads from."""
     folder = Path(os.path.realpath(path)).parent
     arrays = version_sizes(path, stored_kinds(spec))
-    files = {Path(os.path.realpath(path))} | {folder / s["file"] for s in segments_of(path)
-                                              if (folder / s["file"]).exists()}
-    return {"array_bytes_raw": arrays.raw, "array_bytes_stored": arrays.stored,
-            "file_bytes": Path(os.path.realpath(path)).stat().st_size,
-            "on_disk_bytes": sum(p.stat().st_size for p in files)}
+    files = {Path(os.path.realpath(path))} | {
+        folder / s["file"] for s in segments_of(path) if (folder / s["file"]).exists()
+    }
+    return {
+        "array_bytes_raw": arrays.raw,
+        "array_bytes_stored": arrays.stored,
+        "file_bytes": Path(os.path.realpath(path)).stat().st_size,
+        "on_disk_bytes": sum(p.stat().st_size for p in files),
+    }
 
 
 def spec_summary(spec: DatasetSpec) -> dict[str, Any]:
@@ -126,15 +130,25 @@ def spec_summary(spec: DatasetSpec) -> dict[str, Any]:
         if path in columns:  # listed under columns below
             continue
         st = kind.stored()
-        fields[path] = {"kind": kind.kind, "shape": "variable" if st.ragged else list(st.shape),
-                        "dtype": str(np.dtype(st.dtype)) if not h5py.check_string_dtype(np.dtype(st.dtype))
-                        else "str", "codec": st.codec_of(spec.storage.codec) if st.bulk else None}
-    return {"name": spec.name, "description": spec.description, "source_root": str(spec.source.root),
-            "fields": fields, "columns": dict(spec.annotations.columns),
-            "index_by": list(spec.annotations.index_by),
-            "splits": ({"column": spec.splits.column} if spec.splits.column else dict(spec.splits.ratios)),
-            "codec": spec.storage.codec, "chunk_rows": spec.storage.chunk_rows,
-            "output": str(spec.output.dir), "keep": spec.output.keep}
+        fields[path] = {
+            "kind": kind.kind,
+            "shape": "variable" if st.ragged else list(st.shape),
+            "dtype": str(np.dtype(st.dtype)) if not h5py.check_string_dtype(np.dtype(st.dtype)) else "str",
+            "codec": st.codec_of(spec.storage.codec) if st.bulk else None,
+        }
+    return {
+        "name": spec.name,
+        "description": spec.description,
+        "source_root": str(spec.source.root),
+        "fields": fields,
+        "columns": dict(spec.annotations.columns),
+        "index_by": list(spec.annotations.index_by),
+        "splits": ({"column": spec.splits.column} if spec.splits.column else dict(spec.splits.ratios)),
+        "codec": spec.storage.codec,
+        "chunk_rows": spec.storage.chunk_rows,
+        "output": str(spec.output.dir),
+        "keep": spec.output.keep,
+    }
 
 
 def lineage(f: h5py.File, path: Path) -> dict[str, Any]:
@@ -157,11 +171,14 @@ def lineage(f: h5py.File, path: Path) -> dict[str, Any]:
             chain.append({"version": at, "present": True, "kind": "thin" if thin else "full"})
             at = int(a.attrs.get(Attr.PARENT, -1))
     return {
-        "version": int(f.attrs.get(Attr.VERSION, 0)), "parent": parent if parent > 0 else None,
-        "created_at": _plain(f.attrs.get(Attr.CREATED, "")), "creator": _plain(f.attrs.get(Attr.CREATOR, "")),
+        "version": int(f.attrs.get(Attr.VERSION, 0)),
+        "parent": parent if parent > 0 else None,
+        "created_at": _plain(f.attrs.get(Attr.CREATED, "")),
+        "creator": _plain(f.attrs.get(Attr.CREATOR, "")),
         "kind": "thin" if segments else "full",
-        "segments": [{"file": s["file"], "counts": s["counts"], "present": (folder / s["file"]).is_file()}
-                     for s in segments],
+        "segments": [
+            {"file": s["file"], "counts": s["counts"], "present": (folder / s["file"]).is_file()} for s in segments
+        ],
         "exported_from": _plain(f.attrs.get(Attr.EXPORTED_FROM)) or None,
         "ancestors": chain,
         "written_with": {k: _plain(f.attrs.get(f"{k}_version", "")) for k in ("h5forge", "h5py", "hdf5")},
@@ -178,8 +195,10 @@ def rejected_by_reason(f: h5py.File) -> dict[str, Any]:
     for row in table[()]:
         r = dict(zip(columns, decode_str(row)))
         groups.setdefault((r["reason"], r["stage"]), []).append({"id": r["sample_id"], "path": r["path"]})
-    by_reason = [{"reason": reason, "stage": stage, "count": len(items), "inputs": items}
-                 for (reason, stage), items in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+    by_reason = [
+        {"reason": reason, "stage": stage, "count": len(items), "inputs": items}
+        for (reason, stage), items in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    ]
     return {"total": int(table.shape[0]), "by_reason": by_reason}
 
 
@@ -189,13 +208,18 @@ def version_info(path: str | Path) -> dict[str, Any]:
     with open_version(path) as (f, spec):
         kinds = stored_kinds(spec)
         counts = counts_of(f)
-        splits = {s: {"samples": counts[s], "stats": split_stats(f[s], kinds),
-                      "samples_by_value": samples_by_value(f, s)} for s in SPLITS}
+        splits = {
+            s: {"samples": counts[s], "stats": split_stats(f[s], kinds), "samples_by_value": samples_by_value(f, s)}
+            for s in SPLITS
+        }
         summary = read_summary(f)
         return {
-            "path": str(path), "file": Path(os.path.realpath(path)).name,
+            "path": str(path),
+            "file": Path(os.path.realpath(path)).name,
             "name": _plain(f.attrs.get(Attr.NAME, spec.name)),
-            "samples": sum(counts.values()), "counts": counts, "splits": splits,
+            "samples": sum(counts.values()),
+            "counts": counts,
+            "splits": splits,
             "codec": _plain(f.attrs.get(Attr.CODEC, spec.storage.codec)),
             "codec_needs": _plain(f.attrs.get(Attr.CODEC_NEEDS, "")),
             "sizes": sizes(path, spec),
@@ -212,10 +236,16 @@ def brief(path: Path) -> dict[str, Any]:
         counts = counts_of(f)
         segments = json.loads(f.attrs[Attr.SEGMENTS]) if Attr.SEGMENTS in f.attrs else []
         parent = int(f.attrs.get(Attr.PARENT, -1))
-        return {"version": int(f.attrs.get(Attr.VERSION, 0)), "file": path.name, "samples": sum(counts.values()),
-                "counts": counts, "file_bytes": path.stat().st_size,
-                "kind": f"thin over {len(segments)} files" if segments else "full",
-                "created_at": _plain(f.attrs.get(Attr.CREATED, "")), "parent": parent if parent > 0 else None}
+        return {
+            "version": int(f.attrs.get(Attr.VERSION, 0)),
+            "file": path.name,
+            "samples": sum(counts.values()),
+            "counts": counts,
+            "file_bytes": path.stat().st_size,
+            "kind": f"thin over {len(segments)} files" if segments else "full",
+            "created_at": _plain(f.attrs.get(Attr.CREATED, "")),
+            "parent": parent if parent > 0 else None,
+        }
 
 
 def _brief_or_why(number: int, path: Path) -> dict[str, Any]:
@@ -224,8 +254,16 @@ def _brief_or_why(number: int, path: Path) -> dict[str, Any]:
     try:
         return brief(path)
     except Exception as err:  # noqa: BLE001 - a damaged file: whatever h5py raises on it
-        return {"version": number, "file": path.name, "samples": 0, "counts": {}, "file_bytes": path.stat().st_size,
-                "kind": f"unreadable: {type(err).__name__}: {err}"[:300], "created_at": "", "parent": None}
+        return {
+            "version": number,
+            "file": path.name,
+            "samples": 0,
+            "counts": {},
+            "file_bytes": path.stat().st_size,
+            "kind": f"unreadable: {type(err).__name__}: {err}"[:300],
+            "created_at": "",
+            "parent": None,
+        }
 
 
 def folder_info(folder: str | Path) -> dict[str, Any]:
@@ -237,6 +275,9 @@ def folder_info(folder: str | Path) -> dict[str, Any]:
     ensure_filters()
     current = latest(folder)
     shown = current if current in found else max(found)
-    return {"folder": str(folder), "latest": current,
-            "versions": [{**_brief_or_why(n, p), "latest": n == current} for n, p in found.items()],
-            "detail": version_info(found[shown])}
+    return {
+        "folder": str(folder),
+        "latest": current,
+        "versions": [{**_brief_or_why(n, p), "latest": n == current} for n, p in found.items()],
+        "detail": version_info(found[shown]),
+    }

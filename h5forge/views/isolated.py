@@ -36,8 +36,9 @@ def in_child(fn: Callable[..., Any], *args: Any, what: str) -> Any:
         raise value
     if outcome == "error":
         raise ReadError(f"cannot {what}: {value}")
-    raise ReadError(f"cannot {what}: the HDF5 library crashed while reading it (exit code {child.exitcode}); "
-                    "the file is corrupt")
+    raise ReadError(
+        f"cannot {what}: the HDF5 library crashed while reading it (exit code {child.exitcode}); the file is corrupt"
+    )
 
 
 def _child(send, fn: Callable[..., Any], args: tuple) -> None:

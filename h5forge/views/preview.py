@@ -74,6 +74,7 @@ def preview_path(out: Path, number: int) -> Path:
 
 # ---- choosing and drawing samples -----------------------------------------------------------
 
+
 def _open(path: Path) -> h5py.File:
     ensure_filters()
     if not os.path.exists(path):
@@ -96,8 +97,7 @@ def _count(f: h5py.File, split: str) -> int:
     return int(f[split].attrs.get(Attr.COUNT, 0)) if split in f else 0
 
 
-def choose(f: h5py.File, split: str | None, n: int, seed: int,
-           ids: Sequence[str] | None) -> list[tuple[str, int, str]]:
+def choose(f: h5py.File, split: str | None, n: int, seed: int, ids: Sequence[str] | None) -> list[tuple[str, int, str]]:
     """(split, row, id) of the samples to draw: ``ids`` in the order given (looked up in
     ``split``, or in every split), else ``n`` random rows of ``split`` (default: train, or the
     first split with samples), in row order, the same for the same ``seed``."""
@@ -122,11 +122,12 @@ def choose(f: h5py.File, split: str | None, n: int, seed: int,
         raise UsageError(f"split {chosen!r} of {f.filename} holds no samples")
     rows = np.sort(np.random.default_rng(seed).choice(count, size=min(n, count), replace=False))
     names = f[chosen][IDS]
-    return [(chosen, int(r), decode_str(names[int(r):int(r) + 1])[0]) for r in rows]
+    return [(chosen, int(r), decode_str(names[int(r) : int(r) + 1])[0]) for r in rows]
 
 
-def draw_sample(kinds: dict[str, FieldKind], values: Mapping[str, object], split: str, row: int,
-                sample_id: str) -> Drawn:
+def draw_sample(
+    kinds: dict[str, FieldKind], values: Mapping[str, object], split: str, row: int, sample_id: str
+) -> Drawn:
     """The pictures of one sample, the overlays of each (an overlay whose target draws nothing,
     or that does not have its shape, is left out), and its captions."""
     pictures: dict[str, np.ndarray] = {}
@@ -151,8 +152,9 @@ def draw_sample(kinds: dict[str, FieldKind], values: Mapping[str, object], split
     return Drawn(split, row, sample_id, pictures, painted, captions)
 
 
-def load_samples(path: str | Path, split: str | None = None, n: int = 16, seed: int = 0,
-                 ids: Sequence[str] | None = None) -> list[Drawn]:
+def load_samples(
+    path: str | Path, split: str | None = None, n: int = 16, seed: int = 0, ids: Sequence[str] | None = None
+) -> list[Drawn]:
     """The chosen samples of the version file at ``path``, drawn."""
     with _open(Path(path)) as f:
         kinds = stored_kinds(spec_from_json(f[SPEC][()].decode()))
@@ -168,6 +170,7 @@ def load_samples(path: str | Path, split: str | None = None, n: int = 16, seed: 
 
 
 # ---- composing ------------------------------------------------------------------------------
+
 
 def _columns(n: int) -> int:
     return max(1, int(np.ceil(np.sqrt(n))))
@@ -189,7 +192,7 @@ def compose(samples: list[Drawn], tile: int = 192, columns: int | None = None) -
         lines += drawing.wrap_text(scratch, s.captions, tile, CAPTION_LINES - 1)
         height = sum(h for h, _ in sizes.values()) + PICTURE_GAP * max(0, len(sizes) - 1)
         layouts.append((sizes, lines, height + PICTURE_GAP + drawing.LINE_HEIGHT * len(lines)))
-    grid = [layouts[i:i + cols] for i in range(0, len(layouts), cols)]
+    grid = [layouts[i : i + cols] for i in range(0, len(layouts), cols)]
     row_heights = [max(c[2] for c in r) for r in grid]
     width = 2 * MARGIN + cols * tile + (cols - 1) * GAP
     height = 2 * MARGIN + sum(row_heights) + GAP * (len(grid) - 1)
@@ -211,14 +214,26 @@ def compose(samples: list[Drawn], tile: int = 192, columns: int | None = None) -
                 boxes[p] = (x, y, w, h)
                 y += h + PICTURE_GAP
             for k, line in enumerate(lines):
-                draw.text((left, y + k * drawing.LINE_HEIGHT), line, font=drawing.font(),
-                          fill=drawing.TEXT if k == 0 else drawing.DIM_TEXT)
+                draw.text(
+                    (left, y + k * drawing.LINE_HEIGHT),
+                    line,
+                    font=drawing.font(),
+                    fill=drawing.TEXT if k == 0 else drawing.DIM_TEXT,
+                )
         top += row_heights[r] + GAP
     return sheet
 
 
-def write_preview(path: str | Path, out: str | Path, split: str | None = None, n: int = 16, seed: int = 0,
-                  ids: Sequence[str] | None = None, tile: int = 192, compress_level: int = 6) -> Sheet:
+def write_preview(
+    path: str | Path,
+    out: str | Path,
+    split: str | None = None,
+    n: int = 16,
+    seed: int = 0,
+    ids: Sequence[str] | None = None,
+    tile: int = 192,
+    compress_level: int = 6,
+) -> Sheet:
     """Draw the chosen samples of ``path`` and save the sheet as a PNG at ``out``.
 
     ``compress_level``: zlib's, 0-9. PNG's filters do little for a sheet of photographs, so a
@@ -241,8 +256,9 @@ def artifact_data_uri(image: Image.Image, max_side: int = ARTIFACT_SIDE, quality
     image = image.convert("RGB")
     scale = max_side / max(image.size)
     if scale < 1:
-        image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
-                             Image.Resampling.LANCZOS)
+        image = image.resize(
+            (max(1, round(image.width * scale)), max(1, round(image.height * scale))), Image.Resampling.LANCZOS
+        )
     buf = io.BytesIO()
     image.save(buf, format="JPEG", quality=quality)
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")

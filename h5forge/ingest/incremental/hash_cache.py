@@ -55,8 +55,10 @@ def load(out: Path, root: Path) -> HashCache:
         data = json.loads((Path(out) / HASH_CACHE).read_text())
         if data.get("root") != str(root):
             return HashCache(str(root))
-        return HashCache(str(root), {rel: (tuple(v[:4]), v[4]) for rel, v in data["files"].items()
-                                     if len(v) == 5 and isinstance(v[4], str)})
+        return HashCache(
+            str(root),
+            {rel: (tuple(v[:4]), v[4]) for rel, v in data["files"].items() if len(v) == 5 and isinstance(v[4], str)},
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):  # no cache: hash all
         return HashCache(str(root))
 
@@ -65,8 +67,7 @@ def save(out: Path, root: Path, states: dict[str, State], hexes: dict[str, str],
     """Record the hashes of the files whose state was taken before they were read; returns how
     many were recorded. Written whole and moved into place: a reader never sees half of it."""
     settled = stated_at_ns - int(RACY_SECONDS * 1e9)
-    files = {rel: [*state, hexes[rel]] for rel, state in states.items()
-             if hexes.get(rel) and state[2] < settled}
+    files = {rel: [*state, hexes[rel]] for rel, state in states.items() if hexes.get(rel) and state[2] < settled}
     path = Path(out) / HASH_CACHE
     tmp = path.with_name(path.name + ".tmp")
     try:

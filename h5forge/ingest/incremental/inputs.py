@@ -33,7 +33,6 @@ from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
 
 
-
 def rules_hash(spec: DatasetSpec) -> str:
     """A hash of everything in the spec that decides the stored values of a sample."""
     data = spec.model_dump(mode="json", exclude=set(NOT_DATA))
@@ -51,8 +50,9 @@ def _plain(value: Any) -> Any:
 
 def sample_key(sample_id: str, split: str, files: list[str], hexes: list[str], columns: dict[str, Any]) -> bytes:
     """32 bytes naming one sample's inputs: id, split, raw files and their hashes, annotation values."""
-    text = json.dumps([sample_id, split, list(files), list(hexes), {k: _plain(v) for k, v in columns.items()}],
-                      sort_keys=True)
+    text = json.dumps(
+        [sample_id, split, list(files), list(hexes), {k: _plain(v) for k, v in columns.items()}], sort_keys=True
+    )
     return hashlib.sha256(text.encode()).digest()
 
 
@@ -85,8 +85,9 @@ class Inputs:
     def key_of(self, ref: SampleRef) -> bytes:
         return self.samples[ref.id]
 
-    def learn(self, spec: DatasetSpec, root: Path, refs: list[SampleRef], ids: list[str],
-              hashes: list[list[str]]) -> None:
+    def learn(
+        self, spec: DatasetSpec, root: Path, refs: list[SampleRef], ids: list[str], hashes: list[list[str]]
+    ) -> None:
         """The sample keys of a cleaned batch: ``refs`` its inputs, ``ids``/``hashes`` the samples
         it kept and their raw-file hashes made by the worker. The inputs it rejected are hashed
         here, as ``fingerprint`` would have."""
@@ -136,8 +137,13 @@ def total_key(rules: str, samples: dict[str, bytes], inventory: Inventory) -> st
     return total.hexdigest()
 
 
-def fingerprint(spec: DatasetSpec, inventory: Inventory, threads: int | None = None,
-                hash_files: bool = True, cache: HashCache | None = None) -> Inputs:
+def fingerprint(
+    spec: DatasetSpec,
+    inventory: Inventory,
+    threads: int | None = None,
+    hash_files: bool = True,
+    cache: HashCache | None = None,
+) -> Inputs:
     """Hash every raw file of the inventory (threads: hashlib releases the GIL) into sample keys,
     taking a file's hash from ``cache`` when its state is the one recorded there.
     ``hash_files=False``: leave the hashing to the cleaning workers (``Inputs.deferred``); the
@@ -163,8 +169,17 @@ def fingerprint(spec: DatasetSpec, inventory: Inventory, threads: int | None = N
             digests[i] = hexed
     hexes = cast(list[str], digests)  # every file the cache did not know was read just above
     shared = field_kinds(spec).values()
-    samples = {ref.id: _key(ref, names, hexes[i * len(names):(i + 1) * len(names)], _shared_inputs(shared, root, ref))
-               for i, ref in enumerate(inventory.samples)}
-    return Inputs(rules, total_key(rules, samples, inventory), samples, round(time.perf_counter() - t0, 3),
-                  states=states, hexes={rel: h for (rel, _), h in zip(jobs, hexes)}, stated_at_ns=stated_at,
-                  hashed_files=len(to_read))
+    samples = {
+        ref.id: _key(ref, names, hexes[i * len(names) : (i + 1) * len(names)], _shared_inputs(shared, root, ref))
+        for i, ref in enumerate(inventory.samples)
+    }
+    return Inputs(
+        rules,
+        total_key(rules, samples, inventory),
+        samples,
+        round(time.perf_counter() - t0, 3),
+        states=states,
+        hexes={rel: h for (rel, _), h in zip(jobs, hexes)},
+        stated_at_ns=stated_at,
+        hashed_files=len(to_read),
+    )

@@ -75,9 +75,15 @@ def previous_sources(out: Path, rules: str) -> list[Source]:
     return [Source(p) for p in files if usable(p, rules)]
 
 
-def write_samples(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, writer: DatasetWriter,
-                  timings: dict, progress: Callable[[int], None] = lambda n: None,
-                  status: Callable[[str], None] = lambda text: None) -> dict[str, list[int]] | None:
+def write_samples(
+    spec: DatasetSpec,
+    inventory: Inventory,
+    inputs: Inputs,
+    writer: DatasetWriter,
+    timings: dict,
+    progress: Callable[[int], None] = lambda n: None,
+    status: Callable[[str], None] = lambda text: None,
+) -> dict[str, list[int]] | None:
     """Every sample of the inventory into ``writer``, taking what earlier files already hold.
 
     Returns the rows that were cleaned, per split, when any row was taken (None: a full build)."""

@@ -45,8 +45,15 @@ class Checkpoints:
     (at most 20 times a build, and once when the hashes were all made up front: the cache grows
     with the inputs), so the next build, resuming, does not read again the files it takes over."""
 
-    def __init__(self, writer: DatasetWriter, inputs: Inputs, total: int, every: float | None = None,
-                 exact_stats: bool = True, raw_root: Path | None = None):
+    def __init__(
+        self,
+        writer: DatasetWriter,
+        inputs: Inputs,
+        total: int,
+        every: float | None = None,
+        exact_stats: bool = True,
+        raw_root: Path | None = None,
+    ):
         self.writer, self.inputs, self.total, self.exact_stats = writer, inputs, total, exact_stats
         self.every = float(os.environ.get("H5FORGE_CHECKPOINT_SECONDS", CHECKPOINT_SECONDS)) if every is None else every
         self.path = sidecar(writer.path)
@@ -62,8 +69,9 @@ class Checkpoints:
             self.save()
             if share and self.raw_root is not None and (self.inputs.deferred or not self.cached):
                 # a deferred build's hashes grow as it cleans; a build that hashed up front has them all
-                hash_cache.save(self.path.parent, self.raw_root, self.inputs.states, self.inputs.hexes,
-                                self.inputs.stated_at_ns)
+                hash_cache.save(
+                    self.path.parent, self.raw_root, self.inputs.states, self.inputs.hexes, self.inputs.stated_at_ns
+                )
                 self.cached = True
         if self.total and self.done >= 0.8 * self.total:
             fault_point("build:at-80%")  # the fault tests kill a real build here

@@ -80,8 +80,9 @@ def usable(path: Path, rules: str) -> bool:
     """A file written under the same field rules (older files without sample keys are not)."""
     try:
         with h5py.File(os.path.realpath(path), "r") as f:
-            return input_key(f)[1] == rules and all(len(sample_keys(f, s, 1)) or not f[s].attrs.get(Attr.COUNT, 0)
-                                                    for s in SPLITS)
+            return input_key(f)[1] == rules and all(
+                len(sample_keys(f, s, 1)) or not f[s].attrs.get(Attr.COUNT, 0) for s in SPLITS
+            )
     except (OSError, KeyError):
         return False
 
@@ -123,6 +124,7 @@ def make_plan(samples: list[SampleRef], inputs: Inputs, sources: list[Source]) -
 
 
 # ---- copying rows ------------------------------------------------------------------------------
+
 
 def _filters(ds: h5py.Dataset) -> tuple:
     dcpl = ds.id.get_create_plist()
@@ -172,6 +174,7 @@ class Copier:
                 arrays.extend(g, name, self.column(name)[rows])
             arrays.extend(g, sample_keys_path(g.name.strip("/")), self.column("")[rows])
             return len(rows)
+
         return copy
 
     def _copy_chunks(self, dst: h5py.Dataset, src: h5py.Dataset, rows: np.ndarray) -> None:
@@ -196,6 +199,7 @@ class Copier:
 
 
 # ---- statistics and index values of the taken rows ---------------------------------------------
+
 
 def _listed_rows(src: Source, split: str, path: str) -> list[list]:
     """Per row of a source split, the values an indexed field lists it under."""
@@ -251,9 +255,18 @@ def taken_stats(src: Source, split: str, taken_rows: np.ndarray, kinds: dict[str
 
 # ---- the build ---------------------------------------------------------------------------------
 
-def write_reusing(spec: DatasetSpec, root: Path, plan: Plan, sources: list[Source], writer: DatasetWriter,
-                  timings: dict, progress: Callable[[int], None] = lambda n: None,
-                  status: Callable[[str], None] = lambda text: None, inputs: Inputs | None = None) -> dict:
+
+def write_reusing(
+    spec: DatasetSpec,
+    root: Path,
+    plan: Plan,
+    sources: list[Source],
+    writer: DatasetWriter,
+    timings: dict,
+    progress: Callable[[int], None] = lambda n: None,
+    status: Callable[[str], None] = lambda text: None,
+    inputs: Inputs | None = None,
+) -> dict:
     """Write every sample of ``plan`` in order into ``writer``: taken rows copied from their
     source, the rest cleaned (on dask when there are many). Returns what was reused and how.
     A deferred ``inputs`` learns each cleaned sample's key before its row is written."""
@@ -265,7 +278,8 @@ def write_reusing(spec: DatasetSpec, root: Path, plan: Plan, sources: list[Sourc
             copiers[(k, split)] = Copier(src.file[split], kinds, keys)
     indexed = [p for p, kind in kinds.items() if kind.indexed]
     listed_of: dict[tuple[int, str, str], list[list] | None] = {
-        (k, s, p): None for k in range(len(sources)) for s in SPLITS for p in indexed}
+        (k, s, p): None for k in range(len(sources)) for s in SPLITS for p in indexed
+    }
 
     pending: dict[str, list[Taken]] = {s: [] for s in SPLITS}
 
@@ -292,7 +306,7 @@ def write_reusing(spec: DatasetSpec, root: Path, plan: Plan, sources: list[Sourc
     cursor, done = 0, 0
     cleaned_rows: dict[str, list[int]] = {s: [] for s in SPLITS}
     for batch in clean_all(spec, root, to_clean, timings, status):
-        refs = to_clean[done:done + len(batch) + len(batch.rejections)]  # every input is kept or rejected
+        refs = to_clean[done : done + len(batch) + len(batch.rejections)]  # every input is kept or rejected
         done += len(refs)
         if inputs is not None and inputs.deferred:
             inputs.learn(spec, root, refs, batch.ids, batch.source_sha256)
@@ -324,18 +338,29 @@ def write_reusing(spec: DatasetSpec, root: Path, plan: Plan, sources: list[Sourc
     # that records the cleaned rows' statistics only, and says so)
     for k, src in enumerate(sources):
         for split in SPLITS:
-            rows = np.array(sorted(t.row for ref, t in zip(plan.samples, plan.taken)
-                                   if t is not None and t.source == k and ref.split == split), np.int64)
+            rows = np.array(
+                sorted(
+                    t.row
+                    for ref, t in zip(plan.samples, plan.taken)
+                    if t is not None and t.source == k and ref.split == split
+                ),
+                np.int64,
+            )
             if src.rows[split]:
                 for path, counts in taken_stats(src, split, rows, kinds).items():
                     writer.add_stats(path, split, counts)
-    return {"reused": plan.reused, "cleaned": len(to_clean), "cleaned_rows": cleaned_rows,
-            "reused_chunks_copied": sum(c.direct_rows for c in copiers.values()),
-            "reused_rows_rewritten": sum(c.copied_rows for c in copiers.values())}
+    return {
+        "reused": plan.reused,
+        "cleaned": len(to_clean),
+        "cleaned_rows": cleaned_rows,
+        "reused_chunks_copied": sum(c.direct_rows for c in copiers.values()),
+        "reused_rows_rewritten": sum(c.copied_rows for c in copiers.values()),
+    }
 
 
-def _add_segment(writer: DatasetWriter, kinds: dict[str, FieldKind], batch: CleanedBatch, keep: list[int],
-                 rows: dict[str, list[int]]) -> None:
+def _add_segment(
+    writer: DatasetWriter, kinds: dict[str, FieldKind], batch: CleanedBatch, keep: list[int], rows: dict[str, list[int]]
+) -> None:
     """Add the cleaned samples ``keep`` of ``batch``, noting the row each one gets."""
     before = {split: writer.next_row(split) for split in SPLITS}
     for i in keep:  # each sample's row: the split's next row, after the batch's earlier samples of that split

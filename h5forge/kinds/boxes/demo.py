@@ -58,26 +58,55 @@ def generate(root: str | Path, n: int = 60, seed: int = 0, bad: bool = True, pre
         h, w = int(rng.integers(96, 161)), int(rng.integers(96, 161))
         data, objects = _scene(rng, h, w)
         entry = {"id": i + 1, "file_name": name, "height": h, "width": w}
-        boxes = [{"id": len(annotations) + k + 1, "image_id": i + 1, "category_id": cls + 1, "bbox": box,
-                  "area": box[2] * box[3], "iscrowd": 0} for k, (cls, box) in enumerate(objects)]
+        boxes = [
+            {
+                "id": len(annotations) + k + 1,
+                "image_id": i + 1,
+                "category_id": cls + 1,
+                "bbox": box,
+                "area": box[2] * box[3],
+                "iscrowd": 0,
+            }
+            for k, (cls, box) in enumerate(objects)
+        ]
         if i >= n:  # the defects
             what = i - n
             if what == 0:
                 data = data[: len(data) // 2]
                 defects[f"images/{name}"] = "truncated PNG"
             elif what == 1:
-                boxes.append({"id": len(annotations) + len(boxes) + 1, "image_id": i + 1, "category_id": 99,
-                              "bbox": [4, 4, 10, 10], "area": 100, "iscrowd": 0})
+                boxes.append(
+                    {
+                        "id": len(annotations) + len(boxes) + 1,
+                        "image_id": i + 1,
+                        "category_id": 99,
+                        "bbox": [4, 4, 10, 10],
+                        "area": 100,
+                        "iscrowd": 0,
+                    }
+                )
                 defects[f"images/{name}"] = "an annotation of an unknown category"
             else:
-                boxes.append({"id": len(annotations) + len(boxes) + 1, "image_id": i + 1, "category_id": 1,
-                              "bbox": [20, 20, -8, 10], "area": -80, "iscrowd": 0})
+                boxes.append(
+                    {
+                        "id": len(annotations) + len(boxes) + 1,
+                        "image_id": i + 1,
+                        "category_id": 1,
+                        "bbox": [20, 20, -8, 10],
+                        "area": -80,
+                        "iscrowd": 0,
+                    }
+                )
                 defects[f"images/{name}"] = "a box of negative width"
         (root / "images" / name).write_bytes(data)
         images.append(entry)
         annotations += boxes
     categories = [{"id": k + 1, "name": c, "supercategory": "shape"} for k, c in enumerate(CLASSES)]
-    coco = {"info": {"description": "h5forge boxes demo"}, "images": images, "annotations": annotations,
-            "categories": categories}
+    coco = {
+        "info": {"description": "h5forge boxes demo"},
+        "images": images,
+        "annotations": annotations,
+        "categories": categories,
+    }
     (root / COCO_FILE).write_text(json.dumps(coco, indent=1))
     return defects

@@ -32,7 +32,9 @@ def _flow(values) -> str:
 
 
 def _pictures(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in PICTURES) if folder.is_dir() else []
+    return (
+        sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in PICTURES) if folder.is_dir() else []
+    )
 
 
 def _globs(rel: str, pictures: list[Path]) -> list[str]:
@@ -82,8 +84,12 @@ def _coco_layout(raw: Path, notes: list[str]) -> Layout | None:
     if folder is None:
         return None
     pictures = _pictures(folder)
-    sizes = Counter((int(im["height"]), int(im["width"])) for _, d in found for im in d["images"]
-                    if "height" in im and "width" in im)
+    sizes = Counter(
+        (int(im["height"]), int(im["width"]))
+        for _, d in found
+        for im in d["images"]
+        if "height" in im and "width" in im
+    )
     size = sizes.most_common(1)[0][0] if sizes else (256, 256)
     categories: dict[int, str] = {}
     for _, d in found:
@@ -92,8 +98,10 @@ def _coco_layout(raw: Path, notes: list[str]) -> Layout | None:
     classes = list(dict.fromkeys(categories[k] for k in sorted(categories)))
     listed = len(names & {p.name for p in pictures})
     if listed < len(pictures):
-        notes.append(f"{len(pictures) - listed} of {len(pictures)} pictures in {folder.name}/ have no entry in the "
-                     "COCO file(s): they are rejected")
+        notes.append(
+            f"{len(pictures) - listed} of {len(pictures)} pictures in {folder.name}/ have no entry in the "
+            "COCO file(s): they are rejected"
+        )
     coco = [p.relative_to(raw).as_posix() for p, _ in found]
     segmented = any(a.get("segmentation") for _, d in found for a in d["annotations"])
     rel = folder.relative_to(raw).as_posix() if folder != raw else "."
@@ -145,8 +153,10 @@ def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
     classes = _yolo_classes(raw, labels, notes)
     missing = len({p.stem for p in pictures} - {p.stem for p in labels})
     if missing:
-        notes.append(f"{missing} of {len(pictures)} pictures have no label file: they are quarantined as incomplete "
-                     "(write an empty labels/<stem>.txt for a picture without objects)")
+        notes.append(
+            f"{missing} of {len(pictures)} pictures have no label file: they are quarantined as incomplete "
+            "(write an empty labels/<stem>.txt for a picture without objects)"
+        )
     from PIL import Image
 
     sizes: Counter[tuple[int, int]] = Counter()

@@ -29,11 +29,16 @@ def instance_mask(segmentation, corners: np.ndarray, raw: tuple[int, int], where
             encoded = rle.frPyObjects(segmentation, h, w)  # uncompressed RLE
         elif isinstance(segmentation, dict):
             counts = segmentation["counts"]
-            encoded = {"size": list(segmentation["size"]), "counts": counts.encode() if isinstance(counts, str) else counts}
+            encoded = {
+                "size": list(segmentation["size"]),
+                "counts": counts.encode() if isinstance(counts, str) else counts,
+            }
         else:
             raise TypeError(type(segmentation).__name__)
         if list(encoded["size"]) != [h, w]:
-            raise Reject(where, f"segmentation is {encoded['size'][1]}x{encoded['size'][0]} (WxH); the picture is {w}x{h}")
+            raise Reject(
+                where, f"segmentation is {encoded['size'][1]}x{encoded['size'][0]} (WxH); the picture is {w}x{h}"
+            )
         return np.ascontiguousarray(rle.decode(encoded), np.uint8)
     except Reject:
         raise

@@ -45,11 +45,15 @@ class BoxesField(StrictModel):
     classes: tuple[str, ...] = Field(description="class names, in index order (COCO categories by name)")
     coco: str | tuple[str, ...] | None = Field(None, description="COCO instances JSON file(s), relative to source.root")
     files: Globs | None = Field(None, description="YOLO label files, one <stem>.txt per picture")
-    outside: Literal["clip", "drop"] = Field("clip", description="a box that leaves the frame: clipped to it, "
-                                                                  "or dropped")
+    outside: Literal["clip", "drop"] = Field(
+        "clip", description="a box that leaves the frame: clipped to it, or dropped"
+    )
     min_size: float = Field(1.0, ge=0, description="a box narrower or lower than this (pixels) is dropped")
-    masks: bool = Field(False, description="also store each box's instance mask (COCO polygons or RLE, YOLO "
-                                           "segmentation polygons; pycocotools decodes them)")
+    masks: bool = Field(
+        False,
+        description="also store each box's instance mask (COCO polygons or RLE, YOLO "
+        "segmentation polygons; pycocotools decodes them)",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> "BoxesField":
@@ -64,14 +68,20 @@ class BoxesKind(FieldKind):
     kind = "boxes"
     Spec = BoxesField
     indexed = True
-    detectors = (Detector("h5forge.kinds.boxes.detect:detect", 15,
-                          "pictures with COCO instances_*.json or YOLO labels/*.txt boxes"),)
-    demos = (Demo("boxes", "h5forge.kinds.boxes.demo:generate", 60, "pictures + COCO instances boxes",
-                  noun="boxes samples"),)
-    layout_doc = ("ragged: (total boxes, 5) float32 rows x0, y0, x1, y1 (pixels of the stored image), class, plus "
-                  "<field>_lengths (N,) boxes per picture; companions <field>_clipped, <field>_dropped (N,); "
-                  "dataset attr classes; split attr <field>_class_boxes (K,); /index/<split>/<field>: pictures by "
-                  "class present; with masks: true, <field>_masks ragged (total boxes, H, W) uint8 instance masks")
+    detectors = (
+        Detector(
+            "h5forge.kinds.boxes.detect:detect", 15, "pictures with COCO instances_*.json or YOLO labels/*.txt boxes"
+        ),
+    )
+    demos = (
+        Demo("boxes", "h5forge.kinds.boxes.demo:generate", 60, "pictures + COCO instances boxes", noun="boxes samples"),
+    )
+    layout_doc = (
+        "ragged: (total boxes, 5) float32 rows x0, y0, x1, y1 (pixels of the stored image), class, plus "
+        "<field>_lengths (N,) boxes per picture; companions <field>_clipped, <field>_dropped (N,); "
+        "dataset attr classes; split attr <field>_class_boxes (K,); /index/<split>/<field>: pictures by "
+        "class present; with masks: true, <field>_masks ragged (total boxes, H, W) uint8 instance masks"
+    )
 
     @classmethod
     def check_spec(cls, name: str, spec: BoxesField, dataset: Any) -> None:
@@ -184,14 +194,17 @@ class BoxesKind(FieldKind):
             colour = OVERLAY[int(cls) % len(OVERLAY)]
             left, right = int(np.clip(np.floor(x0), 0, w - 1)), int(np.clip(np.ceil(x1) - 1, 0, w - 1))
             top, bottom = int(np.clip(np.floor(y0), 0, h - 1)), int(np.clip(np.ceil(y1) - 1, 0, h - 1))
-            canvas[top, left:right + 1] = canvas[bottom, left:right + 1] = colour
-            canvas[top:bottom + 1, left] = canvas[top:bottom + 1, right] = colour
+            canvas[top, left : right + 1] = canvas[bottom, left : right + 1] = colour
+            canvas[top : bottom + 1, left] = canvas[top : bottom + 1, right] = colour
         return canvas
 
     def caption(self, value: Any) -> str:
         labels = np.asarray(value).reshape(-1, len(COLUMNS))[:, 4].astype(int)
-        named = ", ".join(f"{np.count_nonzero(labels == i)} {c}" for i, c in enumerate(self.spec.classes)
-                          if np.count_nonzero(labels == i))
+        named = ", ".join(
+            f"{np.count_nonzero(labels == i)} {c}"
+            for i, c in enumerate(self.spec.classes)
+            if np.count_nonzero(labels == i)
+        )
         return f"{self.name}: {len(labels)}" + (f" ({named})" if named else "")
 
 

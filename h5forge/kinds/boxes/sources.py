@@ -51,7 +51,7 @@ def coco_index(root: Path, rel: str) -> CocoIndex:
     with _LOCK:
         if key not in _CACHE:
             stale = [k for k in _CACHE if k[0] == key[0]]  # the same file as it was before
-            oldest = list(_CACHE)[:max(0, len(_CACHE) - CACHED_FILES + 1)]
+            oldest = list(_CACHE)[: max(0, len(_CACHE) - CACHED_FILES + 1)]
             for k in stale or oldest:
                 del _CACHE[k]
             _CACHE[key] = _parse(path, rel)
@@ -71,8 +71,9 @@ def _parse(path: Path, rel: str) -> CocoIndex:
         for a in anns:
             by_image.setdefault(int(a["image_id"]), []).append(a)
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise Reject(rel, f"not a COCO instances file ({type(err).__name__}: {err}): it needs images, "
-                          "annotations and categories") from None
+        raise Reject(
+            rel, f"not a COCO instances file ({type(err).__name__}: {err}): it needs images, annotations and categories"
+        ) from None
     return CocoIndex(rel, by_name, by_image, categories)
 
 
@@ -100,8 +101,9 @@ def coco_boxes(index: CocoIndex, picture: str, raw: tuple[int, int], classes: tu
     entry, anns = coco_entry(index, picture)
     h, w = raw
     if (int(entry.get("height", h)), int(entry.get("width", w))) != (h, w):
-        raise Reject(picture, f"{index.rel} says the picture is {entry.get('width')}x{entry.get('height')} (WxH); "
-                              f"it is {w}x{h}")
+        raise Reject(
+            picture, f"{index.rel} says the picture is {entry.get('width')}x{entry.get('height')} (WxH); it is {w}x{h}"
+        )
     corners: list[list[float]] = []
     labels: list[int] = []
     segments: list[list[list[float]] | None] = []
@@ -110,13 +112,17 @@ def coco_boxes(index: CocoIndex, picture: str, raw: tuple[int, int], classes: tu
             continue
         name = index.categories.get(int(a.get("category_id", -1)))
         if name is None or name not in classes:
-            raise Reject(picture, f"annotation {a.get('id')} of {index.rel}: category "
-                                  f"{name or a.get('category_id')!r} is not one of the classes {list(classes)}")
+            raise Reject(
+                picture,
+                f"annotation {a.get('id')} of {index.rel}: category "
+                f"{name or a.get('category_id')!r} is not one of the classes {list(classes)}",
+            )
         try:
             x, y, bw, bh = (float(v) for v in a["bbox"])
         except (KeyError, TypeError, ValueError):
-            raise Reject(picture, f"annotation {a.get('id')} of {index.rel}: bbox must be [x, y, width, height]") \
-                from None
+            raise Reject(
+                picture, f"annotation {a.get('id')} of {index.rel}: bbox must be [x, y, width, height]"
+            ) from None
         corners.append(_checked([x, y, x + bw, y + bh], picture, f"annotation {a.get('id')} of {index.rel}"))
         labels.append(classes.index(name))
         segments.append(a.get("segmentation"))
