@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 from prefect.artifacts import Artifact
 
+from h5forge.format import markdown
 from tests.helpers.data import write_spec_file
 
 pytestmark = pytest.mark.e2e  # the session's real Prefect server
@@ -25,7 +26,7 @@ def test_the_build_attaches_the_preview_as_an_embedded_png(prefect_server, raw_n
         assert sheet.format == "PNG" and sheet.width == 4 * 192 + 3 * 10 + 2 * 10  # 16 samples, 4 columns
         full = np.asarray(sheet.convert("RGB"))
     md = Artifact.get("demo-preview")
-    assert md.type == "markdown" and "dataset_v0001.h5" in md.data and str(png) in md.data
+    assert md.type == "markdown" and "dataset_v0001.h5" in md.data and markdown.text(png) in md.data
     uri = md.data.split("](", 1)[1].split(")", 1)[0]
     assert uri.startswith("data:image/jpeg;base64,")
     with Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))) as small:
