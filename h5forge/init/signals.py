@@ -1,4 +1,4 @@
-"""What the signal layouts (EDF/BDF, CSV with a time column, per-channel ``.npy`` folders) share:
+"""What the signal layouts (EDF/BDF, CSV with a time column, per-channel ``.npy`` folders, audio) share:
 the folders holding recordings, a field name per channel label, each channel's rate as the sampled
 recordings give it (the most common one; recordings at another rate are noted, as they will be
 rejected) and the ``signal`` field's lines. A recording's id is its file stem."""
@@ -66,14 +66,18 @@ class Channel:
         return [(r, names) for r, names in self.rates.items() if abs(r - chosen) > self.tolerance * chosen]
 
 
+LABEL_WHY = "the label in the recording, exactly"
+INDEX_WHY = "the channel's index in the file (audio channels have no names; 0 is the first, left in stereo)"
+
+
 def signal_field(
-    t: SpecText, name: str, globs: list[str], channel: str | None, rate: int | float | None, why: str
+    t: SpecText, name: str, globs: list[str], channel: str | int | None, rate: int | float | None, why: str
 ) -> None:
     t(1, f"{name}:")
     t(2, "kind: signal")
     t(2, f"files: {files_value(globs)}")
     if channel is not None:
-        t(2, f"channel: {scalar(channel)}", "the label in the recording, exactly")
+        t(2, f"channel: {scalar(channel)}", INDEX_WHY if isinstance(channel, int) else LABEL_WHY)
     if rate is None:
         t.todo(2, "rate", "1", f"samples per second: {why}")
     else:
@@ -121,21 +125,29 @@ class Survey:
                 f"({'; '.join(self.problems[:3])}): they will be rejected"
             )
 
-    def layout(self, unit: str, notes: list[str], comment: str, source: str):
+    def layout(
+        self, unit: str, notes: list[str], comment: str, source: str, indexed: dict[str, tuple[str, int]] | None = None
+    ):
         """The ``signals`` layout: one field per channel, at its most common rate (``source`` says
         where the rate was read); notes for a channel missing, or at another rate, in some of the
-        recordings (``unit``: what a channel is called, e.g. ``column``)."""
+        recordings (``unit``: what a channel is called, e.g. ``column``). Channels without names
+        (audio) give ``indexed``: label -> (field name, the channel's index)."""
         readable = [p.name for p in self.sampled if not any(u.startswith(f"{p.name}: ") for u in self.problems)]
         _channel_notes(self.channels, readable, unit, notes)
         globs = _suffix_globs(self.prefix, self.files)
         taken: set[str] = set()
         names = {label: signal_name(label, taken) for label in self.channels}
+        channels: dict[str, str | int] = {label: label for label in self.channels}
+        for label, (name, index) in (indexed or {}).items():
+            names[label], channels[label] = name, index
 
         def body(t: SpecText) -> None:
             t(0, "fields:")
             t.comment(1, comment)
             for label, ch in self.channels.items():
-                signal_field(t, names[label], globs, label, ch.rate(), f"Hz, {source} of {ch.files} sampled files")
+                signal_field(
+                    t, names[label], globs, channels[label], ch.rate(), f"Hz, {source} of {ch.files} sampled files"
+                )
 
         return "signals", body
 

@@ -7,9 +7,11 @@
 Channels at different rates are different fields (they pair up by the file's stem, so several
 fields may read the same file). Sources: an EDF/BDF file (pyedflib; ``channel`` is its label, the
 rate its header's), a CSV with a time column (``channel`` is the column; the rate is measured from
-the time column), or a ``.npy`` holding the one channel (the rate is the spec's, or the ``rate``
-of a ``<stem>.json`` beside it). A recording whose rate differs from the declared one by more
-than 0.1 %, or that lacks the channel, is rejected with what was found. NaN/inf values are
+the time column), a ``.npy`` holding the one channel (the rate is the spec's, or the ``rate``
+of a ``<stem>.json`` beside it), or a WAV/FLAC/Ogg file (soundfile; ``channel`` is an index, 0 the
+first or left one, optional for a mono file; integer PCM is read as float in [-1, 1): see
+signal_audio.py). A recording whose rate differs from the declared one by more than 0.1 %, or that
+lacks the channel, is rejected with what was found (``resample: true`` converts the rate). NaN/inf values are
 counted and reject the sample unless ``nonfinite: keep``.
 Stored ragged: the samples of every recording of a split end to end (float32 by default), plus
 each recording's length; the rate and channel are dataset attributes. Statistics: count, mean
@@ -42,9 +44,11 @@ from h5forge.kinds.base import (
     StrictModel,
     read_source,
 )
+from h5forge.kinds.signal_audio import AUDIO_SUFFIXES, from_audio
 from h5forge.samples import Reject, SampleRef
 
 RATE_TOLERANCE = 1e-3
+DEFAULT_MAX_DECODED_SIGNAL = 2 << 30  # e.g. 4 channels of an hour at 48 kHz, decoded as float32
 TIME_COLUMNS = ("time", "t", "timestamp", "seconds", "time_s")
 
 
@@ -54,11 +58,21 @@ class SignalField(StrictModel):
     kind: Literal["signal"] = "signal"
     files: Globs
     rate: float = Field(gt=0, description="samples per second the recording must have")
-    channel: str | None = Field(None, description="EDF label or CSV column; a .npy file holds one channel")
+    channel: str | int | None = Field(
+        None,
+        description="EDF label or CSV column; for WAV/FLAC/Ogg the index (0 is the first, left in stereo), "
+        "optional for mono files; a .npy file holds one channel",
+    )
     dtype: Literal["float32", "float64", "int16", "int32"] = "float32"
     nonfinite: Literal["reject", "keep"] = "reject"
     resample: bool = Field(False, description="resample (linear) a recording at another rate instead of rejecting it")
     max_samples: int = Field(500_000_000, gt=0, description="longer recordings are rejected before reading")
+    max_decoded_bytes: int = Field(
+        DEFAULT_MAX_DECODED_SIGNAL,
+        gt=0,
+        description="an audio file whose frames x channels x 4 bytes, as its header declares them, "
+        "exceed this is rejected before any sample is decoded (every channel is decoded as float32)",
+    )
     codec: CodecName = Field(
         "bitshuffle-lz4",
         description="measured on 16-bit recordings stored as float32: "
@@ -85,7 +99,7 @@ def _from_npy(data: bytes, root: Path, rel: str) -> tuple[np.ndarray, float | No
     return values, rate
 
 
-def _from_csv(data: bytes, rel: str, channel: str | None) -> tuple[np.ndarray, float]:
+def _from_csv(data: bytes, rel: str, channel: str | int | None) -> tuple[np.ndarray, float]:
     reader = csv.reader(io.StringIO(data.decode("utf-8", errors="replace")))
     rows, lines = [], []  # each row and the line it ends on (a quoted value may span lines)
     for row in reader:
@@ -97,9 +111,9 @@ def _from_csv(data: bytes, rel: str, channel: str | None) -> tuple[np.ndarray, f
     time_col = next((i for i, h in enumerate(header) if h.lower() in TIME_COLUMNS), None)
     if time_col is None:
         raise Reject(rel, f"CSV recording has no time column (one of {', '.join(TIME_COLUMNS)}); columns: {header}")
-    if channel not in header:
+    if str(channel) not in header:
         raise Reject(rel, f"channel {channel!r} not in the CSV; columns: {header}")
-    col = header.index(channel)
+    col = header.index(str(channel))
     values = []
     for row, line in zip(rows[1:], lines[1:]):
         if not row:
@@ -122,7 +136,7 @@ def _from_csv(data: bytes, rel: str, channel: str | None) -> tuple[np.ndarray, f
     return table[:, 1], 1.0 / float(np.median(steps))
 
 
-def _from_edf(root: Path, rel: str, channel: str | None) -> tuple[np.ndarray, float]:
+def _from_edf(root: Path, rel: str, channel: str | int | None) -> tuple[np.ndarray, float]:
     import pyedflib
 
     try:
@@ -132,9 +146,9 @@ def _from_edf(root: Path, rel: str, channel: str | None) -> tuple[np.ndarray, fl
         raise Reject(rel, f"not a readable EDF/BDF file: {reason}") from None
     try:
         labels = [label.strip() for label in reader.getSignalLabels()]
-        if channel not in labels:
+        if channel is None or str(channel) not in labels:
             raise Reject(rel, f"channel {channel!r} not in the recording; channels: {labels}")
-        i = labels.index(channel)
+        i = labels.index(str(channel))
         return reader.readSignal(i), float(reader.getSampleFrequency(i))
     finally:
         reader.close()
@@ -192,6 +206,7 @@ class SignalKind(FieldKind):
         Detector("h5forge.init.edf:detect", 50, "recordings *.edf"),
         Detector("h5forge.init.csv_recordings:detect", 51, "*.csv with a time column"),
         Detector("h5forge.init.npy_channels:detect", 52, "<channel>/*.npy"),
+        Detector("h5forge.init.audio:detect", 53, "recordings *.wav, *.flac, *.ogg"),
     )
     demos = (
         Demo(
@@ -204,6 +219,7 @@ class SignalKind(FieldKind):
     )
     rate_tolerance = RATE_TOLERANCE  # for init's detectors, which take the kind's rules from the kind
     time_columns = TIME_COLUMNS
+    audio_suffixes = AUDIO_SUFFIXES
     layout_doc = (
         "ragged: (total samples,) of the split's recordings end to end, plus <field>_lengths (N,); "
         "dataset attrs rate, channel; split attrs <field>_count, <field>_mean, <field>_std (of the "
@@ -216,11 +232,23 @@ class SignalKind(FieldKind):
     @classmethod
     def check_spec(cls, name: str, spec: SignalField, dataset: Any) -> None:
         globs = (spec.files,) if isinstance(spec.files, str) else spec.files
-        if spec.channel is None and any(not g.lower().endswith(".npy") for g in globs):
+        if spec.channel is None and any(not g.lower().endswith((".npy", *AUDIO_SUFFIXES)) for g in globs):
             raise ValueError(f"fields.{name}.channel: needed for EDF and CSV recordings")
+        audio = any(g.lower().endswith(AUDIO_SUFFIXES) for g in globs)
+        if audio and isinstance(spec.channel, str) and not spec.channel.isdigit():
+            raise ValueError(
+                f"fields.{name}.channel: {spec.channel!r} is a name, but audio channels have none; "
+                "give the index (0 is the first, left in stereo)"
+            )
+        if audio and spec.dtype.startswith("int"):
+            raise ValueError(
+                f"fields.{name}.dtype: audio is read as float in [-1, 1]; {spec.dtype} would round it to 0 "
+                "(float32 or float64)"
+            )
 
     def dataset_attrs(self) -> dict[str, Any]:
-        return {"rate": self.spec.rate, **({"channel": self.spec.channel} if self.spec.channel else {})}
+        channel = self.spec.channel
+        return {"rate": self.spec.rate, **({"channel": channel} if channel is not None else {})}
 
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         f, rel = self.spec, ref.files[self.name]
@@ -236,8 +264,10 @@ class SignalKind(FieldKind):
             values, rate = _from_csv(data, rel, f.channel)
         elif suffix in (".edf", ".bdf"):
             values, rate = _from_edf(root, rel, f.channel)
+        elif suffix in AUDIO_SUFFIXES:
+            values, rate = from_audio(data, rel, f.channel, f.max_samples, f.max_decoded_bytes)
         else:
-            raise Reject(rel, f"unknown recording format {suffix!r} (EDF/BDF, CSV or .npy)")
+            raise Reject(rel, f"unknown recording format {suffix!r} (EDF/BDF, CSV, .npy, WAV, FLAC or Ogg)")
         values = np.asarray(values)
         if values.ndim != 1 or values.dtype.kind not in "iuf":
             raise Reject(rel, f"a channel must be one row of numbers; found shape {values.shape}, dtype {values.dtype}")
@@ -250,7 +280,9 @@ class SignalKind(FieldKind):
         bad = int(np.count_nonzero(~np.isfinite(values))) if values.dtype.kind == "f" else 0
         if bad and f.nonfinite == "reject":
             raise Reject(
-                rel, f"{bad} NaN/inf value(s) in channel {f.channel or self.name!r} (nonfinite: keep stores them)"
+                rel,
+                f"{bad} NaN/inf value(s) in channel {self.name if f.channel is None else f.channel!r} "
+                "(nonfinite: keep stores them)",
             )
         return Decoded(values.astype(f.dtype, copy=False), digest)
 
