@@ -61,9 +61,7 @@ def audio_body(raw: Path, notes: list[str], kind):
     )
     names = _field_names(len(survey.channels))
     indexed = {label: (names[int(label)], int(label)) for label in survey.channels}
-    if any(ch.off_rate() for ch in survey.channels.values()):
-        notes.append("resample: true in a field converts a recording at another rate instead of rejecting it")
-    return survey.layout(
+    found = survey.layout(
         "channel",
         notes,
         f"one field per channel of the {len(survey.files)} recordings in {survey.prefix or './'} "
@@ -71,6 +69,9 @@ def audio_body(raw: Path, notes: list[str], kind):
         "from the headers",
         indexed,
     )
+    if any(ch.off_rate() for ch in survey.channels.values()):
+        notes.append("resample: true in a field converts a recording at another rate instead of rejecting it")
+    return found
 
 
 def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
