@@ -34,6 +34,7 @@ from pydantic import Field
 from h5forge.format.arrays import LENGTHS, Ragged, Stored
 from h5forge.format.codecs import CodecName
 from h5forge.kinds.base import (
+    DEFAULT_MAX_BYTES,
     Decoded,
     Demo,
     Detector,
@@ -67,6 +68,7 @@ class SignalField(StrictModel):
     nonfinite: Literal["reject", "keep"] = "reject"
     resample: bool = Field(False, description="resample (linear) a recording at another rate instead of rejecting it")
     max_samples: int = Field(500_000_000, gt=0, description="longer recordings are rejected before reading")
+    max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a file larger than this is rejected unread")
     max_decoded_bytes: int = Field(
         DEFAULT_MAX_DECODED_SIGNAL,
         gt=0,
@@ -255,7 +257,7 @@ class SignalKind(FieldKind):
         size = (root / rel).stat().st_size if (root / rel).exists() else 0
         if size > 16 * f.max_samples:
             raise Reject(rel, f"file of {size:,} bytes exceeds max_samples {f.max_samples:,}")
-        data, digest = read_source(root, rel)
+        data, digest = read_source(root, rel, f.max_bytes)
         suffix = Path(rel).suffix.lower()
         if suffix == ".npy":
             values, rate = _from_npy(data, root, rel)

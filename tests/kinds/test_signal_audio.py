@@ -137,7 +137,9 @@ def test_broken_audio_files_are_rejected_with_reasons(tmp_path, build_spec):
     (root / "rec" / "lost.flac").write_bytes(flac[: len(flac) // 2])
     (root / "rec" / "whole.flac").unlink()
     soundfile.write(root / "rec" / "long.flac", chirp(16000, 3.0, 2, 1), 16000)
-    fields = stereo_fields(16000, max_decoded_bytes=300_000)  # 3 s x 2 channels x 4 bytes = 384,000
+    soundfile.write(root / "rec" / "big.wav", chirp(16000, 1.7, 2, 2), 16000, subtype="FLOAT")
+    # long.flac: 3 s x 2 channels x 4 bytes = 384,000 decoded from ~150 kB; big.wav: 217,600 bytes of samples
+    fields = stereo_fields(16000, max_decoded_bytes=300_000, max_bytes=200_000)
     path, summary = build_spec(audio_spec(root, tmp_path / "out", fields))
     reasons = {(r.sample_id, r.path): r.reason for r in summary.rejections}
     assert reasons == {
@@ -148,6 +150,7 @@ def test_broken_audio_files_are_rejected_with_reasons(tmp_path, build_spec):
         ("lost", "rec/lost.flac"): "the audio cannot be decoded (flac decoder lost sync): truncated or damaged?",
         ("long", "rec/long.flac"): "48,000 frames of 2 channel(s) would take 384,000 bytes decoded, more than "
                                    "max_decoded_bytes 300,000; rejected before decoding",
+        ("big", "rec/big.wav"): "file is 217,688 bytes, larger than the field's limit of 200,000 (max_bytes)",
     }
     assert list(stored_rows(path, "left")) == ["good"]
 
