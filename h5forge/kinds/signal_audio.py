@@ -4,8 +4,10 @@ A file's channels have no names, so ``channel`` is an index (0 is the first, lef
 file); without one the file must be mono. Samples are read as float32: integer PCM is scaled to
 [-1, 1) by libsndfile (a 16-bit value ``v`` becomes ``v / 32768``), float files keep their values.
 Before any sample is decoded, a WAV whose header declares more sample bytes than the file holds is
-rejected (libsndfile would quietly read the part that is there), and so is a file whose frames x
-channels x 4 bytes, as its header declares them, exceed the field's ``max_decoded_bytes``.
+rejected (libsndfile would quietly read the part that is there), and so are a file whose frames x
+channels x 4 bytes, as its header declares them, exceed the field's ``max_decoded_bytes``, and a
+FLAC whose header gives no length. An Ogg stream records no length in its header: one cut short is
+read up to where it ends (or rejected when nothing of it is left).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from h5forge.samples import Reject
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg")
 DECODED_SAMPLE_BYTES = 4  # every channel of a file is decoded as float32 before one is kept
+UNKNOWN_FRAMES = 2**62  # libsndfile's count for a stream whose header gives no length (SF_COUNT_MAX)
 
 
 def wav_size_problem(data: bytes) -> str | None:
@@ -70,6 +73,12 @@ def from_audio(
     with sound:
         frames, channels, rate = sound.frames, sound.channels, float(sound.samplerate)
         index = channel_index(channel, channels, rel)
+        if frames >= UNKNOWN_FRAMES:
+            raise Reject(
+                rel, "its header does not give its length, so its decoded size cannot be checked before decoding"
+            )
+        if frames == 0:
+            raise Reject(rel, "the file holds no audio samples (empty or cut short)")
         if frames > max_samples:
             raise Reject(
                 rel, f"its header declares {frames:,} samples per channel, more than max_samples {max_samples:,}"

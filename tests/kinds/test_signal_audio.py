@@ -135,6 +135,14 @@ def test_broken_audio_files_are_rejected_with_reasons(tmp_path, build_spec):
     soundfile.write(root / "rec" / "whole.flac", good, 16000)
     flac = (root / "rec" / "whole.flac").read_bytes()
     (root / "rec" / "lost.flac").write_bytes(flac[: len(flac) // 2])
+    stream = bytearray(flac)  # STREAMINFO's 36-bit sample count (bytes 21-25 of the file) set to 0: unknown
+    stream[21] &= 0xF0
+    stream[22:26] = bytes(4)
+    (root / "rec" / "stream.flac").write_bytes(bytes(stream))
+    soundfile.write(root / "rec" / "whole.ogg", good, 16000, subtype="VORBIS")
+    ogg = (root / "rec" / "whole.ogg").read_bytes()
+    (root / "rec" / "half.ogg").write_bytes(ogg[: len(ogg) // 2])
+    (root / "rec" / "whole.ogg").unlink()
     (root / "rec" / "whole.flac").unlink()
     soundfile.write(root / "rec" / "long.flac", chirp(16000, 3.0, 2, 1), 16000)
     soundfile.write(root / "rec" / "big.wav", chirp(16000, 1.7, 2, 2), 16000, subtype="FLOAT")
@@ -150,6 +158,9 @@ def test_broken_audio_files_are_rejected_with_reasons(tmp_path, build_spec):
         ("lost", "rec/lost.flac"): "the audio cannot be decoded (flac decoder lost sync): truncated or damaged?",
         ("long", "rec/long.flac"): "48,000 frames of 2 channel(s) would take 384,000 bytes decoded, more than "
                                    "max_decoded_bytes 300,000; rejected before decoding",
+        ("stream", "rec/stream.flac"):
+            "its header does not give its length, so its decoded size cannot be checked before decoding",
+        ("half", "rec/half.ogg"): "the file holds no audio samples (empty or cut short)",
         ("big", "rec/big.wav"): "file is 217,688 bytes, larger than the field's limit of 200,000 (max_bytes)",
     }
     assert list(stored_rows(path, "left")) == ["good"]
