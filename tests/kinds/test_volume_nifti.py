@@ -15,7 +15,9 @@ import torch
 from nibabel.testing import data_path
 
 from h5forge.format.layout import decode_str
+from h5forge.kinds import field_kinds
 from h5forge.read.torch import H5Dataset
+from h5forge.spec import DatasetSpec
 
 AFFINE = np.array([[0.7, 0, 0, -40.0], [0, 0.8, 0, -20.0], [0, 0, 2.5, 10.0], [0, 0, 0, 1]])
 
@@ -90,11 +92,15 @@ def test_a_4d_nifti_with_fourth_axis_channels_is_stored_as_channels_of_each_slic
     assert cases["two"].shape == (12, 2, 96, 128)
     assert np.array_equal(cases["two"][:, :, 38:58, 48:80], two)
     assert (cases["two"][:, :, :38] == two.min()).all()  # signed data: padded with the case's lowest value
+    [(values, depths)] = list(ds.loader(batch_size=2))  # padded to the deeper case, channels kept
+    assert values.shape == (2, 24, 2, 96, 128) and sorted(depths.tolist()) == [12, 24]
     slices = H5Dataset(path, fields=("ct",), unit="slice")
     assert len(slices) == 36 and slices[0].shape == (2, 96, 128)
     start = {"one": 0, "two": 24} if list(ds.ids()) == ["one", "two"] else {"two": 0, "one": 12}
     assert np.array_equal(slices[start["one"] + 7].numpy(), one[7])
     assert np.array_equal(slices[start["two"] + 5].numpy()[:, 38:58, 48:80], two[5])
+    kind = field_kinds(DatasetSpec.model_validate(data))["ct"]
+    assert np.array_equal(kind.preview(cases["one"]), kind.preview(cases["one"][:, 0]))  # the first channel's
     with h5py.File(path, "r") as f:
         g = f["train"]
         ids = decode_str(g["ids"][()])
@@ -160,8 +166,6 @@ def test_label_volumes_are_3d_also_beside_a_volume_with_channels(tmp_path, build
 
 
 def test_fourth_axis_and_channels_come_together(tmp_path):
-    from h5forge.spec import DatasetSpec
-
     with pytest.raises(ValueError, match="fourth_axis: channels needs channels: <how many the fourth axis holds>"):
         DatasetSpec.model_validate(spec_data(tmp_path, tmp_path / "out", fourth_axis="channels"))
     with pytest.raises(ValueError, match="channels is the length of a 4-D file's fourth axis: set fourth_axis"):
