@@ -99,6 +99,8 @@ def test_a_4d_nifti_with_fourth_axis_channels_is_stored_as_channels_of_each_slic
     start = {"one": 0, "two": 24} if list(ds.ids()) == ["one", "two"] else {"two": 0, "one": 12}
     assert np.array_equal(slices[start["one"] + 7].numpy(), one[7])
     assert np.array_equal(slices[start["two"] + 5].numpy()[:, 38:58, 48:80], two[5])
+    stack = H5Dataset(path, fields=("ct",), unit="slice", context=1)[start["one"] + 7]  # 2.5-D: neighbours first
+    assert stack.shape == (3, 2, 96, 128) and np.array_equal(stack.numpy(), one[6:9])
     kind = field_kinds(DatasetSpec.model_validate(data))["ct"]
     assert np.array_equal(kind.preview(cases["one"]), kind.preview(cases["one"][:, 0]))  # the first channel's
     with h5py.File(path, "r") as f:
@@ -172,3 +174,28 @@ def test_fourth_axis_and_channels_come_together(tmp_path):
         DatasetSpec.model_validate(spec_data(tmp_path, tmp_path / "out", channels=2))
     with pytest.raises(ValueError, match="fourth_axis"):
         DatasetSpec.model_validate(spec_data(tmp_path, tmp_path / "out", fourth_axis="time", channels=2))
+
+
+def test_a_4d_case_appended_from_the_inbox_reads_back_and_verifies(tmp_path, build_spec):
+    import h5forge
+    from h5forge.pipeline.verify import verify
+    from tests.helpers.data import age_files
+
+    root, inbox = tmp_path / "raw", tmp_path / "inbox"
+    (root / "cases").mkdir(parents=True)
+    (inbox / "cases").mkdir(parents=True)
+    shutil.copy(data_path / "example_nifti2.nii.gz", root / "cases" / "first.nii.gz")
+    rng = np.random.default_rng(9)
+    late = rng.integers(-300, 300, size=(30, 20, 4, 2)).astype(np.int16)
+    nibabel.Nifti2Image(late, AFFINE).to_filename(inbox / "cases" / "late.nii.gz")
+    age_files(inbox)
+    data = spec_data(root, tmp_path / "out", files="cases/*.nii.gz", fourth_axis="channels", channels=2)
+    data["source"]["inbox"] = str(inbox)
+    build_spec(data)
+    result = h5forge.append(DatasetSpec.model_validate(data))
+    assert result.version == 2 and result.added == 1, result
+    assert verify(tmp_path / "out").ok
+    ds = H5Dataset(result.path, fields=("ct",))
+    cases = {sid: ds[i].numpy() for i, sid in enumerate(ds.ids())}
+    assert np.array_equal(cases["late"][:, :, 6:26, 1:31], np.transpose(late, (2, 3, 1, 0)))
+    assert np.array_equal(cases["first"][:, :, 6:26], as_stored(nibabel.load(data_path / "example_nifti2.nii.gz")))
