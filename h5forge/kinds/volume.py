@@ -330,7 +330,7 @@ def _nifti_class(raw: bytes, rel: str):
     found = struct.unpack("<i", raw[:4])[0] if len(raw) >= 4 else None
     raise Reject(
         rel,
-        f"not a NIfTI file: its header starts with size {found} (348 for NIfTI-1, 540 for NIfTI-2)"
+        f"not a NIfTI file: its header's first field (sizeof_hdr) is {found}, not 348 (NIfTI-1) or 540 (NIfTI-2)"
         if found is not None
         else f"not a NIfTI file: {len(raw)} bytes, shorter than a header",
     )

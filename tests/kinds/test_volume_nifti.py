@@ -6,6 +6,7 @@ the field cannot store is rejected with its shape and the option that would read
 from __future__ import annotations
 
 import shutil
+import struct
 
 import h5py
 import nibabel
@@ -199,3 +200,18 @@ def test_a_4d_case_appended_from_the_inbox_reads_back_and_verifies(tmp_path, bui
     cases = {sid: ds[i].numpy() for i, sid in enumerate(ds.ids())}
     assert np.array_equal(cases["late"][:, :, 6:26, 1:31], np.transpose(late, (2, 3, 1, 0)))
     assert np.array_equal(cases["first"][:, :, 6:26], as_stored(nibabel.load(data_path / "example_nifti2.nii.gz")))
+
+
+def test_a_file_that_is_no_nifti_header_is_rejected_with_its_header_size(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    nibabel.Nifti2Image(np.ones((8, 8, 3), np.int16), AFFINE).to_filename(root / "cases" / "good.nii")
+    (root / "cases" / "notes.nii").write_text("not a volume, a text file named like one\n")
+    (root / "cases" / "stub.nii").write_bytes(b"\x1c\x02")
+    path, summary = build_spec(spec_data(root, tmp_path / "out", files="cases/*.nii", size=(8, 8)))
+    assert {r.sample_id: r.reason for r in summary.rejections} == {
+        "notes": f"not a NIfTI file: its header's first field (sizeof_hdr) is {struct.unpack('<i', b'not ')[0]}, "
+                 "not 348 (NIfTI-1) or 540 (NIfTI-2)",
+        "stub": "not a NIfTI file: 2 bytes, shorter than a header",
+    }
+    assert list(H5Dataset(path, fields=("ct",)).ids()) == ["good"]
