@@ -17,9 +17,9 @@ NIfTI-1 and NIfTI-2 (nibabel, ``.nii`` or ``.nii.gz``): slices along the third a
 affine from the header. A 4-D NIfTI file (multi-contrast MR such as FLAIR/T1/T1c/T2, or a fixed
 number of time points) is read only when the field says what its fourth axis is:
 ``fourth_axis: channels`` with ``channels: C`` keeps it as C channels of every slice, stored
-(D, C, H, W) per case like an image's (C, H, W); a file with another count, or a 4-D file without
-the option, is rejected with its shape. Trailing axes of length 1 (x, y, z, 1) are dropped;
-5-D and higher files are rejected.
+(D, C, H, W) per case like an image's (C, H, W), each channel padded with its own background; a
+file with another count, or a 4-D file without the option, is rejected with its shape. Trailing
+axes of length 1 (x, y, z, 1) are dropped; 5-D and higher files are rejected.
 In-plane, slices are centre-cropped / padded to ``size`` like images (no resampling); the depth
 is kept. Each case records its voxel spacing (slice, row, column, mm), origin, orientation,
 modality and series UID in companion columns ``<field>_spacing`` etc.
@@ -99,7 +99,7 @@ class VolumeField(StrictModel):
         None,
         description="padding value; default: the background of the modality or "
         "dtype (-1024, air in HU, for CT; 0 for other DICOM modalities and unsigned NIfTI "
-        "data; the case's lowest value for other NIfTI data)",
+        "data; the case's lowest value for other NIfTI data, per channel with fourth_axis: channels)",
     )
     max_slices: int = Field(4096, gt=0)
     max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a file of a case larger than this is rejected unread")
@@ -557,7 +557,13 @@ class VolumeKind(FieldKind):
         if len(values) > f.max_slices:
             raise Reject(rel, f"{len(values)} slices, more than max_slices {f.max_slices}")
         raw = (values.shape[0], *values.shape[-2:])  # (D, H, W): what a label volume must match
-        values = crop_or_pad(values, f.size, f.larger, background(values, meta) if f.fill is None else f.fill, rel)
+        if values.ndim == 4 and f.fill is None:  # each channel (contrast) is padded with its own background
+            values = np.stack(
+                [crop_or_pad(c, f.size, f.larger, background(c, meta), rel) for c in values.transpose(1, 0, 2, 3)],
+                axis=1,
+            )
+        else:
+            values = crop_or_pad(values, f.size, f.larger, background(values, meta) if f.fill is None else f.fill, rel)
         if f.dtype == "int16":
             bad = int(np.count_nonzero(~np.isfinite(values)))
             if bad:

@@ -92,7 +92,8 @@ def test_a_4d_nifti_with_fourth_axis_channels_is_stored_as_channels_of_each_slic
     assert cases["one"].shape == (24, 2, 96, 128) and np.array_equal(cases["one"], one)
     assert cases["two"].shape == (12, 2, 96, 128)
     assert np.array_equal(cases["two"][:, :, 38:58, 48:80], two)
-    assert (cases["two"][:, :, :38] == two.min()).all()  # signed data: padded with the case's lowest value
+    for c, lowest in enumerate((49, 46)):  # signed data: each channel padded with its own lowest value
+        assert two[:, c].min() == lowest and (cases["two"][:, c, :38] == lowest).all()
     [(values, depths)] = list(ds.loader(batch_size=2))  # padded to the deeper case, channels kept
     assert values.shape == (2, 24, 2, 96, 128) and sorted(depths.tolist()) == [12, 24]
     slices = H5Dataset(path, fields=("ct",), unit="slice")
