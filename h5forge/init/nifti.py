@@ -1,6 +1,8 @@
-"""The NIfTI layout: ``*.nii.gz`` (or ``*.nii``) volumes in the raw folder or a case folder such as
-``images/``; the case id is the file name without its ending. Label volumes are expected in
-``labels/`` (or another mask folder), so files named like labels among the volumes get a note."""
+"""The NIfTI layout: ``*.nii.gz`` (or ``*.nii``) volumes, NIfTI-1 or NIfTI-2, in the raw folder or
+a case folder such as ``images/``; the case id is the file name without its ending. Label volumes
+are expected in ``labels/`` (or another mask folder), so files named like labels among the volumes
+get a note. When most sampled volumes are 4-D, the field keeps their fourth axis as channels
+(``fourth_axis: channels`` with its most common length) and a note says so."""
 
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ def _nifti_volumes_body(raw: Path, base: Path, files: list[Path], notes: list[st
     from nibabel.filebasedimages import ImageFileError
 
     sizes: Counter = Counter()
+    fourth: Counter = Counter()  # lengths of the fourth axis of the 4-D files
     odd, unreadable, fractional = [], [], False
     sampled = sample(files, SIZE_SAMPLE)
     for p in sampled:
@@ -53,10 +56,13 @@ def _nifti_volumes_body(raw: Path, base: Path, files: list[Path], notes: list[st
         except (ImageFileError, OSError, ValueError, EOFError):
             unreadable.append(p.name)
             continue
-        if len(img.shape) != 3:
+        dims = _dims(img.shape)
+        if len(dims) not in (3, 4):
             odd.append(f"{p.name} {tuple(img.shape)}")
             continue
-        sizes[(int(img.shape[1]), int(img.shape[0]))] += 1  # stored (z, y, x): a slice is y rows of x
+        if len(dims) == 4:
+            fourth[dims[3]] += 1
+        sizes[(dims[1], dims[0])] += 1  # stored (z, y, x): a slice is y rows of x
         slope, inter = img.header.get_slope_inter()
         fractional |= img.get_data_dtype().kind == "f" or any(
             v is not None and np.isfinite(v) and not float(v).is_integer() for v in (slope, inter)
@@ -67,9 +73,12 @@ def _nifti_volumes_body(raw: Path, base: Path, files: list[Path], notes: list[st
             f"(e.g. {unreadable[0]}): they will be rejected"
         )
     if odd:
-        notes.append(f"{len(odd)} sampled NIfTI files are not 3-D volumes (e.g. {odd[0]}): they will be rejected")
+        notes.append(
+            f"{len(odd)} sampled NIfTI files are neither 3-D nor 4-D volumes (e.g. {odd[0]}): they will be rejected"
+        )
     if not sizes:
-        raise UsageError(f"no 3-D NIfTI volume in {base} can be read by nibabel")
+        raise UsageError(f"no 3-D or 4-D NIfTI volume in {base} can be read by nibabel")
+    channels = _fourth_axis(fourth, sum(sizes.values()), notes)
     size = most_common_size(sizes, "volumes", notes)
     prefix = "" if base == raw else f"{base.name}/"
     labelled = [p.name for p in files if re.search(r"[_-](seg|mask|label|labels|gt)$", nifti_id(p), re.I)]
@@ -83,11 +92,44 @@ def _nifti_volumes_body(raw: Path, base: Path, files: list[Path], notes: list[st
 
     def body(t: SpecText) -> None:
         t(0, "fields:")
-        volume_field(t, "volume", nifti_globs(prefix, files), size, sum(sizes.values()), what, False, fractional)
+        volume_field(
+            t, "volume", nifti_globs(prefix, files), size, sum(sizes.values()), what, False, fractional, channels
+        )
         if mask is not None:
             volume_mask_field(t, "volume_mask", "volume", mask)
 
     return "volume", body
+
+
+def _dims(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A header's shape without trailing axes of length 1, as the volume kind reads it."""
+    dims = tuple(int(n) for n in shape)
+    while len(dims) > 3 and dims[-1] == 1:
+        dims = dims[:-1]
+    return dims
+
+
+def _fourth_axis(fourth: Counter, readable: int, notes: list[str]) -> int | None:
+    """The ``channels`` to write when most sampled volumes are 4-D (their most common fourth-axis
+    length), else None; either way a note says which files the choice leaves rejected."""
+    if not fourth:
+        return None
+    four = sum(fourth.values())
+    channels, n = fourth.most_common(1)[0]
+    if four * 2 < readable:
+        notes.append(
+            f"{four} of {readable} sampled NIfTI volumes are 4-D: they will be rejected unless the volume "
+            "field sets fourth_axis: channels and channels: <length of the fourth axis>"
+        )
+        return None
+    others = readable - n
+    notes.append(
+        f"{four} of {readable} sampled NIfTI volumes are 4-D: their fourth axis (length {channels} in {n}) is "
+        "kept as the channels of each slice (fourth_axis: channels); if it is time, each case still holds "
+        "every time point as a channel"
+        + (f"; the other {others} sampled volume{'s' if others != 1 else ''} will be rejected" if others else "")
+    )
+    return int(channels)
 
 
 def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:

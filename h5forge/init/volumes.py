@@ -167,6 +167,7 @@ def volume_field(
     what: str,
     series: bool,
     fractional: bool,
+    channels: int | None = None,
 ) -> None:
     t(1, f"{name}:")
     t(2, "kind: volume", what)
@@ -176,5 +177,9 @@ def volume_field(
     if series:
         t(2, "series: largest", "case folders hold several series (see the notes): keep the one with")
         t.more("the most slices | or a SeriesDescription regular expression")
+    if channels is not None:
+        t(2, "fourth_axis: channels", "the files are 4-D (see the notes): the fourth axis is kept as")
+        t.more("the channels of each slice, stored (D, C, H, W) per case")
+        t(2, f"channels: {channels}", "the length of the fourth axis: other lengths are rejected")
     if fractional:
         t(2, "dtype: float32", "rescale slope/intercept are not whole numbers")

@@ -13,12 +13,19 @@ InstanceNumber. Rejected with the reason: a missing slice (a gap in the position
 positions, uneven spacing, differing orientation or slice size, and pixel data no installed
 handler decodes (the transfer syntax is named). Values are pixel_array x RescaleSlope +
 RescaleIntercept (HU for CT), stored int16 (``dtype: float32`` for non-integral values).
-NIfTI (nibabel): slices along the third axis, spacing and affine from the header.
+NIfTI-1 and NIfTI-2 (nibabel, ``.nii`` or ``.nii.gz``): slices along the third axis, spacing and
+affine from the header. A 4-D NIfTI file (multi-contrast MR such as FLAIR/T1/T1c/T2, or a fixed
+number of time points) is read only when the field says what its fourth axis is:
+``fourth_axis: channels`` with ``channels: C`` keeps it as C channels of every slice, stored
+(D, C, H, W) per case like an image's (C, H, W), each channel padded with its own background; a
+file with another count, or a 4-D file without the option, is rejected with its shape. Trailing
+axes of length 1 (x, y, z, 1) are dropped; 5-D and higher files are rejected.
 In-plane, slices are centre-cropped / padded to ``size`` like images (no resampling); the depth
 is kept. Each case records its voxel spacing (slice, row, column, mm), origin, orientation,
 modality and series UID in companion columns ``<field>_spacing`` etc.
 Stored ragged, one slice per chunk: reading a case is one contiguous range, reading a slice one
-chunk. Readers return (D, H, W) per case, batched as padded values + depths.
+chunk. Readers return (D, H, W) per case ((D, C, H, W) with channels), batched as padded values +
+depths.
 """
 
 from __future__ import annotations
@@ -26,13 +33,14 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+import struct
 import zlib
 from pathlib import Path
 from typing import Any, Literal, cast
 
 import h5py
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from h5forge.format.arrays import Stored
 from h5forge.format.layout import STR
@@ -91,7 +99,7 @@ class VolumeField(StrictModel):
         None,
         description="padding value; default: the background of the modality or "
         "dtype (-1024, air in HU, for CT; 0 for other DICOM modalities and unsigned NIfTI "
-        "data; the case's lowest value for other NIfTI data)",
+        "data; the case's lowest value for other NIfTI data, per channel with fourth_axis: channels)",
     )
     max_slices: int = Field(4096, gt=0)
     max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a file of a case larger than this is rejected unread")
@@ -102,6 +110,22 @@ class VolumeField(StrictModel):
         "declare them, would take more memory than this while decoded is rejected "
         "before any pixel is decoded (8 bytes a voxel: values are rescaled in float64)",
     )
+    fourth_axis: Literal["channels"] | None = Field(
+        None,
+        description="what the fourth axis of a 4-D NIfTI file is: 'channels' stores it as the C "
+        "channels of each slice, (D, C, H, W) per case; without it a 4-D file is rejected",
+    )
+    channels: int | None = Field(
+        None, ge=1, le=1024, description="with fourth_axis: channels, how many the fourth axis holds (every case)"
+    )
+
+    @model_validator(mode="after")
+    def _fourth_axis(self) -> "VolumeField":
+        if self.fourth_axis == "channels" and self.channels is None:
+            raise ValueError("fourth_axis: channels needs channels: <how many the fourth axis holds>")
+        if self.channels is not None and self.fourth_axis is None:
+            raise ValueError("channels is the length of a 4-D file's fourth axis: set fourth_axis: channels too")
+        return self
 
 
 def read_case(
@@ -290,15 +314,75 @@ def _rescale(ds) -> tuple[float, float] | str:
     return slope, intercept
 
 
-def _from_nifti(parts: list[tuple[str, bytes]], rel: str, max_decoded: int) -> tuple[np.ndarray, dict]:
+NIFTI_HEADER_SIZES = {348: "Nifti1Image", 540: "Nifti2Image"}  # sizeof_hdr of NIfTI-1 and NIfTI-2
+
+
+def _nifti_class(raw: bytes, rel: str):
+    """nibabel's image class for the header's version, from its first field (sizeof_hdr, in either
+    byte order): NIfTI-1 headers are 348 bytes, NIfTI-2 headers 540 (with 64-bit dimensions)."""
     import nibabel
 
+    if len(raw) >= 4:
+        for order in "<>":
+            name = NIFTI_HEADER_SIZES.get(struct.unpack(f"{order}i", raw[:4])[0])
+            if name:
+                return getattr(nibabel, name)
+    found = struct.unpack("<i", raw[:4])[0] if len(raw) >= 4 else None
+    raise Reject(
+        rel,
+        f"not a NIfTI file: its header's first field (sizeof_hdr) is {found}, not 348 (NIfTI-1) or 540 (NIfTI-2)"
+        if found is not None
+        else f"not a NIfTI file: {len(raw)} bytes, shorter than a header",
+    )
+
+
+def nifti_dims(shape: tuple[int, ...], channels: int | None, rel: str, labels: bool = False) -> tuple[int, ...]:
+    """The (x, y, z) or, with ``channels``, (x, y, z, c) a NIfTI file's header shape is read as;
+    rejects what the field cannot store, naming the shape and the option that would read it."""
+    dims = tuple(int(n) for n in shape)
+    while len(dims) > 3 and dims[-1] == 1:
+        dims = dims[:-1]  # (x, y, z, 1) is a 3-D volume written with a time axis of one
+    text = "x".join(map(str, shape))
+    if len(dims) < 3:
+        raise Reject(rel, f"a NIfTI volume must have 3 dimensions; found shape {tuple(shape)}")
+    if len(dims) > 4:
+        raise Reject(
+            rel,
+            f"a {len(dims)}-D NIfTI file ({text}) is not read: a volume is 3-D, or 4-D with fourth_axis: channels",
+        )
+    if labels:
+        if len(dims) == 4:
+            raise Reject(rel, f"a label volume must be 3-D (one label per voxel); this one is 4-D ({text})")
+        return dims
+    if channels is None:
+        if len(dims) == 4:
+            raise Reject(
+                rel,
+                f"a 4-D NIfTI file ({text}): set the field's fourth_axis: channels and channels: {dims[3]} "
+                "to store its fourth axis as the channels of each slice",
+            )
+        return dims
+    if len(dims) == 3:
+        if channels != 1:
+            raise Reject(rel, f"a 3-D NIfTI file ({text}) has one channel; the field's channels is {channels}")
+        dims = (*dims, 1)
+    if dims[3] != channels:
+        raise Reject(rel, f"the fourth axis holds {dims[3]} channels ({text}); the field's channels is {channels}")
+    return dims
+
+
+def _from_nifti(
+    parts: list[tuple[str, bytes]], rel: str, max_decoded: int, channels: int | None = None, labels: bool = False
+) -> tuple[np.ndarray, dict]:
+    """(D, H, W), or (D, C, H, W) with ``channels``, from a NIfTI-1 or NIfTI-2 file: its size is
+    checked from the header before any voxel is decoded."""
     from nibabel.filebasedimages import ImageFileError
     from nibabel.spatialimages import HeaderDataError
 
     raw = _gunzipped(parts[0][1], max_decoded + NIFTI_HEADER_ROOM, rel)
+    image_class = _nifti_class(raw, rel)
     try:
-        img = nibabel.Nifti1Image.from_bytes(raw)
+        img = image_class.from_bytes(raw)
         shape, dtype = img.header.get_data_shape(), img.header.get_data_dtype()
         offset = int(getattr(img.dataobj, "offset", 0))  # the header copy of a loaded image says 0
     except (ImageFileError, HeaderDataError, ValueError, OSError, EOFError) as err:
@@ -311,9 +395,8 @@ def _from_nifti(parts: list[tuple[str, bytes]], rel: str, max_decoded: int) -> t
             f"the header declares {voxels * dtype.itemsize:,} bytes of voxels, the file holds "
             f"{max(0, len(raw) - offset):,}",
         )
-    data = np.asanyarray(img.dataobj)
-    if data.ndim != 3:
-        raise Reject(rel, f"a NIfTI volume must have 3 dimensions; found shape {data.shape}")
+    dims = nifti_dims(shape, channels, rel, labels)
+    data = np.asanyarray(img.dataobj).reshape(dims)
     zooms = img.header.get_zooms()[:3]
     affine = img.affine
     meta = {
@@ -324,7 +407,9 @@ def _from_nifti(parts: list[tuple[str, bytes]], rel: str, max_decoded: int) -> t
         "series": "",
         "unsigned": data.dtype.kind == "u",
     }
-    return np.ascontiguousarray(np.transpose(data, (2, 1, 0))).astype(np.float64), meta
+    # (x, y, z[, c]) -> (z[, c], y, x): slices first, each a (rows, columns) picture as for DICOM
+    axes = (2, 1, 0) if data.ndim == 3 else (2, 3, 1, 0)
+    return np.ascontiguousarray(np.transpose(data, axes)).astype(np.float64), meta
 
 
 NIFTI_HEADER_ROOM = 1 << 20  # header and extensions, beyond the voxels
@@ -362,15 +447,22 @@ def load_case(
     max_slices: int = 4096,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_decoded: int = DEFAULT_MAX_DECODED_VOLUME,
+    channels: int | None = None,
+    labels: bool = False,
 ) -> tuple[np.ndarray, dict, str]:
-    """(D, H, W) values in slice order, the case's geometry, and the digest of its files."""
+    """(D, H, W) values in slice order ((D, C, H, W) with ``channels``), the case's geometry, and
+    the digest of its files. ``labels``: a label volume, which has no fourth axis."""
     parts, digest = read_case(root, rel, max_bytes, max_decoded)
     if not parts:
         raise Reject(rel, "empty case folder")
     if rel.lower().endswith((".nii", ".nii.gz")):
-        values, meta = _from_nifti(parts, rel, max_decoded)
+        values, meta = _from_nifti(parts, rel, max_decoded, channels, labels)
     else:
         values, meta = _from_dicom(parts, rel, rule, max_slices, max_decoded)
+        if channels is not None:
+            if channels != 1:
+                raise Reject(rel, f"a DICOM series has one channel per slice; the field's channels is {channels}")
+            values = values[:, None]
     return values, meta, digest
 
 
@@ -391,12 +483,15 @@ def background(values: np.ndarray, meta: dict) -> float:
 
 
 def crop_or_pad(values: np.ndarray, size: tuple[int, int], larger: str, fill: float, rel: str) -> np.ndarray:
-    """(D, H, W) brought to (D, *size) in-plane: centre crop, even pad (the odd pixel bottom/right)."""
-    g = plan_geometry(values.shape[1], values.shape[2], size[0], size[1], larger, rel)
+    """(D, [C,] H, W) brought to (D, [C,] *size) in-plane: centre crop, even pad (the odd pixel
+    bottom/right)."""
+    g = plan_geometry(values.shape[-2], values.shape[-1], size[0], size[1], larger, rel)
     top, left, ch, cw = g.crop
     pt, pb, pl, pr = g.pad
-    out = values[:, top : top + ch, left : left + cw]
-    return np.pad(out, ((0, 0), (pt, pb), (pl, pr)), constant_values=fill) if (pt or pb or pl or pr) else out
+    out = values[..., top : top + ch, left : left + cw]
+    if not (pt or pb or pl or pr):
+        return out
+    return np.pad(out, ((0, 0),) * (values.ndim - 2) + ((pt, pb), (pl, pr)), constant_values=fill)
 
 
 PLANE_GAP = 2  # blank columns after each plane of a volume preview
@@ -426,13 +521,14 @@ class VolumeKind(FieldKind):
         ),
     )
     layout_doc = (
-        "ragged: (total slices, H, W) int16 (or float32), one slice per chunk, plus <field>_lengths "
-        "(N,) depths; companions <field>_spacing (N, 3), _origin (N, 3), _orientation (N, 6), "
+        "ragged: (total slices, H, W) int16 (or float32), (total slices, C, H, W) with fourth_axis: "
+        "channels, one slice per chunk, plus <field>_lengths (N,) depths; companions <field>_spacing (N, 3), _origin (N, 3), _orientation (N, 6), "
         "_modality, _series; a float32 volume has split attr <field>_nonfinite (NaN/inf voxels kept)"
     )
 
     def stored(self) -> Stored:
-        return Stored(tuple(self.spec.size), np.dtype(self.spec.dtype), bulk=True, ragged=True, chunk_elements=1)
+        slice_shape = tuple(self.spec.size) if self.spec.channels is None else (self.spec.channels, *self.spec.size)
+        return Stored(slice_shape, np.dtype(self.spec.dtype), bulk=True, ragged=True, chunk_elements=1)
 
     def companions(self) -> dict[str, FieldKind]:
         stored = {
@@ -450,12 +546,24 @@ class VolumeKind(FieldKind):
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         f, rel = self.spec, ref.files[self.name]
         values, meta, digest = load_case(
-            root, rel, f.series, max_slices=f.max_slices, max_bytes=f.max_bytes, max_decoded=f.max_decoded_bytes
+            root,
+            rel,
+            f.series,
+            max_slices=f.max_slices,
+            max_bytes=f.max_bytes,
+            max_decoded=f.max_decoded_bytes,
+            channels=f.channels,
         )
         if len(values) > f.max_slices:
             raise Reject(rel, f"{len(values)} slices, more than max_slices {f.max_slices}")
-        raw = values.shape
-        values = crop_or_pad(values, f.size, f.larger, background(values, meta) if f.fill is None else f.fill, rel)
+        raw = (values.shape[0], *values.shape[-2:])  # (D, H, W): what a label volume must match
+        if values.ndim == 4 and f.fill is None:  # each channel (contrast) is padded with its own background
+            values = np.stack(
+                [crop_or_pad(c, f.size, f.larger, background(c, meta), rel) for c in values.transpose(1, 0, 2, 3)],
+                axis=1,
+            )
+        else:
+            values = crop_or_pad(values, f.size, f.larger, background(values, meta) if f.fill is None else f.fill, rel)
         if f.dtype == "int16":
             bad = int(np.count_nonzero(~np.isfinite(values)))
             if bad:
@@ -490,9 +598,11 @@ class VolumeKind(FieldKind):
         return np.dtype(self.spec.dtype)
 
     def preview(self, value: Any) -> np.ndarray:
-        """Mid-slices in the three planes, side by side, windowed to the 1st..99th percentile of
-        the finite voxels (NaN/inf drawn black)."""
+        """Mid-slices in the three planes (of the first channel), side by side, windowed to the
+        1st..99th percentile of the finite voxels (NaN/inf drawn black)."""
         v = np.asarray(value, np.float64)
+        if v.ndim == 4:
+            v = v[:, 0]
         finite = v[np.isfinite(v)]
         if finite.size == 0:
             return np.zeros((*self.spec.size, 3), np.uint8)

@@ -5,8 +5,8 @@
       ct_mask: {kind: volume_mask, files: "masks/*", like: ct, classes: 3}
 
 A case's mask is a folder of one PNG per slice, numbered in slice order (the number in the file
-name: ``0.png`` ... or ``slice_017.png``), or a NIfTI label volume (``masks/<case>.nii.gz``). It
-must have the volume's depth and in-plane size, and values by the mask rules (binary {0,1} /
+name: ``0.png`` ... or ``slice_017.png``), or a NIfTI label volume (``masks/<case>.nii.gz``, NIfTI-1
+or NIfTI-2; 3-D, also when its volume has channels). It must have the volume's depth and in-plane size, and values by the mask rules (binary {0,1} /
 {0,255}, or ``classes`` with an optional ``ignore_value``); it is cropped and padded exactly like
 the volume. Stored ragged like the volume, uint8, with pixel counts per class and a per-class row
 index, as for 2-D masks.
@@ -78,7 +78,7 @@ class VolumeMaskKind(MaskKind):
 
     def _labels(self, root: Path, rel: str) -> np.ndarray:
         if rel.lower().endswith((".nii", ".nii.gz")):
-            values = load_case(root, rel)[0]
+            values = load_case(root, rel, labels=True)[0]
             if not np.array_equal(values, np.round(values)):
                 raise Reject(rel, "label volume holds values that are not whole numbers")
             return values.astype(np.int64)

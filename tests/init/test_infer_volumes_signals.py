@@ -182,6 +182,37 @@ def test_nifti_volumes_init_and_build(tmp_path, layout):
             assert np.allclose(g["volume_spacing"][row], [2.5, 0.8, 0.7])
 
 
+def test_4d_nifti_volumes_init_writes_fourth_axis_channels_and_builds(tmp_path):
+    raw = tmp_path / "nifti4d"
+    (raw / "images").mkdir(parents=True)
+    rng = np.random.default_rng(4)
+    volumes = {}
+    for i, depth in enumerate((5, 7, 6)):  # multi-contrast MR: 3 contrasts on the fourth axis, NIfTI-2
+        vol = rng.integers(0, 2000, size=(40, 32, depth, 3)).astype(np.int16)  # (x, y, z, c)
+        nibabel.Nifti2Image(vol, np.diag([0.7, 0.8, 2.5, 1.0])).to_filename(raw / "images" / f"case_{i}.nii.gz")
+        volumes[f"case_{i}"] = np.transpose(vol, (2, 3, 1, 0))
+    odd = rng.integers(0, 2000, size=(40, 32, 4, 2)).astype(np.int16)  # two contrasts: not this field's three
+    nibabel.Nifti1Image(odd, np.eye(4)).to_filename(raw / "images" / "case_odd.nii.gz")
+    inferred = infer_spec(raw, tmp_path / "nifti4d.yaml")
+    spec = parse_spec(yaml.safe_load(inferred.text), tmp_path)
+    volume = spec.fields["volume"]
+    assert (volume.files, volume.size, volume.fourth_axis, volume.channels) == (
+        "images/*.nii.gz", (32, 40), "channels", 3)
+    assert ("4 of 4 sampled NIfTI volumes are 4-D: their fourth axis (length 3 in 3) is kept as the channels "
+            "of each slice (fourth_axis: channels); if it is time, each case still holds every time point as "
+            "a channel; the other 1 sampled volume will be rejected") in inferred.notes
+    assert "fourth_axis: channels" in inferred.text and "# note: 4 of 4 sampled" in inferred.text
+
+    path, summary = build(override(spec, output=tmp_path / "out"))
+    assert {r.sample_id: r.reason for r in summary.rejections} == {
+        "case_odd": "the fourth axis holds 2 channels (40x32x4x2); the field's channels is 3"}
+    for sid, (split, row) in stored_ids(path).items():
+        ds = H5Dataset(path, split=split, fields=("volume",))
+        case = ds[list(ds.ids()).index(sid)]
+        assert case.shape == (len(volumes[sid]), 3, 32, 40)
+        assert np.array_equal(case.numpy(), volumes[sid])
+
+
 # ---- signals ------------------------------------------------------------------------------------
 
 def test_signals_demo_inits_builds_and_reads_back(tmp_path):

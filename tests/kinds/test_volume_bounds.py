@@ -38,13 +38,15 @@ def test_an_rle_slice_declaring_65535_square_is_rejected_before_decoding(tmp_pat
     assert got["peak_rss"] - got["base_rss"] < 128 * MIB, got
 
 
-def _nifti_declaring(path, shape, dtype=np.int16) -> None:
-    """A real NIfTI-1 header (nibabel's) declaring ``shape``, followed by almost no voxels."""
-    img = nibabel.Nifti1Image(np.zeros((2, 2, 2), dtype), np.eye(4))
+def _nifti_declaring(path, shape, dtype=np.int16, image=nibabel.Nifti1Image) -> None:
+    """A real NIfTI-1 (or NIfTI-2) header (nibabel's) declaring ``shape``, followed by 1,000 bytes
+    of voxels."""
+    img = image(np.zeros((2, 2, 2), dtype), np.eye(4))
     img.header.set_data_shape(shape)
-    img.header.set_data_offset(352)  # voxels right after the header and its 4-byte extension flag
     header = img.header.binaryblock + b"\0" * 4
-    path.write_bytes(header + b"\0" * (1352 - len(header)))
+    img.header.set_data_offset(len(header))  # voxels right after the header and its 4-byte extension flag
+    header = img.header.binaryblock + b"\0" * 4
+    path.write_bytes(header + b"\0" * 1000)
 
 
 def test_a_small_nifti_declaring_gigabytes_is_rejected_before_decoding(tmp_path):
@@ -63,6 +65,25 @@ def test_a_small_nifti_declaring_gigabytes_is_rejected_before_decoding(tmp_path)
     _nifti_declaring(root / "liar.nii", (64, 64, 16))
     got = clean_in_a_fresh_process(volume_spec(root, "*.nii"))
     assert dict(got["rejected"])["liar"] == "the header declares 131,072 bytes of voxels, the file holds 1,000"
+
+
+def test_a_small_4d_nifti2_declaring_gigabytes_is_rejected_before_decoding(tmp_path):
+    root = tmp_path / "raw"
+    root.mkdir()
+    nibabel.Nifti2Image(np.arange(8 * 8 * 4 * 2, dtype=np.int16).reshape(8, 8, 4, 2), np.eye(4)).to_filename(
+        root / "good.nii")
+    _nifti_declaring(root / "liar.nii", (2048, 2048, 512, 2), image=nibabel.Nifti2Image)
+    assert (root / "liar.nii").stat().st_size == 544 + 1000  # NIfTI-2: a 540-byte header with int64 dimensions
+    spec = volume_spec(root, "*.nii", fourth_axis="channels", channels=2)
+    got = clean_in_a_fresh_process(spec)
+    assert got["taken"] == ["good"]
+    [(sid, reason)] = got["rejected"]
+    assert sid == "liar" and reason.startswith("a volume of 2048x2048x512x2 would take 34,359,738,368 bytes"), reason
+    assert got["peak_rss"] - got["base_rss"] < 128 * MIB, got
+    # within the limit, but the file holds fewer voxels than its header says
+    _nifti_declaring(root / "liar.nii", (64, 64, 16, 2), image=nibabel.Nifti2Image)
+    got = clean_in_a_fresh_process(spec)
+    assert dict(got["rejected"])["liar"] == "the header declares 262,144 bytes of voxels, the file holds 1,000"
 
 
 def test_a_gzip_bomb_nifti_is_rejected_while_it_decompresses(tmp_path):

@@ -1,0 +1,218 @@
+"""NIfTI-2 files and 4-D NIfTI files, from nibabel's bundled test data (``example_nifti2.nii.gz``,
+``example4d.nii.gz``, ``functional.nii``) and files nibabel writes: built with ``h5forge.build``,
+read back with ``H5Dataset`` equal to nibabel's values in the stored (z, [c,] y, x) order; what
+the field cannot store is rejected with its shape and the option that would read it."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+
+import h5py
+import nibabel
+import numpy as np
+import pytest
+import torch
+from nibabel.testing import data_path
+
+from h5forge.format.layout import decode_str
+from h5forge.kinds import field_kinds
+from h5forge.read.torch import H5Dataset
+from h5forge.spec import DatasetSpec
+
+AFFINE = np.array([[0.7, 0, 0, -40.0], [0, 0.8, 0, -20.0], [0, 0, 2.5, 10.0], [0, 0, 0, 1]])
+
+
+def spec_data(root, out, files="cases/*", size=(32, 32), **volume) -> dict:
+    return {"name": "nifti", "source": {"root": str(root)}, "output": {"dir": str(out)},
+            "splits": {"ratios": {"train": 1.0}}, "compute": {"batch_size": 2},
+            "fields": {"ct": {"kind": "volume", "files": files, "size": list(size), **volume}}}
+
+
+def stored_case(g, field, row):
+    lengths = g[f"{field}_lengths"][()]
+    start = int(lengths[:row].sum())
+    return g[field][start:start + int(lengths[row])]
+
+
+def as_stored(img) -> np.ndarray:
+    """nibabel's values in the stored order: (x, y, z) -> (z, y, x), (x, y, z, c) -> (z, c, y, x)."""
+    data = img.get_fdata()
+    return np.transpose(data, (2, 1, 0) if data.ndim == 3 else (2, 3, 1, 0))
+
+
+def test_nifti2_files_are_read_like_nifti1(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    rng = np.random.default_rng(5)
+    vol = rng.integers(-1000, 1500, size=(30, 20, 6)).astype(np.int16)  # (x, y, z)
+    nibabel.Nifti2Image(vol, AFFINE).to_filename(root / "cases" / "two_gz.nii.gz")
+    nibabel.Nifti2Image(vol, AFFINE).to_filename(root / "cases" / "two_plain.nii")
+    nibabel.Nifti1Image(vol, AFFINE).to_filename(root / "cases" / "one.nii.gz")
+    assert nibabel.load(root / "cases" / "two_plain.nii").header["sizeof_hdr"] == 540
+    path, summary = build_spec(spec_data(root, tmp_path / "out", files=["cases/*.nii.gz", "cases/*.nii"]))
+    assert summary.rejections == ()
+    expected = np.transpose(vol, (2, 1, 0))  # 20 rows x 30 columns, padded to 32 x 32
+    ds = H5Dataset(path, fields=("ct",))
+    assert sorted(ds.ids()) == ["one", "two_gz", "two_plain"]
+    for i, sid in enumerate(ds.ids()):
+        case = ds[i]
+        assert case.shape == (6, 32, 32) and case.dtype == torch.int16, sid
+        assert np.array_equal(case.numpy()[:, 6:26, 1:31], expected), sid
+    with h5py.File(path, "r") as f:
+        g = f["train"]
+        for row in range(3):
+            assert np.allclose(g["ct_spacing"][row], [2.5, 0.8, 0.7])
+            assert np.allclose(g["ct_origin"][row], [-40.0, -20.0, 10.0])
+            assert np.allclose(g["ct_orientation"][row], [1, 0, 0, 0, 1, 0])
+
+
+def test_a_4d_nifti_with_fourth_axis_channels_is_stored_as_channels_of_each_slice(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    shutil.copy(data_path / "example4d.nii.gz", root / "cases" / "one.nii.gz")  # NIfTI-1, 128x96x24x2
+    shutil.copy(data_path / "example_nifti2.nii.gz", root / "cases" / "two.nii.gz")  # NIfTI-2, 32x20x12x2
+    shutil.copy(data_path / "functional.nii", root / "cases" / "twenty.nii")  # 17x21x3x20: 20 on the 4th axis
+    rng = np.random.default_rng(6)
+    flat = rng.integers(0, 400, size=(40, 50, 5)).astype(np.int16)  # a 3-D file: one channel, not two
+    nibabel.Nifti1Image(flat, AFFINE).to_filename(root / "cases" / "flat.nii.gz")
+    data = spec_data(root, tmp_path / "out", files=["cases/*.nii.gz", "cases/*.nii"], size=(96, 128),
+                     fourth_axis="channels", channels=2)
+    path, summary = build_spec(data)
+    reasons = {r.sample_id: r.reason for r in summary.rejections}
+    assert reasons == {
+        "twenty": "the fourth axis holds 20 channels (17x21x3x20); the field's channels is 2",
+        "flat": "a 3-D NIfTI file (40x50x5) has one channel; the field's channels is 2",
+    }
+    one = as_stored(nibabel.load(data_path / "example4d.nii.gz"))  # (24, 2, 96, 128)
+    two = as_stored(nibabel.load(data_path / "example_nifti2.nii.gz"))  # (12, 2, 20, 32)
+    assert one.shape == (24, 2, 96, 128) and two.shape == (12, 2, 20, 32)
+    ds = H5Dataset(path, fields=("ct",))
+    cases = {sid: ds[i].numpy() for i, sid in enumerate(ds.ids())}
+    assert cases["one"].shape == (24, 2, 96, 128) and np.array_equal(cases["one"], one)
+    assert cases["two"].shape == (12, 2, 96, 128)
+    assert np.array_equal(cases["two"][:, :, 38:58, 48:80], two)
+    for c, lowest in enumerate((49, 46)):  # signed data: each channel padded with its own lowest value
+        assert two[:, c].min() == lowest and (cases["two"][:, c, :38] == lowest).all()
+    [(values, depths)] = list(ds.loader(batch_size=2))  # padded to the deeper case, channels kept
+    assert values.shape == (2, 24, 2, 96, 128) and sorted(depths.tolist()) == [12, 24]
+    slices = H5Dataset(path, fields=("ct",), unit="slice")
+    assert len(slices) == 36 and slices[0].shape == (2, 96, 128)
+    start = {"one": 0, "two": 24} if list(ds.ids()) == ["one", "two"] else {"two": 0, "one": 12}
+    assert np.array_equal(slices[start["one"] + 7].numpy(), one[7])
+    assert np.array_equal(slices[start["two"] + 5].numpy()[:, 38:58, 48:80], two[5])
+    stack = H5Dataset(path, fields=("ct",), unit="slice", context=1)[start["one"] + 7]  # 2.5-D: neighbours first
+    assert stack.shape == (3, 2, 96, 128) and np.array_equal(stack.numpy(), one[6:9])
+    kind = field_kinds(DatasetSpec.model_validate(data))["ct"]
+    assert np.array_equal(kind.preview(cases["one"]), kind.preview(cases["one"][:, 0]))  # the first channel's
+    with h5py.File(path, "r") as f:
+        g = f["train"]
+        ids = decode_str(g["ids"][()])
+        assert g["ct"].shape == (36, 2, 96, 128) and g["ct"].chunks == (1, 2, 96, 128)
+        for sid, img in (("one", "example4d.nii.gz"), ("two", "example_nifti2.nii.gz")):
+            zooms = nibabel.load(data_path / img).header.get_zooms()
+            assert np.allclose(g["ct_spacing"][ids.index(sid)], [zooms[2], zooms[1], zooms[0]])
+            assert np.allclose(g["ct_origin"][ids.index(sid)], nibabel.load(data_path / img).affine[:3, 3])
+
+
+def test_4d_files_without_the_option_and_5d_files_are_rejected_and_a_trailing_axis_of_one_is_3d(
+    tmp_path, build_spec
+):
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    shutil.copy(data_path / "example4d.nii.gz", root / "cases" / "four.nii.gz")
+    shutil.copy(data_path / "example_nifti2.nii.gz", root / "cases" / "four2.nii.gz")
+    rng = np.random.default_rng(7)
+    nibabel.Nifti1Image(rng.integers(0, 9, size=(8, 8, 4, 2, 3)).astype(np.int16), AFFINE).to_filename(
+        root / "cases" / "five.nii.gz")
+    single = rng.integers(-50, 50, size=(30, 20, 5, 1)).astype(np.int16)  # (x, y, z, t=1)
+    nibabel.Nifti2Image(single, AFFINE).to_filename(root / "cases" / "single.nii.gz")
+    path, summary = build_spec(spec_data(root, tmp_path / "out", files="cases/*.nii.gz"))
+    reasons = {r.sample_id: r.reason for r in summary.rejections}
+    assert reasons == {
+        "four": "a 4-D NIfTI file (128x96x24x2): set the field's fourth_axis: channels and channels: 2 "
+                "to store its fourth axis as the channels of each slice",
+        "four2": "a 4-D NIfTI file (32x20x12x2): set the field's fourth_axis: channels and channels: 2 "
+                 "to store its fourth axis as the channels of each slice",
+        "five": "a 5-D NIfTI file (8x8x4x2x3) is not read: a volume is 3-D, or 4-D with fourth_axis: channels",
+    }
+    ds = H5Dataset(path, fields=("ct",))
+    assert list(ds.ids()) == ["single"]
+    assert np.array_equal(ds[0].numpy()[:, 6:26, 1:31], np.transpose(single[..., 0], (2, 1, 0)))
+
+
+def test_label_volumes_are_3d_also_beside_a_volume_with_channels(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    (root / "masks").mkdir()
+    rng = np.random.default_rng(8)
+    truth = {}
+    for sid in ("a", "b"):
+        vol = rng.integers(0, 1000, size=(30, 20, 5, 3)).astype(np.int16)  # (x, y, z, contrast)
+        nibabel.Nifti2Image(vol, AFFINE).to_filename(root / "cases" / f"{sid}.nii.gz")
+        labels = (vol[..., 0] > 700).astype(np.uint8)
+        truth[sid] = (np.transpose(vol, (2, 3, 1, 0)), np.transpose(labels, (2, 1, 0)))
+        written = labels if sid == "a" else np.stack([labels, labels], axis=3)  # b: a 4-D label file
+        nibabel.Nifti1Image(written, AFFINE).to_filename(root / "masks" / f"{sid}.nii.gz")
+    data = spec_data(root, tmp_path / "out", files="cases/*.nii.gz", fourth_axis="channels", channels=3)
+    data["fields"]["ct_mask"] = {"kind": "volume_mask", "files": "masks/*.nii.gz", "like": "ct"}
+    path, summary = build_spec(data)
+    [bad] = summary.rejections
+    assert bad.sample_id == "b"
+    assert bad.reason == "a label volume must be 3-D (one label per voxel); this one is 4-D (30x20x5x2)"
+    ds = H5Dataset(path, fields=("ct", "ct_mask"))
+    assert list(ds.ids()) == ["a"]
+    ct, mask = ds[0]
+    vol, labels = truth["a"]
+    assert ct.shape == (5, 3, 32, 32) and mask.shape == (5, 32, 32)
+    assert np.array_equal(ct.numpy()[:, :, 6:26, 1:31], vol)
+    assert np.array_equal(mask.numpy()[:, 6:26, 1:31], labels)
+
+
+def test_fourth_axis_and_channels_come_together(tmp_path):
+    with pytest.raises(ValueError, match="fourth_axis: channels needs channels: <how many the fourth axis holds>"):
+        DatasetSpec.model_validate(spec_data(tmp_path, tmp_path / "out", fourth_axis="channels"))
+    with pytest.raises(ValueError, match="channels is the length of a 4-D file's fourth axis: set fourth_axis"):
+        DatasetSpec.model_validate(spec_data(tmp_path, tmp_path / "out", channels=2))
+    with pytest.raises(ValueError, match="fourth_axis"):
+        DatasetSpec.model_validate(spec_data(tmp_path, tmp_path / "out", fourth_axis="time", channels=2))
+
+
+def test_a_4d_case_appended_from_the_inbox_reads_back_and_verifies(tmp_path, build_spec):
+    import h5forge
+    from h5forge.pipeline.verify import verify
+    from tests.helpers.data import age_files
+
+    root, inbox = tmp_path / "raw", tmp_path / "inbox"
+    (root / "cases").mkdir(parents=True)
+    (inbox / "cases").mkdir(parents=True)
+    shutil.copy(data_path / "example_nifti2.nii.gz", root / "cases" / "first.nii.gz")
+    rng = np.random.default_rng(9)
+    late = rng.integers(-300, 300, size=(30, 20, 4, 2)).astype(np.int16)
+    nibabel.Nifti2Image(late, AFFINE).to_filename(inbox / "cases" / "late.nii.gz")
+    age_files(inbox)
+    data = spec_data(root, tmp_path / "out", files="cases/*.nii.gz", fourth_axis="channels", channels=2)
+    data["source"]["inbox"] = str(inbox)
+    build_spec(data)
+    result = h5forge.append(DatasetSpec.model_validate(data))
+    assert result.version == 2 and result.added == 1, result
+    assert verify(tmp_path / "out").ok
+    ds = H5Dataset(result.path, fields=("ct",))
+    cases = {sid: ds[i].numpy() for i, sid in enumerate(ds.ids())}
+    assert np.array_equal(cases["late"][:, :, 6:26, 1:31], np.transpose(late, (2, 3, 1, 0)))
+    assert np.array_equal(cases["first"][:, :, 6:26], as_stored(nibabel.load(data_path / "example_nifti2.nii.gz")))
+
+
+def test_a_file_that_is_no_nifti_header_is_rejected_with_its_header_size(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    nibabel.Nifti2Image(np.ones((8, 8, 3), np.int16), AFFINE).to_filename(root / "cases" / "good.nii")
+    (root / "cases" / "notes.nii").write_text("not a volume, a text file named like one\n")
+    (root / "cases" / "stub.nii").write_bytes(b"\x1c\x02")
+    path, summary = build_spec(spec_data(root, tmp_path / "out", files="cases/*.nii", size=(8, 8)))
+    assert {r.sample_id: r.reason for r in summary.rejections} == {
+        "notes": f"not a NIfTI file: its header's first field (sizeof_hdr) is {struct.unpack('<i', b'not ')[0]}, "
+                 "not 348 (NIfTI-1) or 540 (NIfTI-2)",
+        "stub": "not a NIfTI file: 2 bytes, shorter than a header",
+    }
+    assert list(H5Dataset(path, fields=("ct",)).ids()) == ["good"]
