@@ -28,10 +28,13 @@ def preview(
     seed: int = typer.Option(0, help="the same seed draws the same samples"),
     ids: Optional[List[str]] = typer.Option(None, help="sample ids to draw instead, comma-separated or repeated"),
     out_path: Path = typer.Option(Path("preview.png"), "--out", help="PNG to write"),
-    tile: int = typer.Option(192, min=32, max=1024, help="width of a sample's cell in pixels"),
+    tile: int = typer.Option(
+        192, min=32, max=1024, help="tile width in pixels: a sample's cell (a volume's is three tiles wide)"
+    ),
 ) -> None:
     """A contact sheet PNG of random or chosen samples, each drawn by its field kinds: images with
-    their masks overlaid in colour, volumes as three mid-planes, signals as line plots per channel;
+    their masks overlaid in colour (a legend for multi-class masks), volumes as three middle planes at
+    their voxel spacing with the spacing and display window, signals as line plots per channel;
     the id, the label and the annotation columns under each."""
     from h5forge.views.isolated import in_child
     from h5forge.views.preview import write_preview

@@ -179,14 +179,14 @@ def read_budget(goal: str, lowest_ms: float, batch: int) -> float:
 def _rule(goal: str, cheapest: CodecResult, budget: float, batch: int) -> str:
     if goal == "disk":
         return "smallest stored/raw"
-    within = (
-        f"{READ_NOISE:g}x"
+    lowest = f"{cheapest.codec}'s {cheapest.batch_cpu_ms:.2f} ms"
+    how = (
+        f"the lowest, {lowest}, x{READ_NOISE:g}"
         if goal == "read"
-        else f"{BALANCED_SLACK:g}x or {BALANCED_EXTRA_MS:g} ms per sample ({BALANCED_EXTRA_MS * batch:g} ms) more"
+        else f"the lowest, {lowest}, x{BALANCED_SLACK:g} or + {BALANCED_EXTRA_MS:g} ms per sample, whichever is more"
     )
     return (
-        f"smallest stored/raw among the codecs whose reader CPU per batch of {batch} is within {within} of the "
-        f"lowest ({cheapest.codec}, {cheapest.batch_cpu_ms:.2f} ms): at most {budget:.2f} ms"
+        f"smallest stored/raw among the codecs whose reader CPU per batch of {batch} is at most {budget:.2f} ms ({how})"
     )
 
 

@@ -231,11 +231,21 @@ def compose(samples: list[Drawn], tile: int = 192, columns: int | None = None) -
                 for overlay in s.overlays.get(p, ()):
                     picture = drawing.blend(picture, drawing.resized(overlay, (h, w), labels=True))
                 x = left + (cell - w) // 2
-                image.paste(Image.fromarray(picture), (x, y))
                 boxes[p] = (x, y, w, h)
                 sy, sx = h / s.pictures[p].shape[0], w / s.pictures[p].shape[1]
-                for name, (pl, pt, pw, ph) in s.parts.get(p, {}).items():
-                    boxes[f"{p}/{name}"] = (x + round(pl * sx), y + round(pt * sy), round(pw * sx), round(ph * sy))
+                parts = {
+                    name: (round(pl * sx), round(pt * sy), round(pw * sx), round(ph * sy))
+                    for name, (pl, pt, pw, ph) in s.parts.get(p, {}).items()
+                }
+                if parts:  # only the named regions are drawn: the space between them is the sheet's
+                    shown = np.zeros(picture.shape[:2], bool)
+                    for pl, pt, pw, ph in parts.values():
+                        shown[pt : pt + ph, pl : pl + pw] = True
+                    picture = picture.copy()
+                    picture[~shown] = drawing.BACKGROUND
+                image.paste(Image.fromarray(picture), (x, y))
+                for name, (pl, pt, pw, ph) in parts.items():
+                    boxes[f"{p}/{name}"] = (x + pl, y + pt, pw, ph)
                 y += h + PICTURE_GAP
             for k, line in enumerate(lines):
                 draw.text(

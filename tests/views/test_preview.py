@@ -126,8 +126,14 @@ def test_a_volume_is_drawn_as_three_mid_planes_with_its_label_volume(tmp_path, b
     base = np.asarray(Image.fromarray(picture).resize((bw, bh), Image.Resampling.NEAREST)).astype(np.uint16)
     painted = np.asarray(Image.fromarray(overlay).resize((bw, bh), Image.Resampling.NEAREST)).any(axis=2)
     got = region(png, (x, y, bw, bh))
-    assert np.array_equal(got[~painted], base[~painted])
+    planes = np.zeros((bh, bw), bool)
+    for name in ("axial", "coronal", "sagittal"):
+        px, py, pw, ph = sheet.boxes[sid][f"ct/{name}"]
+        planes[py - y:py - y + ph, px - x:px - x + pw] = True
+    assert 0 < planes.sum() < planes.size and not painted[~planes].any()
+    assert np.array_equal(got[planes & ~painted], base[planes & ~painted])
     assert np.array_equal(got[painted], half(base[painted], GREEN))
+    assert (got[~planes] == (34, 34, 38)).all()  # between and under the planes: the sheet's background
 
 
 def test_each_signal_channel_is_a_line_plot_of_its_stored_values(tmp_path, build_spec):
