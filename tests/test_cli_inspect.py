@@ -178,3 +178,55 @@ def test_version_imports_no_command_module_and_flags_show_no_type():
     for args in (["--help"], ["build", "--help"], ["verify", "--help"]):
         shown = run(*args).stdout
         assert "--help" in shown and "<bool>" not in shown
+
+
+def imported_by(*args, cwd, env):
+    """The modules ``h5forge *args`` imported, as the installed console script runs it."""
+    script = Path(H5FORGE).read_text()
+    report = ("import atexit, sys; atexit.register(lambda: print('MODULES', ' '.join(sorted(sys.modules)), "
+              f"file=sys.stderr)); sys.argv = ['h5forge', *{list(map(str, args))!r}]; "
+              "exec(compile(SCRIPT, 'h5forge', 'exec'))")
+    clean = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "HDF5_PLUGIN_PATH")}
+    r = subprocess.run([PY, "-c", f"SCRIPT = {script!r}; " + report], capture_output=True, text=True, timeout=900,
+                       env={**clean, **env}, cwd=cwd)
+    modules = r.stderr.rsplit("MODULES ", 1)[1].split()
+    return r, {m.split(".")[0] for m in modules}
+
+
+def test_doctor_without_a_configured_server_imports_neither_prefect_nor_dask(tmp_path):
+    """Importing Prefect took most of doctor's time; with no API URL configured there is nothing to
+    ask it, and without --dask-address nothing to ask dask."""
+    r, top = imported_by("doctor", cwd=REPO, env={"PREFECT_HOME": str(tmp_path)})  # the repo's prefect.toml: no URL
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert lines(r.stdout)["Prefect API"][0].startswith("ephemeral (no server configured)")
+    assert "h5py" in top and not top & {"prefect", "prefect_dask", "dask", "distributed", "httpx"}
+
+
+def prefect_says(cwd, env):
+    """The API URL Prefect itself resolves in ``cwd`` with ``env``."""
+    clean = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    code = "from prefect.settings import PREFECT_API_URL; print(PREFECT_API_URL.value())"
+    return subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=900, env={**clean, **env},
+                          cwd=cwd).stdout.strip()
+
+
+@pytest.mark.parametrize("where", ["prefect.toml", "pyproject.toml", ".env", "profiles.toml"])
+def test_doctor_finds_an_api_url_set_in_any_prefect_settings_file(tmp_path, where):
+    """Each file Prefect reads an API URL from makes doctor probe that URL: the one Prefect resolves."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/api"
+    home, cwd = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    cwd.mkdir()
+    text = {"prefect.toml": f'[api]\nurl = "{url}"\n', "pyproject.toml": f'[tool.prefect.api]\nurl = "{url}"\n',
+            ".env": f"PREFECT_API_URL={url}\n",
+            "profiles.toml": f'active = "remote"\n[profiles.remote]\nPREFECT_API_URL = "{url}"\n'}[where]
+    (home if where == "profiles.toml" else cwd).joinpath(where).write_text(text)
+    env = {"PREFECT_HOME": str(home)}
+    assert prefect_says(cwd, env) == url
+    r, top = imported_by("doctor", cwd=cwd, env=env)
+    assert r.returncode == 1
+    assert lines(r.stdout)["Prefect API"][0].startswith(f"MISSING {url} does not answer (ConnectError")

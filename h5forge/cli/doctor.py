@@ -82,17 +82,60 @@ def check_plugin_path(c: Checkup) -> None:
     c.line("", f"({state}; h5dump, HDFView and h5py without `import h5forge` need it for lz4/zstd files)")
 
 
-def check_prefect(c: Checkup) -> None:
-    import httpx
+def _read_toml(path: Path) -> dict | None:
+    """The parsed file, {} when absent, None when Prefect might read it differently (not TOML)."""
+    import tomllib
+
+    if not path.is_file():
+        return {}
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+
+
+def api_url_in_files(cwd: Path) -> bool:
+    """Whether a file Prefect reads its settings from may set the API URL: ``.env``,
+    ``prefect.toml`` or ``pyproject.toml`` ([tool.prefect]) in ``cwd``, or a profile in
+    ``profiles.toml``. Importing Prefect to ask takes seconds, so it is imported only then."""
+    dotenv = cwd / ".env"
+    if dotenv.is_file() and "PREFECT_API_URL" in dotenv.read_text(encoding="utf-8", errors="replace"):
+        return True
+    prefect_toml = _read_toml(cwd / "prefect.toml")
+    pyproject = _read_toml(cwd / "pyproject.toml")
+    if prefect_toml is None or pyproject is None:
+        return True
+    for table in (prefect_toml, pyproject.get("tool", {}).get("prefect", {})):
+        if isinstance(table.get("api"), dict) and "url" in table["api"]:
+            return True
+    home = Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    profiles = _read_toml(Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser())
+    if profiles is None:
+        return True
+    return any(isinstance(p, dict) and "PREFECT_API_URL" in p for p in profiles.get("profiles", {}).values())
+
+
+def prefect_api_url() -> str | None:
+    """The Prefect API URL a run here would use, or None (ephemeral): the environment's, else
+    Prefect's own settings when a settings file may name one (Prefect resolves their precedence)."""
+    url = os.environ.get("PREFECT_API_URL")
+    if url or not api_url_in_files(Path.cwd()):
+        return url or None
     from prefect.settings import PREFECT_API_URL
 
-    url = os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()
+    return PREFECT_API_URL.value() or None
+
+
+def check_prefect(c: Checkup) -> None:
+    url = prefect_api_url()
     if not url:
         c.line(
             "Prefect API",
             "ephemeral (no server configured): each run starts a temporary local server; `serve` needs PREFECT_API_URL",
         )
         return
+    import httpx
+
     health = f"{url.rstrip('/')}/health"
     try:
         response = httpx.get(health, timeout=HEALTH_TIMEOUT)

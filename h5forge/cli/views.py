@@ -28,10 +28,13 @@ def preview(
     seed: int = typer.Option(0, help="the same seed draws the same samples"),
     ids: Optional[List[str]] = typer.Option(None, help="sample ids to draw instead, comma-separated or repeated"),
     out_path: Path = typer.Option(Path("preview.png"), "--out", help="PNG to write"),
-    tile: int = typer.Option(192, min=32, max=1024, help="width of a sample's cell in pixels"),
+    tile: int = typer.Option(
+        192, min=32, max=1024, help="tile width in pixels: a sample's cell (a volume's is three tiles wide)"
+    ),
 ) -> None:
     """A contact sheet PNG of random or chosen samples, each drawn by its field kinds: images with
-    their masks overlaid in colour, volumes as three mid-planes, signals as line plots per channel;
+    their masks overlaid in colour (a legend for multi-class masks), volumes as three middle planes at
+    their voxel spacing with the spacing and display window, signals as line plots per channel;
     the id, the label and the annotation columns under each."""
     from h5forge.views.isolated import in_child
     from h5forge.views.preview import write_preview
@@ -56,23 +59,32 @@ def codecs(
     only: Optional[str] = typer.Option(None, "--codecs", help="comma-separated codecs to measure (default: all)"),
     seed: int = typer.Option(0),
     chart: Path = typer.Option(Path("codecs.png"), help="bar chart PNG to write"),
+    goal: str = typer.Option(
+        "balanced",
+        "--for",
+        help="what you are short of: disk (smallest file), read (lowest reader CPU, then smallest), "
+        "balanced (smallest file whose reader CPU is within 2x, or 0.05 ms per sample, of the lowest)",
+    ),
 ) -> None:
     """Measure every codec on a sample of your own data: stored/raw, write CPU per sample, random
-    single-sample read p50, reader CPU per batch; print the table, draw it, and recommend one."""
+    single-sample read p50, reader CPU per batch; print the table, draw it, and recommend one for
+    your constraint (--for), with what the other constraints would pick."""
     from h5forge.format.codecs import CODECS
     from h5forge.tune.codec_chart import draw_chart
-    from h5forge.tune.codec_trial import spec_for, trial
+    from h5forge.tune.codec_trial import GOALS, recommend, spec_for, trial
 
     names = [c.strip() for c in only.split(",") if c.strip()] if only else None
     with _reported():
-        result = trial(spec_for(raw, spec), sample, names, seed)
+        result = trial(spec_for(raw, spec), sample, names, seed, goal=goal)
         draw_chart(result, chart)
     t = Table(
         title=f"codecs on {len(result.ids)} samples of {result.spec_name}"
         + (f" ({result.rejected} sampled input(s) rejected)" if result.rejected else "")
     )
-    for col in ("codec", "stored/raw", "write CPU ms/sample", "read p50 ms", f"reader CPU ms/batch of {result.batch}"):
+    columns = ("codec", "stored/raw", "write CPU ms/sample", "read p50 ms", f"reader CPU ms/batch of {result.batch}")
+    for col in (*columns, "reader CPU vs lowest"):
         t.add_column(col, justify="left" if col == "codec" else "right", no_wrap=col == "codec")
+    lowest = min(r.batch_cpu_ms for r in result.results)
     for r in result.results:
         style = "bold green" if r.codec == result.recommended else None
         t.add_row(
@@ -81,10 +93,13 @@ def codecs(
             f"{r.write_ms_per_sample:.2f}",
             f"{r.read_p50_ms:.3f}",
             f"{r.batch_cpu_ms:.2f}",
+            f"{r.batch_cpu_ms / lowest:.2f}x",
             style=style,
         )
     out.print(t)
-    out.print(f"recommended: {result.recommended} ({result.reason})", highlight=False, markup=False)
+    out.print(f"recommended for {result.goal}: {result.recommended} ({result.reason})", highlight=False, markup=False)
+    others = ", ".join(f"{g}: {recommend(result.results, g, result.batch)[0]}" for g in GOALS if g != result.goal)
+    out.print(f"other constraints (--for) would pick {others}", highlight=False, markup=False)
     out.print(
         f"a reader needs: {CODECS[result.recommended].needs}; set it in the spec as "
         f"storage: {{codec: {result.recommended}}}; chart: {chart}",

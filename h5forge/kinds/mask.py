@@ -294,5 +294,12 @@ class MaskKind(FieldKind):
         colours[1 : self.n_classes] = OVERLAY[np.arange(self.n_classes - 1) % len(OVERLAY)]
         return colours[classes]
 
+    def legend(self) -> list[tuple[str, tuple[int, int, int]]]:
+        """Each class's colour, for a multi-class mask (a binary one paints one colour only)."""
+        if self.n_classes <= 2:
+            return []
+        colours = self.paint(np.arange(1, self.n_classes, dtype=np.uint8))
+        return [(f"{self.name} class {k}", (int(r), int(g), int(b))) for k, (r, g, b) in enumerate(colours, 1)]
+
     def preview(self, value: Any) -> np.ndarray:
         return self.paint(np.asarray(value)[0])

@@ -36,7 +36,7 @@ import re
 import struct
 import zlib
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, Mapping, cast
 
 import h5py
 import numpy as np
@@ -494,17 +494,83 @@ def crop_or_pad(values: np.ndarray, size: tuple[int, int], larger: str, fill: fl
     return np.pad(out, ((0, 0),) * (values.ndim - 2) + ((pt, pb), (pl, pr)), constant_values=fill)
 
 
-PLANE_GAP = 2  # blank columns after each plane of a volume preview
+PLANES = ("axial", "coronal", "sagittal")
+PLANE_GAP = 0.03  # blank space after each plane of a volume preview, as a share of the tallest plane
+MAX_PLANE_SIDE = 1024  # pixels: a plane's longest side in the drawn picture, at most
+# display windows by modality: (width, level) in the stored unit (CT: Hounsfield units)
+WINDOWS = {"CT": (400.0, 40.0, "CT soft tissue")}
 
 
-def three_planes(v: np.ndarray) -> np.ndarray:
-    """(D, H, W) -> one 2-D picture: the middle axial (H, W), coronal (D, W) and sagittal (D, H)
-    slices side by side, top-aligned, each followed by PLANE_GAP blank (0) columns. A volume and
-    its label volume come out the same shape, so one overlays the other."""
+def _mm(spacing: Any) -> tuple[float, float, float] | None:
+    """(slice, row, column) spacing in mm, or None when it is missing or not positive."""
+    s = np.asarray(spacing if spacing is not None else (), np.float64).ravel()
+    if s.size != 3 or not np.all(np.isfinite(s)) or np.any(s <= 0):
+        return None
+    return float(s[0]), float(s[1]), float(s[2])
+
+
+def plane_layout(shape: tuple[int, ...], spacing: Any) -> tuple[tuple[int, int], dict[str, tuple[int, int, int, int]]]:
+    """Where the middle axial (rows x columns), coronal (slices x columns) and sagittal (slices x
+    rows) planes of a (D, H, W) volume go in its preview: side by side, top-aligned, each at its
+    physical aspect ratio (one pixel is the finest spacing, or coarser to keep every side within
+    MAX_PLANE_SIDE; unknown spacing draws voxels square). Returns ((height, width), boxes by plane
+    name as (left, top, width, height))."""
+    d, h, w = (max(1, int(n)) for n in shape)
+    dz, dy, dx = _mm(spacing) or (1.0, 1.0, 1.0)
+    pixel = max(min(dz, dy, dx), max(d * dz, h * dy, w * dx) / MAX_PLANE_SIDE)
+
+    def px(n: int, mm: float) -> int:
+        return max(1, round(n * mm / pixel))
+
+    sizes = {"axial": (px(h, dy), px(w, dx)), "coronal": (px(d, dz), px(w, dx)), "sagittal": (px(d, dz), px(h, dy))}
+    tall = max(ph for ph, _ in sizes.values())
+    gap = max(2, round(PLANE_GAP * tall))
+    boxes, left = {}, 0
+    for name in PLANES:
+        ph, pw = sizes[name]
+        boxes[name] = (left, 0, pw, ph)
+        left += pw + gap
+    return (tall, left - gap), boxes
+
+
+def physical_planes(v: np.ndarray, spacing: Any) -> np.ndarray:
+    """(D, H, W) -> one 2-D picture of its three middle planes laid out by ``plane_layout``, each
+    resampled by nearest neighbour (a thick slice shows as a band: nothing between slices is
+    invented); blank space is 0. A volume and its label volume come out the same shape, so one
+    overlays the other."""
     d, h, w = v.shape
-    planes = [v[d // 2], v[:, h // 2, :], v[:, :, w // 2]]
-    tall = max(p.shape[0] for p in planes)
-    return np.concatenate([np.pad(p, ((0, tall - p.shape[0]), (0, PLANE_GAP))) for p in planes], axis=1)
+    (height, width), boxes = plane_layout(v.shape, spacing)
+    planes = {"axial": v[d // 2], "coronal": v[:, h // 2, :], "sagittal": v[:, :, w // 2]}
+    out = np.zeros((height, width), v.dtype)
+    for name, (left, top, pw, ph) in boxes.items():
+        plane = planes[name]
+        rows = (np.arange(ph) * plane.shape[0]) // ph
+        cols = (np.arange(pw) * plane.shape[1]) // pw
+        out[top : top + ph, left : left + pw] = plane[rows[:, None], cols[None, :]]
+    return out
+
+
+def display_window(v: np.ndarray, modality: str) -> tuple[float, float, str]:
+    """(lowest, highest) value drawn black to white, and how it was chosen: the modality's
+    standard window when there is one (CT soft tissue: W 400 / L 40 HU), else the 1st..99th
+    percentile of the finite voxels (MR and others have no absolute scale)."""
+    if modality in WINDOWS:
+        width, level, name = WINDOWS[modality]
+        return level - width / 2, level + width / 2, f"W/L {width:g}/{level:g} ({name})"
+    finite = v[np.isfinite(v)]
+    if finite.size == 0:
+        return 0.0, 1.0, "no finite voxel"
+    lo, hi = float(np.percentile(finite, 1)), float(np.percentile(finite, 99))
+    return lo, hi, f"window {lo:.4g}..{hi:.4g} (1st..99th percentile)"
+
+
+def first_channel(v: np.ndarray) -> np.ndarray:
+    """(D, H, W) of a case: a (D, C, H, W) case with channels is previewed by its first channel."""
+    return v[:, 0] if v.ndim == 4 else v
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value if value is not None else "")
 
 
 class VolumeKind(FieldKind):
@@ -597,20 +663,44 @@ class VolumeKind(FieldKind):
     def output_dtype(self, opts: ReadOptions) -> np.dtype:
         return np.dtype(self.spec.dtype)
 
+    # ---- preview: the three middle planes at the voxel spacing, in the modality's window
+    def _geometry(self, values: Mapping[str, Any]) -> tuple[Any, str]:
+        return values.get(f"{self.name}_spacing"), _text(values.get(f"{self.name}_modality"))
+
     def preview(self, value: Any) -> np.ndarray:
-        """Mid-slices in the three planes (of the first channel), side by side, windowed to the
-        1st..99th percentile of the finite voxels (NaN/inf drawn black)."""
-        v = np.asarray(value, np.float64)
-        if v.ndim == 4:
-            v = v[:, 0]
-        finite = v[np.isfinite(v)]
-        if finite.size == 0:
+        """The three middle planes (of the first channel) with voxels drawn square (no spacing
+        known), in the 1st..99th percentile window."""
+        return self._draw(value, None, "")
+
+    def preview_of(self, values: Mapping[str, Any]) -> np.ndarray:
+        return self._draw(values[self.name], *self._geometry(values))
+
+    def _draw(self, value: Any, spacing: Any, modality: str) -> np.ndarray:
+        v = first_channel(np.asarray(value, np.float64))
+        if v.size == 0:
             return np.zeros((*self.spec.size, 3), np.uint8)
-        lo, hi = np.percentile(finite, 1), np.percentile(finite, 99)
+        lo, hi, _ = display_window(v, modality)
         scaled = np.clip(
             np.nan_to_num(np.round((v - lo) / max(hi - lo, 1e-9) * 255), nan=0.0, posinf=0.0, neginf=0.0), 0, 255
         ).astype(np.uint8)
-        return np.repeat(three_planes(scaled)[..., None], 3, axis=2)
+        return np.repeat(physical_planes(scaled, spacing)[..., None], 3, axis=2)
+
+    def preview_parts(self, values: Mapping[str, Any]) -> dict[str, tuple[int, int, int, int]]:
+        v = first_channel(np.asarray(values[self.name]))
+        return plane_layout(v.shape, self._geometry(values)[0])[1] if v.size else {}
+
+    @property
+    def preview_tiles(self) -> int:
+        return len(PLANES)
+
+    def caption_of(self, values: Mapping[str, Any]) -> str | None:
+        """The spacing (mm) and the display window the planes are drawn with."""
+        v = first_channel(np.asarray(values[self.name], np.float64))
+        spacing, modality = self._geometry(values)
+        mm = _mm(spacing)
+        where = "spacing " + ("unknown (voxels drawn square)" if mm is None else " x ".join(f"{x:.2f}" for x in mm))
+        where += " mm (slice x row x column)" if mm is not None else ""
+        return f"{where}; {display_window(v, modality)[2] if v.size else 'empty'}"
 
 
 class CaseMeta(FieldKind):

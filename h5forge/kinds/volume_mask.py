@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -25,7 +25,7 @@ from h5forge.format.arrays import Ragged, Stored
 from h5forge.kinds.base import Decoded, Globs, StrictModel
 from h5forge.kinds.image import open_picture
 from h5forge.kinds.mask import PAD_DOC, MaskKind, binary_array, check_pad, class_array, pad_of
-from h5forge.kinds.volume import crop_or_pad, load_case, read_case, three_planes
+from h5forge.kinds.volume import crop_or_pad, load_case, physical_planes, read_case
 from h5forge.samples import Reject, SampleRef
 
 
@@ -130,8 +130,14 @@ class VolumeMaskKind(MaskKind):
         return np.array(per_case, dtype=np.int64).reshape(len(block), self.n_classes)
 
     def preview(self, value: Any) -> np.ndarray:
-        """The labels of the three mid-planes, laid out as its volume's preview."""
+        """The labels of the three middle planes, laid out as its volume's preview."""
+        return self._draw(value, None)
+
+    def preview_of(self, values: Mapping[str, Any]) -> np.ndarray:
+        return self._draw(values[self.name], values.get(f"{self.spec.like}_spacing"))
+
+    def _draw(self, value: Any, spacing: Any) -> np.ndarray:
         labels = np.asarray(value)
         if labels.size == 0:
             return np.zeros((*self.stored().shape, 3), np.uint8)
-        return self.paint(three_planes(labels))
+        return self.paint(physical_planes(labels, spacing))

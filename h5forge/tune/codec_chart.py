@@ -38,7 +38,10 @@ def draw_chart(result: CodecTrial, out: str | Path) -> Path:
         fill=drawing.TEXT,
     )
     draw.text(
-        (PAD, PAD // 2 + drawing.LINE_HEIGHT), f"recommended: {result.recommended}", font=drawing.font(), fill=PICKED
+        (PAD, PAD // 2 + drawing.LINE_HEIGHT),
+        f"recommended for {result.goal}: {result.recommended}",
+        font=drawing.font(),
+        fill=PICKED,
     )
     for k, (attr, label, fmt) in enumerate(MEASURES):
         left = PAD + (k % 2) * (panel_w + PAD)

@@ -50,9 +50,10 @@ def wrap_text(draw: ImageDraw.ImageDraw, words: list[str], width: int, max_lines
     return [fit_text(draw, text, width) for text in lines]
 
 
-def fitted_size(h: int, w: int, box: int) -> tuple[int, int]:
-    """(height, width) of an h x w picture scaled to fit a box x box square, aspect kept."""
-    scale = min(box / h, box / w)
+def fitted_size(h: int, w: int, box: int, box_width: int | None = None) -> tuple[int, int]:
+    """(height, width) of an h x w picture scaled to fit a box high and ``box_width`` (default:
+    ``box``) wide, aspect kept."""
+    scale = min(box / h, (box_width or box) / w)
     return max(1, round(h * scale)), max(1, round(w * scale))
 
 

@@ -1,10 +1,13 @@
 """A contact sheet of a version's samples: one cell per sample, drawn by its field kinds.
 
-Each field kind draws its own stored value (``FieldKind.preview``): an image as it is stored, a
-volume as its three mid-planes, a signal channel as a small line plot. A kind with ``overlay_on``
-(a mask) is painted half-transparent over the picture of that field. Every caption a kind gives
-(``FieldKind.caption``: the label, annotation columns, a recording's length) goes under the
-cell, after the sample id. Nothing here names a kind.
+Each field kind draws its own stored value (``FieldKind.preview_of``, given the whole sample so a
+volume can read its spacing): an image as it is stored, a volume as its three middle planes at
+their physical aspect ratio, a signal channel as a small line plot. A picture is fitted into a box
+one tile high and ``preview_tiles`` tiles wide. A kind with ``overlay_on`` (a mask) is painted
+half-transparent over the picture of that field. Every caption a kind gives (``caption_of``: the
+label, annotation columns, a recording's length, a volume's spacing and window) goes under the
+cell, after the sample id; every colour a kind names (``legend``: a multi-class mask's classes)
+goes under the samples. Nothing here names a kind.
 
 Samples are picked at random with a seed (the same seed draws the same samples) or by id.
 """
@@ -51,16 +54,21 @@ class Drawn:
     pictures: dict[str, np.ndarray]
     overlays: dict[str, list[np.ndarray]]
     captions: list[str]
+    parts: dict[str, dict[str, tuple[int, int, int, int]]] = field(default_factory=dict)  # named regions
+    tiles: dict[str, int] = field(default_factory=dict)  # tiles wide each picture's box is (default 1)
+    legend: list[tuple[str, tuple[int, int, int]]] = field(default_factory=list)  # (text, colour)
 
 
 @dataclass
 class Sheet:
     """The composed picture and where each sample's pictures landed: ``boxes[id][field]`` is
-    (left, top, width, height) in sheet pixels."""
+    (left, top, width, height) in sheet pixels, ``boxes[id]["field/part"]`` a named region of it (a
+    volume's planes); ``legend[text]`` is the box of that legend entry's colour swatch."""
 
     image: Image.Image
     samples: list[Drawn]
     boxes: dict[str, dict[str, tuple[int, int, int, int]]] = field(default_factory=dict)
+    legend: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
 
     @property
     def ids(self) -> list[str]:
@@ -133,23 +141,28 @@ def draw_sample(
     pictures: dict[str, np.ndarray] = {}
     overlays: list[tuple[str, np.ndarray]] = []
     captions: list[str] = []
+    parts: dict[str, dict[str, tuple[int, int, int, int]]] = {}
+    tiles: dict[str, int] = {}
+    legend: list[tuple[str, tuple[int, int, int]]] = []
     for path, kind in kinds.items():
-        value = values[path]
-        picture = kind.preview(value)
+        picture = kind.preview_of(values)
         if picture is not None:
             target = kind.overlay_on
             if target is None:
                 pictures[path] = np.ascontiguousarray(picture, np.uint8)
+                parts[path] = kind.preview_parts(values)
+                tiles[path] = kind.preview_tiles
             else:
                 overlays.append((target, picture))
-        text = kind.caption(value)
+            legend += kind.legend()
+        text = kind.caption_of(values)
         if text:
             captions.append(text)
     painted: dict[str, list[np.ndarray]] = {}
     for target, picture in overlays:
         if target in pictures and pictures[target].shape == picture.shape:
             painted.setdefault(target, []).append(np.ascontiguousarray(picture, np.uint8))
-    return Drawn(split, row, sample_id, pictures, painted, captions)
+    return Drawn(split, row, sample_id, pictures, painted, captions, parts, tiles, legend)
 
 
 def load_samples(
@@ -177,25 +190,33 @@ def _columns(n: int) -> int:
 
 
 def compose(samples: list[Drawn], tile: int = 192, columns: int | None = None) -> Sheet:
-    """The contact sheet: cells of ``tile`` pixels wide in ``columns`` columns (about square by
-    default). In a cell, each picture is fitted into a tile x tile box (its overlays scaled with
-    nearest neighbour, then painted on it), one under the other, then the captions: the id (and
-    split), then the kinds' captions."""
+    """The contact sheet: cells in ``columns`` columns (about square by default), each as wide as
+    the widest picture box (``tile`` pixels times the kind's ``preview_tiles``). In a cell, each
+    picture is fitted into a box ``tile`` high and that wide (its overlays scaled with nearest
+    neighbour, then painted on it), one under the other, then the captions: the id (and split),
+    then the kinds' captions. Under the cells, the legend of the colours the kinds name."""
     if not samples:
         raise UsageError("no samples to draw")
     cols = columns or _columns(len(samples))
+    cell = tile * max([1, *(n for s in samples for n in s.tiles.values())])
     scratch = ImageDraw.Draw(Image.new("RGB", (1, 1)))
     layouts = []
     for s in samples:
-        sizes = {p: drawing.fitted_size(pic.shape[0], pic.shape[1], tile) for p, pic in s.pictures.items()}
-        lines = [drawing.fit_text(scratch, f"{s.id} ({s.split})", tile)]
-        lines += drawing.wrap_text(scratch, s.captions, tile, CAPTION_LINES - 1)
+        sizes = {
+            p: drawing.fitted_size(pic.shape[0], pic.shape[1], tile, tile * s.tiles.get(p, 1))
+            for p, pic in s.pictures.items()
+        }
+        lines = [drawing.fit_text(scratch, f"{s.id} ({s.split})", cell)]
+        lines += drawing.wrap_text(scratch, s.captions, cell, CAPTION_LINES - 1)
         height = sum(h for h, _ in sizes.values()) + PICTURE_GAP * max(0, len(sizes) - 1)
         layouts.append((sizes, lines, height + PICTURE_GAP + drawing.LINE_HEIGHT * len(lines)))
     grid = [layouts[i : i + cols] for i in range(0, len(layouts), cols)]
     row_heights = [max(c[2] for c in r) for r in grid]
-    width = 2 * MARGIN + cols * tile + (cols - 1) * GAP
+    width = 2 * MARGIN + cols * cell + (cols - 1) * GAP
+    legend = list(dict.fromkeys(entry for s in samples for entry in s.legend))
+    legend_rows = _legend_rows(scratch, legend, width - 2 * MARGIN)
     height = 2 * MARGIN + sum(row_heights) + GAP * (len(grid) - 1)
+    height += (GAP + drawing.LINE_HEIGHT * len(legend_rows)) if legend_rows else 0
     image = Image.new("RGB", (width, height), drawing.BACKGROUND)
     draw = ImageDraw.Draw(image)
     sheet = Sheet(image, samples)
@@ -203,15 +224,28 @@ def compose(samples: list[Drawn], tile: int = 192, columns: int | None = None) -
     for r, cells in enumerate(grid):
         for c, (sizes, lines, _) in enumerate(cells):
             s = samples[r * cols + c]
-            left, y = MARGIN + c * (tile + GAP), top
+            left, y = MARGIN + c * (cell + GAP), top
             boxes = sheet.boxes.setdefault(s.id, {})
             for p, (h, w) in sizes.items():
                 picture = drawing.resized(s.pictures[p], (h, w))
                 for overlay in s.overlays.get(p, ()):
                     picture = drawing.blend(picture, drawing.resized(overlay, (h, w), labels=True))
-                x = left + (tile - w) // 2
-                image.paste(Image.fromarray(picture), (x, y))
+                x = left + (cell - w) // 2
                 boxes[p] = (x, y, w, h)
+                sy, sx = h / s.pictures[p].shape[0], w / s.pictures[p].shape[1]
+                parts = {
+                    name: (round(pl * sx), round(pt * sy), round(pw * sx), round(ph * sy))
+                    for name, (pl, pt, pw, ph) in s.parts.get(p, {}).items()
+                }
+                if parts:  # only the named regions are drawn: the space between them is the sheet's
+                    shown = np.zeros(picture.shape[:2], bool)
+                    for pl, pt, pw, ph in parts.values():
+                        shown[pt : pt + ph, pl : pl + pw] = True
+                    picture = picture.copy()
+                    picture[~shown] = drawing.BACKGROUND
+                image.paste(Image.fromarray(picture), (x, y))
+                for name, (pl, pt, pw, ph) in parts.items():
+                    boxes[f"{p}/{name}"] = (x + pl, y + pt, pw, ph)
                 y += h + PICTURE_GAP
             for k, line in enumerate(lines):
                 draw.text(
@@ -221,7 +255,35 @@ def compose(samples: list[Drawn], tile: int = 192, columns: int | None = None) -
                     fill=drawing.TEXT if k == 0 else drawing.DIM_TEXT,
                 )
         top += row_heights[r] + GAP
+    for k, row in enumerate(legend_rows):
+        y = top + k * drawing.LINE_HEIGHT
+        for x, (text, colour) in row:
+            swatch = (x, y + 2, SWATCH, SWATCH)
+            draw.rectangle((x, y + 2, x + SWATCH - 1, y + 2 + SWATCH - 1), fill=colour)
+            draw.text((x + SWATCH + 4, y), text, font=drawing.font(), fill=drawing.DIM_TEXT)
+            sheet.legend[text] = swatch
     return sheet
+
+
+SWATCH = 10  # pixels: a legend entry's colour square
+LEGEND_GAP = 14  # pixels between legend entries
+
+
+def _legend_rows(
+    draw: ImageDraw.ImageDraw, legend: list[tuple[str, tuple[int, int, int]]], width: int
+) -> list[list[tuple[int, tuple[str, tuple[int, int, int]]]]]:
+    """The legend entries packed into lines of ``width`` pixels: (left, entry) per line."""
+    rows: list[list[tuple[int, tuple[str, tuple[int, int, int]]]]] = []
+    x = width  # start a line at the first entry
+    for text, colour in legend:
+        w = SWATCH + 4 + round(draw.textlength(text, font=drawing.font()))
+        if rows and x + w <= width:
+            rows[-1].append((MARGIN + x, (text, colour)))
+        else:
+            rows.append([(MARGIN, (text, colour))])
+            x = 0
+        x += w + LEGEND_GAP
+    return rows
 
 
 def write_preview(

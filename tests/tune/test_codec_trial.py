@@ -4,6 +4,7 @@ by hand with h5py and that codec), the recommendation rule, and the command end 
 from __future__ import annotations
 
 import os
+import re
 
 import h5py
 import hdf5plugin
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 
 from h5forge.cli import app
 from h5forge.errors import UsageError
+from h5forge.format.codecs import CODECS
 from h5forge.format.layout import decode_str
 from h5forge.tune.codec_trial import CodecResult, recommend, spec_for, trial, with_codec
 from tests.helpers.data import REPO
@@ -77,15 +79,76 @@ def result(codec, ratio, p50, cpu):
     return CodecResult(codec, 1000, round(1000 * ratio), 1.0, p50, cpu, "")
 
 
-def test_the_rule_picks_the_smallest_codec_that_reads_nearly_as_fast():
-    rows = [result("none", 1.0, 0.10, 2.0), result("lz4", 0.50, 0.12, 2.2), result("zstd", 0.40, 0.14, 2.9),
+def test_each_goal_picks_by_its_own_rule():
+    rows = [result("none", 1.0, 0.10, 2.0), result("lz4", 0.50, 0.12, 2.1), result("zstd", 0.40, 0.14, 3.9),
             result("gzip-1", 0.38, 0.40, 9.0)]
-    assert recommend(rows)[0] == "zstd"  # gzip-1 is smaller but reads 4x slower
-    rows[2] = result("zstd", 0.40, 0.16, 2.9)  # p50 1.6x the fastest: out
-    assert recommend(rows)[0] == "lz4"
-    codec, reason = recommend([result("none", 1.0, 0.10, 2.0), result("lz4", 0.97, 0.10, 2.0)])
+    assert recommend(rows, "disk", 32)[0] == "gzip-1"
+    assert recommend(rows, "read", 32)[0] == "lz4"  # 1.05x the lowest CPU: as fast, and half the bytes
+    assert recommend(rows, "balanced", 32)[0] == "zstd"  # gzip-1 is smaller but reads at 4.5x
+    rows[2] = result("zstd", 0.40, 0.14, 4.1)  # 2.05x the lowest and 0.066 ms/sample more: out
+    assert recommend(rows, "balanced", 32)[0] == "lz4"
+    assert recommend(rows, "balanced", 64)[0] == "zstd"  # 2.1 ms more over 64 samples: 0.033 ms each
+    codec, reason = recommend([result("none", 1.0, 0.10, 2.0), result("lz4", 0.97, 0.10, 2.0)], "disk")
     assert codec == "none" and "saves only 3.0%" in reason
-    assert recommend([result("none", 1.0, 0.10, 2.0), result("gzip-9", 0.3, 1.0, 20.0)])[0] == "none"
+    with pytest.raises(UsageError, match="unknown goal 'fast'; choose from balanced, disk, read"):
+        recommend(rows, "fast")
+
+
+def test_balanced_takes_a_quarter_of_the_bytes_at_1_8x_the_reader_cpu():
+    """The case that picked ``none`` before: lz4 stored 0.241 of the bytes at 1.8x none's CPU."""
+    rows = [result("none", 1.0, 0.10, 20.0), result("lz4", 0.241, 0.15, 36.0)]
+    codec, reason = recommend(rows, batch=32)
+    assert codec == "lz4"
+    assert reason.endswith("lz4 stores 0.241 of raw at 1.80x the lowest reader CPU")
+    assert recommend(rows, "read", 32)[0] == "none"
+
+
+def test_balanced_pays_a_small_absolute_cost_even_at_several_times_a_tiny_lowest():
+    rows = [result("none", 1.0, 0.05, 0.57), result("lz4", 0.52, 0.07, 1.30), result("zstd", 0.40, 0.17, 4.86)]
+    codec, reason = recommend(rows, batch=32)  # lz4: 2.3x, but 0.023 ms more per sample
+    assert codec == "lz4" and "at most 2.17 ms" in reason
+
+
+def rule(rows, goal, batch):
+    """The rule of the module doc, restated over the measured numbers."""
+    lowest = min(r.batch_cpu_ms for r in rows)
+    budget = {"disk": float("inf"), "read": 1.1 * lowest, "balanced": max(2 * lowest, lowest + 0.05 * batch)}[goal]
+    best = min((r for r in rows if r.batch_cpu_ms <= budget), key=lambda r: (r.ratio, r.batch_cpu_ms))
+    return best.codec if best.ratio <= 0.95 else "none"
+
+
+def measured_rows(output):
+    """codec -> (stored/raw, reader CPU ms/batch) parsed from the printed table."""
+    rows = {}
+    for line in output.splitlines():
+        cells = [c.strip() for c in line.strip("│┃ ").split("│")]
+        if len(cells) == 6 and cells[0] in CODECS:
+            rows[cells[0]] = result(cells[0], float(cells[1]), float(cells[3]), float(cells[4]))
+    return rows
+
+
+def test_codecs_command_recommends_what_its_table_implies_for_each_goal(tmp_path):
+    """A segmentation folder (3-class masks): the printed recommendation under each --for is the
+    rule applied to the printed numbers, and the other goals' picks are stated too."""
+    from h5forge.demo import generate_segment_multiclass
+
+    raw = tmp_path / "seg"
+    generate_segment_multiclass(raw, n=24, seed=0, bad=False)
+    for goal in ("disk", "read", "balanced", None):
+        args = ["codecs", str(raw), "--sample", "16", "--codecs", "none,lz4,zstd,gzip-4", "--chart",
+                str(tmp_path / "c.png")] + (["--for", goal] if goal else [])
+        res = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+        assert res.exit_code == 0, res.output
+        rows = measured_rows(res.output)
+        assert list(rows) == ["none", "lz4", "zstd", "gzip-4"], res.output
+        assert rows["none"].ratio == 1.0 and rows["gzip-4"].ratio < 0.5  # masks and flat images compress
+        batch = int(re.search(r"reader CPU ms/batch of (\d+)", res.output).group(1))
+        picked = rule(list(rows.values()), goal or "balanced", batch)
+        assert f"recommended for {goal or 'balanced'}: {picked} (" in res.output
+        others = [g for g in ("balanced", "disk", "read") if g != (goal or "balanced")]
+        assert f"other constraints (--for) would pick {others[0]}: " in res.output
+    res = CliRunner().invoke(app, ["codecs", str(raw), "--for", "speed", "--sample", "2"])
+    assert res.exit_code == 2 and "unknown goal 'speed'" in res.output
 
 
 def test_a_field_kind_with_its_own_codec_is_measured_with_the_trial_codec(tmp_path):
@@ -106,7 +169,7 @@ def test_codecs_command_prints_the_table_and_draws_the_chart(raw_demo, tmp_path)
     assert res.exit_code == 0, res.output
     # seeded: the same 6 inputs every run, one of them a defect of the demo folder
     assert "codecs on 5 samples of demo (1 sampled input(s) rejected)" in res.output
-    assert "recommended: " in res.output
+    assert "recommended for balanced: " in res.output
     assert "lz4" in res.output and "stored/raw" in res.output
     with Image.open(chart) as img:
         assert img.format == "PNG" and img.width > 400

@@ -20,7 +20,6 @@ from h5forge.demo import CT_SPHERE_HU, generate_ct, generate_signals
 from h5forge.init import infer_spec
 from h5forge.kinds.mask import OVERLAY
 from h5forge.kinds.signal import PLOT_INK, PLOT_SIZE, trace_plot
-from h5forge.kinds.volume import PLANE_GAP
 from h5forge.views.preview import artifact_data_uri, load_samples, write_preview
 from tests.helpers.demo_build import build_demo
 
@@ -103,28 +102,38 @@ def test_a_volume_is_drawn_as_three_mid_planes_with_its_label_volume(tmp_path, b
     path = built_from_init(raw, tmp_path, build_spec)
     drawn = load_samples(path, n=2)
     sid = drawn[0].id
-    volume, labels = stored(path, "train", sid, "ct", "ct_mask")
+    volume, labels, spacing = stored(path, "train", sid, "ct", "ct_mask", "ct_spacing")
     d, h, w = volume.shape
     picture = drawn[0].pictures["ct"]
-    assert picture.shape == (h, w + PLANE_GAP + w + PLANE_GAP + h + PLANE_GAP, 3)
-    lo, hi = np.percentile(volume.astype(np.float64), [1, 99])
-    window = np.clip(np.round((volume.astype(np.float64) - lo) / (hi - lo) * 255), 0, 255).astype(np.uint8)
-    assert np.array_equal(picture[:, :w, 0], window[d // 2])  # axial
-    assert np.array_equal(picture[:d, w + PLANE_GAP:2 * w + PLANE_GAP, 0], window[:, h // 2, :])  # coronal
-    assert np.array_equal(picture[:d, 2 * (w + PLANE_GAP):2 * (w + PLANE_GAP) + h, 0], window[:, :, w // 2])
+    window = np.clip(np.round((volume.astype(np.float64) + 160) / 400 * 255), 0, 255).astype(np.uint8)  # W/L 400/40
+    parts = drawn[0].parts["ct"]
+    assert parts["axial"] == (0, 0, w, h)  # in-plane pixels are the finest spacing: drawn 1:1
+    assert np.array_equal(picture[:h, :w, 0], window[d // 2])
+    for name, plane in (("coronal", window[:, h // 2, :]), ("sagittal", window[:, :, w // 2])):
+        left, top, pw, ph = parts[name]
+        assert ph == round(d * spacing[0] / spacing[2]) and pw == plane.shape[1]  # slices stretched by spacing
+        rows = np.arange(ph) * d // ph
+        assert np.array_equal(picture[top:top + ph, left:left + pw, 0], plane[rows])
     overlay = drawn[0].overlays["ct"][0]
     sphere = labels[d // 2] > 0
     assert sphere.any() and (volume[d // 2][sphere] >= CT_SPHERE_HU - 1024).all()
-    assert (overlay[:, :w][sphere] == OVERLAY[0]).all() and not overlay[:, :w][~sphere].any()
+    assert (overlay[:h, :w][sphere] == OVERLAY[0]).all() and not overlay[:h, :w][~sphere].any()
     # on the sheet: the three planes, scaled to the tile, with the sphere painted over them
     png = tmp_path / "ct.png"
     sheet = write_preview(path, png, ids=[sid], tile=300)
     x, y, bw, bh = sheet.boxes[sid]["ct"]
-    base = np.asarray(Image.fromarray(picture).resize((bw, bh), Image.Resampling.LANCZOS)).astype(np.uint16)
+    assert bw > picture.shape[1]  # three tiles wide: the planes grow, by nearest neighbour
+    base = np.asarray(Image.fromarray(picture).resize((bw, bh), Image.Resampling.NEAREST)).astype(np.uint16)
     painted = np.asarray(Image.fromarray(overlay).resize((bw, bh), Image.Resampling.NEAREST)).any(axis=2)
     got = region(png, (x, y, bw, bh))
-    assert np.array_equal(got[~painted], base[~painted])
+    planes = np.zeros((bh, bw), bool)
+    for name in ("axial", "coronal", "sagittal"):
+        px, py, pw, ph = sheet.boxes[sid][f"ct/{name}"]
+        planes[py - y:py - y + ph, px - x:px - x + pw] = True
+    assert 0 < planes.sum() < planes.size and not painted[~planes].any()
+    assert np.array_equal(got[planes & ~painted], base[planes & ~painted])
     assert np.array_equal(got[painted], half(base[painted], GREEN))
+    assert (got[~planes] == (34, 34, 38)).all()  # between and under the planes: the sheet's background
 
 
 def test_each_signal_channel_is_a_line_plot_of_its_stored_values(tmp_path, build_spec):
@@ -217,3 +226,71 @@ def test_a_version_whose_virtual_sources_are_gone_is_refused_not_drawn_as_zeros(
     (tmp_path / "part.h5").unlink()
     with pytest.raises(ReadError, match="missing: .*part.h5"):
         load_samples(thin, n=2)
+
+
+def test_a_ct_case_is_drawn_at_its_physical_aspect_with_its_spacing_and_window(tmp_path, build_spec):
+    """30 slices 3 mm apart of pydicom's CT_small (128 x 128 pixels of 0.66 mm): the coronal and
+    sagittal planes are 90 mm tall and 85 mm wide on the sheet as in the body, each plane at least
+    160 px on its short side in a 192 px tile, and the spacing and window are written under them."""
+    from tests.kinds.test_volume import write_series
+
+    raw = tmp_path / "raw"
+    hu = write_series(raw / "cases" / "case_a", depth=30, spacing=3.0)
+    path = build_spec({"name": "ct", "source": {"root": str(raw)}, "output": {"dir": str(tmp_path / "out")},
+                       "splits": {"ratios": {"train": 1.0}},
+                       "fields": {"ct": {"kind": "volume", "files": "cases/*", "size": [128, 128]}}})[0]
+    png = tmp_path / "ct.png"
+    res = CliRunner().invoke(app, ["preview", str(path), "--out", str(png)])
+    assert res.exit_code == 0, res.output
+    sheet = write_preview(path, tmp_path / "again.png")  # what the command drew, with its boxes
+    with Image.open(png) as img:
+        assert np.array_equal(np.asarray(img.convert("RGB")), np.asarray(sheet.image))
+    (slice_mm, row_mm, col_mm), = stored(path, "train", "case_a", "ct_spacing")
+    assert (slice_mm, round(row_mm, 6), round(col_mm, 6)) == (3.0, 0.661468, 0.661468)
+    boxes = sheet.boxes["case_a"]
+    physical = {"axial": (128 * row_mm, 128 * col_mm), "coronal": (30 * slice_mm, 128 * col_mm),
+                "sagittal": (30 * slice_mm, 128 * row_mm)}
+    for name, (tall_mm, wide_mm) in physical.items():
+        _, _, w, h = boxes[f"ct/{name}"]
+        assert abs(h - w * tall_mm / wide_mm) <= 1, (name, w, h)
+        assert min(w, h) >= 160, (name, w, h)
+    x, y, w, h = boxes["ct"]
+    assert (sheet.image.width, h) == (2 * 10 + 3 * 192, 192)  # a cell three tiles wide, one tile high
+    assert sheet.samples[0].captions == ["spacing 3.00 x 0.66 x 0.66 mm (slice x row x column); "
+                                         "W/L 400/40 (CT soft tissue)"]
+    window = np.clip(np.round((hu + 160) / 400 * 255), 0, 255).astype(np.uint8)
+    assert np.array_equal(sheet.samples[0].pictures["ct"][:128, :128, 0], window)  # every slice is CT_small
+    caption = np.asarray(sheet.image)[y + h + 4 + 14:y + h + 4 + 28, x:x + w]  # the line under the id
+    assert (np.abs(caption.astype(int) - (170, 170, 175)).sum(axis=2) < 60).sum() > 200  # text drawn there
+
+
+def test_a_multiclass_mask_gets_a_legend_in_its_overlay_colours(tmp_path, build_spec):
+    from h5forge.demo import generate_segment_multiclass
+
+    raw = tmp_path / "raw"
+    generate_segment_multiclass(raw, n=12, seed=0, bad=False)
+    path = built_from_init(raw, tmp_path, build_spec)
+    png = tmp_path / "seg.png"
+    res = CliRunner().invoke(app, ["preview", str(path), "--n", "4", "--out", str(png)])
+    assert res.exit_code == 0, res.output
+    sheet = write_preview(path, tmp_path / "again.png", n=4)
+    with Image.open(png) as img:
+        got = np.asarray(img.convert("RGB"))
+    assert np.array_equal(got, np.asarray(sheet.image))
+    assert list(sheet.legend) == ["masks class 1", "masks class 2"]
+    below = max(y + h for boxes in sheet.boxes.values() for (_, y, _, h) in boxes.values())
+    seen = set()
+    for k, (x, y, w, h) in enumerate(sheet.legend.values(), 1):
+        assert y > below  # under the samples
+        swatch = got[y:y + h, x:x + w].reshape(-1, 3)
+        assert (swatch == swatch[0]).all()
+        for s in sheet.samples:  # the overlay paints class k in the swatch's colour
+            mask, = stored(path, s.split, s.id, "masks")
+            painted = s.overlays["images"][0][mask[0] == k]
+            assert (painted == swatch[0]).all()
+            seen.add(k) if painted.size else None
+    assert seen == {1, 2}
+
+
+def test_a_binary_mask_needs_no_legend(cells, tmp_path):
+    assert write_preview(cells, tmp_path / "p.png", n=2).legend == {}

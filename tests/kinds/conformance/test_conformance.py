@@ -150,13 +150,13 @@ def test_preview_draws_it(example):
 
     drawn = load_samples(example.version, n=GOOD)
     assert drawn
+    values = _by_id(example.version, list(example.kinds))  # companions too: a volume's spacing
     for path in example.paths:
         kind = example.kinds[path]
-        values = _by_id(example.version, [path])
         for d in drawn:
-            picture = kind.preview(values[d.id][path])
+            picture = kind.preview_of(values[d.id])
             if picture is None:  # a kind that draws nothing says it in a caption
-                assert kind.caption(values[d.id][path])
+                assert kind.caption_of(values[d.id])
                 continue
             assert picture.dtype == np.uint8 and picture.ndim == 3 and picture.shape[2] == 3
             shown = d.pictures.get(path) if kind.overlay_on is None else \
