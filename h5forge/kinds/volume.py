@@ -13,6 +13,10 @@ InstanceNumber. Rejected with the reason: a missing slice (a gap in the position
 positions, uneven spacing, differing orientation or slice size, and pixel data no installed
 handler decodes (the transfer syntax is named). Values are pixel_array x RescaleSlope +
 RescaleIntercept (HU for CT), stored int16 (``dtype: float32`` for non-integral values).
+A case may be one multi-frame file (in a folder, or matched itself: ``cases/*`` finds
+``cases/<case>.dcm``): each frame is a slice, placed by its functional groups (enhanced) or by one
+ImagePositionPatient and the frame offsets (legacy); see ``h5forge.kinds.volume_frames``. A DICOM
+SEG among the files is no slice: it is read by a ``volume_mask`` field (``volume_seg``).
 NIfTI (nibabel): slices along the third axis, spacing and affine from the header.
 In-plane, slices are centre-cropped / padded to ``size`` like images (no resampling); the depth
 is kept. Each case records its voxel spacing (slice, row, column, mm), origin, orientation,
@@ -155,7 +159,11 @@ def _series(datasets: list, rule: str | dict | None, rel: str) -> list:
         return next(iter(groups.values()))
     described = {uid: str(getattr(g[0], "SeriesDescription", "")) for uid, g in groups.items()}
     if rule == "largest":
-        sizes = sorted((len(g) for g in groups.values()), reverse=True)
+
+        def depth(group: list) -> int:  # slices, counting every frame of a multi-frame file
+            return sum(frame_count(ds, rel) for ds in group)
+
+        sizes = sorted((depth(g) for g in groups.values()), reverse=True)
         if sizes[0] == sizes[1]:
             raise Reject(
                 rel,
@@ -163,7 +171,7 @@ def _series(datasets: list, rule: str | dict | None, rel: str) -> list:
                 f"({sorted(described.values())}); pick one by its SeriesDescription or "
                 "series: {uid: ...}",
             )
-        return max(groups.values(), key=len)
+        return max(groups.values(), key=depth)
     if isinstance(rule, dict):
         hits = [uid for uid, g in groups.items() if _matches(g[0], uid, rule)]
         if len(hits) == 1:

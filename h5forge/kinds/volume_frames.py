@@ -21,7 +21,10 @@ import numpy as np
 
 from h5forge.samples import Reject
 
-SEGMENTATION_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
+SEGMENTATION_STORAGE = (
+    "1.2.840.10008.5.1.4.1.1.66.4",  # Segmentation Storage (BINARY, FRACTIONAL)
+    "1.2.840.10008.5.1.4.1.1.66.7",  # Label Map Segmentation Storage (LABELMAP)
+)
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class Frame:
 
 
 def is_segmentation(ds) -> bool:
-    return str(ds.get("SOPClassUID", "")) == SEGMENTATION_STORAGE
+    return str(ds.get("SOPClassUID", "")) in SEGMENTATION_STORAGE
 
 
 def frame_count(ds, where: str) -> int:
@@ -168,9 +171,10 @@ def _legacy(ds, n: int, name: str, rel: str) -> list[Frame]:
 
 
 def rescale_of(item) -> tuple[float, float] | str:
-    """(slope, intercept) of a slice: 1 and 0 when the tags are absent or empty; a slope of 0 or a
-    value that is not finite is what is wrong with it (a string), never replaced by the default."""
-    slope, intercept = item.get("RescaleSlope"), item.get("RescaleIntercept")
+    """(slope, intercept) of a slice: 1 and 0 when the tags are absent or empty (an RT Dose grid's
+    slope is its DoseGridScaling, to Gy); a slope of 0 or a value that is not finite is what is
+    wrong with it (a string), never replaced by the default."""
+    slope, intercept = item.get("RescaleSlope", item.get("DoseGridScaling")), item.get("RescaleIntercept")
     slope = 1.0 if slope is None or slope == "" else float(slope)
     intercept = 0.0 if intercept is None or intercept == "" else float(intercept)
     if not (np.isfinite(slope) and np.isfinite(intercept)):

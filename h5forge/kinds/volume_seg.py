@@ -4,10 +4,10 @@ Each frame of the SEG is one segment on one plane. A frame goes to the volume sl
 ImagePositionPatient (PlanePositionSequence, per frame or shared), within SEG_POSITION_TOLERANCE in
 3-D; a SEG without plane positions is mapped by the slice each frame was derived from
 (DerivationImageSequence: ReferencedSOPInstanceUID, and ReferencedFrameNumber in a multi-frame
-source). Segment number k (ReferencedSegmentNumber) becomes class value k; voxels in no segment
-and slices without a frame are 0. BINARY frames are read as they are; FRACTIONAL frames are
-thresholded: a voxel whose fraction is at least one half is in the segment. Overlapping segments
-are rejected (a voxel holds one class). Checked against the volume: same FrameOfReferenceUID (when
+source). Segment number k becomes class value k; voxels in no segment and slices without a frame
+are 0. A BINARY frame holds one segment (ReferencedSegmentNumber); a FRACTIONAL one too,
+thresholded: a voxel whose fraction is at least one half is in the segment; a LABELMAP frame holds
+segment numbers. Overlapping segments are rejected (a voxel holds one class). Checked against the volume: same FrameOfReferenceUID (when
 both give one), Rows x Columns, PixelSpacing and orientation; every frame on a slice of the volume.
 """
 
@@ -61,8 +61,8 @@ def seg_labels(
     where = f"{rel}/{name}" if name != rel.rsplit("/", 1)[-1] else rel
     depth, height, width = volume["raw"]
     kind = str(ds.get("SegmentationType", ""))
-    if kind not in ("BINARY", "FRACTIONAL"):
-        raise Reject(where, f"SegmentationType {kind or 'missing'}: BINARY and FRACTIONAL SEGs are read")
+    if kind not in ("BINARY", "FRACTIONAL", "LABELMAP"):
+        raise Reject(where, f"SegmentationType {kind or 'missing'}: BINARY, FRACTIONAL and LABELMAP SEGs are read")
     n = frame_count(ds, where)
     rows, columns = int(ds.get("Rows", 0) or 0), int(ds.get("Columns", 0) or 0)
     if (rows, columns) != (height, width):
@@ -74,7 +74,8 @@ def seg_labels(
     theirs, ours = str(ds.get("FrameOfReferenceUID", "")), volume.get("frame_of_reference", "")
     if theirs and ours and theirs != ours:
         raise Reject(where, f"FrameOfReferenceUID {theirs} differs from its volume's ({volume_rel}: {ours})")
-    segments = sorted(int(s.SegmentNumber) for s in ds.get("SegmentSequence", []))
+    described = sorted(int(s.SegmentNumber) for s in ds.get("SegmentSequence", []))
+    segments = [k for k in described if k != 0 or kind != "LABELMAP"]  # a label map's segment 0: background
     if not segments:
         raise Reject(where, "the SEG describes no segment (SegmentSequence is empty)")
     if segments[-1] > 255 or segments[0] < 1:
@@ -84,29 +85,34 @@ def seg_labels(
     if classes is not None and segments[-1] >= classes:
         raise Reject(where, f"segment number {segments[-1]} is not a class 0..{classes - 1}; set classes")
     slices = _slice_of_each_frame(ds, n, where, volume, volume_rel)
-    frame_segments = [_segment_of(ds, i, where, segments) for i in range(n)]
+    frame_segments = [0 if kind == "LABELMAP" else _segment_of(ds, i, where, segments) for i in range(n)]
     try:
         pixels = ds.pixel_array.reshape(n, rows, columns)
     except (NotImplementedError, RuntimeError, ValueError) as err:
         syntax = ds.file_meta.TransferSyntaxUID
         raise Reject(where, f"SEG pixel data in {syntax.name} ({syntax}) cannot be decoded here: {err}") from None
-    if kind == "FRACTIONAL":
+    if kind == "LABELMAP":
+        values = pixels.astype(np.int64)
+        unknown = sorted(set(np.unique(values).tolist()) - {0, *segments})
+        if unknown:
+            raise Reject(where, f"label values {unknown[:5]} are no segment of the SegmentSequence {segments}")
+    elif kind == "FRACTIONAL":
         top = int(ds.get("MaximumFractionalValue", 255) or 255)
         inside = pixels.astype(np.int64) * 2 >= top  # a fraction of at least one half
     else:
         inside = pixels > 0
     labels = np.zeros((depth, height, width), np.int64)
     for i, (k, segment) in enumerate(zip(slices, frame_segments)):
-        hit = inside[i]
-        clash = hit & (labels[k] != 0) & (labels[k] != segment)
+        value = values[i] if kind == "LABELMAP" else inside[i] * segment
+        clash = (value != 0) & (labels[k] != 0) & (labels[k] != value)
         if clash.any():
-            other = int(labels[k][clash][0])
+            first = np.argwhere(clash)[0]
             raise Reject(
                 where,
-                f"segments {other} and {segment} overlap in {int(clash.sum())} voxels of slice {k}: "
-                "a voxel holds one class",
+                f"segments {int(labels[k][tuple(first)])} and {int(value[tuple(first)])} overlap in "
+                f"{int(clash.sum())} voxels of slice {k}: a voxel holds one class",
             )
-        labels[k][hit] = segment
+        labels[k] = np.where(value != 0, value, labels[k])
     return labels
 
 

@@ -133,11 +133,13 @@ def test_legacy_multiframe_files_take_their_frame_positions_from_the_header(tmp_
         assert sorted(ids) == ["dose", "sc"]
         stored = H5Dataset(path, fields=("ct",))
         assert np.array_equal(stored[ids.index("sc")].numpy(), hu_by_position(slices))
-        # RT Dose: 15 frames of 10 x 10 at GridFrameOffsetVector 0, 5, ... 70 mm, centred in 128 x 128
+        # RT Dose: 15 frames of 10 x 10 at GridFrameOffsetVector 0, 5, ... 70 mm, centred in 128 x 128,
+        # in Gy (the stored values x DoseGridScaling)
         offsets = [float(v) for v in dose.GridFrameOffsetVector]
         values = stored[ids.index("dose")].numpy()
         assert values.shape == (15, *SIZE)
-        assert np.array_equal(values[:, 59:69, 59:69], dose.pixel_array.astype(np.float32))
+        gray = (dose.pixel_array * float(dose.DoseGridScaling)).astype(np.float32)
+        assert values[:, 59:69, 59:69].max() > 1.0 and np.array_equal(values[:, 59:69, 59:69], gray)
         d = ids.index("dose")
         assert g["ct_spacing"][d].tolist() == pytest.approx([offsets[1] - offsets[0], 10.0, 10.0])
         assert g["ct_origin"][d].tolist() == pytest.approx([float(v) for v in dose.ImagePositionPatient])
@@ -198,3 +200,17 @@ def test_a_multiframe_file_is_bounded_by_its_frames_before_decoding(tmp_path, bu
                           "500,000; rejected before decoding")
     with h5py.File(path, "r") as f:
         assert f["train"]["ct_lengths"][()].tolist() == [3]
+
+
+def test_series_largest_counts_the_frames_of_a_multiframe_file(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    case = root / "cases" / "mixed"
+    slices = ct_slices(tmp_path / "slices")
+    case.mkdir(parents=True)
+    enhanced_ct(slices).save_as(case / "volume.dcm")
+    scout = ct_slices(case / "scout", depth=3, seed=5)  # three single-frame files of another series
+    path, summary = build_spec(spec_data(root, tmp_path / "out", series="largest"))
+    assert summary.rejections == ()
+    with h5py.File(path, "r") as f:
+        assert f["train"]["ct_lengths"][()].tolist() == [6]
+        assert decode_str(f["train"]["ct_series"][()]) != [scout[0].SeriesInstanceUID]

@@ -1,6 +1,6 @@
 """DICOM SEG masks of DICOM cases, written with highdicom from the case's own slices: read as the
 case's ``volume_mask`` equal to the segmentation array highdicom was given (segment k as class k,
-empty slices 0, fractional segments at one half), beside the case's slices or in a mask folder,
+empty slices 0, fractional segments at one half, label maps as they are), beside the case's slices or in a mask folder,
 for a single-frame series and a multi-frame file; SEGs that do not fit their volume (size,
 positions, frame of reference), or whose segments overlap, rejected with a reason naming both."""
 
@@ -94,6 +94,10 @@ def test_a_seg_is_read_as_the_cases_mask_on_its_slices(tmp_path, build_spec):
     truth["fractional"] = (fractions[..., 0] >= 0.5).astype(np.uint8)
     series = by_position(ct_slices(root / "cases" / "fractional", seed=4))
     write_seg(root / "masks" / "fractional.dcm", series, fractions, kind="FRACTIONAL", segments=1)
+    series = by_position(ct_slices(root / "cases" / "labelmap", seed=12))
+    truth["labelmap"] = two_regions(np.stack([s.pixel_array.astype(float) for s in series]))
+    seg = write_seg(root / "masks" / "labelmap.dcm", series, truth["labelmap"], kind="LABELMAP")
+    assert seg.SegmentationType == "LABELMAP" and int(seg.NumberOfFrames) == 5  # one frame per slice
     path, summary = build_spec(mask_spec(root, tmp_path / "out"))
     assert summary.rejections == ()
     read = H5Dataset(path, fields=("ct", "ct_mask"))
@@ -102,7 +106,7 @@ def test_a_seg_is_read_as_the_cases_mask_on_its_slices(tmp_path, build_spec):
     for i, sid in enumerate(ids):
         _, mask = read[i]
         assert np.array_equal(mask.numpy(), truth[sid]), sid
-    assert sorted(ids) == ["fractional", "multi", "single"]
+    assert sorted(ids) == ["fractional", "labelmap", "multi", "single"]
 
 
 def test_a_seg_beside_its_slices_in_the_case_folder(tmp_path, build_spec):
@@ -155,3 +159,24 @@ def test_a_seg_that_does_not_fit_its_volume_is_rejected_naming_both(tmp_path, bu
     with h5py.File(path, "r") as f:
         assert decode_str(f["train"]["ids"][()]) == ["good"]
         assert np.array_equal(f["train"]["ct_mask"][()], labels)
+
+
+def test_a_seg_needs_classes_for_its_segments_and_a_dicom_volume(tmp_path, build_spec):
+    import nibabel
+
+    root = tmp_path / "raw"
+    series = by_position(ct_slices(root / "cases" / "good", seed=10))
+    one = (np.stack([s.pixel_array for s in series]) > 1500).astype(np.uint8)
+    write_seg(root / "masks" / "good.dcm", series, one)
+    ct_slices(root / "cases" / "two", seed=11)
+    write_seg(root / "masks" / "two.dcm", series, two_regions(np.stack([s.pixel_array for s in series])))
+    nibabel.save(nibabel.Nifti1Image(np.zeros((128, 128, 6), np.int16), np.eye(4)), root / "cases" / "nifti.nii.gz")
+    write_seg(root / "masks" / "nifti.dcm", series, one)
+    path, summary = build_spec(mask_spec(root, tmp_path / "out", classes=None))
+    reasons = {r.sample_id: r.reason for r in summary.rejections}
+    assert reasons == {
+        "two": "the SEG holds 2 segments; set classes: 3 to read them",
+        "nifti": "a DICOM SEG mask needs a DICOM volume; cases/nifti.nii.gz is not one",
+    }
+    with h5py.File(path, "r") as f:
+        assert np.array_equal(f["train"]["ct_mask"][()], one)
