@@ -92,13 +92,13 @@ def seg_labels(
         syntax = ds.file_meta.TransferSyntaxUID
         raise Reject(where, f"SEG pixel data in {syntax.name} ({syntax}) cannot be decoded here: {err}") from None
     if kind == "LABELMAP":
-        values = pixels.astype(np.int64)
+        values = pixels
         unknown = sorted(set(np.unique(values).tolist()) - {0, *segments})
         if unknown:
             raise Reject(where, f"label values {unknown[:5]} are no segment of the SegmentSequence {segments}")
     elif kind == "FRACTIONAL":
         top = int(ds.get("MaximumFractionalValue", 255) or 255)
-        inside = pixels.astype(np.int64) * 2 >= top  # a fraction of at least one half
+        inside = pixels >= (top + 1) // 2  # a fraction of at least one half
     else:
         inside = pixels > 0
     labels = np.zeros((depth, height, width), np.int64)

@@ -19,7 +19,7 @@ from pydicom.uid import generate_uid
 
 from h5forge.format.layout import decode_str
 from h5forge.read.torch import H5Dataset
-from tests.kinds.test_volume import SIZE, spec_data
+from tests.kinds.test_volume import SIZE, spec_data, write_series
 
 SPACING = 2.5
 
@@ -214,3 +214,24 @@ def test_series_largest_counts_the_frames_of_a_multiframe_file(tmp_path, build_s
     with h5py.File(path, "r") as f:
         assert f["train"]["ct_lengths"][()].tolist() == [6]
         assert decode_str(f["train"]["ct_series"][()]) != [scout[0].SeriesInstanceUID]
+
+
+def test_an_enhanced_mr_file_is_padded_as_mr(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    hu = write_series(tmp_path / "slices", source="MR_small.dcm", depth=4, spacing=1.5)
+    slices = [pydicom.dcmread(p) for p in sorted((tmp_path / "slices").iterdir())]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mr = hd.legacy.LegacyConvertedEnhancedMRImage(
+            slices, series_instance_uid=hd.UID(), series_number=3, sop_instance_uid=hd.UID(), instance_number=1
+        )
+    (root / "cases").mkdir(parents=True)
+    mr.save_as(root / "cases" / "mr.dcm")
+    path, summary = build_spec(spec_data(root, tmp_path / "out"))
+    assert summary.rejections == ()
+    with h5py.File(path, "r") as f:
+        g = f["train"]
+        values = g["ct"][()]
+        assert values.shape == (4, *SIZE) and (values[:, :32] == 0).all()  # 64 x 64 in 128 x 128, MR: 0
+        assert np.array_equal(values[:, 32:96, 32:96], np.broadcast_to(hu, (4, 64, 64)))
+        assert decode_str(g["ct_modality"][()]) == ["MR"] and g["ct_spacing"][0][0] == pytest.approx(1.5)
