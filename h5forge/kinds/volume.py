@@ -159,11 +159,8 @@ def _series(datasets: list, rule: str | dict | None, rel: str) -> list:
         return next(iter(groups.values()))
     described = {uid: str(getattr(g[0], "SeriesDescription", "")) for uid, g in groups.items()}
     if rule == "largest":
-
-        def depth(group: list) -> int:  # slices, counting every frame of a multi-frame file
-            return sum(frame_count(ds, rel) for ds in group)
-
-        sizes = sorted((depth(g) for g in groups.values()), reverse=True)
+        depth = {uid: sum(frame_count(ds, rel) for ds in g) for uid, g in groups.items()}  # every frame a slice
+        sizes = sorted(depth.values(), reverse=True)
         if sizes[0] == sizes[1]:
             raise Reject(
                 rel,
@@ -171,7 +168,7 @@ def _series(datasets: list, rule: str | dict | None, rel: str) -> list:
                 f"({sorted(described.values())}); pick one by its SeriesDescription or "
                 "series: {uid: ...}",
             )
-        return max(groups.values(), key=depth)
+        return groups[max(depth, key=lambda uid: depth[uid])]
     if isinstance(rule, dict):
         hits = [uid for uid, g in groups.items() if _matches(g[0], uid, rule)]
         if len(hits) == 1:

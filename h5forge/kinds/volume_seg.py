@@ -74,7 +74,7 @@ def seg_labels(
     theirs, ours = str(ds.get("FrameOfReferenceUID", "")), volume.get("frame_of_reference", "")
     if theirs and ours and theirs != ours:
         raise Reject(where, f"FrameOfReferenceUID {theirs} differs from its volume's ({volume_rel}: {ours})")
-    described = sorted(int(s.SegmentNumber) for s in ds.get("SegmentSequence", []))
+    described = sorted(int(s.get("SegmentNumber", 0) or 0) for s in ds.get("SegmentSequence", []))
     segments = [k for k in described if k != 0 or kind != "LABELMAP"]  # a label map's segment 0: background
     if not segments:
         raise Reject(where, "the SEG describes no segment (SegmentSequence is empty)")
