@@ -1,5 +1,6 @@
 """The DICOM layout: case folders ``<case>/*.dcm`` (or files without a suffix that pydicom reads;
-also ``cases/<case>/``). Sampled case folders are read header by header, since what decides the
+also ``cases/<case>/``), each a series of single-frame files or a multi-frame file (its frames
+count as slices); a DICOM SEG beside the slices, or ``masks/<case>.dcm``, is the case's mask. Sampled case folders are read header by header, since what decides the
 spec is there: the series a folder holds (``series: largest`` when it holds several), the slice
 size, the modality, a fractional rescale. Every file of a case folder is read at build time, so
 files that are not slices get a note."""
@@ -21,7 +22,10 @@ from h5forge.init.text import SpecText
 from h5forge.init.volumes import (
     CASE_DIRS,
     CASE_SAMPLE,
+    SEG_CLASSES,
     VOLUME_MASK_DIRS,
+    VolumeMask,
+    seg_classes,
     most_common_size,
     volume_field,
     volume_mask_field,
@@ -68,6 +72,7 @@ class _Case:
     modality: str = ""
     fractional: bool = False  # a rescale slope or intercept that is not a whole number
     strays: list[str] = field(default_factory=list)  # files pydicom does not read, or without a series
+    segs: list[list[int]] = field(default_factory=list)  # the segment numbers of each DICOM SEG beside the slices
 
     @property
     def main(self) -> str | None:
@@ -90,7 +95,11 @@ def _dicom_case(d: Path) -> _Case:
         if not uid:  # a DICOMDIR, a report: no slice of any series
             case.strays.append(p.relative_to(d).as_posix())
             continue
-        case.slices[uid] += 1
+        if str(ds.get("SOPClassUID", "")) in SEG_CLASSES:  # a mask of the case, no slice
+            case.segs.append(sorted(int(s.get("SegmentNumber", 0) or 0) for s in ds.get("SegmentSequence", [])))
+            continue
+        frames = _number(ds.get("NumberOfFrames"))
+        case.slices[uid] += int(frames) if frames and frames >= 1 else 1  # a multi-frame file: a frame a slice
         case.described.setdefault(uid, str(ds.get("SeriesDescription", "") or ""))
         rows, columns = _number(ds.get("Rows")), _number(ds.get("Columns"))
         if rows is not None and columns is not None:
@@ -188,6 +197,14 @@ def dicom_body(raw: Path, notes: list[str]):
     modality = common[0][0] if common else ""
     name = _MODALITY_NAMES.get(modality, "volume")
     mask = volume_masks(raw, base, {d.name for d in cases}, notes)
+    beside = [c.segs[0] for c in read.values() if c.segs]
+    if mask is None and beside:
+        mask = VolumeMask([glob], "the DICOM SEG beside each case's slices, segment k as class k", seg_classes(beside))
+        if len(beside) < len(read):
+            notes.append(
+                f"{len(read) - len(beside)} of {len(read)} sampled case folders hold no DICOM SEG: "
+                "those cases will be rejected, with no SEG to read as their mask"
+            )
     where = "case folders" if base == raw else f"case folders in {base.name}/"
     what = f"a DICOM series per case folder ({modality or 'modality unknown'}, {len(cases)} {where})"
 

@@ -45,6 +45,30 @@ VOLUME_MASK_DIRS = (
     "groundtruth",
 )
 CASE_SAMPLE, LABEL_SAMPLE = 20, 5
+SEG_CLASSES = ("1.2.840.10008.5.1.4.1.1.66.4", "1.2.840.10008.5.1.4.1.1.66.7")  # (label map) segmentation storage
+
+
+def seg_segments(path: Path) -> list[int] | None:
+    """The segment numbers a DICOM SEG file describes; None when the file is no SEG."""
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
+    try:
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+    except (InvalidDicomError, ValueError, EOFError, OSError, TypeError, KeyError):
+        return None
+    if str(ds.get("SOPClassUID", "")) not in SEG_CLASSES:
+        return None
+    return sorted(int(s.get("SegmentNumber", 0) or 0) for s in ds.get("SegmentSequence", []))
+
+
+def seg_classes(segments: list[list[int]]) -> MaskClasses:
+    """Binary for one segment a SEG, else classes 0..the highest segment number."""
+    found = sorted({k for numbers in segments for k in numbers if k})
+    info = MaskClasses(sampled=len(segments))
+    if len(found) > 1:
+        info.classes, info.found = found[-1] + 1, [0, *found]
+    return info
 
 
 def is_nifti(p: Path) -> bool:
@@ -109,7 +133,12 @@ def volume_masks(raw: Path, base: Path, ids: set[str], notes: list[str]) -> Volu
             continue
         nifti = sorted(p for p in d.iterdir() if is_nifti(p))
         folders = [c for c in subdirs(d) if pictures_in(c)]
-        if nifti:
+        dicom = sorted(p for p in d.iterdir() if visible(p) and p.is_file() and p.suffix.lower() == ".dcm")
+        segs = [n for n in (seg_segments(p) for p in sample(dicom, LABEL_SAMPLE)) if n is not None]
+        if segs:
+            mask_ids = {p.stem for p in dicom}
+            mask = VolumeMask([f"{d.name}/*.dcm"], "a DICOM SEG per case, segment k as class k", seg_classes(segs))
+        elif nifti:
             mask_ids = {nifti_id(p) for p in nifti}
             mask = VolumeMask(
                 nifti_globs(f"{d.name}/", nifti), "label volumes (NIfTI)", _label_volume_classes(nifti, notes)

@@ -13,6 +13,10 @@ InstanceNumber. Rejected with the reason: a missing slice (a gap in the position
 positions, uneven spacing, differing orientation or slice size, and pixel data no installed
 handler decodes (the transfer syntax is named). Values are pixel_array x RescaleSlope +
 RescaleIntercept (HU for CT), stored int16 (``dtype: float32`` for non-integral values).
+A case may be one multi-frame file (in a folder, or matched itself: ``cases/*`` finds
+``cases/<case>.dcm``): each frame is a slice, placed by its functional groups (enhanced) or by one
+ImagePositionPatient and the frame offsets (legacy); see ``h5forge.kinds.volume_frames``. A DICOM
+SEG among the files is no slice: it is read by a ``volume_mask`` field (``volume_seg``).
 NIfTI-1 and NIfTI-2 (nibabel, ``.nii`` or ``.nii.gz``): slices along the third axis, spacing and
 affine from the header. A 4-D NIfTI file (multi-contrast MR such as FLAIR/T1/T1c/T2, or a fixed
 number of time points) is read only when the field says what its fourth axis is:
@@ -56,6 +60,7 @@ from h5forge.kinds.base import (
     read_source,
 )
 from h5forge.kinds.image import plan_geometry
+from h5forge.kinds.volume_frames import frame_count, frame_pixels, frames_of, is_segmentation, rescale_of
 from h5forge.samples import Reject, SampleRef
 
 DEFAULT_MAX_DECODED_VOLUME = 2 << 30  # e.g. 1,024 slices of 512 x 512, at 8 bytes a voxel while decoded
@@ -178,7 +183,8 @@ def _series(datasets: list, rule: str | dict | None, rel: str) -> list:
         return next(iter(groups.values()))
     described = {uid: str(getattr(g[0], "SeriesDescription", "")) for uid, g in groups.items()}
     if rule == "largest":
-        sizes = sorted((len(g) for g in groups.values()), reverse=True)
+        depth = {uid: sum(frame_count(ds, rel) for ds in g) for uid, g in groups.items()}  # every frame a slice
+        sizes = sorted(depth.values(), reverse=True)
         if sizes[0] == sizes[1]:
             raise Reject(
                 rel,
@@ -186,7 +192,7 @@ def _series(datasets: list, rule: str | dict | None, rel: str) -> list:
                 f"({sorted(described.values())}); pick one by its SeriesDescription or "
                 "series: {uid: ...}",
             )
-        return max(groups.values(), key=len)
+        return groups[max(depth, key=lambda uid: depth[uid])]
     if isinstance(rule, dict):
         hits = [uid for uid, g in groups.items() if _matches(g[0], uid, rule)]
         if len(hits) == 1:
@@ -214,30 +220,28 @@ def _from_dicom(
     import pydicom
     from pydicom.errors import InvalidDicomError
 
-    datasets = []
+    datasets, names, segmentations = [], {}, 0
     for name, data in parts:
-        if data[128:132] != b"DICM" and not name.lower().endswith(".dcm"):
+        if not is_dicom(name, data):
             continue  # not a DICOM file (notes, thumbnails): not part of any series
         try:
             ds = pydicom.dcmread(io.BytesIO(data))
         except (InvalidDicomError, ValueError, EOFError, OSError) as err:
             raise Reject(f"{rel}/{name}", f"not a readable DICOM file: {err}") from None
-        if "PixelData" in ds:  # a DICOMDIR or a report holds no slice
+        if is_segmentation(ds):  # a SEG beside its series is a mask (kind: volume_mask), no slice
+            segmentations += 1
+        elif "PixelData" in ds:  # a DICOMDIR or a report holds no slice
             datasets.append(ds)
+            names[id(ds)] = name
     if not datasets:
-        raise Reject(rel, "no DICOM image in the case folder")
+        raise Reject(
+            rel,
+            "no DICOM image in the case folder"
+            + (" (a DICOM SEG is read as the mask of a volume_mask field)" if segmentations else ""),
+        )
     series = _series(datasets, rule, rel)
-    try:
-        iop = np.array([[float(v) for v in ds.ImageOrientationPatient] for ds in series])
-        ipp = np.array([[float(v) for v in ds.ImagePositionPatient] for ds in series])
-    except AttributeError as err:
-        raise Reject(rel, f"a slice lacks its position or orientation: {err}") from None
-    for name, values in (("ImagePositionPatient", ipp), ("ImageOrientationPatient", iop)):
-        bad = int((~np.isfinite(values).all(axis=1)).sum())
-        if bad:  # NaN sorts last and makes the spacing NaN: no order of the slices can be trusted
-            raise Reject(rel, f"{name} is not a finite position in {bad} of {len(series)} slices")
-    if np.abs(iop - iop[0]).max() > 1e-4:
-        raise Reject(rel, "slices have different orientations (ImageOrientationPatient)")
+    counts = [frame_count(ds, f"{rel}/{names[id(ds)]}") for ds in series]
+    multiframe = max(counts) > 1
     try:
         sizes: set[tuple[int, int, int]] = {
             (int(ds.Rows), int(ds.Columns), int(ds.get("SamplesPerPixel", 1) or 1)) for ds in series
@@ -246,19 +250,43 @@ def _from_dicom(
         raise Reject(rel, f"a slice has no valid Rows/Columns: {err}") from None
     if len(sizes) > 1:
         raise Reject(rel, f"slices have different sizes {sorted(s[:2] for s in sizes)}")
-    if len(series) > max_slices:
-        raise Reject(rel, f"{len(series)} slices, more than max_slices {max_slices}")
+    depth = sum(counts)
+    if depth > max_slices:
+        raise Reject(rel, f"{depth} slices, more than max_slices {max_slices}")
     rows, columns, samples = next(iter(sizes))
-    _check_decoded(
-        len(series) * rows * columns * samples, max_decoded, rel, f"{len(series)} slices of {rows}x{columns}"
-    )
+    _check_decoded(depth * rows * columns * samples, max_decoded, rel, f"{depth} slices of {rows}x{columns}")
+    if samples != 1:
+        raise Reject(rel, f"colour pixels ({samples} samples per pixel): a volume holds one value per voxel")
+    frames = [f for ds in series for f in frames_of(ds, names[id(ds)], rel)]
+    iop = np.array([f.orientation for f in frames])
+    ipp = np.array([f.position for f in frames])
+    for name, values in (("ImagePositionPatient", ipp), ("ImageOrientationPatient", iop)):
+        bad = int((~np.isfinite(values).all(axis=1)).sum())
+        if bad:  # NaN sorts last and makes the spacing NaN: no order of the slices can be trusted
+            raise Reject(rel, f"{name} is not a finite position in {bad} of {len(frames)} slices")
+    if np.abs(iop - iop[0]).max() > 1e-4:
+        if multiframe:
+            planes = len(np.unique(np.round(iop, 4), axis=0))
+            raise Reject(
+                rel,
+                f"frames lie in {planes} different orientations (ImageOrientationPatient): not one stack "
+                "of slices (a multi-plane localizer?)",
+            )
+        raise Reject(rel, "slices have different orientations (ImageOrientationPatient)")
     normal = np.cross(iop[0][:3], iop[0][3:])
     order = np.argsort(ipp @ normal, kind="stable")
-    series = [series[i] for i in order]
+    frames = [frames[i] for i in order]
     positions = (ipp @ normal)[order]
     steps = np.diff(positions)
     if len(steps):
         if (steps < POSITION_TOLERANCE).any():
+            if multiframe:
+                distinct = int((steps >= POSITION_TOLERANCE).sum()) + 1
+                raise Reject(
+                    rel,
+                    f"{len(frames)} frames at {distinct} positions: not one stack of slices (several "
+                    "stacks, echoes or time points in one series?)",
+                )
             k = int(np.argmax(steps < POSITION_TOLERANCE))
             raise Reject(rel, f"duplicate slice positions: {positions[k]:.2f} mm appears twice")
         step = float(np.median(steps))
@@ -273,45 +301,43 @@ def _from_dicom(
         if np.abs(steps - step).max() > SPACING_TOLERANCE * step:
             raise Reject(rel, f"uneven slice spacing: steps from {steps.min():.2f} to {steps.max():.2f} mm")
     else:
-        step = float(getattr(series[0], "SliceThickness", 0) or 0)
-    rescale = [_rescale(ds) for ds in series]
+        step = frames[0].thickness
+    rescale = [rescale_of(f.rescale) for f in frames]
     wrong = [r for r in rescale if isinstance(r, str)]
     if wrong:
-        raise Reject(rel, f"{wrong[0]} in {wrong.count(wrong[0])} of {len(series)} slices")
-    slices = []
-    for ds, (slope, intercept) in zip(series, cast(list[tuple[float, float]], rescale)):  # none is a str here
+        raise Reject(rel, f"{wrong[0]} in {wrong.count(wrong[0])} of {len(frames)} slices")
+    decoded: dict[int, np.ndarray] = {}
+    for ds in series:
         try:
-            pixels = ds.pixel_array
+            decoded[id(ds)] = ds.pixel_array
         except (NotImplementedError, RuntimeError, ValueError) as err:
             raise Reject(
                 rel,
                 f"pixel data in {ds.file_meta.TransferSyntaxUID.name} "
                 f"({ds.file_meta.TransferSyntaxUID}) cannot be decoded here: {err}",
             ) from None
-        slices.append(pixels.astype(np.float64) * slope + intercept)
-    first = series[0]
-    row_spacing, col_spacing = (float(v) for v in getattr(first, "PixelSpacing", (0, 0)))
+    slices = [
+        frame_pixels(decoded, f).astype(np.float64) * slope + intercept
+        for f, (slope, intercept) in zip(frames, cast(list[tuple[float, float]], rescale))  # none is a str here
+    ]
+    first = frames[0]
     meta = {
-        "spacing": np.array([step, row_spacing, col_spacing]),
+        "spacing": np.array([step, *first.pixel_spacing]),
         "origin": ipp[order[0]],
         "orientation": iop[0],
-        "modality": str(getattr(first, "Modality", "")),
-        "series": str(getattr(first, "SeriesInstanceUID", "")),
+        "modality": str(getattr(first.ds, "Modality", "")),
+        "series": str(getattr(first.ds, "SeriesInstanceUID", "")),
+        # what a DICOM SEG mask of the case is checked against and mapped by
+        "positions": ipp[order],
+        "sources": [(str(f.ds.get("SOPInstanceUID", "")), f.number) for f in frames],
+        "frame_of_reference": str(first.ds.get("FrameOfReferenceUID", "")),
     }
     return np.stack(slices), meta
 
 
-def _rescale(ds) -> tuple[float, float] | str:
-    """(slope, intercept) of a slice: 1 and 0 when the tags are absent or empty; a slope of 0 or a
-    value that is not finite is what is wrong with it (a string), never replaced by the default."""
-    slope, intercept = ds.get("RescaleSlope"), ds.get("RescaleIntercept")
-    slope = 1.0 if slope is None or slope == "" else float(slope)
-    intercept = 0.0 if intercept is None or intercept == "" else float(intercept)
-    if not (np.isfinite(slope) and np.isfinite(intercept)):
-        return "RescaleSlope or RescaleIntercept is not a finite number"
-    if slope == 0:
-        return "RescaleSlope is 0"  # every value would be the intercept
-    return slope, intercept
+def is_dicom(name: str, data: bytes) -> bool:
+    """A DICOM file by its preamble's magic, or by its name when it has none."""
+    return data[128:132] == b"DICM" or name.lower().endswith(".dcm")
 
 
 NIFTI_HEADER_SIZES = {348: "Nifti1Image", 540: "Nifti2Image"}  # sizeof_hdr of NIfTI-1 and NIfTI-2

@@ -5,8 +5,11 @@
       ct_mask: {kind: volume_mask, files: "masks/*", like: ct, classes: 3}
 
 A case's mask is a folder of one PNG per slice, numbered in slice order (the number in the file
-name: ``0.png`` ... or ``slice_017.png``), or a NIfTI label volume (``masks/<case>.nii.gz``, NIfTI-1
-or NIfTI-2; 3-D, also when its volume has channels). It must have the volume's depth and in-plane size, and values by the mask rules (binary {0,1} /
+name: ``0.png`` ... or ``slice_017.png``), a NIfTI label volume (``masks/<case>.nii.gz``, NIfTI-1
+or NIfTI-2; 3-D, also when its volume has channels), or a DICOM SEG of a DICOM case
+(``masks/<case>.dcm``, a folder holding one, or the case folder itself when the SEG sits beside its
+slices): segment k is class k, mapped to the volume's slices by position (see
+``h5forge.kinds.volume_seg``). It must have the volume's depth and in-plane size, and values by the mask rules (binary {0,1} /
 {0,255}, or ``classes`` with an optional ``ignore_value``); it is cropped and padded exactly like
 the volume. Stored ragged like the volume, uint8, with pixel counts per class and a per-class row
 index, as for 2-D masks.
@@ -25,7 +28,8 @@ from h5forge.format.arrays import Ragged, Stored
 from h5forge.kinds.base import Decoded, Globs, StrictModel
 from h5forge.kinds.image import open_picture
 from h5forge.kinds.mask import PAD_DOC, MaskKind, binary_array, check_pad, class_array, pad_of
-from h5forge.kinds.volume import crop_or_pad, load_case, physical_planes, read_case
+from h5forge.kinds.volume import crop_or_pad, is_dicom, load_case, physical_planes, read_case
+from h5forge.kinds.volume_seg import seg_labels
 from h5forge.samples import Reject, SampleRef
 
 
@@ -76,13 +80,16 @@ class VolumeMaskKind(MaskKind):
         if getattr(dataset.fields.get(spec.like), "kind", None) != "volume":
             raise ValueError(f"fields.{name}.like: {spec.like!r} is not a volume field")
 
-    def _labels(self, root: Path, rel: str) -> np.ndarray:
+    def _labels(self, root: Path, rel: str, volume: dict, volume_rel: str) -> np.ndarray:
         if rel.lower().endswith((".nii", ".nii.gz")):
             values = load_case(root, rel, labels=True)[0]
             if not np.array_equal(values, np.round(values)):
                 raise Reject(rel, "label volume holds values that are not whole numbers")
             return values.astype(np.int64)
         parts, _ = read_case(root, rel)
+        dicom = [(name, data) for name, data in parts if is_dicom(name, data)]
+        if dicom:
+            return seg_labels(dicom, rel, volume, volume_rel, self.spec.classes, self.spec.max_pixels)
         try:
             parts = sorted(parts, key=lambda p: _slice_number(p[0]))
         except ValueError as err:
@@ -104,8 +111,8 @@ class VolumeMaskKind(MaskKind):
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         rel = ref.files[self.name]
         digest = read_case(root, rel)[1]
-        labels = self._labels(root, rel)
         volume = done[self.spec.like].context
+        labels = self._labels(root, rel, volume, ref.files[self.spec.like])
         if labels.shape != volume["raw"]:
             raise Reject(
                 rel,

@@ -129,3 +129,19 @@ def test_a_symlink_in_a_case_folder_out_of_the_source_is_rejected_unread(tmp_pat
     assert dict(got["rejected"])["linked"] == (f"file is {GIB:,} bytes, larger than the field's limit of "
                                                f"{256 * MIB:,} (max_bytes)")
     assert got["peak_rss"] - got["base_rss"] < 64 * MIB, got
+
+
+def test_a_multiframe_file_declaring_4000_frames_of_4096_square_is_rejected_before_decoding(tmp_path):
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    pydicom.dcmread(get_testdata_file("rtdose_rle.dcm")).save_as(root / "cases" / "dose.dcm")
+    ds = pydicom.dcmread(get_testdata_file("rtdose_rle.dcm"))
+    ds.NumberOfFrames, ds.Rows, ds.Columns = 4000, 4096, 4096  # the RLE frames stay 15 of 10 x 10
+    ds.save_as(root / "cases" / "bomb.dcm")
+    assert (root / "cases" / "bomb.dcm").stat().st_size < 16_384
+    got = clean_in_a_fresh_process(volume_spec(root, "cases/*", dtype="float32"))
+    assert got["taken"] == ["dose"]
+    [(sid, reason)] = got["rejected"]
+    assert sid == "bomb" and reason.startswith(
+        "4000 slices of 4096x4096 would take 536,870,912,000 bytes decoded"), reason
+    assert got["peak_rss"] - got["base_rss"] < 128 * MIB, got
