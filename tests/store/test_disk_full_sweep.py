@@ -113,7 +113,8 @@ def thresholds(measured: dict, dense: bool) -> list[int]:
         if after - before > 4 * PAGE:
             points |= {page_down(before + int(f * (after - before))) for f in fractions}
     if dense:
-        points |= set(range(0, page_down(measured["used"]), 16 * PAGE))
+        peak = max([measured["used"], *measured["opens"].values(), *(after for _, _, after in measured["steps"])])
+        points |= set(range(0, page_down(peak), 16 * PAGE))  # the peak: retention frees space at the end
     return sorted(points)
 
 
