@@ -63,8 +63,8 @@ from h5forge.crash_points import checkpoint
 from h5forge.store.reports import write_health
 from h5forge.store.thin import require_current_format, write_thin
 from h5forge.store.verify import HealthReport, verify_file
-from h5forge.store.whole_files import replace_file
 from h5forge.store.versions import Candidate, fsync_dir, latest, publish, published, seal, set_latest
+from h5forge.store.whole_files import replace_file
 
 log = logging.getLogger("h5forge.ingest.append")
 

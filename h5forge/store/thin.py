@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timezone
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
