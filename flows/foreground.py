@@ -5,7 +5,11 @@ An expected failure (an ``H5forgeError``: too many rejected inputs, a full disk,
 said by the command in one ``error:`` line. Prefect logs it too, with its traceback and a
 "Finished in state Failed" line from the run and from the task that raised it: those records
 still reach the run's log on the server, but not the terminal, unless ``debug``. A bug (any
-other exception) keeps its traceback on the terminal.
+other exception) keeps its traceback on the terminal. Without ``PREFECT_API_URL`` the run goes to a temporary server that
+Prefect starts as a child process writing to the same terminal; stopping it at exit cancels its
+services mid-write, and each logs an error with its traceback. That child inherits the settings
+of the run, so its log level is CRITICAL unless ``debug`` or the user set one: the terminal keeps
+the command's one line.
 
 Prefect 3.9 emits a flow-run heartbeat event every ``flows.heartbeat_frequency`` seconds (180 by
 default) from a thread that sleeps in 1 s steps, and joins that thread when the run ends: every run
@@ -27,11 +31,18 @@ from h5forge.errors import H5forgeError
 
 @contextmanager
 def foreground_run(debug: bool = False) -> Iterator[None]:
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_SERVER_LOGGING_LEVEL,
+        get_current_settings,
+        temporary_settings,
+    )
 
     with ExitStack() as stack:
         if not debug:
             stack.enter_context(_expected_failures_off_the_terminal())
+            if "logging_level" not in get_current_settings().server.model_fields_set:  # unless the user asked
+                stack.enter_context(temporary_settings(updates={PREFECT_SERVER_LOGGING_LEVEL: "CRITICAL"}))
         if "heartbeat_frequency" not in get_current_settings().flows.model_fields_set:  # unless the user asked
             stack.enter_context(temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         yield

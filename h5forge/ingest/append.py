@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import logging
 import os
@@ -36,7 +37,6 @@ from h5forge.format.catalog import (
     split_row,
     write_catalog,
 )
-from h5forge.format.checksums import write_file_digest
 from h5forge.format.layout import decode_str
 from h5forge.format.names import (
     IDS,
@@ -64,6 +64,7 @@ from h5forge.store.reports import write_health
 from h5forge.store.thin import require_current_format, write_thin
 from h5forge.store.verify import HealthReport, verify_file
 from h5forge.store.versions import Candidate, fsync_dir, latest, publish, published, seal, set_latest
+from h5forge.store.whole_files import replace_file
 
 log = logging.getLogger("h5forge.ingest.append")
 
@@ -251,21 +252,26 @@ def write_delta(
 def write_thin_version(spec: DatasetSpec, cand: AppendCandidate, summary: WriteSummary) -> WriteSummary:
     os.replace(cand.delta_partial, cand.delta)  # not referenced by any published version yet
     parent = cand.out / version_name(cand.parent)
-    merged = write_thin(cand.version.partial, parent, cand.delta, spec, cand.number, cand.parent, summary)
-    write_thin_catalog(cand.version.partial, parent, cand.delta)
-    return merged
+    return write_thin(
+        cand.version.partial,
+        parent,
+        cand.delta,
+        spec,
+        cand.number,
+        cand.parent,
+        summary,
+        extra=lambda f: write_thin_catalog(f, parent, cand.delta),
+    )
 
 
-def write_thin_catalog(path: Path, parent: Path, delta: Path) -> None:
+def write_thin_catalog(f: h5py.File, parent: Path, delta: Path) -> None:
     """The thin version's inputs catalog: the parent's plus the delta's, rows shifted past the
     parent's (sorted arrays merged by insertion: no per-sample work beyond copying them)."""
     with h5py.File(os.path.realpath(parent), "r") as p, h5py.File(delta, "r") as d:
         old = read_catalog(p) or catalog_from_rows(p)
         new = read_catalog(d) or catalog_from_rows(d)
         shift = {s: int(p[s].attrs[Attr.COUNT]) for s in SPLITS}
-    with h5py.File(path, "r+") as f:
-        write_catalog(f, old.merged(new, shift))
-        write_file_digest(f)  # over the catalog too
+    write_catalog(f, old.merged(new, shift))
 
 
 def verify_append(cand: AppendCandidate, seed: int = 0) -> HealthReport:
@@ -385,25 +391,22 @@ def _read_list(path: Path) -> list[dict]:
 def _write_records(path: Path, records: list[dict]) -> None:
     """Records written atomically in the format the file's suffix names (JSON list, JSON Lines, CSV)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     rows = [{k: v for k, v in r.items() if k != TEXT_FORMAT} for r in records]
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        with tmp.open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
-            writer.writeheader()
-            writer.writerows(rows)
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        writer.writeheader()
+        writer.writerows(rows)
+        replace_file(path, text.getvalue())
     elif suffix == ".jsonl":
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        replace_file(path, "".join(json.dumps(r) + "\n" for r in rows))
     else:
-        tmp.write_text(json.dumps(rows, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+        replace_file(path, json.dumps(rows, indent=1))
 
 
 def write_journal(out: Path, plan: MovePlan) -> None:
-    tmp = out / f".{JOURNAL}.tmp"
-    tmp.write_text(plan.to_json())
-    os.replace(tmp, out / JOURNAL)
+    replace_file(out / JOURNAL, plan.to_json(), durable=True)
     fsync_dir(out)
 
 
@@ -454,7 +457,7 @@ def _move(src: str, dst: str) -> None:
 
 def _write_reason(path: Path, reason: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(reason + "\n")
+    replace_file(path, reason + "\n")
 
 
 def recover(out: Path) -> str | None:

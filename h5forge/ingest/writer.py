@@ -14,6 +14,7 @@ A writer left by an exception (or without ``finish``) deletes its file.
 from __future__ import annotations
 
 import getpass
+import os
 import platform
 import socket
 import time
@@ -111,14 +112,15 @@ class DatasetWriter:
         self.inputs = inputs  # the build's input hashes: each row's sample key, the file's input key
         # freed file space is never reused, so after a SIGKILL every row written before the last
         # checkpoint is still where the flushed metadata says (a resumed build copies them)
-        self.file = h5py.File(self.path, "w", fs_strategy="none")
+        self.file = _create_file(self.path)
         self._create(version, parent_version)
         self._groups: dict[str, h5py.Group] = {split: self.file[split] for split in SPLITS}
-        # every dataset stays open until the file closes: HDF5 flushes a dataset's chunk cache
-        # when its last handle is dropped, and an error there (ENOSPC) can only be printed by h5py;
-        # held open, the cached chunks are written by the explicit flush of each block instead
-        self._held: list[h5py.Dataset] = []
-        self.file.visititems(lambda _, obj: self._held.append(obj) if isinstance(obj, h5py.Dataset) else None)
+        # the sample datasets keep HDF5's default chunk cache (rows arrive in blocks smaller than
+        # a chunk) and stay open until the file closes: their cached chunks are written by the
+        # explicit flush of each block, never by a dropped handle
+        names: list[str] = []
+        self.file.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+        self._held: list[h5py.Dataset] = [_open_cached(self.file, name) for name in names]
 
     def __enter__(self) -> "DatasetWriter":
         return self
@@ -354,3 +356,29 @@ class DatasetWriter:
             timings={**timings, "write_seconds": round(time.perf_counter() - self.started, 3)},
             rejections=tuple(self.rejections),
         )
+
+
+def _create_file(path: Path) -> h5py.File:
+    """A new file for the writer, as ``h5py.File(path, "w", fs_strategy="none")`` makes it, but
+    with neither a chunk cache nor a sieve buffer by default: a dataset created after the sample
+    datasets (statistics, indexes, the catalog, written whole by ``finish``) then writes its data
+    in the call that writes it, where a full disk raises. Buffered, the data would be written when
+    the dataset's last handle is dropped, where an error (ENOSPC) can only be printed by h5py, and
+    the library is then left in a state that crashes it at the next flush (segmentation fault)."""
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_EARLIEST, h5py.h5f.LIBVER_LATEST)
+    mdc, slots, _, w0 = fapl.get_cache()
+    fapl.set_cache(mdc, slots, 0, w0)
+    fapl.set_sieve_buf_size(0)
+    fcpl = h5py.h5p.create(h5py.h5p.FILE_CREATE)
+    fcpl.set_obj_track_times(False)
+    fcpl.set_file_space_strategy(h5py.h5f.FSPACE_STRATEGY_NONE, False, 1)
+    return h5py.File(h5py.h5f.create(os.fsencode(path), h5py.h5f.ACC_TRUNC, fapl=fapl, fcpl=fcpl))
+
+
+def _open_cached(f: h5py.File, name: str) -> h5py.Dataset:
+    """``f[name]`` opened with HDF5's default chunk cache (the file's own default is none)."""
+    _, slots, nbytes, w0 = h5py.h5p.create(h5py.h5p.FILE_ACCESS).get_cache()
+    dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
+    dapl.set_chunk_cache(slots, nbytes, w0)
+    return h5py.Dataset(h5py.h5d.open(f.id, name.encode(), dapl))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import h5py
 
-from h5forge.errors import DiskFull
+from h5forge.errors import DiskFull, H5forgeError
 from h5forge.format.names import PARTIAL_RE
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -77,6 +77,8 @@ def as_disk_full(err: BaseException, fallback: str | os.PathLike) -> DiskFull | 
     """``err`` as a one-line DiskFull (``fallback`` names the file when the error does not), or None."""
     if isinstance(err, DiskFull):
         return err
+    if isinstance(err, H5forgeError):  # it says what happened already (e.g. published, but not moved)
+        return None
     if disk_full_cause(err) is None:
         return None
     target = file_of(err) or os.fspath(fallback)

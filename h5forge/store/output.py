@@ -19,6 +19,7 @@ from h5forge.errors import OutputTaken, SourceMissing, SpecError
 from h5forge.format.names import Attr
 from h5forge.spec import DatasetSpec
 from h5forge.store.versions import latest, published
+from h5forge.store.whole_files import replace_file
 
 OWNER_FILE = "h5forge-dataset.json"
 
@@ -81,9 +82,7 @@ def claim_output(out: Path, name: str) -> None:
     check_owner(out, name)
     marker = Path(out) / OWNER_FILE
     if not marker.exists():
-        tmp = marker.with_name(f".{OWNER_FILE}.tmp")
-        tmp.write_text(json.dumps({"name": name}) + "\n")
-        os.replace(tmp, marker)
+        replace_file(marker, json.dumps({"name": name}) + "\n", tmp=marker.with_name(f".{OWNER_FILE}.tmp"))
 
 
 def preflight(spec: DatasetSpec, inbox: bool = False) -> None:

@@ -12,6 +12,7 @@ from h5forge.format.names import QUARANTINE_DIR, REPORTS_DIR, version_name, vers
 from h5forge.format.summary import bounded_rows
 from h5forge.samples import Rejection
 from h5forge.store.verify import HealthReport
+from h5forge.store.whole_files import replace_file
 
 
 def write_quarantine(out: Path, number: int, rejections: Sequence[Rejection]) -> list[Path]:
@@ -21,7 +22,7 @@ def write_quarantine(out: Path, number: int, rejections: Sequence[Rejection]) ->
     tag = version_tag(number)
     rows = [r.as_dict() for r in rejections]
     js = folder / f"{tag}.rejections.json"
-    js.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
+    replace_file(js, json.dumps(rows, indent=1, ensure_ascii=False))
     md = folder / f"{tag}.rejections.md"
     lines = [
         f"# Rejected inputs: {tag}",
@@ -36,7 +37,7 @@ def write_quarantine(out: Path, number: int, rejections: Sequence[Rejection]) ->
         f"{markdown.text(r['reason'])} |"
         for r in bounded_rows(rejections)
     ]
-    md.write_text("\n".join(lines) + "\n")
+    replace_file(md, "\n".join(lines) + "\n")
     return [js, md]
 
 
@@ -50,6 +51,6 @@ def write_health(out: Path, number: int, report: HealthReport, run: str = "") ->
     report = replace(report, path=str(out / version_name(number)))
     tag = version_tag(number) + (f".{run}" if run else "") + ("" if report.ok else ".failed")
     js, md = folder / f"{tag}.health.json", folder / f"{tag}.health.md"
-    js.write_text(report.to_json())
-    md.write_text(report.to_markdown())
+    replace_file(js, report.to_json())
+    replace_file(md, report.to_markdown())
     return [js, md]

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable, Iterator
 
 import h5py
 
@@ -38,6 +40,7 @@ from h5forge.format.summary import WriteSummary, read_summary, write_diagnostics
 from h5forge.kinds import stored_kinds
 from h5forge.spec import DatasetSpec, spec_from_json
 from h5forge.store.sizes import own_sizes, segments_sizes
+from h5forge.store.whole_files import write_new
 
 
 def require_current_format(parent: Path, parent_number: int) -> None:
@@ -52,15 +55,40 @@ def require_current_format(parent: Path, parent_number: int) -> None:
         )
 
 
+@contextmanager
+def built_in_memory(path: Path) -> Iterator[h5py.File]:
+    """A new HDF5 file at ``path``, built in memory and written out in one plain write when the
+    block ends (nothing is written if it raises).
+
+    HDF5 never writes to the disk here, so a full disk is an ``OSError`` from that last write, and
+    the library keeps no half-flushed file open: a file whose flush failed crashes the process in
+    HDF5's later bookkeeping (segmentation fault). A thin version holds small arrays only (indexes,
+    statistics, catalog, the virtual mappings), so its image fits in memory. Relative paths of
+    virtual sources resolve against ``path``'s folder, as in a file on disk."""
+    with h5py.File(path, "w", driver="core", backing_store=False) as f:
+        yield f
+        f.flush()
+        image = f.id.get_file_image()
+    write_new(path, image)
+
+
 def write_thin(
-    path: Path, parent: Path, delta: Path, spec: DatasetSpec, number: int, parent_number: int, summary: WriteSummary
+    path: Path,
+    parent: Path,
+    delta: Path,
+    spec: DatasetSpec,
+    number: int,
+    parent_number: int,
+    summary: WriteSummary,
+    extra: Callable[[h5py.File], None] = lambda f: None,
 ) -> WriteSummary:
-    """Write the thin version ``path`` = ``parent`` + ``delta`` (both in ``path``'s folder)."""
+    """Write the thin version ``path`` = ``parent`` + ``delta`` (both in ``path``'s folder);
+    ``extra`` adds what else the file holds (the inputs catalog) before its file digest."""
     ensure_filters()
     require_current_format(parent, parent_number)
     segments = segments_of(parent)
     kinds = stored_kinds(spec)
-    with h5py.File(os.path.realpath(parent), "r") as p, h5py.File(delta, "r") as d, h5py.File(path, "w") as f:
+    with h5py.File(os.path.realpath(parent), "r") as p, h5py.File(delta, "r") as d, built_in_memory(path) as f:
         segments.append({"file": delta.name, "counts": counts_of(d)})
         f.attrs.update(dict(d.attrs))
         f.attrs.update(
@@ -106,6 +134,7 @@ def write_thin(
             compression_ratio=sizes.ratio,
         )
         write_diagnostics(f, merged)
+        extra(f)
         write_file_digest(f)
     return merged
 

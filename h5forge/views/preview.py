@@ -33,6 +33,7 @@ from h5forge.format.names import FORMAT, IDS, REPORTS_DIR, SPEC, SPLITS, Attr, v
 from h5forge.format.segments import virtual_sources
 from h5forge.kinds import FieldKind, stored_kinds
 from h5forge.spec import spec_from_json
+from h5forge.store.whole_files import replace_file
 from h5forge.views import drawing
 
 MARGIN = 10  # around the sheet
@@ -304,7 +305,9 @@ def write_preview(
     sheet = compose(load_samples(path, split, n, seed, ids), tile)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    sheet.image.save(out, format="PNG", compress_level=compress_level)
+    png = io.BytesIO()
+    sheet.image.save(png, format="PNG", compress_level=compress_level)
+    replace_file(out, png.getvalue())  # whole or not at all: a full disk leaves no cut-off picture
     return sheet
 
 

@@ -5,8 +5,10 @@ run as subprocesses (their flow runs, on the session's Prefect server). Each exi
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -125,3 +127,42 @@ def test_append_on_a_full_disk_exits_1_and_leaves_the_inbox_as_it_was(prefect_se
     assert tree_hashes(inbox) == inbox_before
     assert sorted(p.name for p in out.glob("*.h5")) == ["dataset_latest.h5", "dataset_v0001.h5"]
     assert tree_hashes(out)["dataset_v0001.h5"] == out_before["dataset_v0001.h5"]
+
+
+def test_append_whose_thin_version_does_not_fit_exits_1_with_one_line_and_leaves_no_delta(prefect_server, raw_good,
+                                                                                          raw_new, small_fs, tmp_path):
+    """The space runs out while the thin version is written, after the delta fitted (this crashed
+    the process in HDF5, exit 139, leaving the partial thin version and the delta). Where that
+    is: an undisturbed plain append of the same inbox, measured in a child process
+    (tests/helpers/full_disk.py), from a copy of the folder restored before each run."""
+    import h5forge
+    from tests.helpers.full_disk import restore
+
+    out, inbox = small_fs / "out", small_fs / "inbox"
+    spec_file = write_spec_file(raw_good, out, tmp_path / "spec.yaml", inbox=inbox)
+    h5forge.build(spec_file)
+    drop_samples(raw_new, inbox, [f"cell_{i:06d}" for i in range(30)], rename="n_")
+    age_files(inbox)
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(small_fs, snapshot, symlinks=True)
+    measured = tmp_path / "measured.json"
+    res = subprocess.run([sys.executable, "-m", "tests.helpers.full_disk", "append", str(spec_file), str(small_fs),
+                          str(snapshot), str(measured)], capture_output=True, text=True, timeout=900,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert res.returncode == 0, res.stderr[-3000:]
+    (before, after), = [(b, a) for name, b, a in json.loads(measured.read_text())["steps"] if name == "write-thin-version"]
+    assert after - before > 8 * 4096  # room to land inside it
+    restore(small_fs, snapshot)
+    inbox_before = tree_hashes(inbox)
+    fill(small_fs, (before + (after - before) // 2) // 4096 * 4096)
+
+    res = run_cli(["append", str(spec_file)])
+
+    assert_clean_failure(res, small_fs, out)
+    assert re.search(r"while writing \S+/\.dataset_v0002\.h5\.partial;", res.stderr), res.stderr[-3000:]
+    assert latest(out) == 1 and sorted(p.name for p in out.glob("*.h5")) == ["dataset_latest.h5", "dataset_v0001.h5"]
+    assert tree_hashes(inbox) == inbox_before
+    (small_fs / "ballast").unlink()
+    again = run_cli(["append", str(spec_file)])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert latest(out) == 2 and not any(inbox.glob("*.json"))

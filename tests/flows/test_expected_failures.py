@@ -58,3 +58,22 @@ def test_too_many_rejected_inputs_is_one_line_and_the_traceback_stays_in_the_run
     assert any("TooManyRejected" in m for m in logs), logs[-5:]
     debug = _build(spec, api_url, "--debug")
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "TooManyRejected" in debug.stderr
+
+
+def test_nothing_to_build_with_a_temporary_server_is_one_line_and_no_shutdown_traceback(tmp_path):
+    """Without PREFECT_API_URL the command runs its flow on a temporary server it starts and stops
+    itself: the error is still one line, and stopping the server prints no traceback (a
+    CancelledError of its shutdown once did)."""
+    raw = tmp_path / "raw"
+    for folder in ("images", "masks"):
+        (raw / folder).mkdir(parents=True)
+    (raw / "annotations.json").write_text("[]")
+    spec = write_spec_file(raw, tmp_path / "out", tmp_path / "spec.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    done = subprocess.run([H5FORGE, "build", str(spec)], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 1, done.stderr
+    assert "Starting temporary server" in done.stderr  # the case under test
+    assert "Traceback" not in done.stderr and "CancelledError" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: no complete sample under {raw} (0 input(s) rejected; see the quarantine report)"]

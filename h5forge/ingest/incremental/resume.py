@@ -27,6 +27,7 @@ from h5forge.ingest.incremental.inputs import Inputs
 from h5forge.ingest.incremental.reuse import Source
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.crash_points import checkpoint as fault_point
+from h5forge.store.whole_files import replace_file
 
 CHECKPOINT_SECONDS = 3.0  # how much cleaning a SIGKILL can cost at most (plus the batches in flight)
 
@@ -82,9 +83,7 @@ class Checkpoints:
         state.update(key=self.inputs.key, rules=self.inputs.rules)
         if not self.exact_stats:  # rows copied from other files carry their statistics only at the end
             state["stats"] = None
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, self.path)
+        replace_file(self.path, json.dumps(state), tmp=self.path.with_name(self.path.name + ".tmp"))
         self.last = time.monotonic()
 
     def discard(self) -> None:
