@@ -4,7 +4,9 @@ the first starts the local Prefect server (h5forge/cli/local_server.py), the sec
     python -m benchmarks.second_build [--smoke] [--n 100]
 
 Each build writes a new output folder (a full build, not an "unchanged" no-op); a third command
-rebuilds the second's folder unchanged. Per command: wall seconds, CPU seconds of the command's
+rebuilds the second's folder unchanged; after `h5forge server stop`, a fourth full build runs on
+Prefect's temporary server (H5FORGE_LOCAL_SERVER=0), as every command did before.
+Per command: wall seconds, CPU seconds of the command's
 process tree, and where the wall time goes: before the flow run begins (interpreter, imports, spec
 checks, finding or starting the server), the flow run's steps (from its log lines), and after it
 ends (printing, Prefect's exit). `python -c "import h5forge.flows.build"` gives the import share.
@@ -30,11 +32,11 @@ def _clock(stamp: str, day: datetime) -> float:
     return t.timestamp()
 
 
-def run_build(spec: Path, home: Path) -> dict:
+def run_build(spec: Path, home: Path, **env: str) -> dict:
     started = time.time()
     with sampled() as usage:
         r = subprocess.run([str(BIN / "h5forge"), "build", str(spec)], capture_output=True, text=True,
-                           env=prefect_env(home), cwd=REPO, timeout=1800)
+                           env=prefect_env(home, **env), cwd=REPO, timeout=1800)
     ended = time.time()
     if r.returncode != 0:
         raise RuntimeError(f"build failed:\n{r.stdout}\n{r.stderr}")
@@ -73,7 +75,7 @@ def main() -> None:
     raw = raw_folder(args.n)
     shutil.rmtree(WORK, ignore_errors=True)
     home = WORK / "prefect-home"
-    specs = [write_spec(make_spec(raw, WORK / f"out{i}"), WORK / f"spec{i}.yaml") for i in (1, 2)]
+    specs = [write_spec(make_spec(raw, WORK / f"out{i}"), WORK / f"spec{i}.yaml") for i in (1, 2, 3)]
     result = {"n": args.n, "machine": machine()}
     try:
         for name, spec in (("first", specs[0]), ("second", specs[1]), ("unchanged", specs[1])):
@@ -82,9 +84,16 @@ def main() -> None:
         result["import_seconds"] = import_seconds()
     finally:
         subprocess.run([str(BIN / "h5forge"), "server", "stop"], env=prefect_env(home), capture_output=True)
+    # the same full build on Prefect's temporary server (the database exists already): what each
+    # command paid before the local server
+    result["temporary_server"] = run_build(specs[2], home, H5FORGE_LOCAL_SERVER="0")
+    log(f"temporary-server build: {result['temporary_server']['wall_seconds']} s wall")
     assert result["first"]["started_server"] and not result["second"]["started_server"]
-    result["ratios"] = {"second_build_wall_seconds": result["second"]["wall_seconds"],
-                        "second_over_first_wall": round(result["second"]["wall_seconds"] / result["first"]["wall_seconds"], 3)}
+    second, temp = result["second"], result["temporary_server"]
+    result["ratios"] = {"second_build_wall_seconds": second["wall_seconds"],
+                        "second_build_cpu_seconds": second["cpu_seconds"],
+                        "second_over_temporary_server_wall": round(second["wall_seconds"] / temp["wall_seconds"], 3),
+                        "second_over_temporary_server_cpu": round(second["cpu_seconds"] / temp["cpu_seconds"], 3)}
     save("second_build", result, args.smoke)
 
 

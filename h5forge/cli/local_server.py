@@ -11,6 +11,7 @@ Its state lives in ``<PREFECT_HOME>/h5forge-server/``: ``server.json`` (pid, por
 ``users/<pid>`` for each command using it, and a lock that lets one command at a time find or start
 it. The server stops itself once no command has used it for ``H5FORGE_SERVER_IDLE_MINUTES``
 (30 by default) and none is running; ``h5forge server stop`` stops it at once.
+``H5FORGE_LOCAL_SERVER=0`` turns it off: each command starts Prefect's temporary server again.
 
 ``python -m h5forge.cli.local_server <port> <idle minutes>`` is the server process itself.
 """
@@ -234,8 +235,9 @@ def configured() -> bool:
 @contextmanager
 def for_flow_run(started: Callable[[Server], None]) -> Iterator[None]:
     """Run the block's flow against the configured server, else against the local one (found or
-    started: then ``started(server)``), which the block marks as in use."""
-    if configured():
+    started: then ``started(server)``), which the block marks as in use. H5FORGE_LOCAL_SERVER=0
+    leaves the run to Prefect's temporary server, started and stopped by this command alone."""
+    if os.environ.get("H5FORGE_LOCAL_SERVER") == "0" or configured():
         yield
         return
     from prefect.settings import PREFECT_API_URL, temporary_settings
