@@ -106,7 +106,7 @@ class LmdbItems(Dataset):
 
 
 def reader(name: str, data: Path, args):
-    """npy_mmap, lmdb, webdataset, mosaic, or h5forge_<codec>_<plain|loader|default|worker|int64masks> (README)."""
+    """npy_mmap, lmdb, webdataset, mosaic, or h5forge_<codec>_<plain|loader|default|worker|u8masks> (README)."""
     dl = lambda ds, **kw: DataLoader(ds, batch_size=args.batch, num_workers=args.workers,  # noqa: E731
                                      persistent_workers=args.workers > 0, **kw)
     shapes = json.loads((data / "shapes.json").read_text())
@@ -133,7 +133,7 @@ def reader(name: str, data: Path, args):
         return dl(Tuples(local=str(data / "peers" / "mds"), shuffle=True, shuffle_seed=args.seed, batch_size=args.batch))
     from h5forge.read.torch import H5Dataset
     codec, how = name.split("_")[1:3]
-    kw = {"default": {}, "worker": {}, "int64masks": {"mask_dtype": "int64"}}.get(
+    kw = {"default": {}, "worker": {}, "u8masks": {"mask_dtype": "uint8"}}.get(
         how, {"image_dtype": "uint8", "mask_dtype": "uint8"})
     ds = H5Dataset(data / f"{codec}.h5", "train", FIELDS, **kw)
     if how == "plain":

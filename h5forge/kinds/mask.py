@@ -12,8 +12,7 @@ Three equal channels count as one. A mask has its image's raw size and is croppe
 not counted: give the loss ``ignore_index=255`` (the pad value) and it is not trained on either.
 Statistics: pixels per class per split, padding left out (the class balance loss weights need), and
 ``/index/<split>/<field>`` lists the rows that contain each class.
-Readers get integers (uint8 as stored by default: ``mask_dtype="int64"`` for a loss that needs
-int64 targets; int32 from the JAX reader, int64 from the TensorFlow one), shape (1, H, W).
+Readers get integers (int64 by default), shape (1, H, W).
 """
 
 from __future__ import annotations
@@ -199,12 +198,7 @@ class MaskKind(FieldKind):
             noun="segment-multiclass samples",
         ),
     )
-    # uint8 as stored: an int64 mask is 8x the bytes to make, move and cache, for a cast a loss
-    # can make on its device (``masks.long()``); JAX computes in 32 bits, Keras' sparse losses
-    # expect int64 labels
-    read_options = (
-        ReadOption("mask_dtype", "uint8", "the integer dtype masks come as", {"jax": "int32", "tf": "int64"}),
-    )
+    read_options = (ReadOption("mask_dtype", "int64", "the integer dtype masks come as", {"jax": "int32"}),)
     indexed = True
     layout_doc = (
         "(N, 1, H, W) uint8: {0,1}, or class indices 0..K-1 (and ignore_value), and pad_value (dataset "

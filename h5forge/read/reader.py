@@ -457,8 +457,8 @@ class SplitReader:
         direct = self._direct.get(name)
         if direct is not None:  # one chunk per element: each read whole from the mapped file
             target = np.empty((elements.size, *values.shape[1:]), dtype=values.dtype)
-            for k, element in enumerate(elements.tolist()):
-                direct.read_into(element, target[k])
+            for pos, element in enumerate(elements.tolist()):
+                direct.read_into(element, target[pos])
             return target
         if elements.size == 1:  # one slice: one read, no run planning
             return values[int(elements[0])][None]

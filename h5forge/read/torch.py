@@ -3,11 +3,11 @@
     from h5forge.read.torch import H5Dataset, ChunkShuffleSampler
     ds = H5Dataset("data/demo/dataset_latest.h5", split="train", fields=("images", "masks"))
     loader = ds.loader(batch_size=32, num_workers=2, shuffle=True, seed=0)
-    for images, masks in loader:   # float32 (B,3,H,W) in [0,1], uint8 (B,1,H,W)
+    for images, masks in loader:   # float32 (B,3,H,W) in [0,1], int64 (B,1,H,W)
         ...
 
-The loader's workers ship the stored uint8 arrays (4x fewer bytes between processes than
-float32 images) and each batch is converted in the main process once it has
+The loader's workers ship the stored uint8 arrays (4-8x fewer bytes between processes than
+float32 images and int64 masks) and each batch is converted in the main process once it has
 arrived (``convert="after"``, the default; the workers refill a few shared-memory blocks in turn and
 the conversion runs on a thread); ``device="cuda"`` converts there instead, and ``convert=None``
 yields the stored dtypes, to convert with ``ds.convert(batch)``. ``ds`` also works in a plain
@@ -178,8 +178,7 @@ class H5Dataset(Dataset):
     Items are tuples in ``fields`` order (a single tensor when one field is asked for), each value
     as its field's kind returns it: images float32 in [0, 1] (``image_dtype="uint8"`` leaves them
     as stored, for conversion on the GPU; ``normalize=True`` standardises with the split's
-    per-channel mean/std), masks uint8 as stored (``mask_dtype="int64"`` for a loss that needs
-    it) of shape (1, H, W), labels int64,
+    per-channel mean/std), masks int64 (``mask_dtype``) of shape (1, H, W), labels int64,
     (``**options``: the options the field kinds declare, ``h5forge.kinds.reader_options()``)
     annotation columns (``"label"`` or ``"meta/label"``) as int64 / float32 / bool tensors, or
     lists of strings. ``return_index=True`` adds each sample's row as a last int64 element, so
@@ -393,7 +392,7 @@ class H5Dataset(Dataset):
     def convert(self, batch: Any, device: str | torch.device | None = None) -> Any:
         """Model values of a batch whose fixed-size fields arrived as stored (``loader(convert=None)``,
         or ``convert="after"`` which calls this in the main process): each such column becomes what
-        ``ds[i]`` returns (float32 images, masks in ``mask_dtype``, ...), by the same conversion the workers would
+        ``ds[i]`` returns (float32 images, int64 masks, ...), by the same conversion the workers would
         have done; columns already converted are returned as they are.
 
         Without ``device``: CPU tensors, converted by the field's kind (numpy). With ``device`` every

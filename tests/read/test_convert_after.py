@@ -1,6 +1,5 @@
 """The default loader ships stored uint8 arrays from its workers and converts them after the
-transfer, to exactly the values the workers used to produce (the explicit float32/int64 path);
-masks come as stored (uint8) unless ``mask_dtype`` asks for another integer type."""
+transfer, to exactly the values the workers used to produce (the explicit float32/int64 path)."""
 
 from __future__ import annotations
 
@@ -41,8 +40,8 @@ def test_default_loader_ships_uint8_and_converts_to_the_same_values(path, normal
     want = by_row(ref.loader(batch_size=8, num_workers=2, shuffle=True, seed=3, convert="worker"))
     assert sorted(got) == list(range(len(ds))) == sorted(want)
     for r in got:
-        assert got[r][0].dtype == torch.float32 and got[r][1].dtype == torch.uint8  # masks as stored
-        assert torch.equal(got[r][0], want[r][0]) and torch.equal(got[r][1].long(), want[r][1]), r
+        assert got[r][0].dtype == torch.float32 and got[r][1].dtype == torch.int64
+        assert torch.equal(got[r][0], want[r][0]) and torch.equal(got[r][1], want[r][1]), r
         assert torch.equal(got[r][0], ref[r][0])  # and what one item of the explicit path is
 
 
@@ -67,13 +66,10 @@ def test_in_process_and_explicit_dtypes_are_unchanged(path):
     loader = ds.loader(batch_size=8, num_workers=0, shuffle=False)
     assert type(loader) is DataLoader and loader.dataset is ds  # nothing to transfer: converted as read
     x, m = next(iter(loader))
-    assert x.dtype == torch.float32 and m.dtype == torch.uint8
+    assert x.dtype == torch.float32 and m.dtype == torch.int64
     u8 = H5Dataset(path, fields=("images", "masks"), image_dtype="uint8", mask_dtype="uint8")
     x8, m8 = next(iter(u8.loader(batch_size=8, num_workers=2, shuffle=False)))
-    assert x8.dtype == torch.uint8 and torch.equal(x8.float() / 255, x) and torch.equal(m8, m)
-    wide = H5Dataset(path, fields=("images", "masks"), mask_dtype="int64")
-    _, m64 = next(iter(wide.loader(batch_size=8, num_workers=2, shuffle=False)))
-    assert m64.dtype == torch.int64 and torch.equal(m64, m.long())
+    assert x8.dtype == torch.uint8 and torch.equal(x8.float() / 255, x) and torch.equal(m8.long(), m)
     with pytest.raises(ValueError, match="convert must be"):
         ds.loader(convert="gpu")
 
@@ -81,7 +77,7 @@ def test_in_process_and_explicit_dtypes_are_unchanged(path):
 def test_transform_hooks_see_model_values_in_the_workers(path):
     seen = H5Dataset(path, fields=("images", "masks"), batch_transform=lambda b: (b[0] * 2, b[1]))
     x, m = next(iter(seen.loader(batch_size=4, num_workers=2, shuffle=False, convert=None)))
-    assert x.dtype == torch.float32 and m.dtype == torch.uint8
+    assert x.dtype == torch.float32 and m.dtype == torch.int64
     assert torch.equal(x, explicit(path).__getitems__([0, 1, 2, 3]).stacked[0] * 2)
 
 
@@ -94,7 +90,7 @@ def test_plain_dataloader_takes_the_stacked_batch_as_default_collate_would_stack
         x, m, rows = batch
         assert x.dtype == torch.uint8 and x.shape == (len(rows), 3, 64, 64)
         for k, r in enumerate(rows.tolist()):
-            assert torch.equal(x[k].float() / 255, ref[r][0]) and torch.equal(m[k], ref[r][1])
+            assert torch.equal(x[k].float() / 255, ref[r][0]) and torch.equal(m[k].long(), ref[r][1])
         seen += len(rows)
     assert seen == len(ds)
     samples = ds.__getitems__([3, 1])

