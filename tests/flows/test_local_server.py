@@ -95,3 +95,15 @@ def test_a_stale_pid_file_is_replaced_and_an_idle_server_stops_itself(home, monk
     assert gone(server.pid)  # nobody used it: it stopped itself
     assert not (folder / "server.json").exists()
     assert "no command used this server for 0.01 min; stopping" in (folder / "server.log").read_text()
+
+
+def test_no_local_server_when_one_is_configured_or_it_is_turned_off(home, monkeypatch):
+    started = []
+    monkeypatch.setenv("H5FORGE_LOCAL_SERVER", "0")  # Prefect's temporary server, as before
+    with local_server.for_flow_run(started.append):
+        assert "PREFECT_API_URL" not in os.environ
+    monkeypatch.delenv("H5FORGE_LOCAL_SERVER")
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # the user's own server
+    with local_server.for_flow_run(started.append):
+        assert os.environ["PREFECT_API_URL"] == "http://127.0.0.1:9/api"
+    assert started == [] and not (home / "h5forge-server" / "server.json").exists()
