@@ -108,15 +108,21 @@ def ct_part(args) -> dict:
     mm = np.load(npy, mmap_mode="r")
     assert np.array_equal(sl[len(sl) // 2].numpy(), mm[len(sl) // 2])
     warm([path, npy])
+    # the same reads through h5py (the direct chunk path off): what a slice cost before it
+    via_h5py = H5Dataset(path, fields=("ct",), unit="slice")
+    via_h5py.reader.read_elements("ct", np.array([0]))
+    via_h5py.reader._direct["ct"] = None
     probes = {"reader_slice": sl.__getitem__, "npy_mmap": lambda i: torch.from_numpy(np.array(mm[i])),
-              "reader_raw": lambda i: sl.reader.read_elements("ct", np.array([i]))}
+              "reader_raw": lambda i: sl.reader.read_elements("ct", np.array([i])),
+              "reader_raw_h5py": lambda i: via_h5py.reader.read_elements("ct", np.array([i]))}
     for r in range(2):  # interleaved twice; the second round is kept
         lat = {name: random_read_latency(fn, len(sl), args.slice_reads, r) for name, fn in probes.items()}
     with h5py.File(path, "r") as f:
         stored = f["train"]["ct"].id.get_storage_size()
     return {"cases": len(cases), "slices": len(sl), "codec": spec.storage.codec, "stored_vs_raw": ratio(stored, mm.nbytes),
             "worker_fds": epochs, "worker_fds_constant": all(e["worker_fds"] == epochs[0]["worker_fds"] for e in epochs),
-            "slice_latency": lat, "slice_p50_vs_npy": ratio(lat["reader_slice"]["p50_us"], lat["npy_mmap"]["p50_us"], 2)}
+            "slice_latency": lat, "slice_p50_vs_npy": ratio(lat["reader_slice"]["p50_us"], lat["npy_mmap"]["p50_us"], 2),
+            "slice_raw_p50_direct_vs_h5py": ratio(lat["reader_raw"]["p50_us"], lat["reader_raw_h5py"]["p50_us"], 2)}
 
 
 # ---- 3. signals ----------------------------------------------------------------------------------
@@ -156,7 +162,7 @@ def main() -> None:
             result[name] = fn(args)
     lab, ct, sig = (result.get(k, {}) for k in ("labels", "ct", "signals"))
     ratios = {**{f"labels_vs_images_only_{k}": v for k, v in lab.get("labels_vs_images_only", {}).items()},
-              **{f"ct_{k}": ct[k] for k in ("worker_fds_constant", "slice_p50_vs_npy") if ct},
+              **{f"ct_{k}": ct[k] for k in ("worker_fds_constant", "slice_p50_vs_npy", "slice_raw_p50_direct_vs_h5py") if ct},
               **{f"signals_{c}_stored_vs_raw": sig[c]["stored_vs_raw"] for c in ("default", "lzf") if sig}}
     result = {"machine": {**machine(), "torch": torch.__version__}, "ratios": ratios, "args": vars(args), **result,
               "seconds": round(time.perf_counter() - t0, 1)}

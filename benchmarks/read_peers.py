@@ -106,7 +106,7 @@ class LmdbItems(Dataset):
 
 
 def reader(name: str, data: Path, args):
-    """npy_mmap, lmdb, webdataset, mosaic, or h5forge_<codec>_<plain|loader|default|worker> (README)."""
+    """npy_mmap, lmdb, webdataset, mosaic, or h5forge_<codec>_<plain|loader|default|worker|u8masks> (README)."""
     dl = lambda ds, **kw: DataLoader(ds, batch_size=args.batch, num_workers=args.workers,  # noqa: E731
                                      persistent_workers=args.workers > 0, **kw)
     shapes = json.loads((data / "shapes.json").read_text())
@@ -133,8 +133,9 @@ def reader(name: str, data: Path, args):
         return dl(Tuples(local=str(data / "peers" / "mds"), shuffle=True, shuffle_seed=args.seed, batch_size=args.batch))
     from h5forge.read.torch import H5Dataset
     codec, how = name.split("_")[1:3]
-    u8 = {} if how in ("default", "worker") else {"image_dtype": "uint8", "mask_dtype": "uint8"}
-    ds = H5Dataset(data / f"{codec}.h5", "train", FIELDS, **u8)
+    kw = {"default": {}, "worker": {}, "u8masks": {"mask_dtype": "uint8"}}.get(
+        how, {"image_dtype": "uint8", "mask_dtype": "uint8"})
+    ds = H5Dataset(data / f"{codec}.h5", "train", FIELDS, **kw)
     if how == "plain":
         return dl(ds, shuffle=True)
     return ds.loader(batch_size=args.batch, num_workers=args.workers, shuffle=True, seed=args.seed,
@@ -180,13 +181,13 @@ def probe(args) -> None:
 
 # ---- data ------------------------------------------------------------------------------------------
 
-def prepare(n: int, size: int) -> Path:
+def prepare(n: int, size: int, codecs=("lz4", "none")) -> Path:
     """Links to the lz4 and none versions ``h5forge.build`` makes, and the same arrays as .npy (cached)."""
     import h5py
     data = CACHE / "read_peers" / f"n{n}-{size}"
     data.mkdir(parents=True, exist_ok=True)
     raw = raw_folder(n, size)
-    for codec in ("lz4", "none"):
+    for codec in codecs:
         spec = make_spec(raw, data / "unused", size, splits={"ratios": {"train": 1.0}}, storage={"codec": codec})
         assert spec.storage.chunk_rows == 1, spec.storage
         path = built(spec, f"read-n{n}-{size}-{codec}")

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from h5forge.errors import H5forgeError
-from h5forge.cli.app import _fail, _prefect_defaults, _reported, app, out, settings
+from h5forge.cli.app import _fail, _prefect_defaults, _reported, app, err, out, settings
 from h5forge.kinds import demos, detectors
 
 
@@ -71,6 +71,7 @@ def build(
 
     with (
         _reported(),
+        _flow_server(),
         foreground_run(settings.debug),
     ):  # no heartbeat thread to wait for at the end (flows/foreground.py)
         result = build_dataset(str(spec), str(output) if output else None, dask_address)
@@ -106,9 +107,23 @@ def append(
     from h5forge.flows.append import append_samples
     from h5forge.flows.foreground import foreground_run
 
-    with _reported(), foreground_run(settings.debug):
+    with _reported(), _flow_server(), foreground_run(settings.debug):
         result = append_samples(str(spec), _opt(inbox), _opt(output), dask_address)
     _print_append(result)
+
+
+def _flow_server():
+    """The configured Prefect server, else the local one this or an earlier command started."""
+    from h5forge.cli import local_server
+
+    def started(server) -> None:
+        err.print(
+            f"started a local Prefect server at {server.url} for this and later commands; it stops after "
+            f"{local_server.idle_minutes():g} min unused (`h5forge server stop` stops it now)",
+            highlight=False,
+        )
+
+    return local_server.for_flow_run(started)
 
 
 def _opt(p: Optional[Path]) -> Optional[str]:

@@ -129,9 +129,14 @@ def prefect_api_url() -> str | None:
 def check_prefect(c: Checkup) -> None:
     url = prefect_api_url()
     if not url:
+        from h5forge.cli import local_server
+
+        server = local_server.running()
+        where = f"the local one runs at {server.url}" if server else "none runs now"
         c.line(
             "Prefect API",
-            "ephemeral (no server configured): each run starts a temporary local server; `serve` needs PREFECT_API_URL",
+            f"ephemeral (no server configured): build and append use a local server they start in the "
+            f"background ({where}; `h5forge server stop`); `serve` needs PREFECT_API_URL",
         )
         return
     import httpx

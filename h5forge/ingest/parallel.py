@@ -13,16 +13,17 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
-
-import dask
-from distributed import CancelledError, Client, KilledWorker, LocalCluster
-from distributed.security import Security
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from h5forge.errors import DaskWorkersLost, NoDaskWorkers, SchedulerUnreachable
 from h5forge.ingest.clean import CleanedBatch, clean_batch
 from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
+
+# dask and distributed take seconds to import: they load when a run cleans on dask, not when a
+# command imports the pipeline (a build below compute.inline_below never needs them)
+if TYPE_CHECKING:
+    from distributed import Client
 
 
 # The nanny's MALLOC_TRIM_THRESHOLD_=65536 makes workers give freed image buffers back to the kernel
@@ -66,6 +67,8 @@ def require_workers(client: Client, address: str) -> None:
 
 def check_workers(address: str) -> None:
     """Before a run starts: the scheduler answers and has a worker (or gets one soon)."""
+    from distributed import Client
+
     check_reachable(address)
     try:
         with Client(address, timeout="20s") as client:
@@ -83,6 +86,10 @@ def dask_client(address: str | None, workers: int, secure: bool = True) -> Itera
     the cluster TLS with credentials made for this run and held in memory only: scheduler, workers
     and this client authenticate each other, and nothing without the credentials is let in. An
     address names an existing cluster, whose security is its own (docs/security.md)."""
+    import dask
+    from distributed import Client, LocalCluster
+    from distributed.security import Security
+
     if address:
         check_reachable(address)
         try:
@@ -185,6 +192,8 @@ def batch_result(client: Client, future, address: str | None) -> CleanedBatch:
     """The batch's result; ``DaskWorkersLost`` once the cluster has had no worker for
     ``WORKER_WAIT_SECONDS`` (dask itself would wait for one for ever), or when a batch killed
     every worker that ran it."""
+    from distributed import CancelledError, KilledWorker
+
     without_workers: float | None = None
     while True:
         try:

@@ -177,7 +177,8 @@ class SplitReader:
         self.rdcc_nslots = _next_prime(max(521, 100 * max(1, self.rdcc_nbytes // max(1, chunk_max))))
         self._file: h5py.File | None = None
         self._dsets: dict[str, h5py.Dataset] = {}
-        self._direct: dict[str, DirectRows | None] = {}  # per fixed field: chunk reads that skip HDF5's filter pipeline
+        # per fixed field, and per ragged field for its elements: chunk reads that skip HDF5's filter pipeline
+        self._direct: dict[str, DirectRows | None] = {}
         self._columns: dict[str, np.ndarray] = {}
         self._ragged: dict[str, arrays.RowReader] = {}
         self._pid: int | None = None
@@ -318,6 +319,8 @@ class SplitReader:
             self._ragged = {
                 name: arrays.RowReader(g, fi.path, fi.kind.stored()) for name, fi in self.fields.items() if fi.ragged
             }
+            # a ragged field stored one element per chunk (a CT case's slices): an element is a chunk too
+            self._direct.update((name, DirectRows.of(r.values)) for name, r in self._ragged.items())
             # small columns (labels, annotations) are read whole, once per process: a batch then
             # costs a take() instead of an HDF5 call per row
             self._columns = {name: g[fi.path][()] for name, fi in self.fields.items() if not fi.bulk}
@@ -451,6 +454,12 @@ class SplitReader:
         order asked; runs of neighbouring elements are one read each."""
         self._handles()
         values = self._ragged[name].values
+        direct = self._direct.get(name)
+        if direct is not None:  # one chunk per element: each read whole from the mapped file
+            target = np.empty((elements.size, *values.shape[1:]), dtype=values.dtype)
+            for pos, element in enumerate(elements.tolist()):
+                direct.read_into(element, target[pos])
+            return target
         if elements.size == 1:  # one slice: one read, no run planning
             return values[int(elements[0])][None]
         order = np.argsort(elements, kind="stable")

@@ -313,7 +313,10 @@ class H5Dataset(Dataset):
     # ---- access ------------------------------------------------------------------------------
     def __getitem__(self, i: int) -> Any:
         if self.slices is not None:
-            return self.__getitems__([i])[0]
+            if self.transform is not None or self.batch_transform is not None:
+                return self.__getitems__([i])[0]
+            sample = tuple(_row(c, 0) for c in self._slice_columns([i]))  # no batch to build around one slice
+            return sample[0] if self._single else sample
         raw = self.reader.read_one(i, self._scratch() if self._converted_rows else None)
         sample = tuple(self._one(n, a) for n, a in raw.items())
         if self.return_index:

@@ -242,3 +242,30 @@ def test_a_zero_rescale_slope_and_a_nan_slice_position_are_refused(tmp_path, bui
     with h5py.File(path, "r") as f:
         assert decode_str(f["train"]["ids"][()]) == ["good"]
         assert np.isfinite(f["train"]["ct_spacing"][()]).all()
+
+
+def test_ct_slices_are_read_as_whole_chunks_from_the_mapped_file(tmp_path, build_spec):
+    """One slice is one LZ4 chunk: a slice read takes its bytes from the mapped file and decompresses
+    them in process (h5forge.read.direct), to exactly what h5py reads."""
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    rng = np.random.default_rng(2)
+    for name, depth in (("a", 4), ("b", 3)):
+        vol = rng.integers(-1000, 1000, size=(96, 96, depth)).astype(np.int16)
+        nibabel.save(nibabel.Nifti1Image(vol, np.eye(4)), root / "cases" / f"{name}.nii.gz")
+    data = spec_data(root, tmp_path / "out")
+    data["fields"]["ct"]["files"] = "cases/*.nii.gz"
+    data["storage"] = {**data.get("storage", {}), "codec": "lz4"}
+    path, _ = build_spec(data)
+    slices = H5Dataset(path, fields=("ct",), unit="slice", context=1)
+    reader = slices.reader
+    got = [slices.slices.read(reader, [i])["ct"][0] for i in range(len(slices))]  # stored values, (3, H, W)
+    direct = reader._direct["ct"]
+    assert direct is not None and direct.codec == "lz4" and direct._index  # the mapped chunk index, built
+    with h5py.File(path, "r") as f:
+        stored = f[reader.split][reader.fields["ct"].path][()]
+    assert len(got) == len(stored) == 7
+    firsts, lasts = [0] * 4 + [4] * 3, [3] * 4 + [6] * 3  # each case's first and last slice
+    for i, stack in enumerate(got):
+        want = stored[[max(i - 1, firsts[i]), i, min(i + 1, lasts[i])]]
+        assert stack.dtype == want.dtype and np.array_equal(stack, want), i

@@ -1,0 +1,101 @@
+"""Two `h5forge build` commands in a row with nothing running before the first, as a user types them:
+the first starts the local Prefect server (h5forge/cli/local_server.py), the second reuses it.
+
+    python -m benchmarks.second_build [--smoke] [--n 100]
+
+Each build writes a new output folder (a full build, not an "unchanged" no-op); a third command
+rebuilds the second's folder unchanged; after `h5forge server stop`, a fourth full build runs on
+Prefect's temporary server (H5FORGE_LOCAL_SERVER=0), as every command did before.
+Per command: wall seconds, CPU seconds of the command's
+process tree, and where the wall time goes: before the flow run begins (interpreter, imports, spec
+checks, finding or starting the server), the flow run's steps (from its log lines), and after it
+ends (printing, Prefect's exit). `python -c "import h5forge.flows.build"` gives the import share.
+Method: benchmarks/README.md, "second_build".
+"""
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from benchmarks.common import BIN, CACHE, REPO, cli, log, machine, make_spec, prefect_env, raw_folder, sampled, save, write_spec
+
+WORK = CACHE / "second_build"
+LINE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) \| \w+ +\| (Flow run|Task run) '([^']+)' - (.*)$")
+
+
+def _clock(stamp: str, day: datetime) -> float:
+    t = datetime.strptime(stamp, "%H:%M:%S.%f").replace(year=day.year, month=day.month, day=day.day)
+    return t.timestamp()
+
+
+def run_build(spec: Path, home: Path, **env: str) -> dict:
+    started = time.time()
+    with sampled() as usage:
+        r = subprocess.run([str(BIN / "h5forge"), "build", str(spec)], capture_output=True, text=True,
+                           env=prefect_env(home, **env), cwd=REPO, timeout=1800)
+    ended = time.time()
+    if r.returncode != 0:
+        raise RuntimeError(f"build failed:\n{r.stdout}\n{r.stderr}")
+    day, begin, end, steps, last = datetime.fromtimestamp(started), None, None, {}, None
+    for line in (r.stdout + "\n" + r.stderr).splitlines():
+        m = LINE.match(line)
+        if not m:
+            continue
+        t = _clock(m[1], day)
+        if m[2] == "Flow run" and m[4].startswith("Beginning flow run"):
+            begin = last = t
+        elif m[2] == "Flow run" and m[4].startswith("Finished in state"):
+            end = t
+        elif m[2] == "Task run" and m[4].startswith("Finished in state") and last is not None:
+            step = m[3].rsplit("-", 1)[0]
+            steps[step] = round(steps.get(step, 0) + t - last, 3)
+            last = t
+    wall = ended - started
+    return {"wall_seconds": round(wall, 2), "cpu_seconds": usage["cpu_seconds"],
+            "started_server": "started a local Prefect server" in r.stderr,
+            "unchanged": "unchanged since" in r.stdout,
+            "before_flow_seconds": round(begin - started, 2) if begin else None,
+            "flow_seconds": round(end - begin, 2) if begin and end else None,
+            "after_flow_seconds": round(ended - end, 2) if end else None,
+            "flow_steps_seconds": steps}
+
+
+def import_seconds() -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import h5forge.cli, h5forge.flows.build"], check=True)
+    return round(time.perf_counter() - t0, 2)
+
+
+def main() -> None:
+    args = cli(__doc__, smoke={"n": 20}, n=100)
+    raw = raw_folder(args.n)
+    shutil.rmtree(WORK, ignore_errors=True)
+    home = WORK / "prefect-home"
+    specs = [write_spec(make_spec(raw, WORK / f"out{i}"), WORK / f"spec{i}.yaml") for i in (1, 2, 3)]
+    result = {"n": args.n, "machine": machine()}
+    try:
+        for name, spec in (("first", specs[0]), ("second", specs[1]), ("unchanged", specs[1])):
+            result[name] = run_build(spec, home)
+            log(f"{name} build: {result[name]['wall_seconds']} s wall, {result[name]['cpu_seconds']} s CPU")
+        result["import_seconds"] = import_seconds()
+    finally:
+        subprocess.run([str(BIN / "h5forge"), "server", "stop"], env=prefect_env(home), capture_output=True)
+    # the same full build on Prefect's temporary server (the database exists already): what each
+    # command paid before the local server
+    result["temporary_server"] = run_build(specs[2], home, H5FORGE_LOCAL_SERVER="0")
+    log(f"temporary-server build: {result['temporary_server']['wall_seconds']} s wall")
+    assert result["first"]["started_server"] and not result["second"]["started_server"]
+    second, temp = result["second"], result["temporary_server"]
+    result["ratios"] = {"second_build_wall_seconds": second["wall_seconds"],
+                        "second_build_cpu_seconds": second["cpu_seconds"],
+                        "second_over_temporary_server_wall": round(second["wall_seconds"] / temp["wall_seconds"], 3),
+                        "second_over_temporary_server_cpu": round(second["cpu_seconds"] / temp["cpu_seconds"], 3)}
+    save("second_build", result, args.smoke)
+
+
+if __name__ == "__main__":
+    main()
