@@ -61,8 +61,8 @@ def test_too_many_rejected_inputs_is_one_line_and_the_traceback_stays_in_the_run
 
 
 def test_nothing_to_build_with_a_temporary_server_is_one_line_and_no_shutdown_traceback(tmp_path):
-    """Without PREFECT_API_URL the command runs its flow on a temporary server it starts and stops
-    itself: the error is still one line, and stopping the server prints no traceback (a
+    """With neither PREFECT_API_URL nor the local server (H5FORGE_LOCAL_SERVER=0) the command runs
+    its flow on a temporary server it starts and stops itself: the error is still one line, and stopping the server prints no traceback (a
     CancelledError of its shutdown once did)."""
     raw = tmp_path / "raw"
     for folder in ("images", "masks"):
@@ -71,6 +71,7 @@ def test_nothing_to_build_with_a_temporary_server_is_one_line_and_no_shutdown_tr
     spec = write_spec_file(raw, tmp_path / "out", tmp_path / "spec.yaml")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    env["H5FORGE_LOCAL_SERVER"] = "0"  # the per-command temporary server, not the reused local one
     done = subprocess.run([H5FORGE, "build", str(spec)], capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 1, done.stderr
     assert "Starting temporary server" in done.stderr  # the case under test
