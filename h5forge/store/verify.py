@@ -401,6 +401,9 @@ def _dtype_matches(ds: h5py.Dataset, want) -> bool:
 
 
 def _check_structure(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind], report: HealthReport) -> None:
+    # a walk of every group: a damaged group B-tree can fail a walk (h5py's visit, h5dump) while
+    # each name, looked up alone, still opens
+    f.visit(lambda _name: None)
     problems: list[str] = []
     declared = [str(x) for x in f.attrs.get(Attr.FIELDS, [])]
     if declared != list(spec.fields):  # what a reader returns by default
@@ -586,8 +589,8 @@ def _check_file_digest(f: h5py.File, report: HealthReport) -> None:
     if str(stored) != file_digest(f):
         report.error(
             "file digest",
-            f"the file's attributes (name, version, codec, lineage, ...), its diagnostics or "
-            f"its inputs catalog do not match its {Attr.FILE_DIGEST}",
+            f"the file's attributes (name, version, codec, lineage, ...), its diagnostics, "
+            f"its inputs catalog or its stored spec do not match its {Attr.FILE_DIGEST}",
         )
     else:
         report.checks["file digest"] = "ok"

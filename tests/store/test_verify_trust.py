@@ -45,7 +45,7 @@ def copy(good, tmp_path) -> Path:
 
 def resign(path: Path) -> None:
     """Recompute every checksum and digest: a tamperer who knows the format."""
-    from h5forge.format.checksums import stored_checksums, write_digests
+    from h5forge.format.checksums import stored_checksums, write_digests, write_file_digest
     from h5forge.kinds import stored_kinds
     from h5forge.spec import spec_from_json
 
@@ -57,6 +57,7 @@ def resign(path: Path) -> None:
             if n:
                 g["checksum"][:] = np.array(stored_checksums(g, kinds, 0, n), dtype="S64")
         write_digests(f)
+        write_file_digest(f)
 
 
 def run_limited(*args) -> subprocess.CompletedProcess:
