@@ -132,7 +132,7 @@ def test_bit_flips_in_metadata_are_detected_or_harmless(versions, tmp_path):
 @pytest.mark.slow
 @pytest.mark.soak
 def test_bit_flips_in_metadata_hundreds(versions, tmp_path):
-    figures = run_metadata_flips(versions, tmp_path, per_part=100, seed=1, files=("none", "zstd"))
+    figures = run_metadata_flips(versions, tmp_path, per_part=60, seed=1, files=("none", "zstd"))
     assert all(fig["missed"] == 0 for fig in figures.values()), figures
 
 
