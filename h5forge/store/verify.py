@@ -37,6 +37,7 @@ from h5forge.format.checksums import (
 )
 from h5forge.format.catalog import INPUTS, Catalog, catalog_intact, content_digest, id_digest, location, read_catalog
 from h5forge.format.codecs import ensure_filters
+from h5forge.format.dims import scale_problems
 from h5forge.format.layout import SMALL_ROWS, decode_str
 from h5forge.format.names import (
     CHECKSUM,
@@ -413,6 +414,7 @@ def _check_structure(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind
             problems.append(f"/{split} is missing")
             continue
         g = f[split]
+        problems += scale_problems(g)
         count = int(g.attrs.get(Attr.COUNT, -1))
         for path, kind in kinds.items():
             st = kind.stored()

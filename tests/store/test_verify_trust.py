@@ -371,3 +371,15 @@ def test_cli_flags_override_the_stored_counts(copy):
     report = verify_file(copy, latency_reads=7, resample=0)
     assert report.stats["random_read_ms"]["reads"] == 7
     assert not any("capped" in w for w in report.warnings)
+
+
+@pytest.mark.parametrize("attr, value", [("CLASS", b"DIMENSINN_SCALE"),
+                                         ("NAME", b"This is a netCDF dimension but not a netCDF variable.      !  2")])
+def test_a_changed_dimension_scale_class_or_name_is_detected(copy, attr, value):
+    """No digest covers the scales' bookkeeping (HDF5 rewrites it); netCDF readers show it."""
+    with h5py.File(copy, "r+") as f:
+        scale = f["train/source_field"]
+        scale.attrs.modify(attr, np.array(value, dtype=scale.attrs[attr].dtype))
+    report = verify_file(copy, resample=0, latency_reads=0)
+    assert not report.ok
+    assert "/train/source_field is a dimension scale whose CLASS or NAME is not as written" in " ".join(report.errors)
