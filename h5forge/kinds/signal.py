@@ -235,7 +235,7 @@ def _check_edf_header(data: bytes, rel: str, channel: str | None, max_decoded: i
     if declared > len(data):
         raise Reject(
             rel,
-            f"the header declares {records:,} data records ({declared:,} bytes with the header), "
+            f"not a readable EDF/BDF file: the header declares {records:,} data records ({declared:,} bytes with the header), "
             f"the file holds {len(data):,}",
         )
 

@@ -120,7 +120,7 @@ def test_an_edf_header_claiming_99999999_records_is_rejected_before_decoding(tmp
     data = (root / "rec" / "liar.edf").read_bytes()
     header = 256 * (1 + int(data[252:256]))
     declared = header + 10 * (len(data) - header) // 2
-    assert sid == "liar" and reason == (f"the header declares 10 data records ({declared:,} bytes with the "
+    assert sid == "liar" and reason == (f"not a readable EDF/BDF file: the header declares 10 data records ({declared:,} bytes with the "
                                         f"header), the file holds {len(data):,}"), reason
 
 
