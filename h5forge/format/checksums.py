@@ -32,7 +32,18 @@ import h5py
 import numpy as np
 
 from h5forge.format import arrays
-from h5forge.format.names import DIAGNOSTICS, DIGEST_RULE, IDS, INDEX, SOURCE_FILES, SOURCE_SHA256, SPEC, SPLITS, Attr
+from h5forge.format.names import (
+    DIAGNOSTICS,
+    DIGEST_RULE,
+    FILE_DIGEST_RULE,
+    IDS,
+    INDEX,
+    SOURCE_FILES,
+    SOURCE_SHA256,
+    SPEC,
+    SPLITS,
+    Attr,
+)
 
 PROVENANCE = (IDS, SOURCE_FILES, SOURCE_SHA256)  # after the fields, in this order
 # dimension-scale bookkeeping (object references and ids, different in every copy of a file): it
@@ -168,8 +179,13 @@ FILE_PARTS = (DIAGNOSTICS, "inputs")
 
 
 def file_digest(f: h5py.File) -> str:
-    """sha256 of the root attributes (but this digest), and of every attribute and value under
-    /diagnostics and /inputs."""
+    """sha256 of the root attributes (but this digest), of every attribute and value under
+    /diagnostics and /inputs, and (``file_digest_rule`` 2) of the stored spec as it is."""
+    rule = int(f.attrs.get(Attr.FILE_DIGEST_RULE, 1))
+    if rule not in (1, FILE_DIGEST_RULE):
+        raise UnknownDigestRule(
+            f"the file has {Attr.FILE_DIGEST_RULE} {rule}, not one this h5forge knows (1 to {FILE_DIGEST_RULE})"
+        )
     h = hashlib.sha256()
     names = sorted(k for k in f.attrs.keys() if k not in _SKIPPED_ATTRS and k != Attr.FILE_DIGEST)
     h.update(b"".join(_string(k) + canonical(f.attrs[k]) for k in names))
@@ -184,9 +200,12 @@ def file_digest(f: h5py.File) -> str:
         )
         for name, ds in sorted(datasets, key=lambda item: item[0]):
             h.update(_string(name) + _attrs(ds) + canonical(ds[()]))
+    if rule >= 2 and SPEC in f:
+        h.update(_string(SPEC) + canonical(f[SPEC][()]))
     return h.hexdigest()
 
 
 def write_file_digest(f: h5py.File) -> None:
     """Store the file digest (call last, once nothing else of the file changes)."""
+    f.attrs[Attr.FILE_DIGEST_RULE] = FILE_DIGEST_RULE
     f.attrs[Attr.FILE_DIGEST] = file_digest(f)

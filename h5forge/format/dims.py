@@ -70,3 +70,23 @@ def name_axes(g: h5py.Group, rows: int) -> None:
                 scale = scales[dim] = g.create_dataset(dim, shape=(ds.shape[axis],), dtype="f4")  # never written
                 scale.make_scale(f"{NOT_A_VARIABLE}{ds.shape[axis]:10d}")
             ds.dims[axis].attach_scale(scale)
+
+
+def scale_problems(g: h5py.Group) -> list[str]:
+    """What is wrong with the dimension scales under the split group ``g``: a scale's CLASS and
+    NAME are bookkeeping no digest covers (HDF5 rewrites them as scales are attached), but netCDF
+    readers show them, and ``name_axes`` writes each one exactly (NAME: ``NOT_A_VARIABLE`` and
+    the scale's length)."""
+    problems = []
+    for name, ds in _datasets(g).items():
+        if "CLASS" not in ds.attrs:
+            continue
+        cls, label = ds.attrs["CLASS"], ds.attrs.get("NAME")
+        want = f"{NOT_A_VARIABLE}{ds.shape[0]:10d}" if ds.ndim == 1 else None
+        if _text(cls) != "DIMENSION_SCALE" or label is None or _text(label) != want:
+            problems.append(f"/{g.name.strip('/')}/{name} is a dimension scale whose CLASS or NAME is not as written")
+    return problems
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

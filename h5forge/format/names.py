@@ -103,11 +103,17 @@ class Attr:
     DIGEST = "digest"
     DIGEST_RULE = "digest_rule"
     FILE_DIGEST = "file_digest"
+    FILE_DIGEST_RULE = "file_digest_rule"
 
 
 # what a split's digest covers of the stored spec: 1 (files without the attribute) the whole spec;
 # 2 what defines the data, not where or how it was built (``checksums.data_definition``)
 DIGEST_RULE = 2
+
+# what the file digest covers: 1 (files without the attribute) the root attributes, /diagnostics
+# and /inputs; 2 also the whole of /meta/spec as stored (the split digests leave out where and how
+# a version was built)
+FILE_DIGEST_RULE = 2
 
 
 # rows written, verified and copied per block: whole chunks, and at least this many rows
@@ -126,7 +132,9 @@ LAYOUT: tuple[tuple[str, str], ...] = (
         f"{Attr.DESCRIPTION}, {Attr.VERSION}, {Attr.PARENT} (-1 for none), {Attr.CREATED} (UTC ISO-8601), "
         f"{Attr.CREATOR}, h5forge_version, h5py_version, hdf5_version, python_version, {Attr.CODEC}, "
         f"{Attr.CODEC_NEEDS} (what a reader must have), {Attr.FIELDS}; thin versions also "
-        f"{Attr.SEGMENTS} (JSON) and {Attr.SELF_CONTAINED}=False; exports {Attr.EXPORTED_FROM}",
+        f"{Attr.SEGMENTS} (JSON) and {Attr.SELF_CONTAINED}=False; exports {Attr.EXPORTED_FROM}; "
+        f"{Attr.FILE_DIGEST}: hex sha256 of the other root attributes, of /{DIAGNOSTICS} and /inputs "
+        f"and of /{SPEC} as stored; {Attr.FILE_DIGEST_RULE}={FILE_DIGEST_RULE} (absent: /{SPEC} is not covered)",
     ),
     (
         "/<split>/",

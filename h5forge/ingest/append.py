@@ -350,7 +350,8 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
     taken = {match_key(ref.id) for ref in scan.ready}
     for r in scan.rejections:  # discovery-time rejections: their files go to quarantine too
         for rel in r.paths:
-            if rel and "#" not in rel and (inbox / rel).is_file():
+            # a FIFO, a folder or a symlink named as a sample's file goes too, with its reason
+            if rel and "#" not in rel and os.path.lexists(inbox / rel):
                 quarantine(rel, r.reason)
         taken.add(match_key(r.sample_id))
     remaining = [r for r in inbox_records if key(r) not in taken]
@@ -429,7 +430,7 @@ def apply_moves(plan: MovePlan) -> None:
         attempt(path, lambda: _write_records(Path(path), records))
     for i, (src, dst) in enumerate(plan.moves):
         checkpoint(f"append:move-{i}")
-        if os.path.exists(src):
+        if os.path.lexists(src):
             attempt(f"{src} -> {dst}", lambda src=src, dst=dst: _move(src, dst))
         if i == 0:
             checkpoint("append:mid-move")

@@ -179,6 +179,25 @@ def _files_below(folder: str):
             yield os.path.join(top, name)
 
 
+def _not_a_file(path: str, pattern: str) -> str | None:
+    """What a path a field's glob matched is, when a field cannot read it: a FIFO, socket or
+    device (or a symlink to one), a broken symlink, or a folder named as the pattern names files
+    (``*.png``); None for a folder a pattern such as ``cases/*`` matches on its way."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "a broken symlink" if os.path.islink(path) else None
+    if stat.S_ISDIR(mode):
+        return "a folder" if "." in pattern.rsplit("/", 1)[-1].lstrip("*") else None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return None
+
+
 def _glob_field(
     root: Path,
     patterns: tuple[str, ...],
@@ -205,6 +224,22 @@ def _glob_field(
                 continue
             is_dir = folders and os.path.isdir(path)
             if not (is_dir or os.path.isfile(path)):
+                rel = path[start:]
+                what = _not_a_file(path, pattern)
+                if what is not None and not (skip and rel.split("/", 1)[0] in skip):
+                    seen.add(path)
+                    sid = sample_id(rel, pattern, ids, False)
+                    target = None if leaves is None or not os.path.islink(path) else leaves(path)
+                    outside.append(
+                        Rejection(
+                            sid,
+                            (rel,),
+                            f"symlink leads outside the source folder (to {target}); "
+                            "set source.allow_symlinks_outside: true to take it"
+                            if target is not None
+                            else f"not a regular file: {what}",
+                        )
+                    )
                 continue
             seen.add(path)
             rel = path[start:]

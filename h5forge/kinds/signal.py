@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from array import array
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,8 +50,11 @@ from h5forge.kinds.signal_audio import AUDIO_SUFFIXES, from_audio
 from h5forge.samples import Reject, SampleRef
 
 RATE_TOLERANCE = 1e-3
-DEFAULT_MAX_DECODED_SIGNAL = 2 << 30  # e.g. 4 channels of an hour at 48 kHz, decoded as float32
 TIME_COLUMNS = ("time", "t", "timestamp", "seconds", "time_s")
+DEFAULT_MAX_DECODED_SIGNAL = 1 << 30  # 128 M samples: one channel of the largest EDF max_bytes lets in
+DECODED_SAMPLE_BYTES = 8  # samples are decoded (and resampled) in float64
+DEFAULT_MAX_COLUMNS = 10_000
+SHOWN_VALUE = 40  # characters of a bad CSV value quoted in a rejection
 
 
 class SignalField(StrictModel):
@@ -68,12 +72,17 @@ class SignalField(StrictModel):
     nonfinite: Literal["reject", "keep"] = "reject"
     resample: bool = Field(False, description="resample (linear) a recording at another rate instead of rejecting it")
     max_samples: int = Field(500_000_000, gt=0, description="longer recordings are rejected before reading")
-    max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a file larger than this is rejected unread")
+    max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a larger file is rejected unread")
     max_decoded_bytes: int = Field(
         DEFAULT_MAX_DECODED_SIGNAL,
         gt=0,
-        description="an audio file whose frames x channels x 4 bytes, as its header declares them, "
-        "exceed this is rejected before any sample is decoded (every channel is decoded as float32)",
+        description="a recording whose channel, as its header declares it (EDF/BDF, .npy) or as it is "
+        "parsed (CSV), would take more memory than this decoded (8 bytes a sample), or an audio file whose "
+        "frames x channels x 4 bytes (every channel is decoded as float32) exceed it, is rejected before "
+        "its samples are decoded",
+    )
+    max_columns: int = Field(
+        DEFAULT_MAX_COLUMNS, gt=0, description="a CSV recording with more columns (header or any line) is rejected"
     )
     codec: CodecName = Field(
         "bitshuffle-lz4",
@@ -82,60 +91,161 @@ class SignalField(StrictModel):
     )
 
 
-def _from_npy(data: bytes, root: Path, rel: str) -> tuple[np.ndarray, float | None]:
+def _too_large(rel: str, declared: str, samples: int, max_decoded: int) -> Reject:
+    """``declared``: what says how many samples there are (a header, or the lines parsed so far)."""
+    return Reject(
+        rel,
+        f"{declared}, {samples * DECODED_SAMPLE_BYTES:,} bytes decoded, more than the field's limit of "
+        f"{max_decoded:,} (max_decoded_bytes)",
+    )
+
+
+def _from_npy(data: bytes, rel: str, max_decoded: int) -> np.ndarray:
+    """The channel of a .npy file, its header checked before any value is read: one row of
+    numbers, within ``max_decoded`` bytes decoded, and no more values than the file holds. The
+    values are a view of the file's bytes, never a copy."""
+    fh = io.BytesIO(data)
     try:
-        values = np.load(io.BytesIO(data), allow_pickle=False)
+        version = np.lib.format.read_magic(fh)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+        else:
+            raise ValueError(f".npy format version {version[0]}.{version[1]} is not read (1.0 and 2.0 are)")
     except ValueError as err:
         raise Reject(rel, f"not a readable .npy array: {err}") from None
-    sidecar = root / Path(rel).with_suffix(".json")
-    if not sidecar.is_file():
-        return values, None
-    try:
-        meta = json.loads(sidecar.read_text())
-        rate = float(meta["rate"])
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+    if len(shape) != 1 or dtype.kind not in "iuf":
+        raise Reject(rel, f"a channel must be one row of numbers; found shape {shape}, dtype {dtype}")
+    n, offset = int(shape[0]), fh.tell()
+    if n * DECODED_SAMPLE_BYTES > max_decoded:
+        raise _too_large(rel, f"the header declares {n:,} samples", n, max_decoded)
+    if n * dtype.itemsize > len(data) - offset:
         raise Reject(
-            Path(rel).with_suffix(".json").as_posix(),
-            f"sidecar must be a JSON object with a numeric rate: {type(err).__name__}: {err}",
+            rel, f"the header declares {n * dtype.itemsize:,} bytes of values, the file holds {len(data) - offset:,}"
+        )
+    return np.frombuffer(data, dtype, n, offset)
+
+
+def _sidecar_rate(root: Path, rel: str, max_bytes: int) -> float | None:
+    """The ``rate`` of the ``<stem>.json`` beside a .npy channel, read as the channel is (a regular
+    file within ``max_bytes``), or None when there is none."""
+    side = Path(rel).with_suffix(".json").as_posix()
+    if not (root / side).is_symlink() and not (root / side).exists():
+        return None
+    data, _ = read_source(root, side, max_bytes)
+    try:
+        return float(json.loads(data)["rate"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise Reject(side, f"sidecar must be a JSON object with a numeric rate: {type(err).__name__}: {err}") from None
+    except RecursionError:
+        raise Reject(
+            side, "sidecar must be a JSON object with a numeric rate: it is nested too deeply to read"
         ) from None
-    return values, rate
 
 
-def _from_csv(data: bytes, rel: str, channel: str | int | None) -> tuple[np.ndarray, float]:
-    reader = csv.reader(io.StringIO(data.decode("utf-8", errors="replace")))
-    rows, lines = [], []  # each row and the line it ends on (a quoted value may span lines)
-    for row in reader:
-        rows.append(row)
-        lines.append(reader.line_num)
-    if len(rows) < 3:
-        raise Reject(rel, "CSV recording has fewer than two samples")
-    header = [h.strip() for h in rows[0]]
-    time_col = next((i for i, h in enumerate(header) if h.lower() in TIME_COLUMNS), None)
-    if time_col is None:
-        raise Reject(rel, f"CSV recording has no time column (one of {', '.join(TIME_COLUMNS)}); columns: {header}")
-    if str(channel) not in header:
-        raise Reject(rel, f"channel {channel!r} not in the CSV; columns: {header}")
-    col = header.index(str(channel))
-    values = []
-    for row, line in zip(rows[1:], lines[1:]):
-        if not row:
-            continue
-        pair = []
-        for i in (time_col, col):
-            if i >= len(row):
-                raise Reject(rel, f"CSV recording line {line} has no value for column {header[i]!r}")
-            try:
-                pair.append(float(row[i]))
-            except ValueError:
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= SHOWN_VALUE else value[:SHOWN_VALUE] + "…")
+
+
+def _from_csv(
+    data: bytes, rel: str, channel: str | int | None, max_columns: int, max_decoded: int
+) -> tuple[np.ndarray, float]:
+    """The channel and the rate (the median step of the time column) of a CSV recording, parsed
+    as a stream: a line at a time, two numbers kept per line (16 bytes), so the memory it takes is
+    the file's bytes plus at most about their size again. A header or line with more than
+    ``max_columns`` values is rejected before it is split into values."""
+    end = data.find(b"\n")
+    columns = data.count(b",", 0, len(data) if end < 0 else end) + 1
+    if columns > max_columns:
+        raise Reject(
+            rel,
+            f"CSV recording has {columns:,} columns in its header, more than the field's limit of {max_columns:,} "
+            "(max_columns)",
+        )
+
+    def lines():
+        for number, line in enumerate(io.TextIOWrapper(io.BytesIO(data), "utf-8", "replace", newline=""), 1):
+            if (values := line.count(",") + 1) > max_columns:
                 raise Reject(
-                    rel, f"CSV recording line {line}, column {header[i]!r}: {row[i]!r} is not a number"
-                ) from None
-        values.append(pair)
-    table = np.array(values, dtype=np.float64)
-    steps = np.diff(table[:, 0])
+                    rel,
+                    f"CSV recording line {number} has {values:,} values, more than the field's limit of "
+                    f"{max_columns:,} (max_columns)",
+                )
+            yield line
+
+    reader = csv.reader(lines())
+    times, values = array("d"), array("d")
+    limit = max_decoded // DECODED_SAMPLE_BYTES
+    try:
+        header = [h.strip() for h in next(reader, [])]
+        time_col = next((i for i, h in enumerate(header) if h.lower() in TIME_COLUMNS), None)
+        if time_col is None:
+            raise Reject(rel, f"CSV recording has no time column (one of {', '.join(TIME_COLUMNS)}); columns: {header}")
+        if str(channel) not in header:
+            raise Reject(rel, f"channel {channel!r} not in the CSV; columns: {header}")
+        col = header.index(str(channel))
+        for row in reader:
+            if not row:
+                continue
+            for i, into in ((time_col, times), (col, values)):
+                if i >= len(row):
+                    raise Reject(rel, f"CSV recording line {reader.line_num} has no value for column {header[i]!r}")
+                try:
+                    into.append(float(row[i]))
+                except ValueError:
+                    raise Reject(
+                        rel,
+                        f"CSV recording line {reader.line_num}, column {header[i]!r}: {_shown(row[i])} is not a number",
+                    ) from None
+            if len(values) > limit:
+                raise _too_large(rel, f"the CSV recording holds more than {limit:,} samples", limit, max_decoded)
+    except csv.Error as err:
+        raise Reject(rel, f"CSV recording line {reader.line_num} is not readable CSV: {err}") from None
+    if len(values) < 2:
+        raise Reject(rel, "CSV recording has fewer than two samples")
+    steps = np.diff(np.frombuffer(times, np.float64))
     if (steps <= 0).any():
         raise Reject(rel, "CSV time column does not increase")
-    return table[:, 1], 1.0 / float(np.median(steps))
+    return np.frombuffer(values, np.float64), 1.0 / float(np.median(steps))
+
+
+EDF_SIGNAL_FIELDS = 216  # bytes of a signal's header fields before its samples per record
+
+
+def _check_edf_header(data: bytes, rel: str, channel: str | int | None, max_decoded: int) -> None:
+    """Reject an EDF/BDF file whose header declares more samples of ``channel`` than
+    ``max_decoded`` allows, or more data records than the file holds, before pyedflib reads it."""
+
+    def number(at: int, width: int, what: str) -> int:
+        raw = data[at : at + width]
+        try:
+            return int(raw.decode("ascii").strip())
+        except ValueError:
+            raise Reject(rel, f"not a readable EDF/BDF file: its header's {what} is not a number ({raw!r})") from None
+
+    if len(data) < 256:
+        raise Reject(rel, f"not a readable EDF/BDF file: {len(data):,} bytes, shorter than its 256-byte header")
+    records, ns = number(236, 8, "number of data records"), number(252, 4, "number of signals")
+    header = 256 * (1 + ns)
+    if ns <= 0 or records < 0 or len(data) < header:
+        raise Reject(rel, f"not a readable EDF/BDF file: a header of {ns} signals and {records} data records")
+    labels = [data[256 + 16 * i : 272 + 16 * i].decode("latin-1").strip() for i in range(ns)]
+    at = 256 + ns * EDF_SIGNAL_FIELDS
+    per_record = [number(at + 8 * i, 8, f"samples per record of signal {i + 1}") for i in range(ns)]
+    if str(channel) in labels:
+        samples = records * per_record[labels.index(str(channel))]
+        if samples * DECODED_SAMPLE_BYTES > max_decoded:
+            raise _too_large(
+                rel, f"the header declares {samples:,} samples of channel {channel!r}", samples, max_decoded
+            )
+    declared = header + records * sum(per_record) * (3 if data[:1] == b"\xff" else 2)
+    if declared > len(data):
+        raise Reject(
+            rel,
+            f"not a readable EDF/BDF file: the header declares {records:,} data records ({declared:,} bytes with the header), "
+            f"the file holds {len(data):,}",
+        )
 
 
 def _from_edf(root: Path, rel: str, channel: str | int | None) -> tuple[np.ndarray, float]:
@@ -260,11 +370,14 @@ class SignalKind(FieldKind):
         data, digest = read_source(root, rel, f.max_bytes)
         suffix = Path(rel).suffix.lower()
         if suffix == ".npy":
-            values, rate = _from_npy(data, root, rel)
-            rate = f.rate if rate is None else float(rate)
+            values = _from_npy(data, rel, f.max_decoded_bytes)
+            rate = _sidecar_rate(root, rel, f.max_bytes)
+            rate = f.rate if rate is None else rate
         elif suffix == ".csv":
-            values, rate = _from_csv(data, rel, f.channel)
+            values, rate = _from_csv(data, rel, f.channel, f.max_columns, f.max_decoded_bytes)
         elif suffix in (".edf", ".bdf"):
+            _check_edf_header(data, rel, f.channel, f.max_decoded_bytes)
+            del data  # pyedflib reads the file itself
             values, rate = _from_edf(root, rel, f.channel)
         elif suffix in AUDIO_SUFFIXES:
             values, rate = from_audio(data, rel, f.channel, f.max_samples, f.max_decoded_bytes)
@@ -277,6 +390,10 @@ class SignalKind(FieldKind):
             if not f.resample:
                 raise Reject(
                     rel, f"recorded at {rate:g} Hz, the spec declares {f.rate:g} Hz (resample: true converts it)"
+                )
+            if (n := int(len(values) * f.rate / rate)) * DECODED_SAMPLE_BYTES > f.max_decoded_bytes:
+                raise _too_large(
+                    rel, f"resampled to {f.rate:g} Hz, the recording would hold {n:,} samples", n, f.max_decoded_bytes
                 )
             values = _resampled(values, rate, f.rate)
         bad = int(np.count_nonzero(~np.isfinite(values))) if values.dtype.kind == "f" else 0

@@ -37,6 +37,7 @@ from h5forge.format.checksums import (
 )
 from h5forge.format.catalog import INPUTS, Catalog, catalog_intact, content_digest, id_digest, location, read_catalog
 from h5forge.format.codecs import ensure_filters
+from h5forge.format.dims import scale_problems
 from h5forge.format.layout import SMALL_ROWS, decode_str
 from h5forge.format.names import (
     CHECKSUM,
@@ -401,6 +402,9 @@ def _dtype_matches(ds: h5py.Dataset, want) -> bool:
 
 
 def _check_structure(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind], report: HealthReport) -> None:
+    # a walk of every group: a damaged group B-tree can fail a walk (h5py's visit, h5dump) while
+    # each name, looked up alone, still opens
+    f.visit(lambda _name: None)
     problems: list[str] = []
     declared = [str(x) for x in f.attrs.get(Attr.FIELDS, [])]
     if declared != list(spec.fields):  # what a reader returns by default
@@ -410,6 +414,7 @@ def _check_structure(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind
             problems.append(f"/{split} is missing")
             continue
         g = f[split]
+        problems += scale_problems(g)
         count = int(g.attrs.get(Attr.COUNT, -1))
         for path, kind in kinds.items():
             st = kind.stored()
@@ -586,8 +591,8 @@ def _check_file_digest(f: h5py.File, report: HealthReport) -> None:
     if str(stored) != file_digest(f):
         report.error(
             "file digest",
-            f"the file's attributes (name, version, codec, lineage, ...), its diagnostics or "
-            f"its inputs catalog do not match its {Attr.FILE_DIGEST}",
+            f"the file's attributes (name, version, codec, lineage, ...), its diagnostics, "
+            f"its inputs catalog or its stored spec do not match its {Attr.FILE_DIGEST}",
         )
     else:
         report.checks["file digest"] = "ok"

@@ -9,6 +9,8 @@ import csv
 import io
 import json
 import os
+import struct
+import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -56,9 +58,35 @@ def _png(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def write_file(path: Path, data: bytes) -> None:
-    """As a user's copy lands: a hidden temp name, then a rename (the watcher never sees half a file)."""
+# hostile inputs that are no file's bytes: what ``write_file`` makes at a picture's path instead
+FIFO, DEV_ZERO, FOLDER = "fifo", "symlink to /dev/zero", "folder"
+HOSTILE = (FIFO, DEV_ZERO, FOLDER, "png-bomb", "truncated")
+
+
+@lru_cache(maxsize=None)
+def png_bomb(side: int = 10_000) -> bytes:
+    """A grey PNG of ``side`` x ``side`` (100 M pixels, over the default max_pixels) whose pixels,
+    all zero, compress to about 100 kB: a few hundred bytes of header promise 100 MB decoded."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    deflate = zlib.compressobj(9)
+    row = bytes(side + 1)  # filter byte 0, then the row
+    idat = b"".join(deflate.compress(row) for _ in range(side)) + deflate.flush()
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+
+
+def write_file(path: Path, data: bytes | str) -> None:
+    """As a user's copy lands: a hidden temp name, then a rename (the watcher never sees half a file).
+    ``data`` may name a hostile input that is no file (FIFO, DEV_ZERO, FOLDER): that is made instead."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        tmp = path.with_name(f".{path.name}.tmp")
+        {FIFO: os.mkfifo, DEV_ZERO: lambda p: os.symlink("/dev/zero", p), FOLDER: os.mkdir}[data](tmp)
+        os.replace(tmp, path)
+        return
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
@@ -124,14 +152,22 @@ class Layout:
         raise NotImplementedError
 
     def defective(self, d: Draw, how: str) -> Sample:
-        """A sample with one file that must be rejected (``how``: corrupt, empty or a layout's own)."""
+        """A sample with one file that must be rejected (``how``: corrupt, empty, a hostile input or
+        a layout's own)."""
         s = self.bad(d)
         first = next(iter(s.files))
-        s.data[first] = b"" if how == "empty" else _png(np.zeros((8, 8, 3), np.uint8))[:40]
+        if how in (FIFO, DEV_ZERO, FOLDER):
+            s.data[first] = how
+        elif how == "png-bomb":
+            s.data[first] = png_bomb()
+        elif how == "truncated":  # a real picture cut in its pixel data
+            s.data[first] = s.data[first][: len(s.data[first]) // 2]
+        else:
+            s.data[first] = b"" if how == "empty" else _png(np.zeros((8, 8, 3), np.uint8))[:40]
         return s
 
     def defects(self) -> tuple[str, ...]:
-        return ("corrupt", "empty")
+        return ("corrupt", "empty", *HOSTILE)
 
     def bad(self, d: Draw) -> Sample:
         """A good sample of this draw under a name that says it is a defect's."""
@@ -233,7 +269,7 @@ class Segment(Layout):
                       {"label": LABELS[d.label % 2], "count": d.count})
 
     def defects(self) -> tuple[str, ...]:
-        return ("corrupt", "empty", "mask-size")
+        return (*super().defects(), "mask-size")
 
     def defective(self, d: Draw, how: str) -> Sample:
         if how != "mask-size":
@@ -300,7 +336,7 @@ class Pairs(Layout):
                       {"low_res": _png(lr), "high_res": _png(hr)})
 
     def defects(self) -> tuple[str, ...]:
-        return ("corrupt", "empty", "wrong-scale")
+        return (*super().defects(), "wrong-scale")
 
     def defective(self, d: Draw, how: str) -> Sample:
         if how != "wrong-scale":

@@ -152,3 +152,93 @@ def reader_view(path: Path) -> object:
         except Exception as err:  # noqa: BLE001 - a failing read is what the caller compares
             view[split] = ("error", type(err).__name__)
     return _plain(view)
+
+
+# signatures of HDF5's metadata blocks: a fractal heap's direct block (FHDB) holds the attributes
+# of an object with many of them (the root group's), after the object's header (OHDR) and its
+# continuation chunks (OCHK)
+BLOCKS = (b"OHDR", b"OCHK", b"FRHP", b"FHDB", b"FHIB", b"BTHD", b"BTLF", b"BTIN", b"GCOL", b"TREE", b"HEAP",
+          b"SNOD", b"FSHD", b"FSSE")
+
+
+def _block_at(data: bytes, at: int, limit: int = 4096) -> tuple[int, int]:
+    """(offset, size) of the metadata block starting at ``at``: up to the next block's signature."""
+    nxt = [p for sig in BLOCKS if (p := data.find(sig, at + 4, at + limit)) > 0]
+    return at, (min(nxt) if nxt else min(len(data), at + limit)) - at
+
+
+def _header(obj) -> tuple[int, int]:
+    info = h5py.h5o.get_info(obj.id)
+    return int(info.addr), int(info.hdr.space.total)
+
+
+def _storage(ds: h5py.Dataset) -> list[tuple[int, int]]:
+    if ds.chunks:
+        return [(int((c := ds.id.get_chunk_info(i)).byte_offset), int(c.size)) for i in range(ds.id.get_num_chunks())]
+    offset = ds.id.get_offset()
+    return [] if offset is None else [(int(offset), int(ds.id.get_storage_size()))]
+
+
+def metadata_regions(path: Path) -> dict[str, list[tuple[int, int]]]:
+    """(offset, size) of the bytes of each part of a version file's metadata, by part: the root
+    group's attributes (its header and the heap blocks that hold them), /inputs and /diagnostics
+    (headers and values), /meta/spec (its header and the heap object holding its text), the
+    attributes of each split's groups and datasets (their headers), and the row checksums."""
+    from h5forge.format.names import DIAGNOSTICS, SPLITS
+
+    data = path.read_bytes()
+    parts: dict[str, list[tuple[int, int]]] = {k: [] for k in (
+        "root attributes", "inputs", "diagnostics", "meta/spec", "dataset attributes", "checksums")}
+    with h5py.File(path, "r") as f:
+        parts["root attributes"].append(_header(f))
+        at = data.find(b"FHDB")
+        while at >= 0:
+            parts["root attributes"].append(_block_at(data, at))
+            at = data.find(b"FHDB", at + 4)
+        for part in ("inputs", DIAGNOSTICS):
+            if part not in f:
+                continue
+            parts[part if part == "inputs" else "diagnostics"].append(_header(f[part]))
+            f[part].visititems(lambda _n, o, p=part: parts[p if p == "inputs" else "diagnostics"].extend(
+                [_header(o), *(_storage(o) if isinstance(o, h5py.Dataset) else [])]))
+        spec = f["meta/spec"]
+        parts["meta/spec"].append(_header(spec))
+        text = spec[()]
+        if (at := data.find(text)) >= 0:
+            parts["meta/spec"].append((at, len(text)))
+        for split in SPLITS:
+            if split not in f:
+                continue
+            parts["dataset attributes"].append(_header(f[split]))
+            f[split].visititems(lambda _n, o: parts["dataset attributes"].append(_header(o)))
+            parts["checksums"].extend(_storage(f[split]["checksum"]))
+    return {k: sorted(v) for k, v in parts.items() if v}
+
+
+def file_view(path: Path) -> object:
+    """What ``reader_view`` returns, plus every attribute of every object (but the dimension-scale
+    references) and every value under /inputs, /diagnostics and /meta: all a user can see of the
+    file besides its stored rows' bytes. A read that fails is part of the view (as its error)."""
+    from h5forge.format.codecs import ensure_filters
+
+    ensure_filters()
+    seen: dict[str, object] = {}
+
+    def attrs(obj) -> object:
+        return {k: _plain(obj.attrs[k]) for k in sorted(obj.attrs) if k not in ("DIMENSION_LIST", "REFERENCE_LIST")}
+
+    def visit(name, obj):
+        try:
+            seen[name] = attrs(obj)
+            if isinstance(obj, h5py.Dataset) and name.split("/")[0] in ("inputs", "diagnostics", "meta"):
+                seen[name + "[()]"] = _plain(obj[()])
+        except Exception as err:  # noqa: BLE001 - a failing read is what the caller compares
+            seen[name] = ("error", type(err).__name__)
+
+    try:
+        with h5py.File(path, "r") as f:
+            seen["/"] = attrs(f)
+            f.visititems(visit)
+    except Exception as err:  # noqa: BLE001
+        seen["/"] = ("error", type(err).__name__)
+    return (reader_view(path), _plain(seen))

@@ -39,7 +39,8 @@ CLEAN = textwrap.dedent("""
     batch = clean_batch(spec, inv.root, inv.samples, encode=False)  # the arrays, not their chunks
     print(json.dumps({
         "taken": batch.ids,
-        "shape": {k: list(v.shape) for k, v in batch.arrays.items() if hasattr(v, "shape")},
+        "shape": {k: list(getattr(v, "values", v).shape) for k, v in batch.arrays.items()  # ragged: its values
+                  if hasattr(getattr(v, "values", v), "shape")},
         "rejected": [[r.sample_id, r.reason] for r in [*inv.rejections, *batch.rejections]],
         "base_rss": base, "rss": psutil.Process().memory_info().rss,
         "peak_rss": peak(),

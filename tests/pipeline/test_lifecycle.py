@@ -49,7 +49,7 @@ from h5forge.store.thin import export
 from h5forge.store.verify import verify_file
 from h5forge.store.versions import latest, output_lock, published, retain, set_latest
 from h5forge.views.diff import diff_versions
-from tests.helpers.lifecycle import LAYOUTS, Draw, Layout, Sample
+from tests.helpers.lifecycle import HOSTILE, LAYOUTS, Draw, Layout, Sample
 
 SPLITS = ("train", "val", "test")
 KEEP = (2, 5)  # output.keep of the spec and of the retention step (retire_after_seconds: 0)
@@ -80,6 +80,11 @@ def action(applies, **arguments):
 draws = st.builds(Draw, serial=st.just(0), picture=st.integers(0, 3), y=st.integers(0, 400),
                   x=st.integers(0, 400), h=st.integers(40, 90), w=st.integers(40, 90), label=st.integers(0, 2),
                   count=st.integers(0, 99), split=st.integers(0, 2))
+
+
+def internal(reason: str) -> bool:
+    """A reason that is an error caught by the cleaner's last resort, not one a user can act on."""
+    return reason.startswith("unexpected ") or "Traceback" in reason
 
 
 class Lifecycle(RuleBasedStateMachine):
@@ -362,12 +367,14 @@ class Lifecycle(RuleBasedStateMachine):
         for s in self.bad_raw:
             mine = [r for r in rows if r["sample_id"] == s.sid or any(rel in r["path"] for rel in s.files.values())]
             assert mine and all(r["reason"] for r in mine), f"{s.sid}: no reason in {report.name}: {rows}"
+            assert not any(internal(r["reason"]) for r in mine), f"{s.sid}: an internal error as its reason: {mine}"
 
     def check_inbox_reason(self, s: Sample) -> None:
         """A rejected inbox input is moved to inbox/quarantine/ with a ``.reason`` beside it."""
         reasons = [self.inbox / "quarantine" / f"{rel}.reason" for rel in s.files.values()]
         found = [p for p in reasons if p.exists() and p.read_text().strip()]
         assert found, f"{s.sid}: no reason on record in {self.inbox / 'quarantine'}"
+        assert not any(internal(p.read_text()) for p in found), f"{s.sid}: an internal error as its reason"
 
     def check_diff(self, before: Path | None, old: dict[str, dict], new: dict[str, dict]) -> None:
         after = self.latest_path()
@@ -479,3 +486,39 @@ def test_lifecycle(layout):
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_lifecycle_soak(layout):
     run(layout, examples=int(os.environ.get("H5FORGE_LIFECYCLE_EXAMPLES", 5)), steps=25, seed=1000, shrink=True)
+
+
+class Given:
+    """The one value a step draws (``add_defective``'s kind of defect), for a sequence written out."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def draw(self, strategy, label=None):
+        return self.value
+
+
+@pytest.mark.parametrize("layout", ["segment-json-id", "classes", "sr-pairs"])
+def test_hostile_inputs_dropped_into_the_raw_folder_and_the_inbox(layout):
+    """Every hostile input (HOSTILE: a FIFO, a symlink to /dev/zero and a folder at a picture's path,
+    a PNG bomb, a truncated PNG) in the raw folder and then in the inbox: each is rejected with a
+    reason a user can act on, and every good sample stays (the machine's invariants, after each step)."""
+    m = machine_for(layout)()
+    try:
+        m.start(first=[Draw(0, i, 40 * i, 60 * i, 50, 50, i, i, i) for i in range(4)], keep=2, allow_removals=False)
+        for i, how in enumerate(HOSTILE):
+            s = m.layout.defective(m.draw(Draw(0, i, 7 * i, 9 * i, 44, 44, i, i, i)), how)
+            m.layout.write(m.raw, s)
+            m.bad_raw.append(s)
+        m.changed()
+        m.build()
+        m.add_good(batch=[Draw(0, 1, 3, 5, 52, 52, 1, 2, 0)], to_inbox=True)
+        for i, how in enumerate(HOSTILE):
+            m.add_defective(d=Draw(0, i, 11 * i, 13 * i, 46, 46, i, i, i), to_inbox=True, data=Given(how))
+        m.append()
+        for check in (m.latest_holds_every_good_sample_once, m.published_files_never_change,
+                      m.every_kept_version_is_healthy):
+            check()
+        assert len(m.expect) == 5 and latest(m.out) == 3  # the first build, the build, the append
+    finally:
+        m.teardown()

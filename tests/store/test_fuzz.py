@@ -3,6 +3,9 @@
 - Bit flips in stored data: each flipped byte of a data region (chunks, contiguous datasets, the
   heaps holding strings) is either detected by ``verify`` or leaves every value ``h5forge.read``
   returns unchanged. None is missed.
+- Bit flips in metadata: the root attributes, /inputs, /diagnostics, /meta/spec, the attributes of
+  the splits' groups and datasets, and the row checksums. Each is detected or leaves everything a
+  user sees unchanged (``file_view``: what readers return, every attribute, every catalog value).
 - Truncations and flips anywhere in a file (headers, B-trees, heaps, data): ``verify`` never
   raises; a file it calls HEALTHY reads exactly as before.
 
@@ -20,7 +23,17 @@ import numpy as np
 import pytest
 
 from h5forge.store.verify import verify_file
-from tests.helpers.tamper import copy_writable, data_regions, flip, raw_pair, reader_view, small_version, thin_version
+from tests.helpers.tamper import (
+    copy_writable,
+    data_regions,
+    file_view,
+    flip,
+    metadata_regions,
+    raw_pair,
+    reader_view,
+    small_version,
+    thin_version,
+)
 
 QUICK = {"resample": 0, "latency_reads": 0}
 
@@ -49,9 +62,9 @@ def spread(regions: list[tuple[int, int]], n: int, rng: np.random.Generator) -> 
     return picks
 
 
-def flip_trials(path: Path, offsets: list[int], masks: list[int], work: Path) -> dict:
-    """Flip each offset in a fresh copy; verify; compare what a reader returns."""
-    before = reader_view(path)
+def flip_trials(path: Path, offsets: list[int], masks: list[int], work: Path, view=reader_view) -> dict:
+    """Flip each offset in a fresh copy; verify; compare what a reader returns (``view``)."""
+    before = view(path)
     outcome: Counter = Counter()
     missed = []
     for offset, mask in zip(offsets, masks):
@@ -59,7 +72,7 @@ def flip_trials(path: Path, offsets: list[int], masks: list[int], work: Path) ->
         flip(work, offset, mask)
         if not verify_file(work, isolate=True, **QUICK).ok:
             outcome["detected"] += 1
-        elif reader_view(work) == before:
+        elif view(work) == before:
             outcome["harmless"] += 1
         else:
             missed.append(offset)
@@ -91,6 +104,35 @@ def test_bit_flips_in_stored_data_are_detected_or_harmless(versions, tmp_path):
 @pytest.mark.soak
 def test_bit_flips_in_stored_data_thousands(versions, tmp_path):
     figures = run_bit_flips(versions, tmp_path, per_file=1500, seed=1)
+    assert all(fig["missed"] == 0 for fig in figures.values()), figures
+
+
+def run_metadata_flips(versions, tmp_path, per_part: int, seed: int, files=("zstd",)) -> dict:
+    rng = np.random.default_rng(seed)
+    figures = {}
+    for name in files:
+        path = versions[name]
+        for part, regions in metadata_regions(path).items():
+            offsets = spread(regions, per_part, rng)
+            masks = [1 << int(b) for b in rng.integers(0, 8, size=len(offsets))]
+            figures[f"{name}: {part}"] = flip_trials(path, offsets, masks, tmp_path / f"{name}.h5", view=file_view)
+    print("\nbit flips in metadata:", json.dumps(figures))
+    return figures
+
+
+def test_bit_flips_in_metadata_are_detected_or_harmless(versions, tmp_path):
+    figures = run_metadata_flips(versions, tmp_path, per_part=6, seed=0)
+    assert len(figures) == 6
+    for part, fig in figures.items():
+        assert fig["missed"] == 0, (part, fig)
+        assert fig["detected"] + fig["harmless"] == fig["flips"] == 6
+    assert sum(fig["detected"] for fig in figures.values()) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.soak
+def test_bit_flips_in_metadata_hundreds(versions, tmp_path):
+    figures = run_metadata_flips(versions, tmp_path, per_part=60, seed=1, files=("none", "zstd"))
     assert all(fig["missed"] == 0 for fig in figures.values()), figures
 
 

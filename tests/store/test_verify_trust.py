@@ -45,7 +45,7 @@ def copy(good, tmp_path) -> Path:
 
 def resign(path: Path) -> None:
     """Recompute every checksum and digest: a tamperer who knows the format."""
-    from h5forge.format.checksums import stored_checksums, write_digests
+    from h5forge.format.checksums import stored_checksums, write_digests, write_file_digest
     from h5forge.kinds import stored_kinds
     from h5forge.spec import spec_from_json
 
@@ -57,6 +57,7 @@ def resign(path: Path) -> None:
             if n:
                 g["checksum"][:] = np.array(stored_checksums(g, kinds, 0, n), dtype="S64")
         write_digests(f)
+        write_file_digest(f)
 
 
 def run_limited(*args) -> subprocess.CompletedProcess:
@@ -370,3 +371,15 @@ def test_cli_flags_override_the_stored_counts(copy):
     report = verify_file(copy, latency_reads=7, resample=0)
     assert report.stats["random_read_ms"]["reads"] == 7
     assert not any("capped" in w for w in report.warnings)
+
+
+@pytest.mark.parametrize("attr, value", [("CLASS", b"DIMENSINN_SCALE"),
+                                         ("NAME", b"This is a netCDF dimension but not a netCDF variable.      !  2")])
+def test_a_changed_dimension_scale_class_or_name_is_detected(copy, attr, value):
+    """No digest covers the scales' bookkeeping (HDF5 rewrites it); netCDF readers show it."""
+    with h5py.File(copy, "r+") as f:
+        scale = f["train/source_field"]
+        scale.attrs.modify(attr, np.array(value, dtype=scale.attrs[attr].dtype))
+    report = verify_file(copy, resample=0, latency_reads=0)
+    assert not report.ok
+    assert "/train/source_field is a dimension scale whose CLASS or NAME is not as written" in " ".join(report.errors)
