@@ -326,22 +326,34 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
 
     by_id = {key(r): r for r in inbox_records}
     records = []
+    # a file holding several samples (the time points of a 4-D volume) moves once, to processed/
+    # when any of them was taken (the others' rejections are in the report), else to quarantine/
+    moved: dict[str, None] = {}
+    refused: dict[str, str] = {}
+    recorded: set[str] = set()
     for ref in scan.ready:
         rel_files = [*ref.files.values(), *ref.extra_files]
         if ref.id in rejected:
-            for rel in rel_files:
-                quarantine(rel, rejected[ref.id])
+            refused.update((rel, rejected[ref.id]) for rel in rel_files if rel not in refused)
             continue
         assert number is not None, "a taken sample needs the version it went into"
-        plan.moves += [(str(inbox / rel), str(processed_dir(inbox, number) / rel)) for rel in rel_files]
-        rec = by_id.get(match_key(ref.id))
+        moved.update(dict.fromkeys(rel_files))
+        if ref.input_id in recorded:
+            continue
+        recorded.add(ref.input_id)
+        rec = by_id.get(match_key(ref.input_id))
         if rec is None and ref.extra_files:
             rec = json.loads((inbox / ref.extra_files[0]).read_text())
             if id_key not in rec:  # a sidecar is named by its file; processed/ records are named by id_key
-                rec = {id_key: ref.id, **rec}
+                rec = {id_key: ref.input_id, **rec}
         if rec is not None:
             records.append(rec)
-    taken = {match_key(ref.id) for ref in scan.ready}
+    if number is not None:
+        plan.moves += [(str(inbox / rel), str(processed_dir(inbox, number) / rel)) for rel in moved]
+    for rel, reason in refused.items():
+        if rel not in moved:
+            quarantine(rel, reason)
+    taken = {match_key(ref.input_id) for ref in scan.ready}
     for r in scan.rejections:  # discovery-time rejections: their files go to quarantine too
         for rel in r.paths:
             if rel and "#" not in rel and (inbox / rel).is_file():

@@ -20,9 +20,9 @@ from typing import Any
 
 from h5forge.format.names import INBOX_PROCESSED
 from h5forge.ingest.splits import assign_split, ratio_split
-from h5forge.kinds import field_kinds
+from h5forge.kinds import FieldKind, field_kinds
 from h5forge.kinds.base import DEFAULT_MAX_BYTES
-from h5forge.samples import Rejection, SampleRef, rejected_count
+from h5forge.samples import Reject, Rejection, SampleRef, rejected_count
 from h5forge.spec import DatasetSpec
 
 
@@ -524,12 +524,59 @@ def discover(
             inv.rejections.append(Rejection(sid, (files[next(iter(files))],), str(err)))
             continue
         extra = (record_file[key],) if key in record_file and "_sidecar" in records[key] else ()
-        inv.samples.append(SampleRef(sid, split, files, columns, extra))
+        try:
+            parts = samples_in(kinds, root, files)
+        except Reject as rej:
+            inv.rejections.append(Rejection(sid, (rej.path,), rej.reason))
+            continue
+        inv.samples.extend(SampleRef(sid + part, split, files, columns, extra, part) for part in parts)
+    if any(s.part for s in inv.samples):
+        inv.samples, clashes = _unique_ids(inv.samples)
+        inv.rejections.extend(clashes)
     paired = set().union(*per_field.values())
     inv.rejections.extend(_orphans(sorted(set(records) - paired - already), record_file))
     if whole_source:
         inv.unclaimed, inv.unclaimed_examples = unclaimed_files(spec, inv)
     return inv
+
+
+def samples_in(kinds: dict[str, FieldKind], root: Path, files: dict[str, str]) -> tuple[str, ...]:
+    """The ends of the ids of the samples one input's files hold (``FieldKind.samples_in``): ``("",)``
+    when they are one sample. Fields that both split their files must agree on the parts."""
+    found = {name: parts for name, rel in files.items() if (parts := kinds[name].samples_in(root, rel)) is not None}
+    if not found:
+        return ("",)
+    first, *others = found.items()
+    for name, parts in others:
+        if parts != first[1]:
+            raise Reject(
+                files[name],
+                f"{len(parts)} samples in {files[name]} ({name}) but {len(first[1])} in {files[first[0]]} ({first[0]})",
+            )
+    if not first[1]:
+        raise Reject(files[first[0]], "the file holds no sample")
+    return first[1]
+
+
+def _unique_ids(samples: list[SampleRef]) -> tuple[list[SampleRef], list[Rejection]]:
+    """Samples sorted by id, without those whose id is taken twice (a part of one file, ``a@t0000``,
+    and a file of that name): which of them is meant cannot be known."""
+    by_key: dict[str, list[SampleRef]] = defaultdict(list)
+    for s in samples:
+        by_key[match_key(s.id)].append(s)
+    kept, clashes = [], []
+    for key in sorted(by_key):
+        refs = by_key[key]
+        if len(refs) == 1:
+            kept.append(refs[0])
+            continue
+        paths = tuple(dict.fromkeys(rel for r in refs for rel in r.files.values()))
+        clashes.append(
+            Rejection(
+                refs[0].id, paths, f"ambiguous: the id is both a file's and a part of another ({', '.join(paths)})"
+            )
+        )
+    return kept, clashes
 
 
 def bare_name_index(keys) -> dict[str, list[str]]:
