@@ -18,7 +18,13 @@ affine from the header. A 4-D NIfTI file (multi-contrast MR such as FLAIR/T1/T1c
 number of time points) is read only when the field says what its fourth axis is:
 ``fourth_axis: channels`` with ``channels: C`` keeps it as C channels of every slice, stored
 (D, C, H, W) per case like an image's (C, H, W), each channel padded with its own background; a
-file with another count, or a 4-D file without the option, is rejected with its shape. Trailing
+file with another count, or a 4-D file without the option, is rejected with its shape.
+``fourth_axis: time`` makes each time point a sample of its own, ``<case>@t0000``, ... (D, H, W):
+discovery counts them from the header (``samples_in``), decoding reads just its time point (a
+gzipped file is decompressed up to it, never held whole; ``max_decoded_bytes`` is per time point),
+every time point takes the split of the case's id, and each has its own raw digest (the file's
+sha256 with the time point: ``sample_digest``), so exactly-once and rebuilds tell them apart. A
+3-D file or a DICOM series is one time point; a 3-D label volume labels every time point. Trailing
 axes of length 1 (x, y, z, 1) are dropped; 5-D and higher files are rejected.
 In-plane, slices are centre-cropped / padded to ``size`` like images (no resampling); the depth
 is kept. Each case records its voxel spacing (slice, row, column, mm), origin, orientation,
