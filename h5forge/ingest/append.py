@@ -100,8 +100,21 @@ def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> Inbo
         else:
             scan.ready.append(ref)
     for r in inv.rejections:
+        # a file still being written may not show what it is yet (a header cut short): it waits
+        fresh = [p for p in r.paths if "#" not in p and _changed_since(inbox / p, now - settle)]
+        if fresh and not r.waitable:
+            r = Rejection(
+                r.sample_id, (fresh[0],), f"still being written (changed less than {settle:g} s ago)", waitable=True
+            )
         (scan.waiting if r.waitable else scan.rejections).append(r)
     return scan
+
+
+def _changed_since(path: Path, when: float) -> bool:
+    try:
+        return path.stat().st_mtime > when
+    except OSError:
+        return False
 
 
 class KnownSamples:

@@ -364,12 +364,10 @@ def _three_or_four(shape: tuple[int, ...], rel: str) -> tuple[tuple[int, ...], s
 def time_dims(shape: tuple[int, ...], rel: str) -> tuple[int, int, int, int]:
     """(x, y, z, time points) of a NIfTI header's shape, with ``fourth_axis: time``: a 3-D file is
     one time point."""
-    dims, text = _three_or_four(shape, rel)
-    if len(dims) == 3:
-        return (*dims, 1)  # type: ignore[return-value]  # three ints
-    if dims[3] == 0:
+    (x, y, z, *time), text = _three_or_four(shape, rel)
+    if time == [0]:
         raise Reject(rel, f"a 4-D NIfTI file ({text}) holds no time point")
-    return dims  # type: ignore[return-value]  # four ints
+    return x, y, z, time[0] if time else 1
 
 
 def nifti_dims(shape: tuple[int, ...], channels: int | None, rel: str, labels: bool = False) -> tuple[int, ...]:

@@ -404,3 +404,26 @@ def test_files_time_points_cannot_be_counted_of_are_rejected_at_discovery(tmp_pa
         ("cut@t0001", "clean"): "the header declares 2 time points of 192 bytes; the file ends before time point 1 does",
     }
     assert sorted(by_id(path)) == ["cut@t0000", "good@t0000", "good@t0001"]
+
+
+def test_a_4d_file_whose_header_is_still_being_written_waits_in_the_inbox(tmp_path, build_spec):
+    import h5forge
+    from tests.helpers.data import age_files
+
+    root, inbox = tmp_path / "raw", tmp_path / "inbox"
+    (root / "cases").mkdir(parents=True)
+    (inbox / "cases").mkdir(parents=True)
+    shutil.copy(data_path / "example4d.nii.gz", root / "cases" / "first.nii.gz")
+    data = time_spec(root, tmp_path / "out")
+    data["source"]["inbox"] = str(inbox)
+    build_spec(data)
+    spec = DatasetSpec.model_validate(data)
+    whole = (data_path / "functional.nii").read_bytes()
+    (inbox / "cases" / "late.nii").write_bytes(whole[:200])  # the copy has just begun: no whole header yet
+    waiting = h5forge.append(spec)
+    assert (waiting.version, waiting.added, waiting.waiting, waiting.rejections) == (None, 0, 1, ())
+    assert (inbox / "cases" / "late.nii").is_file() and not (inbox / "quarantine").exists()
+    (inbox / "cases" / "late.nii").write_bytes(whole)
+    age_files(inbox)
+    result = h5forge.append(spec)
+    assert result.version == 2 and result.added == 20
