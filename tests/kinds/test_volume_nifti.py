@@ -247,6 +247,9 @@ def by_id(path, field="ct") -> dict[str, tuple[str, np.ndarray]]:
 
 
 def test_fourth_axis_time_makes_each_time_point_a_sample_with_nibabels_values(tmp_path, build_spec):
+    import h5forge
+    from h5forge.store.verify import verify_file
+
     root = tmp_path / "raw"
     (root / "cases").mkdir(parents=True)
     shutil.copy(data_path / "example4d.nii.gz", root / "cases" / "one.nii.gz")  # NIfTI-1, 128x96x24x2
@@ -280,8 +283,11 @@ def test_fourth_axis_time_makes_each_time_point_a_sample_with_nibabels_values(tm
         assert np.allclose(g["ct_spacing"][row], [2.5, 0.8, 0.7])
         assert np.allclose(g["ct_origin"][row], [-40.0, -20.0, 10.0])
         assert decode_str(g["source_files"][row]) == ["cases/three.nii.gz"]
-    again = __import__("h5forge").build(DatasetSpec.model_validate({"max_rejected": 1.0, **time_spec(
-        root, tmp_path / "out")}))
+    report = verify_file(path, resample=26)  # every time point cleaned again from its file and compared
+    assert report.ok, report.errors
+    assert report.checks["sources"] == "ok (26 samples re-derived from their sources and compared, 0 sources " \
+                                       "changed or gone)"
+    again = h5forge.build(DatasetSpec.model_validate({"max_rejected": 1.0, **time_spec(root, tmp_path / "out")}))
     assert again.unchanged and again.version == 1
 
 
