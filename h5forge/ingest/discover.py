@@ -530,9 +530,8 @@ def discover(
             inv.rejections.append(Rejection(sid, (rej.path,), rej.reason))
             continue
         inv.samples.extend(SampleRef(sid + part, split, files, columns, extra, part) for part in parts)
-    if any(s.part for s in inv.samples):
-        inv.samples, clashes = _unique_ids(inv.samples)
-        inv.rejections.extend(clashes)
+    if any(s.part for s in inv.samples):  # "case2" sorts after "case", "case2@t0000" before "case@t0000"
+        inv.samples.sort(key=lambda s: match_key(s.id))
     paired = set().union(*per_field.values())
     inv.rejections.extend(_orphans(sorted(set(records) - paired - already), record_file))
     if whole_source:
@@ -553,30 +552,7 @@ def samples_in(kinds: dict[str, FieldKind], root: Path, files: dict[str, str]) -
                 files[name],
                 f"{len(parts)} samples in {files[name]} ({name}) but {len(first[1])} in {files[first[0]]} ({first[0]})",
             )
-    if not first[1]:
-        raise Reject(files[first[0]], "the file holds no sample")
     return first[1]
-
-
-def _unique_ids(samples: list[SampleRef]) -> tuple[list[SampleRef], list[Rejection]]:
-    """Samples sorted by id, without those whose id is taken twice (a part of one file, ``a@t0000``,
-    and a file of that name): which of them is meant cannot be known."""
-    by_key: dict[str, list[SampleRef]] = defaultdict(list)
-    for s in samples:
-        by_key[match_key(s.id)].append(s)
-    kept, clashes = [], []
-    for key in sorted(by_key):
-        refs = by_key[key]
-        if len(refs) == 1:
-            kept.append(refs[0])
-            continue
-        paths = tuple(dict.fromkeys(rel for r in refs for rel in r.files.values()))
-        clashes.append(
-            Rejection(
-                refs[0].id, paths, f"ambiguous: the id is both a file's and a part of another ({', '.join(paths)})"
-            )
-        )
-    return kept, clashes
 
 
 def bare_name_index(keys) -> dict[str, list[str]]:

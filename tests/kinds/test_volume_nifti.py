@@ -433,3 +433,24 @@ def test_a_4d_file_whose_header_is_still_being_written_waits_in_the_inbox(tmp_pa
     age_files(inbox)
     result = h5forge.append(spec)
     assert result.version == 2 and result.added == 20
+
+
+def test_two_time_fields_of_a_case_must_hold_as_many_time_points(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    for folder in ("bold", "asl"):
+        (root / folder).mkdir(parents=True)
+    rng = np.random.default_rng(14)
+    series = {(folder, sid, n): rng.integers(0, 99, size=(8, 6, 2, n)).astype(np.int16)
+              for folder, sid, n in (("bold", "a", 3), ("asl", "a", 3), ("bold", "b", 3), ("asl", "b", 2))}
+    for (folder, sid, _), vol in series.items():
+        nibabel.Nifti1Image(vol, AFFINE).to_filename(root / folder / f"{sid}.nii")
+    data = time_spec(root, tmp_path / "out", files=("bold/*.nii",), size=(6, 8))
+    data["fields"]["asl"] = {**data["fields"]["ct"], "files": "asl/*.nii"}
+    path, summary = build_spec(data)
+    assert {r.sample_id: r.reason for r in summary.rejections} == {"b": "2 samples in asl/b.nii (asl) but 3 in "
+                                                                         "bold/b.nii (ct)"}
+    ct, asl = by_id(path), by_id(path, "asl")
+    assert sorted(ct) == sorted(asl) == ["a@t0000", "a@t0001", "a@t0002"]
+    for t in range(3):  # time point t of each field's file
+        assert np.array_equal(ct[f"a@t{t:04d}"][1], np.transpose(series["bold", "a", 3][..., t], (2, 1, 0)))
+        assert np.array_equal(asl[f"a@t{t:04d}"][1], np.transpose(series["asl", "a", 3][..., t], (2, 1, 0)))
