@@ -454,3 +454,32 @@ def test_two_time_fields_of_a_case_must_hold_as_many_time_points(tmp_path, build
     for t in range(3):  # time point t of each field's file
         assert np.array_equal(ct[f"a@t{t:04d}"][1], np.transpose(series["bold", "a", 3][..., t], (2, 1, 0)))
         assert np.array_equal(asl[f"a@t{t:04d}"][1], np.transpose(series["asl", "a", 3][..., t], (2, 1, 0)))
+
+
+def test_the_annotation_record_of_an_appended_4d_case_goes_to_every_time_point_and_moves_once(tmp_path, build_spec):
+    import json
+
+    import h5forge
+    from tests.helpers.data import age_files
+
+    root, inbox = tmp_path / "raw", tmp_path / "inbox"
+    (root / "cases").mkdir(parents=True)
+    (inbox / "cases").mkdir(parents=True)
+    shutil.copy(data_path / "example4d.nii.gz", root / "cases" / "first.nii.gz")
+    (root / "records.json").write_text(json.dumps([{"id": "first", "site": "A"}]))
+    shutil.copy(data_path / "functional.nii", inbox / "cases" / "late.nii")
+    (inbox / "records.json").write_text(json.dumps([{"id": "late", "site": "B"}, {"id": "later", "site": "C"}]))
+    age_files(inbox)
+    data = time_spec(root, tmp_path / "out")
+    data["source"]["inbox"] = str(inbox)
+    data["annotations"] = {"file": "records.json", "columns": {"site": "str"}}
+    build_spec(data)
+    result = h5forge.append(DatasetSpec.model_validate(data))
+    assert result.added == 20
+    sites = {}
+    with h5py.File(result.path, "r") as f:
+        for split in ("train", "val", "test"):
+            sites.update(zip(decode_str(f[split]["ids"][()]), decode_str(f[split]["meta/site"][()])))
+    assert sites == {"first@t0000": "A", "first@t0001": "A", **{f"late@t{t:04d}": "B" for t in range(20)}}
+    assert json.loads((inbox / "processed" / "v0002" / "records.json").read_text()) == [{"id": "late", "site": "B"}]
+    assert json.loads((inbox / "records.json").read_text()) == [{"id": "later", "site": "C"}]  # still waits
