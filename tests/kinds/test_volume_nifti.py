@@ -483,3 +483,30 @@ def test_the_annotation_record_of_an_appended_4d_case_goes_to_every_time_point_a
     assert sites == {"first@t0000": "A", "first@t0001": "A", **{f"late@t{t:04d}": "B" for t in range(20)}}
     assert json.loads((inbox / "processed" / "v0002" / "records.json").read_text()) == [{"id": "late", "site": "B"}]
     assert json.loads((inbox / "records.json").read_text()) == [{"id": "later", "site": "C"}]  # still waits
+
+
+def test_a_4d_file_with_a_rejected_time_point_moves_to_processed_with_the_ones_taken(tmp_path, build_spec):
+    import h5forge
+    from tests.helpers.data import age_files
+
+    root, inbox = tmp_path / "raw", tmp_path / "inbox"
+    (root / "cases").mkdir(parents=True)
+    (inbox / "cases").mkdir(parents=True)
+    shutil.copy(data_path / "example4d.nii.gz", root / "cases" / "first.nii.gz")
+    rng = np.random.default_rng(15)
+    vol = rng.integers(0, 99, size=(8, 6, 2, 3)).astype(np.float32)
+    vol[3, 2, 1, 0] = np.nan  # time point 0 holds a NaN, which int16 cannot store
+    nibabel.Nifti1Image(vol, AFFINE).to_filename(inbox / "cases" / "late.nii")
+    age_files(inbox)
+    data = time_spec(root, tmp_path / "out")
+    data["source"]["inbox"] = str(inbox)
+    data["fields"]["ct"]["dtype"] = "int16"
+    build_spec(data)
+    result = h5forge.append(DatasetSpec.model_validate(data))
+    assert result.added == 2
+    assert {r.sample_id: r.reason for r in result.rejections} == {
+        "late@t0000": "1 NaN/inf voxel(s), which int16 cannot hold; set dtype: float32"}
+    assert (inbox / "processed" / "v0002" / "cases" / "late.nii").is_file()
+    assert not (inbox / "quarantine").exists()
+    rebuilt = h5forge.build(DatasetSpec.model_validate(data))  # from processed/: the time points taken
+    assert sorted(by_id(rebuilt.path)) == ["first@t0000", "first@t0001", "late@t0001", "late@t0002"]
