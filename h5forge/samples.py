@@ -15,6 +15,14 @@ class SampleRef:
     files: dict[str, str]
     columns: dict[str, Any]
     extra_files: tuple[str, ...] = ()  # e.g. an annotation sidecar that travels with the sample
+    # the end of the id that names the part of its files the sample is (a time point of a 4-D
+    # volume: ``@t0003``); empty when the sample is its files whole
+    part: str = ""
+
+    @property
+    def input_id(self) -> str:
+        """The id of the input the sample comes from (its annotation record's, its split's)."""
+        return self.id[: len(self.id) - len(self.part)]
 
 
 @dataclass(frozen=True)

@@ -101,8 +101,21 @@ def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> Inbo
         else:
             scan.ready.append(ref)
     for r in inv.rejections:
+        # a file still being written may not show what it is yet (a header cut short): it waits
+        fresh = [p for p in r.paths if "#" not in p and _changed_since(inbox / p, now - settle)]
+        if fresh and not r.waitable:
+            r = Rejection(
+                r.sample_id, (fresh[0],), f"still being written (changed less than {settle:g} s ago)", waitable=True
+            )
         (scan.waiting if r.waitable else scan.rejections).append(r)
     return scan
+
+
+def _changed_since(path: Path, when: float) -> bool:
+    try:
+        return path.stat().st_mtime > when
+    except OSError:
+        return False
 
 
 class KnownSamples:
@@ -332,22 +345,34 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
 
     by_id = {key(r): r for r in inbox_records}
     records = []
+    # a file holding several samples (the time points of a 4-D volume) moves once, to processed/
+    # when any of them was taken (the others' rejections are in the report), else to quarantine/
+    moved: dict[str, None] = {}
+    refused: dict[str, str] = {}
+    recorded: set[str] = set()
     for ref in scan.ready:
         rel_files = [*ref.files.values(), *ref.extra_files]
         if ref.id in rejected:
-            for rel in rel_files:
-                quarantine(rel, rejected[ref.id])
+            refused.update((rel, rejected[ref.id]) for rel in rel_files if rel not in refused)
             continue
         assert number is not None, "a taken sample needs the version it went into"
-        plan.moves += [(str(inbox / rel), str(processed_dir(inbox, number) / rel)) for rel in rel_files]
-        rec = by_id.get(match_key(ref.id))
+        moved.update(dict.fromkeys(rel_files))
+        if ref.input_id in recorded:
+            continue
+        recorded.add(ref.input_id)
+        rec = by_id.get(match_key(ref.input_id))
         if rec is None and ref.extra_files:
             rec = json.loads((inbox / ref.extra_files[0]).read_text())
             if id_key not in rec:  # a sidecar is named by its file; processed/ records are named by id_key
-                rec = {id_key: ref.id, **rec}
+                rec = {id_key: ref.input_id, **rec}
         if rec is not None:
             records.append(rec)
-    taken = {match_key(ref.id) for ref in scan.ready}
+    if number is not None:
+        plan.moves += [(str(inbox / rel), str(processed_dir(inbox, number) / rel)) for rel in moved]
+    for rel, reason in refused.items():
+        if rel not in moved:
+            quarantine(rel, reason)
+    taken = {match_key(ref.input_id) for ref in scan.ready}
     for r in scan.rejections:  # discovery-time rejections: their files go to quarantine too
         for rel in r.paths:
             # a FIFO, a folder or a symlink named as a sample's file goes too, with its reason

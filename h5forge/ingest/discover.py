@@ -20,9 +20,9 @@ from typing import Any
 
 from h5forge.format.names import INBOX_PROCESSED
 from h5forge.ingest.splits import assign_split, ratio_split
-from h5forge.kinds import field_kinds
+from h5forge.kinds import FieldKind, field_kinds
 from h5forge.kinds.base import DEFAULT_MAX_BYTES
-from h5forge.samples import Rejection, SampleRef, rejected_count
+from h5forge.samples import Reject, Rejection, SampleRef, rejected_count
 from h5forge.spec import DatasetSpec
 
 
@@ -559,12 +559,35 @@ def discover(
             inv.rejections.append(Rejection(sid, (files[next(iter(files))],), str(err)))
             continue
         extra = (record_file[key],) if key in record_file and "_sidecar" in records[key] else ()
-        inv.samples.append(SampleRef(sid, split, files, columns, extra))
+        try:
+            parts = samples_in(kinds, root, files)
+        except Reject as rej:
+            inv.rejections.append(Rejection(sid, (rej.path,), rej.reason))
+            continue
+        inv.samples.extend(SampleRef(sid + part, split, files, columns, extra, part) for part in parts)
+    if any(s.part for s in inv.samples):  # "case2" sorts after "case", "case2@t0000" before "case@t0000"
+        inv.samples.sort(key=lambda s: match_key(s.id))
     paired = set().union(*per_field.values())
     inv.rejections.extend(_orphans(sorted(set(records) - paired - already), record_file))
     if whole_source:
         inv.unclaimed, inv.unclaimed_examples = unclaimed_files(spec, inv)
     return inv
+
+
+def samples_in(kinds: dict[str, FieldKind], root: Path, files: dict[str, str]) -> tuple[str, ...]:
+    """The ends of the ids of the samples one input's files hold (``FieldKind.samples_in``): ``("",)``
+    when they are one sample. Fields that both split their files must agree on the parts."""
+    found = {name: parts for name, rel in files.items() if (parts := kinds[name].samples_in(root, rel)) is not None}
+    if not found:
+        return ("",)
+    first, *others = found.items()
+    for name, parts in others:
+        if parts != first[1]:
+            raise Reject(
+                files[name],
+                f"{len(parts)} samples in {files[name]} ({name}) but {len(first[1])} in {files[first[0]]} ({first[0]})",
+            )
+    return first[1]
 
 
 def bare_name_index(keys) -> dict[str, list[str]]:

@@ -1,4 +1,6 @@
 """Stable split assignment: a sample's split depends only on its id, the seed and the ratios.
+Samples that are parts of one file (the time points of a 4-D volume) take the split of the file's
+id, which discovery passes here: a case never straddles train and test.
 
 Adding samples never moves an existing one to another split, so a model never trains on what an
 earlier version held out.

@@ -2,7 +2,8 @@
 a case folder such as ``images/``; the case id is the file name without its ending. Label volumes
 are expected in ``labels/`` (or another mask folder), so files named like labels among the volumes
 get a note. When most sampled volumes are 4-D, the field keeps their fourth axis as channels
-(``fourth_axis: channels`` with its most common length) and a note says so."""
+(``fourth_axis: channels`` with its most common length) and a note says so, and how to make each
+time point a sample instead (``fourth_axis: time``): nothing in a header tells contrasts from time."""
 
 from __future__ import annotations
 
@@ -125,8 +126,8 @@ def _fourth_axis(fourth: Counter, readable: int, notes: list[str]) -> int | None
     others = readable - n
     notes.append(
         f"{four} of {readable} sampled NIfTI volumes are 4-D: their fourth axis (length {channels} in {n}) is "
-        "kept as the channels of each slice (fourth_axis: channels); if it is time, each case still holds "
-        "every time point as a channel"
+        "kept as the channels of each slice (fourth_axis: channels); if it is time, set fourth_axis: time "
+        "without channels: each time point becomes a sample (<case>@t0000, ...), all in the case's split"
         + (f"; the other {others} sampled volume{'s' if others != 1 else ''} will be rejected" if others else "")
     )
     return int(channels)

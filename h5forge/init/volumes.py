@@ -208,7 +208,8 @@ def volume_field(
         t.more("the most slices | or a SeriesDescription regular expression")
     if channels is not None:
         t(2, "fourth_axis: channels", "the files are 4-D (see the notes): the fourth axis is kept as")
-        t.more("the channels of each slice, stored (D, C, H, W) per case")
+        t.more("the channels of each slice, stored (D, C, H, W) per case | or time (without channels):")
+        t.more("a sample per time point, <case>@t0000, ..., in the case's split")
         t(2, f"channels: {channels}", "the length of the fourth axis: other lengths are rejected")
     if fractional:
         t(2, "dtype: float32", "rescale slope/intercept are not whole numbers")

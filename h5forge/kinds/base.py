@@ -138,9 +138,10 @@ class Decoded:
 DEFAULT_MAX_BYTES = 256 << 20  # a raw file larger than this is rejected before it is read
 
 
-def read_source(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, str]:
+def read_source(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES, head: int | None = None) -> tuple[bytes, str]:
     """The bytes of a raw file and their sha256; a file that cannot be read, is not a regular file,
-    or holds more than ``max_bytes`` rejects the sample, without reading more than that."""
+    or holds more than ``max_bytes`` rejects the sample, without reading more than that.
+    ``head``: only the first ``head`` bytes (where a header is), and no hash."""
     try:
         # O_NONBLOCK: opening a FIFO waits for a writer that may never come; a regular file ignores it
         with os.fdopen(os.open(root / rel, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
@@ -151,9 +152,11 @@ def read_source(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES) -> tup
                 raise Reject(
                     rel, f"file is {st.st_size:,} bytes, larger than the field's limit of {max_bytes:,} (max_bytes)"
                 )
-            data = fh.read(max_bytes + 1)  # bounded even if the file grows while we read it
+            data = fh.read(max_bytes + 1 if head is None else head)  # bounded even if the file grows
     except OSError as err:
         raise Reject(rel, f"cannot read file: {err.strerror or err}") from None
+    if head is not None:
+        return data, ""
     if len(data) > max_bytes:
         raise Reject(rel, f"file grew past the field's limit of {max_bytes:,} bytes (max_bytes) while being read")
     return data, hashlib.sha256(data).hexdigest()
@@ -250,6 +253,21 @@ class FieldKind(ABC):
         None. It is part of the sample's input key, so an incremental build cleans the sample again
         when that entry changes."""
         return None
+
+    def samples_in(self, root: Path, rel: str) -> tuple[str, ...] | None:
+        """The samples one raw input of the field holds, as the ends of their ids (a 4-D volume's
+        time points: ``@t0000``, ``@t0001``, ...), or None: the input is one sample. Discovery asks
+        it of every input, so it reads no more than it takes to count them (a header), and raises
+        Reject for an input it cannot count. The samples of one input take the split of the
+        input's own id: the parts of a case never straddle train and test."""
+        return None
+
+    def sample_digest(self, file_digest: str, ref: SampleRef) -> str:
+        """The raw digest of this field of ``ref`` (``Decoded.sha256``) from its input's
+        ``source_digest``: the input's own, unless the input holds several samples
+        (``samples_in``); each of those then has its own, so that the exactly-once check and the
+        input keys tell them apart."""
+        return file_digest
 
     def shared_files(self) -> tuple[str, ...]:
         """Files (relative to the source root) the field reads for many samples, such as a COCO

@@ -22,7 +22,13 @@ affine from the header. A 4-D NIfTI file (multi-contrast MR such as FLAIR/T1/T1c
 number of time points) is read only when the field says what its fourth axis is:
 ``fourth_axis: channels`` with ``channels: C`` keeps it as C channels of every slice, stored
 (D, C, H, W) per case like an image's (C, H, W), each channel padded with its own background; a
-file with another count, or a 4-D file without the option, is rejected with its shape. Trailing
+file with another count, or a 4-D file without the option, is rejected with its shape.
+``fourth_axis: time`` makes each time point a sample of its own, ``<case>@t0000``, ... (D, H, W):
+discovery counts them from the header (``samples_in``), decoding reads just its time point (a
+gzipped file is decompressed up to it, never held whole; ``max_decoded_bytes`` is per time point),
+every time point takes the split of the case's id, and each has its own raw digest (the file's
+sha256 with the time point: ``sample_digest``), so exactly-once and rebuilds tell them apart. A
+3-D file or a DICOM series is one time point; a 3-D label volume labels every time point. Trailing
 axes of length 1 (x, y, z, 1) are dropped; 5-D and higher files are rejected.
 In-plane, slices are centre-cropped / padded to ``size`` like images (no resampling); the depth
 is kept. Each case records its voxel spacing (slice, row, column, mm), origin, orientation,
@@ -115,10 +121,11 @@ class VolumeField(StrictModel):
         "declare them, would take more memory than this while decoded is rejected "
         "before any pixel is decoded (8 bytes a voxel: values are rescaled in float64)",
     )
-    fourth_axis: Literal["channels"] | None = Field(
+    fourth_axis: Literal["channels", "time"] | None = Field(
         None,
         description="what the fourth axis of a 4-D NIfTI file is: 'channels' stores it as the C "
-        "channels of each slice, (D, C, H, W) per case; without it a 4-D file is rejected",
+        "channels of each slice, (D, C, H, W) per case; 'time' makes each time point a sample "
+        "<case>@t0000, <case>@t0001, ... (D, H, W), all in the case's split; without it a 4-D file is rejected",
     )
     channels: int | None = Field(
         None, ge=1, le=1024, description="with fourth_axis: channels, how many the fourth axis holds (every case)"
@@ -128,7 +135,7 @@ class VolumeField(StrictModel):
     def _fourth_axis(self) -> "VolumeField":
         if self.fourth_axis == "channels" and self.channels is None:
             raise ValueError("fourth_axis: channels needs channels: <how many the fourth axis holds>")
-        if self.channels is not None and self.fourth_axis is None:
+        if self.channels is not None and self.fourth_axis != "channels":
             raise ValueError("channels is the length of a 4-D file's fourth axis: set fourth_axis: channels too")
         return self
 
@@ -362,9 +369,9 @@ def _nifti_class(raw: bytes, rel: str):
     )
 
 
-def nifti_dims(shape: tuple[int, ...], channels: int | None, rel: str, labels: bool = False) -> tuple[int, ...]:
-    """The (x, y, z) or, with ``channels``, (x, y, z, c) a NIfTI file's header shape is read as;
-    rejects what the field cannot store, naming the shape and the option that would read it."""
+def _three_or_four(shape: tuple[int, ...], rel: str) -> tuple[tuple[int, ...], str]:
+    """A header's shape without trailing axes of length 1, and the shape as text; rejects what has
+    fewer than 3 or more than 4 axes."""
     dims = tuple(int(n) for n in shape)
     while len(dims) > 3 and dims[-1] == 1:
         dims = dims[:-1]  # (x, y, z, 1) is a 3-D volume written with a time axis of one
@@ -374,8 +381,25 @@ def nifti_dims(shape: tuple[int, ...], channels: int | None, rel: str, labels: b
     if len(dims) > 4:
         raise Reject(
             rel,
-            f"a {len(dims)}-D NIfTI file ({text}) is not read: a volume is 3-D, or 4-D with fourth_axis: channels",
+            f"a {len(dims)}-D NIfTI file ({text}) is not read: a volume is 3-D, or 4-D with fourth_axis: "
+            "channels or time",
         )
+    return dims, text
+
+
+def time_dims(shape: tuple[int, ...], rel: str) -> tuple[int, int, int, int]:
+    """(x, y, z, time points) of a NIfTI header's shape, with ``fourth_axis: time``: a 3-D file is
+    one time point."""
+    (x, y, z, *time), text = _three_or_four(shape, rel)
+    if time == [0]:
+        raise Reject(rel, f"a 4-D NIfTI file ({text}) holds no time point")
+    return x, y, z, time[0] if time else 1
+
+
+def nifti_dims(shape: tuple[int, ...], channels: int | None, rel: str, labels: bool = False) -> tuple[int, ...]:
+    """The (x, y, z) or, with ``channels``, (x, y, z, c) a NIfTI file's header shape is read as;
+    rejects what the field cannot store, naming the shape and the option that would read it."""
+    dims, text = _three_or_four(shape, rel)
     if labels:
         if len(dims) == 4:
             raise Reject(rel, f"a label volume must be 3-D (one label per voxel); this one is 4-D ({text})")
@@ -385,7 +409,8 @@ def nifti_dims(shape: tuple[int, ...], channels: int | None, rel: str, labels: b
             raise Reject(
                 rel,
                 f"a 4-D NIfTI file ({text}): set the field's fourth_axis: channels and channels: {dims[3]} "
-                "to store its fourth axis as the channels of each slice",
+                "to store its fourth axis as the channels of each slice, or fourth_axis: time to make each "
+                "time point a sample",
             )
         return dims
     if len(dims) == 3:
@@ -439,6 +464,106 @@ def _from_nifti(
 
 
 NIFTI_HEADER_ROOM = 1 << 20  # header and extensions, beyond the voxels
+NIFTI_HEAD_READ = 64 << 10  # bytes of a file read at discovery: a header, gzipped or not, and to spare
+INFLATE_STEP = 1 << 20  # bytes decompressed at a time while skipping to a time point
+TIME_POINT = re.compile(r"@t(\d+)$")
+
+
+def time_point_id(t: int) -> str:
+    """The end of the id of a file's time point ``t``."""
+    return f"@t{t:04d}"
+
+
+def time_index(sample_id: str, rel: str) -> int:
+    match = TIME_POINT.search(sample_id)
+    if match is None:
+        raise Reject(rel, f"the sample id {sample_id!r} names no time point (<case>@t<number>)")
+    return int(match.group(1))
+
+
+class _Stream:
+    """A file's bytes in order, decompressed while read when it is gzipped: what comes before the
+    part wanted is skipped, never held, and nothing after it is decompressed."""
+
+    def __init__(self, data: bytes, rel: str):
+        self.rel, self.data, self.at = rel, data, 0
+        self.inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if data[:2] == b"\x1f\x8b" else None
+
+    def read(self, n: int) -> bytes:
+        """The next ``n`` bytes, fewer at the end of the file."""
+        if self.inflate is None:
+            out = self.data[self.at : self.at + n]
+            self.at += len(out)
+            return out
+        parts, want = [], n
+        while want > 0 and not self.inflate.eof:
+            try:
+                out = self.inflate.decompress(self.data, min(want, INFLATE_STEP))
+            except zlib.error as err:
+                raise Reject(self.rel, f"not a readable gzip file: {err}") from None
+            self.data = self.inflate.unconsumed_tail
+            if not out and not self.data:
+                break
+            parts.append(out)
+            want -= len(out)
+        return b"".join(parts)
+
+    def skip(self, n: int) -> None:
+        if self.inflate is None:
+            self.at += n
+            return
+        while n > 0 and (got := len(self.read(min(n, INFLATE_STEP)))):
+            n -= got
+
+
+def _nifti_header(stream: _Stream, rel: str):
+    """The header at the start of a NIfTI file (NIfTI-1 or NIfTI-2) and its bytes."""
+    from nibabel.spatialimages import HeaderDataError
+
+    first = stream.read(4)
+    header_class = _nifti_class(first, rel).header_class
+    size = header_class.sizeof_hdr  # 348 or 540
+    block = first + stream.read(size - 4)
+    if len(block) < size:
+        raise Reject(rel, f"not a NIfTI file: {len(block)} bytes, shorter than a header")
+    try:
+        return header_class.from_fileobj(io.BytesIO(block)), block
+    except (HeaderDataError, ValueError, OSError, EOFError) as err:
+        raise Reject(rel, f"not a readable NIfTI file: {type(err).__name__}: {err}") from None
+
+
+def nifti_time_points(root: Path, rel: str, max_bytes: int) -> int:
+    """How many time points a NIfTI file holds, from its header alone."""
+    head, _ = read_source(root, rel, max_bytes, head=NIFTI_HEAD_READ)
+    header, _ = _nifti_header(_Stream(head, rel), rel)
+    return time_dims(header.get_data_shape(), rel)[3]
+
+
+def _nifti_time_point(data: bytes, rel: str, t: int, max_decoded: int) -> bytes:
+    """A 3-D NIfTI file of time point ``t`` of a NIfTI file's bytes: its header with three
+    dimensions, its extensions, and that time point's voxels. A gzipped file is decompressed up to
+    the end of the time point, one step at a time, holding no more than the time point."""
+    stream = _Stream(data, rel)
+    header, block = _nifti_header(stream, rel)
+    x, y, z, n = time_dims(header.get_data_shape(), rel)
+    if t >= n:
+        raise Reject(rel, f"the file holds {n} time points; there is no time point {t}")
+    offset = int(header.get_data_offset())
+    if not len(block) <= offset <= NIFTI_HEADER_ROOM:
+        raise Reject(rel, f"the voxels start at byte {offset} (vox_offset), not after the header")
+    rest = stream.read(offset - len(block))  # the extension flag and extensions
+    _check_decoded(x * y * z, max_decoded, rel, f"a time point of {x}x{y}x{z}")
+    size = x * y * z * header.get_data_dtype().itemsize
+    stream.skip(t * size)
+    voxels = stream.read(size)
+    if len(voxels) < size:
+        raise Reject(
+            rel,
+            f"the header declares {n} time points of {size:,} bytes; the file ends before time point {t} does",
+        )
+    one = header.copy()
+    one.set_data_shape((x, y, z))
+    return one.binaryblock + rest + voxels
 
 
 def _gunzipped(data: bytes, limit: int, rel: str) -> bytes:
@@ -475,21 +600,31 @@ def load_case(
     max_decoded: int = DEFAULT_MAX_DECODED_VOLUME,
     channels: int | None = None,
     labels: bool = False,
+    time: int | None = None,
 ) -> tuple[np.ndarray, dict, str]:
     """(D, H, W) values in slice order ((D, C, H, W) with ``channels``), the case's geometry, and
-    the digest of its files. ``labels``: a label volume, which has no fourth axis."""
+    the digest of its files. ``labels``: a label volume, which has no fourth axis. ``time``: the
+    volume of that time point of a 4-D NIfTI file (a 3-D file or DICOM series is time point 0)."""
     parts, digest = read_case(root, rel, max_bytes, max_decoded)
     if not parts:
         raise Reject(rel, "empty case folder")
-    if rel.lower().endswith((".nii", ".nii.gz")):
+    if is_nifti(rel):
+        if time is not None:
+            parts = [(parts[0][0], _nifti_time_point(parts[0][1], rel, time, max_decoded))]
         values, meta = _from_nifti(parts, rel, max_decoded, channels, labels)
     else:
+        if time:
+            raise Reject(rel, f"a DICOM series is one time point; there is no time point {time}")
         values, meta = _from_dicom(parts, rel, rule, max_slices, max_decoded)
         if channels is not None:
             if channels != 1:
                 raise Reject(rel, f"a DICOM series has one channel per slice; the field's channels is {channels}")
             values = values[:, None]
     return values, meta, digest
+
+
+def is_nifti(rel: str) -> bool:
+    return rel.lower().endswith((".nii", ".nii.gz"))
 
 
 AIR_HU = -1024
@@ -635,6 +770,21 @@ class VolumeKind(FieldKind):
     def source_digest(self, root: Path, rel: str) -> str:
         return read_case(root, rel)[1]
 
+    def samples_in(self, root: Path, rel: str) -> tuple[str, ...] | None:
+        """With ``fourth_axis: time``, a sample per time point (from the NIfTI header alone); a 3-D
+        file or a DICOM series is one time point."""
+        if self.spec.fourth_axis != "time":
+            return None
+        count = nifti_time_points(root, rel, self.spec.max_bytes) if is_nifti(rel) else 1
+        return tuple(time_point_id(t) for t in range(count))
+
+    def sample_digest(self, file_digest: str, ref: SampleRef) -> str:
+        """A time point's own: the file's sha256 and the time point, hashed together."""
+        match = TIME_POINT.search(ref.id)
+        if self.spec.fourth_axis != "time" or not file_digest or match is None:
+            return file_digest
+        return hashlib.sha256(f"{file_digest}@t{int(match.group(1))}".encode()).hexdigest()
+
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         f, rel = self.spec, ref.files[self.name]
         values, meta, digest = load_case(
@@ -645,6 +795,7 @@ class VolumeKind(FieldKind):
             max_bytes=f.max_bytes,
             max_decoded=f.max_decoded_bytes,
             channels=f.channels,
+            time=time_index(ref.id, rel) if f.fourth_axis == "time" else None,
         )
         if len(values) > f.max_slices:
             raise Reject(rel, f"{len(values)} slices, more than max_slices {f.max_slices}")
@@ -664,7 +815,7 @@ class VolumeKind(FieldKind):
                 raise Reject(
                     rel, f"values {values.min():g}..{values.max():g} are not int16 integers; set dtype: float32"
                 )
-        return Decoded(values.astype(f.dtype), digest, {**meta, "raw": raw})
+        return Decoded(values.astype(f.dtype), self.sample_digest(digest, ref), {**meta, "raw": raw})
 
     # ---- statistics: a float32 volume counts the NaN/inf voxels it keeps (an MR scan's NaN
     # background, say), which the health report shows; int16 rejects them at decode

@@ -199,8 +199,10 @@ def test_4d_nifti_volumes_init_writes_fourth_axis_channels_and_builds(tmp_path):
     assert (volume.files, volume.size, volume.fourth_axis, volume.channels) == (
         "images/*.nii.gz", (32, 40), "channels", 3)
     assert ("4 of 4 sampled NIfTI volumes are 4-D: their fourth axis (length 3 in 3) is kept as the channels "
-            "of each slice (fourth_axis: channels); if it is time, each case still holds every time point as "
-            "a channel; the other 1 sampled volume will be rejected") in inferred.notes
+            "of each slice (fourth_axis: channels); if it is time, set fourth_axis: time without channels: each "
+            "time point becomes a sample (<case>@t0000, ...), all in the case's split; the other 1 sampled volume "
+            "will be rejected") in inferred.notes
+    assert "a sample per time point, <case>@t0000, ..., in the case's split" in inferred.text
     assert "fourth_axis: channels" in inferred.text and "# note: 4 of 4 sampled" in inferred.text
 
     path, summary = build(override(spec, output=tmp_path / "out"))

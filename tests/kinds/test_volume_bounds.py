@@ -5,6 +5,7 @@ is cleaned in a fresh process whose peak RSS is measured."""
 from __future__ import annotations
 
 import gzip
+import json
 import struct
 import zlib
 
@@ -145,3 +146,48 @@ def test_a_multiframe_file_declaring_4000_frames_of_4096_square_is_rejected_befo
     assert sid == "bomb" and reason.startswith(
         "4000 slices of 4096x4096 would take 536,870,912,000 bytes decoded"), reason
     assert got["peak_rss"] - got["base_rss"] < 128 * MIB, got
+
+
+LAST_TIME_POINT = """
+import json, sys
+from pathlib import Path
+import numpy as np
+import psutil
+from h5forge.kinds.volume import load_case
+
+def peak():  # VmHWM: this process image's own peak
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
+
+root, rel, t, limit = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+base = psutil.Process().memory_info().rss
+values, meta, digest = load_case(root, rel, max_decoded=limit, time=t)
+print(json.dumps({"shape": list(values.shape), "zeros": bool(not values.any()), "base_rss": base,
+                  "peak_rss": peak()}))
+"""
+
+
+def test_the_last_time_point_of_a_gzipped_4d_file_is_decoded_without_holding_the_file(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers.data import REPO
+
+    img = nibabel.Nifti1Image(np.zeros((2, 2, 2), np.int16), np.eye(4))
+    img.header.set_data_shape((256, 256, 64, 32))  # 32 time points of 8 MiB: 256 MiB of int16 zeros
+    img.header.set_data_offset(352)
+    deflate = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    body = [deflate.compress(img.header.binaryblock + b"\0" * 4)]
+    body += [deflate.compress(bytes(8 * MIB)) for _ in range(32)]
+    body.append(deflate.flush())
+    (tmp_path / "bold.nii.gz").write_bytes(b"".join(body))
+    assert (tmp_path / "bold.nii.gz").stat().st_size < MIB
+    res = subprocess.run([sys.executable, "-c", LAST_TIME_POINT, str(tmp_path), "bold.nii.gz", "31", str(64 * MIB)],
+                         capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    # within max_decoded_bytes (64 MiB) one time point is 32 MiB decoded; the whole file would be 2 GiB
+    assert got["shape"] == [64, 256, 256] and got["zeros"]
+    # the time point (8 MiB read, 32 MiB decoded and its copies: 68 MiB measured), never the 256 MiB the
+    # file expands to
+    assert got["peak_rss"] - got["base_rss"] < 160 * MIB, got

@@ -131,10 +131,13 @@ def test_4d_files_without_the_option_and_5d_files_are_rejected_and_a_trailing_ax
     reasons = {r.sample_id: r.reason for r in summary.rejections}
     assert reasons == {
         "four": "a 4-D NIfTI file (128x96x24x2): set the field's fourth_axis: channels and channels: 2 "
-                "to store its fourth axis as the channels of each slice",
+                "to store its fourth axis as the channels of each slice, or fourth_axis: time to make each time "
+                "point a sample",
         "four2": "a 4-D NIfTI file (32x20x12x2): set the field's fourth_axis: channels and channels: 2 "
-                 "to store its fourth axis as the channels of each slice",
-        "five": "a 5-D NIfTI file (8x8x4x2x3) is not read: a volume is 3-D, or 4-D with fourth_axis: channels",
+                 "to store its fourth axis as the channels of each slice, or fourth_axis: time to make each time "
+                 "point a sample",
+        "five": "a 5-D NIfTI file (8x8x4x2x3) is not read: a volume is 3-D, or 4-D with fourth_axis: channels "
+                "or time",
     }
     ds = H5Dataset(path, fields=("ct",))
     assert list(ds.ids()) == ["single"]
@@ -174,7 +177,7 @@ def test_fourth_axis_and_channels_come_together(tmp_path):
         DatasetSpec.model_validate(spec_data(tmp_path, tmp_path / "out", fourth_axis="channels"))
     with pytest.raises(ValueError, match="channels is the length of a 4-D file's fourth axis: set fourth_axis"):
         DatasetSpec.model_validate(spec_data(tmp_path, tmp_path / "out", channels=2))
-    with pytest.raises(ValueError, match="fourth_axis"):
+    with pytest.raises(ValueError, match="channels is the length of a 4-D file's fourth axis: set fourth_axis"):
         DatasetSpec.model_validate(spec_data(tmp_path, tmp_path / "out", fourth_axis="time", channels=2))
 
 
@@ -216,3 +219,294 @@ def test_a_file_that_is_no_nifti_header_is_rejected_with_its_header_size(tmp_pat
         "stub": "not a NIfTI file: 2 bytes, shorter than a header",
     }
     assert list(H5Dataset(path, fields=("ct",)).ids()) == ["good"]
+
+
+# ---- fourth_axis: time: one sample per time point, every time point of a case in the case's split
+
+def time_spec(root, out, files=("cases/*.nii.gz", "cases/*.nii"), size=(96, 128), **more) -> dict:
+    data = spec_data(root, out, files=list(files), size=size, fourth_axis="time", dtype="float32", **more)
+    data["splits"] = {"ratios": {"train": 0.4, "val": 0.3, "test": 0.3}}
+    return data
+
+
+def placed(volume: np.ndarray, size=(96, 128)) -> tuple[slice, slice]:
+    """Where a (D, H, W) volume smaller than ``size`` sits after the even pad (odd pixel bottom/right)."""
+    top, left = (size[0] - volume.shape[1]) // 2, (size[1] - volume.shape[2]) // 2
+    return slice(top, top + volume.shape[1]), slice(left, left + volume.shape[2])
+
+
+def by_id(path, field="ct") -> dict[str, tuple[str, np.ndarray]]:
+    """{id: (split, stored value)} of every sample of a version."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        for split in ("train", "val", "test"):
+            g = f[split]
+            for row, sid in enumerate(decode_str(g["ids"][()])):
+                out[sid] = (split, stored_case(g, field, row))
+    return out
+
+
+def test_fourth_axis_time_makes_each_time_point_a_sample_with_nibabels_values(tmp_path, build_spec):
+    import h5forge
+    from h5forge.store.verify import verify_file
+
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    shutil.copy(data_path / "example4d.nii.gz", root / "cases" / "one.nii.gz")  # NIfTI-1, 128x96x24x2
+    shutil.copy(data_path / "functional.nii", root / "cases" / "twenty.nii")  # 17x21x3x20, scaled int16
+    rng = np.random.default_rng(10)
+    written = rng.integers(-500, 500, size=(30, 20, 4, 3)).astype(np.int16)  # (x, y, z, t), NIfTI-2 gzipped
+    nibabel.Nifti2Image(written, AFFINE).to_filename(root / "cases" / "three.nii.gz")
+    flat = rng.integers(0, 99, size=(30, 20, 4)).astype(np.int16)  # a 3-D file: one time point
+    nibabel.Nifti1Image(flat, AFFINE).to_filename(root / "cases" / "flat.nii.gz")
+    path, summary = build_spec(time_spec(root, tmp_path / "out"))
+    assert summary.rejections == ()
+    stored = by_id(path)
+    expected = {
+        **{f"one@t{t:04d}": nibabel.load(data_path / "example4d.nii.gz").get_fdata()[..., t] for t in range(2)},
+        **{f"twenty@t{t:04d}": nibabel.load(data_path / "functional.nii").get_fdata()[..., t] for t in range(20)},
+        **{f"three@t{t:04d}": written[..., t] for t in range(3)},
+        "flat@t0000": flat,
+    }
+    assert sorted(stored) == sorted(expected)
+    for sid, xyz in expected.items():
+        want = np.transpose(xyz, (2, 1, 0)).astype(np.float32)  # (x, y, z) -> (z, y, x), as a 3-D file
+        rows, columns = placed(want)
+        split, value = stored[sid]
+        assert value.shape == (len(want), 96, 128) and value.dtype == np.float32, sid
+        assert np.array_equal(value[:, rows, columns], want), sid
+    for case in ("one", "twenty", "three"):  # every time point of a case is in the case's split
+        assert len({split for sid, (split, _) in stored.items() if sid.startswith(case + "@")}) == 1, case
+    with h5py.File(path, "r") as f:
+        g = f[stored["three@t0002"][0]]
+        row = decode_str(g["ids"][()]).index("three@t0002")
+        assert np.allclose(g["ct_spacing"][row], [2.5, 0.8, 0.7])
+        assert np.allclose(g["ct_origin"][row], [-40.0, -20.0, 10.0])
+        assert decode_str(g["source_files"][row]) == ["cases/three.nii.gz"]
+    report = verify_file(path, resample=26)  # every time point cleaned again from its file and compared
+    assert report.ok, report.errors
+    assert report.checks["sources"] == "ok (26 samples re-derived from their sources and compared, 0 sources " \
+                                       "changed or gone)"
+    again = h5forge.build(DatasetSpec.model_validate({"max_rejected": 1.0, **time_spec(root, tmp_path / "out")}))
+    assert again.unchanged and again.version == 1
+
+
+def test_the_time_points_of_a_case_share_its_split_and_a_changed_file_replaces_them_all(tmp_path, build_spec):
+    import h5forge
+    from h5forge.errors import SamplesRemoved
+    from h5forge.ingest.splits import ratio_split
+
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    rng = np.random.default_rng(11)
+    for i in range(12):
+        vol = rng.integers(0, 300, size=(8, 6, 2, 4)).astype(np.int16)
+        nibabel.Nifti1Image(vol, AFFINE).to_filename(root / "cases" / f"case{i:02d}.nii")
+    data = time_spec(root, tmp_path / "out", files=("cases/*.nii",), size=(6, 8))
+    path, summary = build_spec(data)
+    stored = by_id(path)
+    assert len(stored) == 48 and summary.rejections == ()
+    splits = DatasetSpec.model_validate(data).splits
+    for i in range(12):
+        case = f"case{i:02d}"
+        got = {stored[f"{case}@t{t:04d}"][0] for t in range(4)}
+        assert got == {ratio_split(case, splits)}, case  # the case's id decides, not the time point's
+    # by their own ids, the time points of some case would have gone to different splits
+    assert any(len({ratio_split(f"case{i:02d}@t{t:04d}", splits) for t in range(4)}) > 1 for i in range(12))
+    assert len({split for split, _ in stored.values()}) == 3
+
+    shorter = rng.integers(300, 600, size=(8, 6, 2, 3)).astype(np.int16)  # case03 now holds 3 other time points
+    nibabel.Nifti1Image(shorter, AFFINE).to_filename(root / "cases" / "case03.nii")
+    with pytest.raises(SamplesRemoved, match="1 sample.* would leave latest: case03@t0003; nothing published"):
+        h5forge.build(DatasetSpec.model_validate({"max_rejected": 1.0, **data}))
+    data["output"]["allow_removals"] = True
+    result = h5forge.build(DatasetSpec.model_validate({"max_rejected": 1.0, **data}))
+    assert result.version == 2 and not result.unchanged
+    after = by_id(result.path)
+    assert sorted(sid for sid in after if sid.startswith("case03")) == ["case03@t0000", "case03@t0001", "case03@t0002"]
+    for t in range(3):
+        assert np.array_equal(after[f"case03@t{t:04d}"][1], np.transpose(shorter[..., t], (2, 1, 0)))
+    assert all(np.array_equal(after[sid][1], stored[sid][1]) for sid in stored if not sid.startswith("case03"))
+
+
+def test_4d_time_points_appended_from_the_inbox_are_taken_once_and_verify(tmp_path, build_spec):
+    import h5forge
+    from h5forge.pipeline.verify import verify
+    from tests.helpers.data import age_files
+
+    root, inbox = tmp_path / "raw", tmp_path / "inbox"
+    (root / "cases").mkdir(parents=True)
+    (inbox / "cases").mkdir(parents=True)
+    shutil.copy(data_path / "example4d.nii.gz", root / "cases" / "first.nii.gz")
+    shutil.copy(data_path / "functional.nii", inbox / "cases" / "late.nii")
+    age_files(inbox)
+    data = time_spec(root, tmp_path / "out")
+    data["source"]["inbox"] = str(inbox)
+    build_spec(data)
+    spec = DatasetSpec.model_validate(data)
+    result = h5forge.append(spec)
+    assert result.version == 2 and result.added == 20, result
+    assert verify(tmp_path / "out").ok
+    assert (inbox / "processed" / "v0002" / "cases" / "late.nii").is_file()
+    stored = by_id(result.path)
+    assert sorted(stored) == ["first@t0000", "first@t0001", *(f"late@t{t:04d}" for t in range(20))]
+    assert len({stored[f"late@t{t:04d}"][0] for t in range(20)}) == 1
+    functional = nibabel.load(data_path / "functional.nii").get_fdata()
+    want = np.transpose(functional[..., 13], (2, 1, 0)).astype(np.float32)
+    assert np.array_equal(stored["late@t0013"][1][(slice(None), *placed(want))], want)
+
+    shutil.copy(data_path / "functional.nii", inbox / "cases" / "late.nii")  # the same file dropped once more
+    age_files(inbox)
+    second = h5forge.append(spec)
+    assert second.added == 0
+    reasons = {r.sample_id: r.reason for r in second.rejections}
+    assert len(reasons) == 20  # each time point is the duplicate of the same time point, not of the first
+    assert reasons["late@t0013"].startswith("duplicate: identical content is already in the dataset as 'late@t0013'")
+    assert (inbox / "quarantine" / "cases" / "late.nii").is_file()
+    assert sorted(by_id(h5forge.build(spec).path)) == sorted(stored)  # a rebuild from processed/: the same samples
+    assert h5forge.build(spec).unchanged
+
+
+def test_a_3d_label_volume_labels_every_time_point_and_a_4d_one_is_rejected(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    (root / "masks").mkdir()
+    rng = np.random.default_rng(12)
+    series = {sid: rng.integers(0, 1000, size=(30, 20, 5, 3)).astype(np.int16) for sid in ("a", "b")}
+    labels = (series["a"][..., 0] > 700).astype(np.uint8)  # (x, y, z): one label volume for every time point
+    for sid, vol in series.items():
+        nibabel.Nifti2Image(vol, AFFINE).to_filename(root / "cases" / f"{sid}.nii.gz")
+    nibabel.Nifti1Image(labels, AFFINE).to_filename(root / "masks" / "a.nii.gz")
+    nibabel.Nifti1Image(np.stack([labels] * 3, axis=3), AFFINE).to_filename(root / "masks" / "b.nii.gz")
+    data = time_spec(root, tmp_path / "out", files=("cases/*.nii.gz",), size=(32, 32))
+    data["fields"]["ct_mask"] = {"kind": "volume_mask", "files": "masks/*.nii.gz", "like": "ct"}
+    path, summary = build_spec(data)
+    assert {r.sample_id: r.reason for r in summary.rejections} == {
+        f"b@t{t:04d}": "a label volume must be 3-D (one label per voxel); this one is 4-D (30x20x5x3)" for t in range(3)
+    }
+    ct, mask = by_id(path), by_id(path, "ct_mask")
+    assert sorted(ct) == ["a@t0000", "a@t0001", "a@t0002"]
+    for t in range(3):
+        assert np.array_equal(ct[f"a@t{t:04d}"][1][:, 6:26, 1:31], np.transpose(series["a"][..., t], (2, 1, 0)))
+        assert np.array_equal(mask[f"a@t{t:04d}"][1][:, 6:26, 1:31], np.transpose(labels, (2, 1, 0)))
+
+
+def test_files_time_points_cannot_be_counted_of_are_rejected_at_discovery(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    rng = np.random.default_rng(13)
+    nibabel.Nifti1Image(rng.integers(0, 9, size=(8, 6, 2, 2)).astype(np.int16), AFFINE).to_filename(
+        root / "cases" / "good.nii")
+    nibabel.Nifti1Image(rng.integers(0, 9, size=(8, 6, 2, 2, 3)).astype(np.int16), AFFINE).to_filename(
+        root / "cases" / "five.nii")
+    (root / "cases" / "stub.nii").write_bytes(b"\x5c\x01\x00\x00" + b"\0" * 96)  # sizeof_hdr 348, then nothing
+    whole = (root / "cases" / "good.nii").read_bytes()
+    (root / "cases" / "cut.nii").write_bytes(whole[: len(whole) - 100])  # the last time point is cut short
+    path, summary = build_spec(time_spec(root, tmp_path / "out", files=("cases/*.nii",), size=(6, 8)))
+    assert {(r.sample_id, r.stage): r.reason for r in summary.rejections} == {
+        ("five", "discover"): "a 5-D NIfTI file (8x6x2x2x3) is not read: a volume is 3-D, or 4-D with "
+                              "fourth_axis: channels or time",
+        ("stub", "discover"): "not a NIfTI file: 100 bytes, shorter than a header",
+        ("cut@t0001", "clean"): "the header declares 2 time points of 192 bytes; the file ends before time point 1 does",
+    }
+    assert sorted(by_id(path)) == ["cut@t0000", "good@t0000", "good@t0001"]
+
+
+def test_a_4d_file_whose_header_is_still_being_written_waits_in_the_inbox(tmp_path, build_spec):
+    import h5forge
+    from tests.helpers.data import age_files
+
+    root, inbox = tmp_path / "raw", tmp_path / "inbox"
+    (root / "cases").mkdir(parents=True)
+    (inbox / "cases").mkdir(parents=True)
+    shutil.copy(data_path / "example4d.nii.gz", root / "cases" / "first.nii.gz")
+    data = time_spec(root, tmp_path / "out")
+    data["source"]["inbox"] = str(inbox)
+    build_spec(data)
+    spec = DatasetSpec.model_validate(data)
+    whole = (data_path / "functional.nii").read_bytes()
+    (inbox / "cases" / "late.nii").write_bytes(whole[:200])  # the copy has just begun: no whole header yet
+    waiting = h5forge.append(spec)
+    assert (waiting.version, waiting.added, waiting.waiting, waiting.rejections) == (None, 0, 1, ())
+    assert (inbox / "cases" / "late.nii").is_file() and not (inbox / "quarantine").exists()
+    (inbox / "cases" / "late.nii").write_bytes(whole)
+    age_files(inbox)
+    result = h5forge.append(spec)
+    assert result.version == 2 and result.added == 20
+
+
+def test_two_time_fields_of_a_case_must_hold_as_many_time_points(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    for folder in ("bold", "asl"):
+        (root / folder).mkdir(parents=True)
+    rng = np.random.default_rng(14)
+    series = {(folder, sid, n): rng.integers(0, 99, size=(8, 6, 2, n)).astype(np.int16)
+              for folder, sid, n in (("bold", "a", 3), ("asl", "a", 3), ("bold", "b", 3), ("asl", "b", 2))}
+    for (folder, sid, _), vol in series.items():
+        nibabel.Nifti1Image(vol, AFFINE).to_filename(root / folder / f"{sid}.nii")
+    data = time_spec(root, tmp_path / "out", files=("bold/*.nii",), size=(6, 8))
+    data["fields"]["asl"] = {**data["fields"]["ct"], "files": "asl/*.nii"}
+    path, summary = build_spec(data)
+    assert {r.sample_id: r.reason for r in summary.rejections} == {"b": "2 samples in asl/b.nii (asl) but 3 in "
+                                                                         "bold/b.nii (ct)"}
+    ct, asl = by_id(path), by_id(path, "asl")
+    assert sorted(ct) == sorted(asl) == ["a@t0000", "a@t0001", "a@t0002"]
+    for t in range(3):  # time point t of each field's file
+        assert np.array_equal(ct[f"a@t{t:04d}"][1], np.transpose(series["bold", "a", 3][..., t], (2, 1, 0)))
+        assert np.array_equal(asl[f"a@t{t:04d}"][1], np.transpose(series["asl", "a", 3][..., t], (2, 1, 0)))
+
+
+def test_the_annotation_record_of_an_appended_4d_case_goes_to_every_time_point_and_moves_once(tmp_path, build_spec):
+    import json
+
+    import h5forge
+    from tests.helpers.data import age_files
+
+    root, inbox = tmp_path / "raw", tmp_path / "inbox"
+    (root / "cases").mkdir(parents=True)
+    (inbox / "cases").mkdir(parents=True)
+    shutil.copy(data_path / "example4d.nii.gz", root / "cases" / "first.nii.gz")
+    (root / "records.json").write_text(json.dumps([{"id": "first", "site": "A"}]))
+    shutil.copy(data_path / "functional.nii", inbox / "cases" / "late.nii")
+    (inbox / "records.json").write_text(json.dumps([{"id": "late", "site": "B"}, {"id": "later", "site": "C"}]))
+    age_files(inbox)
+    data = time_spec(root, tmp_path / "out")
+    data["source"]["inbox"] = str(inbox)
+    data["annotations"] = {"file": "records.json", "columns": {"site": "str"}}
+    build_spec(data)
+    result = h5forge.append(DatasetSpec.model_validate(data))
+    assert result.added == 20
+    sites = {}
+    with h5py.File(result.path, "r") as f:
+        for split in ("train", "val", "test"):
+            sites.update(zip(decode_str(f[split]["ids"][()]), decode_str(f[split]["meta/site"][()])))
+    assert sites == {"first@t0000": "A", "first@t0001": "A", **{f"late@t{t:04d}": "B" for t in range(20)}}
+    assert json.loads((inbox / "processed" / "v0002" / "records.json").read_text()) == [{"id": "late", "site": "B"}]
+    assert json.loads((inbox / "records.json").read_text()) == [{"id": "later", "site": "C"}]  # still waits
+
+
+def test_a_4d_file_with_a_rejected_time_point_moves_to_processed_with_the_ones_taken(tmp_path, build_spec):
+    import h5forge
+    from tests.helpers.data import age_files
+
+    root, inbox = tmp_path / "raw", tmp_path / "inbox"
+    (root / "cases").mkdir(parents=True)
+    (inbox / "cases").mkdir(parents=True)
+    shutil.copy(data_path / "example4d.nii.gz", root / "cases" / "first.nii.gz")
+    rng = np.random.default_rng(15)
+    vol = rng.integers(0, 99, size=(8, 6, 2, 3)).astype(np.float32)
+    vol[3, 2, 1, 0] = np.nan  # time point 0 holds a NaN, which int16 cannot store
+    nibabel.Nifti1Image(vol, AFFINE).to_filename(inbox / "cases" / "late.nii")
+    age_files(inbox)
+    data = time_spec(root, tmp_path / "out")
+    data["source"]["inbox"] = str(inbox)
+    data["fields"]["ct"]["dtype"] = "int16"
+    build_spec(data)
+    result = h5forge.append(DatasetSpec.model_validate(data))
+    assert result.added == 2
+    assert {r.sample_id: r.reason for r in result.rejections} == {
+        "late@t0000": "1 NaN/inf voxel(s), which int16 cannot hold; set dtype: float32"}
+    assert (inbox / "processed" / "v0002" / "cases" / "late.nii").is_file()
+    assert not (inbox / "quarantine").exists()
+    rebuilt = h5forge.build(DatasetSpec.model_validate(data))  # from processed/: the time points taken
+    assert sorted(by_id(rebuilt.path)) == ["first@t0000", "first@t0001", "late@t0001", "late@t0002"]

@@ -97,9 +97,10 @@ class Inputs:
         for ref in refs:
             hexes = made.get(ref.id)
             if hexes is None:
-                hexes = [raw_digest(root, ref.files[n], kinds[n]) for n in names]
+                hexes = [kinds[n].sample_digest(raw_digest(root, ref.files[n], kinds[n]), ref) for n in names]
             self.samples[ref.id] = _key(ref, names, hexes, _shared_inputs(shared, root, ref))
-            self.hexes.update((ref.files[n], h) for n, h in zip(names, hexes))
+            # the hash cache keeps files' digests: a sample's own digest of a part of its file is none
+            self.hexes.update((ref.files[n], h) for n, h in zip(names, hexes) if _whole_files(kinds[n]))
 
     def seal(self, spec: DatasetSpec, inventory: Inventory) -> None:
         """The input key of a deferred build, once every sample's key is known."""
@@ -115,6 +116,11 @@ def _file_fields(spec: DatasetSpec) -> tuple[list[str], dict[str, FieldKind]]:
     kinds = field_kinds(spec)
     names = [n for n, k in kinds.items() if k.files]
     return names, {n: kinds[n] for n in names}
+
+
+def _whole_files(kind: FieldKind) -> bool:
+    """Whether the kind's samples' raw digests are their files' (``FieldKind.sample_digest``)."""
+    return type(kind).sample_digest is FieldKind.sample_digest
 
 
 def _shared_inputs(kinds, root: Path, ref: SampleRef) -> list[str]:
@@ -154,7 +160,8 @@ def fingerprint(
     names, kinds = _file_fields(spec)
     root = inventory.root
     cache = cache or HashCache()
-    jobs = [(ref.files[n], kinds[n]) for ref in inventory.samples for n in names]
+    # a file that holds several samples (the time points of a 4-D volume) is hashed once
+    jobs = list(dict.fromkeys((ref.files[n], kinds[n]) for ref in inventory.samples for n in names))
 
     # each file's state before its bytes are read (see hash_cache), in this thread: a stat is a few
     # microseconds, less than handing it to a pool; only the files to read go to the threads
@@ -168,10 +175,16 @@ def fingerprint(
         for i, hexed in zip(to_read, pool.map(lambda i: raw_digest(root, *jobs[i]), to_read, chunksize=16)):
             digests[i] = hexed
     hexes = cast(list[str], digests)  # every file the cache did not know was read just above
+    of_job = dict(zip(jobs, hexes))
     shared = field_kinds(spec).values()
     samples = {
-        ref.id: _key(ref, names, hexes[i * len(names) : (i + 1) * len(names)], _shared_inputs(shared, root, ref))
-        for i, ref in enumerate(inventory.samples)
+        ref.id: _key(
+            ref,
+            names,
+            [kinds[n].sample_digest(of_job[ref.files[n], kinds[n]], ref) for n in names],
+            _shared_inputs(shared, root, ref),
+        )
+        for ref in inventory.samples
     }
     return Inputs(
         rules,
