@@ -6,8 +6,11 @@ failed ``write`` alone names none, and the one-line disk-full message says which
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
+
+NAME_MAX = 255  # bytes in one file name on Linux file systems
 
 
 def _named(err: OSError, path: Path) -> OSError:
@@ -33,12 +36,21 @@ def write_new(path: Path, data: bytes, durable: bool = True) -> None:
         raise _named(err, path) from None
 
 
+def temporary_name(path: Path) -> Path:
+    """``.<name>.tmp`` beside ``path``, or ``.<digest of the name>.tmp`` when that would exceed
+    NAME_MAX (a name that just fits, such as a shortened reason file's, still gets one)."""
+    name = f".{path.name}.tmp"
+    if len(os.fsencode(name)) > NAME_MAX:
+        name = f".{hashlib.sha256(os.fsencode(path.name)).hexdigest()[:24]}.tmp"
+    return path.with_name(name)
+
+
 def replace_file(path: Path, data: str | bytes, tmp: Path | None = None, durable: bool = False) -> None:
     """``path`` replaced atomically by ``data`` (text as UTF-8), through the temporary file ``tmp``
-    (default ``.<name>.tmp`` beside it): a reader sees the old file or the new one, and a failed
+    (default ``temporary_name(path)``): a reader sees the old file or the new one, and a failed
     write leaves the old one and no temporary file."""
     path = Path(path)
-    tmp = tmp or path.with_name(f".{path.name}.tmp")
+    tmp = tmp or temporary_name(path)
     try:
         _write(tmp, data.encode("utf-8") if isinstance(data, str) else data, durable)
         os.replace(tmp, path)
