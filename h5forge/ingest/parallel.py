@@ -20,6 +20,7 @@ from distributed import CancelledError, Client, KilledWorker, LocalCluster
 from distributed.security import Security
 
 from h5forge.errors import DaskWorkersLost, NoDaskWorkers, SchedulerUnreachable
+from h5forge.format.names import FORMAT_VERSION
 from h5forge.ingest.clean import CleanedBatch, clean_batch
 from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
@@ -129,17 +130,19 @@ def clean_all(
     samples: Sequence[SampleRef],
     timings: dict | None = None,
     status: Callable[[str], None] = lambda text: None,
+    format_version: int = FORMAT_VERSION,
 ) -> Iterator[CleanedBatch]:
     """Clean on dask, or in this process when there is too little work to pay for a cluster.
 
-    ``status`` hears what happens before the first batch (a cluster start takes seconds)."""
+    ``status`` hears what happens before the first batch (a cluster start takes seconds);
+    ``format_version`` is the format of the file the rows go to (``clean_batch``)."""
     size = spec.compute.batch_size
     timings = {} if timings is None else timings
     if not spec.compute.dask_address and len(samples) < spec.compute.inline_below:
         timings["cleaned_in"] = "calling process"
         t0 = time.perf_counter()
         for batch in batches(samples, size):
-            yield clean_batch(spec, root, batch)
+            yield clean_batch(spec, root, batch, format_version=format_version)
         timings["clean_write_seconds"] = round(time.perf_counter() - t0, 3)
         return
     t0 = time.perf_counter()
@@ -153,12 +156,18 @@ def clean_all(
             f"after {timings['cluster_start_seconds']:.1f} s"
         )
         t1 = time.perf_counter()
-        yield from clean_stream(client, spec, root, samples, size, spec.in_flight())
+        yield from clean_stream(client, spec, root, samples, size, spec.in_flight(), format_version)
         timings["clean_write_seconds"] = round(time.perf_counter() - t1, 3)  # cluster shutdown excluded
 
 
 def clean_stream(
-    client: Client, spec: DatasetSpec, root: Path, samples: Sequence[SampleRef], batch_size: int, in_flight: int
+    client: Client,
+    spec: DatasetSpec,
+    root: Path,
+    samples: Sequence[SampleRef],
+    batch_size: int,
+    in_flight: int,
+    format_version: int = FORMAT_VERSION,
 ) -> Iterator[CleanedBatch]:
     """Clean ``samples`` on the cluster; yield batches in input order, ``in_flight`` at a time.
 
@@ -167,7 +176,7 @@ def clean_stream(
     pending: deque = deque()
     todo = iter(batches(samples, batch_size))
     for batch in todo:
-        pending.append(client.submit(clean_batch, spec, str(root), batch, pure=False))
+        pending.append(client.submit(clean_batch, spec, str(root), batch, format_version=format_version, pure=False))
         if len(pending) >= in_flight:
             break
     where = spec.compute.dask_address
@@ -177,7 +186,7 @@ def clean_stream(
         future.release()
         nxt = next(todo, None)
         if nxt is not None:
-            pending.append(client.submit(clean_batch, spec, str(root), nxt, pure=False))
+            pending.append(client.submit(clean_batch, spec, str(root), nxt, format_version=format_version, pure=False))
         yield result
 
 
