@@ -30,6 +30,7 @@ INBOX_PROCESSED = "processed"  # processed/vNNNN/: what each version took, part 
 INBOX_QUARANTINE = "quarantine"  # rejected inbox inputs and their reasons
 INBOX_MANAGED = (INBOX_PROCESSED, INBOX_QUARANTINE)
 VERSION_RE = re.compile(r"^dataset_v(\d{4,})\.h5$")
+SEGMENTS_DIR = ".segments"  # in the output folder: the cleaning workers' chunk files of the running build
 DELTA_RE = re.compile(r"^dataset_v(\d{4,})\.delta\.h5$")
 PARTIAL_RE = re.compile(r"^\.dataset_v\d{4,}(\.delta)?\.h5\.partial$")
 
