@@ -46,11 +46,48 @@ def build_once(spec, via_files: bool) -> dict:
             "cpu": spent["cpu"], "wall": spent["wall"], "checksums": checksums, "digests": digests}
 
 
+def writer_part(spec, raw, n: int) -> dict:
+    """In one process, CPU ms per sample of the writer's side of a batch: unpickling the batch a
+    worker sent with its chunks, or reading its segment file, then ``DatasetWriter.add`` (second of
+    two passes each; the first pays first-write costs)."""
+    import pickle
+
+    from h5forge.ingest.clean import clean_batch
+    from h5forge.ingest.discover import discover
+    from h5forge.ingest.segment_files import read_segment, write_segment
+    from h5forge.ingest.writer import DatasetWriter
+
+    inventory = discover(spec)
+    refs, bs = inventory.samples[:n], spec.compute.batch_size
+    batches = [clean_batch(spec, inventory.root, refs[i:i + bs]) for i in range(0, len(refs), bs)]
+    sent = [pickle.dumps(b, protocol=5) for b in batches]
+    folder = WORK / "segment-files"
+    out: dict = {}
+    for arm in ("sent", "files"):
+        for _ in range(2):
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            placed = [pickle.dumps(write_segment(b, folder), protocol=5) for b in batches]  # what a worker returns
+            path = WORK / "writer.h5"
+            path.unlink(missing_ok=True)
+            c = time.process_time()
+            with DatasetWriter(path, spec, version=1) as w:
+                for blob in (sent if arm == "sent" else placed):
+                    batch = pickle.loads(blob)
+                    w.add(batch if arm == "sent" else read_segment(batch, folder))
+                t_add = time.process_time() - c
+                w.finish()
+            out[arm] = {"receive_and_add_ms_per_sample": round(1000 * t_add / len(refs), 4),
+                        "bytes_received_per_sample": round(sum(map(len, sent if arm == "sent" else placed)) / len(refs))}
+    return out
+
+
 def main() -> None:
     args = cli(__doc__, dict(n=96, size=64, workers=2, reps=1), n=1000, size=224, workers=2, reps=2)
     raw = raw_folder(args.n, args.size)
     warm([raw])
     result = {"machine": machine(), "args": vars(args), "loadavg_start": loadavg()}
+    result["writer_in_process"] = writer_part(make_spec(raw, WORK / "parts", args.size), raw, args.n)
     runs: dict[str, list[dict]] = {"sent": [], "files": []}
     for _ in range(args.reps):
         for arm in ("sent", "files"):  # interleaved: the machine's load changes during the run
@@ -67,6 +104,8 @@ def main() -> None:
     result.update(samples=n, same_version=same, writer_process=best, ratios={
         "writer_cpu_files_over_sent": ratio(best["files"]["cpu_ms_per_sample"], best["sent"]["cpu_ms_per_sample"]),
         "clean_write_wall_files_over_sent": ratio(best["files"]["wall_seconds"], best["sent"]["wall_seconds"]),
+        "writer_add_files_over_sent": ratio(result["writer_in_process"]["files"]["receive_and_add_ms_per_sample"],
+                                            result["writer_in_process"]["sent"]["receive_and_add_ms_per_sample"]),
     })
     save("segments", result, args.smoke)
 
