@@ -1,8 +1,11 @@
-"""What a version's checksums cover, and how they are computed (format 2).
+"""What a version's checksums cover, and how they are computed (formats 2 and 3).
 
 - **Row checksum** (``/<split>/checksum``): covers every value a reader can return for that row:
-  sha256 of (the sha256 of its fields and annotation columns in the spec's order), then its id,
-  source files and their hashes. Two levels so that cleaning workers hash the sample arrays in
+  the hash of (the hash of its fields and annotation columns in the spec's order), then its id,
+  source files and their hashes. Format 3 hashes rows with BLAKE3 (32 bytes, so the column keeps
+  its 64 hex characters), format 2 with sha256: a row's values are hashed once, in the cleaning
+  worker, and BLAKE3 does that several times faster while staying a cryptographic hash, so a
+  deliberate change to a value cannot be hidden behind a colliding checksum. Two levels so that cleaning workers hash the sample arrays in
   parallel, and the writer adds the provenance it records (an append rewrites the source paths).
   It is a pure function of the row's stored values: a row copied to another version (an append's
   thin version, an export, a rebuild reusing unchanged samples) keeps its checksum.
@@ -28,14 +31,17 @@ import json
 import struct
 from typing import Any, Iterable, Iterator, Sequence
 
+import blake3
 import h5py
 import numpy as np
 
 from h5forge.format import arrays
 from h5forge.format.names import (
+    BLAKE3_CHECKSUMS,
     DIAGNOSTICS,
     DIGEST_RULE,
     FILE_DIGEST_RULE,
+    FORMAT_VERSION,
     IDS,
     INDEX,
     SOURCE_FILES,
@@ -72,7 +78,7 @@ def _parts(value: Any) -> Iterator[bytes | memoryview]:
         raise TypeError(f"cannot checksum a value of dtype {arr.dtype}")
     little = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False))
     yield b"n" + little.dtype.str.encode() + head
-    yield little.reshape(-1).data  # no copy of a sample array
+    yield little.reshape(-1).view(np.uint8).data  # as bytes, no copy of a sample array
 
 
 def canonical(value: Any) -> bytes:
@@ -80,29 +86,44 @@ def canonical(value: Any) -> bytes:
     return b"".join(bytes(p) for p in _parts(value))
 
 
-def values_digest(values: Iterable[Any]) -> bytes:
-    """sha256 of a row's stored values (fields and annotation columns, in the spec's order). The
+def row_hash(format_version: int = FORMAT_VERSION, data: bytes = b"") -> Any:
+    """A new hash object for a row's checksum in ``format_version`` (BLAKE3 from format 3, else sha256)."""
+    return blake3.blake3(data) if format_version >= BLAKE3_CHECKSUMS else hashlib.sha256(data)
+
+
+def values_digest(values: Iterable[Any], format_version: int = FORMAT_VERSION) -> bytes:
+    """The hash of a row's stored values (fields and annotation columns, in the spec's order). The
     costly part of a checksum: cleaning computes it in its worker processes."""
-    h = hashlib.sha256()
+    h = row_hash(format_version)
     for v in values:
         for part in _parts(v):
             h.update(part)
     return h.digest()
 
 
-def row_checksum(digest: bytes, row_id: Any, files: Any, hashes: Any) -> str:
+def row_checksum(digest: bytes, row_id: Any, files: Any, hashes: Any, format_version: int = FORMAT_VERSION) -> str:
     """A row's checksum: its values' digest, then its id, source files and their hashes."""
-    h = hashlib.sha256(digest)
+    h = row_hash(format_version, digest)
     for v in (row_id, files, hashes):
         h.update(canonical(v))
     return h.hexdigest()
 
 
+def file_format(f: h5py.File) -> int:
+    """The file's format_version (1 when it has none)."""
+    return int(f.attrs.get(Attr.FORMAT_VERSION, 1))
+
+
 def stored_checksums(g: h5py.Group, kinds: dict, start: int, stop: int) -> list[str]:
-    """Row checksums recomputed from what split group ``g`` holds in rows ``start:stop``."""
+    """Row checksums recomputed from what split group ``g`` holds in rows ``start:stop``, hashed as
+    the file's format says."""
+    fmt = file_format(g.file)
     blocks = [arrays.RowReader(g, path, kind.stored())(start, stop) for path, kind in kinds.items()]
     ids, files, hashes = (g[name][start:stop] for name in PROVENANCE)
-    return [row_checksum(values_digest(b[i] for b in blocks), ids[i], files[i], hashes[i]) for i in range(stop - start)]
+    return [
+        row_checksum(values_digest((b[i] for b in blocks), fmt), ids[i], files[i], hashes[i], fmt)
+        for i in range(stop - start)
+    ]
 
 
 def legacy_checksum(values: Iterable[np.ndarray]) -> str:

@@ -156,7 +156,7 @@ def lz4_into(chunk: bytes | memoryview, flat: np.ndarray) -> bool:
     return True
 
 
-def decode(codec: str, chunk: bytes, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+def decode(codec: str, chunk: bytes | memoryview, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """The row a chunk made by ``encode`` holds; ValueError when the bytes do not decode to it."""
     out = np.empty(shape, dtype)
     flat = out.reshape(-1).view(np.uint8)
@@ -180,7 +180,7 @@ class EncodedRows:
     codec: str
     shape: tuple[int, ...]  # one row's
     dtype: np.dtype
-    chunks: list[bytes]
+    chunks: list[bytes | memoryview]  # memoryview: slices of one segment file read by the writer
 
     @classmethod
     def of(cls, codec: str, block: np.ndarray) -> "EncodedRows":
@@ -220,7 +220,7 @@ def accepts(ds: Any, codec: str, shape: tuple[int, ...], dtype: Any) -> bool:
     return ds.chunks == (1, *shape) and ds.dtype == np.dtype(dtype) and filters == pipeline(codec)
 
 
-def append_chunks(ds: Any, chunks: Sequence[bytes], masks: Sequence[int] | None = None) -> None:
+def append_chunks(ds: Any, chunks: Sequence[bytes | memoryview], masks: Sequence[int] | None = None) -> None:
     """Append one row per stored chunk at the end of ``ds`` (``write_direct_chunk``; ``masks``:
     each chunk's filter mask, 0 — every filter applied — when not given)."""
     start = ds.shape[0]

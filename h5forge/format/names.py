@@ -8,8 +8,11 @@ from __future__ import annotations
 import re
 
 FORMAT = "h5forge"
-FORMAT_VERSION = 2  # 2: checksums cover every value a reader returns (format 1: the field bytes only)
+# 3: rows are checksummed with BLAKE3; 2: checksums cover every value a reader returns (with
+# sha256); 1: the field bytes only
+FORMAT_VERSION = 3
 CHECKSUMS_COVER_ALL = 2  # the first format whose checksums and digests cover everything
+BLAKE3_CHECKSUMS = 3  # the first format whose row checksums are BLAKE3 (sha256 before)
 SPLITS = ("train", "val", "test")
 
 # ---- files of an output folder ----------------------------------------------------------------
@@ -27,6 +30,7 @@ INBOX_PROCESSED = "processed"  # processed/vNNNN/: what each version took, part 
 INBOX_QUARANTINE = "quarantine"  # rejected inbox inputs and their reasons
 INBOX_MANAGED = (INBOX_PROCESSED, INBOX_QUARANTINE)
 VERSION_RE = re.compile(r"^dataset_v(\d{4,})\.h5$")
+SEGMENTS_DIR = ".segments"  # in the output folder: the cleaning workers' chunk files of the running build
 DELTA_RE = re.compile(r"^dataset_v(\d{4,})\.delta\.h5$")
 PARTIAL_RE = re.compile(r"^\.dataset_v\d{4,}(\.delta)?\.h5\.partial$")
 
@@ -165,10 +169,10 @@ LAYOUT: tuple[tuple[str, str], ...] = (
     ),
     (
         f"/<split>/{CHECKSUM}",
-        "(N,) hex sha256 covering every value a reader can return for the row: the "
-        "sha256 of its fields and annotation columns in spec order, then its "
+        "(N,) hex BLAKE3 (format 2: sha256) covering every value a reader can return for the row: "
+        "the hash of its fields and annotation columns in spec order, then its "
         f"{IDS}, {SOURCE_FILES}, {SOURCE_SHA256} (encoding in the section below; format 1 "
-        "files: the stored bytes of the image-like fields only)",
+        "files: sha256 of the stored bytes of the image-like fields only)",
     ),
     (
         f"/{INDEX}/<split>/<col>/",

@@ -239,7 +239,7 @@ def write_delta(
 
     ``progress`` hears how many samples each batch settled, ``status`` what happens before the first."""
     parent_path = cand.out / version_name(cand.parent)
-    require_current_format(parent_path, cand.parent)  # before any cleaning
+    fmt = require_current_format(parent_path, cand.parent)  # before any cleaning
     known = known_samples(parent_path)
     kinds = stored_kinds(spec)
     final_dir = processed_dir(scan.inbox, cand.number)
@@ -247,10 +247,10 @@ def write_delta(
     t0 = time.perf_counter()
     timings: dict = {}
     # the field rules recorded, so a nightly rebuild can take these rows from the delta file
-    rules = Inputs(rules_hash(spec), key="")
-    with DatasetWriter(cand.delta_partial, spec, cand.number, cand.parent, rules) as writer:
+    rules = Inputs(rules_hash(spec, fmt), key="")
+    with DatasetWriter(cand.delta_partial, spec, cand.number, cand.parent, rules, fmt) as writer:
         writer.add_rejections(scan.rejections)
-        for i, batch in enumerate(clean_all(spec, scan.inbox, scan.ready, timings, status)):
+        for i, batch in enumerate(clean_all(spec, scan.inbox, scan.ready, timings, status, fmt)):
             settled = len(batch) + len(batch.rejections)
             batch = _dedupe(batch, kinds, known, version_name(cand.parent))
             # record where the raw files will live once moved out of the inbox

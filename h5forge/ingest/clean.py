@@ -19,6 +19,7 @@ from typing import Any, cast
 import numpy as np
 
 from h5forge.format.checksums import values_digest
+from h5forge.format.names import FORMAT_VERSION
 from h5forge.format.chunk_codec import EncodedRows, encodable
 from h5forge.kinds import FieldKind, decode_order, decode_sample, file_fields, stored_kinds
 from h5forge.samples import Reject, Rejection, SampleRef
@@ -117,9 +118,16 @@ def encode_rows(spec: DatasetSpec, kinds: dict[str, FieldKind], arrays: dict[str
     return out
 
 
-def clean_batch(spec: DatasetSpec, root: str | Path, refs: list[SampleRef], encode: bool = True) -> CleanedBatch:
+def clean_batch(
+    spec: DatasetSpec,
+    root: str | Path,
+    refs: list[SampleRef],
+    encode: bool = True,
+    format_version: int = FORMAT_VERSION,
+) -> CleanedBatch:
     """Clean ``refs`` in order; never raises for bad input. ``encode``: compress the rows that
-    can be (``encode_rows``); False leaves every field an array for the writer to compress."""
+    can be (``encode_rows``); False leaves every field an array for the writer to compress.
+    ``format_version``: the format of the file the rows go to (it decides how they are hashed)."""
     root = Path(root)
     kinds = stored_kinds(spec)
     order = decode_order(kinds)
@@ -147,7 +155,7 @@ def clean_batch(spec: DatasetSpec, root: str | Path, refs: list[SampleRef], enco
         files=[[k[0].files[name] for name in files_of] for k in kept],
         arrays=encode_rows(spec, kinds, arrays) if encode else arrays,  # digests and statistics use the arrays
         source_sha256=[k[2] for k in kept],
-        digests=[values_digest(arrays[p][i] for p in kinds) for i in range(len(kept))],
+        digests=[values_digest((arrays[p][i] for p in kinds), format_version) for i in range(len(kept))],
         stats=split_stats(kinds, arrays, splits, per_row),
         listed={path: kinds[path].index_values(rows) for path, rows in per_row.items()},
         rejections=rejections,

@@ -3,6 +3,8 @@
 h5py serialises every HDF5 call behind one lock, and Pillow decoding is CPU-bound, so cleaning
 runs in processes; the single writer stays in the calling process. Results come back in input
 order with a bounded number of batches in flight, so memory does not grow with the dataset.
+Workers write their compressed chunks to segment files (``h5forge.ingest.segment_files``) and
+send back the rest of the batch.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from h5forge.errors import DaskWorkersLost, NoDaskWorkers, SchedulerUnreachable
+from h5forge.format.names import FORMAT_VERSION
 from h5forge.ingest.clean import CleanedBatch, clean_batch
+from h5forge.ingest.segment_files import clean_to_segment, make_folder, read_segment, remove_folder
 from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
 
@@ -136,55 +140,95 @@ def clean_all(
     samples: Sequence[SampleRef],
     timings: dict | None = None,
     status: Callable[[str], None] = lambda text: None,
+    format_version: int = FORMAT_VERSION,
 ) -> Iterator[CleanedBatch]:
     """Clean on dask, or in this process when there is too little work to pay for a cluster.
 
-    ``status`` hears what happens before the first batch (a cluster start takes seconds)."""
+    ``status`` hears what happens before the first batch (a cluster start takes seconds);
+    ``format_version`` is the format of the file the rows go to (``clean_batch``)."""
     size = spec.compute.batch_size
     timings = {} if timings is None else timings
     if not spec.compute.dask_address and len(samples) < spec.compute.inline_below:
         timings["cleaned_in"] = "calling process"
         t0 = time.perf_counter()
         for batch in batches(samples, size):
-            yield clean_batch(spec, root, batch)
+            yield clean_batch(spec, root, batch, format_version=format_version)
         timings["clean_write_seconds"] = round(time.perf_counter() - t0, 3)
         return
     t0 = time.perf_counter()
     address, workers = spec.compute.dask_address, spec.compute.workers
     status(f"connecting to the dask scheduler at {address}…" if address else f"starting {workers} dask workers…")
-    with dask_client(address, workers, spec.compute.secure) as client:
-        timings["cleaned_in"] = address or f"LocalCluster({workers})"
-        timings["cluster_start_seconds"] = round(time.perf_counter() - t0, 3)
-        status(
-            f"{len(client.scheduler_info()['workers'])} dask workers ready "
-            f"after {timings['cluster_start_seconds']:.1f} s"
-        )
-        t1 = time.perf_counter()
-        yield from clean_stream(client, spec, root, samples, size, spec.in_flight())
-        timings["clean_write_seconds"] = round(time.perf_counter() - t1, 3)  # cluster shutdown excluded
+    folder = make_folder(spec)
+    try:
+        with dask_client(address, workers, spec.compute.secure) as client:
+            timings["cleaned_in"] = address or f"LocalCluster({workers})"
+            timings["cluster_start_seconds"] = round(time.perf_counter() - t0, 3)
+            status(
+                f"{len(client.scheduler_info()['workers'])} dask workers ready "
+                f"after {timings['cluster_start_seconds']:.1f} s"
+            )
+            t1 = time.perf_counter()
+            yield from clean_stream(
+                client, spec, root, samples, size, spec.in_flight(), format_version, folder, timings
+            )
+            timings["clean_write_seconds"] = round(time.perf_counter() - t1, 3)  # cluster shutdown excluded
+    finally:
+        if folder is not None:
+            remove_folder(folder)
 
 
 def clean_stream(
-    client: Client, spec: DatasetSpec, root: Path, samples: Sequence[SampleRef], batch_size: int, in_flight: int
+    client: Client,
+    spec: DatasetSpec,
+    root: Path,
+    samples: Sequence[SampleRef],
+    batch_size: int,
+    in_flight: int,
+    format_version: int = FORMAT_VERSION,
+    folder: Path | None = None,
+    timings: dict | None = None,
 ) -> Iterator[CleanedBatch]:
     """Clean ``samples`` on the cluster; yield batches in input order, ``in_flight`` at a time.
+    With a segments ``folder``, workers write their chunks there; a batch whose file this process
+    cannot read (the workers' storage is not this machine's) is cleaned again sending its chunks,
+    and so is every later batch.
 
     The spec goes with each task (a few kB), not scattered to the workers: data held only by
     workers is lost with them, and a batch re-run on a worker that joins later still has it."""
+    timings = {} if timings is None else timings
+    via_files = 0
+
+    to_files = folder is not None
+
+    def submit(refs: list[SampleRef]):
+        if to_files:
+            return client.submit(clean_to_segment, spec, str(root), refs, str(folder), format_version, pure=False)
+        return client.submit(clean_batch, spec, str(root), refs, format_version=format_version, pure=False)
+
     pending: deque = deque()
     todo = iter(batches(samples, batch_size))
     for batch in todo:
-        pending.append(client.submit(clean_batch, spec, str(root), batch, pure=False))
+        pending.append((submit(batch), batch))
         if len(pending) >= in_flight:
             break
     where = spec.compute.dask_address
     while pending:
-        future = pending.popleft()
+        future, refs = pending.popleft()
         result = batch_result(client, future, where)
         future.release()
         nxt = next(todo, None)
         if nxt is not None:
-            pending.append(client.submit(clean_batch, spec, str(root), nxt, pure=False))
+            pending.append((submit(nxt), nxt))
+        if folder is not None:
+            placed = read_segment(result, folder)
+            if placed is None:  # written on storage this machine does not see: send the chunks from now on
+                to_files = False
+                again = client.submit(clean_batch, spec, str(root), refs, format_version=format_version, pure=False)
+                placed = batch_result(client, again, where)
+            elif placed is not result:
+                via_files += 1
+            result = placed
+        timings["batches_via_segment_files"] = via_files
         yield result
 
 

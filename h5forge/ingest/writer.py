@@ -89,8 +89,10 @@ class DatasetWriter:
         version: int,
         parent_version: int | None = None,
         inputs: "Inputs | None" = None,
+        format_version: int = FORMAT_VERSION,
     ):
         ensure_filters()
+        self.format_version = format_version  # an append's delta keeps its parent's (one hash per version)
         self.path = Path(path)
         self.spec = spec
         self.kinds: dict[str, FieldKind] = stored_kinds(spec)
@@ -142,7 +144,7 @@ class DatasetWriter:
         f.attrs.update(
             {
                 Attr.FORMAT: FORMAT,
-                Attr.FORMAT_VERSION: FORMAT_VERSION,
+                Attr.FORMAT_VERSION: self.format_version,
                 Attr.NAME: spec.name,
                 Attr.DESCRIPTION: spec.description,
                 Attr.VERSION: version,
@@ -202,7 +204,8 @@ class DatasetWriter:
         # completed here, with the provenance as stored (an append rewrites source paths after cleaning)
         ids, files, hashes = provenance[IDS], provenance[SOURCE_FILES], provenance[SOURCE_SHA256]
         provenance[CHECKSUM] = np.asarray(
-            [row_checksum(d, ids[i], files[i], hashes[i]) for i, d in enumerate(batch.digests)], dtype="S64"
+            [row_checksum(d, ids[i], files[i], hashes[i], self.format_version) for i, d in enumerate(batch.digests)],
+            dtype="S64",
         )
         keys = self._sample_keys(batch)  # once per batch, whatever the number of splits in it
         for split in sorted(set(batch.splits)):

@@ -43,9 +43,9 @@ from h5forge.store.sizes import own_sizes, segments_sizes
 from h5forge.store.whole_files import write_new
 
 
-def require_current_format(parent: Path, parent_number: int) -> None:
-    """Refuse to extend a version whose checksums cover less than this format's: one thin version
-    cannot hold rows checksummed both ways."""
+def require_current_format(parent: Path, parent_number: int) -> int:
+    """The format an append to ``parent`` writes its delta in: the parent's, as one thin version
+    holds rows checksummed one way. Refuses a version whose checksums cover less than every value."""
     with h5py.File(os.path.realpath(parent), "r") as p:
         parent_format = int(p.attrs.get(Attr.FORMAT_VERSION, 1))
     if parent_format < CHECKSUMS_COVER_ALL:
@@ -53,6 +53,7 @@ def require_current_format(parent: Path, parent_number: int) -> None:
             f"{version_name(parent_number)} is in format {parent_format} (older checksums); "
             "rebuild it with `h5forge build` before appending"
         )
+    return parent_format
 
 
 @contextmanager

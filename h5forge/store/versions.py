@@ -13,6 +13,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import stat
 import time
 from contextlib import ExitStack, contextmanager
@@ -24,6 +25,7 @@ import h5py
 
 from h5forge.errors import LatestBroken, OutputBusy, UsageError, VersionError
 from h5forge.format.names import (
+    SEGMENTS_DIR,
     DELTA_RE,
     LATEST,
     LOCK,
@@ -143,6 +145,8 @@ def _remove_partials(out: Path) -> None:
             os.replace(p, out / RESUMABLE)
         elif PARTIAL_RE.match(p.name) or p.name.startswith(f".{LATEST}."):
             p.unlink(missing_ok=True)
+        elif p.name == SEGMENTS_DIR:  # the workers' chunk files of a killed run: none is complete data
+            shutil.rmtree(p, ignore_errors=True)
     versions = published(out)
     # a delta no published version reads: its append was killed before publishing. A delta whose
     # own version retention removed is still read by the later thin versions, so the test is what

@@ -33,11 +33,12 @@ from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
 
 
-def rules_hash(spec: DatasetSpec) -> str:
-    """A hash of everything in the spec that decides the stored values of a sample."""
+def rules_hash(spec: DatasetSpec, format_version: int = FORMAT_VERSION) -> str:
+    """A hash of everything in the spec that decides the stored values of a sample, and of the
+    format they are stored in (rows of another format are not taken: their checksums differ)."""
     data = spec.model_dump(mode="json", exclude=set(NOT_DATA))
     data["source"] = {k: v for k, v in data["source"].items() if k not in NOT_DATA_SOURCE}
-    data["format_version"] = FORMAT_VERSION
+    data["format_version"] = format_version
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
