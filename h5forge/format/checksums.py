@@ -160,6 +160,11 @@ class UnknownDigestRule(ValueError):
     pass
 
 
+# a rule this h5forge does not know: most likely a newer h5forge's file, which an older verify must
+# not call damaged (a damaged rule attribute reads the same, and fails the check all the same)
+NEWER = "a newer h5forge may have written it: verify it with that version"
+
+
 def split_digest(f: h5py.File, split: str) -> str:
     """sha256 of the split's attributes, its datasets' attributes, its row indexes and the spec
     (all of it, or what defines the data, as the split's ``digest_rule`` says)."""
@@ -168,7 +173,7 @@ def split_digest(f: h5py.File, split: str) -> str:
     rule = int(g.attrs.get(Attr.DIGEST_RULE, 1))
     if rule not in (1, DIGEST_RULE):
         raise UnknownDigestRule(
-            f"/{split} has {Attr.DIGEST_RULE} {rule}, not one this h5forge knows (1 to {DIGEST_RULE})"
+            f"/{split} has {Attr.DIGEST_RULE} {rule}, not one this h5forge knows (1 to {DIGEST_RULE}); {NEWER}"
         )
     h.update(_attrs(g))
     datasets: list[tuple[str, h5py.Dataset]] = []
@@ -205,7 +210,8 @@ def file_digest(f: h5py.File) -> str:
     rule = int(f.attrs.get(Attr.FILE_DIGEST_RULE, 1))
     if rule not in (1, FILE_DIGEST_RULE):
         raise UnknownDigestRule(
-            f"the file has {Attr.FILE_DIGEST_RULE} {rule}, not one this h5forge knows (1 to {FILE_DIGEST_RULE})"
+            f"the file has {Attr.FILE_DIGEST_RULE} {rule}, not one this h5forge knows (1 to {FILE_DIGEST_RULE}); "
+            f"{NEWER}"
         )
     h = hashlib.sha256()
     names = sorted(k for k in f.attrs.keys() if k not in _SKIPPED_ATTRS and k != Attr.FILE_DIGEST)

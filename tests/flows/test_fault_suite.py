@@ -29,6 +29,7 @@ import yaml
 
 from h5forge.store.verify import verify_file
 from h5forge.store.versions import latest, published
+from tests.helpers.code_on_disk import require_unchanged
 from tests.helpers.data import age_files, drop_samples, write_spec_file
 from tests.helpers.files import all_ids, make_raw, strays
 
@@ -113,8 +114,10 @@ def sigkill_trials(command: str, n: int, api_url: str, fresh: Callable[[int], Tr
     for k in range(n):
         t = fresh(k)
         before = published_hashes(t.out)
+        require_unchanged()
         figures[kill_after([command, str(t.spec_file)], env, rng.uniform(0.2, span))] += 1
         figures["trials"] += 1
+        require_unchanged()  # the child and this process ran the same code
         check_after_kill(t.out, before)
         figures["published_before_kill"] += latest(t.out) == 2
         rerun_converges(t)

@@ -97,7 +97,25 @@ def test_an_unknown_digest_rule_is_reported(tmp_path):
         f["val"].attrs["digest_rule"] = 7
     report = verify_file(path, **QUICK)
     assert not report.ok
-    assert report.errors == ["/val has digest_rule 7, not one this h5forge knows (1 to 2)"]
+    assert report.errors == [
+        "/val has digest_rule 7, not one this h5forge knows (1 to 2); "
+        "a newer h5forge may have written it: verify it with that version"
+    ]
+
+
+def test_an_unknown_file_digest_rule_is_reported_as_such_not_as_damage(tmp_path):
+    """An older verify meeting a newer h5forge's file digest names the rule it does not know."""
+    path = old_file(tmp_path)
+    with h5py.File(path, "r+") as f:  # the fixture predates file digests: give it one of rule 3
+        f.attrs["file_digest"] = "0" * 64
+        f.attrs["file_digest_rule"] = 3
+    report = verify_file(path, **QUICK)
+    assert not report.ok
+    assert report.checks["file digest"] == "FAILED"
+    assert report.errors == [
+        "the file has file_digest_rule 3, not one this h5forge knows (1 to 2); "
+        "a newer h5forge may have written it: verify it with that version"
+    ]
 
 
 @pytest.mark.parametrize("where", ["output", "compute", "source"])
