@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from h5forge.kinds import Layout
-from h5forge.init.signals import Survey, folders_with
+from h5forge.init.signals import Survey, first_folder_with
 
 STEREO = ("left", "right")
 
@@ -36,15 +36,10 @@ def _field_names(channels: int) -> list[str]:
 def audio_body(raw: Path, notes: list[str], kind):
     """The body of a spec for the audio recordings of ``raw`` or its first sub-folder holding
     some (the others noted), or None if there are none."""
-    found = folders_with(raw, kind.audio_suffixes)
-    if not found:
+    found = first_folder_with(raw, kind.audio_suffixes, notes)
+    if found is None:
         return None
-    for other, _ in found[1:]:
-        notes.append(
-            f"{other.relative_to(raw).as_posix()}/ also holds recordings; this spec reads "
-            f"{found[0][0].relative_to(raw).as_posix() or '.'}/ only (add its glob to files to include it)"
-        )
-    survey = Survey(raw, *found[0], kind.rate_tolerance)
+    survey = Survey(raw, *found, kind.rate_tolerance)
     for p in survey.sampled:
         got = _audio_header(p)
         if isinstance(got, str):

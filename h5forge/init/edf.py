@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from h5forge.kinds import Layout
-from h5forge.init.signals import Survey, folders_with
+from h5forge.init.signals import Survey, first_folder_with
 
 EDF_SUFFIXES = (".edf", ".bdf")
 
@@ -53,15 +53,10 @@ def _edf_channels(path: Path) -> list[tuple[str, float]] | str:
 def edf_body(raw: Path, notes: list[str], kind):
     """The body of a spec for the EDF/BDF recordings of ``raw`` or its first sub-folder holding
     some (the others noted), or None if there are none."""
-    edf = folders_with(raw, EDF_SUFFIXES)
-    if not edf:
+    edf = first_folder_with(raw, EDF_SUFFIXES, notes)
+    if edf is None:
         return None
-    for other, _ in edf[1:]:
-        notes.append(
-            f"{other.relative_to(raw).as_posix()}/ also holds recordings; this spec reads "
-            f"{edf[0][0].relative_to(raw).as_posix() or '.'}/ only (add its glob to files to include it)"
-        )
-    survey = Survey(raw, *edf[0], kind.rate_tolerance)
+    survey = Survey(raw, *edf, kind.rate_tolerance)
     twice = []
     for p in survey.sampled:
         got = _edf_channels(p)

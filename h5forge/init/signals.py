@@ -26,6 +26,20 @@ def folders_with(raw: Path, suffixes: tuple[str, ...]) -> list[tuple[Path, list[
     return [(b, files) for b, files in found if files]
 
 
+def first_folder_with(raw: Path, suffixes: tuple[str, ...], notes: list[str]) -> tuple[Path, list[Path]] | None:
+    """The first of ``folders_with(raw, suffixes)``, the others noted as left out of the spec, or
+    None when no folder holds such recordings."""
+    found = folders_with(raw, suffixes)
+    if not found:
+        return None
+    for other, _ in found[1:]:
+        notes.append(
+            f"{other.relative_to(raw).as_posix()}/ also holds recordings; this spec reads "
+            f"{found[0][0].relative_to(raw).as_posix() or '.'}/ only (add its glob to files to include it)"
+        )
+    return found[0]
+
+
 def signal_name(label: str, taken: set[str]) -> str:
     """A field name from a channel label: lower case, runs of other characters as ``_``, unique."""
     name = re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_") or "signal"

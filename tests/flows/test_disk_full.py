@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import yaml
 from h5forge.store.versions import latest, published
 from tests.helpers.data import age_files, drop_samples, write_spec_file
 from tests.helpers.files import strays
+from tests.helpers.tmpfs import mounted_tmpfs
 
 pytestmark = pytest.mark.e2e
 
@@ -38,15 +38,8 @@ def raw_good(tmp_path_factory):
 @pytest.fixture
 def small_fs(tmp_path):
     """A 16 MiB tmpfs (CI runs as root); unmounted afterwards."""
-    mnt = tmp_path / f"small-{uuid.uuid4().hex[:6]}"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {res.stderr.strip() or res.returncode}")
-    try:
+    with mounted_tmpfs(tmp_path) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def fill(mnt: Path, leave: int = LEFT_FREE) -> None:

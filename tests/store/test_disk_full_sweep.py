@@ -25,6 +25,7 @@ import yaml
 
 from tests.helpers.data import age_files, drop_samples, write_spec_file
 from tests.helpers.files import make_raw
+from tests.helpers.tmpfs import mounted_tmpfs
 
 PAGE = 4096
 
@@ -32,15 +33,8 @@ PAGE = 4096
 @pytest.fixture(scope="module")
 def tmpfs(tmp_path_factory):
     """A 16 MiB tmpfs (CI runs as root); unmounted afterwards."""
-    mnt = tmp_path_factory.mktemp("full") / f"fs-{uuid.uuid4().hex[:6]}"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {res.stderr.strip() or res.returncode}")
-    try:
+    with mounted_tmpfs(tmp_path_factory.mktemp("full")) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.fixture(scope="module")
