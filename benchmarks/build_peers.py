@@ -6,6 +6,8 @@
 Method: benchmarks/README.md, "build_peers". The peers' venv (build/bench-peers) is made by this command.
 """
 
+import importlib
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -85,7 +87,6 @@ def peer_child(peer: str, job: Path) -> None:
     spec = json.loads(job.read_text())
     pairs, workers = spec["pairs"], spec["workers"]
     if peer == "mosaic":  # register the packages without their __init__ (see PEERS_NO_DEPS)
-        import importlib.util
         import types
         for name in ("streaming", "streaming.base"):
             found, module = importlib.util.find_spec(name), types.ModuleType(name)
