@@ -17,7 +17,7 @@ import pytest
 from tests.helpers.lifecycle import png_bomb
 from tests.kinds.test_memory_bounds import MIB, clean_in_a_fresh_process, image_spec, small_png
 from tests.kinds.test_signal import write_edf
-from tests.kinds.test_signal_bounds import _edf_claiming, _npy_claiming, signal_spec
+from tests.kinds.test_signal_bounds import _edf_claiming, _npy_claiming, signal_spec, write_wide_csv
 from tests.kinds.test_volume import write_series
 from tests.kinds.test_volume_bounds import _nifti_declaring, volume_spec
 
@@ -73,13 +73,7 @@ def _npy(root: Path) -> dict:
 
 
 def _wide_csv(root: Path) -> dict:
-    (root / "csv").mkdir(parents=True)
-    n = 1_000_000
-    with open(root / "csv" / "bad.csv", "w") as fh:
-        fh.write("time," + ",".join(f"c{i}" for i in range(n)) + "\n")
-        for t in range(3):
-            fh.write(f"{t / 1000}," + ",".join(["1"] * n) + "\n")
-    (root / "csv" / "good.csv").write_text("time,c7\n0,1\n0.001,2\n0.002,3\n")
+    write_wide_csv(root / "csv", "bad.csv")
     return signal_spec(root, "csv/*.csv", "c7")
 
 

@@ -62,15 +62,20 @@ def test_a_65_mb_csv_recording_is_parsed_in_bounded_memory(tmp_path):
     csv_recording_in_bounded_memory(tmp_path, 65 * 1000 * 1000)
 
 
+def write_wide_csv(folder, name: str, columns: int = 1_000_000) -> None:
+    """``folder/name``: a CSV recording of three lines of ``columns`` channels, beside a good
+    ``good.csv`` of channel c7."""
+    folder.mkdir(parents=True)
+    with open(folder / name, "w") as fh:
+        fh.write("time," + ",".join(f"c{i}" for i in range(columns)) + "\n")
+        for t in range(3):
+            fh.write(f"{t / 1000}," + ",".join(["1"] * columns) + "\n")
+    (folder / "good.csv").write_text("time,c7\n0,1\n0.001,2\n0.002,3\n")
+
+
 def test_a_csv_with_a_million_columns_is_rejected_by_its_header(tmp_path):
     root = tmp_path / "raw"
-    (root / "csv").mkdir(parents=True)
-    n = 1_000_000
-    with open(root / "csv" / "wide.csv", "w") as fh:
-        fh.write("time," + ",".join(f"c{i}" for i in range(n)) + "\n")
-        for t in range(3):
-            fh.write(f"{t / 1000}," + ",".join(["1"] * n) + "\n")
-    (root / "csv" / "good.csv").write_text("time,c7\n0,1\n0.001,2\n0.002,3\n")
+    write_wide_csv(root / "csv", "wide.csv")
     got = clean_in_a_fresh_process(signal_spec(root, "csv/*.csv", "c7"))
     assert got["taken"] == ["good"]
     assert got["rejected"] == [["wide", "CSV recording has 1,000,001 columns in its header, more than the field's "
