@@ -27,6 +27,7 @@ def test_digits_train_a_linear_model_through_the_reader(tmp_path, build_spec):
     inferred = infer_spec(root, spec_path)
     assert inferred.layout == "classify"
     data = yaml.safe_load(inferred.text)
+    data["output"]["dir"] = str(tmp_path / "out")  # init's own choice is ./data/<name>, in the checkout
     spec = parse_spec(data, tmp_path, str(spec_path))
     assert spec.fields["label"].classes == tuple(str(k) for k in range(10))
     path, summary = build_spec(spec.model_dump(mode="json"))
