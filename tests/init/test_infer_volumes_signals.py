@@ -246,8 +246,8 @@ def test_signals_demo_inits_builds_and_reads_back(tmp_path):
     acc, temp = H5Dataset(path, split=split, fields=("acc", "temp"))[row]
     edf = pyedflib.EdfReader(str(raw / f"{sid}.edf"))
     try:
-        seconds = int(edf.getFileDuration())
-        assert acc.shape == (1000 * seconds,) and temp.shape == (seconds,) and 2 <= seconds <= 10
+        duration = int(edf.getFileDuration())  # of the recording, in seconds
+        assert acc.shape == (1000 * duration,) and temp.shape == (duration,) and 2 <= duration <= 10
         assert torch.equal(acc, torch.from_numpy(edf.readSignal(0).astype(np.float32)))
         assert torch.equal(temp, torch.from_numpy(edf.readSignal(2).astype(np.float32)))
     finally:
