@@ -191,12 +191,13 @@ def clean_stream(
     """Clean ``samples`` on the cluster; yield batches in input order, ``in_flight`` at a time.
     With a segments ``folder``, workers write their chunks there; a batch whose file this process
     cannot read (the workers' storage is not this machine's) is cleaned again sending its chunks,
-    and so is every later batch.
+    and so is every later batch. ``timings`` counts the batches with rows that came each way
+    (``batches_via_segment_files``, ``batches_sent_through_dask``).
 
     The spec goes with each task (a few kB), not scattered to the workers: data held only by
     workers is lost with them, and a batch re-run on a worker that joins later still has it."""
     timings = {} if timings is None else timings
-    via_files = 0
+    via_files = sent = 0  # batches with rows: through a segment file; through the dask connection
 
     to_files = folder is not None
 
@@ -219,16 +220,22 @@ def clean_stream(
         nxt = next(todo, None)
         if nxt is not None:
             pending.append((submit(nxt), nxt))
+        from_file = False
         if folder is not None:
             placed = read_segment(result, folder)
             if placed is None:  # written on storage this machine does not see: send the chunks from now on
                 to_files = False
                 again = client.submit(clean_batch, spec, str(root), refs, format_version=format_version, pure=False)
                 placed = batch_result(client, again, where)
-            elif placed is not result:
-                via_files += 1
+            else:
+                from_file = placed is not result
             result = placed
+        if from_file:
+            via_files += 1
+        elif len(result):
+            sent += 1
         timings["batches_via_segment_files"] = via_files
+        timings["batches_sent_through_dask"] = sent
         yield result
 
 

@@ -12,6 +12,7 @@ machine), falls back to sending the chunks as before.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import uuid
 from dataclasses import dataclass, replace
@@ -71,7 +72,8 @@ def write_segment(batch: CleanedBatch, folder: Path) -> CleanedBatch:
                 at += int(sizes.sum())
                 places[key] = SegmentRows(block.codec, block.shape, block.dtype, name, offsets, sizes)
     except OSError:  # not writable from this worker (full, read-only, not shared): send the chunks
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only folder refuses the unlink as well
+            path.unlink(missing_ok=True)
         return batch
     return replace(batch, arrays={**batch.arrays, **places})
 

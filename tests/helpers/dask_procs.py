@@ -48,15 +48,17 @@ class DaskProcesses:
                     raise RuntimeError((self.logs / "scheduler.log").read_text()) from None
                 time.sleep(0.2)
 
-    def workers(self, n: int) -> None:
-        """Start ``n`` single-threaded worker processes (no nanny: a killed one stays dead) and wait for them."""
+    def workers(self, n: int, wrap: list[str] | None = None) -> None:
+        """Start ``n`` single-threaded worker processes (no nanny: a killed one stays dead), named
+        ``w<i>`` in start order, and wait for them. ``wrap``: a command that execs the rest of its
+        arguments (the worker's command line), e.g. to run the worker in a mount namespace of its own."""
         from distributed import Client
 
         for _ in range(n):
             i = len(self.worker_procs)
             self.worker_procs.append(self._start(
-                [str(BIN / "dask"), "worker", self.address, "--nworkers", "1", "--nthreads", "1", "--no-nanny",
-                 "--host", "127.0.0.1", "--no-dashboard", "--name", f"w{i}"], f"worker{i}"))
+                [*(wrap or []), str(BIN / "dask"), "worker", self.address, "--nworkers", "1", "--nthreads", "1",
+                 "--no-nanny", "--host", "127.0.0.1", "--no-dashboard", "--name", f"w{i}"], f"worker{i}"))
         with Client(self.address, timeout="600s") as client:
             client.wait_for_workers(n, timeout=600)
 
@@ -70,6 +72,10 @@ class DaskProcesses:
     def kill_workers(self) -> None:
         for p in self.worker_procs:
             _kill_group(p)
+
+    def kill_worker(self, i: int) -> None:
+        """SIGKILL worker ``w<i>`` (its process group)."""
+        _kill_group(self.worker_procs[i])
 
     def __exit__(self, *exc) -> None:
         self.kill_workers()
