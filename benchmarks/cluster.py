@@ -1,0 +1,193 @@
+"""A real external dask cluster (a `dask scheduler` and 2 or 4 `dask worker` processes on this
+machine, writing segment files to the output folder) against a LocalCluster of 2: samples/s, CPU
+per sample of the calling process, the scheduler and the workers; the versions must be identical.
+
+    python -m benchmarks.cluster [--smoke] [--n 2000 --size 224 --batch-size 64 --reps 2]
+
+What is measured and how: benchmarks/README.md, section "cluster".
+"""
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import time
+
+import h5py
+import psutil
+
+from benchmarks.common import BIN, CACHE, cli, log, loadavg, machine, make_spec, ratio, raw_folder, save, \
+    timing_runner, warm
+
+WORK = CACHE / "cluster"
+# what h5forge's LocalCluster sets for its workers (parallel.LEAN_WORKERS), as environment variables
+LEAN = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1"}
+
+
+class External:
+    """``dask scheduler`` and ``workers`` single-threaded ``dask worker`` processes (no nanny), each
+    in its own session; all SIGKILLed by ``stop``."""
+
+    def __init__(self, name: str, workers: int):
+        self.logs = WORK / "logs" / name
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with socket.create_server(("127.0.0.1", 0)) as s:
+            port = s.getsockname()[1]
+        self.address = f"tcp://127.0.0.1:{port}"
+        self.procs = [self._start([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                   "--no-dashboard", "--idle-timeout", "3600"], "scheduler")]
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or self.procs[0].poll() is not None:
+                    self.stop()
+                    raise RuntimeError((self.logs / "scheduler.log").read_text()) from None
+                time.sleep(0.2)
+        for i in range(workers):
+            self.procs.append(self._start([str(BIN / "dask"), "worker", self.address, "--nworkers", "1",
+                                           "--nthreads", "1", "--no-nanny", "--host", "127.0.0.1",
+                                           "--no-dashboard", "--name", f"{name}-w{i}"], f"worker{i}"))
+        from distributed import Client
+        with Client(self.address, timeout="600s") as client:
+            client.wait_for_workers(workers, timeout=600)
+
+    def _start(self, args: list[str], name: str) -> subprocess.Popen:
+        with open(self.logs / f"{name}.log", "w") as sink:
+            return subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, **LEAN}, start_new_session=True)
+
+    def cpu(self) -> tuple[float, float]:
+        """CPU seconds so far of the scheduler and of the workers."""
+        def of(p: subprocess.Popen) -> float:
+            t = psutil.Process(p.pid).cpu_times()
+            return t.user + t.system
+        return of(self.procs[0]), sum(of(p) for p in self.procs[1:])
+
+    def stop(self) -> None:
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def identity(path: str) -> dict:
+    """ids, row checksums and digest of each split."""
+    with h5py.File(path, "r") as f:
+        return {s: (f[s]["ids"][()].tolist(), f[s]["checksum"][()].tolist(), str(f[s].attrs["digest"]))
+                for s in ("train", "val", "test")}
+
+
+def build_once(spec, cluster: External | None) -> dict:
+    """One full build into an empty folder; wall and CPU of the calling process, of the cluster's
+    scheduler and workers (a LocalCluster's workers: this process's reaped children)."""
+    import h5forge
+
+    shutil.rmtree(spec.output.dir, ignore_errors=True)
+    runner = timing_runner()
+    sched0, workers0 = cluster.cpu() if cluster else (0.0, 0.0)
+    children0, c0, t0 = sum(os.times()[2:4]), time.process_time(), time.perf_counter()
+    result = h5forge.build(spec, runner=runner)
+    wall, caller = time.perf_counter() - t0, time.process_time() - c0
+    if cluster:
+        sched1, workers1 = cluster.cpu()
+        sched, workers = sched1 - sched0, workers1 - workers0
+    else:  # the scheduler runs in this process; the workers were its children, reaped at the cluster's close
+        sched, workers = None, sum(os.times()[2:4]) - children0
+    t = result.timings
+    return {"samples": sum(result.counts.values()), "wall": wall, "caller_cpu": caller, "scheduler_cpu": sched,
+            "workers_cpu": workers, "clean_write_seconds": t.get("clean_write_seconds"),
+            "cluster_start_seconds": t.get("cluster_start_seconds"), "cleaned_in": t.get("cleaned_in"),
+            "batches_via_segment_files": t.get("batches_via_segment_files"),
+            "batches_sent_through_dask": t.get("batches_sent_through_dask"), "steps": runner.seconds,
+            "identity": identity(result.path)}
+
+
+def local_start_stop_cpu(workers: int) -> float:
+    """CPU seconds of a LocalCluster's workers that start and stop with no work, as h5forge starts
+    them: what a local build's workers spend besides cleaning."""
+    from h5forge.ingest.parallel import dask_client
+
+    children0 = sum(os.times()[2:4])
+    with dask_client(None, workers):
+        pass
+    return sum(os.times()[2:4]) - children0
+
+
+def best(runs: list[dict], idle_workers_cpu: float | None = None) -> dict:
+    """The fastest run's figures (wall), with CPU per sample of each part (``idle_workers_cpu``: what
+    the workers spend starting and stopping, taken off theirs)."""
+    r = min(runs, key=lambda r: r["wall"])
+    n = r["samples"]
+
+    def ms(x):
+        return None if x is None else round(1000 * x / n, 3)
+    return {"samples": n, "wall_seconds": round(r["wall"], 3), "samples_per_s": round(n / r["wall"], 1),
+            "clean_write_seconds": r["clean_write_seconds"],
+            "clean_write_samples_per_s": round(n / r["clean_write_seconds"], 1),
+            "cluster_start_seconds": r["cluster_start_seconds"], "cleaned_in": r["cleaned_in"],
+            "caller_cpu_ms_per_sample": ms(r["caller_cpu"]), "scheduler_cpu_ms_per_sample": ms(r["scheduler_cpu"]),
+            "workers_cpu_ms_per_sample": ms(r["workers_cpu"]),
+            "workers_cpu_ms_per_sample_without_start_stop": ms(r["workers_cpu"] - (idle_workers_cpu or 0.0)),
+            "batches_via_segment_files": r["batches_via_segment_files"],
+            "batches_sent_through_dask": r["batches_sent_through_dask"], "steps_seconds": r["steps"],
+            "walls_of_reps": [round(x["wall"], 3) for x in runs]}
+
+
+def main() -> None:
+    args = cli(__doc__, dict(n=96, size=64, batch_size=8, reps=1), n=2000, size=224, batch_size=64, reps=2)
+    raw = raw_folder(args.n, args.size)
+    warm([raw])
+    uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    result = {"machine": machine(), "args": vars(args), "uptime_start": uptime, "loadavg_start": loadavg()}
+    clusters = {"external_2": External("external_2", 2), "external_4": External("external_4", 4)}
+    arms = ["local_2", *clusters]
+    runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+    idle: list[float] = []
+    try:
+        for rep in range(args.reps):
+            idle.append(local_start_stop_cpu(2))
+            for arm in arms if rep % 2 == 0 else arms[::-1]:  # the machine's load changes during the run
+                cluster = clusters.get(arm)
+                compute = {"workers": 2, "inline_below": 0, "batch_size": args.batch_size}
+                if cluster:  # in flight: 2 batches per worker, as on a LocalCluster
+                    compute.update(dask_address=cluster.address, workers=len(cluster.procs) - 1)
+                spec = make_spec(raw, WORK / arm, args.size, compute=compute)
+                runs[arm].append(build_once(spec, cluster))
+                log(f"{arm}: {runs[arm][-1]['wall']:.2f} s")
+    finally:
+        for cluster in clusters.values():
+            cluster.stop()
+    first = runs["local_2"][0]["identity"]
+    same = all(r["identity"] == first for rs in runs.values() for r in rs)
+    if not same:
+        raise RuntimeError("the external clusters' versions differ from the LocalCluster's")
+    for arm in clusters:
+        for r in runs[arm]:
+            if r["batches_sent_through_dask"] or not r["batches_via_segment_files"]:
+                raise RuntimeError(f"{arm}: the workers sent their chunks through dask instead of segment files")
+    idle_cpu = statistics.median(idle)
+    figures = {arm: best(rs, None if arm in clusters else idle_cpu) for arm, rs in runs.items()}
+    result.update(same_version=same, local_2_workers_start_stop_cpu_seconds=round(idle_cpu, 3), arms=figures,
+                  uptime_end=subprocess.run(
+        ["uptime"], capture_output=True, text=True).stdout.strip(), ratios={
+        "external_2_over_local_2_samples_per_s": ratio(figures["external_2"]["samples_per_s"],
+                                                       figures["local_2"]["samples_per_s"]),
+        "external_4_over_external_2_samples_per_s": ratio(figures["external_4"]["samples_per_s"],
+                                                          figures["external_2"]["samples_per_s"]),
+        "external_2_over_local_2_clean_write_samples_per_s": ratio(
+            figures["external_2"]["clean_write_samples_per_s"], figures["local_2"]["clean_write_samples_per_s"]),
+        "caller_cpu_external_2_over_local_2": ratio(figures["external_2"]["caller_cpu_ms_per_sample"],
+                                                    figures["local_2"]["caller_cpu_ms_per_sample"]),
+    })
+    save("cluster", result, args.smoke)
+
+
+if __name__ == "__main__":
+    main()
