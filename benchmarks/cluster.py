@@ -95,11 +95,12 @@ def build_once(spec, cluster: External | None) -> dict:
     children0, c0, t0 = sum(os.times()[2:4]), time.process_time(), time.perf_counter()
     result = h5forge.build(spec, runner=runner)
     wall, caller = time.perf_counter() - t0, time.process_time() - c0
+    children = sum(os.times()[2:4]) - children0  # reaped: a LocalCluster's workers, verify's processes
     if cluster:
         sched1, workers1 = cluster.cpu()
-        sched, workers = sched1 - sched0, workers1 - workers0
+        sched, workers, caller = sched1 - sched0, workers1 - workers0, caller + children
     else:  # the scheduler runs in this process; the workers were its children, reaped at the cluster's close
-        sched, workers = None, sum(os.times()[2:4]) - children0
+        sched, workers = None, children
     t = result.timings
     return {"samples": sum(result.counts.values()), "wall": wall, "caller_cpu": caller, "scheduler_cpu": sched,
             "workers_cpu": workers, "clean_write_seconds": t.get("clean_write_seconds"),
