@@ -53,6 +53,7 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from h5forge.format.arrays import Stored
+from h5forge.format.codecs import CodecName
 from h5forge.format.layout import STR
 from h5forge.kinds.base import (
     DEFAULT_MAX_BYTES,
@@ -129,6 +130,12 @@ class VolumeField(StrictModel):
     )
     channels: int | None = Field(
         None, ge=1, le=1024, description="with fourth_axis: channels, how many the fourth axis holds (every case)"
+    )
+    codec: CodecName | None = Field(
+        None,
+        description="this field's codec (default: storage.codec); 'none' for 2-D slice training: a "
+        "slice is then copied straight from the memory-mapped file, where an LZ4 slice must be "
+        "decompressed first (docs/reading.md, 'CT slices')",
     )
 
     @model_validator(mode="after")
@@ -755,7 +762,9 @@ class VolumeKind(FieldKind):
 
     def stored(self) -> Stored:
         slice_shape = tuple(self.spec.size) if self.spec.channels is None else (self.spec.channels, *self.spec.size)
-        return Stored(slice_shape, np.dtype(self.spec.dtype), bulk=True, ragged=True, chunk_elements=1)
+        return Stored(
+            slice_shape, np.dtype(self.spec.dtype), bulk=True, ragged=True, chunk_elements=1, codec=self.spec.codec
+        )
 
     def companions(self) -> dict[str, FieldKind]:
         stored = {
