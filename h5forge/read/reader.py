@@ -57,9 +57,9 @@ OPEN_RETRIES = 3
 
 def slice_cache_default(context: int) -> int:
     """Decompressed slices a ``unit="slice"`` reader keeps per volume field by default: with
-    ``context`` k, a stack of 2k+1 slices shares 2k with its neighbour's, so a few stacks' worth;
-    a random 2-D slice is seldom read again soon, so none (a kept copy would only cost its copy)."""
-    return 4 * (2 * context + 1) if context > 0 else 0
+    ``context`` k, one stack's 2k+1 (the next slice's stack shares 2k of them); without context
+    none (a random 2-D slice is seldom read again soon: keeping it would only cost a copy)."""
+    return 2 * context + 1 if context > 0 else 0
 
 
 @dataclass(frozen=True)
