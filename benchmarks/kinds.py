@@ -147,11 +147,11 @@ def ct_part(args) -> dict:
     direct = ds["lz4"].reader._direct["ct"]
     assert isinstance(direct, DirectRows) and direct._index
     chunks = direct._index
-    out = np.empty(mm.shape[1:], mm.dtype).reshape(-1).view(np.uint8)
+    out = np.empty(mm.shape[1:], mm.dtype)
     at = out.ctypes.data
 
     def decompress(i: int) -> None:  # the stored chunk into a row: no allocation, no bookkeeping
-        assert chunks.read_at(i, out, at, "lz4")
+        assert chunks.read_at(i, at, out.nbytes, "lz4")
 
     def npy_stack(i: int):
         return torch.from_numpy(mm[index.elements(np.array([i]))[0]])

@@ -35,7 +35,9 @@ is kept. Each case records its voxel spacing (slice, row, column, mm), origin, o
 modality and series UID in companion columns ``<field>_spacing`` etc.
 Stored ragged, one slice per chunk: reading a case is one contiguous range, reading a slice one
 chunk. Readers return (D, H, W) per case ((D, C, H, W) with channels), batched as padded values +
-depths.
+depths. ``codec`` sets the field's own codec (default: storage.codec); ``none`` suits 2-D and 2.5-D
+slice training, where a slice is then copied straight from the memory-mapped file instead of
+decompressed (docs/reading.md, "CT slices").
 """
 
 from __future__ import annotations

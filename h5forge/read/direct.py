@@ -14,6 +14,7 @@ so the result is always exactly what h5py returns.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 from collections import OrderedDict
@@ -88,6 +89,15 @@ class DirectRows:
         for row, pos in zip(rows.tolist(), positions.tolist()):
             self.read_into(row, target[pos])
 
+    def element(self, row: int) -> np.ndarray:
+        """A new array of row ``row`` (what ``read_list([row])[0]`` holds)."""
+        index = self._index
+        if index and self.cache is None and self.nbytes:
+            out = np.empty(self.shape, self.dtype)
+            if index.read_at(row, _address(out), self.nbytes, self.codec):
+                return out
+        return self.read_list([row])[0]
+
     def read_list(self, rows: list[int]) -> np.ndarray:
         """A new array of ``len(rows)`` rows, row ``rows[k]`` at k. The per-row work is an index
         look-up and the copy or decompression itself: the destination's address is taken once per
@@ -103,11 +113,7 @@ class DirectRows:
             for k, row in enumerate(rows):
                 self.read_into(row, target[k])
             return target
-        addr = flat.ctypes.data if nb and codec != "none" else 0  # where decompression writes
-        if len(rows) == 1 and cache is None:  # a single 2-D slice
-            if not index.read_at(rows[0], flat, addr, codec):
-                self.read_into(rows[0], target[0])
-            return target
+        addr = _address(flat) if nb else 0
         seen: dict[int, int] = {}
         for k, row in enumerate(rows):
             at = k * nb
@@ -122,7 +128,7 @@ class DirectRows:
                 if kept is not None:
                     dest[:] = kept
                     continue
-            if not index.read_at(row, dest, addr + at, codec):
+            if not index.read_at(row, addr + at, nb, codec):
                 self.read_into(row, target[k])
             if cache is not None:
                 cache.put(row, dest)
@@ -145,8 +151,7 @@ class _ChunkIndex:
 
     def __init__(self, offsets: np.ndarray, sizes: np.ndarray, masks: np.ndarray, view: memoryview):
         self.offsets, self.sizes, self.masks, self.view = offsets, sizes, masks, view
-        self.bytes = np.frombuffer(view, np.uint8)  # the map as an array: a stored row is a slice of it
-        self.base = self.bytes.ctypes.data  # the map's address, for decompressing from it
+        self.base = np.frombuffer(view, np.uint8).ctypes.data  # the map's address: rows are copied from it
 
     @classmethod
     def of(cls, d: h5py.Dataset) -> "_ChunkIndex | None":
@@ -189,18 +194,19 @@ class _ChunkIndex:
             return True
         return _lz4_into(chunk, flat)
 
-    def read_at(self, row: int, dest: np.ndarray, addr: int, codec: str) -> bool:
-        """``read`` into ``dest`` (uint8, one row), whose first byte is at address ``addr``."""
+    def read_at(self, row: int, addr: int, n: int, codec: str) -> bool:
+        """``read`` into the ``n`` bytes of one row at address ``addr``; False also when no LZ4
+        library could be loaded (the caller's ``read_into`` then decompresses with the package)."""
         o = self.offsets.item(row)
         if o < 0:
             return False
         z = self.sizes.item(row)
         if codec == "none" or self.masks.item(row) & 1:
-            if z != dest.size:
+            if z != n:
                 return False
-            dest[:] = self.bytes[o : o + z]
+            ctypes.memmove(addr, self.base + o, n)
             return True
-        return lz4_at(self.view[o : o + z], self.base + o, addr, dest.size) or _lz4_into(self.view[o : o + z], dest)
+        return lz4_at(self.view[o : o + z], self.base + o, addr, n)
 
 
 class _RowCache:
@@ -223,3 +229,9 @@ class _RowCache:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+
+def _address(a: np.ndarray) -> int:
+    """The address of a writable, C-contiguous, non-empty array's first byte (a fifth of the cost
+    of ``a.ctypes.data``, which a single-slice read would pay on every call)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(a))

@@ -460,6 +460,15 @@ class SplitReader:
             got.update((start + j, block[j]) for j in range(stop - start))
         return [got[int(i)] for i in idx]
 
+    def read_element(self, name: str, element: int) -> np.ndarray:
+        """One element (a CT slice) of a ragged field by its position across the split."""
+        if self._file is None or self._pid != os.getpid():
+            self._handles()
+        direct = self._direct.get(name)
+        if direct is not None:
+            return direct.element(element)
+        return self.read_elements(name, [element])[0]
+
     def read_elements(self, name: str, elements: np.ndarray | list[int]) -> np.ndarray:
         """Elements (e.g. CT slices) of a ragged field by their position across the split, in the
         order asked; runs of neighbouring elements are one read each."""
@@ -537,28 +546,31 @@ class SliceIndex:
 
     def one(self, reader: SplitReader, i: int) -> dict[str, Any]:
         """Slice ``i`` alone: {field: its ([2k+1,] H, W) stored values, or for the other fields a
-        batch of one, the case's value}. What ``read(reader, [i])`` gives, without planning a batch:
-        a random 2-D slice read costs its copy (or decompression) and little else."""
+        batch of one, the case's value}. What ``read(reader, [i])`` gives, without planning a batch."""
+        out: dict[str, Any] = {name: self.stack(reader, name, i) for name in self.ragged}
+        if len(out) < len(reader.fields):
+            others = [name for name in reader.fields if name not in out]
+            out.update(reader.read([self.case.item(self.position(i))], fields=others))
+        return {name: out[name] for name in reader.fields}
+
+    def position(self, i: int) -> int:
+        """Slice ``i``'s position across the split (negative counts from the end); IndexError out of range."""
         n = len(self.case)
         j = int(i)
         if j < 0:
             j += n
         if not 0 <= j < n:
             raise IndexError(f"slice index {int(i)} out of range ({n} slices)")
-        k = self.context
-        if k:
-            lo, hi = self.first.item(j), self.last.item(j)
-            elements = [min(max(e, lo), hi) for e in range(j - k, j + k + 1)]
-        else:
-            elements = [j]
-        out: dict[str, Any] = {}
-        for name in self.ragged:
-            block = reader.read_elements(name, elements)
-            out[name] = block if k else block[0]
-        if len(out) < len(reader.fields):
-            others = [name for name in reader.fields if name not in out]
-            out.update(reader.read([self.case.item(j)], fields=others))
-        return out if len(out) == 1 else {name: out[name] for name in reader.fields}
+        return j
+
+    def stack(self, reader: SplitReader, name: str, i: int) -> np.ndarray:
+        """Slice ``i`` of the ragged field ``name``, (H, W), or with context its (2k+1, H, W) stack:
+        a random 2-D slice read costs its copy (or decompression) and little else."""
+        j, k = self.position(i), self.context
+        if not k:
+            return reader.read_element(name, j)
+        lo, hi = self.first.item(j), self.last.item(j)
+        return reader.read_elements(name, [min(max(e, lo), hi) for e in range(j - k, j + k + 1)])
 
     def read(self, reader: SplitReader, slices: Iterable[int]) -> dict[str, np.ndarray]:
         """{field: (n, [2k+1,] H, W) slices, or the case's value for the other fields}."""

@@ -333,7 +333,7 @@ class H5Dataset(Dataset):
     # ---- access ------------------------------------------------------------------------------
     def __getitem__(self, i: int) -> Any:
         if self._plain_slice is not None:
-            return torch.from_numpy(self.slices.one(self.reader, i)[self._plain_slice])  # type: ignore[union-attr]
+            return torch.from_numpy(self.slices.stack(self.reader, self._plain_slice, i))  # type: ignore[union-attr]
         if self.slices is not None:
             if self.transform is not None or self.batch_transform is not None:
                 return self.__getitems__([i])[0]
@@ -393,8 +393,7 @@ class H5Dataset(Dataset):
                 v = dense_values(fi, value, self.options, dtype)
                 sample.append(v[0] if isinstance(v, list) else torch.from_numpy(np.ascontiguousarray(v))[0])
         if self.return_index:
-            j = int(i)
-            sample.append(torch.tensor(slices.case.item(j + len(slices) if j < 0 else j)))
+            sample.append(torch.tensor(slices.case.item(slices.position(i))))
         return tuple(sample)
 
     def _slice_columns(self, indices: Sequence[int]) -> tuple:
