@@ -94,6 +94,11 @@ def test_slices_equal_h5py_and_the_source_through_every_path(versions, codec, co
         assert got.dtype == torch.int16 and np.array_equal(got.numpy(), want[i]), i
     batch = ds.__getitems__([5, 0, 5, n - 1, 3]).stacked
     assert np.array_equal(batch.numpy(), want[[5, 0, 5, n - 1, 3]])
+    with_case = H5Dataset(path, fields=("ct",), unit="slice", context=context, slice_cache=cache, return_index=True)
+    cases = np.repeat(np.arange(len(depths)), depths)
+    for i in (0, n - 1, -2):  # a sample of several values: the slice (or stack) and its case's row
+        got, case = with_case[i]
+        assert np.array_equal(got.numpy(), want[i]) and case.dtype == torch.int64 and int(case) == cases[i]
     direct = ds.reader._direct["ct"]
     if codec == "gzip-1":
         assert direct is None  # read by h5py
