@@ -234,4 +234,4 @@ class _RowCache:
 def _address(a: np.ndarray) -> int:
     """The address of a writable, C-contiguous, non-empty array's first byte (a fifth of the cost
     of ``a.ctypes.data``, which a single-slice read would pay on every call)."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]  # an ndarray is a buffer
