@@ -138,6 +138,9 @@ class VolumeField(StrictModel):
         description="this field's codec (default: storage.codec); 'none' for 2-D slice training: a "
         "slice is then copied straight from the memory-mapped file, where an LZ4 slice must be "
         "decompressed first (docs/reading.md, 'CT slices')",
+        # unset, it is left out of the stored spec: a file's spec and its field rules stay what they
+        # were without the option, so earlier h5forge versions read the file and rebuilds reuse rows
+        exclude_if=lambda v: v is None,
     )
 
     @model_validator(mode="after")

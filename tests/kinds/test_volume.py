@@ -6,6 +6,7 @@ volumes with nibabel; masks per slice; read back per case."""
 from __future__ import annotations
 
 import copy
+import json
 
 import h5py
 import nibabel
@@ -288,6 +289,12 @@ def test_a_volume_field_has_its_own_codec(tmp_path, build_spec):
     slices = H5Dataset(path, fields=("ct",), unit="slice")
     assert slices.reader._direct == {} and np.array_equal(slices[1].numpy(), hu)
     assert slices.reader._direct["ct"].codec == "none"
+    with h5py.File(path, "r") as f:
+        assert json.loads(f["meta"]["spec"][()])["fields"]["ct"]["codec"] == "none"
+    default, _ = build_spec(spec_data(root, tmp_path / "default"))
+    with h5py.File(default, "r") as f:  # unset, it is not stored: the spec is what it was without the option
+        assert "codec" not in json.loads(f["meta"]["spec"][()])["fields"]["ct"]
+        assert f["train"]["ct"].id.get_create_plist().get_filter(0)[0] == 32004  # storage.codec, lz4
     bad = spec_data(root, tmp_path / "out2", codec="lz5")
     with pytest.raises(ValueError, match=r"fields\.ct\.volume\.codec\n  Value error, unknown codec 'lz5'"):
         DatasetSpec.model_validate(bad)
