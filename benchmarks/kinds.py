@@ -16,7 +16,7 @@ import psutil
 import torch
 
 from benchmarks.common import (CACHE, DEMO_SPEC, REPO, built, cli, generated, log, machine, med, proc_stat,
-                               random_read_latency, ratio, raw_folder, save, warm)
+                               ratio, raw_folder, save, warm)
 
 WORK = CACHE / "kinds"
 ARTICLE_LZF_STORED_VS_RAW = round(1 / 3.2, 3)  # the source article: 3.2:1 with LZF
@@ -79,14 +79,35 @@ def labels_part(args) -> dict:
 
 # ---- 2. CT volumes -------------------------------------------------------------------------------
 
+def latencies(get_item, indices: list) -> list[int]:
+    """ns of each ``get_item(i)``, in the order given."""
+    out = []
+    for i in indices:
+        t = time.perf_counter_ns()
+        get_item(i)
+        out.append(time.perf_counter_ns() - t)
+    return out
+
+
+def percentiles(ns: list[int]) -> dict:
+    a = np.array(ns) / 1000
+    return {f"{k}_us": round(float(v), 2) for k, v in zip(("p50", "p90", "p99", "mean"), (*np.percentile(a, [50, 90, 99]), a.mean()))}
+
+
 def ct_part(args) -> dict:
+    from h5forge.read.direct import DirectRows
     from h5forge.read.torch import H5Dataset
     from h5forge.demo import generate_ct
     raw = generated(f"kinds-ct-{args.cases}-{args.depth_min}-{args.depth_max}", lambda root: generate_ct(
         root, n=args.cases, seed=0, bad=False, depth_range=(args.depth_min, args.depth_max)))  # 128² int16 DICOM
-    spec = parse({"name": "ct", "source": {"root": str(raw)}, "compute": {"batch_size": 2},
-                  "fields": {"ct": {"kind": "volume", "files": "case_*", "size": [128, 128]}}})
+
+    def ct_spec(codec: str | None):
+        field = {"kind": "volume", "files": "case_*", "size": [128, 128], **({"codec": codec} if codec else {})}
+        return parse({"name": "ct", "source": {"root": str(raw)}, "compute": {"batch_size": 2}, "fields": {"ct": field}})
+
+    spec = ct_spec(None)  # the default: storage.codec (lz4)
     path = built(spec, f"kinds-{raw.name}")
+    plain = built(ct_spec("none"), f"kinds-{raw.name}-none")  # the setting docs/reading.md recommends for slices
     cases = H5Dataset(path, fields=("ct",))
     # open descriptors of each loader worker after the 2nd batch and at the end of every epoch
     loader = cases.loader(batch_size=2, num_workers=args.ct_workers, shuffle=True, persistent_workers=True)
@@ -99,30 +120,76 @@ def ct_part(args) -> dict:
             sum(f.path == cases.real_path for f in psutil.Process(p).open_files()) for p in pids]})
         log(f"ct epoch {e + 1}: {epochs[-1]}")
     del loader
-    # a random slice through the reader against a memory-mapped .npy of every slice
-    sl = H5Dataset(path, fields=("ct",), unit="slice")
+    # a slice through the reader against a memory-mapped .npy of every slice: 2-D (one slice) and
+    # 2.5-D (the slice and --ct-context neighbours each side, clamped to its case), in random order
+    # and in a sweep through consecutive slices (a 2.5-D model's validation)
+    k = args.ct_context
+    ds = {"lz4": H5Dataset(path, fields=("ct",), unit="slice"), "none": H5Dataset(plain, fields=("ct",), unit="slice")}
+    stack = {f"{codec}_cache{c}": H5Dataset(p, fields=("ct",), unit="slice", context=k, slice_cache=c)
+             for codec, p in (("lz4", path), ("none", plain)) for c in ((0, None) if codec == "lz4" else (None,))}
+    n = len(ds["lz4"])
     npy = WORK / f"{raw.name}-slices.npy"
     if not npy.exists():
         with h5py.File(path, "r") as f:
             np.save(npy, f["train"]["ct"][()])
     mm = np.load(npy, mmap_mode="r")
-    assert np.array_equal(sl[len(sl) // 2].numpy(), mm[len(sl) // 2])
-    warm([path, npy])
-    # the same reads through h5py (the direct chunk path off): what a slice cost before it
+    index = stack["lz4_cache0"].slices
+    for i in (0, n // 2, n - 1):
+        for d in ds.values():
+            assert np.array_equal(d[i].numpy(), mm[i])
+        for d in stack.values():
+            assert np.array_equal(d[i].numpy(), mm[index.elements(np.array([i]))[0]])
+    warm([path, plain, npy])
+    # the same slice read through h5py (the direct chunk path off), and LZ4's own decompression of it
     via_h5py = H5Dataset(path, fields=("ct",), unit="slice")
     via_h5py.reader.read_elements("ct", np.array([0]))
     via_h5py.reader._direct["ct"] = None
-    probes = {"reader_slice": sl.__getitem__, "npy_mmap": lambda i: torch.from_numpy(np.array(mm[i])),
-              "reader_raw": lambda i: sl.reader.read_elements("ct", np.array([i])),
-              "reader_raw_h5py": lambda i: via_h5py.reader.read_elements("ct", np.array([i]))}
-    for r in range(2):  # interleaved twice; the second round is kept
-        lat = {name: random_read_latency(fn, len(sl), args.slice_reads, r) for name, fn in probes.items()}
-    with h5py.File(path, "r") as f:
-        stored = f["train"]["ct"].id.get_storage_size()
-    return {"cases": len(cases), "slices": len(sl), "codec": spec.storage.codec, "stored_vs_raw": ratio(stored, mm.nbytes),
+    direct = ds["lz4"].reader._direct["ct"]
+    assert isinstance(direct, DirectRows) and direct._index
+    chunks = direct._index
+    out = np.empty(mm.shape[1:], mm.dtype)
+    at = out.ctypes.data
+
+    def decompress(i: int) -> None:  # the stored chunk into a row: no allocation, no bookkeeping
+        assert chunks.read_at(i, at, out.nbytes, "lz4")
+
+    def npy_stack(i: int):
+        return torch.from_numpy(mm[index.elements(np.array([i]))[0]])
+
+    probes = {"npy_mmap": lambda i: torch.from_numpy(np.array(mm[i])), "slice_lz4": ds["lz4"].__getitem__,
+              "slice_none": ds["none"].__getitem__, "slice_lz4_h5py": via_h5py.__getitem__,
+              "lz4_decompress_only": decompress, f"npy_mmap_context{k}": npy_stack,
+              **{f"stack_{name}": d.__getitem__ for name, d in stack.items()}}
+    rng = np.random.default_rng(0)
+    start = int(rng.integers(0, n))
+    orders = {"random": rng.integers(0, n, args.slice_reads).tolist(),
+              "sweep": [(start + j) % n for j in range(args.slice_reads)]}
+    times: dict[str, list[int]] = {}
+    for r in range(args.slice_rounds + 1):  # the first round warms up; interleaved, order reversed every other
+        names = list(probes) if r % 2 == 0 else list(probes)[::-1]
+        for name in names:
+            for order in ("random", "sweep") if "context" in name or name.startswith("stack") else ("random",):
+                got = latencies(probes[name], orders[order])
+                if r:
+                    times.setdefault(f"{name}.{order}" if order == "sweep" else name, []).extend(got)
+    lat = {name: percentiles(ns) for name, ns in times.items()}
+    for name, v in lat.items():
+        log(f"ct {name:32s} p50 {v['p50_us']:8.2f} p90 {v['p90_us']:8.2f} µs")
+    stored = {}
+    for codec, p in (("lz4", path), ("none", plain)):
+        with h5py.File(p, "r") as f:
+            stored[codec] = ratio(f["train"]["ct"].id.get_storage_size(), mm.nbytes)
+    base, base_k = lat["npy_mmap"], lat[f"npy_mmap_context{k}"]
+    vs = {f"{name}_{q}_vs_npy": ratio(lat[name][f"{q}_us"], base[f"{q}_us"], 2)
+          for name in ("slice_lz4", "slice_none", "slice_lz4_h5py", "lz4_decompress_only") for q in ("p50", "p90")}
+    vs.update({f"{name}_{q}_vs_npy": ratio(lat[name][f"{q}_us"], (base_k if "sweep" not in name else
+                                                                    lat[f"npy_mmap_context{k}.sweep"])[f"{q}_us"], 2)
+               for name in lat if name.startswith("stack") for q in ("p50", "p90")})
+    return {"cases": len(cases), "slices": n, "slice_bytes": int(mm[0].nbytes), "codec_default": spec.storage.codec,
+            "stored_vs_raw": stored, "context": k, "slice_cache_default": stack["lz4_cacheNone"].reader.slice_cache,
             "worker_fds": epochs, "worker_fds_constant": all(e["worker_fds"] == epochs[0]["worker_fds"] for e in epochs),
-            "slice_latency": lat, "slice_p50_vs_npy": ratio(lat["reader_slice"]["p50_us"], lat["npy_mmap"]["p50_us"], 2),
-            "slice_raw_p50_direct_vs_h5py": ratio(lat["reader_raw"]["p50_us"], lat["reader_raw_h5py"]["p50_us"], 2)}
+            "slice_latency": lat, "vs_npy": vs,
+            "slice_p50_vs_npy": vs["slice_lz4_p50_vs_npy"], "slice_none_p50_vs_npy": vs["slice_none_p50_vs_npy"]}
 
 
 # ---- 3. signals ----------------------------------------------------------------------------------
@@ -149,9 +216,10 @@ def signals_part(args) -> dict:
 
 def main() -> None:
     args = cli(__doc__, dict(n=200, size=64, rounds=1, cases=4, depth_min=8, depth_max=16, ct_epochs=2, slice_reads=100,
-                             recordings=4, seconds_min=2, seconds_max=10),
+                             slice_rounds=1, recordings=4, seconds_min=2, seconds_max=10),
                parts="labels,ct,signals", n=5_000, size=128, workers=2, rounds=9, cases=36, depth_min=60, depth_max=150,
-               ct_epochs=3, ct_workers=4, slice_reads=2_000, recordings=60, seconds_min=60, seconds_max=600)
+               ct_epochs=3, ct_workers=4, ct_context=2, slice_reads=2_000, slice_rounds=4, recordings=60,
+               seconds_min=60, seconds_max=600)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", "The given NumPy array is not writable")
     warnings.filterwarnings("ignore", "This DataLoader will create")  # 4 CT workers on 2 cores: asked for
@@ -162,7 +230,7 @@ def main() -> None:
             result[name] = fn(args)
     lab, ct, sig = (result.get(k, {}) for k in ("labels", "ct", "signals"))
     ratios = {**{f"labels_vs_images_only_{k}": v for k, v in lab.get("labels_vs_images_only", {}).items()},
-              **{f"ct_{k}": ct[k] for k in ("worker_fds_constant", "slice_p50_vs_npy", "slice_raw_p50_direct_vs_h5py") if ct},
+              **{f"ct_{k}": ct[k] for k in ("worker_fds_constant", "slice_p50_vs_npy", "slice_none_p50_vs_npy") if ct},
               **{f"signals_{c}_stored_vs_raw": sig[c]["stored_vs_raw"] for c in ("default", "lzf") if sig}}
     result = {"machine": {**machine(), "torch": torch.__version__}, "ratios": ratios, "args": vars(args), **result,
               "seconds": round(time.perf_counter() - t0, 1)}

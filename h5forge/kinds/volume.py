@@ -35,7 +35,9 @@ is kept. Each case records its voxel spacing (slice, row, column, mm), origin, o
 modality and series UID in companion columns ``<field>_spacing`` etc.
 Stored ragged, one slice per chunk: reading a case is one contiguous range, reading a slice one
 chunk. Readers return (D, H, W) per case ((D, C, H, W) with channels), batched as padded values +
-depths.
+depths. ``codec`` sets the field's own codec (default: storage.codec); ``none`` suits 2-D and 2.5-D
+slice training, where a slice is then copied straight from the memory-mapped file instead of
+decompressed (docs/reading.md, "CT slices").
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from h5forge.format.arrays import Stored
+from h5forge.format.codecs import CodecName
 from h5forge.format.layout import STR
 from h5forge.kinds.base import (
     DEFAULT_MAX_BYTES,
@@ -129,6 +132,15 @@ class VolumeField(StrictModel):
     )
     channels: int | None = Field(
         None, ge=1, le=1024, description="with fourth_axis: channels, how many the fourth axis holds (every case)"
+    )
+    codec: CodecName | None = Field(
+        None,
+        description="this field's codec (default: storage.codec); 'none' for 2-D slice training: a "
+        "slice is then copied straight from the memory-mapped file, where an LZ4 slice must be "
+        "decompressed first (docs/reading.md, 'CT slices')",
+        # unset, it is left out of the stored spec: a file's spec and its field rules stay what they
+        # were without the option, so earlier h5forge versions read the file and rebuilds reuse rows
+        exclude_if=lambda v: v is None,
     )
 
     @model_validator(mode="after")
@@ -755,7 +767,9 @@ class VolumeKind(FieldKind):
 
     def stored(self) -> Stored:
         slice_shape = tuple(self.spec.size) if self.spec.channels is None else (self.spec.channels, *self.spec.size)
-        return Stored(slice_shape, np.dtype(self.spec.dtype), bulk=True, ragged=True, chunk_elements=1)
+        return Stored(
+            slice_shape, np.dtype(self.spec.dtype), bulk=True, ragged=True, chunk_elements=1, codec=self.spec.codec
+        )
 
     def companions(self) -> dict[str, FieldKind]:
         stored = {

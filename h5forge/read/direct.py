@@ -14,14 +14,16 @@ so the result is always exactly what h5py returns.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
+from collections import OrderedDict
 from typing import Literal
 
 import h5py
 import numpy as np
 
-from h5forge.format.chunk_codec import LZ4_FILTER
+from h5forge.format.chunk_codec import LZ4_FILTER, lz4_at
 from h5forge.format.chunk_codec import lz4_into as _lz4_into  # the framing, shared with the writer's encoder
 
 
@@ -29,14 +31,18 @@ class DirectRows:
     """``DirectRows.of(dataset)`` is None unless the dataset is chunked one row per chunk, with no
     filter or only the LZ4 filter; then ``read_into(row, out)`` fills ``out`` (one row, C order)."""
 
-    def __init__(self, d: h5py.Dataset, codec: str):
+    def __init__(self, d: h5py.Dataset, codec: str, cache_rows: int = 0):
         self.d, self.codec = d, codec
+        self.shape, self.dtype = tuple(d.shape[1:]), d.dtype
         self.nbytes = int(np.prod(d.shape[1:], dtype=np.int64)) * d.dtype.itemsize
         self.tail = (0,) * (len(d.shape) - 1)
         self._index: _ChunkIndex | None | Literal[False] = None  # made on the first read in this process
+        # decompressed rows kept for a next read (a 2.5-D stack's neighbours); none needs none: its
+        # rows are copied straight from the map
+        self.cache = _RowCache(cache_rows) if cache_rows > 0 and codec != "none" else None
 
     @classmethod
-    def of(cls, d: h5py.Dataset) -> "DirectRows | None":
+    def of(cls, d: h5py.Dataset, cache_rows: int = 0) -> "DirectRows | None":
         dcpl = d.id.get_create_plist()
         if (
             dcpl.get_layout() != h5py.h5d.CHUNKED
@@ -50,9 +56,9 @@ class DirectRows:
             return None
         filters = [dcpl.get_filter(k)[0] for k in range(dcpl.get_nfilters())]
         if not filters:
-            return cls(d, "none")
+            return cls(d, "none", cache_rows)
         if filters == [LZ4_FILTER]:
-            return cls(d, "lz4")
+            return cls(d, "lz4", cache_rows)
         return None
 
     def read_into(self, row: int, out: np.ndarray) -> None:
@@ -83,6 +89,51 @@ class DirectRows:
         for row, pos in zip(rows.tolist(), positions.tolist()):
             self.read_into(row, target[pos])
 
+    def element(self, row: int) -> np.ndarray:
+        """A new array of row ``row`` (what ``read_list([row])[0]`` holds)."""
+        index = self._index
+        if index and self.cache is None and self.nbytes:
+            out = np.empty(self.shape, self.dtype)
+            if index.read_at(row, _address(out), self.nbytes, self.codec):
+                return out
+        return self.read_list([row])[0]
+
+    def read_list(self, rows: list[int]) -> np.ndarray:
+        """A new array of ``len(rows)`` rows, row ``rows[k]`` at k. The per-row work is an index
+        look-up and the copy or decompression itself: the destination's address is taken once per
+        call, a row asked for twice is read once, and a decompressed row the cache holds is copied
+        from there."""
+        index = self._index
+        if index is None:
+            index = self._index = _ChunkIndex.of(self.d) or False
+        nb, codec, cache = self.nbytes, self.codec, self.cache
+        flat = np.empty(len(rows) * nb, np.uint8)
+        target = flat.view(self.dtype).reshape(len(rows), *self.shape)
+        if not index:
+            for k, row in enumerate(rows):
+                self.read_into(row, target[k])
+            return target
+        addr = _address(flat) if nb else 0
+        seen: dict[int, int] = {}
+        for k, row in enumerate(rows):
+            at = k * nb
+            dest = flat[at : at + nb]
+            if row in seen:  # a neighbour repeated at a case's first or last slice, or asked twice
+                before = seen[row] * nb
+                dest[:] = flat[before : before + nb]
+                continue
+            seen[row] = k
+            if cache is not None:
+                kept = cache.get(row)
+                if kept is not None:
+                    dest[:] = kept
+                    continue
+            if not index.read_at(row, addr + at, nb, codec):
+                self.read_into(row, target[k])
+            if cache is not None:
+                cache.put(row, dest)
+        return target
+
     def _by_h5py(self, row: int, out: np.ndarray) -> None:
         self.d.read_direct(out, np.s_[row], np.s_[...])
 
@@ -100,6 +151,7 @@ class _ChunkIndex:
 
     def __init__(self, offsets: np.ndarray, sizes: np.ndarray, masks: np.ndarray, view: memoryview):
         self.offsets, self.sizes, self.masks, self.view = offsets, sizes, masks, view
+        self.base = np.frombuffer(view, np.uint8).ctypes.data  # the map's address: rows are copied from it
 
     @classmethod
     def of(cls, d: h5py.Dataset) -> "_ChunkIndex | None":
@@ -141,3 +193,45 @@ class _ChunkIndex:
             flat[:] = np.frombuffer(chunk, np.uint8)
             return True
         return _lz4_into(chunk, flat)
+
+    def read_at(self, row: int, addr: int, n: int, codec: str) -> bool:
+        """``read`` into the ``n`` bytes of one row at address ``addr``; False also when no LZ4
+        library could be loaded (the caller's ``read_into`` then decompresses with the package)."""
+        o = self.offsets.item(row)
+        if o < 0:
+            return False
+        z = self.sizes.item(row)
+        if codec == "none" or self.masks.item(row) & 1:
+            if z != n:
+                return False
+            ctypes.memmove(addr, self.base + o, n)
+            return True
+        return lz4_at(self.view[o : o + z], self.base + o, addr, n)
+
+
+class _RowCache:
+    """The last ``size`` rows decompressed (least recently used out first), as copies."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.rows: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def get(self, row: int) -> np.ndarray | None:
+        kept = self.rows.get(row)
+        if kept is not None:
+            self.rows.move_to_end(row)
+        return kept
+
+    def put(self, row: int, plain: np.ndarray) -> None:
+        self.rows[row] = plain.copy()
+        if len(self.rows) > self.size:
+            self.rows.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def _address(a: np.ndarray) -> int:
+    """The address of a writable, C-contiguous, non-empty array's first byte (a fifth of the cost
+    of ``a.ctypes.data``, which a single-slice read would pay on every call)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]  # an ndarray is a buffer

@@ -55,6 +55,13 @@ DEFAULT_CACHE_CHUNKS = 8  # chunks per field kept decompressed (covers the sampl
 OPEN_RETRIES = 3
 
 
+def slice_cache_default(context: int) -> int:
+    """Decompressed slices a ``unit="slice"`` reader keeps per volume field by default: with
+    ``context`` k, one stack's 2k+1 (the next slice's stack shares 2k of them); without context
+    none (a random 2-D slice is seldom read again soon: keeping it would only cost a copy)."""
+    return 2 * context + 1 if context > 0 else 0
+
+
 @dataclass(frozen=True)
 class FieldInfo:
     name: str  # as asked for: a field, an annotation column, or meta/<column>
@@ -140,7 +147,9 @@ class SplitReader:
 
     ``SplitReader(path, split="train", fields=("images", "masks"))``. ``fields=None`` reads every
     field the file lists. ``cache_chunks`` is how many decompressed chunks per field the HDF5 chunk
-    cache holds (at least one); ``rdcc_nbytes`` overrides the derived size.
+    cache holds (at least one); ``rdcc_nbytes`` overrides the derived size. ``slice_cache`` is how
+    many decompressed elements (CT slices) of each ragged field read as whole chunks this process
+    keeps for a next read (h5forge.read.direct; 0: none).
     """
 
     def __init__(
@@ -152,8 +161,10 @@ class SplitReader:
         locking: bool | None = None,
         cache_chunks: int = DEFAULT_CACHE_CHUNKS,
         rdcc_nbytes: int | None = None,
+        slice_cache: int = 0,
     ):
         ensure_filters()
+        self.slice_cache = max(0, int(slice_cache))
         self.path = os.fspath(path)
         self.split = split
         self.locking = locking
@@ -320,7 +331,7 @@ class SplitReader:
                 name: arrays.RowReader(g, fi.path, fi.kind.stored()) for name, fi in self.fields.items() if fi.ragged
             }
             # a ragged field stored one element per chunk (a CT case's slices): an element is a chunk too
-            self._direct.update((name, DirectRows.of(r.values)) for name, r in self._ragged.items())
+            self._direct.update((name, DirectRows.of(r.values, self.slice_cache)) for name, r in self._ragged.items())
             # small columns (labels, annotations) are read whole, once per process: a batch then
             # costs a take() instead of an HDF5 call per row
             self._columns = {name: g[fi.path][()] for name, fi in self.fields.items() if not fi.bulk}
@@ -449,17 +460,25 @@ class SplitReader:
             got.update((start + j, block[j]) for j in range(stop - start))
         return [got[int(i)] for i in idx]
 
-    def read_elements(self, name: str, elements: np.ndarray) -> np.ndarray:
+    def read_element(self, name: str, element: int) -> np.ndarray:
+        """One element (a CT slice) of a ragged field by its position across the split."""
+        if self._file is None or self._pid != os.getpid():
+            self._handles()
+        direct = self._direct.get(name)
+        if direct is not None:
+            return direct.element(element)
+        return self.read_elements(name, [element])[0]
+
+    def read_elements(self, name: str, elements: np.ndarray | list[int]) -> np.ndarray:
         """Elements (e.g. CT slices) of a ragged field by their position across the split, in the
         order asked; runs of neighbouring elements are one read each."""
-        self._handles()
-        values = self._ragged[name].values
+        if self._file is None or self._pid != os.getpid():
+            self._handles()
         direct = self._direct.get(name)
         if direct is not None:  # one chunk per element: each read whole from the mapped file
-            target = np.empty((elements.size, *values.shape[1:]), dtype=values.dtype)
-            for pos, element in enumerate(elements.tolist()):
-                direct.read_into(element, target[pos])
-            return target
+            return direct.read_list(elements if isinstance(elements, list) else elements.tolist())
+        values = self._ragged[name].values
+        elements = np.asarray(elements, dtype=np.int64)
         if elements.size == 1:  # one slice: one read, no run planning
             return values[int(elements[0])][None]
         order = np.argsort(elements, kind="stable")
@@ -524,6 +543,34 @@ class SliceIndex:
         offsets = np.arange(-self.context, self.context + 1)
         wanted = slices[:, None] + offsets[None, :]
         return np.clip(wanted, self.first[slices][:, None], self.last[slices][:, None])
+
+    def one(self, reader: SplitReader, i: int) -> dict[str, Any]:
+        """Slice ``i`` alone: {field: its ([2k+1,] H, W) stored values, or for the other fields a
+        batch of one, the case's value}. What ``read(reader, [i])`` gives, without planning a batch."""
+        out: dict[str, Any] = {name: self.stack(reader, name, i) for name in self.ragged}
+        if len(out) < len(reader.fields):
+            others = [name for name in reader.fields if name not in out]
+            out.update(reader.read([self.case.item(self.position(i))], fields=others))
+        return {name: out[name] for name in reader.fields}
+
+    def position(self, i: int) -> int:
+        """Slice ``i``'s position across the split (negative counts from the end); IndexError out of range."""
+        n = len(self.case)
+        j = int(i)
+        if j < 0:
+            j += n
+        if not 0 <= j < n:
+            raise IndexError(f"slice index {int(i)} out of range ({n} slices)")
+        return j
+
+    def stack(self, reader: SplitReader, name: str, i: int) -> np.ndarray:
+        """Slice ``i`` of the ragged field ``name``, (H, W), or with context its (2k+1, H, W) stack:
+        a random 2-D slice read costs its copy (or decompression) and little else."""
+        j, k = self.position(i), self.context
+        if not k:
+            return reader.read_element(name, j)
+        lo, hi = self.first.item(j), self.last.item(j)
+        return reader.read_elements(name, [min(max(e, lo), hi) for e in range(j - k, j + k + 1)])
 
     def read(self, reader: SplitReader, slices: Iterable[int]) -> dict[str, np.ndarray]:
         """{field: (n, [2k+1,] H, W) slices, or the case's value for the other fields}."""

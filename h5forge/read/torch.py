@@ -46,6 +46,7 @@ from h5forge.read.reader import (
     model_values,
     output_dtypes,
     sample_value,
+    slice_cache_default,
 )
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
@@ -212,10 +213,19 @@ class H5Dataset(Dataset):
         return_index: bool = False,
         unit: Literal["sample", "slice"] = "sample",
         context: int = 0,
+        slice_cache: int | None = None,
         **options: Any,
     ):
+        if slice_cache is None:
+            slice_cache = slice_cache_default(context) if unit == "slice" else 0
         self.reader = SplitReader(
-            path, split, fields, locking=locking, cache_chunks=cache_chunks, rdcc_nbytes=rdcc_nbytes
+            path,
+            split,
+            fields,
+            locking=locking,
+            cache_chunks=cache_chunks,
+            rdcc_nbytes=rdcc_nbytes,
+            slice_cache=slice_cache,
         )
         self.slices = SliceIndex(self.reader, context) if unit == "slice" else None
         self.options = read_options("torch", options)
@@ -239,6 +249,16 @@ class H5Dataset(Dataset):
             frozenset()
             if transform is not None or batch_transform is not None or unit != "sample"
             else self._converted_rows
+        )
+        # unit="slice" over one volume field returned as stored: ds[i] is the slice read, as a tensor
+        self._plain_slice = (
+            next(iter(self.reader.fields))
+            if self.slices is not None
+            and self._single
+            and transform is None
+            and batch_transform is None
+            and all(fi.ragged and self._dtypes[n] == fi.dtype for n, fi in self.reader.fields.items())
+            else None
         )
         self._ship_stored = False  # True on the copy a loader with convert="after"/None hands to its workers
         self._pool: _BlockPool | None = None  # on the copy a loader with convert="after" hands to its workers
@@ -312,10 +332,12 @@ class H5Dataset(Dataset):
 
     # ---- access ------------------------------------------------------------------------------
     def __getitem__(self, i: int) -> Any:
+        if self._plain_slice is not None:
+            return torch.from_numpy(self.slices.stack(self.reader, self._plain_slice, i))  # type: ignore[union-attr]
         if self.slices is not None:
             if self.transform is not None or self.batch_transform is not None:
                 return self.__getitems__([i])[0]
-            sample = tuple(_row(c, 0) for c in self._slice_columns([i]))  # no batch to build around one slice
+            sample = self._slice_sample(i)  # no batch to build around one slice
             return sample[0] if self._single else sample
         raw = self.reader.read_one(i, self._scratch() if self._converted_rows else None)
         sample = tuple(self._one(n, a) for n, a in raw.items())
@@ -354,6 +376,25 @@ class H5Dataset(Dataset):
             np.copyto(outs[INDEX_FIELD].numpy(), np.where(rows < 0, rows + len(self), rows))
             cols += (outs[INDEX_FIELD],)
         return self._batch(cols, n)
+
+    def _slice_sample(self, i: int) -> tuple:
+        """unit="slice": ``ds[i]``'s values, as ``_slice_columns([i])`` would give them."""
+        slices = self.slices
+        assert slices is not None  # unit="slice"
+        raw = slices.one(self.reader, i)
+        sample = []
+        for name, fi in self.reader.fields.items():
+            value, dtype = raw[name], self._dtypes[name]
+            if name in slices.ragged:
+                if value.dtype != dtype:  # e.g. a volume_mask's labels, widened as model values
+                    value = dense_values(fi, value[None], self.options, dtype)[0]
+                sample.append(torch.from_numpy(value))
+            else:  # the case's value, from a batch of one
+                v = dense_values(fi, value, self.options, dtype)
+                sample.append(v[0] if isinstance(v, list) else torch.from_numpy(np.ascontiguousarray(v))[0])
+        if self.return_index:
+            sample.append(torch.tensor(slices.case.item(slices.position(i))))
+        return tuple(sample)
 
     def _slice_columns(self, indices: Sequence[int]) -> tuple:
         """unit="slice": each volume field as (B, [2k+1,] H, W), the others per case; the case rows last."""

@@ -4,8 +4,8 @@ import h5py
 import numpy as np
 import pytest
 
-from h5forge.format.chunk_codec import (EncodedRows, accepts, append_chunks, decode, encodable, encode, lz4_into,
-                                        pipeline)
+from h5forge.format.chunk_codec import (EncodedRows, accepts, append_chunks, decode, encodable, encode, lz4_at,
+                                        lz4_into, pipeline)
 from h5forge.format.codecs import codec_options, ensure_filters
 
 ROWS = {
@@ -56,6 +56,27 @@ def test_a_frame_of_another_size_is_refused():
     assert not lz4_into(chunk[:10], np.empty(ROWS["ramp"].nbytes, np.uint8))
     with pytest.raises(ValueError, match="bytes"):
         decode("none", b"abc", (4,), np.uint8)
+
+
+@pytest.mark.parametrize("block", [0, 1000])  # one block per chunk (the default), and many
+@pytest.mark.parametrize("name", list(ROWS))
+def test_lz4_at_decodes_what_hdf5_stores_between_addresses(tmp_path, name, block):
+    """The chunk HDF5's LZ4 filter stores, decoded from one address to another (as the slice
+    reader does from the mapped file), equals the row; a short destination or a cut chunk is refused."""
+    import hdf5plugin
+
+    ensure_filters()
+    row = ROWS[name]
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        d = f.create_dataset("d", data=row[None], chunks=(1, *row.shape), **hdf5plugin.LZ4(nbytes=block))
+        stored = d.id.read_direct_chunk((0,) * d.ndim)[1]
+    src = np.frombuffer(stored, np.uint8).copy()  # the chunk at an address of its own
+    out = np.zeros(row.shape, row.dtype)
+    assert lz4_at(memoryview(src), src.ctypes.data, out.ctypes.data, out.nbytes)
+    assert out.tobytes() == row.tobytes()
+    assert not lz4_at(memoryview(src), src.ctypes.data, out.ctypes.data, out.nbytes - 1)
+    cut = src[: len(src) - 1]
+    assert not lz4_at(memoryview(cut), cut.ctypes.data, out.ctypes.data, out.nbytes)
 
 
 def test_only_codecs_made_exactly_are_encodable(tmp_path):

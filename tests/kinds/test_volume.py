@@ -6,6 +6,7 @@ volumes with nibabel; masks per slice; read back per case."""
 from __future__ import annotations
 
 import copy
+import json
 
 import h5py
 import nibabel
@@ -269,3 +270,31 @@ def test_ct_slices_are_read_as_whole_chunks_from_the_mapped_file(tmp_path, build
     for i, stack in enumerate(got):
         want = stored[[max(i - 1, firsts[i]), i, min(i + 1, lasts[i])]]
         assert stack.dtype == want.dtype and np.array_equal(stack, want), i
+
+
+def test_a_volume_field_has_its_own_codec(tmp_path, build_spec):
+    """``codec`` on a volume field overrides storage.codec for its slices alone (``none``: slices are
+    copied straight from the mapped file by unit="slice" readers); a misspelt one is refused."""
+    from h5forge.spec import DatasetSpec
+
+    root = tmp_path / "raw"
+    hu = write_series(root / "cases" / "one", depth=3)
+    data = spec_data(root, tmp_path / "out", codec="none")
+    data["storage"] = {"codec": "zstd"}
+    path, _ = build_spec(data)
+    with h5py.File(path, "r") as f:
+        ct = f["train"]["ct"]
+        assert ct.id.get_create_plist().get_nfilters() == 0 and ct.chunks == (1, *SIZE)
+        assert np.array_equal(ct[()], np.broadcast_to(hu, ct.shape))
+    slices = H5Dataset(path, fields=("ct",), unit="slice")
+    assert slices.reader._direct == {} and np.array_equal(slices[1].numpy(), hu)
+    assert slices.reader._direct["ct"].codec == "none"
+    with h5py.File(path, "r") as f:
+        assert json.loads(f["meta"]["spec"][()])["fields"]["ct"]["codec"] == "none"
+    default, _ = build_spec(spec_data(root, tmp_path / "default"))
+    with h5py.File(default, "r") as f:  # unset, it is not stored: the spec is what it was without the option
+        assert "codec" not in json.loads(f["meta"]["spec"][()])["fields"]["ct"]
+        assert f["train"]["ct"].id.get_create_plist().get_filter(0)[0] == 32004  # storage.codec, lz4
+    bad = spec_data(root, tmp_path / "out2", codec="lz5")
+    with pytest.raises(ValueError, match=r"fields\.ct\.volume\.codec\n  Value error, unknown codec 'lz5'"):
+        DatasetSpec.model_validate(bad)
