@@ -203,6 +203,8 @@ def volume_field(
     t(2, f"files: {files_value(globs)}", "one case each; the sample id is its name")
     t(2, f"size: [{size[0]}, {size[1]}]", f"(rows, columns): the most common slice size of {sampled} sampled cases;")
     t.more("others are centre-cropped / padded, never resampled; the depth is kept")
+    t.comment(2, 'codec: none  <- for slice training (unit="slice"): each slice read straight from the')
+    t.comment(2, "file's map, at memory speed; lz4 (the default) saves disk (docs/reading.md, 'CT slices')")
     if series:
         t(2, "series: largest", "case folders hold several series (see the notes): keep the one with")
         t.more("the most slices | or a SeriesDescription regular expression")

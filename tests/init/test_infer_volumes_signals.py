@@ -115,6 +115,17 @@ def test_ct_demo_inits_builds_and_reads_back(tmp_path):
     reasons = {r.sample_id: r.reason for r in summary.rejections}
     assert "ambiguous: 2 series in one case folder (['axial', 'scout'])" in reasons["case_two_series"]
 
+    # the commented codec line, uncommented, stores the slices uncompressed with the same values
+    text = spec_path.read_text()
+    assert "    # codec: none  <- for slice training" in text
+    plain = yaml.safe_load(text.replace("    # codec: none  <-", "    codec: none  #"))
+    assert plain["fields"]["ct"]["codec"] == "none"
+    plain_path, _ = build(override(parse_spec(plain, spec_path.parent), output=tmp_path / "out" / "plain"))
+    with h5py.File(path, "r") as f, h5py.File(plain_path, "r") as g:
+        for split in SPLITS:
+            assert g[split]["ct"].compression is None and f[split]["ct"].compression is not None
+            np.testing.assert_array_equal(g[split]["ct"][()], f[split]["ct"][()])
+
     split, row = ids["case_000"]
     volume = H5Dataset(path, split=split, fields=("ct",))[row]
     assert volume.ndim == 3 and volume.shape[1:] == (128, 128) and volume.dtype == torch.int16
