@@ -128,6 +128,14 @@ class _ChunkIndex:
             return None
         return cls(offsets, sizes, masks, view)
 
+    def stored(self, row: int) -> tuple[int, memoryview] | None:
+        """Row ``row``'s chunk as stored (filter mask, bytes: a slice of the map, no copy); None
+        when the chunk was never written."""
+        o = int(self.offsets[row])
+        if o < 0:
+            return None
+        return int(self.masks[row]), self.view[o : o + int(self.sizes[row])]
+
     def read(self, row: int, flat: np.ndarray, codec: str) -> bool:
         """Row ``row`` into ``flat``; False when this row is not for the map (never written, or a
         framing the caller should hand to HDF5)."""
@@ -141,3 +149,10 @@ class _ChunkIndex:
             flat[:] = np.frombuffer(chunk, np.uint8)
             return True
         return _lz4_into(chunk, flat)
+
+
+def chunk_index(d: h5py.Dataset) -> _ChunkIndex | None:
+    """Where each row's stored chunk of ``d`` lies, read through a map of its file: ``stored(row)``
+    gives a chunk's bytes with no HDF5 call (a rebuild copies unchanged rows' chunks this way).
+    None when HDF5 cannot list the chunks or the map disagrees with HDF5's own read of one."""
+    return _ChunkIndex.of(d)

@@ -8,7 +8,9 @@ order, splits, checksums and values.
 
 How rows are copied, per dataset of the split:
 - fixed sample arrays with one sample per chunk and the same filters: the stored, compressed chunk
-  is copied as is (``read_direct_chunk`` / ``write_direct_chunk``: no decode, no recompression);
+  is copied as is (no decode, no recompression): its bytes are a slice of the source file mapped
+  through its chunk index (``h5forge.read.direct.chunk_index``, the reader's; no HDF5 read call),
+  written with ``write_direct_chunk``;
 - sample arrays with several samples per chunk, and ragged fields (recordings, CT cases, whose
   chunks hold elements of several samples): the rows are read and written again (decompressed and
   recompressed; no raw file is decoded);
@@ -39,6 +41,7 @@ from h5forge.ingest.incremental.inputs import Inputs
 from h5forge.ingest.parallel import clean_all
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.kinds import FieldKind, stored_kinds
+from h5forge.read.direct import chunk_index
 from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
 
@@ -152,6 +155,7 @@ class Copier:
         self.src, self.kinds, self.keys = src, kinds, keys
         self._columns: dict[str, np.ndarray] = {}
         self._readers: dict[str, arrays.RowReader] = {}
+        self._indexes: dict[str, Any] = {}  # path -> the source dataset's chunk index (None: HDF5 reads)
         self.direct_rows = self.copied_rows = 0
 
     def column(self, name: str) -> np.ndarray:
@@ -167,7 +171,7 @@ class Copier:
                 if st.ragged or (st.bulk and not _same_chunks(g[path], self.src[path])):
                     self._copy_rows(g, path, st, rows)
                 elif st.bulk:
-                    self._copy_chunks(g[path], self.src[path], rows)
+                    self._copy_chunks(g[path], self.src[path], path, rows)
                 else:
                     arrays.extend(g, path, self.column(path)[rows])
             for name in PER_SAMPLE:
@@ -177,14 +181,19 @@ class Copier:
 
         return copy
 
-    def _copy_chunks(self, dst: h5py.Dataset, src: h5py.Dataset, rows: np.ndarray) -> None:
-        """Each row is one stored chunk: copied compressed, as it is."""
+    def _copy_chunks(self, dst: h5py.Dataset, src: h5py.Dataset, path: str, rows: np.ndarray) -> None:
+        """Each row is one stored chunk: copied compressed, as it is, from the mapped source file
+        (HDF5's ``read_direct_chunk`` costs several times the copy of the bytes)."""
+        if path not in self._indexes:
+            self._indexes[path] = chunk_index(src)
+        index = self._indexes[path]
         start = dst.shape[0]
         dst.resize(start + len(rows), axis=0)
         tail = (0,) * (dst.ndim - 1)
-        read, write = src.id.read_direct_chunk, dst.id.write_direct_chunk
+        write = dst.id.write_direct_chunk
         for i, r in enumerate(rows.tolist()):
-            mask, data = read((r, *tail))
+            stored = index.stored(r) if index is not None else None
+            mask, data = stored if stored is not None else src.id.read_direct_chunk((r, *tail))
             write((start + i, *tail), data, mask)
         self.direct_rows += len(rows)
 
@@ -214,7 +223,7 @@ def _listed_rows(src: Source, split: str, path: str) -> list[list]:
     return per_row
 
 
-def _count_rows(g: h5py.Group, path: str, kind: FieldKind, rows: np.ndarray) -> np.ndarray | None:
+def count_rows(g: h5py.Group, path: str, kind: FieldKind, rows: np.ndarray) -> np.ndarray | None:
     """The kind's additive statistic of ``rows`` of a split, read back COPY_ROWS at a time."""
     read = arrays.RowReader(g, path, kind.stored())
     total = None
@@ -234,7 +243,7 @@ def taken_stats(src: Source, split: str, taken_rows: np.ndarray, kinds: dict[str
     out = {}
     for path, kind in kinds.items():
         if src.recount:
-            total = _count_rows(g, path, kind, taken_rows)
+            total = count_rows(g, path, kind, taken_rows)
             if total is not None:
                 out[path] = total
             continue
@@ -246,7 +255,7 @@ def taken_stats(src: Source, split: str, taken_rows: np.ndarray, kinds: dict[str
         if total is None:
             continue
         if len(dropped):
-            less = _count_rows(g, path, kind, dropped)
+            less = count_rows(g, path, kind, dropped)
             if less is not None:
                 total = total - less
         out[path] = total
