@@ -5,6 +5,7 @@ Each step is a plain function so it can be tested and timed without Prefect.
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from h5forge.errors import NothingToBuild, VerificationFailed
@@ -55,8 +56,11 @@ def write_version(
         )
     timings: dict = {}
     inputs = inputs_of(spec, inventory) if inputs is None else inputs
+    t0 = time.perf_counter()
     taken = take_over(candidate.out, inputs, inventory.samples, stored_kinds(spec), candidate.partial)
     durable = taken.durable if taken is not None else None
+    if taken is not None:
+        timings["take_over_seconds"] = round(time.perf_counter() - t0, 3)
     with DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent, inputs, durable=durable) as writer:
         writer.add_rejections(inventory.rejections)
         cleaned = write_samples(spec, inventory, inputs, writer, timings, progress, status, taken)
