@@ -3,6 +3,7 @@ exact histograms, the single writer's CPU, copying a stored chunk, and verify's 
 process against several. One run, on the build_peers corpus.
 
     python -m benchmarks.ingest_parts [--smoke] [--n 10000 --size 224 --clean-n 1000 --copy-n 3000 --reps 3]
+    python -m benchmarks.ingest_parts --only chunk_copy   # the chunk copies alone, --reps rounds -> ingest_parts_copy
 
 What is measured and how: benchmarks/README.md, section "ingest_parts".
 """
@@ -17,7 +18,7 @@ import numpy as np
 
 from h5forge.read.direct import chunk_index
 
-from benchmarks.common import CACHE, built, cli, loadavg, log, machine, make_spec, ratio, raw_folder, save, warm
+from benchmarks.common import CACHE, built, cli, loadavg, log, machine, make_spec, med, ratio, raw_folder, save, warm
 
 WORK = CACHE / "ingest_parts"
 
@@ -153,15 +154,29 @@ def verify_processes(path: Path) -> dict:
 
 def main() -> None:
     args = cli(__doc__, dict(n=120, size=64, clean_n=64, copy_n=100, reps=1),
-               n=10_000, size=224, clean_n=1000, copy_n=3000, reps=3)
+               n=10_000, size=224, clean_n=1000, copy_n=3000, reps=3, only="")
     from h5forge.ingest.discover import discover
 
+    if args.only not in ("", "chunk_copy"):
+        raise SystemExit(f"--only {args.only!r}: the only part that runs alone is 'chunk_copy'")
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     raw = raw_folder(args.n, args.size)
     warm([raw])
     spec = make_spec(raw, WORK / "out", args.size)
     result = {"machine": machine(), "args": vars(args), "loadavg_start": loadavg()}
+    if args.only:
+        path = built(spec, f"ingest-parts-n{args.n}-{args.size}")
+        rounds = [chunk_copy(path, args.copy_n) for _ in range(args.reps)]
+        result["chunk_copy_rounds"] = rounds
+        result["chunk_copy"] = c = {k: med(r[k] for r in rounds) for k in rounds[0]}  # medians
+        result["ratios"] = {"chunk copy us, HDF5 read + write": round(c["read_direct_chunk_us"] + c["write_direct_chunk_us"], 1),
+                            "chunk copy us, mapped (a rebuild's)": c["mapped_copy_us"],
+                            "mapped copy / HDF5 read + write": ratio(c["mapped_copy_us"],
+                                                                     c["read_direct_chunk_us"] + c["write_direct_chunk_us"])}
+        shutil.rmtree(WORK, ignore_errors=True)
+        save("ingest_parts_copy", result, args.smoke, module="ingest_parts")
+        return
     inventory = discover(spec)
     result["discover"] = {"samples": len(inventory.samples), "seconds": round(best(lambda: discover(spec), args.reps), 3)}
     path = built(spec, f"ingest-parts-n{args.n}-{args.size}")
