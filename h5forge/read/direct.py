@@ -128,13 +128,13 @@ class _ChunkIndex:
             return None
         return cls(offsets, sizes, masks, view)
 
-    def stored(self, row: int) -> tuple[int, memoryview] | None:
-        """Row ``row``'s chunk as stored (filter mask, bytes: a slice of the map, no copy); None
+    def place(self, row: int) -> tuple[int, int, int] | None:
+        """Where row ``row``'s chunk is stored: (byte offset in the file, size, filter mask); None
         when the chunk was never written."""
         o = int(self.offsets[row])
         if o < 0:
             return None
-        return int(self.masks[row]), self.view[o : o + int(self.sizes[row])]
+        return o, int(self.sizes[row]), int(self.masks[row])
 
     def read(self, row: int, flat: np.ndarray, codec: str) -> bool:
         """Row ``row`` into ``flat``; False when this row is not for the map (never written, or a
@@ -152,7 +152,7 @@ class _ChunkIndex:
 
 
 def chunk_index(d: h5py.Dataset) -> _ChunkIndex | None:
-    """Where each row's stored chunk of ``d`` lies, read through a map of its file: ``stored(row)``
-    gives a chunk's bytes with no HDF5 call (a rebuild copies unchanged rows' chunks this way).
-    None when HDF5 cannot list the chunks or the map disagrees with HDF5's own read of one."""
+    """Where each row's stored chunk of ``d`` lies in its file (``place(row)``), so a chunk's bytes
+    can be read with no HDF5 call (a rebuild copies unchanged rows' chunks this way). None when
+    HDF5 cannot list the chunks or the file's bytes there disagree with HDF5's own read of one."""
     return _ChunkIndex.of(d)

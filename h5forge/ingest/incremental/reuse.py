@@ -8,9 +8,9 @@ order, splits, checksums and values.
 
 How rows are copied, per dataset of the split:
 - fixed sample arrays with one sample per chunk and the same filters: the stored, compressed chunk
-  is copied as is (no decode, no recompression): its bytes are a slice of the source file mapped
-  through its chunk index (``h5forge.read.direct.chunk_index``, the reader's; no HDF5 read call),
-  written with ``write_direct_chunk``;
+  is copied as is (no decode, no recompression): its bytes are read with one ``pread`` at the
+  place the source's chunk index gives (``h5forge.read.direct.chunk_index``, the reader's; no HDF5
+  read call) and written with ``write_direct_chunk``;
 - sample arrays with several samples per chunk, and ragged fields (recordings, CT cases, whose
   chunks hold elements of several samples): the rows are read and written again (decompressed and
   recompressed; no raw file is decoded);
@@ -65,6 +65,12 @@ class Source:
     file: Any = None  # the h5py.File, once open
     rows: dict[str, int] = field(default_factory=dict)
     recount: bool = False
+    fd: int | None = None  # the file opened for pread, once a chunk is read so
+
+    def descriptor(self) -> int:
+        if self.fd is None:
+            self.fd = os.open(os.path.realpath(self.path), os.O_RDONLY)
+        return self.fd
 
     def open(self) -> h5py.File:
         if self.file is None:
@@ -78,6 +84,9 @@ class Source:
         if self.file is not None:
             self.file.close()
             self.file = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def usable(path: Path, rules: str) -> bool:
@@ -152,11 +161,12 @@ def runs(rows: np.ndarray) -> Iterator[tuple[int, int, int]]:
 class Copier:
     """Copies rows of one source split into the same split of the file being written."""
 
-    def __init__(self, src: h5py.Group, kinds: dict[str, FieldKind], keys: h5py.Dataset):
-        self.src, self.kinds, self.keys = src, kinds, keys
+    def __init__(self, src: h5py.Group, kinds: dict[str, FieldKind], keys: h5py.Dataset, fd: Callable[[], int]):
+        self.src, self.kinds, self.keys, self.fd = src, kinds, keys, fd  # fd(): the source file, open for pread
         self._columns: dict[str, np.ndarray] = {}
         self._readers: dict[str, arrays.RowReader] = {}
         self._indexes: dict[str, Any] = {}  # path -> the source dataset's chunk index (None: HDF5 reads)
+        self._buffer = memoryview(bytearray(0))  # one chunk's bytes at a time
         self.direct_rows = self.copied_rows = 0
 
     def column(self, name: str) -> np.ndarray:
@@ -183,18 +193,28 @@ class Copier:
         return copy
 
     def _copy_chunks(self, dst: h5py.Dataset, src: h5py.Dataset, path: str, rows: np.ndarray) -> None:
-        """Each row is one stored chunk: copied compressed, as it is, from the mapped source file
-        (HDF5's ``read_direct_chunk`` costs several times the copy of the bytes)."""
+        """Each row is one stored chunk: copied compressed, as it is, read with one ``pread`` where
+        the source's chunk index places it (HDF5's ``read_direct_chunk`` per call costs more than
+        reading the bytes; ``read_direct_chunk`` serves a chunk the index does not place)."""
         if path not in self._indexes:
             self._indexes[path] = chunk_index(src)
         index = self._indexes[path]
+        fd = self.fd() if index is not None else -1
         start = dst.shape[0]
         dst.resize(start + len(rows), axis=0)
         tail = (0,) * (dst.ndim - 1)
         write = dst.id.write_direct_chunk
         for i, r in enumerate(rows.tolist()):
-            stored = index.stored(r) if index is not None else None
-            mask, data = stored if stored is not None else src.id.read_direct_chunk((r, *tail))
+            place = index.place(r) if index is not None else None
+            if place is not None:
+                offset, size, mask = place
+                if len(self._buffer) < size:
+                    self._buffer = memoryview(bytearray(size))
+                data = self._buffer[:size]
+                if os.preadv(fd, [data], offset) != size:
+                    mask, data = src.id.read_direct_chunk((r, *tail))
+            else:
+                mask, data = src.id.read_direct_chunk((r, *tail))
             write((start + i, *tail), data, mask)
         self.direct_rows += len(rows)
 
@@ -285,7 +305,7 @@ def write_reusing(
     for k, src in enumerate(sources):
         for split in SPLITS:
             keys = src.file[sample_keys_path(split)]
-            copiers[(k, split)] = Copier(src.file[split], kinds, keys)
+            copiers[(k, split)] = Copier(src.file[split], kinds, keys, src.descriptor)
     indexed = [p for p, kind in kinds.items() if kind.indexed]
     listed_of: dict[tuple[int, str, str], list[list] | None] = {
         (k, s, p): None for k in range(len(sources)) for s in SPLITS for p in indexed
