@@ -20,7 +20,7 @@ from h5forge.ingest.incremental.rebuild import (
     inputs_of,
     write_samples,
 )
-from h5forge.ingest.incremental.resume import take_over
+from h5forge.ingest.incremental.take_over import take_over
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.kinds import stored_kinds
 from h5forge.spec import DatasetSpec
@@ -42,7 +42,7 @@ def write_version(
     Samples whose inputs (``inputs``: their hashes, ``nightly.inputs_of`` when not given) are unchanged since
     the latest version, or durable in what a killed build left, are copied instead of cleaned
     (``h5forge.ingest.incremental.rebuild``); a killed build's file whose durable rows come first
-    is taken over in place, its rows kept where they are (``h5forge.ingest.incremental.resume``).
+    is taken over in place, its rows kept where they are (``h5forge.ingest.incremental.take_over``).
 
     ``progress`` hears how many inputs each batch settled, ``status`` what happens before the first.
 

@@ -22,7 +22,8 @@ from h5forge.format.segments import segments_of
 from h5forge.ingest.incremental import hash_cache
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.incremental.inputs import Inputs, fingerprint, rules_hash
-from h5forge.ingest.incremental.resume import Checkpoints, TakenOver, discard_resumable, resumable_source
+from h5forge.ingest.incremental.resume import Checkpoints, discard_resumable, resumable_source
+from h5forge.ingest.incremental.take_over import TakenOver
 from h5forge.ingest.incremental.reuse import Source, make_plan, runs, usable, write_reusing
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.spec import DatasetSpec
@@ -169,7 +170,7 @@ def check_cleaned_rows(path: Path, spec: DatasetSpec, rows: dict[str, list[int]]
 def copies_verified_rows(path: Path) -> bool:
     """Whether a written (not yet published) version holds rows it did not clean, every one either
     copied from a published version (verified when it was published) or kept in place from a
-    killed build's file on the same boot (flushed before the kill: see ``resume``). Its cleaned
+    killed build's file on the same boot (flushed before the kill: see ``take_over``). Its cleaned
     rows were checked in full (``check_cleaned_rows``); the others are then sampled. Rows copied
     from a killed build's file, or kept across a restart of the machine, are verified in full."""
     from h5forge.format.summary import read_summary
