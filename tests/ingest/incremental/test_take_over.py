@@ -112,3 +112,49 @@ def test_durable_rows_after_a_sample_that_left_are_copied_instead(raw, tmp_path)
     assert not (out / RESUMABLE).exists() and strays(out) == []
     fresh, _ = build(nightly_spec(raw, tmp_path / "fresh"))
     assert_same(path, fresh)
+
+
+def signal_spec(root: Path, out: Path):
+    from h5forge.spec import DatasetSpec
+    from tests.kinds.test_signal import spec_data
+
+    return DatasetSpec.model_validate({**spec_data(root, out), "compute": {"batch_size": 1}})
+
+
+def test_ragged_recordings_are_cut_back_to_their_durable_rows(tmp_path):
+    """Recordings of different lengths share chunks. The last durable recording changed after the
+    kill: the killed build's file is cut back to the 7 rows before it (of each ragged field, exactly
+    their elements; their statistics recounted), and the changed one and the rest follow."""
+    import numpy as np
+
+    from tests.ingest.incremental.test_rebuild import contents
+    from tests.kinds.test_signal import write_edf
+
+    root = tmp_path / "raw"
+    (root / "rec").mkdir(parents=True)
+    for i in range(10):
+        write_edf(root / "rec" / f"r{i}.edf", seconds=2 + i % 3, seed=i)
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys, h5forge; from pathlib import Path; "
+         "from tests.ingest.incremental.test_take_over import signal_spec; "
+         "h5forge.build(signal_spec(Path(sys.argv[1]), Path(sys.argv[2])))", str(root), str(tmp_path / "out")],
+        cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=900,
+        env={**os.environ, "H5FORGE_KILL_AT": "build:at-80%", "H5FORGE_CHECKPOINT_SECONDS": "0"})
+    assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
+
+    with h5py.File(tmp_path / "out" / PARTIAL, "r") as f:
+        assert [v.decode() for v in f["train"]["ids"][()]][-1] == "r7"  # 8 durable rows, r0..r7
+    write_edf(root / "rec" / "r7.edf", seconds=5, seed=99)  # longer than before
+
+    resumed, result = build(signal_spec(root, tmp_path / "out"))
+    assert (result.timings["resumed_in_place"], result.timings["cleaned"]) == (7, 3)
+    fresh, _ = build(signal_spec(root, tmp_path / "fresh"))
+    left, right = contents(resumed), contents(fresh)
+    assert sorted(left) == sorted(right)
+    for k in left:
+        if k.endswith("/sample") and left[k].dtype.kind == "f":
+            continue
+        if "@" in k and np.asarray(left[k]).dtype.kind == "f":  # float sums: the kept rows' are
+            assert np.allclose(left[k], right[k], rtol=1e-12), k  # recounted at once, not batch by batch
+        else:
+            assert np.array_equal(left[k], right[k]), k
