@@ -3,6 +3,7 @@ exact histograms, the single writer's CPU, copying a stored chunk, and verify's 
 process against several. One run, on the build_peers corpus.
 
     python -m benchmarks.ingest_parts [--smoke] [--n 10000 --size 224 --clean-n 1000 --copy-n 3000 --reps 3]
+    python -m benchmarks.ingest_parts --only chunk_copy   # the chunk copies alone, --reps rounds -> ingest_parts_copy
 
 What is measured and how: benchmarks/README.md, section "ingest_parts".
 """
@@ -15,7 +16,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from benchmarks.common import CACHE, built, cli, loadavg, log, machine, make_spec, ratio, raw_folder, save, warm
+from h5forge.read.direct import chunk_index
+
+from benchmarks.common import CACHE, built, cli, loadavg, log, machine, make_spec, med, ratio, raw_folder, save, warm
 
 WORK = CACHE / "ingest_parts"
 
@@ -83,28 +86,84 @@ def clean_and_write(spec, inventory, n: int) -> tuple[dict, dict]:
 
 
 def chunk_copy(path: Path, n: int) -> dict:
-    with h5py.File(path, "r") as f, h5py.File(WORK / "copy.h5", "w") as out:
+    """Per image chunk of the version (its file read into the page cache first): reading it with
+    ``read_direct_chunk`` and with ``os.pread``; copying it into a new file as a rebuild did
+    (``read_direct_chunk`` + ``write_direct_chunk``) and as it does (its bytes read by one ``pread``
+    where the reader's chunk index places them + ``write_direct_chunk``; the index made included), and the same
+    bytes written by one ``os.pwrite`` each (the floor of any write). Each write goes to a new file,
+    synced and deleted after its timing, so none waits for another's dirty pages. Last, the kernel's
+    copy of the whole file (``copy_file_range``), per chunk's worth of its bytes."""
+    warm([path])
+    out_path = WORK / "copy.h5"
+    with h5py.File(path, "r") as f:
         d, where = f["train"]["images"], []
         n, tail = min(n, d.shape[0]), (0,) * (d.ndim - 1)
         t0 = time.perf_counter()
         chunks = [d.id.read_direct_chunk((r, *tail)) for r in range(n)]
-        t1 = time.perf_counter()
+        read_us = (time.perf_counter() - t0) / n * 1e6
         d.id.chunk_iter(lambda info: where.append((info.byte_offset, info.size)))
         with open(path, "rb") as fh:
-            t2 = time.perf_counter()
+            t0 = time.perf_counter()
             for offset, size in where[:n]:
                 os.pread(fh.fileno(), size, offset)
-            t3 = time.perf_counter()
-        space = h5py.h5s.create_simple((n, *d.shape[1:]), (h5py.h5s.UNLIMITED, *d.shape[1:]))
-        dst = h5py.h5d.create(out.id, b"x", d.id.get_type(), space, dcpl=d.id.get_create_plist())
-        t4 = time.perf_counter()
-        for r, (mask, data) in enumerate(chunks):
-            dst.write_direct_chunk((r, *tail), data, mask)
-        out.flush()
-        t5 = time.perf_counter()
-    return {"chunks": n, "chunk_bytes_mean": round(sum(len(c[1]) for c in chunks) / n),
-            **{k: round(s / n * 1e6, 1) for k, s in (("read_direct_chunk_us", t1 - t0), ("pread_us", t3 - t2),
-                                                     ("write_direct_chunk_us", t5 - t4))}}
+            pread_us = (time.perf_counter() - t0) / n * 1e6
+
+        def into_new_file(copy) -> float:
+            """µs per chunk of ``copy(write_direct_chunk of a new dataset)``, flushed; synced after."""
+            with h5py.File(out_path, "w") as out:
+                space = h5py.h5s.create_simple((n, *d.shape[1:]), (h5py.h5s.UNLIMITED, *d.shape[1:]))
+                dst = h5py.h5d.create(out.id, b"x", d.id.get_type(), space, dcpl=d.id.get_create_plist())
+                t0 = time.perf_counter()
+                copy(dst.write_direct_chunk)
+                out.flush()
+                us = (time.perf_counter() - t0) / n * 1e6
+            sync_and_remove(out_path)
+            return us
+
+        def written(write) -> None:  # chunks read before: the write alone
+            for r, (mask, data) in enumerate(chunks):
+                write((r, *tail), data, mask)
+
+        def hdf5_copy(write) -> None:
+            for r in range(n):
+                mask, data = d.id.read_direct_chunk((r, *tail))
+                write((r, *tail), data, mask)
+
+        def indexed_copy(write) -> None:
+            index, buffer = chunk_index(d), memoryview(bytearray(max(len(c[1]) for c in chunks)))
+            with open(path, "rb") as fh:
+                for r in range(n):
+                    offset, size, mask = index.place(r)
+                    os.preadv(fh.fileno(), [buffer[:size]], offset)
+                    write((r, *tail), buffer[:size], mask)
+
+        write_us, hdf5_copy_us, indexed_copy_us = into_new_file(written), into_new_file(hdf5_copy), into_new_file(indexed_copy)
+    nbytes = sum(len(c[1]) for c in chunks)
+    with open(WORK / "plain.bin", "wb") as fh:
+        t0, at = time.perf_counter(), 0
+        for _, data in chunks:
+            at += os.pwrite(fh.fileno(), data, at)
+        pwrite_us = (time.perf_counter() - t0) / n * 1e6
+    sync_and_remove(WORK / "plain.bin")
+    with open(path, "rb") as src, open(WORK / "whole.h5", "wb") as dst:
+        t0, whole = time.perf_counter(), os.fstat(src.fileno()).st_size
+        left = whole
+        while left > 0:
+            left -= os.copy_file_range(src.fileno(), dst.fileno(), left)
+        whole_us = (time.perf_counter() - t0) / (whole / (nbytes / n)) * 1e6
+    sync_and_remove(WORK / "whole.h5")
+    return {"chunks": n, "chunk_bytes_mean": round(nbytes / n),
+            **{k: round(v, 1) for k, v in (("read_direct_chunk_us", read_us), ("pread_us", pread_us),
+                                           ("write_direct_chunk_us", write_us), ("hdf5_copy_us", hdf5_copy_us),
+                                           ("indexed_copy_us", indexed_copy_us), ("pwrite_us", pwrite_us),
+                                           ("whole_file_copy_us_per_chunk", whole_us))}}
+
+
+def sync_and_remove(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    path.unlink()
 
 
 def verify_processes(path: Path) -> dict:
@@ -127,15 +186,29 @@ def verify_processes(path: Path) -> dict:
 
 def main() -> None:
     args = cli(__doc__, dict(n=120, size=64, clean_n=64, copy_n=100, reps=1),
-               n=10_000, size=224, clean_n=1000, copy_n=3000, reps=3)
+               n=10_000, size=224, clean_n=1000, copy_n=3000, reps=3, only="")
     from h5forge.ingest.discover import discover
 
+    if args.only not in ("", "chunk_copy"):
+        raise SystemExit(f"--only {args.only!r}: the only part that runs alone is 'chunk_copy'")
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     raw = raw_folder(args.n, args.size)
     warm([raw])
     spec = make_spec(raw, WORK / "out", args.size)
     result = {"machine": machine(), "args": vars(args), "loadavg_start": loadavg()}
+    if args.only:
+        path = built(spec, f"ingest-parts-n{args.n}-{args.size}")
+        rounds = [chunk_copy(path, args.copy_n) for _ in range(args.reps)]
+        result["chunk_copy_rounds"] = rounds
+        result["chunk_copy"] = c = {k: med(r[k] for r in rounds) for k in rounds[0]}  # medians
+        result["ratios"] = {"chunk copy us, HDF5 read + write": c["hdf5_copy_us"],
+                            "chunk copy us, indexed pread + write (a rebuild's)": c["indexed_copy_us"],
+                            "indexed copy / HDF5 read + write": ratio(c["indexed_copy_us"], c["hdf5_copy_us"]),
+                            "indexed copy / pwrite of the same bytes": ratio(c["indexed_copy_us"], c["pwrite_us"])}
+        shutil.rmtree(WORK, ignore_errors=True)
+        save("ingest_parts_copy", result, args.smoke, module="ingest_parts")
+        return
     inventory = discover(spec)
     result["discover"] = {"samples": len(inventory.samples), "seconds": round(best(lambda: discover(spec), args.reps), 3)}
     path = built(spec, f"ingest-parts-n{args.n}-{args.size}")
@@ -146,6 +219,7 @@ def main() -> None:
     result["ratios"] = {"histogram CPU, pairs / bincount per channel": ratio(h["pairs_cpu_ms_per_sample"],
                                                                              h["bincount_per_channel_cpu_ms_per_sample"]),
                         "chunk copy us (read + write)": round(c["read_direct_chunk_us"] + c["write_direct_chunk_us"], 1),
+                        "chunk copy us, indexed pread + write (a rebuild's)": c["indexed_copy_us"],
                         "verify 2 processes / 1": ratio(v["2_process_seconds"], v["1_process_seconds"]),
                         "writer CPU ms/sample, chunks from the workers": w["cpu_ms_per_sample"]["writer_from_chunks"],
                         "writer CPU ms/sample, compressing itself": w["cpu_ms_per_sample"]["writer_compressing"]}

@@ -36,7 +36,8 @@ def build(spec) -> dict:
     t = res.timings
     return {"seconds": round(time.perf_counter() - t0, 3), "steps": runner.seconds, "unchanged": res.unchanged,
             "version": res.version, "path": res.path,
-            **{k: t.get(k) for k in ("reused", "cleaned", "resumed_rows", "reused_chunks_copied", "cluster_start_seconds")}}
+            **{k: t.get(k) for k in ("reused", "cleaned", "resumed_rows", "resumed_in_place", "resumed_same_boot",
+                                     "reused_chunks_copied", "reused_copy_seconds", "cluster_start_seconds")}}
 
 
 def link_copy(src: Path, dst: Path) -> Path:
@@ -119,7 +120,8 @@ def round_trip(raw0: Path, spare: Path, args, r: int) -> dict:
     res["resumed"] = build(spec_in("resume"))
     res["resumed_vs_full_rebuild"] = same_content(res["resumed"]["path"], res["reference_full"]["path"])
     log(f"round {r}: " + ", ".join(f"{k} {res[k]['seconds']} s" for k in ("full", "unchanged", "one_percent", "resumed"))
-        + f"; reused {res['one_percent']['reused']}, resumed rows {res['resumed']['resumed_rows']}")
+        + f"; reused {res['one_percent']['reused']}, resumed in place {res['resumed']['resumed_in_place']}"
+        + f" (copied {res['resumed']['resumed_rows']})")
     return res
 
 
@@ -228,6 +230,10 @@ def main() -> None:
                                                                                      for x in rounds),
                    "identical_to_full_rebuild": all(x["one_percent_vs_full_rebuild"]["identical"] and
                                                     x["resumed_vs_full_rebuild"]["identical"] for x in rounds),
+                   # the 1 % rebuild's copy of the unchanged rows (chunks and small columns), per stored chunk
+                   "one_percent_copy_us_per_chunk": med(round(x["one_percent"]["reused_copy_seconds"] * 1e6 /
+                                                              x["one_percent"]["reused_chunks_copied"], 1)
+                                                        for x in rounds if x["one_percent"]["reused_chunks_copied"]),
                    "ratios": {"unchanged / full": ratio(m["unchanged"], m["full"]),
                               "1 % changed / full": ratio(m["one_percent"], m["full"]),
                               "resumed after kill at 80 % / full": ratio(m["resumed"], m["full"])}}

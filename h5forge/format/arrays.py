@@ -114,6 +114,15 @@ def extend(g: h5py.Group, path: str, data: Any) -> None:
         ds[start:] = block
 
 
+def cut(g: h5py.Group, path: str, st: Stored, n: int) -> None:
+    """Keep the first ``n`` rows of the field, dropping the rest (a ragged field's elements too)."""
+    if st.ragged:
+        g[path].resize(int(g[path + LENGTHS][:n].sum()), axis=0)
+        g[path + LENGTHS].resize(n, axis=0)
+    else:
+        g[path].resize(n, axis=0)
+
+
 def rows(g: h5py.Group, path: str, st: Stored) -> int:
     return g[path + LENGTHS].shape[0] if st.ragged else g[path].shape[0]
 

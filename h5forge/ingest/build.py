@@ -5,6 +5,7 @@ Each step is a plain function so it can be tested and timed without Prefect.
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from h5forge.errors import NothingToBuild, VerificationFailed
@@ -19,7 +20,9 @@ from h5forge.ingest.incremental.rebuild import (
     inputs_of,
     write_samples,
 )
+from h5forge.ingest.incremental.take_over import take_over
 from h5forge.ingest.writer import DatasetWriter
+from h5forge.kinds import stored_kinds
 from h5forge.spec import DatasetSpec
 from h5forge.store.reports import write_health, write_quarantine
 from h5forge.store.verify import HealthReport, verify_file
@@ -38,7 +41,8 @@ def write_version(
 
     Samples whose inputs (``inputs``: their hashes, ``nightly.inputs_of`` when not given) are unchanged since
     the latest version, or durable in what a killed build left, are copied instead of cleaned
-    (``h5forge.ingest.incremental.rebuild``).
+    (``h5forge.ingest.incremental.rebuild``); a killed build's file whose durable rows come first
+    is taken over in place, its rows kept where they are (``h5forge.ingest.incremental.take_over``).
 
     ``progress`` hears how many inputs each batch settled, ``status`` what happens before the first.
 
@@ -52,9 +56,14 @@ def write_version(
         )
     timings: dict = {}
     inputs = inputs_of(spec, inventory) if inputs is None else inputs
-    with DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent, inputs) as writer:
+    t0 = time.perf_counter()
+    taken = take_over(candidate.out, inputs, inventory.samples, stored_kinds(spec), candidate.partial)
+    durable = taken.durable if taken is not None else None
+    if taken is not None:
+        timings["take_over_seconds"] = round(time.perf_counter() - t0, 3)
+    with DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent, inputs, durable=durable) as writer:
         writer.add_rejections(inventory.rejections)
-        cleaned = write_samples(spec, inventory, inputs, writer, timings, progress, status)
+        cleaned = write_samples(spec, inventory, inputs, writer, timings, progress, status, taken)
         timings["hash_cache_files"] = hash_cache.save(
             candidate.out, inventory.root, inputs.states, inputs.hexes, inputs.stated_at_ns
         )
@@ -77,7 +86,8 @@ def write_version(
 
 def verify_candidate(candidate: Candidate) -> HealthReport:
     # rows a rebuild copied from published versions are byte copies of verified rows, each with its
-    # checksum: sampled (the rows it cleaned were checked in full by write_version)
+    # checksum, and rows a resumed build kept in place were flushed before the kill: sampled (the
+    # rows it cleaned were checked in full by write_version)
     sample = REUSED_CHECKSUM_SAMPLE if candidate.partial.exists() and copies_verified_rows(candidate.partial) else None
     report = verify_file(candidate.partial, checksum_sample=sample)
     write_health(candidate.out, candidate.number, report)

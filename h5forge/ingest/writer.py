@@ -18,6 +18,7 @@ import os
 import platform
 import socket
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -79,8 +80,22 @@ def _gather(pairs: list[tuple], n: int):
     return out
 
 
+@dataclass
+class Durable:
+    """The rows of each split a killed build's file at the writer's path holds, durable, that the
+    writer continues after (``h5forge.ingest.incremental.resume.take_over`` cut the file back to
+    them), with their statistics and index values."""
+
+    counts: dict[str, int]
+    stats: dict[str, dict[str, np.ndarray]]
+    listed: dict[str, dict[str, list]]
+
+
 class DatasetWriter:
-    """Create ``path`` and append cleaned samples to it; ``finish`` writes the summaries."""
+    """Create ``path`` and append cleaned samples to it; ``finish`` writes the summaries.
+
+    With ``durable``, the file at ``path`` is a killed build's, already cut back to those rows:
+    the writer takes it over and appends after them."""
 
     def __init__(
         self,
@@ -90,6 +105,7 @@ class DatasetWriter:
         parent_version: int | None = None,
         inputs: "Inputs | None" = None,
         format_version: int = FORMAT_VERSION,
+        durable: Durable | None = None,
     ):
         ensure_filters()
         self.format_version = format_version  # an append's delta keeps its parent's (one hash per version)
@@ -113,9 +129,18 @@ class DatasetWriter:
         self._bulk = [path for path, kind in self.kinds.items() if kind.stored().bulk]
         self.inputs = inputs  # the build's input hashes: each row's sample key, the file's input key
         # freed file space is never reused, so after a SIGKILL every row written before the last
-        # checkpoint is still where the flushed metadata says (a resumed build copies them)
-        self.file = _create_file(self.path)
-        self._create(version, parent_version)
+        # checkpoint is still where the flushed metadata says (a resumed build continues after them)
+        if durable is None:
+            self.file = _create_file(self.path)
+            self._create(version, parent_version)
+        else:
+            self.file = _open_file(self.path)
+            self._header(version, parent_version)
+            self.counts = dict(durable.counts)
+            self.stats = {p: dict(per) for p, per in durable.stats.items()}
+            for split, per in durable.listed.items():
+                for path, listed in per.items():
+                    self._indexed[split][path].extend(listed)
         self._groups: dict[str, h5py.Group] = {split: self.file[split] for split in SPLITS}
         # the sample datasets keep HDF5's default chunk cache (rows arrive in blocks smaller than
         # a chunk) and stay open until the file closes: their cached chunks are written by the
@@ -139,7 +164,8 @@ class DatasetWriter:
         nf = len(self.file_fields)
         return {IDS: ((), STR), SOURCE_FILES: ((nf,), STR), SOURCE_SHA256: ((nf,), HEX), CHECKSUM: ((), HEX)}
 
-    def _create(self, version: int, parent_version: int | None) -> None:
+    def _header(self, version: int, parent_version: int | None) -> None:
+        """The file's attributes and stored spec (rewritten when a resumed build takes a file over)."""
         spec, f = self.spec, self.file
         f.attrs.update(
             {
@@ -160,7 +186,13 @@ class DatasetWriter:
                 Attr.FIELDS: self.fields,
             }
         )
+        if SPEC in f:
+            del f[SPEC]
         f.create_dataset(SPEC, data=spec.to_json(), dtype=STR)
+
+    def _create(self, version: int, parent_version: int | None) -> None:
+        spec, f = self.spec, self.file
+        self._header(version, parent_version)
         chunk = spec.storage.chunk_rows
         for split in SPLITS:
             g = f.create_group(split)
@@ -361,6 +393,21 @@ class DatasetWriter:
         )
 
 
+def _file_access() -> h5py.h5p.PropFAID:
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_EARLIEST, h5py.h5f.LIBVER_LATEST)
+    mdc, slots, _, w0 = fapl.get_cache()
+    fapl.set_cache(mdc, slots, 0, w0)
+    fapl.set_sieve_buf_size(0)
+    return fapl
+
+
+def _open_file(path: Path) -> h5py.File:
+    """A killed build's file, opened for writing with the access ``_create_file`` gives a new one
+    (its creation properties, freed space never reused among them, are the file's own)."""
+    return h5py.File(h5py.h5f.open(os.fsencode(path), h5py.h5f.ACC_RDWR, fapl=_file_access()))
+
+
 def _create_file(path: Path) -> h5py.File:
     """A new file for the writer, as ``h5py.File(path, "w", fs_strategy="none")`` makes it, but
     with neither a chunk cache nor a sieve buffer by default: a dataset created after the sample
@@ -368,11 +415,7 @@ def _create_file(path: Path) -> h5py.File:
     in the call that writes it, where a full disk raises. Buffered, the data would be written when
     the dataset's last handle is dropped, where an error (ENOSPC) can only be printed by h5py, and
     the library is then left in a state that crashes it at the next flush (segmentation fault)."""
-    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-    fapl.set_libver_bounds(h5py.h5f.LIBVER_EARLIEST, h5py.h5f.LIBVER_LATEST)
-    mdc, slots, _, w0 = fapl.get_cache()
-    fapl.set_cache(mdc, slots, 0, w0)
-    fapl.set_sieve_buf_size(0)
+    fapl = _file_access()
     fcpl = h5py.h5p.create(h5py.h5p.FILE_CREATE)
     fcpl.set_obj_track_times(False)
     fcpl.set_file_space_strategy(h5py.h5f.FSPACE_STRATEGY_NONE, False, 1)

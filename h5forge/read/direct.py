@@ -180,6 +180,14 @@ class _ChunkIndex:
             return None
         return cls(offsets, sizes, masks, view)
 
+    def place(self, row: int) -> tuple[int, int, int] | None:
+        """Where row ``row``'s chunk is stored: (byte offset in the file, size, filter mask); None
+        when the chunk was never written."""
+        o = int(self.offsets[row])
+        if o < 0:
+            return None
+        return o, int(self.sizes[row]), int(self.masks[row])
+
     def read(self, row: int, flat: np.ndarray, codec: str) -> bool:
         """Row ``row`` into ``flat``; False when this row is not for the map (never written, or a
         framing the caller should hand to HDF5)."""
@@ -235,3 +243,10 @@ def _address(a: np.ndarray) -> int:
     """The address of a writable, C-contiguous, non-empty array's first byte (a fifth of the cost
     of ``a.ctypes.data``, which a single-slice read would pay on every call)."""
     return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]  # an ndarray is a buffer
+
+
+def chunk_index(d: h5py.Dataset) -> _ChunkIndex | None:
+    """Where each row's stored chunk of ``d`` lies in its file (``place(row)``), so a chunk's bytes
+    can be read with no HDF5 call (a rebuild copies unchanged rows' chunks this way). None when
+    HDF5 cannot list the chunks or the file's bytes there disagree with HDF5's own read of one."""
+    return _ChunkIndex.of(d)

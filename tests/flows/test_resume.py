@@ -1,6 +1,6 @@
-"""A real `h5forge build` process SIGKILLed at 80 % of its samples: the next build takes over the rows
-it had made durable and publishes exactly what an uninterrupted build publishes; a build of the
-same inputs after that publishes nothing."""
+"""A real `h5forge build` process SIGKILLed at 80 % of its samples: the next build takes its file over
+with the rows it had made durable and publishes exactly what an uninterrupted build publishes; a
+build of the same inputs after that publishes nothing."""
 
 import os
 import signal
@@ -41,11 +41,14 @@ def test_a_killed_build_resumes_and_equals_an_uninterrupted_one(api_url, tmp_pat
     assert latest(out) is None and published(out) == {}  # nothing half-done is visible
     partials = sorted(p.name for p in out.iterdir() if p.name.endswith((".partial", ".partial" + RESUME_SUFFIX)))
     assert partials == [".dataset_v0001.h5.partial", ".dataset_v0001.h5.partial" + RESUME_SUFFIX]
+    inode = (out / partials[0]).stat().st_ino
 
     resumed = build_dataset(str(spec_file))
     assert resumed.version == 1
-    # 12 batches of 8 were durable when the process died (96 of 120 inputs); only the rest is cleaned
-    assert resumed.timings["resumed_rows"] == 96 and resumed.timings["cleaned"] == 24
+    # 12 batches of 8 were durable when the process died (96 of 120 inputs), kept in place in the
+    # killed build's file (published as the version); only the rest is cleaned
+    assert resumed.timings["resumed_in_place"] == 96 and resumed.timings["cleaned"] == 24
+    assert "resumed_rows" not in resumed.timings and Path(resumed.path).stat().st_ino == inode
     assert not (out / RESUMABLE).exists() and not (out / (RESUMABLE + RESUME_SUFFIX)).exists()
     assert strays(out) == []
 
@@ -79,7 +82,7 @@ def test_a_short_build_checkpoints_by_progress_and_leaves_its_hashes(api_url, tm
 
     resumed = build_dataset(str(spec_file))
     # 5 % of 120 inputs is less than a batch of 8: a checkpoint after every batch, 96 rows durable
-    assert resumed.timings["resumed_rows"] == 96 and resumed.timings["cleaned"] == 24
+    assert resumed.timings["resumed_in_place"] == 96 and resumed.timings["cleaned"] == 24
     # the image and mask of the 24 samples not reached are the only raw files read before cleaning
     assert resumed.timings["hashed_files"] == 2 * 24
     fresh = build_dataset(str(write_spec_file(raw, tmp_path / "fresh", tmp_path / "fresh.yaml", batch_size=8)))

@@ -126,3 +126,26 @@ def test_ragged_field_is_read_by_h5py(tmp_path, build_spec):
         got = r.read([2, 0, 1])["cos"]
         assert r._direct.get("cos") is None  # a signal is not one element per chunk: h5py reads it
     assert all(np.array_equal(g, w) for g, w in zip(got, [want[2], want[0], want[1]]))
+
+
+def test_the_chunk_index_gives_each_stored_chunk_as_hdf5_does(tmp_path):
+    """``chunk_index(d).place(row)``: where a row's stored chunk lies in the file, so one pread gives
+    what HDF5's ``read_direct_chunk`` gives (a rebuild copies unchanged rows' chunks so); None for a
+    chunk never written."""
+    import os
+
+    from h5forge.read.direct import chunk_index
+
+    values = rows()
+    d = dataset(tmp_path / "c.h5", dict(hdf5plugin.LZ4()), values, maxshape=(None, *SHAPE))
+    d.id.write_direct_chunk((4, 0, 0, 0), np.full(SHAPE, 9, np.uint8).tobytes(), filter_mask=1)
+    d.resize(len(values) + 1, axis=0)
+    d.file.close()
+    d = h5py.File(tmp_path / "c.h5", "r")["x"]
+    index = chunk_index(d)
+    assert index is not None
+    with open(tmp_path / "c.h5", "rb") as fh:
+        for r in range(len(values)):
+            offset, size, mask = index.place(r)
+            assert (mask, os.pread(fh.fileno(), size, offset)) == d.id.read_direct_chunk((r, 0, 0, 0)), r
+    assert index.place(4)[2] == 1 and index.place(len(values)) is None

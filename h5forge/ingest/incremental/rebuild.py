@@ -23,6 +23,7 @@ from h5forge.ingest.incremental import hash_cache
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.incremental.inputs import Inputs, fingerprint, rules_hash
 from h5forge.ingest.incremental.resume import Checkpoints, discard_resumable, resumable_source
+from h5forge.ingest.incremental.take_over import TakenOver
 from h5forge.ingest.incremental.reuse import Source, make_plan, runs, usable, write_reusing
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.spec import DatasetSpec
@@ -83,8 +84,10 @@ def write_samples(
     timings: dict,
     progress: Callable[[int], None] = lambda n: None,
     status: Callable[[str], None] = lambda text: None,
+    taken: TakenOver | None = None,
 ) -> dict[str, list[int]] | None:
     """Every sample of the inventory into ``writer``, taking what earlier files already hold.
+    ``taken``: the writer's file is a killed build's, holding the first rows of each split already.
 
     Returns the rows that were cleaned, per split, when any row was taken (None: a full build)."""
     out = Path(spec.output.dir)
@@ -93,7 +96,13 @@ def write_samples(
     sources = ([resumed] if resumed else []) + previous_sources(out, inputs.rules)
     checkpoints = Checkpoints(writer, inputs, len(inventory.samples), exact_stats=not sources, raw_root=inventory.root)
     try:
-        plan = make_plan(inventory.samples, inputs, sources)
+        samples = inventory.samples
+        if taken is not None:  # its rows and rejections stand: the rest follows them
+            samples = [ref for ref in samples if ref.id not in taken.ids]
+            writer.add_rejections(taken.rejections)
+            timings["resumed_in_place"] = taken.rows
+            timings["resumed_same_boot"] = taken.same_boot
+        plan = make_plan(samples, inputs, sources)
         timings["plan_seconds"] = round(time.perf_counter() - t0, 3)
         timings["hash_seconds"] = inputs.hash_seconds
         timings["hashed_files"] = inputs.hashed_files
@@ -103,6 +112,10 @@ def write_samples(
         def advance(n: int) -> None:
             progress(n)
             checkpoints.tick(n)
+
+        if taken is not None:
+            advance(len(taken.ids))  # and a checkpoint: the kept rows stay durable if this build is killed
+            checkpoints.save()
 
         written = write_reusing(spec, inventory.root, plan, sources, writer, timings, advance, status, inputs)
         if inputs.deferred:  # every sample's key is known now: the file records the build's input key
@@ -120,7 +133,7 @@ def write_samples(
     checkpoints.discard()
     if resumed is not None:
         discard_resumable(out)
-    return cleaned if plan.reused else None
+    return cleaned if plan.reused or taken is not None else None
 
 
 # rows of each split whose checksums verify re-checks when the others were copied as stored: a
@@ -155,11 +168,15 @@ def check_cleaned_rows(path: Path, spec: DatasetSpec, rows: dict[str, list[int]]
 
 
 def copies_verified_rows(path: Path) -> bool:
-    """Whether a written (not yet published) version copied rows, all from published versions
-    (verified when they were published). Rows taken over from a killed build's file were never
-    verified: a version holding any is verified in full."""
+    """Whether a written (not yet published) version holds rows it did not clean, every one either
+    copied from a published version (verified when it was published) or kept in place from a
+    killed build's file on the same boot (flushed before the kill: see ``take_over``). Its cleaned
+    rows were checked in full (``check_cleaned_rows``); the others are then sampled. Rows copied
+    from a killed build's file, or kept across a restart of the machine, are verified in full."""
     from h5forge.format.summary import read_summary
 
     with h5py.File(path, "r") as f:
         timings = read_summary(f).get("timings", {})
-    return bool(timings.get("reused")) and not timings.get("resumed_rows")
+    if timings.get("resumed_rows") or (timings.get("resumed_in_place") and not timings.get("resumed_same_boot")):
+        return False
+    return bool(timings.get("reused") or timings.get("resumed_in_place"))

@@ -6,9 +6,15 @@ and index values, and the build's input key. The writer never reuses freed file 
 SIGKILL after a checkpoint leaves those rows where the flushed metadata points.
 
 The next run, under the output lock, moves such a partial aside (``.build-resumable.h5``, see
-``store.versions``); the next build written under the same field rules takes every durable row
-whose sample key it still wants (``h5forge.ingest.incremental.reuse``) instead of cleaning it again, and
-removes the leftover when its own rows are written. Anything else is discarded.
+``store.versions``). The next build written under the same field rules takes it over in place
+(``h5forge.ingest.incremental.take_over``) when its durable rows are, in each split, the first
+rows that build would write: the file becomes the new build's, cut back to those rows, and the
+build appends the rest after them. Otherwise it copies every durable row whose sample key it still wants
+(``h5forge.ingest.incremental.reuse``) instead of cleaning it again, and removes the leftover when
+its own rows are written. Anything else is discarded.
+
+The checkpoint also records the boot of the machine: rows kept across a restart are verified in
+full (``take_over`` says why).
 """
 
 from __future__ import annotations
@@ -80,7 +86,7 @@ class Checkpoints:
     def save(self) -> None:
         self.saved = self.done
         state = self.writer.checkpoint()
-        state.update(key=self.inputs.key, rules=self.inputs.rules)
+        state.update(key=self.inputs.key, rules=self.inputs.rules, boot=boot_id(), rejected=self._rejected())
         if not self.exact_stats:  # rows copied from other files carry their statistics only at the end
             state["stats"] = None
         replace_file(self.path, json.dumps(state), tmp=self.path.with_name(self.path.name + ".tmp"))
@@ -88,6 +94,24 @@ class Checkpoints:
 
     def discard(self) -> None:
         self.path.unlink(missing_ok=True)
+
+    def _rejected(self) -> list[list]:
+        """The samples cleaning rejected so far, with their keys: a build taking the file over
+        reports them again instead of cleaning them again (the same inputs give the same outcome)."""
+        known = self.inputs.samples
+        return [
+            [r.sample_id, known[r.sample_id].hex(), list(r.paths), r.reason]
+            for r in self.writer.rejections
+            if r.stage == "clean" and known.get(r.sample_id)
+        ]
+
+
+def boot_id() -> str | None:
+    """This boot of the machine (Linux); None where it cannot be told."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
 
 
 def resumable_source(out: Path, inputs: Inputs) -> Source | None:

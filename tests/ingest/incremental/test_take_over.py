@@ -1,0 +1,160 @@
+"""A build SIGKILLed mid-way (a real child process) is taken over in place by the next one: its file,
+cut back to the rows its last checkpoint made durable, becomes the new version, and the result
+equals an uninterrupted build."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+
+from h5forge.format.names import RESUMABLE, RESUME_SUFFIX, SPEC
+from tests.helpers.files import make_raw, strays
+from tests.ingest.incremental.test_rebuild import assert_same, build, nightly_spec
+
+PARTIAL = ".dataset_v0001.h5.partial"
+
+
+@pytest.fixture
+def raw(tmp_path) -> Path:
+    return make_raw(tmp_path / "raw", n=120, seed=3)
+
+
+def killed_build(raw: Path, out: Path) -> Path:
+    """``build(nightly_spec(raw, out))`` in a child SIGKILLed after 80 % of its inputs (a
+    checkpoint after every batch of 2); returns the partial file it left."""
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys; from pathlib import Path; "
+         "from tests.ingest.incremental.test_rebuild import build, nightly_spec; "
+         "build(nightly_spec(Path(sys.argv[1]), Path(sys.argv[2])))", str(raw), str(out)],
+        cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=900,
+        env={**os.environ, "H5FORGE_KILL_AT": "build:at-80%", "H5FORGE_CHECKPOINT_SECONDS": "0"})
+    assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
+    return out / PARTIAL
+
+
+def spoil(raw: Path, k: int) -> str:
+    """The picture of the ``k``-th record replaced by bytes no decoder reads: cleaning rejects it."""
+    sid = json.loads((raw / "annotations.json").read_text())[k]["id"]
+    (raw / "images" / f"{sid}.png").write_bytes(b"not a picture")
+    return sid
+
+
+def test_a_killed_build_is_taken_over_in_place(raw, tmp_path):
+    bad = spoil(raw, 3)
+    out = tmp_path / "out"
+    partial = killed_build(raw, out)
+    inode = partial.stat().st_ino
+
+    path, result = build(nightly_spec(raw, out))
+    t = result.timings
+    # 96 of 120 inputs were settled at the kill: 95 rows and the rejected sample, whose rejection
+    # is carried over (not cleaned again); only the 24 others are cleaned
+    assert (t["resumed_in_place"], t["cleaned"], t["resumed_same_boot"]) == (95, 24, True)
+    assert "resumed_rows" not in t and t["reused"] == 0  # nothing copied
+    assert path.stat().st_ino == inode  # the killed build's file, published
+    # the 24 cleaned rows were checked in full while written; the kept ones are sampled by verify
+    assert "sampled" in result.health["checksums"]
+    assert [r.sample_id for r in result.rejections] == [bad]
+    assert strays(out) == []
+
+    fresh, fresh_result = build(nightly_spec(raw, tmp_path / "fresh"))
+    assert_same(path, fresh)  # every value, checksum, statistic and index
+    assert [(r.sample_id, r.reason) for r in result.rejections] == [
+        (r.sample_id, r.reason) for r in fresh_result.rejections]
+    with h5py.File(path) as f, h5py.File(fresh) as g:
+        assert f.attrs["version"] == g.attrs["version"] == 1
+        assert f[SPEC][()] == g[SPEC][()].replace(b"/fresh", b"/out")  # the stored spec is this build's
+
+
+def test_rows_kept_across_a_restart_of_the_machine_are_verified_in_full(raw, tmp_path):
+    """Pages the kernel had not written may be lost when the machine restarts: a row kept from
+    another boot is checked against its checksum like every row a build cleans."""
+    from h5forge.errors import VerificationFailed
+    from h5forge.read.direct import chunk_index
+    from h5forge.store.versions import published
+
+    out = tmp_path / "out"
+    partial = killed_build(raw, out)
+    state = partial.with_name(partial.name + RESUME_SUFFIX)
+    saved = json.loads(state.read_text())
+    state.write_text(json.dumps({**saved, "boot": "another boot"}))
+    with h5py.File(partial, "r") as f:  # row 40 of train's pictures lost its bytes
+        offset = int(chunk_index(f["train"]["images"]).offsets[40])
+    with open(partial, "r+b") as fh:
+        fh.seek(offset + 100)
+        fh.write(b"\0" * 64)
+    with pytest.raises(VerificationFailed, match=r"train\[40\]"):
+        build(nightly_spec(raw, out))
+    assert published(out) == {}
+
+
+def test_durable_rows_after_a_sample_that_left_are_copied_instead(raw, tmp_path):
+    """The first sample of the inputs is gone: the durable rows are no longer the first rows this
+    build writes, so they are copied into a new file (and still not cleaned again)."""
+    out = tmp_path / "out"
+    killed_build(raw, out)
+    records = json.loads((raw / "annotations.json").read_text())
+    gone = records[0]["id"]
+    for folder in ("images", "masks"):
+        (raw / folder / f"{gone}.png").unlink()
+    (raw / "annotations.json").write_text(json.dumps(records[1:]))
+
+    path, result = build(nightly_spec(raw, out))
+    t = result.timings
+    assert "resumed_in_place" not in t and t["resumed_rows"] == 95 and t["cleaned"] == 24
+    assert not (out / RESUMABLE).exists() and strays(out) == []
+    fresh, _ = build(nightly_spec(raw, tmp_path / "fresh"))
+    assert_same(path, fresh)
+
+
+def signal_spec(root: Path, out: Path):
+    from h5forge.spec import DatasetSpec
+    from tests.kinds.test_signal import spec_data
+
+    return DatasetSpec.model_validate({**spec_data(root, out), "compute": {"batch_size": 1}})
+
+
+def test_ragged_recordings_are_cut_back_to_their_durable_rows(tmp_path):
+    """Recordings of different lengths share chunks. The last durable recording changed after the
+    kill: the killed build's file is cut back to the 7 rows before it (of each ragged field, exactly
+    their elements; their statistics recounted), and the changed one and the rest follow."""
+    import numpy as np
+
+    from tests.ingest.incremental.test_rebuild import contents
+    from tests.kinds.test_signal import write_edf
+
+    root = tmp_path / "raw"
+    (root / "rec").mkdir(parents=True)
+    for i in range(10):
+        write_edf(root / "rec" / f"r{i}.edf", seconds=2 + i % 3, seed=i)
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys, h5forge; from pathlib import Path; "
+         "from tests.ingest.incremental.test_take_over import signal_spec; "
+         "h5forge.build(signal_spec(Path(sys.argv[1]), Path(sys.argv[2])))", str(root), str(tmp_path / "out")],
+        cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=900,
+        env={**os.environ, "H5FORGE_KILL_AT": "build:at-80%", "H5FORGE_CHECKPOINT_SECONDS": "0"})
+    assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
+
+    with h5py.File(tmp_path / "out" / PARTIAL, "r") as f:
+        assert [v.decode() for v in f["train"]["ids"][()]][-1] == "r7"  # 8 durable rows, r0..r7
+    write_edf(root / "rec" / "r7.edf", seconds=5, seed=99)  # longer than before
+
+    resumed, result = build(signal_spec(root, tmp_path / "out"))
+    assert (result.timings["resumed_in_place"], result.timings["cleaned"]) == (7, 3)
+    fresh, _ = build(signal_spec(root, tmp_path / "fresh"))
+    left, right = contents(resumed), contents(fresh)
+    assert sorted(left) == sorted(right)
+    for k in left:
+        if k.endswith("/sample") and left[k].dtype.kind == "f":
+            continue
+        if "@" in k and np.asarray(left[k]).dtype.kind == "f":  # float sums: the kept rows' are
+            assert np.allclose(left[k], right[k], rtol=1e-12), k  # recounted at once, not batch by batch
+        else:
+            assert np.array_equal(left[k], right[k]), k
