@@ -17,7 +17,7 @@ from collections import deque
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from h5forge.errors import DaskWorkersLost, NoDaskWorkers, SchedulerUnreachable
 from h5forge.format.names import FORMAT_VERSION
@@ -157,7 +157,8 @@ class ClusterAhead:
         self.ready_seconds: float | None = None  # from the start until the workers were up
         self.waited_seconds = 0.0  # how long the run waited for it
         self.used = False
-        self._cluster = self._client = None
+        self._cluster: Any = None
+        self._client: Client | None = None
         self._error: BaseException | None = None
         self._closing: threading.Thread | None = None
         self._quiet = logging.getLogger("distributed")
@@ -189,6 +190,7 @@ class ClusterAhead:
         self.waited_seconds += time.perf_counter() - t0
         if self._error is not None:
             raise self._error
+        assert self._client is not None  # the start either made it or failed
         self.used = True
         return self._client
 
