@@ -13,8 +13,7 @@ from h5forge.format.names import version_name
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest import build as steps, discover as discovery
 from h5forge.ingest.discover import Inventory
-from h5forge.ingest.incremental.inputs import Inputs
-from h5forge.ingest.incremental.inputs import rules_hash
+from h5forge.ingest.incremental.inputs import Inputs, rules_hash
 from h5forge.ingest.incremental.rebuild import comparable, inputs_of, unchanged_since
 from h5forge.ingest.parallel import cluster_ahead
 from h5forge.ingest.rejected import check_rejected
@@ -70,6 +69,8 @@ def build(
             check_rejected(spec, inventory, summary, candidate)  # above max_rejected: nothing is published
             leaving = run("removals", samples_leaving, spec, candidate)  # unless allowed: nothing is published
             report = run("verify", verify_candidate, candidate)
+            if not report.ok:  # nothing is published: the run shows why before it fails
+                run("report", show_health, runner, spec.name, report, summary, candidate.number)
             published = run("publish", publish_version, candidate, report)
             if ahead is not None:
                 ahead.close_soon()  # the workers' work is done: they stop while the reports are written
@@ -99,9 +100,9 @@ def cleans_everything(spec: DatasetSpec) -> bool:
     """Whether the build will clean every input on a LocalCluster: nothing to take rows from (no
     version, nor a killed build's rows, under these field rules) and, by a look ahead of
     discovery, at least ``compute.inline_below`` inputs (``ingest.parallel`` decides the same way)."""
-    if comparable(spec.output.dir, rules_hash(spec)):
+    if not discovery.at_least(spec, spec.compute.inline_below):
         return False
-    return discovery.at_least(spec, spec.compute.inline_below)
+    return not comparable(spec.output.dir, rules_hash(spec))
 
 
 def reported(what: str, show: Callable[..., Any], *args: Any) -> Any:
