@@ -65,16 +65,20 @@ def build(
     dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler"),
 ) -> None:
     """Full build: discover, clean on dask, write, verify, publish (a Prefect flow run)."""
-    _check_spec(spec, output, dask_address)  # fail fast, before starting Prefect
-    from h5forge.flows.build import build_dataset
-    from h5forge.flows.foreground import foreground_run
+    loaded = _check_spec(spec, output, dask_address)  # fail fast, before starting Prefect
+    from h5forge.ingest.parallel import cluster_ahead
+    from h5forge.pipeline.build import cleans_everything
 
-    with (
-        _reported(),
-        _flow_server(),
-        foreground_run(settings.debug),
-    ):  # no heartbeat thread to wait for at the end (flows/foreground.py)
-        result = build_dataset(str(spec), str(output) if output else None, dask_address)
+    # a full build's dask workers start while Prefect loads and the run is created: the run takes them
+    with _reported(), cluster_ahead(loaded, lambda: cleans_everything(loaded)):
+        from h5forge.flows.build import build_dataset
+        from h5forge.flows.foreground import foreground_run
+
+        with (
+            _flow_server(),
+            foreground_run(settings.debug),
+        ):  # no heartbeat thread to wait for at the end (flows/foreground.py)
+            result = build_dataset(str(spec), str(output) if output else None, dask_address)
     _print_build(result)
 
 

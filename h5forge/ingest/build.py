@@ -6,6 +6,7 @@ Each step is a plain function so it can be tested and timed without Prefect.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable
 
 from h5forge.errors import NothingToBuild, VerificationFailed
@@ -21,6 +22,7 @@ from h5forge.ingest.incremental.rebuild import (
     write_samples,
 )
 from h5forge.ingest.incremental.take_over import take_over
+from h5forge.ingest.parallel import ahead_executor
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.kinds import stored_kinds
 from h5forge.spec import DatasetSpec
@@ -85,13 +87,22 @@ def write_version(
 
 
 def verify_candidate(candidate: Candidate) -> HealthReport:
+    """Verify the written candidate, its checksums on the run's dask workers when they are still up
+    (``parallel.cluster_ahead``). A failed report is written at once (nothing will be published);
+    a passing one is written after the publish (``write_health_report``)."""
     # rows a rebuild copied from published versions are byte copies of verified rows, each with its
     # checksum, and rows a resumed build kept in place were flushed before the kill: sampled (the
     # rows it cleaned were checked in full by write_version)
     sample = REUSED_CHECKSUM_SAMPLE if candidate.partial.exists() and copies_verified_rows(candidate.partial) else None
-    report = verify_file(candidate.partial, checksum_sample=sample)
-    write_health(candidate.out, candidate.number, report)
+    report = verify_file(candidate.partial, checksum_sample=sample, executor=ahead_executor())
+    if not report.ok:
+        write_health(candidate.out, candidate.number, report)
     return report
+
+
+def write_health_report(candidate: Candidate, report: HealthReport) -> list[Path]:
+    """The health report of a published version, in ``reports/``."""
+    return write_health(candidate.out, candidate.number, report)
 
 
 def publish_candidate(candidate: Candidate, report: HealthReport) -> str:

@@ -445,6 +445,22 @@ def processed_roots(spec: DatasetSpec) -> list[Path]:
     return sorted(p for p in base.glob("v[0-9]*") if p.is_dir()) if base.is_dir() else []
 
 
+def at_least(spec: DatasetSpec, n: int) -> bool:
+    """Whether the source folder holds at least ``n`` files of the spec's first field read from
+    files: a look ahead of discovery that stops at ``n`` (a run decides from it whether to start
+    its dask cluster while discovery runs). Not a count of samples: incomplete or rejected inputs
+    are among them, and an input holding several samples is one."""
+    root = Path(spec.source.root)
+    patterns = next((kind.files for kind in field_kinds(spec).values() if kind.files), ())
+    found = 0
+    for pattern in patterns:
+        for _ in root.glob(pattern):
+            found += 1
+            if found >= n:
+                return True
+    return found >= n
+
+
 def discover(
     spec: DatasetSpec,
     root: Path | None = None,

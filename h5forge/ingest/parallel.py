@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 from collections import deque
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from h5forge.errors import DaskWorkersLost, NoDaskWorkers, SchedulerUnreachable
 from h5forge.format.names import FORMAT_VERSION
@@ -27,6 +29,8 @@ from h5forge.spec import DatasetSpec
 # dask and distributed take seconds to import: they load when a run cleans on dask, not when a
 # command imports the pipeline (a build below compute.inline_below never needs them)
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     from distributed import Client
 
 
@@ -89,11 +93,16 @@ def dask_client(address: str | None, workers: int, secure: bool = True) -> Itera
     and run code as this user (``Client(...).run_on_scheduler``). ``secure`` makes every link of
     the cluster TLS with credentials made for this run and held in memory only: scheduler, workers
     and this client authenticate each other, and nothing without the credentials is let in. An
-    address names an existing cluster, whose security is its own (docs/security.md)."""
+    address names an existing cluster, whose security is its own (docs/security.md). A LocalCluster
+    the run started ahead (``cluster_ahead``) is taken as it is, and left running."""
     import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
     from distributed.security import Security
 
+    warm = _ahead.get()
+    if not address and warm is not None and warm.fits(workers, secure):
+        yield warm.client()  # the run's cluster, started ahead: it outlives this cleaning (``cluster_ahead``)
+        return
     if address:
         check_reachable(address)
         try:
@@ -113,21 +122,139 @@ def dask_client(address: str | None, workers: int, secure: bool = True) -> Itera
     try:
         with (
             dask.config.set(LEAN_WORKERS),
-            LocalCluster(
-                n_workers=workers,
-                threads_per_worker=1,
-                processes=True,
-                host="127.0.0.1",
-                protocol="tls://" if secure else "tcp://",
-                security=security,
-                dashboard_address="127.0.0.1:0",
-                silence_logs=logging.ERROR,
-            ) as cluster,
+            local_cluster(workers, secure, security) as cluster,
             Client(cluster, security=security) as client,
         ):
             yield client
     finally:
         quiet.setLevel(level)
+
+
+def local_cluster(workers: int, secure: bool, security):
+    """The LocalCluster of ``dask_client``: ``workers`` single-threaded processes on 127.0.0.1."""
+    from distributed import LocalCluster
+
+    return LocalCluster(
+        n_workers=workers,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        protocol="tls://" if secure else "tcp://",
+        security=security,
+        dashboard_address="127.0.0.1:0",
+        silence_logs=logging.ERROR,
+    )
+
+
+class ClusterAhead:
+    """A run's LocalCluster, started in a background thread while the run does other work
+    (discovery, staging), and kept until the run ends so that verify checks on its workers too.
+    ``client()`` waits for it; a start that failed raises there, as ``dask_client`` would."""
+
+    def __init__(self, workers: int, secure: bool):
+        self.workers, self.secure = workers, secure
+        self.started_at = time.perf_counter()
+        self.ready_seconds: float | None = None  # from the start until the workers were up
+        self.waited_seconds = 0.0  # how long the run waited for it
+        self.used = False
+        self._cluster: Any = None
+        self._client: Client | None = None
+        self._error: BaseException | None = None
+        self._closing: threading.Thread | None = None
+        self._quiet = logging.getLogger("distributed")
+        self._level = self._quiet.level
+        self._quiet.setLevel(logging.ERROR)  # the shutdown chatter of worker processes is not news
+        self._thread = threading.Thread(target=self._start, name="h5forge-cluster-ahead", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            import dask
+            from distributed import Client
+            from distributed.security import Security
+
+            security = Security.temporary() if self.secure else None
+            with dask.config.set(LEAN_WORKERS):
+                self._cluster = local_cluster(self.workers, self.secure, security)
+            self._client = Client(self._cluster, security=security)
+            self.ready_seconds = round(time.perf_counter() - self.started_at, 3)
+        except BaseException as err:  # noqa: BLE001 - raised where the run needs the cluster
+            self._error = err
+
+    def fits(self, workers: int, secure: bool) -> bool:
+        return (workers, secure) == (self.workers, self.secure)
+
+    def client(self) -> Client:
+        t0 = time.perf_counter()
+        self._thread.join()
+        self.waited_seconds += time.perf_counter() - t0
+        if self._error is not None:
+            raise self._error
+        assert self._client is not None  # the start either made it or failed
+        self.used = True
+        return self._client
+
+    def executor(self) -> tuple[Executor, int] | None:
+        """The cluster's workers as an executor, and how many there are; None when cleaning did
+        not use the cluster (it ran in the calling process) or it has no worker left."""
+        if not self.used or self._client is None:
+            return None
+        try:
+            n = len(self._client.nthreads())
+        except Exception:  # noqa: BLE001 - a cluster that cannot answer checks nothing
+            return None
+        return (self._client.get_executor(pure=False), n) if n else None
+
+    def close_soon(self) -> None:
+        """Start closing the cluster in the background; ``close`` waits for it."""
+        if self._closing is None:
+            self._closing = threading.Thread(target=self._close, name="h5forge-cluster-close", daemon=True)
+            self._closing.start()
+
+    def close(self) -> None:
+        self.close_soon()
+        assert self._closing is not None
+        self._closing.join()
+        self._quiet.setLevel(self._level)
+
+    def _close(self) -> None:
+        self._thread.join()
+        for part in (self._client, self._cluster):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception:  # noqa: BLE001 - a cluster that fails to close holds nothing of the run's
+                    pass
+
+
+_ahead: ContextVar[ClusterAhead | None] = ContextVar("h5forge_cluster_ahead", default=None)
+
+
+@contextmanager
+def cluster_ahead(spec: DatasetSpec, wanted: Callable[[], bool]) -> Iterator[ClusterAhead | None]:
+    """Within the block, the LocalCluster the run will clean on starts in the background, when the
+    run cleans on one (no ``compute.dask_address``) and ``wanted()`` says it will have enough samples
+    for one (``compute.inline_below``). A cluster already started ahead by the caller is the one
+    used (and the caller's to close). Closed when the block ends."""
+    if _ahead.get() is not None:
+        yield _ahead.get()
+        return
+    if spec.compute.dask_address or not wanted():
+        yield None
+        return
+    ahead = ClusterAhead(spec.compute.workers, spec.compute.secure)
+    token = _ahead.set(ahead)
+    try:
+        yield ahead
+    finally:
+        _ahead.reset(token)
+        ahead.close()
+
+
+def ahead_executor() -> tuple[Executor, int] | None:
+    """The workers of the cluster this run cleaned on, when it was started ahead and is still up."""
+    ahead = _ahead.get()
+    return None if ahead is None else ahead.executor()
 
 
 def batches(samples: Sequence[SampleRef], size: int) -> list[list[SampleRef]]:
@@ -163,6 +290,8 @@ def clean_all(
         with dask_client(address, workers, spec.compute.secure) as client:
             timings["cleaned_in"] = address or f"LocalCluster({workers})"
             timings["cluster_start_seconds"] = round(time.perf_counter() - t0, 3)
+            if (ahead := _ahead.get()) is not None and ahead.used:
+                timings["cluster_started_ahead_seconds"] = ahead.ready_seconds
             status(
                 f"{len(client.scheduler_info()['workers'])} dask workers ready "
                 f"after {timings['cluster_start_seconds']:.1f} s"

@@ -7,13 +7,15 @@ step as a Prefect task.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 from h5forge.format.names import version_name
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest import build as steps, discover as discovery
 from h5forge.ingest.discover import Inventory
-from h5forge.ingest.incremental.inputs import Inputs
-from h5forge.ingest.incremental.rebuild import inputs_of, unchanged_since
+from h5forge.ingest.incremental.inputs import Inputs, rules_hash
+from h5forge.ingest.incremental.rebuild import comparable, inputs_of, unchanged_since
+from h5forge.ingest.parallel import cluster_ahead
 from h5forge.ingest.rejected import check_rejected
 from h5forge.ingest.removals import check_removals, named
 from h5forge.pipeline.reports import log_report, show_diff, show_health, write_preview_sheet
@@ -55,21 +57,28 @@ def build(
             log.warning("skipped: %s", busy)
             return BuildResult(spec.name, skipped=busy)
         claim_output(spec.output.dir, spec.name)
-        inventory = run("discover", discover_samples, spec)
-        inputs = run("fingerprint", fingerprint_inputs, spec, inventory)
-        same = run("unchanged", unchanged_version, spec, inputs)
-        if same is not None:  # same raw inputs, same rules: a new version would be a copy
-            return BuildResult(spec.name, same, str(spec.output.dir / version_name(same)), unchanged=True)
-        candidate = run("stage-version", stage_version, spec)
-        summary = run("clean-and-write", clean_and_write, spec, inventory, candidate, inputs, runner)
-        check_rejected(spec, inventory, summary, candidate)  # above max_rejected: nothing is published
-        leaving = run("removals", samples_leaving, spec, candidate)  # unless allowed: nothing is published
-        report = run("verify", verify_candidate, candidate)
-        run("report", show_health, runner, spec.name, report, summary, candidate.number)
-        published = run("publish", publish_version, candidate, report)
-        if runner.shows_artifacts:
-            run("diff", show_diff, runner, spec.name, candidate)
-        run("preview", write_preview_sheet, runner, spec.name, published, candidate.number)
+        # a full build starts its dask workers now, while it discovers, and verifies on them
+        with cluster_ahead(spec, lambda: cleans_everything(spec)) as ahead:
+            inventory = run("discover", discover_samples, spec)
+            inputs = run("fingerprint", fingerprint_inputs, spec, inventory)
+            same = run("unchanged", unchanged_version, spec, inputs)
+            if same is not None:  # same raw inputs, same rules: a new version would be a copy
+                return BuildResult(spec.name, same, str(spec.output.dir / version_name(same)), unchanged=True)
+            candidate = run("stage-version", stage_version, spec)
+            summary = run("clean-and-write", clean_and_write, spec, inventory, candidate, inputs, runner)
+            check_rejected(spec, inventory, summary, candidate)  # above max_rejected: nothing is published
+            leaving = run("removals", samples_leaving, spec, candidate)  # unless allowed: nothing is published
+            report = run("verify", verify_candidate, candidate)
+            if not report.ok:  # nothing is published: the run shows why before it fails
+                run("report", show_health, runner, spec.name, report, summary, candidate.number)
+            published = run("publish", publish_version, candidate, report)
+            if ahead is not None:
+                ahead.close_soon()  # the workers' work is done: they stop while the reports are written
+            # the reports describe a published version: one that fails is logged, the version stays
+            run("report", reported, "health", report_health, runner, spec.name, candidate, report, summary)
+            if runner.shows_artifacts:
+                run("diff", reported, "diff", show_diff, runner, spec.name, candidate)
+            run("preview", reported, "preview", write_preview_sheet, runner, spec.name, published, candidate.number)
         removed = run("retention", apply_retention, spec)
     return BuildResult(
         spec.name,
@@ -85,6 +94,30 @@ def build(
         unclaimed=inventory.unclaimed,
         rejections=summary.rejections,
     )
+
+
+def cleans_everything(spec: DatasetSpec) -> bool:
+    """Whether the build will clean every input on a LocalCluster: nothing to take rows from (no
+    version, nor a killed build's rows, under these field rules) and, by a look ahead of
+    discovery, at least ``compute.inline_below`` inputs (``ingest.parallel`` decides the same way)."""
+    if not discovery.at_least(spec, spec.compute.inline_below):
+        return False
+    return not comparable(spec.output.dir, rules_hash(spec))
+
+
+def reported(what: str, show: Callable[..., Any], *args: Any) -> Any:
+    """A report of a published version; a failure to make it is logged, and the run goes on."""
+    try:
+        return show(*args)
+    except Exception as err:  # noqa: BLE001 - the version is published: a report must not fail the run
+        log.warning("the %s report of the published version was not made: %s", what, err)
+        return None
+
+
+def report_health(runner: Runner, name: str, candidate: Candidate, report: HealthReport, summary: WriteSummary) -> None:
+    """The published version's health report: its files in ``reports/``, and as the runner shows it."""
+    steps.write_health_report(candidate, report)
+    show_health(runner, name, report, summary, candidate.number)
 
 
 def resolve_spec(spec: DatasetSpec | str | Path, output, dask_address, inbox=None) -> DatasetSpec:

@@ -19,7 +19,7 @@ import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import h5py
 import numpy as np
@@ -61,6 +61,9 @@ from h5forge.spec import DatasetSpec, spec_from_json
 from h5forge.store.sizes import version_sizes
 from h5forge.store.sources import MAX_SOURCE_BYTES, source_problem
 from h5forge.figures import figure_rows
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
 
 MAX_LISTED = 20  # errors of one kind listed before summarising the rest
 MAX_STORED_COUNT = 1000  # resample / latency_reads taken from the file's own spec at most
@@ -132,6 +135,7 @@ def verify_file(
     max_source_bytes: int = MAX_SOURCE_BYTES,
     isolate: bool = False,
     workers: int | None = None,
+    executor: tuple[Executor, int] | None = None,
 ) -> HealthReport:
     """Run every check on ``path``; never raises for a broken file: whatever cannot be read is an
     error of the check that tried, and the report says BROKEN.
@@ -145,6 +149,9 @@ def verify_file(
     report instead of killing the caller. For callers without other threads (the CLI).
     ``workers``: processes that share the checksums of a file of at least ``PARALLEL_ROWS`` rows
     (default: ``verify_workers()``, the CPUs this process may use); 1 checks in this process.
+    ``executor``: running processes to checksum on and how many there are (a build passes the dask
+    workers that cleaned it): the rows are shared among them from ``EXECUTOR_ROWS`` rows on, as
+    they cost no start; a share they fail to check is checked as without them.
     """
     if isolate:
         return _in_child(
@@ -160,6 +167,8 @@ def verify_file(
                 workers=workers,
             ),
         )
+    if executor is not None and executor[1] < 1:
+        executor = None
     ensure_filters()
     path = Path(path)
     report = HealthReport(str(path))
@@ -209,6 +218,7 @@ def verify_file(
                     rows,
                     old_format,
                     verify_workers() if workers is None else workers,
+                    executor,
                 )
             n_resample = _count(report, "resample", spec.verify.resample, resample)
             if n_resample:
@@ -622,6 +632,7 @@ def _check_checksums(
     ranges: dict[str, list[tuple[int, int]]] | None,
     old_format: bool,
     workers: int = 1,
+    executor: tuple[Executor, int] | None = None,
 ) -> None:
     step = min(block_rows(spec.storage.chunk_rows), MAX_BLOCK_ROWS)  # chunk_rows comes from the file
     blocks: list[tuple[str, int, int]] = []
@@ -629,8 +640,11 @@ def _check_checksums(
         n = int(f[split].attrs[Attr.COUNT])
         spans = [(0, n)] if ranges is None else ranges[split]
         blocks += [(split, a, min(hi, a + step)) for lo, hi in spans for a in range(lo, hi, step)]
-    parts = _shares(blocks, workers)
-    if len(parts) > 1:
+    shared = None if executor is None else _shares(blocks, executor[1], EXECUTOR_ROWS)
+    parts = _shares(blocks, workers) if shared is None or len(shared) < 2 else shared
+    if parts is shared and executor is not None:
+        bad, checked = _checksums_on(executor[0], f, kinds, parts, old_format)
+    elif len(parts) > 1:
         bad, checked = _checksums_in_processes(f, kinds, parts, old_format)
     else:
         bad, checked = _checksum_blocks(f, kinds, blocks, old_format)
@@ -675,6 +689,9 @@ def _checksum_blocks(
 # processes (benchmarks/results/ingest_parts.md, "verify"). The threshold errs on the side of one
 # process for the sizes in between.
 PARALLEL_ROWS = 8192
+# Processes that are running already (a build's dask workers) cost no start: from this many rows
+# the checksums are shared among them.
+EXECUTOR_ROWS = 1024
 
 
 def verify_workers() -> int:
@@ -685,10 +702,13 @@ def verify_workers() -> int:
         return max(1, min(16, os.cpu_count() or 1))
 
 
-def _shares(blocks: list[tuple[str, int, int]], workers: int) -> list[list[tuple[str, int, int]]]:
-    """``blocks`` cut into ``workers`` runs of about equal rows (one run for a small file)."""
+def _shares(
+    blocks: list[tuple[str, int, int]], workers: int, least: int | None = None
+) -> list[list[tuple[str, int, int]]]:
+    """``blocks`` cut into ``workers`` runs of about equal rows (one run below ``least`` rows,
+    default ``PARALLEL_ROWS``)."""
     rows = sum(b - a for _, a, b in blocks)
-    if workers <= 1 or rows < PARALLEL_ROWS:
+    if workers <= 1 or rows < (PARALLEL_ROWS if least is None else least):
         return [blocks]
     parts: list[list[tuple[str, int, int]]] = [[]]
     share, taken = rows / workers, 0
@@ -733,6 +753,26 @@ def _checksums_in_processes(
                 )
             bad += more
             checked += n
+    return bad, checked
+
+
+def _checksums_on(executor: Executor, f: h5py.File, kinds: dict[str, FieldKind], parts: list, old_format: bool):
+    """Each part of the blocks checked by ``executor``'s processes while this one waits. A part they
+    fail to check (a process lost, a crash of the HDF5 library on it) is checked again here, each
+    in a process of its own (``_checksums_in_processes``), so a crash is reported, not suffered."""
+    bad: list[str] = []
+    checked = 0
+    try:
+        futures = [executor.submit(_checksum_part, f.filename, part, old_format) for part in parts]
+    except Exception:  # noqa: BLE001 - e.g. an executor shut down: checked as without it
+        return _checksums_in_processes(f, kinds, parts, old_format)
+    for future, part in zip(futures, parts):
+        try:
+            more, n = future.result()
+        except Exception:  # noqa: BLE001 - checked again below, where a failure is located
+            more, n = _checksums_in_processes(f, kinds, [[], part], old_format)
+        bad += more
+        checked += n
     return bad, checked
 
 

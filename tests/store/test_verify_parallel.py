@@ -87,3 +87,33 @@ def test_a_thin_version_is_checked_in_processes(tmp_path, small_threshold):
 
 def test_the_default_uses_the_cpus_this_process_may_use():
     assert verify.verify_workers() == max(1, min(16, len(os.sched_getaffinity(0))))
+
+
+def _pool(n: int):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("forkserver"))
+
+
+def test_checksums_shared_among_running_processes_name_the_rows_one_process_names(good, tmp_path, monkeypatch):
+    """A build hands verify its dask workers: the rows are shared among them, this process checks
+    none, and the verdict and the rows named are those of one process."""
+    monkeypatch.setattr(verify, "EXECUTOR_ROWS", 1)
+    path = copy_writable(good, tmp_path / "dataset_v0001.h5")
+    with h5py.File(path, "r+") as f:
+        f["train"]["images"][0] = 255 - f["train"]["images"][0]
+    one = verify_file(path, workers=1, **QUICK)
+    with _pool(2) as pool:
+        shared = verify_file(path, workers=1, executor=(pool, 2), **QUICK)
+    assert not one.ok and not shared.ok and shared.stats["checksum_processes"] == 2
+    assert shared.stats["checksums_checked"] == one.stats["checksums_checked"] == sum(rows_of(good).values())
+    assert sorted(shared.errors) == sorted(one.errors) and any(e.startswith("train[0] ") for e in shared.errors)
+
+
+def test_processes_that_cannot_take_the_work_leave_every_row_checked(good, monkeypatch):
+    monkeypatch.setattr(verify, "EXECUTOR_ROWS", 1)
+    pool = _pool(2)
+    pool.shutdown()  # takes no more work
+    report = verify_file(good, workers=1, executor=(pool, 2), **QUICK)
+    assert report.ok and report.stats["checksums_checked"] == sum(rows_of(good).values())
