@@ -144,15 +144,23 @@ def _attrs(obj: h5py.HLObject) -> bytes:
 # relative to it). ``ingest.incremental.inputs.rules_hash`` leaves out the same parts.
 NOT_DATA = ("output", "compute", "verify", "append")
 NOT_DATA_SOURCE = ("root", "inbox")
+NOT_DATA_STORAGE = ("assemble",)  # how a version's files are laid out, not what they hold
 
 
-def data_definition(spec_json: str | bytes) -> bytes:
-    """The stored spec without where or how the version was built, as canonical JSON (sorted keys)."""
-    data = json.loads(spec_json)
+def drop_how_built(data: dict) -> dict:
+    """``data`` (a spec as JSON values) without what says where or how a version was built."""
     for key in NOT_DATA:
         data.pop(key, None)
     if isinstance(data.get("source"), dict):
         data["source"] = {k: v for k, v in data["source"].items() if k not in NOT_DATA_SOURCE}
+    if isinstance(data.get("storage"), dict):
+        data["storage"] = {k: v for k, v in data["storage"].items() if k not in NOT_DATA_STORAGE}
+    return data
+
+
+def data_definition(spec_json: str | bytes) -> bytes:
+    """The stored spec without where or how the version was built, as canonical JSON (sorted keys)."""
+    data = drop_how_built(json.loads(spec_json))
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 

@@ -32,6 +32,8 @@ INBOX_MANAGED = (INBOX_PROCESSED, INBOX_QUARANTINE)
 VERSION_RE = re.compile(r"^dataset_v(\d{4,})\.h5$")
 SEGMENTS_DIR = ".segments"  # in the output folder: the cleaning workers' chunk files of the running build
 DELTA_RE = re.compile(r"^dataset_v(\d{4,})\.delta\.h5$")
+# a version assembled from segments (storage.assemble: segments): the workers' files it maps
+SEGMENT_FOLDER_RE = re.compile(r"^dataset_v(\d{4,})\.segments$")
 PARTIAL_RE = re.compile(r"^\.dataset_v\d{4,}(\.delta)?\.h5\.partial$")
 
 
@@ -46,6 +48,11 @@ def version_name(number: int) -> str:
 
 def delta_name(number: int) -> str:
     return f"{version_tag(number)}.delta.h5"
+
+
+def segment_folder_name(number: int) -> str:
+    """The folder beside a version assembled from segments that holds the files it maps."""
+    return f"{version_tag(number)}.segments"
 
 
 def partial_name(final_name: str) -> str:

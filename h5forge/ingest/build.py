@@ -19,7 +19,7 @@ from h5forge.ingest.incremental.rebuild import (
     inputs_of,
     write_samples,
 )
-from h5forge.ingest.writer import DatasetWriter
+from h5forge.ingest.assemble import open_writer
 from h5forge.spec import DatasetSpec
 from h5forge.store.reports import write_health, write_quarantine
 from h5forge.store.verify import HealthReport, verify_file
@@ -52,7 +52,7 @@ def write_version(
         )
     timings: dict = {}
     inputs = inputs_of(spec, inventory) if inputs is None else inputs
-    with DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent, inputs) as writer:
+    with open_writer(candidate.partial, spec, candidate.number, candidate.parent, inputs) as writer:
         writer.add_rejections(inventory.rejections)
         cleaned = write_samples(spec, inventory, inputs, writer, timings, progress, status)
         timings["hash_cache_files"] = hash_cache.save(

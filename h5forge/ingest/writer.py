@@ -20,7 +20,7 @@ import socket
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import h5py
 import numpy as np
@@ -81,6 +81,10 @@ def _gather(pairs: list[tuple], n: int):
 
 class DatasetWriter:
     """Create ``path`` and append cleaned samples to it; ``finish`` writes the summaries."""
+
+    # where cleaning workers write their rows' own files (``ingest.assemble.SegmentsWriter``); None:
+    # the rows come to this writer
+    segments_to: Any = None
 
     def __init__(
         self,
@@ -195,19 +199,8 @@ class DatasetWriter:
             for split, counts in per_split.items():
                 acc[split] = acc[split] + counts if split in acc else counts
         labels = np.asarray(batch.splits)
-        nf = len(self.file_fields)
-        provenance = {
-            IDS: np.asarray(batch.ids, dtype=object),
-            SOURCE_FILES: np.asarray(batch.files, dtype=object).reshape(len(batch), nf),
-            SOURCE_SHA256: np.asarray(batch.source_sha256, dtype="S64").reshape(len(batch), nf),
-        }
-        # completed here, with the provenance as stored (an append rewrites source paths after cleaning)
-        ids, files, hashes = provenance[IDS], provenance[SOURCE_FILES], provenance[SOURCE_SHA256]
-        provenance[CHECKSUM] = np.asarray(
-            [row_checksum(d, ids[i], files[i], hashes[i], self.format_version) for i, d in enumerate(batch.digests)],
-            dtype="S64",
-        )
-        keys = self._sample_keys(batch)  # once per batch, whatever the number of splits in it
+        provenance = self.provenance_rows(batch)
+        keys = batch.keys if batch.keys is not None else self._sample_keys(batch)  # once per batch
         for split in sorted(set(batch.splits)):
             rows = np.flatnonzero(labels == split)
             buf = self._buffers[split]
@@ -224,6 +217,25 @@ class DatasetWriter:
             if self._buffered[split] >= self._block(split):
                 self._flush(split, final=False)
         return len(batch)
+
+    def provenance_rows(self, batch: CleanedBatch) -> dict[str, np.ndarray]:
+        """The batch's ids, source files, their hashes and row checksums, as stored."""
+        nf = len(self.file_fields)
+        provenance = {
+            IDS: np.asarray(batch.ids, dtype=object),
+            SOURCE_FILES: np.asarray(batch.files, dtype=object).reshape(len(batch), nf),
+            SOURCE_SHA256: np.asarray(batch.source_sha256, dtype="S64").reshape(len(batch), nf),
+        }
+        if batch.checksums is not None:  # made where the rows were written (a segment file)
+            provenance[CHECKSUM] = batch.checksums
+            return provenance
+        # completed here, with the provenance as stored (an append rewrites source paths after cleaning)
+        ids, files, hashes = provenance[IDS], provenance[SOURCE_FILES], provenance[SOURCE_SHA256]
+        provenance[CHECKSUM] = np.asarray(
+            [row_checksum(d, ids[i], files[i], hashes[i], self.format_version) for i, d in enumerate(batch.digests)],
+            dtype="S64",
+        )
+        return provenance
 
     def _block(self, split: str) -> int:
         """Rows to buffer before a write: a block of sample rows while sample arrays wait in the
