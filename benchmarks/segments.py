@@ -1,22 +1,33 @@
-"""The writer's process with the workers' chunks sent through dask against written to segment
-files: CPU of the calling process while it cleans on a LocalCluster and writes the version.
+"""The publisher's process, three ways the workers' rows reach the version: their compressed chunks
+sent through dask, written to chunk files the publisher copies (``storage.assemble: copy``), and
+written as segment files the version maps (``storage.assemble: segments``). CPU of the publisher per
+sample, the workers' CPU and the bytes each way moves; the projection to many workers; the read
+speed of a segments-assembled version.
 
     python -m benchmarks.segments [--smoke] [--n 1000 --size 224 --workers 2 --reps 2]
 
 What is measured and how: benchmarks/README.md, section "segments".
 """
 
+import os
+import pickle
 import shutil
 import time
+from pathlib import Path
 
 import h5py
 
-from benchmarks.common import CACHE, cli, loadavg, machine, make_spec, ratio, raw_folder, save, warm
+from benchmarks.common import CACHE, cli, loadavg, machine, make_spec, med, ratio, raw_folder, save, warm
 
 WORK = CACHE / "segments"
+ARMS = ("sent", "files", "segments")
+WORKERS = (2, 8, 32, 128)
+# shared storage assumed for the projection: a 10 GbE link (NFS, a parallel file system's client),
+# for the storage's total traffic and for the publisher's own link alike
+BANDWIDTH_BYTES_PER_S = 1.25e9
 
 
-def build_once(spec, via_files: bool) -> dict:
+def build_once(spec, arm: str) -> dict:
     """One build; the calling process's CPU and wall time in the clean-and-write step."""
     import h5forge
     from h5forge.ingest import build, parallel
@@ -33,7 +44,7 @@ def build_once(spec, via_files: bool) -> dict:
             spent["cpu"], spent["wall"] = time.process_time() - c, time.perf_counter() - t
 
     build.write_samples = timed
-    if not via_files:
+    if arm == "sent":
         parallel.make_folder = lambda spec: None  # the workers send their chunks, as without segment files
     try:
         result = h5forge.build(spec)
@@ -42,16 +53,22 @@ def build_once(spec, via_files: bool) -> dict:
     with h5py.File(result.path, "r") as f:
         checksums = {s: f[s]["checksum"][()].tobytes() for s in ("train", "val", "test")}
         digests = {s: str(f[s].attrs["digest"]) for s in ("train", "val", "test")}
-    return {"samples": sum(result.counts.values()),
+        virtual = f["train/images"].is_virtual
+    return {"samples": sum(result.counts.values()), "path": result.path, "virtual": virtual,
             "cpu": spent["cpu"], "wall": spent["wall"], "checksums": checksums, "digests": digests}
 
 
-def writer_part(spec, raw, n: int) -> dict:
-    """In one process, CPU ms per sample of the writer's side of a batch: unpickling the batch a
-    worker sent with its chunks, or reading its segment file, then ``DatasetWriter.add`` (second of
-    two passes each; the first pays first-write costs)."""
-    import pickle
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
 
+
+def publisher_part(spec, n: int) -> dict:
+    """In one process, per arm: the workers' side of each batch after cleaning (writing a chunk file
+    or a segment file, CPU ms per sample), then the publisher's: unpickling what each worker
+    returns, reading the chunk files, adding the batches and finishing the version (CPU ms per
+    sample, second of two passes; the first pays first-write costs). Bytes per sample: pickled to
+    the publisher, written by the workers, read and written by the publisher."""
+    from h5forge.ingest.assemble import SegmentsWriter, write_segment_file
     from h5forge.ingest.clean import clean_batch
     from h5forge.ingest.discover import discover
     from h5forge.ingest.segment_files import read_segment, write_segment
@@ -59,27 +76,107 @@ def writer_part(spec, raw, n: int) -> dict:
 
     inventory = discover(spec)
     refs, bs = inventory.samples[:n], spec.compute.batch_size
+    c = time.process_time()
     batches = [clean_batch(spec, inventory.root, refs[i:i + bs]) for i in range(0, len(refs), bs)]
-    sent = [pickle.dumps(b, protocol=5) for b in batches]
-    folder = WORK / "segment-files"
-    out: dict = {}
-    for arm in ("sent", "files"):
+    clean_ms = 1000 * (time.process_time() - c) / len(refs)
+    chunk_folder = WORK / "chunk-files"
+    out: dict = {"clean_ms_per_sample": round(clean_ms, 4)}
+    for arm in ARMS:
         for _ in range(2):
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-            placed = [pickle.dumps(write_segment(b, folder), protocol=5) for b in batches]  # what a worker returns
-            path = WORK / "writer.h5"
-            path.unlink(missing_ok=True)
+            shutil.rmtree(WORK / "publisher", ignore_errors=True)
+            shutil.rmtree(chunk_folder, ignore_errors=True)
+            (WORK / "publisher").mkdir(parents=True)
+            chunk_folder.mkdir(parents=True)
+            path = WORK / "publisher" / "dataset_v0001.h5"
             c = time.process_time()
-            with DatasetWriter(path, spec, version=1) as w:
-                for blob in (sent if arm == "sent" else placed):
+            opened = SegmentsWriter(path, spec, version=1) if arm == "segments" else None
+            t_open = time.process_time() - c
+            c = time.process_time()
+            if arm == "sent":
+                returned = [pickle.dumps(b, protocol=5) for b in batches]
+            elif arm == "files":
+                returned = [pickle.dumps(write_segment(b, chunk_folder), protocol=5) for b in batches]
+            else:
+                target = opened.segments_to
+                returned = [pickle.dumps(write_segment_file(b, spec, target), protocol=5) for b in batches]
+            worker_write = time.process_time() - c
+            workers_wrote = _size(chunk_folder) if arm == "files" else _size(opened.folder) if arm == "segments" else 0
+            c = time.process_time()
+            writer = opened or DatasetWriter(path, spec, version=1)
+            with writer as w:
+                for blob in returned:
                     batch = pickle.loads(blob)
-                    w.add(batch if arm == "sent" else read_segment(batch, folder))
+                    w.add(read_segment(batch, chunk_folder) if arm == "files" else batch)
                 t_add = time.process_time() - c
                 w.finish()
-            out[arm] = {"receive_and_add_ms_per_sample": round(1000 * t_add / len(refs), 4),
-                        "bytes_received_per_sample": round(sum(map(len, sent if arm == "sent" else placed)) / len(refs))}
+            t_all = time.process_time() - c + t_open
+        out[arm] = {
+            "worker_write_ms_per_sample": round(1000 * worker_write / len(refs), 4),
+            "publisher_add_ms_per_sample": round(1000 * t_add / len(refs), 4),
+            "publisher_ms_per_sample": round(1000 * t_all / len(refs), 4),
+            "bytes_to_publisher_per_sample": round(sum(map(len, returned)) / len(refs)),
+            "bytes_workers_write_per_sample": round(workers_wrote / len(refs)),
+            "bytes_publisher_reads_per_sample": round(workers_wrote / len(refs)) if arm == "files" else 0,
+            "bytes_publisher_writes_per_sample": round(path.stat().st_size / len(refs)),
+        }
+    shutil.rmtree(WORK / "publisher", ignore_errors=True)
+    shutil.rmtree(chunk_folder, ignore_errors=True)
     return out
+
+
+def projection(parts: dict) -> dict:
+    """Samples/s at each number of workers, per arm: the least of what the workers clean
+    (W / worker CPU per sample), what the one publisher takes (1 / its CPU per sample), what the
+    shared storage carries (bandwidth / bytes every sample moves through it) and what the
+    publisher's own link carries (bandwidth / bytes it receives, reads and writes per sample)."""
+    out: dict = {"bandwidth_assumed_bytes_per_s": BANDWIDTH_BYTES_PER_S}
+    for arm in ARMS:
+        p = parts[arm]
+        worker_ms = parts["clean_ms_per_sample"] + p["worker_write_ms_per_sample"]
+        storage = p["bytes_workers_write_per_sample"] + p["bytes_publisher_reads_per_sample"] + p["bytes_publisher_writes_per_sample"]
+        link = p["bytes_to_publisher_per_sample"] + p["bytes_publisher_reads_per_sample"] + p["bytes_publisher_writes_per_sample"]
+        caps = {"publisher": 1000 / p["publisher_ms_per_sample"], "storage": BANDWIDTH_BYTES_PER_S / storage,
+                "publisher_link": BANDWIDTH_BYTES_PER_S / link}
+        rows = {}
+        for w in WORKERS:
+            limits = {"workers": w * 1000 / worker_ms, **caps}
+            by = min(limits, key=limits.get)
+            rows[f"{w}_workers"] = {"samples_per_s": round(limits[by]), "limited_by": by}
+        out[arm] = {"worker_ms_per_sample": round(worker_ms, 4), "storage_bytes_per_sample": storage,
+                    "publisher_link_bytes_per_sample": link,
+                    **{f"cap_{k}_samples_per_s": round(v) for k, v in caps.items()}, **rows}
+    return out
+
+
+def read_part(paths: dict[str, Path], workers: int, reps: int) -> dict:
+    """A ds.loader() epoch of images and masks (batch 32, shuffled, ``workers`` processes) and the
+    median of 500 random single-sample reads (h5py, images), each version, interleaved."""
+    import numpy as np
+
+    from h5forge.read.torch import H5Dataset
+
+    rates: dict[str, list] = {k: [] for k in paths}
+    single: dict[str, list] = {k: [] for k in paths}
+    warm([p for path in paths.values() for p in [path, *Path(path).parent.rglob("*.h5")]])
+    for r in range(reps):
+        for k, p in paths.items():
+            ds = H5Dataset(p, "train", ("images", "masks"))
+            t = time.perf_counter()
+            n = sum(x.shape[0] for x, _ in ds.loader(batch_size=32, num_workers=workers, shuffle=True, seed=r))
+            rates[k].append(round(n / (time.perf_counter() - t), 1))
+            ds.close()
+            with h5py.File(os.path.realpath(p), "r") as f:
+                images = f["train/images"]
+                order = np.random.default_rng(r).integers(0, images.shape[0], 500)
+                times = []
+                for i in order.tolist():
+                    t = time.perf_counter()
+                    images[i]
+                    times.append(time.perf_counter() - t)
+                single[k].append(round(1e6 * float(np.median(times)), 1))
+    return {"loader_samples_per_s": rates, "random_read_p50_us": single,
+            "loader_segments_over_copy": ratio(med(rates["segments"]), med(rates["files"])),
+            "random_read_p50_segments_over_copy": ratio(med(single["segments"]), med(single["files"]))}
 
 
 def main() -> None:
@@ -87,26 +184,37 @@ def main() -> None:
     raw = raw_folder(args.n, args.size)
     warm([raw])
     result = {"machine": machine(), "args": vars(args), "loadavg_start": loadavg()}
-    result["writer_in_process"] = writer_part(make_spec(raw, WORK / "parts", args.size), raw, args.n)
-    runs: dict[str, list[dict]] = {"sent": [], "files": []}
+    parts = publisher_part(make_spec(raw, WORK / "parts", args.size), args.n)
+    result["in_process"] = parts
+    result["projection"] = projection(parts)
+    runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     for _ in range(args.reps):
-        for arm in ("sent", "files"):  # interleaved: the machine's load changes during the run
-            spec = make_spec(raw, WORK / arm, args.size,
-                             compute={"workers": args.workers, "inline_below": 0})
-            runs[arm].append(build_once(spec, arm == "files"))
-    same = all(r["checksums"] == runs["sent"][0]["checksums"] and r["digests"] == runs["sent"][0]["digests"]
+        for arm in ARMS:  # interleaved: the machine's load changes during the run
+            spec = make_spec(raw, WORK / arm, args.size, compute={"workers": args.workers, "inline_below": 0},
+                             storage={"assemble": "segments" if arm == "segments" else "copy"})
+            runs[arm].append(build_once(spec, arm))
+    first = runs["sent"][0]
+    same = all(r["checksums"] == first["checksums"] and r["digests"] == first["digests"]
                for arm in runs.values() for r in arm)
-    if not same:
-        raise RuntimeError("the versions differ between the arms")
-    n = runs["sent"][0]["samples"]
+    if not same or not all(r["virtual"] for r in runs["segments"]):
+        raise RuntimeError("the versions differ between the arms, or the segments arm copied its rows")
+    n = first["samples"]
     best = {arm: {"cpu_ms_per_sample": round(1000 * min(r["cpu"] for r in rs) / n, 4),
                   "wall_seconds": round(min(r["wall"] for r in rs), 3)} for arm, rs in runs.items()}
-    result.update(samples=n, same_version=same, writer_process=best, ratios={
-        "writer_cpu_files_over_sent": ratio(best["files"]["cpu_ms_per_sample"], best["sent"]["cpu_ms_per_sample"]),
-        "clean_write_wall_files_over_sent": ratio(best["files"]["wall_seconds"], best["sent"]["wall_seconds"]),
-        "writer_add_files_over_sent": ratio(result["writer_in_process"]["files"]["receive_and_add_ms_per_sample"],
-                                            result["writer_in_process"]["sent"]["receive_and_add_ms_per_sample"]),
-    })
+    result.update(samples=n, same_version=same, build_calling_process=best)
+    result["read"] = read_part({arm: Path(runs[arm][-1]["path"]) for arm in ("files", "segments")},
+                               args.workers, args.reps)
+    result["ratios"] = {
+        "publisher_ms_segments": parts["segments"]["publisher_ms_per_sample"],
+        "publisher_ms_copy_files": parts["files"]["publisher_ms_per_sample"],
+        "publisher_segments_over_copy_files": ratio(parts["segments"]["publisher_ms_per_sample"],
+                                                    parts["files"]["publisher_ms_per_sample"]),
+        "build_cpu_segments_over_copy_files": ratio(best["segments"]["cpu_ms_per_sample"],
+                                                    best["files"]["cpu_ms_per_sample"]),
+        "build_wall_segments_over_copy_files": ratio(best["segments"]["wall_seconds"], best["files"]["wall_seconds"]),
+        "loader_segments_over_copy": result["read"]["loader_segments_over_copy"],
+        "random_read_p50_segments_over_copy": result["read"]["random_read_p50_segments_over_copy"],
+    }
     save("segments", result, args.smoke)
 
 

@@ -50,6 +50,14 @@ class SegmentTarget:
     format_version: int = FORMAT_VERSION
 
 
+class SegmentFileWriter(DatasetWriter):
+    """A worker's file of rows: the version's layout, statistics, indexed fields' row lists, sample
+    keys and catalog, without what only a file read as a version needs (digests, diagnostics, axis
+    names, annotation-column indexes: the version file has its own)."""
+
+    publishes = False
+
+
 def clean_to_file(spec: DatasetSpec, root: str, refs: list[SampleRef], target: SegmentTarget) -> CleanedBatch:
     """On a worker: clean ``refs``, write the rows to a new file in the target folder, return the
     small columns and the file's place."""
@@ -64,7 +72,7 @@ def write_segment_file(batch: CleanedBatch, spec: DatasetSpec, target: SegmentTa
     name = f"{uuid.uuid4().hex}.h5"
     partial = folder / partial_name(name)
     inputs = Inputs(rules=target.rules, key="")
-    with DatasetWriter(partial, spec, target.version, inputs=inputs, format_version=target.format_version) as w:
+    with SegmentFileWriter(partial, spec, target.version, inputs=inputs, format_version=target.format_version) as w:
         batch = replace(batch, checksums=w.provenance_rows(batch)[CHECKSUM], keys=w._sample_keys(batch))
         w.add(batch)
         summary = w.finish()

@@ -85,6 +85,9 @@ class DatasetWriter:
     # where cleaning workers write their rows' own files (``ingest.assemble.SegmentsWriter``); None:
     # the rows come to this writer
     segments_to: Any = None
+    # False for a file whose rows a version maps (a worker's segment file): no digests, diagnostics,
+    # axis names or annotation-column indexes, which only a file read as a version needs
+    publishes = True
 
     def __init__(
         self,
@@ -341,16 +344,18 @@ class DatasetWriter:
             g.attrs[Attr.COUNT] = self.counts[split]
             for path, kind in self.kinds.items():
                 kind.write_stats(g, self.stats.get(path, {}).get(split))
-            for col in self.spec.annotations.index_by:
+            for col in self.spec.annotations.index_by if self.publishes else ():
                 write_index(f, split, col, g[column_path(col)][()])
             for path, listed in self._indexed[split].items():
                 write_index_lists(f, split, path, listed)
-            name_axes(g, self.counts[split])
+            if self.publishes:
+                name_axes(g, self.counts[split])
         write_catalog(f, catalog_from_rows(f), *((self.inputs.key, self.inputs.rules) if self.inputs else ()))
-        write_digests(f)
         summary = self._summary(timings or {})
-        write_diagnostics(f, summary)
-        write_file_digest(f)
+        if self.publishes:
+            write_digests(f)
+            write_diagnostics(f, summary)
+            write_file_digest(f)
         f.flush()
         self._held, self._direct, self._groups = [], {}, {}
         f.close()
