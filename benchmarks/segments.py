@@ -62,65 +62,83 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
 
 
+def _arm_once(spec, arm: str, batches: list, n: int) -> dict:
+    """One pass of an arm over ``batches``: the workers' writes after cleaning, then the publisher."""
+    from h5forge.ingest.assemble import SegmentsWriter, write_segment_file
+    from h5forge.ingest.segment_files import read_segment, write_segment
+    from h5forge.ingest.writer import DatasetWriter
+
+    chunk_folder = WORK / "chunk-files"
+    shutil.rmtree(WORK / "publisher", ignore_errors=True)
+    shutil.rmtree(chunk_folder, ignore_errors=True)
+    (WORK / "publisher").mkdir(parents=True)
+    chunk_folder.mkdir(parents=True)
+    path = WORK / "publisher" / "dataset_v0001.h5"
+    c = time.process_time()
+    opened = SegmentsWriter(path, spec, version=1) if arm == "segments" else None
+    t_open = time.process_time() - c
+    c = time.process_time()
+    if arm == "sent":
+        returned = [pickle.dumps(b, protocol=5) for b in batches]
+    elif arm == "files":
+        returned = [pickle.dumps(write_segment(b, chunk_folder), protocol=5) for b in batches]
+    else:
+        returned = [pickle.dumps(write_segment_file(b, spec, opened.segments_to), protocol=5) for b in batches]
+    worker_write = time.process_time() - c
+    wrote = _size(chunk_folder) if arm == "files" else _size(opened.folder) if arm == "segments" else 0
+    c = time.process_time()
+    with opened or DatasetWriter(path, spec, version=1) as w:
+        for blob in returned:
+            batch = pickle.loads(blob)
+            w.add(read_segment(batch, chunk_folder) if arm == "files" else batch)
+        t_add = time.process_time() - c
+        w.finish()
+    return {"worker_write": worker_write, "add": t_add, "all": time.process_time() - c + t_open, "wrote": wrote,
+            "returned": sum(map(len, returned)), "version_bytes": path.stat().st_size}
+
+
+def _best(spec, arm: str, batches: list, n: int) -> dict:
+    """Per figure, the least of three passes (the first pays first-write costs; the machine is shared)."""
+    passes = [_arm_once(spec, arm, batches, n) for _ in range(3)]
+    return {k: min(p[k] for p in passes) for k in passes[0]}
+
+
 def publisher_part(spec, n: int) -> dict:
     """In one process, per arm: the workers' side of each batch after cleaning (writing a chunk file
     or a segment file, CPU ms per sample), then the publisher's: unpickling what each worker
-    returns, reading the chunk files, adding the batches and finishing the version (CPU ms per
-    sample, second of two passes; the first pays first-write costs). Bytes per sample: pickled to
-    the publisher, written by the workers, read and written by the publisher."""
-    from h5forge.ingest.assemble import SegmentsWriter, write_segment_file
+    returns, reading the chunk files, adding the batches and finishing the version, for all ``n``
+    samples and for a quarter of them (each figure the least of three passes). The publisher's CPU per sample is the difference over the difference in samples (what
+    one more sample costs it, finishing included); its fixed cost per version is the rest. Bytes per
+    sample: pickled to the publisher, written by the workers, read and written by the publisher."""
     from h5forge.ingest.clean import clean_batch
     from h5forge.ingest.discover import discover
-    from h5forge.ingest.segment_files import read_segment, write_segment
-    from h5forge.ingest.writer import DatasetWriter
 
     inventory = discover(spec)
     refs, bs = inventory.samples[:n], spec.compute.batch_size
     c = time.process_time()
     batches = [clean_batch(spec, inventory.root, refs[i:i + bs]) for i in range(0, len(refs), bs)]
     clean_ms = 1000 * (time.process_time() - c) / len(refs)
-    chunk_folder = WORK / "chunk-files"
-    out: dict = {"clean_ms_per_sample": round(clean_ms, 4)}
+    quarter = max(1, len(batches) // 4)
+    q = sum(len(b) for b in batches[:quarter])
+    kept = sum(len(b) for b in batches)
+    out: dict = {"clean_ms_per_sample": round(clean_ms, 4), "samples": kept, "quarter_samples": q}
     for arm in ARMS:
-        for _ in range(2):
-            shutil.rmtree(WORK / "publisher", ignore_errors=True)
-            shutil.rmtree(chunk_folder, ignore_errors=True)
-            (WORK / "publisher").mkdir(parents=True)
-            chunk_folder.mkdir(parents=True)
-            path = WORK / "publisher" / "dataset_v0001.h5"
-            c = time.process_time()
-            opened = SegmentsWriter(path, spec, version=1) if arm == "segments" else None
-            t_open = time.process_time() - c
-            c = time.process_time()
-            if arm == "sent":
-                returned = [pickle.dumps(b, protocol=5) for b in batches]
-            elif arm == "files":
-                returned = [pickle.dumps(write_segment(b, chunk_folder), protocol=5) for b in batches]
-            else:
-                target = opened.segments_to
-                returned = [pickle.dumps(write_segment_file(b, spec, target), protocol=5) for b in batches]
-            worker_write = time.process_time() - c
-            workers_wrote = _size(chunk_folder) if arm == "files" else _size(opened.folder) if arm == "segments" else 0
-            c = time.process_time()
-            writer = opened or DatasetWriter(path, spec, version=1)
-            with writer as w:
-                for blob in returned:
-                    batch = pickle.loads(blob)
-                    w.add(read_segment(batch, chunk_folder) if arm == "files" else batch)
-                t_add = time.process_time() - c
-                w.finish()
-            t_all = time.process_time() - c + t_open
+        whole = _best(spec, arm, batches, kept)
+        part = _best(spec, arm, batches[:quarter], q)
+        marginal = (whole["all"] - part["all"]) / (kept - q)
         out[arm] = {
-            "worker_write_ms_per_sample": round(1000 * worker_write / len(refs), 4),
-            "publisher_add_ms_per_sample": round(1000 * t_add / len(refs), 4),
-            "publisher_ms_per_sample": round(1000 * t_all / len(refs), 4),
-            "bytes_to_publisher_per_sample": round(sum(map(len, returned)) / len(refs)),
-            "bytes_workers_write_per_sample": round(workers_wrote / len(refs)),
-            "bytes_publisher_reads_per_sample": round(workers_wrote / len(refs)) if arm == "files" else 0,
-            "bytes_publisher_writes_per_sample": round(path.stat().st_size / len(refs)),
+            "worker_write_ms_per_sample": round(1000 * whole["worker_write"] / kept, 4),
+            "publisher_add_ms_per_sample": round(1000 * whole["add"] / kept, 4),
+            "publisher_all_ms_per_sample": round(1000 * whole["all"] / kept, 4),
+            "publisher_ms_per_sample": round(1000 * marginal, 4),
+            "publisher_fixed_ms": round(1000 * (whole["all"] - marginal * kept), 1),
+            "bytes_to_publisher_per_sample": round(whole["returned"] / kept),
+            "bytes_workers_write_per_sample": round(whole["wrote"] / kept),
+            "bytes_publisher_reads_per_sample": round(whole["wrote"] / kept) if arm == "files" else 0,
+            "bytes_publisher_writes_per_sample": round(whole["version_bytes"] / kept),
         }
     shutil.rmtree(WORK / "publisher", ignore_errors=True)
-    shutil.rmtree(chunk_folder, ignore_errors=True)
+    shutil.rmtree(WORK / "chunk-files", ignore_errors=True)
     return out
 
 

@@ -142,8 +142,8 @@ LAYOUT: tuple[tuple[str, str], ...] = (
         f'attrs: {Attr.FORMAT}="{FORMAT}", {Attr.FORMAT_VERSION}={FORMAT_VERSION}, {Attr.NAME}, '
         f"{Attr.DESCRIPTION}, {Attr.VERSION}, {Attr.PARENT} (-1 for none), {Attr.CREATED} (UTC ISO-8601), "
         f"{Attr.CREATOR}, h5forge_version, h5py_version, hdf5_version, python_version, {Attr.CODEC}, "
-        f"{Attr.CODEC_NEEDS} (what a reader must have), {Attr.FIELDS}; thin versions also "
-        f"{Attr.SEGMENTS} (JSON) and {Attr.SELF_CONTAINED}=False; exports {Attr.EXPORTED_FROM}; "
+        f"{Attr.CODEC_NEEDS} (what a reader must have), {Attr.FIELDS}; thin versions and versions "
+        f"assembled from segments (dataset_vNNNN.segments/) also {Attr.SEGMENTS} (JSON) and {Attr.SELF_CONTAINED}=False; exports {Attr.EXPORTED_FROM}; "
         f"{Attr.FILE_DIGEST}: hex sha256 of the other root attributes, of /{DIAGNOSTICS} and /inputs "
         f"and of /{SPEC} as stored; {Attr.FILE_DIGEST_RULE}={FILE_DIGEST_RULE} (absent: /{SPEC} is not covered)",
     ),

@@ -29,6 +29,8 @@ import numpy as np
 
 from h5forge.errors import UsageError
 from h5forge.format.arrays import Ragged
+from h5forge.format.catalog import ROW_BITS, Catalog
+from h5forge.format.layout import SMALL_ROWS
 from h5forge.format.names import CHECKSUM, FORMAT_VERSION, SPLITS, Attr, partial_name, segment_folder_name
 from h5forge.format.segments import map_virtual
 from h5forge.format.summary import WriteSummary
@@ -53,9 +55,20 @@ class SegmentTarget:
 class SegmentFileWriter(DatasetWriter):
     """A worker's file of rows: the version's layout, statistics, indexed fields' row lists, sample
     keys and catalog, without what only a file read as a version needs (digests, diagnostics, axis
-    names, annotation-column indexes: the version file has its own)."""
+    names, annotation-column indexes: the version file has its own). Its small columns are chunked
+    by the batch: a file holds one batch, and a chunk HDF5 cannot compress (strings, hashes) takes
+    its whole size on disk however few rows it holds."""
 
     publishes = False
+
+    def __init__(self, path: Path, spec: DatasetSpec, *args, **kwargs):
+        self.small_rows = max(1, min(SMALL_ROWS, spec.compute.batch_size))
+        super().__init__(path, spec, *args, **kwargs)
+        self.catalog: Catalog | None = None
+
+    def _catalog(self) -> Catalog:
+        self.catalog = super()._catalog()
+        return self.catalog
 
 
 def clean_to_file(spec: DatasetSpec, root: str, refs: list[SampleRef], target: SegmentTarget) -> CleanedBatch:
@@ -87,8 +100,10 @@ def write_segment_file(batch: CleanedBatch, spec: DatasetSpec, target: SegmentTa
         }
         for split in SPLITS
     }
+    catalog = w.catalog  # the file's, rows in its own numbering: the publisher's is theirs together
     segment = {
         "file": name,
+        "catalog": (catalog.content, catalog.content_at, catalog.ids),
         "counts": dict(summary.counts),
         "elements": elements,
         "raw": summary.array_bytes_raw,
@@ -120,6 +135,7 @@ class SegmentsWriter(DatasetWriter):
         rules = inputs.rules if inputs is not None else rules_hash(spec, format_version)
         self.segments_to = SegmentTarget(str(self.folder), version, rules, format_version)
         self.segments: list[dict] = []
+        self._catalogs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # the workers' files'
         self._with_arrays = False
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -139,7 +155,12 @@ class SegmentsWriter(DatasetWriter):
                 "is not visible from this machine; the workers and this process must share the output "
                 "folder (or use storage.assemble: copy)"
             )
-        self.segments.append(batch.segment)
+        segment = dict(batch.segment)
+        content, at, ids = segment.pop("catalog")
+        for k, split in enumerate(SPLITS):  # the file's rows of each split follow the ones before
+            at = np.where((at >> ROW_BITS) == k, at + self.next_row(split), at)
+        self._catalogs.append((content, at, ids))
+        self.segments.append(segment)
         return super().add(batch)
 
     def add_stored(self, split, copy, listed) -> None:
@@ -171,6 +192,17 @@ class SegmentsWriter(DatasetWriter):
         summary = super().finish(timings)
         self._remove_unreferenced()
         return summary
+
+    def _catalog(self) -> Catalog:
+        """The workers' catalogs together, as ``catalog_from_rows`` makes it from the rows: the
+        same raw content twice keeps the order of its rows."""
+        if not self.segments:
+            return super()._catalog()
+        content, at, ids = (np.concatenate(parts) for parts in zip(*self._catalogs))
+        rows = np.argsort(at, kind="stable")
+        content, at = content[rows], at[rows]
+        order = np.argsort(content, kind="stable")
+        return Catalog(content[order], at[order], np.sort(ids))
 
     def _listed(self) -> list[dict]:
         """The segments as the version's attribute lists them: paths relative to its folder."""

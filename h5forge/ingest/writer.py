@@ -28,7 +28,7 @@ import numpy as np
 from h5forge import __version__
 from h5forge.format import arrays
 from h5forge.format.arrays import Ragged
-from h5forge.format.catalog import KEY, catalog_from_rows, create_sample_keys, sample_keys_path, write_catalog
+from h5forge.format.catalog import KEY, Catalog, catalog_from_rows, create_sample_keys, sample_keys_path, write_catalog
 from h5forge.format.checksums import row_checksum, write_digests, write_file_digest
 from h5forge.format.chunk_codec import EncodedRows, accepts, append_chunks
 from h5forge.format.codecs import CODECS, codec_options, ensure_filters
@@ -88,6 +88,7 @@ class DatasetWriter:
     # False for a file whose rows a version maps (a worker's segment file): no digests, diagnostics,
     # axis names or annotation-column indexes, which only a file read as a version needs
     publishes = True
+    small_rows: int | None = None  # rows per chunk of the small columns; None: the format's default
 
     def __init__(
         self,
@@ -175,7 +176,7 @@ class DatasetWriter:
             for path, kind in self.kinds.items():
                 st = kind.stored()
                 options = codec_options(st.codec_of(spec.storage.codec)) if st.bulk else small_options(st.dtype)
-                ds = arrays.create(g, path, st, st.chunk(chunk, SMALL_ROWS), options)
+                ds = arrays.create(g, path, st, st.chunk(chunk, self.small_rows or SMALL_ROWS), options)
                 ds.attrs.update({Attr.KIND: kind.kind, **kind.dataset_attrs()})
             for key, (shape, dtype) in self._provenance().items():
                 g.create_dataset(
@@ -183,11 +184,11 @@ class DatasetWriter:
                     shape=(0, *shape),
                     maxshape=(None, *shape),
                     dtype=dtype,
-                    chunks=(SMALL_ROWS, *shape),
+                    chunks=(self.small_rows or SMALL_ROWS, *shape),
                     **small_options(dtype),
                 )
             g[SOURCE_SHA256].attrs[Attr.FIELDS] = self.file_fields
-        create_sample_keys(f)
+        create_sample_keys(f, *((self.small_rows,) if self.small_rows else ()))
 
     def _codecs(self) -> list[str]:
         """Every codec the file's sample arrays use: the spec's, and any a field kind picks."""
@@ -350,7 +351,7 @@ class DatasetWriter:
                 write_index_lists(f, split, path, listed)
             if self.publishes:
                 name_axes(g, self.counts[split])
-        write_catalog(f, catalog_from_rows(f), *((self.inputs.key, self.inputs.rules) if self.inputs else ()))
+        write_catalog(f, self._catalog(), *((self.inputs.key, self.inputs.rules) if self.inputs else ()))
         summary = self._summary(timings or {})
         if self.publishes:
             write_digests(f)
@@ -361,6 +362,10 @@ class DatasetWriter:
         f.close()
         self._finished = True
         return summary
+
+    def _catalog(self) -> Catalog:
+        """The inputs catalog of every row written (what an append checks exactly-once against)."""
+        return catalog_from_rows(self.file)
 
     def _summary(self, timings: dict[str, float]) -> WriteSummary:
         sizes = own_sizes(self.file, self.kinds)

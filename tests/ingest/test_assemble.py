@@ -26,6 +26,7 @@ from h5forge.spec import DatasetSpec
 from h5forge.store.thin import export
 from h5forge.store.verify import verify_file
 from h5forge.store.versions import output_lock, published, retain, set_latest
+from h5forge.views.info import lineage
 from tests.helpers.data import age_files, demo_spec, drop_samples, write_spec_file
 
 
@@ -38,6 +39,7 @@ def _what_must_match(path) -> dict:
     """What must not depend on how the version was assembled."""
     out = {}
     with h5py.File(path, "r") as f:
+        out["catalog"] = [f["inputs"][name][()].tobytes() for name in ("content", "content_at", "ids")]
         for split in SPLITS:
             g = f[split]
             out[split] = {
@@ -116,6 +118,10 @@ def test_build_append_rebuild_rollback_and_read_with_the_torch_loader(tmp_path, 
     assert [s["file"] for s in thin[:-1]] == [s["file"] for s in segments_of(out / "dataset_v0001.h5")]
     assert thin[-1]["file"] == "dataset_v0002.delta.h5"
     assert verify_file(out / "dataset_v0002.h5").ok
+    for number, assembled in ((1, True), (2, False)):  # what `h5forge info` calls each
+        with h5py.File(out / f"dataset_v000{number}.h5", "r") as f:
+            lin = lineage(f, out / f"dataset_v000{number}.h5")
+            assert lin["kind"] == "thin" and lin["assembled"] is assembled
     rebuilt = h5forge.build(spec_file)  # every row taken from the thin version's files: compacted
     assert rebuilt.version == 3 and rebuilt.timings["reused"] == sum(rebuilt.counts.values())
     assert sum(rebuilt.counts.values()) == sum(first.counts.values()) + 3
