@@ -211,6 +211,46 @@ def read_part(paths: dict[str, Path], workers: int, reps: int) -> dict:
             "random_read_p50_segments_over_copy": ratio(med(single["segments"]), med(single["files"]))}
 
 
+def mapping_scaling(counts=(16, 160, 1600), rows: int = 64, reads: int = 500) -> dict:
+    """A random row read (h5py, p50 µs) of a virtual dataset over ``k`` files of ``rows`` rows each
+    against the same rows in one chunked dataset: what a read pays per mapping (HDF5 looks at the
+    mappings for each read). Rows of 3 x 16 x 16 uint8, one per chunk, uncompressed."""
+    import numpy as np
+
+    from h5forge.format.segments import map_virtual
+
+    out = {}
+    folder = WORK / "mappings"
+    for k in counts:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        data = np.random.default_rng(k).integers(0, 255, (k * rows, 3, 16, 16), dtype=np.uint8)
+        for i in range(k):
+            with h5py.File(folder / f"s{i}.h5", "w") as f:
+                f.create_dataset("train/x", data=data[i * rows:(i + 1) * rows], chunks=(1, 3, 16, 16))
+        with h5py.File(folder / "one.h5", "w") as f:
+            f.create_dataset("train/x", data=data, chunks=(1, 3, 16, 16))
+        segments = [{"file": f"s{i}.h5", "counts": {"train": rows}} for i in range(k)]
+        with h5py.File(folder / "vds.h5", "w") as f, h5py.File(folder / "s0.h5", "r") as like:
+            map_virtual(f.require_group("train"), "x", like["train/x"], segments, "train")
+        p50 = {}
+        for name in ("one", "vds"):
+            with h5py.File(folder / f"{name}.h5", "r") as f:
+                ds = f["train/x"]
+                order = np.random.default_rng(0).integers(0, k * rows, reads).tolist()
+                for i in order[:50]:  # every source opened once, as a reader's first epoch does
+                    ds[i]
+                times = []
+                for i in order:
+                    t = time.perf_counter()
+                    ds[i]
+                    times.append(time.perf_counter() - t)
+                p50[name] = round(1e6 * float(np.median(times)), 1)
+        out[f"{k}_files"] = {**{f"{n}_p50_us": v for n, v in p50.items()}, "vds_over_one": ratio(p50["vds"], p50["one"])}
+    shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
 def main() -> None:
     args = cli(__doc__, dict(n=96, size=64, workers=2, reps=1), n=1000, size=224, workers=2, reps=2)
     raw = raw_folder(args.n, args.size)
@@ -236,6 +276,7 @@ def main() -> None:
     result.update(samples=n, same_version=same, build_calling_process=best)
     result["read"] = read_part({arm: Path(runs[arm][-1]["path"]) for arm in ("files", "segments")},
                                args.workers, args.reps)
+    result["read_mappings"] = mapping_scaling((4, 16) if args.smoke else (16, 160, 1600))
     result["ratios"] = {
         "publisher_ms_segments": parts["segments"]["publisher_ms_per_sample"],
         "publisher_ms_copy_files": parts["files"]["publisher_ms_per_sample"],
