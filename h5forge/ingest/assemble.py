@@ -85,7 +85,8 @@ def write_segment_file(batch: CleanedBatch, spec: DatasetSpec, target: SegmentTa
     name = f"{uuid.uuid4().hex}.h5"
     partial = folder / partial_name(name)
     inputs = Inputs(rules=target.rules, key="")
-    with SegmentFileWriter(partial, spec, target.version, inputs=inputs, format_version=target.format_version) as w:
+    w = SegmentFileWriter(partial, spec, target.version, inputs=inputs, format_version=target.format_version)
+    with w:
         batch = replace(batch, checksums=w.provenance_rows(batch)[CHECKSUM], keys=w._sample_keys(batch))
         w.add(batch)
         summary = w.finish()
@@ -101,6 +102,7 @@ def write_segment_file(batch: CleanedBatch, spec: DatasetSpec, target: SegmentTa
         for split in SPLITS
     }
     catalog = w.catalog  # the file's, rows in its own numbering: the publisher's is theirs together
+    assert catalog is not None  # made by finish
     segment = {
         "file": name,
         "catalog": (catalog.content, catalog.content_at, catalog.ids),
