@@ -200,3 +200,18 @@ def test_a_checkpoint_of_a_segments_build_offers_no_row_to_resume(tmp_path, raw_
         state = writer.checkpoint()  # the version file holds no sample array before it finishes
         assert state["counts"] == {s: 0 for s in SPLITS}
         assert json.dumps(state)
+
+
+def test_a_workers_file_the_publisher_cannot_see_stops_the_build_with_the_reason(tmp_path, raw_demo):
+    from h5forge.errors import UsageError
+
+    spec = _spec(raw_demo, tmp_path / "out", "segments")
+    inventory = discover(spec)
+    good = [s for s in inventory.samples if s.id.startswith("cell_")]
+    (tmp_path / "out").mkdir()
+    with pytest.raises(UsageError, match="is not visible from this machine.*share the output folder"):
+        with SegmentsWriter(tmp_path / "out" / "v.h5", spec, version=1) as writer:
+            batch = clean_to_file(spec, str(inventory.root), good[:8], writer.segments_to)
+            (writer.folder / batch.segment["file"]).unlink()  # written on a worker's own disk
+            writer.add(batch)
+    assert not (tmp_path / "out" / "v.h5").exists() and not (tmp_path / "out" / segment_folder_name(1)).exists()
