@@ -1,22 +1,33 @@
-"""The writer's process with the workers' chunks sent through dask against written to segment
-files: CPU of the calling process while it cleans on a LocalCluster and writes the version.
+"""The publisher's process, three ways the workers' rows reach the version: their compressed chunks
+sent through dask, written to chunk files the publisher copies (``storage.assemble: copy``), and
+written as segment files the version maps (``storage.assemble: segments``). CPU of the publisher per
+sample, the workers' CPU and the bytes each way moves; the projection to many workers; the read
+speed of a segments-assembled version.
 
     python -m benchmarks.segments [--smoke] [--n 1000 --size 224 --workers 2 --reps 2]
 
 What is measured and how: benchmarks/README.md, section "segments".
 """
 
+import os
+import pickle
 import shutil
 import time
+from pathlib import Path
 
 import h5py
 
-from benchmarks.common import CACHE, cli, loadavg, machine, make_spec, ratio, raw_folder, save, warm
+from benchmarks.common import CACHE, cli, loadavg, machine, make_spec, med, ratio, raw_folder, save, warm
 
 WORK = CACHE / "segments"
+ARMS = ("sent", "files", "segments")
+WORKERS = (2, 8, 32, 128)
+# shared storage assumed for the projection: a 10 GbE link (NFS, a parallel file system's client),
+# for the storage's total traffic and for the publisher's own link alike
+BANDWIDTH_BYTES_PER_S = 1.25e9
 
 
-def build_once(spec, via_files: bool) -> dict:
+def build_once(spec, arm: str) -> dict:
     """One build; the calling process's CPU and wall time in the clean-and-write step."""
     import h5forge
     from h5forge.ingest import build, parallel
@@ -33,7 +44,7 @@ def build_once(spec, via_files: bool) -> dict:
             spent["cpu"], spent["wall"] = time.process_time() - c, time.perf_counter() - t
 
     build.write_samples = timed
-    if not via_files:
+    if arm == "sent":
         parallel.make_folder = lambda spec: None  # the workers send their chunks, as without segment files
     try:
         result = h5forge.build(spec)
@@ -42,43 +53,201 @@ def build_once(spec, via_files: bool) -> dict:
     with h5py.File(result.path, "r") as f:
         checksums = {s: f[s]["checksum"][()].tobytes() for s in ("train", "val", "test")}
         digests = {s: str(f[s].attrs["digest"]) for s in ("train", "val", "test")}
-    return {"samples": sum(result.counts.values()),
+        virtual = f["train/images"].is_virtual
+    return {"samples": sum(result.counts.values()), "path": result.path, "virtual": virtual,
             "cpu": spent["cpu"], "wall": spent["wall"], "checksums": checksums, "digests": digests}
 
 
-def writer_part(spec, raw, n: int) -> dict:
-    """In one process, CPU ms per sample of the writer's side of a batch: unpickling the batch a
-    worker sent with its chunks, or reading its segment file, then ``DatasetWriter.add`` (second of
-    two passes each; the first pays first-write costs)."""
-    import pickle
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
 
-    from h5forge.ingest.clean import clean_batch
-    from h5forge.ingest.discover import discover
+
+def _arm_once(spec, arm: str, batches: list, repeat: int) -> dict:
+    """One pass of an arm: the workers' writes of ``batches`` after cleaning, then the publisher
+    taking them ``repeat`` times over (its cost per row does not depend on what the rows hold)."""
+    from h5forge.ingest.assemble import SegmentsWriter, write_segment_file
     from h5forge.ingest.segment_files import read_segment, write_segment
     from h5forge.ingest.writer import DatasetWriter
 
+    chunk_folder = WORK / "chunk-files"
+    shutil.rmtree(WORK / "publisher", ignore_errors=True)
+    shutil.rmtree(chunk_folder, ignore_errors=True)
+    (WORK / "publisher").mkdir(parents=True)
+    chunk_folder.mkdir(parents=True)
+    path = WORK / "publisher" / "dataset_v0001.h5"
+    c = time.process_time()
+    opened = SegmentsWriter(path, spec, version=1) if arm == "segments" else None
+    t_open = time.process_time() - c
+    c = time.process_time()
+    if arm == "sent":
+        returned = [pickle.dumps(b, protocol=5) for b in batches]
+    elif arm == "files":
+        returned = [pickle.dumps(write_segment(b, chunk_folder), protocol=5) for b in batches]
+    else:
+        returned = [pickle.dumps(write_segment_file(b, spec, opened.segments_to), protocol=5) for b in batches]
+    worker_write = time.process_time() - c
+    wrote = _size(chunk_folder) if arm == "files" else _size(opened.folder) if arm == "segments" else 0
+    if arm == "files":  # the publisher deletes each chunk file it reads: one per batch it takes
+        extra = chunk_folder / "again"
+        extra.mkdir()
+        returned += [pickle.dumps(write_segment(b, extra), protocol=5) for _ in range(repeat - 1) for b in batches]
+    else:
+        returned *= repeat
+    c = time.process_time()
+    with opened or DatasetWriter(path, spec, version=1) as w:
+        for blob in returned:
+            batch = pickle.loads(blob)
+            if arm == "files":
+                batch = read_segment(batch, chunk_folder if (chunk_folder / _file_of(batch)).exists() else extra)
+            w.add(batch)
+        t_add = time.process_time() - c
+        w.finish()
+    return {"worker_write": worker_write, "add": t_add, "all": time.process_time() - c + t_open, "wrote": wrote,
+            "returned": sum(map(len, returned)), "version_bytes": path.stat().st_size}
+
+
+def _file_of(batch) -> str:
+    from h5forge.ingest.segment_files import SegmentRows
+
+    return next(b.file for b in batch.arrays.values() if isinstance(b, SegmentRows))
+
+
+def _best(spec, arm: str, batches: list, repeat: int) -> dict:
+    """Per figure, the least of three passes (the first pays first-write costs; the machine is shared)."""
+    passes = [_arm_once(spec, arm, batches, repeat) for _ in range(3)]
+    return {k: min(p[k] for p in passes) for k in passes[0]}
+
+
+def publisher_part(spec, n: int) -> dict:
+    """In one process, per arm: the workers' side of each batch after cleaning (writing a chunk file
+    or a segment file, CPU ms per sample), then the publisher's: unpickling what each worker
+    returns, reading the chunk files, adding the batches and finishing the version, taking the
+    ``n`` samples' batches twice and eight times over (each figure the least of three passes). The
+    publisher's CPU per sample is the difference over the difference in rows (what one more row
+    costs it, finishing included); its fixed cost per version is the rest. Bytes per sample:
+    pickled to the publisher, written by the workers, read and written by the publisher."""
+    from h5forge.ingest.clean import clean_batch
+    from h5forge.ingest.discover import discover
+
     inventory = discover(spec)
     refs, bs = inventory.samples[:n], spec.compute.batch_size
+    c = time.process_time()
     batches = [clean_batch(spec, inventory.root, refs[i:i + bs]) for i in range(0, len(refs), bs)]
-    sent = [pickle.dumps(b, protocol=5) for b in batches]
-    folder = WORK / "segment-files"
-    out: dict = {}
-    for arm in ("sent", "files"):
-        for _ in range(2):
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-            placed = [pickle.dumps(write_segment(b, folder), protocol=5) for b in batches]  # what a worker returns
-            path = WORK / "writer.h5"
-            path.unlink(missing_ok=True)
-            c = time.process_time()
-            with DatasetWriter(path, spec, version=1) as w:
-                for blob in (sent if arm == "sent" else placed):
-                    batch = pickle.loads(blob)
-                    w.add(batch if arm == "sent" else read_segment(batch, folder))
-                t_add = time.process_time() - c
-                w.finish()
-            out[arm] = {"receive_and_add_ms_per_sample": round(1000 * t_add / len(refs), 4),
-                        "bytes_received_per_sample": round(sum(map(len, sent if arm == "sent" else placed)) / len(refs))}
+    clean_ms = 1000 * (time.process_time() - c) / len(refs)
+    kept = sum(len(b) for b in batches)
+    few, many = 2, 8
+    out: dict = {"clean_ms_per_sample": round(clean_ms, 4), "samples": kept, "publisher_rows": [few * kept, many * kept]}
+    for arm in ARMS:
+        small, large = _best(spec, arm, batches, few), _best(spec, arm, batches, many)
+        marginal = (large["all"] - small["all"]) / ((many - few) * kept)
+        out[arm] = {
+            "worker_write_ms_per_sample": round(1000 * small["worker_write"] / kept, 4),
+            "publisher_add_ms_per_sample": round(1000 * large["add"] / (many * kept), 4),
+            "publisher_all_ms_per_sample": round(1000 * large["all"] / (many * kept), 4),
+            "publisher_ms_per_sample": round(1000 * marginal, 4),
+            "publisher_fixed_ms": round(1000 * (large["all"] - marginal * many * kept), 1),
+            "bytes_to_publisher_per_sample": round(large["returned"] / (many * kept)),
+            "bytes_workers_write_per_sample": round(small["wrote"] / kept),
+            "bytes_publisher_reads_per_sample": round(small["wrote"] / kept) if arm == "files" else 0,
+            "bytes_publisher_writes_per_sample": round(large["version_bytes"] / (many * kept)),
+        }
+    shutil.rmtree(WORK / "publisher", ignore_errors=True)
+    shutil.rmtree(WORK / "chunk-files", ignore_errors=True)
+    return out
+
+
+def projection(parts: dict) -> dict:
+    """Samples/s at each number of workers, per arm: the least of what the workers clean
+    (W / worker CPU per sample), what the one publisher takes (1 / its CPU per sample), what the
+    shared storage carries (bandwidth / bytes every sample moves through it) and what the
+    publisher's own link carries (bandwidth / bytes it receives, reads and writes per sample)."""
+    out: dict = {"bandwidth_assumed_bytes_per_s": BANDWIDTH_BYTES_PER_S}
+    for arm in ARMS:
+        p = parts[arm]
+        worker_ms = parts["clean_ms_per_sample"] + p["worker_write_ms_per_sample"]
+        storage = p["bytes_workers_write_per_sample"] + p["bytes_publisher_reads_per_sample"] + p["bytes_publisher_writes_per_sample"]
+        link = p["bytes_to_publisher_per_sample"] + p["bytes_publisher_reads_per_sample"] + p["bytes_publisher_writes_per_sample"]
+        caps = {"publisher": 1000 / p["publisher_ms_per_sample"], "storage": BANDWIDTH_BYTES_PER_S / storage,
+                "publisher_link": BANDWIDTH_BYTES_PER_S / link}
+        rows = {}
+        for w in WORKERS:
+            limits = {"workers": w * 1000 / worker_ms, **caps}
+            by = min(limits, key=limits.get)
+            rows[f"{w}_workers"] = {"samples_per_s": round(limits[by]), "limited_by": by}
+        out[arm] = {"worker_ms_per_sample": round(worker_ms, 4), "storage_bytes_per_sample": storage,
+                    "publisher_link_bytes_per_sample": link,
+                    **{f"cap_{k}_samples_per_s": round(v) for k, v in caps.items()}, **rows}
+    return out
+
+
+def read_part(paths: dict[str, Path], workers: int, reps: int) -> dict:
+    """A ds.loader() epoch of images and masks (batch 32, shuffled, ``workers`` processes) and the
+    median of 500 random single-sample reads (h5py, images), each version, interleaved."""
+    import numpy as np
+
+    from h5forge.read.torch import H5Dataset
+
+    rates: dict[str, list] = {k: [] for k in paths}
+    single: dict[str, list] = {k: [] for k in paths}
+    warm([p for path in paths.values() for p in [path, *Path(path).parent.rglob("*.h5")]])
+    for r in range(reps):
+        for k, p in paths.items():
+            ds = H5Dataset(p, "train", ("images", "masks"))
+            t = time.perf_counter()
+            n = sum(x.shape[0] for x, _ in ds.loader(batch_size=32, num_workers=workers, shuffle=True, seed=r))
+            rates[k].append(round(n / (time.perf_counter() - t), 1))
+            ds.close()
+            with h5py.File(os.path.realpath(p), "r") as f:
+                images = f["train/images"]
+                order = np.random.default_rng(r).integers(0, images.shape[0], 500)
+                times = []
+                for i in order.tolist():
+                    t = time.perf_counter()
+                    images[i]
+                    times.append(time.perf_counter() - t)
+                single[k].append(round(1e6 * float(np.median(times)), 1))
+    return {"loader_samples_per_s": rates, "random_read_p50_us": single,
+            "loader_segments_over_copy": ratio(med(rates["segments"]), med(rates["files"])),
+            "random_read_p50_segments_over_copy": ratio(med(single["segments"]), med(single["files"]))}
+
+
+def mapping_scaling(counts=(16, 160, 1600), rows: int = 64, reads: int = 500) -> dict:
+    """A random row read (h5py, p50 µs) of a virtual dataset over ``k`` files of ``rows`` rows each
+    against the same rows in one chunked dataset: what a read pays per mapping (HDF5 looks at the
+    mappings for each read). Rows of 3 x 16 x 16 uint8, one per chunk, uncompressed."""
+    import numpy as np
+
+    from h5forge.format.segments import map_virtual
+
+    out = {}
+    folder = WORK / "mappings"
+    for k in counts:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        data = np.random.default_rng(k).integers(0, 255, (k * rows, 3, 16, 16), dtype=np.uint8)
+        for i in range(k):
+            with h5py.File(folder / f"s{i}.h5", "w") as f:
+                f.create_dataset("train/x", data=data[i * rows:(i + 1) * rows], chunks=(1, 3, 16, 16))
+        with h5py.File(folder / "one.h5", "w") as f:
+            f.create_dataset("train/x", data=data, chunks=(1, 3, 16, 16))
+        segments = [{"file": f"s{i}.h5", "counts": {"train": rows}} for i in range(k)]
+        with h5py.File(folder / "vds.h5", "w") as f, h5py.File(folder / "s0.h5", "r") as like:
+            map_virtual(f.require_group("train"), "x", like["train/x"], segments, "train")
+        p50 = {}
+        for name in ("one", "vds"):
+            with h5py.File(folder / f"{name}.h5", "r") as f:
+                ds = f["train/x"]
+                order = np.random.default_rng(0).integers(0, k * rows, reads).tolist()
+                for i in order[:50]:  # every source opened once, as a reader's first epoch does
+                    ds[i]
+                times = []
+                for i in order:
+                    t = time.perf_counter()
+                    ds[i]
+                    times.append(time.perf_counter() - t)
+                p50[name] = round(1e6 * float(np.median(times)), 1)
+        out[f"{k}_files"] = {**{f"{n}_p50_us": v for n, v in p50.items()}, "vds_over_one": ratio(p50["vds"], p50["one"])}
+    shutil.rmtree(folder, ignore_errors=True)
     return out
 
 
@@ -87,26 +256,38 @@ def main() -> None:
     raw = raw_folder(args.n, args.size)
     warm([raw])
     result = {"machine": machine(), "args": vars(args), "loadavg_start": loadavg()}
-    result["writer_in_process"] = writer_part(make_spec(raw, WORK / "parts", args.size), raw, args.n)
-    runs: dict[str, list[dict]] = {"sent": [], "files": []}
+    parts = publisher_part(make_spec(raw, WORK / "parts", args.size), args.n)
+    result["in_process"] = parts
+    result["projection"] = projection(parts)
+    runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     for _ in range(args.reps):
-        for arm in ("sent", "files"):  # interleaved: the machine's load changes during the run
-            spec = make_spec(raw, WORK / arm, args.size,
-                             compute={"workers": args.workers, "inline_below": 0})
-            runs[arm].append(build_once(spec, arm == "files"))
-    same = all(r["checksums"] == runs["sent"][0]["checksums"] and r["digests"] == runs["sent"][0]["digests"]
+        for arm in ARMS:  # interleaved: the machine's load changes during the run
+            spec = make_spec(raw, WORK / arm, args.size, compute={"workers": args.workers, "inline_below": 0},
+                             storage={"assemble": "segments" if arm == "segments" else "copy"})
+            runs[arm].append(build_once(spec, arm))
+    first = runs["sent"][0]
+    same = all(r["checksums"] == first["checksums"] and r["digests"] == first["digests"]
                for arm in runs.values() for r in arm)
-    if not same:
-        raise RuntimeError("the versions differ between the arms")
-    n = runs["sent"][0]["samples"]
+    if not same or not all(r["virtual"] for r in runs["segments"]):
+        raise RuntimeError("the versions differ between the arms, or the segments arm copied its rows")
+    n = first["samples"]
     best = {arm: {"cpu_ms_per_sample": round(1000 * min(r["cpu"] for r in rs) / n, 4),
                   "wall_seconds": round(min(r["wall"] for r in rs), 3)} for arm, rs in runs.items()}
-    result.update(samples=n, same_version=same, writer_process=best, ratios={
-        "writer_cpu_files_over_sent": ratio(best["files"]["cpu_ms_per_sample"], best["sent"]["cpu_ms_per_sample"]),
-        "clean_write_wall_files_over_sent": ratio(best["files"]["wall_seconds"], best["sent"]["wall_seconds"]),
-        "writer_add_files_over_sent": ratio(result["writer_in_process"]["files"]["receive_and_add_ms_per_sample"],
-                                            result["writer_in_process"]["sent"]["receive_and_add_ms_per_sample"]),
-    })
+    result.update(samples=n, same_version=same, build_calling_process=best)
+    result["read"] = read_part({arm: Path(runs[arm][-1]["path"]) for arm in ("files", "segments")},
+                               args.workers, args.reps)
+    result["read_mappings"] = mapping_scaling((4, 16) if args.smoke else (16, 160, 1600))
+    result["ratios"] = {
+        "publisher_ms_segments": parts["segments"]["publisher_ms_per_sample"],
+        "publisher_ms_copy_files": parts["files"]["publisher_ms_per_sample"],
+        "publisher_segments_over_copy_files": ratio(parts["segments"]["publisher_ms_per_sample"],
+                                                    parts["files"]["publisher_ms_per_sample"]),
+        "build_cpu_segments_over_copy_files": ratio(best["segments"]["cpu_ms_per_sample"],
+                                                    best["files"]["cpu_ms_per_sample"]),
+        "build_wall_segments_over_copy_files": ratio(best["segments"]["wall_seconds"], best["files"]["wall_seconds"]),
+        "loader_segments_over_copy": result["read"]["loader_segments_over_copy"],
+        "random_read_p50_segments_over_copy": result["read"]["random_read_p50_segments_over_copy"],
+    }
     save("segments", result, args.smoke)
 
 

@@ -113,6 +113,12 @@ class Splits(_Strict):
 class Storage(_Strict):
     codec: CodecName = "lz4"
     chunk_rows: int = Field(1, ge=1, le=4096)
+    assemble: Literal["copy", "segments"] = Field(
+        "copy",
+        description="copy: the cleaning workers' chunks are copied into one self-contained version "
+        "file; segments: the version maps its sample arrays onto the workers' own files, kept in "
+        "a folder beside it (docs/spec.md)",
+    )
 
 
 class Output(_Strict):

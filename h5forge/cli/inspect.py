@@ -66,7 +66,8 @@ def _print_info(info: dict[str, Any]) -> None:
     )
     if lin["kind"] == "thin":
         segs = ", ".join(f"{s['file']}{'' if s['present'] else ' (MISSING)'}" for s in lin["segments"])
-        t.add_row("kind", f"thin: reads {len(lin['segments'])} files: {segs}")
+        how = "assembled from its workers' segments" if lin["assembled"] else "thin"
+        t.add_row("kind", f"{how}: reads {len(lin['segments'])} files: {segs}")
     else:
         t.add_row(
             "kind",
@@ -107,7 +108,7 @@ def _print_info(info: dict[str, Any]) -> None:
         stats.add_row(split, str(s["samples"]), st, by)
     out.print(stats)
     rej = info["rejected"]
-    run = "the append that wrote it" if lin["kind"] == "thin" else "the build"
+    run = "the append that wrote it" if lin["kind"] == "thin" and not lin["assembled"] else "the build"
     out.print(f"rejected inputs ({run}): {rej['total']}", highlight=False)
     for r in rej["by_reason"]:
         ids = ", ".join(i["path"] for i in r["inputs"][:5]) + (" ..." if r["count"] > 5 else "")

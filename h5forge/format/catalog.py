@@ -144,11 +144,11 @@ def write_catalog(f: h5py.File, catalog: Catalog, key: str = "", rules: str = ""
     g.attrs[DIGEST_ATTR] = catalog_digest(catalog)
 
 
-def create_sample_keys(f: h5py.File) -> None:
+def create_sample_keys(f: h5py.File, chunk_rows: int = 4096) -> None:
     """Empty, resizable per-split sample-key datasets (the writer extends them as rows are written)."""
     for split in SPLITS:
         f.require_group(f"{INPUTS}/{split}").create_dataset(
-            SAMPLE, shape=(0,), maxshape=(None,), dtype=KEY, chunks=(4096,)
+            SAMPLE, shape=(0,), maxshape=(None,), dtype=KEY, chunks=(chunk_rows,)
         )
 
 

@@ -72,6 +72,10 @@ def _parts(value: Any) -> Iterator[bytes | memoryview]:
     head = struct.pack("<B", arr.ndim) + struct.pack(f"<{arr.ndim}Q", *arr.shape)
     if arr.dtype.kind in "OSU":
         yield b"a" + head
+        packed = _packed_strings(arr)
+        if packed is not None:
+            yield packed
+            return
         yield from (_string(v) for v in arr.ravel().tolist())
         return
     if arr.dtype.kind not in "biufc":
@@ -79,6 +83,31 @@ def _parts(value: Any) -> Iterator[bytes | memoryview]:
     little = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False))
     yield b"n" + little.dtype.str.encode() + head
     yield little.reshape(-1).view(np.uint8).data  # as bytes, no copy of a sample array
+
+
+# fewer strings than this are packed one by one (the array's set-up costs more than it saves)
+PACK_STRINGS_FROM = 64
+
+
+def _packed_strings(arr: np.ndarray) -> bytes | None:
+    """Every ``_string`` of a fixed-width bytes array (hashes, digests: a catalog's, a split's sample
+    keys) end to end, made a run at a time; None for other arrays. numpy drops trailing NULs from
+    each value, as the one-by-one path hashes it: such a value is made alone, between runs."""
+    if arr.dtype.kind != "S" or arr.size < PACK_STRINGS_FROM or arr.dtype.itemsize == 0:
+        return None
+    flat = np.ascontiguousarray(arr.reshape(-1))
+    width = arr.dtype.itemsize
+    short = np.flatnonzero(np.char.str_len(flat) != width).tolist()
+    parts, at = [], 0
+    for i in [*short, flat.size]:
+        if i > at:
+            run = np.empty(i - at, dtype=[("tag", "S1"), ("length", "<u8"), ("data", f"S{width}")])
+            run["tag"], run["length"], run["data"] = b"s", width, flat[at:i]
+            parts.append(run.tobytes())
+        if i < flat.size:
+            parts.append(_string(flat[i].tobytes().rstrip(b"\0")))
+        at = i + 1
+    return b"".join(parts)
 
 
 def canonical(value: Any) -> bytes:
@@ -144,15 +173,23 @@ def _attrs(obj: h5py.HLObject) -> bytes:
 # relative to it). ``ingest.incremental.inputs.rules_hash`` leaves out the same parts.
 NOT_DATA = ("output", "compute", "verify", "append")
 NOT_DATA_SOURCE = ("root", "inbox")
+NOT_DATA_STORAGE = ("assemble",)  # how a version's files are laid out, not what they hold
 
 
-def data_definition(spec_json: str | bytes) -> bytes:
-    """The stored spec without where or how the version was built, as canonical JSON (sorted keys)."""
-    data = json.loads(spec_json)
+def drop_how_built(data: dict) -> dict:
+    """``data`` (a spec as JSON values) without what says where or how a version was built."""
     for key in NOT_DATA:
         data.pop(key, None)
     if isinstance(data.get("source"), dict):
         data["source"] = {k: v for k, v in data["source"].items() if k not in NOT_DATA_SOURCE}
+    if isinstance(data.get("storage"), dict):
+        data["storage"] = {k: v for k, v in data["storage"].items() if k not in NOT_DATA_STORAGE}
+    return data
+
+
+def data_definition(spec_json: str | bytes) -> bytes:
+    """The stored spec without where or how the version was built, as canonical JSON (sorted keys)."""
+    data = drop_how_built(json.loads(spec_json))
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 

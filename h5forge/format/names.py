@@ -32,6 +32,8 @@ INBOX_MANAGED = (INBOX_PROCESSED, INBOX_QUARANTINE)
 VERSION_RE = re.compile(r"^dataset_v(\d{4,})\.h5$")
 SEGMENTS_DIR = ".segments"  # in the output folder: the cleaning workers' chunk files of the running build
 DELTA_RE = re.compile(r"^dataset_v(\d{4,})\.delta\.h5$")
+# a version assembled from segments (storage.assemble: segments): the workers' files it maps
+SEGMENT_FOLDER_RE = re.compile(r"^dataset_v(\d{4,})\.segments$")
 PARTIAL_RE = re.compile(r"^\.dataset_v\d{4,}(\.delta)?\.h5\.partial$")
 
 
@@ -46,6 +48,11 @@ def version_name(number: int) -> str:
 
 def delta_name(number: int) -> str:
     return f"{version_tag(number)}.delta.h5"
+
+
+def segment_folder_name(number: int) -> str:
+    """The folder beside a version assembled from segments that holds the files it maps."""
+    return f"{version_tag(number)}.segments"
 
 
 def partial_name(final_name: str) -> str:
@@ -135,8 +142,8 @@ LAYOUT: tuple[tuple[str, str], ...] = (
         f'attrs: {Attr.FORMAT}="{FORMAT}", {Attr.FORMAT_VERSION}={FORMAT_VERSION}, {Attr.NAME}, '
         f"{Attr.DESCRIPTION}, {Attr.VERSION}, {Attr.PARENT} (-1 for none), {Attr.CREATED} (UTC ISO-8601), "
         f"{Attr.CREATOR}, h5forge_version, h5py_version, hdf5_version, python_version, {Attr.CODEC}, "
-        f"{Attr.CODEC_NEEDS} (what a reader must have), {Attr.FIELDS}; thin versions also "
-        f"{Attr.SEGMENTS} (JSON) and {Attr.SELF_CONTAINED}=False; exports {Attr.EXPORTED_FROM}; "
+        f"{Attr.CODEC_NEEDS} (what a reader must have), {Attr.FIELDS}; thin versions and versions "
+        f"assembled from segments (dataset_vNNNN.segments/) also {Attr.SEGMENTS} (JSON) and {Attr.SELF_CONTAINED}=False; exports {Attr.EXPORTED_FROM}; "
         f"{Attr.FILE_DIGEST}: hex sha256 of the other root attributes, of /{DIAGNOSTICS} and /inputs "
         f"and of /{SPEC} as stored; {Attr.FILE_DIGEST_RULE}={FILE_DIGEST_RULE} (absent: /{SPEC} is not covered)",
     ),

@@ -68,12 +68,12 @@ def map_virtual(
     tail = like.shape[1:]
     sizes = lengths if lengths is not None else [seg["counts"][split] for seg in segments]
     layout = h5py.VirtualLayout(shape=(sum(sizes), *tail), dtype=like.dtype)
-    offset = 0
+    offset, name, rest = 0, f"{split}/{key}".encode(), (0,) * len(tail)
     for seg, n in zip(segments, sizes):
-        if n:
-            layout[offset : offset + n] = h5py.VirtualSource(
-                seg["file"], f"{split}/{key}", shape=(n, *tail), dtype=like.dtype
-            )
+        if n:  # the mapping's two spaces made directly: h5py's VirtualSource and slicing cost ~10x as much
+            rows = h5py.h5s.create_simple(layout.shape)
+            rows.select_hyperslab((offset, *rest), (n, *tail))
+            layout.dcpl.set_virtual(rows, os.fsencode(seg["file"]), name, h5py.h5s.create_simple((n, *tail)))
         offset += n
     fill = 0 if like.dtype.kind in "biuf" else None
     g.create_virtual_dataset(key, layout, fillvalue=fill)

@@ -21,9 +21,9 @@ from h5forge.ingest.incremental.rebuild import (
     inputs_of,
     write_samples,
 )
+from h5forge.ingest.assemble import open_writer
 from h5forge.ingest.incremental.take_over import take_over
 from h5forge.ingest.parallel import ahead_executor
-from h5forge.ingest.writer import DatasetWriter
 from h5forge.kinds import stored_kinds
 from h5forge.spec import DatasetSpec
 from h5forge.store.reports import write_health, write_quarantine
@@ -63,7 +63,7 @@ def write_version(
     durable = taken.durable if taken is not None else None
     if taken is not None:
         timings["take_over_seconds"] = round(time.perf_counter() - t0, 3)
-    with DatasetWriter(candidate.partial, spec, candidate.number, candidate.parent, inputs, durable=durable) as writer:
+    with open_writer(candidate.partial, spec, candidate.number, candidate.parent, inputs, durable) as writer:
         writer.add_rejections(inventory.rejections)
         cleaned = write_samples(spec, inventory, inputs, writer, timings, progress, status, taken)
         timings["hash_cache_files"] = hash_cache.save(

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import h5py
 import numpy as np
@@ -29,7 +29,7 @@ import numpy as np
 from h5forge import __version__
 from h5forge.format import arrays
 from h5forge.format.arrays import Ragged
-from h5forge.format.catalog import KEY, catalog_from_rows, create_sample_keys, sample_keys_path, write_catalog
+from h5forge.format.catalog import KEY, Catalog, catalog_from_rows, create_sample_keys, sample_keys_path, write_catalog
 from h5forge.format.checksums import row_checksum, write_digests, write_file_digest
 from h5forge.format.chunk_codec import EncodedRows, accepts, append_chunks
 from h5forge.format.codecs import CODECS, codec_options, ensure_filters
@@ -96,6 +96,14 @@ class DatasetWriter:
 
     With ``durable``, the file at ``path`` is a killed build's, already cut back to those rows:
     the writer takes it over and appends after them."""
+
+    # where cleaning workers write their rows' own files (``ingest.assemble.SegmentsWriter``); None:
+    # the rows come to this writer
+    segments_to: Any = None
+    # False for a file whose rows a version maps (a worker's segment file): no digests, diagnostics,
+    # axis names or annotation-column indexes, which only a file read as a version needs
+    publishes = True
+    small_rows: int | None = None  # rows per chunk of the small columns; None: the format's default
 
     def __init__(
         self,
@@ -200,7 +208,7 @@ class DatasetWriter:
             for path, kind in self.kinds.items():
                 st = kind.stored()
                 options = codec_options(st.codec_of(spec.storage.codec)) if st.bulk else small_options(st.dtype)
-                ds = arrays.create(g, path, st, st.chunk(chunk, SMALL_ROWS), options)
+                ds = arrays.create(g, path, st, st.chunk(chunk, self.small_rows or SMALL_ROWS), options)
                 ds.attrs.update({Attr.KIND: kind.kind, **kind.dataset_attrs()})
             for key, (shape, dtype) in self._provenance().items():
                 g.create_dataset(
@@ -208,11 +216,11 @@ class DatasetWriter:
                     shape=(0, *shape),
                     maxshape=(None, *shape),
                     dtype=dtype,
-                    chunks=(SMALL_ROWS, *shape),
+                    chunks=(self.small_rows or SMALL_ROWS, *shape),
                     **small_options(dtype),
                 )
             g[SOURCE_SHA256].attrs[Attr.FIELDS] = self.file_fields
-        create_sample_keys(f)
+        create_sample_keys(f, *((self.small_rows,) if self.small_rows else ()))
 
     def _codecs(self) -> list[str]:
         """Every codec the file's sample arrays use: the spec's, and any a field kind picks."""
@@ -227,19 +235,8 @@ class DatasetWriter:
             for split, counts in per_split.items():
                 acc[split] = acc[split] + counts if split in acc else counts
         labels = np.asarray(batch.splits)
-        nf = len(self.file_fields)
-        provenance = {
-            IDS: np.asarray(batch.ids, dtype=object),
-            SOURCE_FILES: np.asarray(batch.files, dtype=object).reshape(len(batch), nf),
-            SOURCE_SHA256: np.asarray(batch.source_sha256, dtype="S64").reshape(len(batch), nf),
-        }
-        # completed here, with the provenance as stored (an append rewrites source paths after cleaning)
-        ids, files, hashes = provenance[IDS], provenance[SOURCE_FILES], provenance[SOURCE_SHA256]
-        provenance[CHECKSUM] = np.asarray(
-            [row_checksum(d, ids[i], files[i], hashes[i], self.format_version) for i, d in enumerate(batch.digests)],
-            dtype="S64",
-        )
-        keys = self._sample_keys(batch)  # once per batch, whatever the number of splits in it
+        provenance = self.provenance_rows(batch)
+        keys = batch.keys if batch.keys is not None else self._sample_keys(batch)  # once per batch
         for split in sorted(set(batch.splits)):
             rows = np.flatnonzero(labels == split)
             buf = self._buffers[split]
@@ -256,6 +253,25 @@ class DatasetWriter:
             if self._buffered[split] >= self._block(split):
                 self._flush(split, final=False)
         return len(batch)
+
+    def provenance_rows(self, batch: CleanedBatch) -> dict[str, np.ndarray]:
+        """The batch's ids, source files, their hashes and row checksums, as stored."""
+        nf = len(self.file_fields)
+        provenance = {
+            IDS: np.asarray(batch.ids, dtype=object),
+            SOURCE_FILES: np.asarray(batch.files, dtype=object).reshape(len(batch), nf),
+            SOURCE_SHA256: np.asarray(batch.source_sha256, dtype="S64").reshape(len(batch), nf),
+        }
+        if batch.checksums is not None:  # made where the rows were written (a segment file)
+            provenance[CHECKSUM] = batch.checksums
+            return provenance
+        # completed here, with the provenance as stored (an append rewrites source paths after cleaning)
+        ids, files, hashes = provenance[IDS], provenance[SOURCE_FILES], provenance[SOURCE_SHA256]
+        provenance[CHECKSUM] = np.asarray(
+            [row_checksum(d, ids[i], files[i], hashes[i], self.format_version) for i, d in enumerate(batch.digests)],
+            dtype="S64",
+        )
+        return provenance
 
     def _block(self, split: str) -> int:
         """Rows to buffer before a write: a block of sample rows while sample arrays wait in the
@@ -361,21 +377,27 @@ class DatasetWriter:
             g.attrs[Attr.COUNT] = self.counts[split]
             for path, kind in self.kinds.items():
                 kind.write_stats(g, self.stats.get(path, {}).get(split))
-            for col in self.spec.annotations.index_by:
+            for col in self.spec.annotations.index_by if self.publishes else ():
                 write_index(f, split, col, g[column_path(col)][()])
             for path, listed in self._indexed[split].items():
                 write_index_lists(f, split, path, listed)
-            name_axes(g, self.counts[split])
-        write_catalog(f, catalog_from_rows(f), *((self.inputs.key, self.inputs.rules) if self.inputs else ()))
-        write_digests(f)
+            if self.publishes:
+                name_axes(g, self.counts[split])
+        write_catalog(f, self._catalog(), *((self.inputs.key, self.inputs.rules) if self.inputs else ()))
         summary = self._summary(timings or {})
-        write_diagnostics(f, summary)
-        write_file_digest(f)
+        if self.publishes:
+            write_digests(f)
+            write_diagnostics(f, summary)
+            write_file_digest(f)
         f.flush()
         self._held, self._direct, self._groups = [], {}, {}
         f.close()
         self._finished = True
         return summary
+
+    def _catalog(self) -> Catalog:
+        """The inputs catalog of every row written (what an append checks exactly-once against)."""
+        return catalog_from_rows(self.file)
 
     def _summary(self, timings: dict[str, float]) -> WriteSummary:
         sizes = own_sizes(self.file, self.kinds)

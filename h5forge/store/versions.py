@@ -4,6 +4,7 @@
 <out>/dataset_latest.h5 -> dataset_v0007.h5   relative symlink, replaced atomically
 <out>/.dataset_v0008.h5.partial     a version being written (removed if the run dies)
 <out>/.h5forge.lock                 held by the one writer of this folder
+<out>/dataset_v0008.segments/       the files a version assembled from segments maps (storage.assemble)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import h5py
 from h5forge.errors import LatestBroken, OutputBusy, UsageError, VersionError
 from h5forge.format.names import (
     SEGMENTS_DIR,
+    SEGMENT_FOLDER_RE,
     DELTA_RE,
     LATEST,
     LOCK,
@@ -35,6 +37,7 @@ from h5forge.format.names import (
     VERSION_RE,
     parse_version,
     partial_name,
+    segment_folder_name,
     version_name,
 )
 from h5forge.format import leases
@@ -152,11 +155,17 @@ def _remove_partials(out: Path) -> None:
     # own version retention removed is still read by the later thin versions, so the test is what
     # the published versions read, never whether the delta's own version is there
     unowned = [p for p in out.iterdir() if (m := DELTA_RE.match(p.name)) and int(m.group(1)) not in versions]
-    if unowned:
+    # likewise the segments folder of a build killed before publishing (a thin version appended
+    # onto a published one whose version retention removed still reads its files)
+    folders = [p for p in out.iterdir() if (m := SEGMENT_FOLDER_RE.match(p.name)) and int(m.group(1)) not in versions]
+    if unowned or folders:
         read = {q.resolve() for path in versions.values() for q in dependencies(path)}
         for p in unowned:
             if p.resolve() not in read:
                 p.unlink(missing_ok=True)
+        for p in folders:
+            if not any(q.parent == p.resolve() for q in read):
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def published(out: str | Path) -> dict[int, Path]:
@@ -215,8 +224,14 @@ class Candidate:
     def final(self) -> Path:
         return self.out / version_name(self.number)
 
+    @property
+    def segments(self) -> Path:
+        """The folder of the files it maps, when it is assembled from segments."""
+        return self.out / segment_folder_name(self.number)
+
     def discard(self) -> None:
         self.partial.unlink(missing_ok=True)
+        shutil.rmtree(self.segments, ignore_errors=True)
 
 
 def stage(out: str | Path) -> Candidate:
@@ -230,6 +245,10 @@ def stage(out: str | Path) -> Candidate:
 
 def publish(candidate: Candidate) -> Path:
     """Durably move the verified candidate into place, make it read-only, then point latest at it."""
+    if candidate.segments.is_dir():  # the files it maps: as read-only and durable as itself
+        for part in candidate.segments.iterdir():
+            seal(part)
+        fsync_dir(candidate.segments)
     seal(candidate.partial)
     os.replace(candidate.partial, candidate.final)
     try:
@@ -303,6 +322,9 @@ def retain(out: str | Path, keep: int, retire_after: float = 0) -> list[Path]:
         for p in sorted(out.iterdir()):
             if DELTA_RE.match(p.name) and p.resolve() not in protected:
                 p.unlink()
+                removed.append(p)
+            elif SEGMENT_FOLDER_RE.match(p.name) and not any(q.parent == p.resolve() for q in protected):
+                shutil.rmtree(p)
                 removed.append(p)
     _drop_stale_leases(out)
     if removed:

@@ -18,7 +18,17 @@ import numpy as np
 from h5forge.errors import ReadError, SourceMissing
 from h5forge.format.codecs import ensure_filters
 from h5forge.format.layout import decode_str, index_parts
-from h5forge.format.names import FORMAT, INDEX, REJECTIONS, SPEC, SPLITS, Attr, column_path, version_name
+from h5forge.format.names import (
+    FORMAT,
+    INDEX,
+    REJECTIONS,
+    SPEC,
+    SPLITS,
+    Attr,
+    column_path,
+    segment_folder_name,
+    version_name,
+)
 from h5forge.format.segments import counts_of, segments_of
 from h5forge.format.summary import read_summary
 from h5forge.kinds import FieldKind, stored_kinds
@@ -176,6 +186,9 @@ def lineage(f: h5py.File, path: Path) -> dict[str, Any]:
         "created_at": _plain(f.attrs.get(Attr.CREATED, "")),
         "creator": _plain(f.attrs.get(Attr.CREATOR, "")),
         "kind": "thin" if segments else "full",
+        # thin from its build (storage.assemble: segments): every file it reads is its workers'
+        "assembled": bool(segments)
+        and all(s["file"].startswith(segment_folder_name(int(f.attrs.get(Attr.VERSION, 0))) + "/") for s in segments),
         "segments": [
             {"file": s["file"], "counts": s["counts"], "present": (folder / s["file"]).is_file()} for s in segments
         ],

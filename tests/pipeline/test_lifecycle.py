@@ -5,10 +5,12 @@ appended) with their expected values, decoded here with Pillow and the spec's pa
 (tests/helpers/lifecycle.py), never through h5forge's cleaning code. The steps: good and defective
 files dropped into the raw folder or the inbox in every layout ``init`` knows, annotation edits,
 deletions, renames, build, append, the watcher, a rebuild of unchanged inputs, rollback,
-retention, export. After each step: every good sample given so far is in latest exactly once
-(after a rollback, as of that version) with its expected values; every defective input has a
-reason on record; no published file changed; ``verify`` is HEALTHY for latest and every kept
-version; ``diff`` between the versions before and after a step is the model's change.
+retention, export; the builds copy the rows into each version or map the files the workers wrote
+(``storage.assemble``, one or the other per sequence). After each step: every good sample given so
+far is in latest exactly once (after a rollback, as of that version) with its expected values;
+every defective input has a reason on record; no published file changed; ``verify`` is HEALTHY for
+latest and every kept version; ``diff`` between the versions before and after a step is the
+model's change.
 
 ``make test`` runs a fixed number of derandomized sequences per layout; ``make test-soak`` a long
 run (``soak`` marker).
@@ -40,7 +42,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 import h5forge
 from h5forge.errors import SamplesRemoved
 from h5forge.format.layout import decode_str
-from h5forge.format.names import DELTA_RE, LATEST, VERSION_RE, version_name
+from h5forge.format.names import DELTA_RE, LATEST, SEGMENT_FOLDER_RE, VERSION_RE, version_name
 from h5forge.init import infer_spec
 from h5forge.pipeline import verify
 from h5forge.pipeline.watch import watch_inbox
@@ -135,6 +137,9 @@ class Lifecycle(RuleBasedStateMachine):
     @initialize(first=st.lists(draws, min_size=4, max_size=4), keep=st.sampled_from(KEEP),
                 allow_removals=st.booleans())
     def start(self, first, keep, allow_removals):
+        # how builds assemble their versions, from a value already drawn: a draw of its own would
+        # change every sequence the suite runs
+        assemble = ("copy", "segments")[first[0].count % 2]
         for i, d in enumerate(first):
             # the first samples share one size, from which init infers the targets
             d = replace(self.draw(d), h=48, w=48, label=i, split=i % 3 if i < 3 else 0)
@@ -151,6 +156,8 @@ class Lifecycle(RuleBasedStateMachine):
         data["append"] = {"settle_seconds": 0, "batch_window_seconds": 0.2, "poll_seconds": 1}
         data["verify"] = {"latency_reads": 5}
         data["compute"] = {"workers": 1}
+        data.setdefault("storage", {})["assemble"] = assemble  # segments: builds that clean every row map them
+        RUNS["rules"][f"assemble={assemble}"] += 1
         spec_path.write_text(yaml.safe_dump(data))
         self.spec_path = spec_path
         self.spec = load_spec(spec_path)
@@ -442,9 +449,12 @@ class Lifecycle(RuleBasedStateMachine):
         if not self.out.exists():
             return
         for p in self.out.iterdir():
-            if VERSION_RE.match(p.name) or DELTA_RE.match(p.name):
-                digest = hashlib.sha256(p.read_bytes()).hexdigest()
-                assert self.hashes.setdefault(p.name, digest) == digest, f"{p.name} changed after it was published"
+            files = sorted(p.iterdir()) if SEGMENT_FOLDER_RE.match(p.name) else [p]  # the files a version maps
+            for f in files:
+                if VERSION_RE.match(p.name) or DELTA_RE.match(p.name) or f is not p:
+                    name = str(f.relative_to(self.out))
+                    digest = hashlib.sha256(f.read_bytes()).hexdigest()
+                    assert self.hashes.setdefault(name, digest) == digest, f"{name} changed after it was published"
 
     @invariant()
     def every_kept_version_is_healthy(self):

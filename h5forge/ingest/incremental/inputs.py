@@ -24,7 +24,7 @@ from typing import Any, Sequence, cast
 
 import numpy as np
 
-from h5forge.format.checksums import NOT_DATA, NOT_DATA_SOURCE
+from h5forge.format.checksums import drop_how_built
 from h5forge.format.names import FORMAT_VERSION
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.incremental.hash_cache import HashCache, State, state_of
@@ -36,8 +36,7 @@ from h5forge.spec import DatasetSpec
 def rules_hash(spec: DatasetSpec, format_version: int = FORMAT_VERSION) -> str:
     """A hash of everything in the spec that decides the stored values of a sample, and of the
     format they are stored in (rows of another format are not taken: their checksums differ)."""
-    data = spec.model_dump(mode="json", exclude=set(NOT_DATA))
-    data["source"] = {k: v for k, v in data["source"].items() if k not in NOT_DATA_SOURCE}
+    data = drop_how_built(spec.model_dump(mode="json"))
     data["format_version"] = format_version
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 

@@ -338,7 +338,9 @@ def write_reusing(
     position = {ref.id: i for i, ref in enumerate(plan.samples)}
     cursor, done = 0, 0
     cleaned_rows: dict[str, list[int]] = {s: [] for s in SPLITS}
-    for batch in clean_all(spec, root, to_clean, timings, status):
+    # rows taken from earlier files are copied: a version that takes some holds every row itself
+    to = writer.segments_to if not plan.reused else None
+    for batch in clean_all(spec, root, to_clean, timings, status, segments_to=to):
         refs = to_clean[done : done + len(batch) + len(batch.rejections)]  # every input is kept or rejected
         done += len(refs)
         if inputs is not None and inputs.deferred:
