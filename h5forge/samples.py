@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 
@@ -35,6 +35,9 @@ class Rejection:
     stage: str = "discover"
     waitable: bool = False  # in an inbox, the missing part may still arrive
     count: int = 1  # inputs this entry stands for: more than 1 summarises many alike, not listed one by one
+    # the sample's other files (another field's, its sidecar): not what the reason is about, but
+    # refused with it, so an inbox moves them to quarantine/ together
+    others: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def path(self) -> str:

@@ -378,6 +378,9 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
             # a FIFO, a folder or a symlink named as a sample's file goes too, with its reason
             if rel and "#" not in rel and os.path.lexists(inbox / rel):
                 quarantine(rel, r.reason)
+        for rel in r.others:  # the sample's files the reason is not about go with it, saying why
+            if os.path.lexists(inbox / rel):
+                quarantine(rel, f"sample {r.sample_id!r} refused ({r.path}: {r.reason})")
         taken.add(match_key(r.sample_id))
     remaining = [r for r in inbox_records if key(r) not in taken]
     if number is not None:

@@ -14,7 +14,7 @@ import re
 import stat
 import unicodedata
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -584,10 +584,26 @@ def discover(
     if any(s.part for s in inv.samples):  # "case2" sorts after "case", "case2@t0000" before "case@t0000"
         inv.samples.sort(key=lambda s: match_key(s.id))
     paired = set().union(*per_field.values())
+    inv.rejections = [_with_other_files(r, per_field, records, record_file) for r in inv.rejections]
     inv.rejections.extend(_orphans(sorted(set(records) - paired - already), record_file))
     if whole_source:
         inv.unclaimed, inv.unclaimed_examples = unclaimed_files(spec, inv)
     return inv
+
+
+def _with_other_files(
+    r: Rejection, per_field: dict[str, dict[str, str]], records: dict[str, dict], record_file: dict[str, str]
+) -> Rejection:
+    """``r`` with the files of its sample it does not name (another field's, its sidecar) as its
+    ``others``: a refused sample is refused whole, none of its files is left behind in an inbox."""
+    if not r.sample_id:
+        return r
+    key = match_key(r.sample_id)
+    files = [found[key] for found in per_field.values() if key in found]
+    if key in record_file and "_sidecar" in records.get(key, {}):
+        files.append(record_file[key])
+    others = tuple(f for f in dict.fromkeys(files) if f not in r.paths)
+    return replace(r, others=others) if others else r
 
 
 def samples_in(kinds: dict[str, FieldKind], root: Path, files: dict[str, str]) -> tuple[str, ...]:

@@ -130,3 +130,35 @@ def test_an_annotation_file_linked_to_dev_zero_is_refused_unread(raw_copy, tmp_p
     reasons = json.loads(sorted((out / QUARANTINE_DIR).glob("*.rejections.json"))[-1].read_text())
     [why] = [r["reason"] for r in reasons if r["path"] == "annotations.json"]
     assert why == "annotation file cannot be read: not a regular file (a folder, device, pipe or socket)"
+
+
+def test_a_hostile_image_sends_its_whole_sample_to_the_inbox_quarantine(raw_copy, raw_new, tmp_path):
+    """A FIFO, a symlink to /dev/zero and a folder at an image's path in the inbox, each beside a
+    good mask: the sample is refused at discovery, and every file of it, the mask too, goes to
+    quarantine/ with a reason file; nothing of it stays in the inbox."""
+    out, inbox = tmp_path / "out", tmp_path / "inbox"
+    h5forge.build(_spec(raw_copy, out, inbox))
+    ids = drop_samples(raw_new, inbox, ["cell_000000", "cell_000001", "cell_000002", "cell_000003"], rename="new_")
+    good, hostile = ids[0], dict(zip(ids[1:], ("fifo", "dev-zero", "folder")))
+    for sid, how in hostile.items():
+        image = inbox / "images" / f"{sid}.png"
+        image.unlink()
+        {"fifo": os.mkfifo, "dev-zero": lambda p: p.symlink_to("/dev/zero"), "folder": os.mkdir}[how](image)
+    age_files(inbox)
+    result = h5forge.append(_spec(raw_copy, out, inbox))
+    assert result.added == 1
+    reasons = {r.sample_id: r.reason for r in result.rejections}
+    assert reasons[ids[1]] == "not a regular file: a FIFO (named pipe)"
+    quarantine = inbox / "quarantine"
+    for sid in hostile:
+        for folder in ("images", "masks"):
+            assert not os.path.lexists(inbox / folder / f"{sid}.png"), f"{folder}/{sid}.png left in the inbox"
+            assert os.path.lexists(quarantine / folder / f"{sid}.png"), f"{folder}/{sid}.png not quarantined"
+        assert (quarantine / "images" / f"{sid}.png.reason").read_text() == reasons[sid] + "\n"
+        why = f"sample {sid!r} refused (images/{sid}.png: {reasons[sid]})\n"
+        assert (quarantine / "masks" / f"{sid}.png.reason").read_text() == why
+        assert (quarantine / f"{sid}.json.reason").read_text() == why
+        assert not (inbox / f"{sid}.json").exists()
+    assert sorted(p.name for p in (inbox / "processed" / f"v{result.version:04d}" / "images").iterdir()) == [
+        f"{good}.png"
+    ]
