@@ -48,6 +48,9 @@ def test_an_int_value_beyond_int64_is_one_rejection_in_build_and_append(raw_copy
     appended = h5forge.append(_spec(raw_copy, out, inbox))
     assert appended.added == 1
     assert any(r.sample_id == new[0] and "beyond the int64 range" in r.reason for r in appended.rejections)
+    for rel in (f"images/{new[0]}.png", f"masks/{new[0]}.png", f"{new[0]}.json"):  # refused whole
+        assert not (inbox / rel).exists() and (inbox / "quarantine" / rel).exists(), rel
+    assert "beyond the int64 range" in (inbox / "quarantine" / "images" / f"{new[0]}.png.reason").read_text()
     stored = {i for ids in all_ids(out / "dataset_latest.h5").values() for i in ids}
     assert new[1] in stored and new[0] not in stored
 
