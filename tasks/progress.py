@@ -52,7 +52,9 @@ class StepDisplay:
     def status(self, text: str) -> None:
         self.logger.info(text, extra=self._extra)
         if self.live is not None and self._bar is not None:
-            self.live.update(self._bar, description=text)
+            # drawn now: a status that lasts less than the live line's refresh period (workers
+            # started ahead are ready at once) is otherwise never seen
+            self.live.update(self._bar, description=text, refresh=True)
 
     def advance(self, n: int) -> None:
         self.done += n
