@@ -70,7 +70,9 @@ def map_virtual(
     layout = h5py.VirtualLayout(shape=(sum(sizes), *tail), dtype=like.dtype)
     offset, name, rest = 0, f"{split}/{key}".encode(), (0,) * len(tail)
     for seg, n in zip(segments, sizes):
-        if n:  # the mapping's two spaces made directly: h5py's VirtualSource and slicing cost ~10x as much
+        # the mapping's two spaces made directly: h5py's VirtualSource and slicing cost many times as
+        # much per mapping (benchmarks/results/segments.md)
+        if n:
             rows = h5py.h5s.create_simple(layout.shape)
             rows.select_hyperslab((offset, *rest), (n, *tail))
             layout.dcpl.set_virtual(rows, os.fsencode(seg["file"]), name, h5py.h5s.create_simple((n, *tail)))
