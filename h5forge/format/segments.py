@@ -70,8 +70,8 @@ def map_virtual(
     layout = h5py.VirtualLayout(shape=(sum(sizes), *tail), dtype=like.dtype)
     offset, name, rest = 0, f"{split}/{key}".encode(), (0,) * len(tail)
     for seg, n in zip(segments, sizes):
-        # the mapping's two spaces made directly: h5py's VirtualSource and slicing cost many times as
-        # much per mapping (benchmarks/results/segments.md)
+        # the mapping's two spaces made directly: h5py's VirtualSource and its slicing build the
+        # same two at many times the cost, paid once per batch and split of every version
         if n:
             rows = h5py.h5s.create_simple(layout.shape)
             rows.select_hyperslab((offset, *rest), (n, *tail))
