@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import json
 
-import h5py
 
 import h5forge
-from h5forge.format.names import SPLITS
 from h5forge.ingest.discover import at_least
 from h5forge.pipeline.build import cleans_everything
 from h5forge.spec import DatasetSpec
 from h5forge.store import verify
 from tests.helpers.data import demo_spec
+from tests.helpers.version_identity import stored_fingerprint
 
 
 def _on_cluster(spec: DatasetSpec, out) -> DatasetSpec:
@@ -24,19 +23,6 @@ def _on_cluster(spec: DatasetSpec, out) -> DatasetSpec:
     data["compute"].update(inline_below=0, workers=2, batch_size=4)
     return DatasetSpec.model_validate(data)
 
-
-def _fingerprint(path) -> dict:
-    out = {}
-    with h5py.File(path, "r") as f:
-        for split in SPLITS:
-            g = f[split]
-            out[split] = (
-                str(g.attrs["digest"]),
-                g["ids"][()].tolist(),
-                g["checksum"][()].tolist(),
-                [g["images"].id.read_direct_chunk((r, 0, 0, 0))[1] for r in range(g["images"].shape[0])],
-            )
-    return out
 
 
 def test_a_build_verifies_on_the_workers_it_started_ahead_and_equals_one_cleaned_in_process(
@@ -53,7 +39,7 @@ def test_a_build_verifies_on_the_workers_it_started_ahead_and_equals_one_cleaned
     assert health["stats"]["checksum_processes"] == 2  # the two dask workers, this process none
     assert health["stats"]["checksums_checked"] == sum(spread.counts.values()) == 40
     assert spread.counts == inline.counts
-    assert _fingerprint(spread.path) == _fingerprint(inline.path)
+    assert stored_fingerprint(spread.path) == stored_fingerprint(inline.path)
 
 
 def test_only_a_build_that_cleans_everything_on_a_cluster_starts_one_ahead(tmp_path, raw_demo):

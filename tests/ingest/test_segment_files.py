@@ -10,13 +10,14 @@ from distributed import LocalCluster
 
 import h5forge
 from h5forge.format.chunk_codec import EncodedRows
-from h5forge.format.names import SEGMENTS_DIR, SPLITS
+from h5forge.format.names import SEGMENTS_DIR
 from h5forge.format.summary import read_summary
 from h5forge.ingest.clean import clean_batch
 from h5forge.ingest.discover import discover
 from h5forge.ingest.segment_files import SegmentRows, read_segment, write_segment
 from h5forge.spec import DatasetSpec
 from tests.helpers.data import demo_spec
+from tests.helpers.version_identity import stored_fingerprint
 
 
 def _good(spec):
@@ -60,21 +61,6 @@ def test_a_worker_that_cannot_write_sends_its_chunks_and_a_missing_file_is_repor
     assert read_segment(placed, folder) is None  # written on storage this machine does not see
 
 
-def _fingerprint(path) -> dict:
-    """What must not depend on how the rows reached the writer: every dataset's values, the stored
-    chunk bytes of the images and the split digests."""
-    out = {}
-    with h5py.File(path, "r") as f:
-        for split in SPLITS:
-            g = f[split]
-            out[split] = (
-                str(g.attrs["digest"]),
-                g["ids"][()].tolist(),
-                g["checksum"][()].tolist(),
-                [g["images"].id.read_direct_chunk((r, 0, 0, 0))[1] for r in range(g["images"].shape[0])],
-            )
-    return out
-
 
 def test_a_build_on_dask_writes_through_segment_files_and_equals_one_cleaned_in_process(tmp_path, raw_demo):
     base = demo_spec(raw_demo, tmp_path / "here")
@@ -85,7 +71,7 @@ def test_a_build_on_dask_writes_through_segment_files_and_equals_one_cleaned_in_
         data["compute"].update(dask_address=cluster.scheduler_address, inline_below=0, batch_size=4)
         spread = h5forge.build(DatasetSpec.model_validate(data))
     assert spread.counts == inline.counts and sum(spread.counts.values()) == 40
-    assert _fingerprint(spread.path) == _fingerprint(inline.path)
+    assert stored_fingerprint(spread.path) == stored_fingerprint(inline.path)
     with h5py.File(spread.path, "r") as f:
         timings = read_summary(f)["timings"]
     assert timings["batches_via_segment_files"] >= 10  # 40 good samples in batches of 4
