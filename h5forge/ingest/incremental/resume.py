@@ -114,13 +114,23 @@ def boot_id() -> str | None:
         return None
 
 
-def resumable_source(out: Path, inputs: Inputs) -> Source | None:
-    """What a killed build left in ``out``, when it was written under the same field rules."""
+def checkpoint_of(out: Path) -> tuple[Path, Path, dict] | None:
+    """A killed build's file in ``out``, its state file and the state saved at its last
+    checkpoint; None when either file is missing. ``OSError`` or ``ValueError`` for a state
+    file that cannot be read as JSON."""
     data, state = out / RESUMABLE, out / (RESUMABLE + RESUME_SUFFIX)
     if not data.exists() or not state.exists():
         return None
+    return data, state, json.loads(state.read_text())
+
+
+def resumable_source(out: Path, inputs: Inputs) -> Source | None:
+    """What a killed build left in ``out``, when it was written under the same field rules."""
     try:
-        saved = json.loads(state.read_text())
+        found = checkpoint_of(out)
+        if found is None:
+            return None
+        data, _, saved = found
         if saved.get("rules") != inputs.rules:
             raise ValueError("other field rules")
         with h5py.File(data, "r") as f:  # everything the plan reads must be readable, or nothing is taken

@@ -16,7 +16,6 @@ full (``rebuild.copies_verified_rows``); on the same boot verify samples them.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +25,9 @@ import numpy as np
 
 from h5forge.format import arrays
 from h5forge.format.catalog import KEY, sample_keys, sample_keys_path
-from h5forge.format.names import IDS, PER_SAMPLE, RESUMABLE, RESUME_SUFFIX, SPLITS
+from h5forge.format.names import IDS, PER_SAMPLE, SPLITS
 from h5forge.ingest.incremental.inputs import Inputs
-from h5forge.ingest.incremental.resume import boot_id, discard_resumable
+from h5forge.ingest.incremental.resume import boot_id, checkpoint_of, discard_resumable
 from h5forge.ingest.incremental.reuse import count_rows
 from h5forge.ingest.writer import Durable
 from h5forge.kinds import FieldKind
@@ -57,13 +56,11 @@ def take_over(
     """Make what a killed build left in ``out`` the file at ``partial``, cut back to the durable
     rows this build would write first in each split; None (the file left as it is) when its rows
     are not such a prefix, or its chunk index does not list every one of them."""
-    data, state = out / RESUMABLE, out / (RESUMABLE + RESUME_SUFFIX)
-    if not data.exists() or not state.exists():
-        return None
     try:
-        saved = json.loads(state.read_text())
-        if saved.get("rules") != inputs.rules:
+        found = checkpoint_of(out)
+        if found is None or found[2].get("rules") != inputs.rules:
             return None
+        data, state, saved = found
         with h5py.File(data, "r") as f:
             keep, ids, rejections = _prefix(f, saved, inputs, samples)
             if not any(keep.values()) or not all(_listed(f, split, m, kinds) for split, m in keep.items()):
