@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: install install-test demo test test-soak test-quick lint format docs bench bench-smoke clean
+.PHONY: install install-test hdf5-tools demo test test-soak test-quick lint format docs bench bench-smoke clean
 
 # `install`: what building needs (the package and its [build] extra: Prefect, dask, decoders);
 # `install-test` adds the test extra (pytest, torch, jax, xarray, ...), which only the tests need.
@@ -27,7 +27,17 @@ demo: install
 	$(BIN)/h5forge verify data/demo/dataset_latest.h5
 	$(BIN)/h5forge versions data/demo
 
-test: install-test
+# h5dump, HDF5's own command-line reader: tests/test_portability.py checks what it shows of a version.
+# It ships in no Python package; Debian and Ubuntu have it in hdf5-tools, installed here when missing.
+hdf5-tools:
+	@command -v h5dump >/dev/null || { \
+	  if ! command -v apt-get >/dev/null; then \
+	    echo "error: h5dump not found: install HDF5's command-line tools (hdf5-tools, brew install hdf5)"; exit 1; fi; \
+	  sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  echo "installing h5dump (Debian's hdf5-tools), which the tests run"; \
+	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hdf5-tools >/dev/null; }
+
+test: install-test hdf5-tools
 	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not tf and not soak"
 
 # the fault suite at full size: 20 SIGKILLed builds and appends, thousands of bit flips and damaged files
@@ -35,7 +45,7 @@ test-soak: install-test
 	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m soak
 
 # the inner loop: no Prefect server, no subprocess services, nothing slow (`make test` runs everything)
-test-quick: install-test
+test-quick: install-test hdf5-tools
 	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not slow and not e2e and not tf and not soak"
 
 # The TensorFlow reader in a second venv: tensorflow-cpu needs an older h5py than pyproject.toml pins

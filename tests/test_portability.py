@@ -1,6 +1,6 @@
 """Files other tools read: `import h5forge` registers the compression plugins for plain h5py; `export
 --codec gzip-1` writes a copy with only filters built into every HDF5; Debian's h5dump (hdf5-tools,
-installed by .ci/run) prints a stored sample equal to h5forge's values, for the default lz4 file with
+which `make test` installs where it is missing) prints a stored sample equal to h5forge's values, for the default lz4 file with
 HDF5_PLUGIN_PATH and for the gzip-1 copy without it; xarray reads the copy through h5netcdf with
 named dimensions and no plugin loaded.
 
@@ -101,7 +101,7 @@ def test_export_none_stores_arrays_unfiltered_and_an_unknown_codec_is_one_line(v
 def _h5dump() -> str:
     found = shutil.which("h5dump")
     if found is None:
-        pytest.fail("h5dump not found: install Debian's hdf5-tools (apt-get install -y hdf5-tools), as .ci/run does")
+        pytest.fail("h5dump not found: `make hdf5-tools` installs it (Debian's hdf5-tools), as `make test` does")
     return found
 
 

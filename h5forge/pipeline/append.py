@@ -14,6 +14,7 @@ from h5forge.format.summary import WriteSummary
 from h5forge.ingest import append as steps
 from h5forge.ingest.append import AppendCandidate, InboxScan, MovePlan, apply_moves, plan_moves, stage_append
 from h5forge.pipeline.build import apply_retention, resolve_spec
+from h5forge.pipeline.main_module import leaves_main_alone
 from h5forge.pipeline.reports import log_report, show_health
 from h5forge.pipeline.results import AppendResult
 from h5forge.pipeline.runner import PLAIN, Runner, log
@@ -25,6 +26,7 @@ from h5forge.store.verify import HealthReport
 from h5forge.store.versions import output_lock_or_skip
 
 
+@leaves_main_alone
 def append(
     spec: DatasetSpec | str | Path,
     *,

@@ -18,6 +18,7 @@ from h5forge.ingest.incremental.rebuild import comparable, inputs_of, unchanged_
 from h5forge.ingest.parallel import cluster_ahead
 from h5forge.ingest.rejected import check_rejected
 from h5forge.ingest.removals import check_removals, named
+from h5forge.pipeline.main_module import leaves_main_alone
 from h5forge.pipeline.reports import log_report, show_diff, show_health, write_preview_sheet
 from h5forge.pipeline.results import BuildResult
 from h5forge.pipeline.runner import PLAIN, Runner, log
@@ -28,6 +29,7 @@ from h5forge.store.verify import HealthReport
 from h5forge.store.versions import Candidate, output_lock_or_skip
 
 
+@leaves_main_alone
 def build(
     spec: DatasetSpec | str | Path,
     *,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from h5forge.errors import DatasetBroken, NoBaseVersion
 from h5forge.format.names import version_name
+from h5forge.pipeline.main_module import leaves_main_alone
 from h5forge.pipeline.reports import artifact_key, log_report
 from h5forge.pipeline.runner import PLAIN, Runner
 from h5forge.store.reports import write_health
@@ -13,6 +14,7 @@ from h5forge.store.verify import HealthReport, verify_file
 from h5forge.store.versions import latest
 
 
+@leaves_main_alone
 def verify(out: str | Path, *, name: str = "", runner: Runner = PLAIN) -> HealthReport:
     """Recompute every checksum of the version latest points at; raises DatasetBroken when it is broken."""
     out = Path(out)
