@@ -9,6 +9,7 @@ and refusing the whole batch would leave them in the inbox to fail again on ever
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Iterable
 
@@ -28,12 +29,43 @@ def inputs_seen(inventory: Inventory) -> int:
     return len(inventory.samples) + inventory.rejected
 
 
+# a word of a reason that carries a value: a number (``-3.5..2.5``, ``300x400``), a path
+# (``case_7/slice_004.dcm``, not ``Rows/Columns``) or a quoted name; a dtype (``int16``) or a dimension (``4-D``) names the kind of the reason instead
+_VALUE = re.compile(r"""^[-+]?\.?\d|^/|/.*[\d._*]|[\d._*].*/|^['"]""")
+_KIND_WORD = re.compile(r"^(u?int|float|complex)\d+$|^\d-D$")
+_EDGES = "([{,;:.)]}"
+
+
+def reason_kind(reason: str) -> str:
+    """``reason`` with the words that carry values written as ``…``: reasons that differ only in
+    their values (``values -3.5..2.5 are not int16 integers``, ``values 0.5..7 are not ...``) are
+    one kind."""
+    words = []
+    for word in reason.split():
+        bare = word.strip(_EDGES)
+        if bare and _VALUE.search(bare) and not _KIND_WORD.match(bare):
+            word = word.replace(bare, "…")
+            if words and words[-1].strip(_EDGES) == "…" and words[-1].endswith("…"):
+                continue  # one mark for a run of values
+        words.append(word)
+    return " ".join(words)
+
+
 def common_reasons(rejections: Iterable[Rejection], n: int = COMMON_REASONS) -> list[tuple[str, int]]:
-    """The ``n`` most common reasons with their counts (ties: first seen first)."""
+    """The ``n`` most common kinds of reason (``reason_kind``) with their counts, most inputs first
+    (ties: first seen first). A kind seen with one wording is that wording; with several, its
+    wording with the values left out and the first reason as an example."""
     counts: Counter = Counter()
+    wordings: dict[str, dict[str, None]] = {}
     for r in rejections:
-        counts[r.reason] += r.count
-    return counts.most_common(n)
+        kind = reason_kind(r.reason)
+        counts[kind] += r.count
+        wordings.setdefault(kind, {})[r.reason] = None
+    return [(_described(kind, list(wordings[kind])), count) for kind, count in counts.most_common(n)]
+
+
+def _described(kind: str, wordings: list[str]) -> str:
+    return wordings[0] if len(wordings) == 1 else f"{kind} (e.g. {wordings[0]})"
 
 
 def check_rejected(spec: DatasetSpec, inventory: Inventory, summary: WriteSummary, candidate: Candidate) -> None:

@@ -6,10 +6,14 @@ step as a Prefect task.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable
 
+import h5py
+
 from h5forge.format.names import version_name
+from h5forge.format.segments import counts_of
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest import build as steps, discover as discovery
 from h5forge.ingest.discover import Inventory
@@ -65,7 +69,8 @@ def build(
             inputs = run("fingerprint", fingerprint_inputs, spec, inventory)
             same = run("unchanged", unchanged_version, spec, inputs)
             if same is not None:  # same raw inputs, same rules: a new version would be a copy
-                return BuildResult(spec.name, same, str(spec.output.dir / version_name(same)), unchanged=True)
+                path = spec.output.dir / version_name(same)
+                return BuildResult(spec.name, same, str(path), counts_in(path), unchanged=True)
             candidate = run("stage-version", stage_version, spec)
             summary = run("clean-and-write", clean_and_write, spec, inventory, candidate, inputs, runner)
             check_rejected(spec, inventory, summary, candidate)  # above max_rejected: nothing is published
@@ -162,6 +167,12 @@ def unchanged_version(spec: DatasetSpec, inputs: Inputs) -> int | None:
     if number is not None:
         log.info("unchanged since v%04d: same raw inputs and field rules; nothing published", number)
     return number
+
+
+def counts_in(path: Path) -> dict[str, int]:
+    """The samples of each split of a published version."""
+    with h5py.File(os.path.realpath(path), "r") as f:
+        return counts_of(f)
 
 
 def stage_version(spec: DatasetSpec) -> Candidate:

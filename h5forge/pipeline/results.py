@@ -1,4 +1,8 @@
-"""What the flows return (and the CLI prints): small records, never arrays."""
+"""What the flows return (and the CLI prints): small records, never arrays.
+
+Their repr is a line (a notebook shows a result whole): what happened and the figures; the lists
+behind the figures (``rejections``, ``health``, ``timings``) are on the attributes.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,15 @@ from dataclasses import dataclass, field
 from h5forge.samples import Rejection, rejected_count
 
 
-@dataclass(frozen=True)
+def _splits(counts: dict[str, int]) -> str:
+    return ", ".join(f"{split} {n}" for split, n in counts.items())
+
+
+def _rejected(n: int) -> str:
+    return f"; {n} input{'s' if n != 1 else ''} rejected (.rejections)" if n else ""
+
+
+@dataclass(frozen=True, repr=False)
 class BuildResult:
     name: str
     version: int | None = None  # None: skipped, nothing built
@@ -26,11 +38,20 @@ class BuildResult:
 
     @property
     def samples(self) -> int:
-        """Samples the published version holds."""
+        """Samples the published version holds (latest's, when the build was ``unchanged``)."""
         return sum(self.counts.values())
 
+    def __repr__(self) -> str:
+        if self.skipped:
+            return f"<BuildResult {self.name}: skipped, {self.skipped}>"
+        what = f"unchanged since v{self.version:04d}" if self.unchanged else f"published v{self.version:04d}"
+        return (
+            f"<BuildResult {self.name}: {what}, {self.samples} samples ({_splits(self.counts)})"
+            f"{_rejected(self.rejected)}; {self.path}>"
+        )
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, repr=False)
 class AppendResult:
     name: str
     version: int | None = None  # None: nothing appended
@@ -45,3 +66,15 @@ class AppendResult:
     @property
     def rejected(self) -> int:
         return rejected_count(self.rejections)
+
+    def __repr__(self) -> str:
+        if self.skipped:
+            return f"<AppendResult {self.name}: skipped, {self.skipped}>"
+        waiting = f"; {self.waiting} waiting" if self.waiting else ""
+        if self.version is None:
+            return f"<AppendResult {self.name}: nothing appended{waiting}{_rejected(self.rejected)}>"
+        return (
+            f"<AppendResult {self.name}: published v{self.version:04d}, {self.added} added "
+            f"({_splits(self.added_counts)}), {sum(self.counts.values())} in all{waiting}"
+            f"{_rejected(self.rejected)}; {self.path}>"
+        )
