@@ -26,6 +26,7 @@ demo: install
 	$(BIN)/h5forge build config/demo.yaml
 	$(BIN)/h5forge verify data/demo/dataset_latest.h5
 	$(BIN)/h5forge versions data/demo
+	$(BIN)/h5forge read data/demo/dataset_latest.h5 --batch-size 4
 
 # h5dump, HDF5's own command-line reader: tests/test_portability.py checks what it shows of a version.
 # It ships in no Python package; Debian and Ubuntu have it in hdf5-tools, installed here when missing.

@@ -230,3 +230,37 @@ def test_doctor_finds_an_api_url_set_in_any_prefect_settings_file(tmp_path, wher
     r, top = imported_by("doctor", cwd=cwd, env=env)
     assert r.returncode == 1
     assert lines(r.stdout)["Prefect API"][0].startswith(f"MISSING {url} does not answer (ConnectError")
+
+
+def test_read_shows_a_batch_as_the_framework_free_reader_returns_it(built):
+    path, _ = built
+    r = run("read", path, "--split", "val", "--fields", "images,masks,label", "--batch-size", "3")
+    assert r.returncode == 0, r.stderr
+    with h5py.File(path) as f:
+        n = int(f["val"].attrs["count"])
+        images, masks = f["val/images"][:3], f["val/masks"][:3]
+        labels = [x.decode() for x in f["val/meta/label"][:3]]
+        ids = [x.decode() for x in f["val/ids"][:3]]
+    lines = [line.strip("│ ").split("│") for line in r.stdout.splitlines() if line.startswith("│")]
+    rows = {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in lines}
+    assert r.stdout.splitlines()[0] == f"{path} val: rows 0..2 of {n}"
+    assert rows["images"] == [str(images.shape), "uint8", f"{images.min()}..{images.max()}"]
+    assert rows["masks"] == [str(masks.shape), "uint8", f"{masks.min()}..{masks.max()}"]
+    assert rows["label"] == ["(3,)", "str", ", ".join(labels)]
+    assert r.stdout.splitlines()[-1] == "ids: " + ", ".join(ids)
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--split", "nope"), "no split 'nope'"),
+    (("--fields", "pictures"), "pictures"),
+])
+def test_read_of_what_the_file_lacks_is_one_line(built, args, message):
+    path, _ = built
+    r = run("read", path, *args)
+    assert r.returncode != 0 and r.stdout == ""
+    assert r.stderr.startswith("error: ") and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_read_of_a_missing_file_is_one_line(tmp_path):
+    r = run("read", tmp_path / "dataset_latest.h5")
+    assert (r.returncode, r.stderr) == (2, f"error: {tmp_path / 'dataset_latest.h5'}: no such dataset file\n")

@@ -67,3 +67,9 @@ def test_the_test_targets_bring_h5dump():
     rules = {line.split(":")[0]: line for line in listed.stdout.splitlines() if line.startswith(("test:", "test-quick:"))}
     assert "hdf5-tools" in rules["test"].split(":", 1)[1].split()
     assert "hdf5-tools" in rules["test-quick"].split(":", 1)[1].split()
+
+
+def test_make_demo_ends_by_reading_a_batch_back_without_a_framework():
+    demo = subprocess.run([MAKE, "--no-print-directory", "-C", str(REPO), "-n", "demo"], capture_output=True,
+                          text=True, timeout=120).stdout.splitlines()
+    assert demo[-1] == ".venv/bin/h5forge read data/demo/dataset_latest.h5 --batch-size 4"

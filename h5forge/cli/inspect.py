@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from h5forge.cli.app import _reported, app, out, settings
+from h5forge.cli.app import _fail, _reported, app, out, settings
 from h5forge.figures import size as size_text
 
 
@@ -177,3 +177,55 @@ def diff(
         return
     for line in result.lines():
         out.print(line, highlight=False, markup=False)
+
+
+def _values_text(values: Any) -> tuple[str, str, str]:
+    """(shape, dtype, values) of one field of a batch: an array, or a list of rows (ragged fields)."""
+    import numpy as np
+
+    if isinstance(values, list):  # one array per row: lengths differ
+        lengths = [len(v) for v in values]
+        dtype = str(values[0].dtype) if values else ""
+        return f"{len(values)} rows of {min(lengths)}..{max(lengths)}", dtype, _range_text(values)
+    values = np.asarray(values)
+    if values.dtype.kind in "OSU":  # text columns
+        shown = [v.decode() if isinstance(v, bytes) else str(v) for v in values[:3]]
+        return str(values.shape), "str", ", ".join(shown) + (" ..." if len(values) > 3 else "")
+    return str(values.shape), str(values.dtype), _range_text([values])
+
+
+def _range_text(arrays: list) -> str:
+    sized = [a for a in arrays if a.size]
+    if not sized:
+        return "empty"
+    low, high = min(a.min() for a in sized), max(a.max() for a in sized)
+    return f"{_number(low.item())}..{_number(high.item())}"
+
+
+@app.command("read")
+def read_batch(
+    path: Path = typer.Argument(..., help="a version file or dataset_latest.h5"),
+    split: str = typer.Option("train", help="the split to read: train, val or test"),
+    fields: Optional[str] = typer.Option(None, help="fields to read, comma-separated (default: every field)"),
+    batch_size: int = typer.Option(8, "--batch-size", min=1, help="rows to read"),
+) -> None:
+    """Read the first rows of a split back as stored, with the framework-free reader
+    (h5forge.read.reader.SplitReader, what the torch, TF and JAX readers build on): each field's
+    batch shape, dtype and values, and the rows' ids."""
+    from h5forge.read.reader import SplitReader
+
+    names = [n.strip() for n in fields.split(",") if n.strip()] if fields else None
+    with _reported():
+        try:
+            reader = SplitReader(path, split=split, fields=names)
+        except FileNotFoundError as e:
+            _fail(str(e))
+        with reader:
+            rows = range(min(batch_size, len(reader)))
+            batch = reader.read(rows)
+            ids = reader.ids()[: len(rows)]
+    t = Table("field", "batch", "dtype", "values", title=f"{path} {split}: rows 0..{len(rows) - 1} of {len(reader)}")
+    for name, values in batch.items():
+        t.add_row(name, *_values_text(values))
+    out.print(t)
+    out.print("ids: " + ", ".join(ids), highlight=False, markup=False)
