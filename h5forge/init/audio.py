@@ -1,7 +1,8 @@
 """The audio layout: ``*.wav``/``*.flac``/``*.ogg`` recordings, one ``signal`` field per channel
 index (audio channels have no names), at the rate the files' headers give. Only headers are read
 (soundfile.info). A mono folder gives one field, ``audio``; a stereo one ``left`` and ``right``;
-more channels ``ch_0``, ``ch_1``, ..."""
+more channels ``ch_0``, ``ch_1``, ... Only the channels (nearly) every recording holds get a field
+(``Survey.keep_shared``): a folder of mono and stereo recordings gives ``audio``, channel 0."""
 
 from __future__ import annotations
 
@@ -54,8 +55,9 @@ def audio_body(raw: Path, notes: list[str], kind):
         "no channels",
         "recordings cannot be read by soundfile",
     )
+    survey.keep_shared("channel", notes)  # before naming: a mono and stereo folder keeps channel 0, named audio
     names = _field_names(len(survey.channels))
-    indexed = {label: (names[int(label)], int(label)) for label in survey.channels}
+    indexed = {label: (names[k], int(label)) for k, label in enumerate(sorted(survey.channels, key=int))}
     found = survey.layout(
         "channel",
         notes,

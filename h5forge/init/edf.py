@@ -10,6 +10,9 @@ from h5forge.kinds import Layout
 from h5forge.init.signals import Survey, first_folder_with
 
 EDF_SUFFIXES = (".edf", ".bdf")
+# the EDF+/BDF+ annotation channel: time-stamped text in the signal's bytes, not samples. pyedflib
+# hides it in a file whose header says EDF+ or BDF+, and lists it as a signal where it does not
+ANNOTATION_LABELS = ("edf annotations", "bdf annotations")
 
 
 def _edf_size_problem(path: Path) -> str | None:
@@ -57,12 +60,15 @@ def edf_body(raw: Path, notes: list[str], kind):
     if edf is None:
         return None
     survey = Survey(raw, *edf, kind.rate_tolerance)
-    twice = []
+    twice, annotated = [], []
     for p in survey.sampled:
         got = _edf_channels(p)
         if isinstance(got, str):
             survey.reject(p.name, got)
             continue
+        if any(label.lower() in ANNOTATION_LABELS for label, _ in got):
+            annotated.append(p.name)
+            got = [(label, rate) for label, rate in got if label.lower() not in ANNOTATION_LABELS]
         labels = [label for label, _ in got]
         for i, (label, rate) in enumerate(got):
             if label in labels[:i]:
@@ -75,6 +81,11 @@ def edf_body(raw: Path, notes: list[str], kind):
         "no channels",
         "recordings cannot be read by pyedflib",
     )
+    if annotated:
+        notes.append(
+            f"{len(annotated)} of {len(survey.sampled)} sampled recordings ({', '.join(annotated[:3])}) hold an "
+            "'EDF Annotations' channel: EDF+ annotations (time-stamped text), not samples, so no field reads it"
+        )
     if twice:
         notes.append(f"a label appears twice in a recording ({', '.join(twice[:3])}): its field reads the first")
     return survey.layout(

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from h5forge.init.text import SpecText, scalar
 
+MAX_REJECTED = 0.1  # the share of rejected inputs the written spec allows (max_rejected)
+
 
 def header(t: SpecText, raw: Path, spec_path: Path, name: str, notes: list[str], ids: str | None = None) -> None:
     t.comment(0, f"h5forge spec inferred by `h5forge init` from {raw}")
@@ -40,7 +42,11 @@ def footer(
     t(0, "output:")
     t(1, f"dir: {scalar(out_dir)}")
     t(1, "keep: 5", "published versions kept")
-    t(0, "max_rejected: 0.1", "more rejected inputs than this share ('10%') or count (12): nothing is published")
+    t(
+        0,
+        f"max_rejected: {MAX_REJECTED:g}",
+        "more rejected inputs than this share ('10%') or count (12): nothing is published",
+    )
     t(0, "compute:")
     t(1, "workers: 2", "LocalCluster processes; or dask_address: tcp://host:8786")
     if batch_size:

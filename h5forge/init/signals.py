@@ -15,6 +15,7 @@ from h5forge.errors import UsageError
 from h5forge.format.arrays import LENGTHS
 from h5forge.format.names import RESERVED
 from h5forge.init.folders import files_in, sample, subdirs
+from h5forge.init.sections import MAX_REJECTED
 from h5forge.init.text import SpecText, files_value, scalar
 
 SIGNAL_SAMPLE = 50
@@ -70,6 +71,10 @@ class Channel:
     @property
     def files(self) -> int:
         return sum(len(v) for v in self.rates.values())
+
+    def holders(self) -> set[str]:
+        """The sampled files that hold the channel."""
+        return {name for names in self.rates.values() for name in names}
 
     def rate(self) -> int | float:
         return max(self.rates, key=lambda r: (len(self.rates[r]), r))
@@ -139,15 +144,57 @@ class Survey:
                 f"({'; '.join(self.problems[:3])}): they will be rejected"
             )
 
+    def readable(self) -> list[str]:
+        """The sampled files that gave their channels."""
+        return [p.name for p in self.sampled if not any(u.startswith(f"{p.name}: ") for u in self.problems)]
+
+    def keep_shared(self, unit: str, notes: list[str]) -> None:
+        """Keeps the channels a build can read from (nearly) every recording: a field whose channel
+        a recording lacks rejects that recording, so a channel goes when the sampled recordings
+        lacking it, with those lacking another channel kept, are more than the written spec's
+        ``max_rejected`` allows (a stray defective recording keeps its channel and is rejected; a
+        folder of mono and stereo recordings, or of two kinds of recorder, keeps what they share).
+        Raises when no channel is left: no spec builds every recording then."""
+        readable = self.readable()
+        allowed = max(int(MAX_REJECTED * len(readable) + 1e-9), 1)
+        lacking = {label: set(readable) - ch.holders() for label, ch in self.channels.items()}
+        kept, refused = [], set()
+        for label in sorted(self.channels, key=lambda label: len(lacking[label])):  # the most widely held first
+            if len(refused | lacking[label]) <= allowed:
+                kept.append(label)
+                refused |= lacking[label]
+        if not kept:
+            raise UsageError(self._nothing_shared(unit, readable))
+        for label in [label for label in self.channels if label not in kept]:
+            names = sorted(lacking[label])
+            notes.append(
+                f"{unit} {label!r} is missing in {len(names)} of {len(readable)} sampled files "
+                f"({', '.join(names[:3])}): no field reads it, so that those recordings build (a field "
+                "for it would reject them)"
+            )
+        self.channels = {label: ch for label, ch in self.channels.items() if label in kept}
+
+    def _nothing_shared(self, unit: str, readable: list[str]) -> str:
+        held = "; ".join(
+            f"{name}: {', '.join(label for label, ch in self.channels.items() if name in ch.holders())}"
+            for name in readable[:3]
+        )
+        return (
+            f"the recordings in {self.prefix or './'} share no {unit} ({held}{'; ...' if len(readable) > 3 else ''}): "
+            "a field per channel would reject most of them; put the recordings that hold the same channels "
+            "in a folder of their own and run init on each"
+        )
+
     def layout(
         self, unit: str, notes: list[str], comment: str, source: str, indexed: dict[str, tuple[str, int]] | None = None
     ):
-        """The ``signals`` layout: one field per channel, at its most common rate (``source`` says
-        where the rate was read); notes for a channel missing, or at another rate, in some of the
-        recordings (``unit``: what a channel is called, e.g. ``column``). Channels without names
-        (audio) give ``indexed``: label -> (field name, the channel's index)."""
-        readable = [p.name for p in self.sampled if not any(u.startswith(f"{p.name}: ") for u in self.problems)]
-        _channel_notes(self.channels, readable, unit, notes)
+        """The ``signals`` layout: one field per channel (those ``keep_shared`` keeps), at its most
+        common rate (``source`` says where the rate was read); notes for a channel missing, or at
+        another rate, in some of the recordings (``unit``: what a channel is called, e.g.
+        ``column``). Channels without names (audio) give ``indexed``: label -> (field name, the
+        channel's index)."""
+        self.keep_shared(unit, notes)
+        _channel_notes(self.channels, self.readable(), unit, notes)
         globs = _suffix_globs(self.prefix, self.files)
         taken: set[str] = set()
         names = {label: signal_name(label, taken) for label in self.channels}
@@ -173,8 +220,7 @@ def _channel_notes(channels: dict[str, Channel], readable: list[str], unit: str,
                 f"{unit} {ch.label!r} is at {rate:g} Hz in {len(names)} of {ch.files} sampled files "
                 f"({', '.join(names[:3])}), not {ch.rate():g} Hz: those recordings will be rejected"
             )
-        having = {n for names in ch.rates.values() for n in names}
-        missing = [n for n in readable if n not in having]
+        missing = [n for n in readable if n not in ch.holders()]
         if missing:
             notes.append(
                 f"{unit} {ch.label!r} is missing in {len(missing)} of {len(readable)} sampled files "

@@ -4,11 +4,21 @@ lines whose comments line up, so a reviewer reads each value beside the reason i
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Iterable
 
 import yaml
 
 _COMMENT_AT = 27
+# what YAML reads as the end of a line (and the other control characters): a comment holding one
+# would end there, and its rest be read as YAML
+_BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` for a comment: a line break or other control character written as its escape
+    (``\\n``), as folder and file names may hold them."""
+    return _BREAKS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def scalar(value: Any) -> str:
@@ -44,15 +54,15 @@ class SpecText:
     def __call__(self, indent: int, text: str, comment: str | None = None) -> None:
         line = "  " * indent + text
         if comment:
-            line = (line.ljust(_COMMENT_AT) if len(line) < _COMMENT_AT else line + " ") + "# " + comment
+            line = (line.ljust(_COMMENT_AT) if len(line) < _COMMENT_AT else line + " ") + "# " + one_line(comment)
         self.lines.append(line)
 
     def comment(self, indent: int, text: str) -> None:
-        self.lines.append("  " * indent + "# " + text)
+        self.lines.append("  " * indent + "# " + one_line(text))
 
     def more(self, text: str) -> None:
         """A comment continued on the next line, in the comment column."""
-        self.lines.append(" " * _COMMENT_AT + "# " + text)
+        self.lines.append(" " * _COMMENT_AT + "# " + one_line(text))
 
     def todo(self, indent: int, key: str, placeholder: str, why: str) -> None:
         """A value the user must fill in, written as a ``# key: TODO`` comment (so the spec is
