@@ -40,7 +40,7 @@ def reason_kind(reason: str) -> str:
     """``reason`` with the words that carry values written as ``…``: reasons that differ only in
     their values (``values -3.5..2.5 are not int16 integers``, ``values 0.5..7 are not ...``) are
     one kind."""
-    words = []
+    words: list[str] = []
     for word in reason.split():
         bare = word.strip(_EDGES)
         if bare and _VALUE.search(bare) and not _KIND_WORD.match(bare):

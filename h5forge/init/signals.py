@@ -158,7 +158,8 @@ class Survey:
         readable = self.readable()
         allowed = max(int(MAX_REJECTED * len(readable) + 1e-9), 1)
         lacking = {label: set(readable) - ch.holders() for label, ch in self.channels.items()}
-        kept, refused = [], set()
+        kept: list[str] = []
+        refused: set[str] = set()
         for label in sorted(self.channels, key=lambda label: len(lacking[label])):  # the most widely held first
             if len(refused | lacking[label]) <= allowed:
                 kept.append(label)

@@ -16,23 +16,22 @@ import functools
 import sys
 import types
 from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, ParamSpec, TypeVar
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 
-def names_a_script(module: types.ModuleType | None) -> bool:
+def names_a_script(module: types.ModuleType) -> bool:
     """Whether a new spawn or forkserver process would import ``module`` as its ``__main__``."""
-    return module is not None and (
-        getattr(module, "__file__", None) is not None or getattr(module, "__spec__", None) is not None
-    )
+    return getattr(module, "__file__", None) is not None or getattr(module, "__spec__", None) is not None
 
 
 @contextmanager
 def main_module_hidden() -> Iterator[None]:
     """Within the block, processes started by any start method import nothing of ``__main__``."""
     real = sys.modules.get("__main__")
-    if not names_a_script(real):  # an interactive session, or a run inside a run: nothing to hide
+    if real is None or not names_a_script(real):  # an interactive session, or a run inside a run
         yield
         return
     stand_in = types.ModuleType("__main__", "the caller's __main__, hidden from the processes a run starts")
@@ -44,11 +43,11 @@ def main_module_hidden() -> Iterator[None]:
             sys.modules["__main__"] = real
 
 
-def leaves_main_alone(run: Callable[..., T]) -> Callable[..., T]:
+def leaves_main_alone(run: Callable[P, T]) -> Callable[P, T]:
     """``run`` with ``__main__`` hidden from every process it starts (``main_module_hidden``)."""
 
     @functools.wraps(run)
-    def wrapped(*args, **kwargs) -> T:
+    def wrapped(*args: P.args, **kwargs: P.kwargs) -> T:
         with main_module_hidden():
             return run(*args, **kwargs)
 
