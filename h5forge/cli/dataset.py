@@ -30,6 +30,7 @@ def init(
     Exits 2 when a value must be filled in first (a ``# ...: TODO`` line in the spec), 1 when a build
     with the spec would publish nothing (the reason is printed)."""
     from h5forge.init import infer_spec
+    from h5forge.init.text import one_line  # names from the folder may hold line breaks
 
     if out_path.exists() and not force:
         _fail(f"{out_path} exists; pass --force to overwrite it")
@@ -38,7 +39,7 @@ def init(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(inferred.text)
     for note in inferred.notes:
-        out.print(f"note: {note}", highlight=False, markup=False)
+        out.print(f"note: {one_line(note)}", highlight=False, markup=False)
     if inferred.todo:
         _fail(
             f"wrote {out_path} ({inferred.layout} layout), but it is incomplete: fill in "
@@ -47,7 +48,7 @@ def init(
     if inferred.unbuildable:
         _fail(
             f"wrote {out_path} ({inferred.layout} layout), but a build with it publishes nothing: "
-            f"{inferred.unbuildable}; see the notes, fix the folder or the spec, then run: h5forge build "
+            f"{one_line(inferred.unbuildable)}; see the notes, fix the folder or the spec, then run: h5forge build "
             f"{out_path}",
             1,
         )

@@ -187,6 +187,7 @@ def test_a_class_folder_named_with_a_line_break_is_one_error_line_and_a_spec_tha
     assert done.returncode == 1 and done.stderr.startswith("error: wrote ")
     assert "holds a control character (U+000A); rename its files" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+    assert all(line.startswith("note: ") for line in done.stdout.splitlines())  # a note is one line too
     written = yaml.safe_load(spec_path.read_text())  # the spec init wrote loads, with the class as it is named
     assert written["fields"]["label"]["classes"] == ["birds", "cats", "do\ngs"]
     assert "pictures: birds 4, cats 4, do\\ngs 4" in spec_path.read_text()
