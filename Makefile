@@ -32,9 +32,9 @@ demo: install
 # It ships in no Python package; Debian and Ubuntu have it in hdf5-tools, installed here when missing.
 hdf5-tools:
 	@command -v h5dump >/dev/null || { \
-	  if ! command -v apt-get >/dev/null; then \
-	    echo "error: h5dump not found: install HDF5's command-line tools (hdf5-tools, brew install hdf5)"; exit 1; fi; \
 	  sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  if ! command -v apt-get >/dev/null || { [ -n "$$sudo" ] && ! command -v sudo >/dev/null; }; then \
+	    echo "error: h5dump not found: install HDF5's command-line tools (hdf5-tools, brew install hdf5)"; exit 1; fi; \
 	  echo "installing h5dump (Debian's hdf5-tools), which the tests run"; \
 	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hdf5-tools >/dev/null; }
 
