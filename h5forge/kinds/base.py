@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from h5forge.spec import DatasetSpec
 
 
+STORED = "stored"  # validation context of a spec read from a dataset file (spec_from_json)
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

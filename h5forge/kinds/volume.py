@@ -31,8 +31,12 @@ sha256 with the time point: ``sample_digest``), so exactly-once and rebuilds tel
 3-D file or a DICOM series is one time point; a 3-D label volume labels every time point. Trailing
 axes of length 1 (x, y, z, 1) are dropped; 5-D and higher files are rejected.
 In-plane, slices are centre-cropped / padded to ``size`` like images (no resampling); the depth
-is kept. Each case records its voxel spacing (slice, row, column, mm), origin, orientation,
-modality and series UID in companion columns ``<field>_spacing`` etc.
+is kept. Each case records its voxel spacing (slice, row, column, mm), origin, direction matrix,
+orientation, modality and series UID in companion columns ``<field>_spacing`` etc. Every
+volume's geometry is in one frame, LPS (DICOM's patient coordinates, as ITK and SimpleITK use),
+NIfTI's RAS included, for the voxels in their stored (D, H, W) order: the stored voxel (d, h, w)
+lies at origin + d·spacing[0]·direction[0] + h·spacing[1]·direction[1] + w·spacing[2]·direction[2],
+the origin being that of the first voxel stored (after the crop or pad).
 Stored ragged, one slice per chunk: reading a case is one contiguous range, reading a slice one
 chunk. Readers return (D, H, W) per case ((D, C, H, W) with channels), batched as padded values +
 depths. ``codec`` sets the field's own codec (default: storage.codec); ``none`` suits 2-D and 2.5-D
@@ -52,13 +56,14 @@ from typing import Any, Literal, Mapping, cast
 
 import h5py
 import numpy as np
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from h5forge.format.arrays import Stored
 from h5forge.format.codecs import CodecName
 from h5forge.format.layout import STR
 from h5forge.kinds.base import (
     DEFAULT_MAX_BYTES,
+    STORED,
     Decoded,
     Demo,
     Detector,
@@ -142,6 +147,29 @@ class VolumeField(StrictModel):
         # were without the option, so earlier h5forge versions read the file and rebuilds reuse rows
         exclude_if=lambda v: v is None,
     )
+
+    frame: Literal["LPS", "as-read"] = Field(
+        "LPS",
+        description="the patient coordinates of <field>_origin, _orientation and _direction: LPS, "
+        "as DICOM, ITK and SimpleITK use (x to the patient's left, y to the back, z to the head); a "
+        "build always writes LPS. 'as-read' marks a version written by an earlier h5forge (NIfTI cases "
+        "in RAS, DICOM cases in LPS, no _direction column), which is still read",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_before_one_frame(cls, data: Any, info: ValidationInfo) -> Any:
+        """A stored spec without ``frame`` is from a version whose NIfTI geometry is in RAS."""
+        if isinstance(data, dict) and "frame" not in data and (info.context or {}).get(STORED):
+            return {**data, "frame": "as-read"}
+        return data
+
+    @field_validator("frame")
+    @classmethod
+    def _frame_written(cls, v: str, info: ValidationInfo) -> str:
+        if v != "LPS" and not (info.context or {}).get(STORED):
+            raise ValueError(f"frame {v!r} is how earlier versions stored geometry; a build writes LPS")
+        return v
 
     @model_validator(mode="after")
     def _fourth_axis(self) -> "VolumeField":
@@ -342,8 +370,8 @@ def _from_dicom(
     first = frames[0]
     meta = {
         "spacing": np.array([step, *first.pixel_spacing]),
-        "origin": ipp[order[0]],
-        "orientation": iop[0],
+        # DICOM patient coordinates are LPS already; the slices run along the normal they are sorted by
+        **geometry(ipp[order[0]], np.stack([normal, iop[0][3:], iop[0][:3]])),
         "modality": str(getattr(first.ds, "Modality", "")),
         "series": str(getattr(first.ds, "SeriesInstanceUID", "")),
         # what a DICOM SEG mask of the case is checked against and mapped by
@@ -352,6 +380,38 @@ def _from_dicom(
         "frame_of_reference": str(first.ds.get("FrameOfReferenceUID", "")),
     }
     return np.stack(slices), meta
+
+
+FRAME = "LPS"  # the patient coordinates every volume's origin and directions are stored in
+RAS_TO_LPS = np.diag([-1.0, -1.0, 1.0])  # NIfTI's frame to DICOM's: x and y change sign
+
+
+def geometry(origin: np.ndarray, axes: np.ndarray) -> dict[str, np.ndarray]:
+    """A case's origin and directions as stored: ``axes`` holds, row by row, the LPS unit vector
+    along which the slice, row and column index grow (the (D, H, W) order of the voxels);
+    ``orientation`` is DICOM's ImageOrientationPatient (along a row, then down a column)."""
+    axes = np.asarray(axes, np.float64)
+    return {
+        "origin": np.asarray(origin, np.float64),
+        "direction": axes,
+        "orientation": np.concatenate([axes[2], axes[1]]),
+    }
+
+
+def nifti_geometry(affine: np.ndarray) -> dict[str, np.ndarray]:
+    """Origin and directions of a NIfTI image, whose affine maps voxel (i, j, k) to RAS mm, in
+    LPS for the stored (k, j, i) order."""
+    lps = RAS_TO_LPS @ np.asarray(affine, np.float64)[:3]
+    columns = lps[:, :3] / np.maximum(np.linalg.norm(lps[:, :3], axis=0), 1e-12)
+    return geometry(lps[:, 3], columns.T[::-1])
+
+
+def moved_origin(meta: dict, rows: int, columns: int) -> np.ndarray:
+    """The origin of a case whose first stored row and column are ``rows`` and ``columns`` of
+    the slices as read (negative when padded)."""
+    row_mm, column_mm = np.asarray(meta["spacing"], np.float64)[1:]
+    axes = np.asarray(meta["direction"], np.float64)
+    return meta["origin"] + rows * row_mm * axes[1] + columns * column_mm * axes[2]
 
 
 def is_dicom(name: str, data: bytes) -> bool:
@@ -461,11 +521,9 @@ def _from_nifti(
     dims = nifti_dims(shape, channels, rel, labels)
     data = np.asanyarray(img.dataobj).reshape(dims)
     zooms = img.header.get_zooms()[:3]
-    affine = img.affine
     meta = {
         "spacing": np.array([zooms[2], zooms[1], zooms[0]], float),
-        "origin": affine[:3, 3],
-        "orientation": np.concatenate([affine[:3, 0] / max(zooms[0], 1e-9), affine[:3, 1] / max(zooms[1], 1e-9)]),
+        **nifti_geometry(img.affine),
         "modality": "",
         "series": "",
         "unsigned": data.dtype.kind == "u",
@@ -761,8 +819,13 @@ class VolumeKind(FieldKind):
     )
     layout_doc = (
         "ragged: (total slices, H, W) int16 (or float32), (total slices, C, H, W) with fourth_axis: "
-        "channels, one slice per chunk, plus <field>_lengths (N,) depths; companions <field>_spacing (N, 3), _origin (N, 3), _orientation (N, 6), "
-        "_modality, _series; a float32 volume has split attr <field>_nonfinite (NaN/inf voxels kept)"
+        "channels, one slice per chunk, plus <field>_lengths (N,) depths; companions <field>_spacing (N, 3) mm "
+        "(slice, row, column), _origin (N, 3): the LPS point of the first stored voxel, _direction (N, 3, 3): row k "
+        "the LPS unit vector along stored axis k (D, H, W), _orientation (N, 6): (_direction[2], _direction[1]) as "
+        "DICOM's ImageOrientationPatient, _modality, _series; geometry in LPS (x to the patient's left, y to the "
+        "back, z to the head: DICOM's, ITK's), NIfTI's RAS turned by x, y -> -x, -y (a version whose stored spec "
+        "has the field's frame 'as-read' keeps NIfTI in RAS and has no _direction); a float32 volume has split "
+        "attr <field>_nonfinite (NaN/inf voxels kept)"
     )
 
     def stored(self) -> Stored:
@@ -776,9 +839,12 @@ class VolumeKind(FieldKind):
             "spacing": Stored((3,), np.float64, bulk=False),
             "origin": Stored((3,), np.float64, bulk=False),
             "orientation": Stored((6,), np.float64, bulk=False),
+            "direction": Stored((3, 3), np.float64, bulk=False),
             "modality": Stored((), STR, bulk=False),
             "series": Stored((), STR, bulk=False),
         }
+        if self.spec.frame != FRAME:  # a version written before the direction column
+            del stored["direction"]
         return {f"{self.name}_{key}": CaseMeta(self, key, st) for key, st in stored.items()}
 
     def source_digest(self, root: Path, rel: str) -> str:
@@ -829,7 +895,9 @@ class VolumeKind(FieldKind):
                 raise Reject(
                     rel, f"values {values.min():g}..{values.max():g} are not int16 integers; set dtype: float32"
                 )
-        return Decoded(values.astype(f.dtype), self.sample_digest(digest, ref), {**meta, "raw": raw})
+        g = plan_geometry(raw[1], raw[2], f.size[0], f.size[1], f.larger, rel)
+        origin = moved_origin(meta, g.crop[0] - g.pad[0], g.crop[1] - g.pad[2])  # that of the first voxel stored
+        return Decoded(values.astype(f.dtype), self.sample_digest(digest, ref), {**meta, "origin": origin, "raw": raw})
 
     # ---- statistics: a float32 volume counts the NaN/inf voxels it keeps (an MR scan's NaN
     # background, say), which the health report shows; int16 rejects them at decode
