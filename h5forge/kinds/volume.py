@@ -78,6 +78,8 @@ from h5forge.kinds.volume_frames import frame_count, frame_pixels, frames_of, is
 from h5forge.samples import Reject, SampleRef
 
 DEFAULT_MAX_DECODED_VOLUME = 2 << 30  # e.g. 1,024 slices of 512 x 512, at 8 bytes a voxel while decoded
+DEFAULT_MAX_TIME_POINTS = 10_000  # samples one 4-D file may make (long fMRI runs hold a few thousand)
+MAX_DEFLATE_RATIO = 1032  # deflate's most: a gzip file decompresses to at most this many times its size
 DECODED_VOXEL_BYTES = 8  # values are rescaled in float64
 POSITION_TOLERANCE = 0.01  # mm: positions closer than this are duplicates
 SPACING_TOLERANCE = 0.1  # fraction of the median step allowed between neighbouring slices
@@ -134,6 +136,12 @@ class VolumeField(StrictModel):
         description="what the fourth axis of a 4-D NIfTI file is: 'channels' stores it as the C "
         "channels of each slice, (D, C, H, W) per case; 'time' makes each time point a sample "
         "<case>@t0000, <case>@t0001, ... (D, H, W), all in the case's split; without it a 4-D file is rejected",
+    )
+    max_time_points: int = Field(
+        DEFAULT_MAX_TIME_POINTS,
+        gt=0,
+        description="with fourth_axis: time, a file declaring more time points than this (or more than "
+        "its size can hold) is rejected at discovery, before any id is made",
     )
     channels: int | None = Field(
         None, ge=1, le=1024, description="with fourth_axis: channels, how many the fourth axis holds (every case)"
@@ -602,11 +610,30 @@ def _nifti_header(stream: _Stream, rel: str):
         raise Reject(rel, f"not a readable NIfTI file: {type(err).__name__}: {err}") from None
 
 
-def nifti_time_points(root: Path, rel: str, max_bytes: int) -> int:
-    """How many time points a NIfTI file holds, from its header alone."""
+def nifti_time_points(root: Path, rel: str, max_bytes: int, max_time_points: int = DEFAULT_MAX_TIME_POINTS) -> int:
+    """How many time points a NIfTI file holds, from its header, bounded by what the file's size
+    can hold (a gzipped file at most ``MAX_DEFLATE_RATIO`` times it) and by ``max_time_points``."""
     head, _ = read_source(root, rel, max_bytes, head=NIFTI_HEAD_READ)
     header, _ = _nifti_header(_Stream(head, rel), rel)
-    return time_dims(header.get_data_shape(), rel)[3]
+    x, y, z, n = time_dims(header.get_data_shape(), rel)
+    each = x * y * z * header.get_data_dtype().itemsize
+    if each == 0:
+        raise Reject(rel, f"a time point of {x}x{y}x{z} holds no voxel")
+    try:
+        size = (root / rel).stat().st_size
+    except OSError as err:
+        raise Reject(rel, f"cannot read file: {err.strerror or err}") from None
+    gzipped = head[:2] == b"\x1f\x8b"
+    room = size * MAX_DEFLATE_RATIO if gzipped else size - int(header.get_data_offset())
+    if n * each > room:
+        raise Reject(
+            rel,
+            f"the header declares {n:,} time points of {each:,} bytes; the file "
+            + (f"({size:,} bytes gzipped) can hold at most {room // each:,}" if gzipped else f"holds {max(0, room) // each:,}"),
+        )
+    if n > max_time_points:
+        raise Reject(rel, f"{n:,} time points, more than max_time_points {max_time_points:,}")
+    return n
 
 
 def _nifti_time_point(data: bytes, rel: str, t: int, max_decoded: int) -> bytes:
@@ -855,7 +882,7 @@ class VolumeKind(FieldKind):
         file or a DICOM series is one time point."""
         if self.spec.fourth_axis != "time":
             return None
-        count = nifti_time_points(root, rel, self.spec.max_bytes) if is_nifti(rel) else 1
+        count = nifti_time_points(root, rel, self.spec.max_bytes, self.spec.max_time_points) if is_nifti(rel) else 1
         return tuple(time_point_id(t) for t in range(count))
 
     def sample_digest(self, file_digest: str, ref: SampleRef) -> str:

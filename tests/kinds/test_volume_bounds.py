@@ -191,3 +191,40 @@ def test_the_last_time_point_of_a_gzipped_4d_file_is_decoded_without_holding_the
     # the time point (8 MiB read, 32 MiB decoded and its copies: 68 MiB measured), never the 256 MiB the
     # file expands to
     assert got["peak_rss"] - got["base_rss"] < 160 * MIB, got
+
+
+def _nifti2_of_548_bytes(path, time_points: int) -> None:
+    """A NIfTI-2 header (nibabel's) declaring 1x1x1 int16 voxels at ``time_points`` time points,
+    followed by its 4-byte extension flag and 4 bytes of voxels: 548 bytes."""
+    _nifti_declaring(path, (1, 1, 1, time_points), image=nibabel.Nifti2Image)
+    path.write_bytes(path.read_bytes()[:548])
+
+
+def test_a_nifti2_declaring_ten_billion_time_points_is_rejected_at_discovery(tmp_path):
+    """Ids are made from the header: the time points it declares are bounded by what the file can
+    hold (its size over a time point's bytes) and by max_time_points, before any id is made."""
+    root = tmp_path / "raw"
+    root.mkdir()
+    nibabel.Nifti2Image(np.arange(4 * 4 * 2 * 3, dtype=np.int16).reshape(4, 4, 2, 3), np.eye(4)).to_filename(
+        root / "good.nii")
+    _nifti2_of_548_bytes(root / "liar.nii", 10**10)
+    assert (root / "liar.nii").stat().st_size == 548
+    spec = volume_spec(root, "*.nii", fourth_axis="time")
+    got = clean_in_a_fresh_process(spec)
+    assert sorted(got["taken"]) == ["good@t0000", "good@t0001", "good@t0002"]
+    assert got["rejected"] == [["liar", "the header declares 10,000,000,000 time points of 2 bytes; the file holds 2"]]
+    assert got["peak_rss"] - got["base_rss"] < 64 * MIB, got
+    # gzipped, the file may hold up to deflate's ratio times its size; the header still declares more
+    gz = gzip.compress((root / "liar.nii").read_bytes())
+    (root / "liar.nii").unlink()
+    (root / "liar.nii.gz").write_bytes(gz)
+    got = clean_in_a_fresh_process(volume_spec(root, ["*.nii", "*.nii.gz"], fourth_axis="time"))
+    [(sid, reason)] = got["rejected"]
+    assert sid == "liar" and reason == (
+        f"the header declares 10,000,000,000 time points of 2 bytes; the file ({len(gz):,} bytes gzipped) can "
+        f"hold at most {len(gz) * 1032 // 2:,}"
+    )
+    # a true file with more time points than the field's limit
+    (root / "liar.nii.gz").unlink()
+    got = clean_in_a_fresh_process(volume_spec(root, "*.nii", fourth_axis="time", max_time_points=2))
+    assert got["taken"] == [] and got["rejected"] == [["good", "3 time points, more than max_time_points 2"]]
