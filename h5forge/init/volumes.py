@@ -196,7 +196,7 @@ def volume_field(
     what: str,
     series: bool,
     fractional: bool,
-    channels: int | None = None,
+    fourth_axis: int | str | None = None,
 ) -> None:
     t(1, f"{name}:")
     t(2, "kind: volume", what)
@@ -208,10 +208,13 @@ def volume_field(
     if series:
         t(2, "series: largest", "case folders hold several series (see the notes): keep the one with")
         t.more("the most slices | or a SeriesDescription regular expression")
-    if channels is not None:
+    if fourth_axis == "time":
+        t(2, "fourth_axis: time", "functional runs (see the notes): a sample per time point,")
+        t.more("<case>@t0000, ..., in the case's split | or channels (with channels: C)")
+    elif fourth_axis is not None:
         t(2, "fourth_axis: channels", "the files are 4-D (see the notes): the fourth axis is kept as")
         t.more("the channels of each slice, stored (D, C, H, W) per case | or time (without channels):")
         t.more("a sample per time point, <case>@t0000, ..., in the case's split")
-        t(2, f"channels: {channels}", "the length of the fourth axis: other lengths are rejected")
+        t(2, f"channels: {fourth_axis}", "the length of the fourth axis: other lengths are rejected")
     if fractional:
         t(2, "dtype: float32", "rescale slope/intercept are not whole numbers")

@@ -226,6 +226,60 @@ def test_4d_nifti_volumes_init_writes_fourth_axis_channels_and_builds(tmp_path):
         assert np.array_equal(case.numpy(), volumes[sid])
 
 
+def test_functional_runs_under_func_init_with_a_sample_per_time_point_and_build(tmp_path):
+    raw = tmp_path / "bids"
+    (raw / "func").mkdir(parents=True)
+    rng = np.random.default_rng(6)
+    runs = {}
+    for i, points in enumerate((3, 4)):
+        run = rng.integers(0, 900, size=(12, 10, 5, points)).astype(np.int16)  # (x, y, z, t)
+        nibabel.Nifti1Image(run, np.diag([3.0, 3.0, 4.0, 1.0])).to_filename(
+            raw / "func" / f"sub-0{i}_task-rest_bold.nii.gz")
+        runs[f"sub-0{i}_task-rest_bold"] = run
+    out, spec_path, spec = init(raw, tmp_path)
+    volume = spec.fields["volume"]
+    assert (volume.files, volume.size, volume.fourth_axis, volume.channels) == ("func/*.nii.gz", (10, 12), "time", None)
+    assert "4-D functional runs: each time point becomes a sample (fourth_axis: time)" in out
+    path, summary = build(override(spec, output=tmp_path / "out"))
+    assert summary.rejections == ()
+    ids = stored_ids(path)
+    assert sorted(ids) == [f"{run}@t{t:04d}" for run, data in sorted(runs.items()) for t in range(data.shape[3])]
+    for sid, (split, row) in ids.items():
+        run, t = sid.split("@t")
+        ds = H5Dataset(path, split=split, fields=("volume",))
+        assert np.array_equal(ds[list(ds.ids()).index(sid)].numpy(), np.transpose(runs[run][..., int(t)], (2, 1, 0)))
+
+
+@pytest.mark.parametrize("named", ["by-case", "alike"])
+def test_one_folder_per_case_holding_a_nifti_file_inits_and_builds(tmp_path, named):
+    """cases/<case>/<case>_t1.nii.gz (ids: the file names), or <case>/image.nii.gz in every folder
+    (ids: their paths, <case>/image)."""
+    raw = tmp_path / "study"
+    top = raw / "cases" if named == "by-case" else raw
+    rng = np.random.default_rng(7)
+    volumes = {}
+    for i, depth in enumerate((4, 6, 5)):
+        case = f"case{i:02d}"
+        (top / case).mkdir(parents=True)
+        vol = rng.integers(-500, 500, size=(16, 12, depth)).astype(np.int16)
+        name = f"{case}_t1" if named == "by-case" else "image"
+        nibabel.Nifti1Image(vol, np.diag([0.9, 0.9, 3.0, 1.0])).to_filename(top / case / f"{name}.nii.gz")
+        volumes[f"{case}_t1" if named == "by-case" else f"{case}/image"] = np.transpose(vol, (2, 1, 0))
+    out, spec_path, spec = init(raw, tmp_path)
+    volume = spec.fields["volume"]
+    assert (volume.files, volume.size) == ("cases/*/*.nii.gz" if named == "by-case" else "*/*.nii.gz", (12, 16))
+    assert spec.source.ids == ("stem" if named == "by-case" else "path")
+    if named == "alike":
+        assert "a sample's id is its path below the case folders, <case>/<file>" in out
+    path, summary = build(override(spec, output=tmp_path / "out"))
+    assert summary.rejections == ()
+    ids = stored_ids(path)
+    assert sorted(ids) == sorted(volumes)
+    for sid, (split, row) in ids.items():
+        ds = H5Dataset(path, split=split, fields=("volume",))
+        assert np.array_equal(ds[list(ds.ids()).index(sid)].numpy(), volumes[sid])
+
+
 # ---- signals ------------------------------------------------------------------------------------
 
 def test_signals_demo_inits_builds_and_reads_back(tmp_path):
