@@ -132,6 +132,45 @@ def test_ct_demo_inits_builds_and_reads_back(tmp_path):
     assert volume.shape[0] == len(list((raw / "case_000").iterdir()))
 
 
+def write_case(folder: Path, source: str, depth: int) -> None:
+    """A series of ``depth`` slices from one of pydicom's files, a slice per position."""
+    import copy
+
+    from pydicom.uid import generate_uid
+
+    folder.mkdir(parents=True)
+    base = pydicom.dcmread(get_testdata_file(source))
+    series = generate_uid()
+    for k in range(depth):
+        ds = copy.deepcopy(base)
+        ds.SeriesInstanceUID, ds.SOPInstanceUID = series, generate_uid()
+        ds.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+        ds.ImagePositionPatient = [0.0, 0.0, 3.0 * k]
+        ds.save_as(folder / f"{k}.dcm", enforce_file_format=True)
+
+
+@pytest.mark.parametrize("mix", [("CT_small.dcm", "MR_small.dcm"), ("MR_small.dcm", "MR_small.dcm")])
+def test_dicom_volume_fields_are_named_by_the_modality_they_hold(tmp_path, mix):
+    """CT and MR cases in one folder: the field is named volume, with a note; MR only: mr."""
+    raw = tmp_path / "study"
+    for i, source in enumerate(mix * 2):
+        write_case(raw / "cases" / f"case{i}", source, 3 + i)
+    out, spec_path, spec = init(raw, tmp_path)
+    mixed = mix[0] != mix[1]
+    assert list(spec.fields) == (["volume"] if mixed else ["mr"])
+    if mixed:
+        assert ("note: the sampled cases hold series of more than one modality (CT in 2, MR in 2 of 4): the field "
+                "is named volume, and each case's modality is in its volume_modality column") in out
+        assert "(mixed: CT/MR, 4 case folders in cases/)" in spec_path.read_text()
+    path, summary = build(override(spec, output=tmp_path / "out"))
+    assert summary.rejections == ()
+    field = list(spec.fields)[0]
+    with h5py.File(path, "r") as f:
+        modality = {sid: m for s in SPLITS for sid, m in zip(decode_str(f[s]["ids"][()]),
+                                                              decode_str(f[s][f"{field}_modality"][()]))}
+    assert modality == {f"case{i}": source[:2] for i, source in enumerate(mix * 2)}
+
+
 def test_dicom_cases_folder_with_a_stray_file_and_a_loose_entry(tmp_path):
     made = tmp_path / "made"
     generate_ct(made, n=3, seed=4, bad=False)
