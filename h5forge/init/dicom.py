@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from h5forge.kinds import Layout
+from h5forge.kinds.base import warnings_logged
 from h5forge.errors import UsageError
 from h5forge.init.folders import named, sample, subdirs, visible
 from h5forge.init.text import SpecText
@@ -92,7 +93,8 @@ def _dicom_case(d: Path) -> _Case:
     case = _Case()
     for p in _files_below(d, CASE_FILES):
         try:
-            ds = pydicom.dcmread(p, stop_before_pixels=True)
+            with warnings_logged(str(p)):  # to the log: the build says what is wrong with the file
+                ds = pydicom.dcmread(p, stop_before_pixels=True)
         except (InvalidDicomError, ValueError, EOFError, OSError, TypeError, KeyError):
             case.strays.append(p.relative_to(d).as_posix())
             continue

@@ -72,6 +72,7 @@ from h5forge.kinds.base import (
     ReadOptions,
     StrictModel,
     read_source,
+    warnings_logged,
 )
 from h5forge.kinds.image import plan_geometry
 from h5forge.kinds.volume_frames import frame_count, frame_pixels, frames_of, is_segmentation, rescale_of
@@ -239,13 +240,15 @@ def _series(datasets: list, rule: str | dict | None, rel: str) -> list:
     described = {uid: str(getattr(g[0], "SeriesDescription", "")) for uid, g in groups.items()}
     if rule == "largest":
         depth = {uid: sum(frame_count(ds, rel) for ds in g) for uid, g in groups.items()}  # every frame a slice
-        sizes = sorted(depth.values(), reverse=True)
-        if sizes[0] == sizes[1]:
+        most = max(depth.values())
+        tied = sorted(described[uid] for uid, n in depth.items() if n == most)
+        if len(tied) > 1:
+            others = sorted((described[uid], n) for uid, n in depth.items() if n < most)
             raise Reject(
                 rel,
-                f"series: largest is a tie: {sizes[0]} slices in more than one series "
-                f"({sorted(described.values())}); pick one by its SeriesDescription or "
-                "series: {uid: ...}",
+                f"series: largest is a tie: {len(tied)} series hold {most} slices each ({tied})"
+                + (f"; the others hold fewer ({', '.join(f'{d!r} {n}' for d, n in others)})" if others else "")
+                + "; pick one by its SeriesDescription or series: {uid: ...}",
             )
         return groups[max(depth, key=lambda uid: depth[uid])]
     if isinstance(rule, dict):
@@ -275,19 +278,23 @@ def _from_dicom(
     import pydicom
     from pydicom.errors import InvalidDicomError
 
-    datasets, names, segmentations = [], {}, 0
+    datasets, names, segmentations, imageless = [], {}, 0, []
     for name, data in parts:
         if not is_dicom(name, data):
             continue  # not a DICOM file (notes, thumbnails): not part of any series
         try:
-            ds = pydicom.dcmread(io.BytesIO(data))
+            with warnings_logged(f"{rel}/{name}") as warned:
+                ds = pydicom.dcmread(io.BytesIO(data))
         except (InvalidDicomError, ValueError, EOFError, OSError) as err:
             raise Reject(f"{rel}/{name}", f"not a readable DICOM file: {err}") from None
         if is_segmentation(ds):  # a SEG beside its series is a mask (kind: volume_mask), no slice
             segmentations += 1
-        elif "PixelData" in ds:  # a DICOMDIR or a report holds no slice
+        elif "PixelData" in ds:
             datasets.append(ds)
             names[id(ds)] = name
+        else:  # a DICOMDIR or a report holds no slice; a truncated slice must not pass for one
+            imageless.append((name, ds, len(data), [str(w.message) for w in warned]))
+    _no_slice_lost(imageless, {str(ds.get("SeriesInstanceUID", "")) for ds in datasets}, rel)
     if not datasets:
         raise Reject(
             rel,
@@ -364,12 +371,17 @@ def _from_dicom(
     decoded: dict[int, np.ndarray] = {}
     for ds in series:
         try:
-            decoded[id(ds)] = ds.pixel_array
+            with warnings_logged(f"{rel}/{names[id(ds)]}") as warned:
+                decoded[id(ds)] = ds.pixel_array
         except (NotImplementedError, RuntimeError, ValueError) as err:
+            # no handler for the syntax (NotImplementedError, RuntimeError) or a damaged or short
+            # pixel data element (ValueError): either way the file is named
+            where = "here" if not isinstance(err, ValueError) else "(damaged or cut short?)"
+            said = f"; pydicom warns: {warned[0].message}" if warned else ""
             raise Reject(
-                rel,
+                f"{rel}/{names[id(ds)]}",
                 f"pixel data in {ds.file_meta.TransferSyntaxUID.name} "
-                f"({ds.file_meta.TransferSyntaxUID}) cannot be decoded here: {err}",
+                f"({ds.file_meta.TransferSyntaxUID}) cannot be decoded {where}: {err}{said}",
             ) from None
     slices = [
         frame_pixels(decoded, f).astype(np.float64) * slope + intercept
@@ -420,6 +432,27 @@ def moved_origin(meta: dict, rows: int, columns: int) -> np.ndarray:
     row_mm, column_mm = np.asarray(meta["spacing"], np.float64)[1:]
     axes = np.asarray(meta["direction"], np.float64)
     return meta["origin"] + rows * row_mm * axes[1] + columns * column_mm * axes[2]
+
+
+def _no_slice_lost(imageless: list[tuple[str, Any, int, list[str]]], series: set[str], rel: str) -> None:
+    """Rejects the case for a file without pixel data that is a slice all the same: pydicom read
+    nothing of its data set, warned while reading it (a copy cut short reads as a data set
+    without its last elements), its header describes an image, or it belongs to a series of the
+    case's slices. Skipping it would store the volume a slice short."""
+    for name, ds, size, warned in imageless:
+        uid = str(ds.get("SeriesInstanceUID", ""))
+        if len(ds) == 0:
+            what = "pydicom reads no data set from it beyond its file meta"
+        elif "Rows" in ds and "Columns" in ds:
+            what = f"its header describes a {ds.Rows}x{ds.Columns} image ({ds.get('Modality', 'no modality')}), but it holds no pixel data"
+        elif uid and uid in series:
+            what = "it belongs to the series of the case's slices, but holds no pixel data"
+        elif not warned:
+            continue  # a DICOMDIR, a report: no slice of any series
+        else:
+            what = "it holds no pixel data"
+        said = f"; pydicom warns: {warned[0]}" if warned else ""
+        raise Reject(f"{rel}/{name}", f"not a whole slice ({size:,} bytes): {what}{said}")
 
 
 def is_dicom(name: str, data: bytes) -> bool:
