@@ -342,4 +342,3 @@ def spec_from_json(text: str) -> DatasetSpec:
     tells the fields' models the spec was stored by a build (a field may read what earlier
     versions of h5forge stored, which a new spec may not ask for)."""
     return DatasetSpec.model_validate(json.loads(text), context={STORED: True})
-

@@ -41,7 +41,9 @@ CASE_FOLDERS_SHARE = 0.5  # case folders: at least this share of the sub-folders
 def _volume_folders(raw: Path) -> list[Path]:
     """Where flat NIfTI files are looked for first: the raw folder and the folders named for cases
     or functional runs (not a mask folder)."""
-    return [d for d in (raw, *named(raw, (*CASE_DIRS, *TIME_DIRS))) if d == raw or d.name.lower() not in VOLUME_MASK_DIRS]
+    return [
+        d for d in (raw, *named(raw, (*CASE_DIRS, *TIME_DIRS))) if d == raw or d.name.lower() not in VOLUME_MASK_DIRS
+    ]
 
 
 def _niftis(folder: Path) -> list[Path]:

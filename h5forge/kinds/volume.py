@@ -662,7 +662,11 @@ def nifti_time_points(root: Path, rel: str, max_bytes: int, max_time_points: int
         raise Reject(
             rel,
             f"the header declares {n:,} time points of {each:,} bytes; the file "
-            + (f"({size:,} bytes gzipped) can hold at most {room // each:,}" if gzipped else f"holds {max(0, room) // each:,}"),
+            + (
+                f"({size:,} bytes gzipped) can hold at most {room // each:,}"
+                if gzipped
+                else f"holds {max(0, room) // each:,}"
+            ),
         )
     if n > max_time_points:
         raise Reject(rel, f"{n:,} time points, more than max_time_points {max_time_points:,}")

@@ -68,9 +68,14 @@ def write_oblique_nifti(path) -> None:
 
 
 def spec_for(root, out, files, size) -> dict:
-    return {"name": "frames", "source": {"root": str(root)}, "output": {"dir": str(out)},
-            "splits": {"ratios": {"train": 1.0}}, "compute": {"batch_size": 4},
-            "fields": {"vol": {"kind": "volume", "files": files, "size": list(size), "dtype": "float32"}}}
+    return {
+        "name": "frames",
+        "source": {"root": str(root)},
+        "output": {"dir": str(out)},
+        "splits": {"ratios": {"train": 1.0}},
+        "compute": {"batch_size": 4},
+        "fields": {"vol": {"kind": "volume", "files": files, "size": list(size), "dtype": "float32"}},
+    }
 
 
 def stored_cases(path) -> dict[str, dict[str, np.ndarray]]:
@@ -79,7 +84,7 @@ def stored_cases(path) -> dict[str, dict[str, np.ndarray]]:
         starts = np.concatenate([[0], np.cumsum(g["vol_lengths"][()])])
         return {
             sid: {
-                "values": g["vol"][starts[i]:starts[i + 1]],
+                "values": g["vol"][starts[i] : starts[i + 1]],
                 **{key: g[f"vol_{key}"][i] for key in ("spacing", "origin", "direction", "orientation")},
             }
             for i, sid in enumerate(decode_str(g["ids"][()]))
@@ -148,9 +153,7 @@ def test_the_origin_is_that_of_the_first_voxel_stored_after_crop_and_pad(tmp_pat
     assert_same_geometry(case, image, first_index=(4.0, -3.0, 0.0))
 
 
-def test_a_version_written_before_the_one_frame_still_reads_and_is_rebuilt_before_an_append(
-    tmp_path, build_spec
-):
+def test_a_version_written_before_the_one_frame_still_reads_and_is_rebuilt_before_an_append(tmp_path, build_spec):
     """A version of an earlier h5forge (its spec has no frame, there is no direction column) is
     read; the spec read from it says its frame is 'as-read'; an append to it asks for a rebuild."""
     import h5forge
