@@ -644,8 +644,10 @@ def _nifti_header(stream: _Stream, rel: str):
 
 
 def nifti_time_points(root: Path, rel: str, max_bytes: int, max_time_points: int = DEFAULT_MAX_TIME_POINTS) -> int:
-    """How many time points a NIfTI file holds, from its header, bounded by what the file's size
-    can hold (a gzipped file at most ``MAX_DEFLATE_RATIO`` times it) and by ``max_time_points``."""
+    """How many time points of a NIfTI file become samples: those its header declares, bounded by
+    those its size can hold (a gzipped file's at most ``MAX_DEFLATE_RATIO`` times it) plus one,
+    whose cleaning then says where the file ends; more than ``max_time_points`` rejects the file.
+    The header alone is never trusted with the count: ids are made for each."""
     head, _ = read_source(root, rel, max_bytes, head=NIFTI_HEAD_READ)
     header, _ = _nifti_header(_Stream(head, rel), rel)
     x, y, z, n = time_dims(header.get_data_shape(), rel)
@@ -657,20 +659,12 @@ def nifti_time_points(root: Path, rel: str, max_bytes: int, max_time_points: int
     except OSError as err:
         raise Reject(rel, f"cannot read file: {err.strerror or err}") from None
     gzipped = head[:2] == b"\x1f\x8b"
-    room = size * MAX_DEFLATE_RATIO if gzipped else size - int(header.get_data_offset())
-    if n * each > room:
-        raise Reject(
-            rel,
-            f"the header declares {n:,} time points of {each:,} bytes; the file "
-            + (
-                f"({size:,} bytes gzipped) can hold at most {room // each:,}"
-                if gzipped
-                else f"holds {max(0, room) // each:,}"
-            ),
-        )
-    if n > max_time_points:
-        raise Reject(rel, f"{n:,} time points, more than max_time_points {max_time_points:,}")
-    return n
+    held = max(0, size * MAX_DEFLATE_RATIO if gzipped else size - int(header.get_data_offset())) // each
+    count = n if n <= held else held + 1  # the first time point it cannot hold is rejected, with where it ends
+    if count > max_time_points:
+        can = f" (a file of {size:,} bytes{' gzipped' if gzipped else ''} holds at most {held:,})" if n > held else ""
+        raise Reject(rel, f"the header declares {n:,} time points{can}, more than max_time_points {max_time_points:,}")
+    return count
 
 
 def _nifti_time_point(data: bytes, rel: str, t: int, max_decoded: int) -> bytes:
@@ -693,7 +687,7 @@ def _nifti_time_point(data: bytes, rel: str, t: int, max_decoded: int) -> bytes:
     if len(voxels) < size:
         raise Reject(
             rel,
-            f"the header declares {n} time points of {size:,} bytes; the file ends before time point {t} does",
+            f"the header declares {n:,} time points of {size:,} bytes; the file ends before time point {t} does",
         )
     one = header.copy()
     one.set_data_shape((x, y, z))
