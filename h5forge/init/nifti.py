@@ -150,7 +150,16 @@ def _nifti_volumes_body(
     def body(t: SpecText) -> None:
         t(0, "fields:")
         volume_field(
-            t, "volume", nifti_globs(prefix, files), size, sum(sizes.values()), what, False, fractional, fourth_axis
+            t,
+            "volume",
+            nifti_globs(prefix, files),
+            size,
+            sum(sizes.values()),
+            what,
+            False,
+            fractional,
+            fourth_axis,
+            "its path below the case folders, <case>/<file>" if ids == "path" else "its name",
         )
         if mask is not None:
             volume_mask_field(t, "volume_mask", "volume", mask)

@@ -197,10 +197,11 @@ def volume_field(
     series: bool,
     fractional: bool,
     fourth_axis: int | str | None = None,
+    ids: str = "its name",
 ) -> None:
     t(1, f"{name}:")
     t(2, "kind: volume", what)
-    t(2, f"files: {files_value(globs)}", "one case each; the sample id is its name")
+    t(2, f"files: {files_value(globs)}", f"one case each; the sample id is {ids}")
     t(2, f"size: [{size[0]}, {size[1]}]", f"(rows, columns): the most common slice size of {sampled} sampled cases;")
     t.more("others are centre-cropped / padded, never resampled; the depth is kept")
     t.comment(2, 'codec: none  <- for slice training (unit="slice"): each slice read straight from the')
