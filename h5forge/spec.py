@@ -18,6 +18,7 @@ from h5forge.errors import SpecError
 from h5forge.format.codecs import CodecName
 from h5forge.format.names import RESERVED
 from h5forge.kinds import REGISTRY
+from h5forge.kinds.base import STORED
 from h5forge.kinds.base import StrictModel as _Strict
 
 # a field's ``kind`` picks its model from the registry (a union built at import time, which a type
@@ -337,5 +338,7 @@ def override(
 
 
 def spec_from_json(text: str) -> DatasetSpec:
-    """Rebuild a spec stored in a dataset file (paths there are already absolute)."""
-    return DatasetSpec.model_validate(json.loads(text))
+    """Rebuild a spec stored in a dataset file (paths there are already absolute). The context
+    tells the fields' models the spec was stored by a build (a field may read what earlier
+    versions of h5forge stored, which a new spec may not ask for)."""
+    return DatasetSpec.model_validate(json.loads(text), context={STORED: True})

@@ -239,7 +239,7 @@ def write_delta(
 
     ``progress`` hears how many samples each batch settled, ``status`` what happens before the first."""
     parent_path = cand.out / version_name(cand.parent)
-    fmt = require_current_format(parent_path, cand.parent)  # before any cleaning
+    fmt = require_current_format(parent_path, cand.parent, spec)  # before any cleaning
     known = known_samples(parent_path)
     kinds = stored_kinds(spec)
     final_dir = processed_dir(scan.inbox, cand.number)

@@ -1,6 +1,6 @@
 """The CSV recording layout: ``*.csv`` files with a time column, one ``signal`` field per numeric
-column, the rate measured from the time column (its median step, over the first rows only, so a
-long recording is not read whole)."""
+column, the rate measured from the time column (samples over its span, as a build measures it,
+over the first rows only, so a long recording is not read whole)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _csv_recording(path: Path, time_columns: tuple[str, ...]) -> _CsvRecording:
     if not steps.size or (steps <= 0).any():
         rec.problem = "fewer than two samples" if not steps.size else f"its {rec.time} column does not increase"
         return rec
-    rec.rate = 1.0 / float(np.median(steps))
+    rec.rate = len(steps) / float(times[-1] - times[0])  # over the span, as the build measures it
     for i, h in enumerate(header):
         if i == time_col or not h:
             continue

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from h5forge.kinds import Layout
+from h5forge.kinds.base import warnings_logged
 from h5forge.errors import UsageError
 from h5forge.init.folders import named, sample, subdirs, visible
 from h5forge.init.text import SpecText
@@ -69,7 +70,7 @@ class _Case:
     slices: Counter = field(default_factory=Counter)  # SeriesInstanceUID -> files
     described: dict[str, str] = field(default_factory=dict)  # SeriesInstanceUID -> SeriesDescription
     sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # SeriesInstanceUID -> (rows, columns)
-    modality: str = ""
+    modalities: dict[str, str] = field(default_factory=dict)  # SeriesInstanceUID -> Modality
     fractional: bool = False  # a rescale slope or intercept that is not a whole number
     strays: list[str] = field(default_factory=list)  # files pydicom does not read, or without a series
     segs: list[list[int]] = field(default_factory=list)  # the segment numbers of each DICOM SEG beside the slices
@@ -79,6 +80,11 @@ class _Case:
         """The series ``series: largest`` keeps."""
         return max(self.slices, key=lambda uid: self.slices[uid]) if self.slices else None
 
+    @property
+    def modality(self) -> str:
+        """The modality of the series the case keeps."""
+        return self.modalities.get(self.main or "", "")
+
 
 def _dicom_case(d: Path) -> _Case:
     import pydicom
@@ -87,7 +93,8 @@ def _dicom_case(d: Path) -> _Case:
     case = _Case()
     for p in _files_below(d, CASE_FILES):
         try:
-            ds = pydicom.dcmread(p, stop_before_pixels=True)
+            with warnings_logged(str(p)):  # to the log: the build says what is wrong with the file
+                ds = pydicom.dcmread(p, stop_before_pixels=True)
         except (InvalidDicomError, ValueError, EOFError, OSError, TypeError, KeyError):
             case.strays.append(p.relative_to(d).as_posix())
             continue
@@ -104,7 +111,7 @@ def _dicom_case(d: Path) -> _Case:
         rows, columns = _number(ds.get("Rows")), _number(ds.get("Columns"))
         if rows is not None and columns is not None:
             case.sizes.setdefault(uid, (int(rows), int(columns)))
-        case.modality = case.modality or str(ds.get("Modality", "") or "")
+        case.modalities.setdefault(uid, str(ds.get("Modality", "") or "").strip().upper())
         for key in ("RescaleSlope", "RescaleIntercept"):
             value = _number(ds.get(key))
             if value is not None and not value.is_integer():
@@ -193,9 +200,7 @@ def dicom_body(raw: Path, notes: list[str]):
             "every file of a case folder is read, so those cases will be rejected; move such files out"
         )
     size = most_common_size(Counter(c.sizes[c.main] for c in read.values() if c.main in c.sizes), "cases", notes)
-    common = Counter(c.modality for c in read.values() if c.modality).most_common(1)
-    modality = common[0][0] if common else ""
-    name = _MODALITY_NAMES.get(modality, "volume")
+    modality, name = _field_name(Counter(c.modality for c in read.values() if c.modality), len(read), notes)
     mask = volume_masks(raw, base, {d.name for d in cases}, notes)
     beside = [c.segs[0] for c in read.values() if c.segs]
     if mask is None and beside:
@@ -215,6 +220,23 @@ def dicom_body(raw: Path, notes: list[str]):
             volume_mask_field(t, f"{name}_mask", name, mask)
 
     return "volume", body
+
+
+def _field_name(modalities: Counter, sampled: int, notes: list[str]) -> tuple[str, str]:
+    """The modality the sampled cases hold and the field's name for it (``ct``, ``mr``, ``pet``;
+    ``volume`` for another, an unknown or a mix of modalities, which a note then names)."""
+    if len(modalities) == 1:
+        [modality] = modalities
+        return modality, _MODALITY_NAMES.get(modality, "volume")
+    if modalities:
+        found = ", ".join(f"{m} in {n}" for m, n in modalities.most_common())
+        notes.append(
+            f"the sampled cases hold series of more than one modality ({found} of {sampled}): the field is "
+            "named volume, and each case's modality is in its volume_modality column; CT cases are padded "
+            "with air (-1024 HU), the others with 0"
+        )
+        return "mixed: " + "/".join(m for m, _ in modalities.most_common()), "volume"
+    return "", "volume"
 
 
 def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:

@@ -1,5 +1,8 @@
 """The NIfTI layout: ``*.nii.gz`` (or ``*.nii``) volumes, NIfTI-1 or NIfTI-2, in the raw folder or
-a case folder such as ``images/``; the case id is the file name without its ending. Label volumes
+one of its folders (``images/``, ``func/``, ...), or one folder per case holding them
+(``<case>/*.nii.gz``); the case id is the file name without its ending (``<case>/<file>`` when
+every case folder names its file alike). 4-D files under ``func/`` (or ``*_bold``) are functional
+runs: each time point is a sample (``fourth_axis: time``). Label volumes
 are expected in ``labels/`` (or another mask folder), so files named like labels among the volumes
 get a note. When most sampled volumes are 4-D, the field keeps their fourth axis as channels
 (``fourth_axis: channels`` with its most common length) and a note says so, and how to make each
@@ -15,7 +18,7 @@ import numpy as np
 
 from h5forge.kinds import Layout
 from h5forge.errors import UsageError
-from h5forge.init.folders import named, sample
+from h5forge.init.folders import named, sample, subdirs
 from h5forge.init.pictures import SIZE_SAMPLE
 from h5forge.init.text import SpecText
 from h5forge.init.volumes import (
@@ -31,19 +34,70 @@ from h5forge.init.volumes import (
 )
 
 
+TIME_DIRS = ("func",)  # BIDS: functional runs, whose fourth axis is time
+CASE_FOLDERS_SHARE = 0.5  # case folders: at least this share of the sub-folders hold a NIfTI file
+
+
+def _volume_folders(raw: Path) -> list[Path]:
+    """Where flat NIfTI files are looked for first: the raw folder and the folders named for cases
+    or functional runs (not a mask folder)."""
+    return [
+        d for d in (raw, *named(raw, (*CASE_DIRS, *TIME_DIRS))) if d == raw or d.name.lower() not in VOLUME_MASK_DIRS
+    ]
+
+
+def _niftis(folder: Path) -> list[Path]:
+    try:
+        return sorted(p for p in folder.iterdir() if is_nifti(p))
+    except OSError:
+        return []
+
+
 def nifti_body(raw: Path, notes: list[str]):
-    """The body of a spec for the NIfTI volumes of ``raw`` (or its first case folder holding some),
-    or None if there are none."""
-    for base in [raw, *named(raw, CASE_DIRS)]:
-        if base.name.lower() in VOLUME_MASK_DIRS and base != raw:
-            continue
-        files = sorted(p for p in base.iterdir() if is_nifti(p))
-        if files:
+    """The body of a spec for the NIfTI volumes of ``raw``: files in it or in one of its folders
+    (``images/``, ``func/``, ...), else one folder per case holding them; None if there are none."""
+    for base in _volume_folders(raw):
+        if files := _niftis(base):
+            return _nifti_volumes_body(raw, base, files, notes)
+    for top in [raw, *named(raw, CASE_DIRS)]:
+        found = _case_folders(raw, top, notes)
+        if found is not None:
+            return found
+    for base in subdirs(raw):  # a folder of another name holding the volumes (one only: else case folders)
+        if base.name.lower() not in VOLUME_MASK_DIRS and (files := _niftis(base)):
             return _nifti_volumes_body(raw, base, files, notes)
     return None
 
 
-def _nifti_volumes_body(raw: Path, base: Path, files: list[Path], notes: list[str]):
+def _case_folders(raw: Path, top: Path, notes: list[str]):
+    """``<case>/<file>.nii.gz`` below ``top``, when most of its sub-folders hold NIfTI files. The
+    ids are the file names when they differ from case to case, else (``image.nii.gz`` in every
+    folder) their paths below ``top``: ``<case>/image``."""
+    cases = [d for d in subdirs(top) if d.name.lower() not in VOLUME_MASK_DIRS]
+    holding = {d: files for d in cases if (files := _niftis(d))}
+    if len(holding) < 2 or len(holding) < CASE_FOLDERS_SHARE * len(cases):
+        return None
+    files = [p for found in holding.values() for p in found]
+    stems = [nifti_id(p) for p in files]
+    ids = "stem" if len(set(stems)) == len(stems) else "path"
+    several = [d.name for d, found in holding.items() if len(found) > 1]
+    if several:
+        notes.append(
+            f"{len(several)} of {len(holding)} case folders hold more than one NIfTI file (e.g. {several[0]}/): "
+            "each file is a sample of its own"
+        )
+    if ids == "path":
+        notes.append(
+            f"the NIfTI files of different case folders share names (e.g. {stems[0]}): a sample's id is its "
+            "path below the case folders, <case>/<file> (source.ids: path)"
+        )
+    prefix = "" if top == raw else f"{top.name}/"
+    return _nifti_volumes_body(raw, top, files, notes, f"{prefix}*/", ids)
+
+
+def _nifti_volumes_body(
+    raw: Path, base: Path, files: list[Path], notes: list[str], prefix: str | None = None, ids: str = "stem"
+):
     import nibabel
     from nibabel.filebasedimages import ImageFileError
 
@@ -79,9 +133,11 @@ def _nifti_volumes_body(raw: Path, base: Path, files: list[Path], notes: list[st
         )
     if not sizes:
         raise UsageError(f"no 3-D or 4-D NIfTI volume in {base} can be read by nibabel")
-    channels = _fourth_axis(fourth, sum(sizes.values()), notes)
+    time = base.name.lower() in TIME_DIRS or sum("_bold" in p.name.lower() for p in files) * 2 > len(files)
+    fourth_axis = _fourth_axis(fourth, sum(sizes.values()), notes, time)
     size = most_common_size(sizes, "volumes", notes)
-    prefix = "" if base == raw else f"{base.name}/"
+    if prefix is None:
+        prefix = "" if base == raw else f"{base.name}/"
     labelled = [p.name for p in files if re.search(r"[_-](seg|mask|label|labels|gt)$", nifti_id(p), re.I)]
     if labelled:
         notes.append(
@@ -94,12 +150,21 @@ def _nifti_volumes_body(raw: Path, base: Path, files: list[Path], notes: list[st
     def body(t: SpecText) -> None:
         t(0, "fields:")
         volume_field(
-            t, "volume", nifti_globs(prefix, files), size, sum(sizes.values()), what, False, fractional, channels
+            t,
+            "volume",
+            nifti_globs(prefix, files),
+            size,
+            sum(sizes.values()),
+            what,
+            False,
+            fractional,
+            fourth_axis,
+            "its path below the case folders, <case>/<file>" if ids == "path" else "its name",
         )
         if mask is not None:
             volume_mask_field(t, "volume_mask", "volume", mask)
 
-    return "volume", body
+    return "volume", body, ids
 
 
 def _dims(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -110,19 +175,26 @@ def _dims(shape: tuple[int, ...]) -> tuple[int, ...]:
     return dims
 
 
-def _fourth_axis(fourth: Counter, readable: int, notes: list[str]) -> int | None:
+def _fourth_axis(fourth: Counter, readable: int, notes: list[str], time: bool = False) -> int | str | None:
     """The ``channels`` to write when most sampled volumes are 4-D (their most common fourth-axis
-    length), else None; either way a note says which files the choice leaves rejected."""
+    length), or ``"time"`` for functional runs (a ``func/`` folder, ``*_bold`` files), else None;
+    either way a note says which files the choice leaves rejected."""
     if not fourth:
         return None
     four = sum(fourth.values())
     channels, n = fourth.most_common(1)[0]
-    if four * 2 < readable:
+    if four * 2 < readable and not time:
         notes.append(
             f"{four} of {readable} sampled NIfTI volumes are 4-D: they will be rejected unless the volume "
             "field sets fourth_axis: channels and channels: <length of the fourth axis>"
         )
         return None
+    if time:
+        notes.append(
+            f"{four} of {readable} sampled NIfTI volumes are 4-D functional runs: each time point becomes a "
+            "sample (fourth_axis: time), <case>@t0000, ..., all in the case's split; a 3-D file is one time point"
+        )
+        return "time"
     others = readable - n
     notes.append(
         f"{four} of {readable} sampled NIfTI volumes are 4-D: their fourth axis (length {channels} in {n}) is "
@@ -138,5 +210,5 @@ def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
     found = nifti_body(raw, notes)
     if found is None:
         return None
-    name, body = found
-    return Layout(name, body, batch_size=2)
+    name, body, ids = found
+    return Layout(name, body, ids="path" if ids == "path" else None, batch_size=2)

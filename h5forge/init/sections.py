@@ -22,8 +22,8 @@ def header(t: SpecText, raw: Path, spec_path: Path, name: str, notes: list[str],
     t(0, "source:")
     t(1, f"root: {scalar(os.path.relpath(raw, spec_path.parent.resolve()))}")
     if ids == "path":
-        t(1, "ids: path", "a sample's id is its path below the class folders, without suffix")
-        t.more("(cat/0001), so one file name in two classes does not collide")
+        t(1, "ids: path", "a sample's id is its path below the class or case folders, without suffix")
+        t.more("(cat/0001, case01/image), so one file name in two folders does not collide")
 
 
 def footer(

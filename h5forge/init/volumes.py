@@ -196,11 +196,12 @@ def volume_field(
     what: str,
     series: bool,
     fractional: bool,
-    channels: int | None = None,
+    fourth_axis: int | str | None = None,
+    ids: str = "its name",
 ) -> None:
     t(1, f"{name}:")
     t(2, "kind: volume", what)
-    t(2, f"files: {files_value(globs)}", "one case each; the sample id is its name")
+    t(2, f"files: {files_value(globs)}", f"one case each; the sample id is {ids}")
     t(2, f"size: [{size[0]}, {size[1]}]", f"(rows, columns): the most common slice size of {sampled} sampled cases;")
     t.more("others are centre-cropped / padded, never resampled; the depth is kept")
     t.comment(2, 'codec: none  <- for slice training (unit="slice"): each slice read straight from the')
@@ -208,10 +209,13 @@ def volume_field(
     if series:
         t(2, "series: largest", "case folders hold several series (see the notes): keep the one with")
         t.more("the most slices | or a SeriesDescription regular expression")
-    if channels is not None:
+    if fourth_axis == "time":
+        t(2, "fourth_axis: time", "functional runs (see the notes): a sample per time point,")
+        t.more("<case>@t0000, ..., in the case's split | or channels (with channels: C)")
+    elif fourth_axis is not None:
         t(2, "fourth_axis: channels", "the files are 4-D (see the notes): the fourth axis is kept as")
         t.more("the channels of each slice, stored (D, C, H, W) per case | or time (without channels):")
         t.more("a sample per time point, <case>@t0000, ..., in the case's split")
-        t(2, f"channels: {channels}", "the length of the fourth axis: other lengths are rejected")
+        t(2, f"channels: {fourth_axis}", "the length of the fourth axis: other lengths are rejected")
     if fractional:
         t(2, "dtype: float32", "rescale slope/intercept are not whole numbers")

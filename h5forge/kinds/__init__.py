@@ -13,7 +13,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from h5forge.format.arrays import Stored
-from h5forge.kinds.base import Conversion, Decoded, Demo, Detector, FieldKind, Layout, ReadOption, ReadOptions, load_ref
+from h5forge.kinds.base import (
+    Conversion,
+    Decoded,
+    Demo,
+    Detector,
+    FieldKind,
+    Layout,
+    ReadOption,
+    ReadOptions,
+    load_ref,
+    warnings_logged,
+)
 from h5forge.kinds.boxes import BoxesKind
 from h5forge.kinds.column import ColumnKind
 from h5forge.kinds.image import ImageKind
@@ -156,6 +167,7 @@ def decode_sample(
     """Every stored value of one sample, by dataset path, in ``kinds`` order; raises Reject.
     ``order`` is ``decode_order(kinds)``, when the caller decodes many samples."""
     done: dict[str, Decoded] = {}
-    for kind in order or decode_order(kinds):
-        done[kind.path] = kind.decode(root, ref, done)
+    with warnings_logged(ref.id):  # a library's warning goes to the log, never to the terminal
+        for kind in order or decode_order(kinds):
+            done[kind.path] = kind.decode(root, ref, done)
     return {path: done[path] for path in kinds}

@@ -15,13 +15,16 @@ run: the dependency points from those layers to the kind, never back.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import stat
+import warnings
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import import_module
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping
 
 import h5py
 import numpy as np
@@ -32,6 +35,24 @@ from h5forge.samples import Reject, SampleRef
 
 if TYPE_CHECKING:
     from h5forge.spec import DatasetSpec
+
+
+log = logging.getLogger("h5forge.kinds")
+
+
+@contextmanager
+def warnings_logged(where: str) -> Iterator[list[warnings.WarningMessage]]:
+    """The warnings a decoding library raises inside the block (pydicom, nibabel, Pillow ...), sent
+    to the log with the input they concern instead of printed on the terminal; the block may read
+    them (the list it is given) to say in a rejection what the library found."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+    for w in caught:
+        log.info("%s: %s: %s", where, w.category.__name__, w.message)
+
+
+STORED = "stored"  # validation context of a spec read from a dataset file (spec_from_json)
 
 
 class StrictModel(BaseModel):

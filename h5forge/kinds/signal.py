@@ -10,9 +10,14 @@ rate its header's), a CSV with a time column (``channel`` is the column; the rat
 the time column), a ``.npy`` holding the one channel (the rate is the spec's, or the ``rate``
 of a ``<stem>.json`` beside it), or a WAV/FLAC/Ogg file (soundfile; ``channel`` is an index, 0 the
 first or left one, optional for a mono file; integer PCM is read as float in [-1, 1): see
-signal_audio.py). A recording whose rate differs from the declared one by more than 0.1 %, or that
-lacks the channel, is rejected with what was found (``resample: true`` converts the rate). NaN/inf values are
-counted and reject the sample unless ``nonfinite: keep``.
+signal_audio.py). One rule for every format: a recording is at the declared ``rate`` when its own
+rate is within one part per million of it (``RATE_TOLERANCE``: what rounding leaves in a rate
+computed from an EDF record duration or measured over a CSV time column's span, never a real
+difference). A recording at any other rate is resampled (linear) with ``resample: true``, and
+rejected with its rate without it; one that lacks the channel is rejected with the channels found.
+A CSV's rate is its samples over its time column's span, so its timestamps must be evenly spaced (a
+step off the mean by half of it or more is a gap and rejects it). NaN/inf values are counted and
+reject the sample unless ``nonfinite: keep``.
 Stored ragged: the samples of every recording of a split end to end (float32 by default), plus
 each recording's length; the rate and channel are dataset attributes. Statistics: count, mean
 and std of the values per split. Readers return a 1-D array per sample, batched as padded values
@@ -49,7 +54,8 @@ from h5forge.kinds.base import (
 from h5forge.kinds.signal_audio import AUDIO_SUFFIXES, from_audio
 from h5forge.samples import Reject, SampleRef
 
-RATE_TOLERANCE = 1e-3
+RATE_TOLERANCE = 1e-6  # relative: a rate this close to the declared one is that rate (rounding only)
+UNEVEN_STEP = 0.5  # a CSV time step this far (relative) from the mean step is a gap
 TIME_COLUMNS = ("time", "t", "timestamp", "seconds", "time_s")
 DEFAULT_MAX_DECODED_SIGNAL = 1 << 30  # 128 M samples: one channel of the largest EDF max_bytes lets in
 DECODED_SAMPLE_BYTES = 8  # samples are decoded (and resampled) in float64
@@ -70,7 +76,11 @@ class SignalField(StrictModel):
     )
     dtype: Literal["float32", "float64", "int16", "int32"] = "float32"
     nonfinite: Literal["reject", "keep"] = "reject"
-    resample: bool = Field(False, description="resample (linear) a recording at another rate instead of rejecting it")
+    resample: bool = Field(
+        False,
+        description="resample (linear) every recording whose rate is not rate (within one part per million) "
+        "instead of rejecting it",
+    )
     max_samples: int = Field(500_000_000, gt=0, description="longer recordings are rejected before reading")
     max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a larger file is rejected unread")
     max_decoded_bytes: int = Field(
@@ -204,10 +214,26 @@ def _from_csv(
         raise Reject(rel, f"CSV recording line {reader.line_num} is not readable CSV: {err}") from None
     if len(values) < 2:
         raise Reject(rel, "CSV recording has fewer than two samples")
-    steps = np.diff(np.frombuffer(times, np.float64))
+    return np.frombuffer(values, np.float64), _csv_rate(np.frombuffer(times, np.float64), rel)
+
+
+def _csv_rate(times: np.ndarray, rel: str) -> float:
+    """Samples per second over the time column's span (rounding of each timestamp then weighs
+    as little as one step in the whole recording), once the timestamps are known to be evenly
+    spaced: a gap or a repeated time would make any one rate wrong."""
+    steps = np.diff(times)
     if (steps <= 0).any():
         raise Reject(rel, "CSV time column does not increase")
-    return np.frombuffer(values, np.float64), 1.0 / float(np.median(steps))
+    mean = float(times[-1] - times[0]) / len(steps)
+    uneven = np.flatnonzero(np.abs(steps - mean) >= UNEVEN_STEP * mean)
+    if uneven.size:
+        k = int(uneven[0])
+        raise Reject(
+            rel,
+            f"CSV time column is not evenly spaced: a step of {steps[k]:.6g} s after data line {k + 1}, where the "
+            f"mean step is {mean:.6g} s (a gap or a jump: one rate cannot describe it)",
+        )
+    return 1.0 / mean
 
 
 EDF_SIGNAL_FIELDS = 216  # bytes of a signal's header fields before its samples per record
@@ -386,10 +412,10 @@ class SignalKind(FieldKind):
         values = np.asarray(values)
         if values.ndim != 1 or values.dtype.kind not in "iuf":
             raise Reject(rel, f"a channel must be one row of numbers; found shape {values.shape}, dtype {values.dtype}")
-        if abs(rate - f.rate) > RATE_TOLERANCE * f.rate:
+        if abs(rate - f.rate) > RATE_TOLERANCE * f.rate:  # the one rule: any other rate is resampled or refused
             if not f.resample:
                 raise Reject(
-                    rel, f"recorded at {rate:g} Hz, the spec declares {f.rate:g} Hz (resample: true converts it)"
+                    rel, f"recorded at {rate:.10g} Hz, the spec declares {f.rate:g} Hz (resample: true converts it)"
                 )
             if (n := int(len(values) * f.rate / rate)) * DECODED_SAMPLE_BYTES > f.max_decoded_bytes:
                 raise _too_large(

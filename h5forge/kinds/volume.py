@@ -31,8 +31,12 @@ sha256 with the time point: ``sample_digest``), so exactly-once and rebuilds tel
 3-D file or a DICOM series is one time point; a 3-D label volume labels every time point. Trailing
 axes of length 1 (x, y, z, 1) are dropped; 5-D and higher files are rejected.
 In-plane, slices are centre-cropped / padded to ``size`` like images (no resampling); the depth
-is kept. Each case records its voxel spacing (slice, row, column, mm), origin, orientation,
-modality and series UID in companion columns ``<field>_spacing`` etc.
+is kept. Each case records its voxel spacing (slice, row, column, mm), origin, direction matrix,
+orientation, modality and series UID in companion columns ``<field>_spacing`` etc. Every
+volume's geometry is in one frame, LPS (DICOM's patient coordinates, as ITK and SimpleITK use),
+NIfTI's RAS included, for the voxels in their stored (D, H, W) order: the stored voxel (d, h, w)
+lies at origin + d·spacing[0]·direction[0] + h·spacing[1]·direction[1] + w·spacing[2]·direction[2],
+the origin being that of the first voxel stored (after the crop or pad).
 Stored ragged, one slice per chunk: reading a case is one contiguous range, reading a slice one
 chunk. Readers return (D, H, W) per case ((D, C, H, W) with channels), batched as padded values +
 depths. ``codec`` sets the field's own codec (default: storage.codec); ``none`` suits 2-D and 2.5-D
@@ -52,13 +56,14 @@ from typing import Any, Literal, Mapping, cast
 
 import h5py
 import numpy as np
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from h5forge.format.arrays import Stored
 from h5forge.format.codecs import CodecName
 from h5forge.format.layout import STR
 from h5forge.kinds.base import (
     DEFAULT_MAX_BYTES,
+    STORED,
     Decoded,
     Demo,
     Detector,
@@ -67,12 +72,15 @@ from h5forge.kinds.base import (
     ReadOptions,
     StrictModel,
     read_source,
+    warnings_logged,
 )
 from h5forge.kinds.image import plan_geometry
 from h5forge.kinds.volume_frames import frame_count, frame_pixels, frames_of, is_segmentation, rescale_of
 from h5forge.samples import Reject, SampleRef
 
 DEFAULT_MAX_DECODED_VOLUME = 2 << 30  # e.g. 1,024 slices of 512 x 512, at 8 bytes a voxel while decoded
+DEFAULT_MAX_TIME_POINTS = 10_000  # samples one 4-D file may make (long fMRI runs hold a few thousand)
+MAX_DEFLATE_RATIO = 1032  # deflate's most: a gzip file decompresses to at most this many times its size
 DECODED_VOXEL_BYTES = 8  # values are rescaled in float64
 POSITION_TOLERANCE = 0.01  # mm: positions closer than this are duplicates
 SPACING_TOLERANCE = 0.1  # fraction of the median step allowed between neighbouring slices
@@ -130,6 +138,12 @@ class VolumeField(StrictModel):
         "channels of each slice, (D, C, H, W) per case; 'time' makes each time point a sample "
         "<case>@t0000, <case>@t0001, ... (D, H, W), all in the case's split; without it a 4-D file is rejected",
     )
+    max_time_points: int = Field(
+        DEFAULT_MAX_TIME_POINTS,
+        gt=0,
+        description="with fourth_axis: time, a file declaring more time points than this (or more than "
+        "its size can hold) is rejected at discovery, before any id is made",
+    )
     channels: int | None = Field(
         None, ge=1, le=1024, description="with fourth_axis: channels, how many the fourth axis holds (every case)"
     )
@@ -142,6 +156,29 @@ class VolumeField(StrictModel):
         # were without the option, so earlier h5forge versions read the file and rebuilds reuse rows
         exclude_if=lambda v: v is None,
     )
+
+    frame: Literal["LPS", "as-read"] = Field(
+        "LPS",
+        description="the patient coordinates of <field>_origin, _orientation and _direction: LPS, "
+        "as DICOM, ITK and SimpleITK use (x to the patient's left, y to the back, z to the head); a "
+        "build always writes LPS. 'as-read' marks a version written by an earlier h5forge (NIfTI cases "
+        "in RAS, DICOM cases in LPS, no _direction column), which is still read",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_before_one_frame(cls, data: Any, info: ValidationInfo) -> Any:
+        """A stored spec without ``frame`` is from a version whose NIfTI geometry is in RAS."""
+        if isinstance(data, dict) and "frame" not in data and (info.context or {}).get(STORED):
+            return {**data, "frame": "as-read"}
+        return data
+
+    @field_validator("frame")
+    @classmethod
+    def _frame_written(cls, v: str, info: ValidationInfo) -> str:
+        if v != "LPS" and not (info.context or {}).get(STORED):
+            raise ValueError(f"frame {v!r} is how earlier versions stored geometry; a build writes LPS")
+        return v
 
     @model_validator(mode="after")
     def _fourth_axis(self) -> "VolumeField":
@@ -203,13 +240,15 @@ def _series(datasets: list, rule: str | dict | None, rel: str) -> list:
     described = {uid: str(getattr(g[0], "SeriesDescription", "")) for uid, g in groups.items()}
     if rule == "largest":
         depth = {uid: sum(frame_count(ds, rel) for ds in g) for uid, g in groups.items()}  # every frame a slice
-        sizes = sorted(depth.values(), reverse=True)
-        if sizes[0] == sizes[1]:
+        most = max(depth.values())
+        tied = sorted(described[uid] for uid, n in depth.items() if n == most)
+        if len(tied) > 1:
+            others = sorted((described[uid], n) for uid, n in depth.items() if n < most)
             raise Reject(
                 rel,
-                f"series: largest is a tie: {sizes[0]} slices in more than one series "
-                f"({sorted(described.values())}); pick one by its SeriesDescription or "
-                "series: {uid: ...}",
+                f"series: largest is a tie: {len(tied)} series hold {most} slices each ({tied})"
+                + (f"; the others hold fewer ({', '.join(f'{d!r} {n}' for d, n in others)})" if others else "")
+                + "; pick one by its SeriesDescription or series: {uid: ...}",
             )
         return groups[max(depth, key=lambda uid: depth[uid])]
     if isinstance(rule, dict):
@@ -239,19 +278,23 @@ def _from_dicom(
     import pydicom
     from pydicom.errors import InvalidDicomError
 
-    datasets, names, segmentations = [], {}, 0
+    datasets, names, segmentations, imageless = [], {}, 0, []
     for name, data in parts:
         if not is_dicom(name, data):
             continue  # not a DICOM file (notes, thumbnails): not part of any series
         try:
-            ds = pydicom.dcmread(io.BytesIO(data))
+            with warnings_logged(f"{rel}/{name}") as warned:
+                ds = pydicom.dcmread(io.BytesIO(data))
         except (InvalidDicomError, ValueError, EOFError, OSError) as err:
             raise Reject(f"{rel}/{name}", f"not a readable DICOM file: {err}") from None
         if is_segmentation(ds):  # a SEG beside its series is a mask (kind: volume_mask), no slice
             segmentations += 1
-        elif "PixelData" in ds:  # a DICOMDIR or a report holds no slice
+        elif "PixelData" in ds:
             datasets.append(ds)
             names[id(ds)] = name
+        else:  # a DICOMDIR or a report holds no slice; a truncated slice must not pass for one
+            imageless.append((name, ds, len(data), [str(w.message) for w in warned]))
+    _no_slice_lost(imageless, {str(ds.get("SeriesInstanceUID", "")) for ds in datasets}, rel)
     if not datasets:
         raise Reject(
             rel,
@@ -328,12 +371,17 @@ def _from_dicom(
     decoded: dict[int, np.ndarray] = {}
     for ds in series:
         try:
-            decoded[id(ds)] = ds.pixel_array
+            with warnings_logged(f"{rel}/{names[id(ds)]}") as warned:
+                decoded[id(ds)] = ds.pixel_array
         except (NotImplementedError, RuntimeError, ValueError) as err:
+            # no handler for the syntax (NotImplementedError, RuntimeError) or a damaged or short
+            # pixel data element (ValueError): either way the file is named
+            where = "here" if not isinstance(err, ValueError) else "(damaged or cut short?)"
+            said = f"; pydicom warns: {warned[0].message}" if warned else ""
             raise Reject(
-                rel,
+                f"{rel}/{names[id(ds)]}",
                 f"pixel data in {ds.file_meta.TransferSyntaxUID.name} "
-                f"({ds.file_meta.TransferSyntaxUID}) cannot be decoded here: {err}",
+                f"({ds.file_meta.TransferSyntaxUID}) cannot be decoded {where}: {err}{said}",
             ) from None
     slices = [
         frame_pixels(decoded, f).astype(np.float64) * slope + intercept
@@ -342,8 +390,8 @@ def _from_dicom(
     first = frames[0]
     meta = {
         "spacing": np.array([step, *first.pixel_spacing]),
-        "origin": ipp[order[0]],
-        "orientation": iop[0],
+        # DICOM patient coordinates are LPS already; the slices run along the normal they are sorted by
+        **geometry(ipp[order[0]], np.stack([normal, iop[0][3:], iop[0][:3]])),
         "modality": str(getattr(first.ds, "Modality", "")),
         "series": str(getattr(first.ds, "SeriesInstanceUID", "")),
         # what a DICOM SEG mask of the case is checked against and mapped by
@@ -352,6 +400,59 @@ def _from_dicom(
         "frame_of_reference": str(first.ds.get("FrameOfReferenceUID", "")),
     }
     return np.stack(slices), meta
+
+
+FRAME = "LPS"  # the patient coordinates every volume's origin and directions are stored in
+RAS_TO_LPS = np.diag([-1.0, -1.0, 1.0])  # NIfTI's frame to DICOM's: x and y change sign
+
+
+def geometry(origin: np.ndarray, axes: np.ndarray) -> dict[str, np.ndarray]:
+    """A case's origin and directions as stored: ``axes`` holds, row by row, the LPS unit vector
+    along which the slice, row and column index grow (the (D, H, W) order of the voxels);
+    ``orientation`` is DICOM's ImageOrientationPatient (along a row, then down a column)."""
+    axes = np.asarray(axes, np.float64)
+    return {
+        "origin": np.asarray(origin, np.float64),
+        "direction": axes,
+        "orientation": np.concatenate([axes[2], axes[1]]),
+    }
+
+
+def nifti_geometry(affine: np.ndarray) -> dict[str, np.ndarray]:
+    """Origin and directions of a NIfTI image, whose affine maps voxel (i, j, k) to RAS mm, in
+    LPS for the stored (k, j, i) order."""
+    lps = RAS_TO_LPS @ np.asarray(affine, np.float64)[:3]
+    columns = lps[:, :3] / np.maximum(np.linalg.norm(lps[:, :3], axis=0), 1e-12)
+    return geometry(lps[:, 3], columns.T[::-1])
+
+
+def moved_origin(meta: dict, rows: int, columns: int) -> np.ndarray:
+    """The origin of a case whose first stored row and column are ``rows`` and ``columns`` of
+    the slices as read (negative when padded)."""
+    row_mm, column_mm = np.asarray(meta["spacing"], np.float64)[1:]
+    axes = np.asarray(meta["direction"], np.float64)
+    return meta["origin"] + rows * row_mm * axes[1] + columns * column_mm * axes[2]
+
+
+def _no_slice_lost(imageless: list[tuple[str, Any, int, list[str]]], series: set[str], rel: str) -> None:
+    """Rejects the case for a file without pixel data that is a slice all the same: pydicom read
+    nothing of its data set, warned while reading it (a copy cut short reads as a data set
+    without its last elements), its header describes an image, or it belongs to a series of the
+    case's slices. Skipping it would store the volume a slice short."""
+    for name, ds, size, warned in imageless:
+        uid = str(ds.get("SeriesInstanceUID", ""))
+        if len(ds) == 0:
+            what = "pydicom reads no data set from it beyond its file meta"
+        elif "Rows" in ds and "Columns" in ds:
+            what = f"its header describes a {ds.Rows}x{ds.Columns} image ({ds.get('Modality', 'no modality')}), but it holds no pixel data"
+        elif uid and uid in series:
+            what = "it belongs to the series of the case's slices, but holds no pixel data"
+        elif not warned:
+            continue  # a DICOMDIR, a report: no slice of any series
+        else:
+            what = "it holds no pixel data"
+        said = f"; pydicom warns: {warned[0]}" if warned else ""
+        raise Reject(f"{rel}/{name}", f"not a whole slice ({size:,} bytes): {what}{said}")
 
 
 def is_dicom(name: str, data: bytes) -> bool:
@@ -461,11 +562,9 @@ def _from_nifti(
     dims = nifti_dims(shape, channels, rel, labels)
     data = np.asanyarray(img.dataobj).reshape(dims)
     zooms = img.header.get_zooms()[:3]
-    affine = img.affine
     meta = {
         "spacing": np.array([zooms[2], zooms[1], zooms[0]], float),
-        "origin": affine[:3, 3],
-        "orientation": np.concatenate([affine[:3, 0] / max(zooms[0], 1e-9), affine[:3, 1] / max(zooms[1], 1e-9)]),
+        **nifti_geometry(img.affine),
         "modality": "",
         "series": "",
         "unsigned": data.dtype.kind == "u",
@@ -544,11 +643,28 @@ def _nifti_header(stream: _Stream, rel: str):
         raise Reject(rel, f"not a readable NIfTI file: {type(err).__name__}: {err}") from None
 
 
-def nifti_time_points(root: Path, rel: str, max_bytes: int) -> int:
-    """How many time points a NIfTI file holds, from its header alone."""
+def nifti_time_points(root: Path, rel: str, max_bytes: int, max_time_points: int = DEFAULT_MAX_TIME_POINTS) -> int:
+    """How many time points of a NIfTI file become samples: those its header declares, bounded by
+    those its size can hold (a gzipped file's at most ``MAX_DEFLATE_RATIO`` times it) plus one,
+    whose cleaning then says where the file ends; more than ``max_time_points`` rejects the file.
+    The header alone is never trusted with the count: ids are made for each."""
     head, _ = read_source(root, rel, max_bytes, head=NIFTI_HEAD_READ)
     header, _ = _nifti_header(_Stream(head, rel), rel)
-    return time_dims(header.get_data_shape(), rel)[3]
+    x, y, z, n = time_dims(header.get_data_shape(), rel)
+    each = x * y * z * header.get_data_dtype().itemsize
+    if each == 0:
+        raise Reject(rel, f"a time point of {x}x{y}x{z} holds no voxel")
+    try:
+        size = (root / rel).stat().st_size
+    except OSError as err:
+        raise Reject(rel, f"cannot read file: {err.strerror or err}") from None
+    gzipped = head[:2] == b"\x1f\x8b"
+    held = max(0, size * MAX_DEFLATE_RATIO if gzipped else size - int(header.get_data_offset())) // each
+    count = n if n <= held else held + 1  # the first time point it cannot hold is rejected, with where it ends
+    if count > max_time_points:
+        can = f" (a file of {size:,} bytes{' gzipped' if gzipped else ''} holds at most {held:,})" if n > held else ""
+        raise Reject(rel, f"the header declares {n:,} time points{can}, more than max_time_points {max_time_points:,}")
+    return count
 
 
 def _nifti_time_point(data: bytes, rel: str, t: int, max_decoded: int) -> bytes:
@@ -571,7 +687,7 @@ def _nifti_time_point(data: bytes, rel: str, t: int, max_decoded: int) -> bytes:
     if len(voxels) < size:
         raise Reject(
             rel,
-            f"the header declares {n} time points of {size:,} bytes; the file ends before time point {t} does",
+            f"the header declares {n:,} time points of {size:,} bytes; the file ends before time point {t} does",
         )
     one = header.copy()
     one.set_data_shape((x, y, z))
@@ -761,8 +877,13 @@ class VolumeKind(FieldKind):
     )
     layout_doc = (
         "ragged: (total slices, H, W) int16 (or float32), (total slices, C, H, W) with fourth_axis: "
-        "channels, one slice per chunk, plus <field>_lengths (N,) depths; companions <field>_spacing (N, 3), _origin (N, 3), _orientation (N, 6), "
-        "_modality, _series; a float32 volume has split attr <field>_nonfinite (NaN/inf voxels kept)"
+        "channels, one slice per chunk, plus <field>_lengths (N,) depths; companions <field>_spacing (N, 3) mm "
+        "(slice, row, column), _origin (N, 3): the LPS point of the first stored voxel, _direction (N, 3, 3): row k "
+        "the LPS unit vector along stored axis k (D, H, W), _orientation (N, 6): (_direction[2], _direction[1]) as "
+        "DICOM's ImageOrientationPatient, _modality, _series; geometry in LPS (x to the patient's left, y to the "
+        "back, z to the head: DICOM's, ITK's), NIfTI's RAS turned by x, y -> -x, -y (a version whose stored spec "
+        "has the field's frame 'as-read' keeps NIfTI in RAS and has no _direction); a float32 volume has split "
+        "attr <field>_nonfinite (NaN/inf voxels kept)"
     )
 
     def stored(self) -> Stored:
@@ -776,9 +897,12 @@ class VolumeKind(FieldKind):
             "spacing": Stored((3,), np.float64, bulk=False),
             "origin": Stored((3,), np.float64, bulk=False),
             "orientation": Stored((6,), np.float64, bulk=False),
+            "direction": Stored((3, 3), np.float64, bulk=False),
             "modality": Stored((), STR, bulk=False),
             "series": Stored((), STR, bulk=False),
         }
+        if self.spec.frame != FRAME:  # a version written before the direction column
+            del stored["direction"]
         return {f"{self.name}_{key}": CaseMeta(self, key, st) for key, st in stored.items()}
 
     def source_digest(self, root: Path, rel: str) -> str:
@@ -789,7 +913,7 @@ class VolumeKind(FieldKind):
         file or a DICOM series is one time point."""
         if self.spec.fourth_axis != "time":
             return None
-        count = nifti_time_points(root, rel, self.spec.max_bytes) if is_nifti(rel) else 1
+        count = nifti_time_points(root, rel, self.spec.max_bytes, self.spec.max_time_points) if is_nifti(rel) else 1
         return tuple(time_point_id(t) for t in range(count))
 
     def sample_digest(self, file_digest: str, ref: SampleRef) -> str:
@@ -829,7 +953,9 @@ class VolumeKind(FieldKind):
                 raise Reject(
                     rel, f"values {values.min():g}..{values.max():g} are not int16 integers; set dtype: float32"
                 )
-        return Decoded(values.astype(f.dtype), self.sample_digest(digest, ref), {**meta, "raw": raw})
+        g = plan_geometry(raw[1], raw[2], f.size[0], f.size[1], f.larger, rel)
+        origin = moved_origin(meta, g.crop[0] - g.pad[0], g.crop[1] - g.pad[2])  # that of the first voxel stored
+        return Decoded(values.astype(f.dtype), self.sample_digest(digest, ref), {**meta, "origin": origin, "raw": raw})
 
     # ---- statistics: a float32 volume counts the NaN/inf voxels it keeps (an MR scan's NaN
     # background, say), which the health report shows; int16 rejects them at decode

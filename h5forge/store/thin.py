@@ -43,15 +43,23 @@ from h5forge.store.sizes import own_sizes, segments_sizes
 from h5forge.store.whole_files import write_new
 
 
-def require_current_format(parent: Path, parent_number: int) -> int:
+def require_current_format(parent: Path, parent_number: int, spec: DatasetSpec | None = None) -> int:
     """The format an append to ``parent`` writes its delta in: the parent's, as one thin version
-    holds rows checksummed one way. Refuses a version whose checksums cover less than every value."""
+    holds rows checksummed one way. Refuses a version whose checksums cover less than every value,
+    and one that lacks a column ``spec`` stores (a version written before the column existed)."""
+    stored = [n for path, k in (stored_kinds(spec) if spec else {}).items() for n in k.stored().datasets(path)]
     with h5py.File(os.path.realpath(parent), "r") as p:
         parent_format = int(p.attrs.get(Attr.FORMAT_VERSION, 1))
+        missing = [n for n in stored if f"{SPLITS[0]}/{n}" not in p]
     if parent_format < CHECKSUMS_COVER_ALL:
         raise VersionError(
             f"{version_name(parent_number)} is in format {parent_format} (older checksums); "
             "rebuild it with `h5forge build` before appending"
+        )
+    if missing:
+        raise VersionError(
+            f"{version_name(parent_number)} holds no {', '.join(missing)}, which this spec stores (it was "
+            "written by an earlier h5forge); rebuild it with `h5forge build` before appending"
         )
     return parent_format
 
@@ -86,7 +94,7 @@ def write_thin(
     """Write the thin version ``path`` = ``parent`` + ``delta`` (both in ``path``'s folder);
     ``extra`` adds what else the file holds (the inputs catalog) before its file digest."""
     ensure_filters()
-    require_current_format(parent, parent_number)
+    require_current_format(parent, parent_number, spec)
     segments = segments_of(parent)
     kinds = stored_kinds(spec)
     with h5py.File(os.path.realpath(parent), "r") as p, h5py.File(delta, "r") as d, built_in_memory(path) as f:

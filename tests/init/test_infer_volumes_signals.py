@@ -132,6 +132,45 @@ def test_ct_demo_inits_builds_and_reads_back(tmp_path):
     assert volume.shape[0] == len(list((raw / "case_000").iterdir()))
 
 
+def write_case(folder: Path, source: str, depth: int) -> None:
+    """A series of ``depth`` slices from one of pydicom's files, a slice per position."""
+    import copy
+
+    from pydicom.uid import generate_uid
+
+    folder.mkdir(parents=True)
+    base = pydicom.dcmread(get_testdata_file(source))
+    series = generate_uid()
+    for k in range(depth):
+        ds = copy.deepcopy(base)
+        ds.SeriesInstanceUID, ds.SOPInstanceUID = series, generate_uid()
+        ds.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+        ds.ImagePositionPatient = [0.0, 0.0, 3.0 * k]
+        ds.save_as(folder / f"{k}.dcm", enforce_file_format=True)
+
+
+@pytest.mark.parametrize("mix", [("CT_small.dcm", "MR_small.dcm"), ("MR_small.dcm", "MR_small.dcm")])
+def test_dicom_volume_fields_are_named_by_the_modality_they_hold(tmp_path, mix):
+    """CT and MR cases in one folder: the field is named volume, with a note; MR only: mr."""
+    raw = tmp_path / "study"
+    for i, source in enumerate(mix * 2):
+        write_case(raw / "cases" / f"case{i}", source, 3 + i)
+    out, spec_path, spec = init(raw, tmp_path)
+    mixed = mix[0] != mix[1]
+    assert list(spec.fields) == (["volume"] if mixed else ["mr"])
+    if mixed:
+        assert ("note: the sampled cases hold series of more than one modality (CT in 2, MR in 2 of 4): the field "
+                "is named volume, and each case's modality is in its volume_modality column") in out
+        assert "(mixed: CT/MR, 4 case folders in cases/)" in spec_path.read_text()
+    path, summary = build(override(spec, output=tmp_path / "out"))
+    assert summary.rejections == ()
+    field = list(spec.fields)[0]
+    with h5py.File(path, "r") as f:
+        modality = {sid: m for s in SPLITS for sid, m in zip(decode_str(f[s]["ids"][()]),
+                                                              decode_str(f[s][f"{field}_modality"][()]))}
+    assert modality == {f"case{i}": source[:2] for i, source in enumerate(mix * 2)}
+
+
 def test_dicom_cases_folder_with_a_stray_file_and_a_loose_entry(tmp_path):
     made = tmp_path / "made"
     generate_ct(made, n=3, seed=4, bad=False)
@@ -224,6 +263,60 @@ def test_4d_nifti_volumes_init_writes_fourth_axis_channels_and_builds(tmp_path):
         case = ds[list(ds.ids()).index(sid)]
         assert case.shape == (len(volumes[sid]), 3, 32, 40)
         assert np.array_equal(case.numpy(), volumes[sid])
+
+
+def test_functional_runs_under_func_init_with_a_sample_per_time_point_and_build(tmp_path):
+    raw = tmp_path / "bids"
+    (raw / "func").mkdir(parents=True)
+    rng = np.random.default_rng(6)
+    runs = {}
+    for i, points in enumerate((3, 4)):
+        run = rng.integers(0, 900, size=(12, 10, 5, points)).astype(np.int16)  # (x, y, z, t)
+        nibabel.Nifti1Image(run, np.diag([3.0, 3.0, 4.0, 1.0])).to_filename(
+            raw / "func" / f"sub-0{i}_task-rest_bold.nii.gz")
+        runs[f"sub-0{i}_task-rest_bold"] = run
+    out, spec_path, spec = init(raw, tmp_path)
+    volume = spec.fields["volume"]
+    assert (volume.files, volume.size, volume.fourth_axis, volume.channels) == ("func/*.nii.gz", (10, 12), "time", None)
+    assert "4-D functional runs: each time point becomes a sample (fourth_axis: time)" in out
+    path, summary = build(override(spec, output=tmp_path / "out"))
+    assert summary.rejections == ()
+    ids = stored_ids(path)
+    assert sorted(ids) == [f"{run}@t{t:04d}" for run, data in sorted(runs.items()) for t in range(data.shape[3])]
+    for sid, (split, row) in ids.items():
+        run, t = sid.split("@t")
+        ds = H5Dataset(path, split=split, fields=("volume",))
+        assert np.array_equal(ds[list(ds.ids()).index(sid)].numpy(), np.transpose(runs[run][..., int(t)], (2, 1, 0)))
+
+
+@pytest.mark.parametrize("named", ["by-case", "alike"])
+def test_one_folder_per_case_holding_a_nifti_file_inits_and_builds(tmp_path, named):
+    """cases/<case>/<case>_t1.nii.gz (ids: the file names), or <case>/image.nii.gz in every folder
+    (ids: their paths, <case>/image)."""
+    raw = tmp_path / "study"
+    top = raw / "cases" if named == "by-case" else raw
+    rng = np.random.default_rng(7)
+    volumes = {}
+    for i, depth in enumerate((4, 6, 5)):
+        case = f"case{i:02d}"
+        (top / case).mkdir(parents=True)
+        vol = rng.integers(-500, 500, size=(16, 12, depth)).astype(np.int16)
+        name = f"{case}_t1" if named == "by-case" else "image"
+        nibabel.Nifti1Image(vol, np.diag([0.9, 0.9, 3.0, 1.0])).to_filename(top / case / f"{name}.nii.gz")
+        volumes[f"{case}_t1" if named == "by-case" else f"{case}/image"] = np.transpose(vol, (2, 1, 0))
+    out, spec_path, spec = init(raw, tmp_path)
+    volume = spec.fields["volume"]
+    assert (volume.files, volume.size) == ("cases/*/*.nii.gz" if named == "by-case" else "*/*.nii.gz", (12, 16))
+    assert spec.source.ids == ("stem" if named == "by-case" else "path")
+    if named == "alike":
+        assert "a sample's id is its path below the case folders, <case>/<file>" in out
+    path, summary = build(override(spec, output=tmp_path / "out"))
+    assert summary.rejections == ()
+    ids = stored_ids(path)
+    assert sorted(ids) == sorted(volumes)
+    for sid, (split, row) in ids.items():
+        ds = H5Dataset(path, split=split, fields=("volume",))
+        assert np.array_equal(ds[list(ds.ids()).index(sid)].numpy(), volumes[sid])
 
 
 # ---- signals ------------------------------------------------------------------------------------

@@ -19,9 +19,12 @@ from tests.kinds.test_volume import write_series
 
 
 def volume_spec(root, files, **volume) -> dict:
-    return {"name": "bounds", "source": {"root": str(root)},
-            "fields": {"ct": {"kind": "volume", "files": files, "size": [64, 64], **volume}},
-            "output": {"dir": str(root.parent / "out")}}
+    return {
+        "name": "bounds",
+        "source": {"root": str(root)},
+        "fields": {"ct": {"kind": "volume", "files": files, "size": [64, 64], **volume}},
+        "output": {"dir": str(root.parent / "out")},
+    }
 
 
 def test_an_rle_slice_declaring_65535_square_is_rejected_before_decoding(tmp_path):
@@ -35,7 +38,9 @@ def test_an_rle_slice_declaring_65535_square_is_rejected_before_decoding(tmp_pat
     got = clean_in_a_fresh_process(volume_spec(root, "cases/*"))
     assert got["taken"] == ["good"]
     [(sid, reason)] = got["rejected"]
-    assert sid == "bomb" and reason.startswith("1 slices of 65535x65535 would take 34,358,689,800 bytes decoded"), reason
+    assert sid == "bomb" and reason.startswith("1 slices of 65535x65535 would take 34,358,689,800 bytes decoded"), (
+        reason
+    )
     assert got["peak_rss"] - got["base_rss"] < 128 * MIB, got
 
 
@@ -53,8 +58,9 @@ def _nifti_declaring(path, shape, dtype=np.int16, image=nibabel.Nifti1Image) -> 
 def test_a_small_nifti_declaring_gigabytes_is_rejected_before_decoding(tmp_path):
     root = tmp_path / "raw"
     root.mkdir()
-    nibabel.save(nibabel.Nifti1Image(np.arange(8 * 8 * 4, dtype=np.int16).reshape(8, 8, 4), np.eye(4)),
-                 root / "good.nii")
+    nibabel.save(
+        nibabel.Nifti1Image(np.arange(8 * 8 * 4, dtype=np.int16).reshape(8, 8, 4), np.eye(4)), root / "good.nii"
+    )
     _nifti_declaring(root / "liar.nii", (2048, 2048, 1024))
     assert (root / "liar.nii").stat().st_size == 1352
     got = clean_in_a_fresh_process(volume_spec(root, "*.nii"))
@@ -72,7 +78,8 @@ def test_a_small_4d_nifti2_declaring_gigabytes_is_rejected_before_decoding(tmp_p
     root = tmp_path / "raw"
     root.mkdir()
     nibabel.Nifti2Image(np.arange(8 * 8 * 4 * 2, dtype=np.int16).reshape(8, 8, 4, 2), np.eye(4)).to_filename(
-        root / "good.nii")
+        root / "good.nii"
+    )
     _nifti_declaring(root / "liar.nii", (2048, 2048, 512, 2), image=nibabel.Nifti2Image)
     assert (root / "liar.nii").stat().st_size == 544 + 1000  # NIfTI-2: a 540-byte header with int64 dimensions
     spec = volume_spec(root, "*.nii", fourth_axis="channels", channels=2)
@@ -127,8 +134,9 @@ def test_a_symlink_in_a_case_folder_out_of_the_source_is_rejected_unread(tmp_pat
     spec = volume_spec(root, "cases/*")
     spec["source"]["allow_symlinks_outside"] = True  # allowed: the size rule still holds, unread
     got = clean_in_a_fresh_process(spec)
-    assert dict(got["rejected"])["linked"] == (f"file is {GIB:,} bytes, larger than the field's limit of "
-                                               f"{256 * MIB:,} (max_bytes)")
+    assert dict(got["rejected"])["linked"] == (
+        f"file is {GIB:,} bytes, larger than the field's limit of {256 * MIB:,} (max_bytes)"
+    )
     assert got["peak_rss"] - got["base_rss"] < 64 * MIB, got
 
 
@@ -143,8 +151,9 @@ def test_a_multiframe_file_declaring_4000_frames_of_4096_square_is_rejected_befo
     got = clean_in_a_fresh_process(volume_spec(root, "cases/*", dtype="float32"))
     assert got["taken"] == ["dose"]
     [(sid, reason)] = got["rejected"]
-    assert sid == "bomb" and reason.startswith(
-        "4000 slices of 4096x4096 would take 536,870,912,000 bytes decoded"), reason
+    assert sid == "bomb" and reason.startswith("4000 slices of 4096x4096 would take 536,870,912,000 bytes decoded"), (
+        reason
+    )
     assert got["peak_rss"] - got["base_rss"] < 128 * MIB, got
 
 
@@ -182,8 +191,13 @@ def test_the_last_time_point_of_a_gzipped_4d_file_is_decoded_without_holding_the
     body.append(deflate.flush())
     (tmp_path / "bold.nii.gz").write_bytes(b"".join(body))
     assert (tmp_path / "bold.nii.gz").stat().st_size < MIB
-    res = subprocess.run([sys.executable, "-c", LAST_TIME_POINT, str(tmp_path), "bold.nii.gz", "31", str(64 * MIB)],
-                         capture_output=True, text=True, timeout=600, cwd=REPO)
+    res = subprocess.run(
+        [sys.executable, "-c", LAST_TIME_POINT, str(tmp_path), "bold.nii.gz", "31", str(64 * MIB)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     # within max_decoded_bytes (64 MiB) one time point is 32 MiB decoded; the whole file would be 2 GiB
@@ -191,3 +205,52 @@ def test_the_last_time_point_of_a_gzipped_4d_file_is_decoded_without_holding_the
     # the time point (8 MiB read, 32 MiB decoded and its copies: 68 MiB measured), never the 256 MiB the
     # file expands to
     assert got["peak_rss"] - got["base_rss"] < 160 * MIB, got
+
+
+def _nifti2_of_548_bytes(path, time_points: int) -> None:
+    """A NIfTI-2 header (nibabel's) declaring 1x1x1 int16 voxels at ``time_points`` time points,
+    followed by its 4-byte extension flag and 4 bytes of voxels: 548 bytes."""
+    _nifti_declaring(path, (1, 1, 1, time_points), image=nibabel.Nifti2Image)
+    path.write_bytes(path.read_bytes()[:548])
+
+
+def test_a_nifti2_declaring_ten_billion_time_points_makes_ids_only_for_what_the_file_holds(tmp_path):
+    """Ids are made from the header: the time points it declares are bounded by what the file can
+    hold (its size over a time point's bytes): the two time points the 548-byte file holds are
+    samples, the third is rejected saying where the file ends, and no id is made past it. A gzipped
+    file may hold up to deflate's ratio times its size: past max_time_points, it is rejected whole."""
+    root = tmp_path / "raw"
+    root.mkdir()
+    nibabel.Nifti2Image(np.arange(4 * 4 * 2 * 3, dtype=np.int16).reshape(4, 4, 2, 3), np.eye(4)).to_filename(
+        root / "good.nii"
+    )
+    _nifti2_of_548_bytes(root / "liar.nii", 10**10)
+    assert (root / "liar.nii").stat().st_size == 548
+    got = clean_in_a_fresh_process(volume_spec(root, "*.nii", fourth_axis="time"))
+    assert sorted(got["taken"]) == ["good@t0000", "good@t0001", "good@t0002", "liar@t0000", "liar@t0001"]
+    assert got["rejected"] == [
+        [
+            "liar@t0002",
+            "the header declares 10,000,000,000 time points of 2 bytes; the file ends before time point 2 does",
+        ]
+    ]
+    assert got["peak_rss"] - got["base_rss"] < 64 * MIB, got
+    gz = gzip.compress((root / "liar.nii").read_bytes())
+    (root / "liar.nii").unlink()
+    (root / "liar.nii.gz").write_bytes(gz)
+    got = clean_in_a_fresh_process(volume_spec(root, ["*.nii", "*.nii.gz"], fourth_axis="time"))
+    assert got["rejected"] == [
+        [
+            "liar",
+            f"the header declares 10,000,000,000 time points (a file of {len(gz):,} bytes "
+            f"gzipped holds at most {len(gz) * 1032 // 2:,}), more than max_time_points "
+            "10,000",
+        ]
+    ]
+    assert got["peak_rss"] - got["base_rss"] < 64 * MIB, got
+    # a true file with more time points than the field's limit
+    (root / "liar.nii.gz").unlink()
+    got = clean_in_a_fresh_process(volume_spec(root, "*.nii", fourth_axis="time", max_time_points=2))
+    assert got["taken"] == [] and got["rejected"] == [
+        ["good", "the header declares 3 time points, more than max_time_points 2"]
+    ]

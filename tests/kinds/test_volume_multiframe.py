@@ -142,7 +142,10 @@ def test_legacy_multiframe_files_take_their_frame_positions_from_the_header(tmp_
         assert values[:, 59:69, 59:69].max() > 1.0 and np.array_equal(values[:, 59:69, 59:69], gray)
         d = ids.index("dose")
         assert g["ct_spacing"][d].tolist() == pytest.approx([offsets[1] - offsets[0], 10.0, 10.0])
-        assert g["ct_origin"][d].tolist() == pytest.approx([float(v) for v in dose.ImagePositionPatient])
+        # the first stored voxel: 59 rows and columns of padding before the dose grid's first
+        iop = np.array([float(v) for v in dose.ImageOrientationPatient])
+        first = np.array([float(v) for v in dose.ImagePositionPatient])
+        assert g["ct_origin"][d].tolist() == pytest.approx(first - 59 * 10.0 * (iop[:3] + iop[3:]))
         assert g["ct_spacing"][ids.index("sc")][0] == pytest.approx(SPACING)
 
 

@@ -23,6 +23,13 @@ from h5forge.spec import DatasetSpec
 AFFINE = np.array([[0.7, 0, 0, -40.0], [0, 0.8, 0, -20.0], [0, 0, 2.5, 10.0], [0, 0, 0, 1]])
 
 
+def lps_origin(affine, xyz_shape, size) -> np.ndarray:
+    """Where the first stored voxel of a (x, y, z) NIfTI volume centred in ``size`` (rows, columns)
+    lies, in LPS: the affine's RAS point of voxel (-left pad, -top pad, 0) with x and y negated."""
+    top, left = (size[0] - xyz_shape[1]) // 2, (size[1] - xyz_shape[0]) // 2
+    return np.diag([-1, -1, 1]) @ (np.asarray(affine)[:3] @ [-left, -top, 0, 1])
+
+
 def spec_data(root, out, files="cases/*", size=(32, 32), **volume) -> dict:
     return {"name": "nifti", "source": {"root": str(root)}, "output": {"dir": str(out)},
             "splits": {"ratios": {"train": 1.0}}, "compute": {"batch_size": 2},
@@ -63,8 +70,11 @@ def test_nifti2_files_are_read_like_nifti1(tmp_path, build_spec):
         g = f["train"]
         for row in range(3):
             assert np.allclose(g["ct_spacing"][row], [2.5, 0.8, 0.7])
-            assert np.allclose(g["ct_origin"][row], [-40.0, -20.0, 10.0])
-            assert np.allclose(g["ct_orientation"][row], [1, 0, 0, 0, 1, 0])
+            # in LPS, of the first voxel stored: 6 rows and 1 column of padding before the file's first
+            assert np.allclose(g["ct_origin"][row], [40.0 + 0.7, 20.0 + 6 * 0.8, 10.0])
+            assert np.allclose(g["ct_origin"][row], lps_origin(AFFINE, vol.shape, (32, 32)))
+            assert np.allclose(g["ct_orientation"][row], [-1, 0, 0, 0, -1, 0])
+            assert np.allclose(g["ct_direction"][row], [[0, 0, 1], [0, -1, 0], [-1, 0, 0]])
 
 
 def test_a_4d_nifti_with_fourth_axis_channels_is_stored_as_channels_of_each_slice(tmp_path, build_spec):
@@ -112,7 +122,8 @@ def test_a_4d_nifti_with_fourth_axis_channels_is_stored_as_channels_of_each_slic
         for sid, img in (("one", "example4d.nii.gz"), ("two", "example_nifti2.nii.gz")):
             zooms = nibabel.load(data_path / img).header.get_zooms()
             assert np.allclose(g["ct_spacing"][ids.index(sid)], [zooms[2], zooms[1], zooms[0]])
-            assert np.allclose(g["ct_origin"][ids.index(sid)], nibabel.load(data_path / img).affine[:3, 3])
+            image = nibabel.load(data_path / img)
+            assert np.allclose(g["ct_origin"][ids.index(sid)], lps_origin(image.affine, image.shape, (96, 128)))
 
 
 def test_4d_files_without_the_option_and_5d_files_are_rejected_and_a_trailing_axis_of_one_is_3d(
@@ -281,7 +292,7 @@ def test_fourth_axis_time_makes_each_time_point_a_sample_with_nibabels_values(tm
         g = f[stored["three@t0002"][0]]
         row = decode_str(g["ids"][()]).index("three@t0002")
         assert np.allclose(g["ct_spacing"][row], [2.5, 0.8, 0.7])
-        assert np.allclose(g["ct_origin"][row], [-40.0, -20.0, 10.0])
+        assert np.allclose(g["ct_origin"][row], lps_origin(AFFINE, written.shape, (96, 128)))
         assert decode_str(g["source_files"][row]) == ["cases/three.nii.gz"]
     report = verify_file(path, resample=26)  # every time point cleaned again from its file and compared
     assert report.ok, report.errors
