@@ -93,8 +93,13 @@ def _spec(root: Path, masks: bool) -> dict:
         "source": {"root": str(root)},
         "fields": {
             "images": {"kind": "image", "files": "images/*.png", "size": [128, 128]},
-            "boxes": {"kind": "boxes", "like": "images", "coco": "instances.json", "classes": ["thing"],
-                      "masks": masks},
+            "boxes": {
+                "kind": "boxes",
+                "like": "images",
+                "coco": "instances.json",
+                "classes": ["thing"],
+                "masks": masks,
+            },
         },
         "output": {"dir": str(root.parent / "out")},
     }
@@ -116,8 +121,15 @@ def large_file(root: Path, n_annotations: int, n_pictures: int, on_disk: int = 4
     for i in range(on_disk):
         _png(root / "images" / f"p{i:06d}.png", 64, 64)
     boxes = (
-        {"id": k + 1, "image_id": k % n_pictures + 1, "category_id": 1, "bbox": [k % 50, k % 40, 8, 6],
-         "area": 48, "iscrowd": 0, "segmentation": [[1, 1, 9, 1, 9, 7, 1, 7]]}
+        {
+            "id": k + 1,
+            "image_id": k % n_pictures + 1,
+            "category_id": 1,
+            "bbox": [k % 50, k % 40, 8, 6],
+            "area": 48,
+            "iscrowd": 0,
+            "segmentation": [[1, 1, 9, 1, 9, 7, 1, 7]],
+        }
         for k in range(n_annotations)
     )
     _write_coco(root / "instances.json", images, boxes)
@@ -127,11 +139,15 @@ def large_file(root: Path, n_annotations: int, n_pictures: int, on_disk: int = 4
 def many_objects(root: Path, n: int) -> dict:
     _png(root / "images" / "good.png", 128, 128)
     _png(root / "images" / "bad.png", 128, 128)
-    images = [{"id": 1, "file_name": "good.png", "height": 128, "width": 128},
-              {"id": 2, "file_name": "bad.png", "height": 128, "width": 128}]
+    images = [
+        {"id": 1, "file_name": "good.png", "height": 128, "width": 128},
+        {"id": 2, "file_name": "bad.png", "height": 128, "width": 128},
+    ]
     anns = [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 10, 20, 20], "iscrowd": 0}]
-    anns += [{"id": k + 2, "image_id": 2, "category_id": 1, "bbox": [k % 100, k % 90, 20, 30], "iscrowd": 0}
-             for k in range(n)]
+    anns += [
+        {"id": k + 2, "image_id": 2, "category_id": 1, "bbox": [k % 100, k % 90, 20, 30], "iscrowd": 0}
+        for k in range(n)
+    ]
     _write_coco(root / "instances.json", images, anns)
     return _spec(root, masks=True)
 
@@ -139,15 +155,24 @@ def many_objects(root: Path, n: int) -> dict:
 def long_polygon(root: Path, n: int) -> dict:
     _png(root / "images" / "good.png", 128, 128)
     _png(root / "images" / "bad.png", 128, 128)
-    images = [{"id": 1, "file_name": "good.png", "height": 128, "width": 128},
-              {"id": 2, "file_name": "bad.png", "height": 128, "width": 128}]
+    images = [
+        {"id": 1, "file_name": "good.png", "height": 128, "width": 128},
+        {"id": 2, "file_name": "bad.png", "height": 128, "width": 128},
+    ]
     zigzag = []
     for k in range(n):
         zigzag += [k % 127, 0 if k % 2 else 127]
-    anns = [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 10, 20, 20], "iscrowd": 0,
-             "segmentation": [[10, 10, 30, 10, 30, 30]]},
-            {"id": 2, "image_id": 2, "category_id": 1, "bbox": [0, 0, 127, 127], "iscrowd": 0,
-             "segmentation": [zigzag]}]
+    anns = [
+        {
+            "id": 1,
+            "image_id": 1,
+            "category_id": 1,
+            "bbox": [10, 10, 20, 20],
+            "iscrowd": 0,
+            "segmentation": [[10, 10, 30, 10, 30, 30]],
+        },
+        {"id": 2, "image_id": 2, "category_id": 1, "bbox": [0, 0, 127, 127], "iscrowd": 0, "segmentation": [zigzag]},
+    ]
     _write_coco(root / "instances.json", images, anns)
     return _spec(root, masks=True)
 
