@@ -80,7 +80,7 @@ def _plan(segmentation, corners: np.ndarray, raw: tuple[int, int], where: str, w
         _check_size(segmentation.get("size"), raw, where, what)
         counts = segmentation["counts"]
         runs = (
-            _string_counts(counts, where, what)
+            _string_counts(counts, raw, where, what)
             if isinstance(counts, (str, bytes))
             else _list_counts(counts, raw, where, what)
         )
@@ -122,27 +122,31 @@ def _list_counts(counts, raw: tuple[int, int], where: str, what: str) -> np.ndar
     return np.array(counts, np.int64)
 
 
-def _string_counts(counts: str | bytes, where: str, what: str) -> np.ndarray:
+def _string_counts(counts: str | bytes, raw: tuple[int, int], where: str, what: str) -> np.ndarray:
     """A compressed RLE's run lengths, decoded as pycocotools' ``rleFrString`` reads them (each
     number in groups of 5 bits with a continuation bit, the sign in the last group's top bit,
-    from the third on a difference to the one two before), but checked: a character outside the
-    alphabet, a number cut off at the end, or a negative run rejects the picture."""
+    from the third on a difference to the one two before), but checked: a string longer than any
+    RLE of the picture, a character outside the alphabet, a number cut off at the end or a
+    negative run rejects the picture. Memory: the string's bytes plus a few int64 per number."""
     data = counts.encode() if isinstance(counts, str) else counts
-    c = np.frombuffer(data, np.uint8).astype(np.int64) - 48
+    if len(data) > 2 * raw[0] * raw[1] + RLE_ALPHABET:  # a run takes one character, or more for 16 pixels
+        raise Reject(where, f"{what}: the RLE's counts string is longer than any RLE of its picture")
+    c = np.frombuffer(data, np.uint8) - np.uint8(48)  # wraps below '0' to large values: outside the alphabet
     if c.size == 0:
         return np.zeros(0, np.int64)
-    if ((c < 0) | (c >= RLE_ALPHABET)).any():
+    if (c >= RLE_ALPHABET).any():
         raise Reject(where, f"{what}: the RLE's counts string holds a character outside its alphabet")
-    last = (c & 0x20) == 0
-    if not last[-1]:
+    ends = np.flatnonzero((c & 0x20) == 0)  # a number ends where the continuation bit is clear
+    if not ends.size or ends[-1] != c.size - 1:
         raise Reject(where, f"{what}: the RLE's counts string ends inside a number")
-    ends = np.flatnonzero(last)
     starts = np.r_[0, ends[:-1] + 1]
     lengths = ends - starts + 1
     if lengths.max() > RLE_GROUP_CHARS:
         raise Reject(where, f"{what}: the RLE's counts string holds a number longer than any run")
-    shift = 5 * (np.arange(c.size) - np.repeat(starts, lengths))
-    values = np.add.reduceat((c & 0x1F) << shift, starts)
+    values = np.zeros(ends.size, np.int64)
+    for k in range(int(lengths.max())):  # the k-th 5 bits of every number that has them
+        has = lengths > k
+        values[has] += (c[starts[has] + k] & 0x1F).astype(np.int64) << (5 * k)
     negative = (c[ends] & 0x10) != 0
     values[negative] -= np.left_shift(1, 5 * lengths[negative])
     runs = values.copy()

@@ -68,7 +68,9 @@ class CocoIndex:
         )
 
 
-_CACHE: dict[tuple[str, int, int], CocoIndex] = {}
+# by (path, mtime, size, max_bytes, allow_outside): a file that cannot be taken is kept as its
+# Reject, so the pictures of a broken 200 MB file do not parse it once each
+_CACHE: dict[tuple[str, int, int, int, bool], CocoIndex | Reject] = {}
 CACHED_FILES = 8  # a spec lists a few COCO files (train, val, ...); each sample looks in each
 _LOCK = threading.Lock()
 
@@ -82,16 +84,29 @@ def coco_index(root: Path, rel: str, max_bytes: int, allow_outside: bool = True)
         st = os.stat(path)
     except OSError as err:
         raise Reject(rel, f"cannot read the COCO file {rel}: {err.strerror or err}") from None
-    key = (str(path), st.st_mtime_ns, st.st_size)
+    key = (str(path), st.st_mtime_ns, st.st_size, max_bytes, allow_outside)
     with _LOCK:
         if key not in _CACHE:
             stale = [k for k in _CACHE if k[0] == key[0]]  # the same file as it was before
             oldest = list(_CACHE)[: max(0, len(_CACHE) - CACHED_FILES + 1)]
             for k in stale or oldest:
                 del _CACHE[k]
-            inside = None if Path(rel).is_absolute() else root
-            _CACHE[key] = _parse(_read_coco(path, rel, max_bytes, inside, allow_outside), rel)
-        return _CACHE[key]
+            _CACHE[key] = _index_or_reject(
+                path, rel, max_bytes, None if Path(rel).is_absolute() else root, allow_outside
+            )
+        found = _CACHE[key]
+    if isinstance(found, Reject):
+        raise Reject(found.path, found.reason)
+    return found
+
+
+def _index_or_reject(
+    path: Path, rel: str, max_bytes: int, root: Path | None, allow_outside: bool
+) -> CocoIndex | Reject:
+    try:
+        return _parse(_read_coco(path, rel, max_bytes, root, allow_outside), rel)
+    except Reject as err:
+        return err
 
 
 def _read_coco(path: Path, rel: str, max_bytes: int, root: Path | None, allow_outside: bool) -> bytes:

@@ -75,6 +75,26 @@ def test_rle_masks_of_a_real_photo_equal_pycocotools(coco_folder, tmp_path, form
     assert np.array_equal(got, rle.decode(encoded)[top : top + 256, left : left + 256])
 
 
+def test_compressed_counts_of_many_masks_decode_as_pycocotools_decodes_them():
+    """Masks of every texture (real photos thresholded at many levels, noise, a checkerboard, all
+    and nothing) through pycocotools' encoder, read back by the kind's checked decoder."""
+    import skimage.data
+    from pycocotools import mask as rle
+
+    from h5forge.kinds.boxes.instances import Runs, _raw_mask, _string_counts
+
+    rng = np.random.default_rng(0)
+    grey = skimage.data.camera()[:97, :131]
+    masks = [(grey < t).astype(np.uint8) for t in (0, 30, 90, 128, 200, 256)]
+    masks += [(rng.random((97, 131)) < p).astype(np.uint8) for p in (0.01, 0.5, 0.99)]
+    masks.append((np.indices((97, 131)).sum(axis=0) % 2).astype(np.uint8))
+    for m in masks:
+        counts = rle.encode(np.asfortranarray(m))["counts"]
+        runs = _string_counts(counts, m.shape, "x", "y")
+        assert np.array_equal(_raw_mask(Runs(runs), m.shape), m)
+        assert len(counts) <= 2 * m.size + 64
+
+
 def _truncated_counts(h: int, w: int) -> str:
     """A real compressed RLE of the photo's mask with its last run lengths cut off."""
     from pycocotools import mask as rle
@@ -96,6 +116,8 @@ BAD_SEGMENTATIONS = {
     "non-integer run": ({"size": [300, 451], "counts": [135_300.0]}, "list of integers"),
     "short compressed RLE": ({"size": [300, 451], "counts": _truncated_counts(*CHELSEA)}, "the RLE's run lengths cover"),
     "compressed RLE cut inside a number": ({"size": [300, 451], "counts": "PQ"}, "ends inside a number"),
+    "counts string longer than any RLE": ({"size": [300, 451], "counts": "1" * 300_000}, "longer than any RLE of its "
+                                                                                         "picture"),
     "character outside the RLE alphabet": ({"size": [300, 451], "counts": "0~"}, "outside its alphabet"),
     "RLE of another size": ({"size": [300, 450], "counts": [135_000]}, "segmentation is 450x300 (WxH); the picture is "
                                                                        "451x300"),
@@ -185,6 +207,27 @@ FRESH = textwrap.dedent("""
     print(json.dumps({"taken": batch.ids, "rejected": sorted([r.sample_id, r.reason] for r in
                       [*inv.rejections, *batch.rejections]), "peak_over_imports": peak - base * 1024}))
 """)
+
+
+def test_a_coco_file_that_cannot_be_parsed_is_parsed_once_for_all_its_pictures(coco_folder, tmp_path):
+    from h5forge.ingest.discover import discover
+    from h5forge.kinds.boxes import sources
+    from h5forge.spec import DatasetSpec
+
+    raw = _coco_copy(coco_folder, tmp_path)
+    (raw / COCO).write_text('{"images": [' + "1, " * 10_000 + "]")
+    spec = DatasetSpec.model_validate(_spec(raw, tmp_path / "out", {"coco": COCO}))
+    parsed = []
+    real = sources._parse
+    sources._parse = lambda data, rel: parsed.append(rel) or real(data, rel)
+    try:
+        samples = discover(spec).samples
+    finally:
+        sources._parse = real
+    assert parsed == [COCO]
+    assert {s.shared["boxes"][1] for s in samples} == {
+        "not a COCO instances file (JSONDecodeError: Expecting value: line 1 column 30013 (char 30012)): it needs "
+        "images, annotations and categories"}
 
 
 def _clean_fresh(spec: dict) -> dict:
