@@ -403,3 +403,33 @@ def test_yolo_classes_file_is_the_datasets_not_an_unused_file(coco_folder, tmp_p
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
     result = h5forge.build(tmp_path / "spec.yaml")
     assert (result.unclaimed, result.rejected, sum(result.counts.values())) == (0, 0, len(PICTURES))
+
+
+INIT = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from h5forge.init import infer_spec
+
+    found = infer_spec(Path(sys.argv[1]), Path(sys.argv[2]))
+    print(json.dumps({"layout": found.layout, "notes": found.notes, "text": found.text}))
+""")
+
+
+def test_init_reads_annotation_files_as_a_build_does(coco_folder, tmp_path):
+    """A FIFO named like a COCO file, a /dev/zero link and a malformed one beside the real file:
+    ``init`` neither waits nor fails, and says which it left out."""
+    raw = _coco_copy(coco_folder, tmp_path)
+    (raw / COCO).write_bytes((coco_folder / COCO).read_bytes())
+    os.mkfifo(raw / "annotations" / "instances_fifo.json")
+    (raw / "annotations" / "instances_zero.json").symlink_to("/dev/zero")
+    bad = json.loads((coco_folder / COCO).read_text())
+    bad["categories"][0]["id"] = "one"
+    (raw / "annotations" / "instances_bad.json").write_text(json.dumps(bad))
+    res = subprocess.run([sys.executable, "-c", INIT, str(raw), str(tmp_path / "spec.yaml")], capture_output=True,
+                         text=True, timeout=600, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-3000:]
+    found = json.loads(res.stdout.strip().splitlines()[-1])
+    assert found["layout"] == "boxes"
+    assert yaml.safe_load(found["text"])["fields"]["boxes"]["coco"] == COCO
+    for name in ("bad", "fifo", "zero"):
+        assert f"annotations/instances_{name}.json is not a COCO instances file init can read: left out" in found["notes"]
