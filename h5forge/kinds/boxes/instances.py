@@ -90,8 +90,8 @@ def _plan(segmentation, corners: np.ndarray, raw: tuple[int, int], where: str, w
 
 
 def _check_cover(runs: np.ndarray, raw: tuple[int, int], where: str, what: str) -> None:
-    """The run lengths add up to the picture's pixels exactly (a shorter RLE would leave pixels
-    unwritten, a longer one write past the mask)."""
+    """The run lengths add up to the picture's pixels exactly: a mask from fewer would hold pixels
+    no run wrote (pycocotools leaves them as the heap held them), one from more would not fit."""
     h, w = raw
     if runs.size and runs.max() > h * w:  # checked first: no sum of runs wraps around
         raise Reject(where, f"{what}: a run of the RLE is longer than its {w}x{h} (WxH) picture")
@@ -129,7 +129,10 @@ def _string_counts(counts: str | bytes, raw: tuple[int, int], where: str, what: 
     RLE of the picture, a character outside the alphabet, a number cut off at the end or a
     negative run rejects the picture. Memory: the string's bytes plus a few int64 per number."""
     data = counts.encode() if isinstance(counts, str) else counts
-    if len(data) > 2 * raw[0] * raw[1] + RLE_ALPHABET:  # a run takes one character, or more for 16 pixels
+    # a number takes one character, and one more only for a difference of 16 or more pixels (each
+    # run is in two differences), so an RLE of h x w pixels is shorter than 2 h w characters and
+    # the first three numbers
+    if len(data) > 2 * raw[0] * raw[1] + 3 * RLE_GROUP_CHARS:
         raise Reject(where, f"{what}: the RLE's counts string is longer than any RLE of its picture")
     c = np.frombuffer(data, np.uint8) - np.uint8(48)  # wraps below '0' to large values: outside the alphabet
     if c.size == 0:

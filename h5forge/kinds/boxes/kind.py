@@ -45,7 +45,7 @@ from h5forge.kinds.mask import OVERLAY
 from h5forge.samples import Reject, SampleRef
 
 COLUMNS = ("x0", "y0", "x1", "y1", "class")
-DEFAULT_MAX_OBJECTS = 1_000  # COCO's busiest pictures hold under 100; LVIS's under 800
+DEFAULT_MAX_OBJECTS = 1_000  # ten times what the busiest COCO pictures hold
 DEFAULT_MAX_VERTICES = 10_000  # COCO polygons hold tens to hundreds
 DEFAULT_MAX_OUTLINE = 4_000_000  # pixels of polygon outline: about 160 MB while rasterising
 YOLO_CLASS_FILES = ("classes.txt", "data.yaml")  # where YOLO folders name their classes
