@@ -61,7 +61,7 @@ def _coco_files(raw: Path, notes: list[str]) -> list[tuple[Path, dict]]:
                 data = json.loads(text) if text is not None else None
             except (ValueError, RecursionError):
                 data = None
-            if _is_coco(data):
+            if isinstance(data, dict) and _is_coco(data):
                 found.append((p, data))
             else:
                 notes.append(f"{p.relative_to(raw).as_posix()} is not a COCO instances file init can read: left out")
