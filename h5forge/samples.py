@@ -18,6 +18,9 @@ class SampleRef:
     # the end of the id that names the part of its files the sample is (a time point of a 4-D
     # volume: ``@t0003``); empty when the sample is its files whole
     part: str = ""
+    # by field name, what the field takes for this sample from a file many samples share (the
+    # sample's part of a COCO file), read by discovery so that a cleaning worker need not read it
+    shared: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def input_id(self) -> str:

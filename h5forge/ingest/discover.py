@@ -21,7 +21,7 @@ from typing import Any
 from h5forge.format.names import INBOX_PROCESSED
 from h5forge.ingest.splits import assign_split, ratio_split
 from h5forge.kinds import FieldKind, field_kinds
-from h5forge.kinds.base import DEFAULT_MAX_BYTES
+from h5forge.kinds.base import DEFAULT_MAX_BYTES, Outside, read_bounded
 from h5forge.samples import Reject, Rejection, SampleRef, rejected_count
 from h5forge.spec import DatasetSpec
 
@@ -154,24 +154,6 @@ def match_key(sid: str) -> str:
     return unicodedata.normalize("NFC", sid)
 
 
-class _Outside:
-    """Where a path really is, when a symlink (of the file or a folder above it) leads out of
-    ``root``. Each folder is resolved once: a file costs one lstat, not one per path component."""
-
-    def __init__(self, root: Path):
-        self.base = os.path.realpath(root)
-        self.inside = self.base.rstrip("/") + "/"
-        self.folders: dict[str, str] = {}
-
-    def __call__(self, path: str) -> str | None:
-        folder, name = os.path.split(path)
-        real_folder = self.folders.get(folder)
-        if real_folder is None:
-            real_folder = self.folders[folder] = os.path.realpath(folder)
-        real = os.path.realpath(path) if os.path.islink(path) else os.path.join(real_folder, name)
-        return None if real == self.base or real.startswith(self.inside) else real
-
-
 def _files_below(folder: str):
     """Every file and link below ``folder``, links to folders not followed."""
     for top, dirs, files in os.walk(folder):
@@ -214,7 +196,7 @@ def _glob_field(
     by_stem: dict[str, list[tuple[str, str]]] = defaultdict(list)
     seen: set[str] = set()
     outside: list[Rejection] = []
-    leaves = None if allow_outside else _Outside(root)
+    leaves = None if allow_outside else Outside(root)
     start = len(str(root).rstrip("/")) + 1
     for pattern in patterns:
         # str paths and a sort by parts (Path's own order) keep pathlib out of a loop run per file
@@ -289,29 +271,6 @@ TEXT_FORMAT = "_text"  # marks a record whose values are all text (CSV): parsed 
 
 
 SIDECAR_MAX_BYTES = 1 << 20  # one sample's record
-
-
-def read_bounded(path: Path, max_bytes: int, root: Path | None = None, allow_outside: bool = True) -> bytes:
-    """The bytes of an annotation file or sidecar, read the way pictures are: a regular file only
-    (a folder, FIFO or device is refused without waiting or reading), at most ``max_bytes``, and
-    (``root``, unless ``allow_outside``) not through a symlink out of the source folder.
-    FileNotFoundError when it is missing; ValueError saying why it is refused."""
-    if root is not None and not allow_outside and (target := _Outside(root)(str(path))) is not None:
-        raise ValueError(
-            f"symlink leads outside the source folder (to {target}); set source.allow_symlinks_outside: true to take it"
-        )
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: a FIFO never waits for a writer
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise ValueError("not a regular file (a folder, device, pipe or socket)")
-    with os.fdopen(fd, "rb") as fh:
-        if st.st_size > max_bytes:
-            raise ValueError(f"{st.st_size:,} bytes, larger than the limit of {max_bytes:,}")
-        data = fh.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ValueError(f"grew past the limit of {max_bytes:,} bytes while being read")
-    return data
 
 
 def read_annotation_file(
@@ -507,7 +466,10 @@ def discover(
                 kinds[name].id_suffix,
             )
             inv.rejections.extend(problems)
+            shared = set(kinds[name].shared_files())  # a file the field reads for every sample is none of them
             for stem, (rel, sid) in found.items():
+                if rel in shared:
+                    continue
                 if stem in per_field[name]:
                     inv.rejections.append(
                         Rejection(
@@ -583,12 +545,26 @@ def discover(
         inv.samples.extend(SampleRef(sid + part, split, files, columns, extra, part) for part in parts)
     if any(s.part for s in inv.samples):  # "case2" sorts after "case", "case2@t0000" before "case@t0000"
         inv.samples.sort(key=lambda s: match_key(s.id))
+    inv.samples = with_shared_entries(kinds, root, inv.samples)
     paired = set().union(*per_field.values())
     inv.rejections = [_with_other_files(r, per_field, records, record_file) for r in inv.rejections]
     inv.rejections.extend(_orphans(sorted(set(records) - paired - already), record_file))
     if whole_source:
         inv.unclaimed, inv.unclaimed_examples = unclaimed_files(spec, inv)
     return inv
+
+
+def with_shared_entries(kinds: dict[str, FieldKind], root: Path, samples: list[SampleRef]) -> list[SampleRef]:
+    """Each sample with its entries of the files its fields share (``FieldKind.shared_entry``):
+    a shared file is parsed here, once, and each worker is handed only its samples' parts."""
+    sharing = [kind for kind in kinds.values() if kind.shared_files()]
+    if not sharing:
+        return samples
+    out = []
+    for ref in samples:
+        entries = {kind.name: e for kind in sharing if (e := kind.shared_entry(root, ref)) is not None}
+        out.append(replace(ref, shared=entries) if entries else ref)
+    return out
 
 
 def _with_other_files(

@@ -183,6 +183,47 @@ def read_source(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES, head: 
     return data, hashlib.sha256(data).hexdigest()
 
 
+class Outside:
+    """Where a path really is, when a symlink (of the file or a folder above it) leads out of
+    ``root``. Each folder is resolved once: a file costs one lstat, not one per path component."""
+
+    def __init__(self, root: Path):
+        self.base = os.path.realpath(root)
+        self.inside = self.base.rstrip("/") + "/"
+        self.folders: dict[str, str] = {}
+
+    def __call__(self, path: str) -> str | None:
+        folder, name = os.path.split(path)
+        real_folder = self.folders.get(folder)
+        if real_folder is None:
+            real_folder = self.folders[folder] = os.path.realpath(folder)
+        real = os.path.realpath(path) if os.path.islink(path) else os.path.join(real_folder, name)
+        return None if real == self.base or real.startswith(self.inside) else real
+
+
+def read_bounded(path: Path, max_bytes: int, root: Path | None = None, allow_outside: bool = True) -> bytes:
+    """The bytes of an annotation file or sidecar, read the way pictures are: a regular file only
+    (a folder, FIFO or device is refused without waiting or reading), at most ``max_bytes``, and
+    (``root``, unless ``allow_outside``) not through a symlink out of the source folder.
+    FileNotFoundError when it is missing; ValueError saying why it is refused."""
+    if root is not None and not allow_outside and (target := Outside(root)(str(path))) is not None:
+        raise ValueError(
+            f"symlink leads outside the source folder (to {target}); set source.allow_symlinks_outside: true to take it"
+        )
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: a FIFO never waits for a writer
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ValueError("not a regular file (a folder, device, pipe or socket)")
+    with os.fdopen(fd, "rb") as fh:
+        if st.st_size > max_bytes:
+            raise ValueError(f"{st.st_size:,} bytes, larger than the limit of {max_bytes:,}")
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"grew past the limit of {max_bytes:,} bytes while being read")
+    return data
+
+
 class FieldKind(ABC):
     """One field of a dataset, bound to its spec. A kind must say how it is stored (``stored``) and
     how one sample is cleaned (``decode``); the other methods have defaults it overrides as needed.
@@ -294,6 +335,13 @@ class FieldKind(ABC):
         """Files (relative to the source root) the field reads for many samples, such as a COCO
         annotation file: they belong to the dataset, though to no one sample."""
         return ()
+
+    def shared_entry(self, root: Path, ref: SampleRef) -> Any:
+        """What ``decode`` needs of the ``shared_files`` for ``ref`` alone, or None. Discovery puts
+        it in ``SampleRef.shared`` (a field that has ``shared_files``), so each cleaning worker gets
+        its samples' entries rather than parsing the whole file; ``decode`` reads the files itself
+        when the entry is not there (a sample ``verify`` re-derives)."""
+        return None
 
     def source_digest(self, root: Path, rel: str) -> str:
         """sha256 of one raw input as ``decode`` hashes it (a kind whose input is a folder overrides

@@ -77,6 +77,34 @@ def _wide_csv(root: Path) -> dict:
     return signal_spec(root, "csv/*.csv", "c7")
 
 
+def _coco(root: Path, bad: list[dict]) -> dict:
+    """A good and a bad picture, their boxes in one COCO file; the bad one's objects are ``bad``."""
+    import json
+
+    small_png(root / "images" / "good.png")
+    small_png(root / "images" / "bad.png")
+    images = [{"id": i, "file_name": f"{n}.png", "height": 40, "width": 40} for i, n in ((1, "good"), (2, "bad"))]
+    good = {"id": 1, "image_id": 1, "category_id": 1, "bbox": [5, 5, 20, 20], "iscrowd": 0}
+    (root / "instances.json").write_text(json.dumps({"images": images, "annotations": [good, *bad],
+                                                     "categories": [{"id": 1, "name": "thing"}]}))
+    spec = image_spec(root)
+    spec["fields"]["boxes"] = {"kind": "boxes", "like": "images", "coco": "instances.json", "classes": ["thing"],
+                               "masks": True}
+    return spec
+
+
+def _coco_objects(root: Path) -> dict:
+    return _coco(root, [{"id": k + 2, "image_id": 2, "category_id": 1, "bbox": [k % 30, k % 20, 9, 9], "iscrowd": 0}
+                        for k in range(20_000)])
+
+
+def _coco_polygon(root: Path) -> dict:
+    k = np.arange(200_000)
+    zigzag = np.column_stack([k % 39, np.where(k % 2, 0, 39)]).ravel().tolist()
+    return _coco(root, [{"id": 2, "image_id": 2, "category_id": 1, "bbox": [0, 0, 39, 39], "iscrowd": 0,
+                         "segmentation": [zigzag]}])
+
+
 HOSTILE: dict[str, Callable[[Path], dict]] = {
     "PNG bomb (10000x10000 declared, 100 kB)": lambda r: _pictures(r, lambda p: p.write_bytes(png_bomb())),
     "truncated PNG": lambda r: _pictures(r, _truncated),
@@ -89,6 +117,8 @@ HOSTILE: dict[str, Callable[[Path], dict]] = {
     "EDF declaring 99,999,999 records": _edf,
     ".npy of 200 bytes declaring 10^10 values": _npy,
     "CSV with 1,000,001 columns": _wide_csv,
+    "COCO picture with 20,000 objects, masks: true": _coco_objects,
+    "COCO polygon of 200,000 vertices, masks: true": _coco_polygon,
 }
 
 

@@ -17,10 +17,20 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
-from h5forge.kinds.base import Layout
+from h5forge.kinds.base import DEFAULT_MAX_BYTES, Layout, read_bounded
 
 PICTURES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 SAMPLED = 200  # label files read to find the classes of a YOLO folder without a names file
+SMALL_FILE = 1 << 20  # a names file or a label file
+
+
+def _read(path: Path, raw: Path, max_bytes: int = SMALL_FILE) -> str | None:
+    """The text of a file of the folder, read as a build reads it (a regular file, within
+    ``max_bytes``, not through a symlink out of ``raw``), or None: a FIFO never stops ``init``."""
+    try:
+        return read_bounded(path, max_bytes, raw, allow_outside=False).decode("utf-8", errors="replace")
+    except (OSError, ValueError):
+        return None
 
 
 def _quoted(value: str) -> str:
@@ -42,17 +52,36 @@ def _globs(rel: str, pictures: list[Path]) -> list[str]:
     return [f"{rel}/*{s}" for s, _ in suffixes.most_common()]
 
 
-def _coco_files(raw: Path) -> list[tuple[Path, dict]]:
+def _coco_files(raw: Path, notes: list[str]) -> list[tuple[Path, dict]]:
     found: list[tuple[Path, dict]] = []
     for folder in (raw, raw / "annotations"):
         for p in sorted(folder.glob("instances_*.json")) if folder.is_dir() else []:
+            text = _read(p, raw, DEFAULT_MAX_BYTES)
             try:
-                data = json.loads(p.read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(data, dict) and {"images", "annotations", "categories"} <= set(data):
+                data = json.loads(text) if text is not None else None
+            except (ValueError, RecursionError):
+                data = None
+            if isinstance(data, dict) and _is_coco(data):
                 found.append((p, data))
+            else:
+                notes.append(f"{p.relative_to(raw).as_posix()} is not a COCO instances file init can read: left out")
     return found
+
+
+def _is_coco(data) -> bool:
+    """An instances file whose entries ``init`` reads: images with a file name (and integer sizes),
+    categories with an integer id and a name, annotations as objects."""
+
+    def ints(d: dict, *keys: str) -> bool:
+        return all(isinstance(d.get(k), int) for k in keys if k in d)
+
+    return (
+        isinstance(data, dict)
+        and all(isinstance(data.get(k), list) for k in ("images", "annotations", "categories"))
+        and all(isinstance(im, dict) and "file_name" in im and ints(im, "height", "width") for im in data["images"])
+        and all(isinstance(c, dict) and isinstance(c.get("id"), int) and "name" in c for c in data["categories"])
+        and all(isinstance(a, dict) for a in data["annotations"])
+    )
 
 
 def _image_folder(raw: Path, names: set[str]) -> Path | None:
@@ -76,7 +105,7 @@ def _image_lines(t, rel: str, pictures: list[Path], size: tuple[int, int], what:
 
 
 def _coco_layout(raw: Path, notes: list[str]) -> Layout | None:
-    found = _coco_files(raw)
+    found = _coco_files(raw, notes)
     if not found:
         return None
     names = {PurePosixPath(str(im.get("file_name", ""))).name for _, d in found for im in d["images"]}
@@ -122,12 +151,12 @@ def _coco_layout(raw: Path, notes: list[str]) -> Layout | None:
 
 def _yolo_classes(raw: Path, labels: list[Path], notes: list[str]) -> list[str]:
     names_file = next((p for p in (raw / "classes.txt", raw / "labels" / "classes.txt") if p.is_file()), None)
-    if names_file is not None:
-        return [line.strip() for line in names_file.read_text().splitlines() if line.strip()]
+    if names_file is not None and (text := _read(names_file, raw)) is not None:
+        return [line.strip() for line in text.splitlines() if line.strip()]
     data_yaml = raw / "data.yaml"
-    if data_yaml.is_file():
+    if data_yaml.is_file() and (text := _read(data_yaml, raw)) is not None:
         try:
-            names = yaml.safe_load(data_yaml.read_text()).get("names")
+            names = yaml.safe_load(text).get("names")
         except (yaml.YAMLError, AttributeError):
             names = None
         if isinstance(names, dict):
@@ -136,7 +165,7 @@ def _yolo_classes(raw: Path, labels: list[Path], notes: list[str]) -> list[str]:
             return [str(n) for n in names]
     top = -1
     for p in labels[:SAMPLED]:
-        for line in p.read_text(errors="replace").splitlines():
+        for line in (_read(p, raw) or "").splitlines():
             head = line.split()[:1]
             if head and head[0].isdigit():
                 top = max(top, int(head[0]))

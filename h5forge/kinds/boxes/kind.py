@@ -19,7 +19,7 @@ stores each kept box's instance mask (``instances``) as ``<field>_masks``, (n, H
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import h5py
@@ -27,14 +27,28 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from h5forge.format.arrays import Ragged, Stored
-from h5forge.kinds.base import Decoded, Demo, Detector, FieldKind, Globs, ReadOptions, StrictModel, read_source
+from h5forge.kinds.base import (
+    DEFAULT_MAX_BYTES,
+    Decoded,
+    Demo,
+    Detector,
+    FieldKind,
+    Globs,
+    ReadOptions,
+    StrictModel,
+    read_source,
+)
 from h5forge.kinds.boxes.geometry import place
-from h5forge.kinds.boxes.instances import instance_mask, placed_masks
-from h5forge.kinds.boxes.sources import coco_boxes, coco_digest, coco_index, yolo_boxes
+from h5forge.kinds.boxes.instances import instance_masks
+from h5forge.kinds.boxes.sources import CocoIndex, Limits, coco_boxes, coco_digest, coco_index, yolo_boxes
 from h5forge.kinds.mask import OVERLAY
 from h5forge.samples import Reject, SampleRef
 
 COLUMNS = ("x0", "y0", "x1", "y1", "class")
+DEFAULT_MAX_OBJECTS = 1_000  # ten times what the busiest COCO pictures hold
+DEFAULT_MAX_VERTICES = 10_000  # COCO polygons hold tens to hundreds
+DEFAULT_MAX_OUTLINE = 4_000_000  # pixels of polygon outline: about 160 MB while rasterising
+YOLO_CLASS_FILES = ("classes.txt", "data.yaml")  # where YOLO folders name their classes
 
 
 class BoxesField(StrictModel):
@@ -53,6 +67,21 @@ class BoxesField(StrictModel):
         False,
         description="also store each box's instance mask (COCO polygons or RLE, YOLO "
         "segmentation polygons; pycocotools decodes them)",
+    )
+    max_bytes: int = Field(
+        DEFAULT_MAX_BYTES, gt=0, description="a larger COCO file or YOLO label file is refused unread"
+    )
+    max_objects: int = Field(
+        DEFAULT_MAX_OBJECTS, gt=0, description="a picture with more annotations (YOLO: label lines) is rejected"
+    )
+    max_vertices: int = Field(
+        DEFAULT_MAX_VERTICES, ge=3, description="a picture with a polygon of more vertices is rejected"
+    )
+    max_outline: int = Field(
+        DEFAULT_MAX_OUTLINE,
+        gt=0,
+        description="masks: a picture whose polygons have more pixels of outline is rejected "
+        "(rasterising takes about 40 bytes a pixel of it)",
     )
 
     @model_validator(mode="after")
@@ -98,7 +127,18 @@ class BoxesKind(FieldKind):
         return () if c is None else (c,) if isinstance(c, str) else tuple(c)
 
     def shared_files(self) -> tuple[str, ...]:
-        return self.coco_files
+        """The COCO files; for YOLO labels, the files YOLO folders name their classes in
+        (``classes.txt``, ``data.yaml``) at the top of the source and beside the labels: ``init``
+        takes the classes from them, so they are the dataset's."""
+        if self.coco_files:
+            return self.coco_files
+        folders = {"", *(PurePosixPath(g).parent.as_posix() for g in self.files)}
+        return tuple(sorted((PurePosixPath(d) / name).as_posix() for d in folders for name in YOLO_CLASS_FILES))
+
+    @property
+    def limits(self) -> Limits:
+        f = self.spec
+        return Limits(f.max_bytes, f.max_objects, f.max_vertices, f.max_outline)
 
     def stored(self) -> Stored:
         return Stored((len(COLUMNS),), np.float32, bulk=True, ragged=True)
@@ -113,11 +153,12 @@ class BoxesKind(FieldKind):
         return out
 
     # ---- decoding
-    def _coco(self, root: Path, picture: str):
+    def _coco(self, root: Path, picture: str) -> CocoIndex:
         """The index of the COCO file that lists ``picture`` (the first of ``coco`` that does)."""
         last = None
+        allow_outside = self.dataset.source.allow_symlinks_outside
         for rel in self.coco_files:
-            index = coco_index(root, rel)
+            index = coco_index(root, rel, self.spec.max_bytes, allow_outside)
             try:
                 coco_digest(index, picture)
                 return index
@@ -126,32 +167,53 @@ class BoxesKind(FieldKind):
         assert last is not None  # the loop above ran at least once
         raise last
 
+    def _coco_of(self, root: Path, ref: SampleRef) -> CocoIndex:
+        """The part of the COCO file that discovery took for ``ref``, else the whole file's index."""
+        part = ref.shared.get(self.name)
+        if isinstance(part, CocoIndex):
+            return part
+        if isinstance(part, tuple):  # (path, reason): discovery found what cleaning rejects
+            raise Reject(*part)
+        return self._coco(root, ref.files[self.spec.like])
+
+    def shared_entry(self, root: Path, ref: SampleRef) -> CocoIndex | tuple[str, str] | None:
+        if not self.coco_files:
+            return None
+        picture = ref.files[self.spec.like]
+        try:
+            part = self._coco(root, picture).part(picture, self.spec.max_objects)
+        except Reject as err:
+            return (err.path, err.reason)
+        return (part.path, part.reason) if isinstance(part, Reject) else part
+
     def input_digest(self, root: Path, ref: SampleRef) -> str | None:
         if not self.coco_files:
             return None  # YOLO: the label file is hashed as the field's file
         try:
-            return coco_digest(self._coco(root, ref.files[self.spec.like]), ref.files[self.spec.like])
+            return coco_digest(self._coco_of(root, ref), ref.files[self.spec.like])
         except Reject as err:
             return f"rejected: {err}"  # cleaning rejects the sample with the reason
 
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         geometry = done[self.spec.like].context
         picture = ref.files[self.spec.like]
+        limits = self.limits
         if self.coco_files:
-            corners, labels, segments = coco_boxes(self._coco(root, picture), picture, geometry.raw, self.spec.classes)
+            index = self._coco_of(root, ref)
+            objects = coco_boxes(index, picture, geometry.raw, self.spec.classes, limits.max_objects)
             digest = None
             where = picture
         else:
             where = ref.files[self.name]
-            data, digest = read_source(root, where)
-            corners, labels, segments = yolo_boxes(data, where, geometry.raw, len(self.spec.classes))
-        placed = place(corners, geometry, self.spec.outside, self.spec.min_size)
-        rows = np.column_stack([placed.boxes, labels[placed.kept]]).astype(np.float32).reshape(-1, len(COLUMNS))
+            data, digest = read_source(root, where, limits.max_bytes)
+            objects = yolo_boxes(data, where, geometry.raw, len(self.spec.classes), limits)
+        placed = place(objects.corners, geometry, self.spec.outside, self.spec.min_size)
+        rows = np.column_stack([placed.boxes, objects.labels[placed.kept]]).astype(np.float32)
         context = {"clipped": placed.clipped, "dropped": placed.dropped}
         if self.spec.masks:
-            raw = [instance_mask(segments[i], corners[i], geometry.raw, where) for i in np.flatnonzero(placed.kept)]
-            context["masks"] = placed_masks(raw, geometry, tuple(self.dataset.fields[self.spec.like].size))
-        return Decoded(rows, digest, context)
+            size = tuple(self.dataset.fields[self.spec.like].size)
+            context["masks"] = instance_masks(objects, np.flatnonzero(placed.kept), geometry, size, where, limits)
+        return Decoded(rows.reshape(-1, len(COLUMNS)), digest, context)
 
     # ---- statistics: boxes per class, and which pictures hold each class
     def _attr(self) -> str:

@@ -8,7 +8,13 @@ COCO: ``bbox`` is ``[x, y, width, height]`` in pixels; a picture is found by its
 ``width``/``height`` must be the picture's; ``iscrowd`` regions are not objects and are left out;
 a category is matched by its name. YOLO: each line is ``class cx cy w h`` relative to the
 picture's width and height (``class x1 y1 x2 y2 ...``, a polygon of YOLO segmentation labels,
-gives its bounding box); an empty file is a picture without objects.
+gives its bounding box); an empty file is a picture without objects. Every coordinate must be a
+finite number, and a picture may hold at most ``max_objects`` objects (``Limits``).
+
+A COCO file is read as every annotation file is (``read_bounded``: a regular file, at most
+``max_bytes``, not through a symlink out of the source folder) and parsed once per process. The
+build parses it in discovery and gives each sample only its picture's part (``CocoIndex.part``), so
+a cleaning worker never holds the whole file.
 """
 
 from __future__ import annotations
@@ -22,45 +28,99 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from h5forge.kinds.base import read_bounded
 from h5forge.samples import Reject
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What one picture may ask of the memory: objects, and each polygon's vertices and outline."""
+
+    max_bytes: int  # of a COCO file or a YOLO label file
+    max_objects: int  # annotations (or label lines) of one picture
+    max_vertices: int  # of one polygon
+    max_outline: int  # pixels of polygon outline in one picture (the rasteriser's memory grows with it)
+
+
+@dataclass(frozen=True)
 class CocoIndex:
-    """One COCO file, indexed by picture file name."""
+    """One COCO file, indexed by picture file name (or the part of it that one picture needs)."""
 
     rel: str
     images: dict[str, dict | None]  # file name -> image entry (None when two entries share the name)
     annotations: dict[int, list[dict]]  # image id -> its annotations
     categories: dict[int, str]  # category id -> name
 
+    def part(self, picture: str, max_objects: int) -> "CocoIndex | Reject":
+        """The index of ``picture`` alone (its entry, annotations and their categories), or the
+        Reject its cleaning would raise: what a worker needs of the file for that one picture."""
+        try:
+            entry, anns = coco_entry(self, picture)
+            _count_objects(len(anns), picture, max_objects)
+        except Reject as err:
+            return err
+        used = {_category(a.get("category_id")) for a in anns}
+        return CocoIndex(
+            self.rel,
+            {PurePosixPath(picture).name: entry},
+            {int(entry["id"]): anns},
+            {c: name for c, name in self.categories.items() if c in used},
+        )
 
-_CACHE: dict[tuple[str, int, int], CocoIndex] = {}
+
+# by (path, mtime, size, max_bytes, allow_outside): a file that cannot be taken is kept as its
+# Reject, so the pictures of a broken 200 MB file do not parse it once each
+_CACHE: dict[tuple[str, int, int, int, bool], CocoIndex | Reject] = {}
 CACHED_FILES = 8  # a spec lists a few COCO files (train, val, ...); each sample looks in each
 _LOCK = threading.Lock()
 
 
-def coco_index(root: Path, rel: str) -> CocoIndex:
-    """The index of ``root/rel``, parsed once per process while the file stays the same."""
+def coco_index(root: Path, rel: str, max_bytes: int, allow_outside: bool = True) -> CocoIndex:
+    """The index of ``root/rel``, parsed once per process while the file stays the same. A
+    relative ``rel`` may not lead out of ``root`` through a symlink unless ``allow_outside``; an
+    absolute one is the file the spec names."""
     path = root / rel
     try:
         st = os.stat(path)
     except OSError as err:
-        raise Reject(rel, f"cannot read the COCO file: {err.strerror or err}") from None
-    key = (str(path), st.st_mtime_ns, st.st_size)
+        raise Reject(rel, f"cannot read the COCO file {rel}: {err.strerror or err}") from None
+    key = (str(path), st.st_mtime_ns, st.st_size, max_bytes, allow_outside)
     with _LOCK:
         if key not in _CACHE:
             stale = [k for k in _CACHE if k[0] == key[0]]  # the same file as it was before
             oldest = list(_CACHE)[: max(0, len(_CACHE) - CACHED_FILES + 1)]
             for k in stale or oldest:
                 del _CACHE[k]
-            _CACHE[key] = _parse(path, rel)
-        return _CACHE[key]
+            _CACHE[key] = _index_or_reject(
+                path, rel, max_bytes, None if Path(rel).is_absolute() else root, allow_outside
+            )
+        found = _CACHE[key]
+    if isinstance(found, Reject):
+        raise Reject(found.path, found.reason)
+    return found
 
 
-def _parse(path: Path, rel: str) -> CocoIndex:
+def _index_or_reject(
+    path: Path, rel: str, max_bytes: int, root: Path | None, allow_outside: bool
+) -> CocoIndex | Reject:
     try:
-        data = json.loads(path.read_bytes())
+        return _parse(_read_coco(path, rel, max_bytes, root, allow_outside), rel)
+    except Reject as err:
+        return err
+
+
+def _read_coco(path: Path, rel: str, max_bytes: int, root: Path | None, allow_outside: bool) -> bytes:
+    try:
+        return read_bounded(path, max_bytes, root, allow_outside)
+    except ValueError as err:  # a FIFO, device or folder; too large; a symlink out of the source
+        raise Reject(rel, f"cannot read the COCO file {rel}: {err}") from None
+    except OSError as err:
+        raise Reject(rel, f"cannot read the COCO file {rel}: {err.strerror or err}") from None
+
+
+def _parse(raw: bytes, rel: str) -> CocoIndex:
+    try:
+        data = json.loads(raw)
         images, anns, cats = data["images"], data.get("annotations", []), data["categories"]
         categories = {int(c["id"]): str(c["name"]) for c in cats}
         by_name: dict[str, dict | None] = {}
@@ -70,11 +130,38 @@ def _parse(path: Path, rel: str) -> CocoIndex:
         by_image: dict[int, list[dict]] = {}
         for a in anns:
             by_image.setdefault(int(a["image_id"]), []).append(a)
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
         raise Reject(
             rel, f"not a COCO instances file ({type(err).__name__}: {err}): it needs images, annotations and categories"
         ) from None
     return CocoIndex(rel, by_name, by_image, categories)
+
+
+@dataclass(frozen=True)
+class Objects:
+    """A picture's objects: corners (n, 4) in its raw pixels, class indices (n,), each one's
+    segmentation (COCO's as given, a YOLO polygon in pixels, or None) and what names it in a reason."""
+
+    corners: np.ndarray
+    labels: np.ndarray
+    segments: list
+    names: list[str]
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _category(value) -> int | None:
+    """A category id as COCO writers spell it (``3``, or ``3.0`` by some tools), or None."""
+    if _is_number(value) and float(value).is_integer():
+        return int(value)
+    return None
+
+
+def _count_objects(n: int, where: str, max_objects: int) -> None:
+    if n > max_objects:
+        raise Reject(where, f"{n:,} objects, more than the field's limit of {max_objects:,} per picture (max_objects)")
 
 
 def coco_entry(index: CocoIndex, picture: str) -> tuple[dict, list[dict]]:
@@ -85,66 +172,95 @@ def coco_entry(index: CocoIndex, picture: str) -> tuple[dict, list[dict]]:
     entry = index.images[name]
     if entry is None:
         raise Reject(picture, f"two image entries of {index.rel} have the file_name {name!r}")
-    return entry, sorted(index.annotations.get(int(entry["id"]), []), key=lambda a: a.get("id", 0))
+    if not isinstance(entry, dict) or not _is_int(entry.get("id")):
+        raise Reject(picture, f"the image entry of {name!r} in {index.rel} has no integer id")
+    anns = index.annotations.get(entry["id"], [])
+    if not all(isinstance(a, dict) and _is_int(a.get("id", 0)) for a in anns):
+        raise Reject(picture, f"an annotation of {name!r} in {index.rel} is not an object with an integer id")
+    return entry, sorted(anns, key=lambda a: a.get("id", 0))
 
 
 def coco_digest(index: CocoIndex, picture: str) -> str:
     """sha256 of what the COCO file says of one picture: its entry, annotations and their categories."""
     entry, anns = coco_entry(index, picture)
-    used = sorted({int(a.get("category_id", -1)) for a in anns})
+    used = sorted({c for a in anns if (c := _category(a.get("category_id"))) is not None})
     record = [entry, anns, [index.categories.get(c) for c in used]]
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def coco_boxes(index: CocoIndex, picture: str, raw: tuple[int, int], classes: tuple[str, ...]):
-    """(corners (n, 4), class indices (n,), segmentations) of ``picture``, whose decoded size is ``raw`` (h, w)."""
+def coco_boxes(index: CocoIndex, picture: str, raw: tuple[int, int], classes: tuple[str, ...], max_objects: int):
+    """The objects of ``picture``, whose decoded size is ``raw`` (h, w)."""
     entry, anns = coco_entry(index, picture)
+    _count_objects(len(anns), picture, max_objects)
     h, w = raw
-    if (int(entry.get("height", h)), int(entry.get("width", w))) != (h, w):
+    if (entry.get("height", h), entry.get("width", w)) != (h, w):
         raise Reject(
             picture, f"{index.rel} says the picture is {entry.get('width')}x{entry.get('height')} (WxH); it is {w}x{h}"
         )
     corners: list[list[float]] = []
     labels: list[int] = []
-    segments: list[list[list[float]] | None] = []
+    segments: list = []
+    names: list[str] = []
     for a in anns:
         if a.get("iscrowd"):
             continue
-        name = index.categories.get(int(a.get("category_id", -1)))
+        what = f"annotation {a.get('id')} of {index.rel}"
+        category = _category(a.get("category_id"))
+        name = None if category is None else index.categories.get(category)
         if name is None or name not in classes:
             raise Reject(
-                picture,
-                f"annotation {a.get('id')} of {index.rel}: category "
-                f"{name or a.get('category_id')!r} is not one of the classes {list(classes)}",
+                picture, f"{what}: category {name or a.get('category_id')!r} is not one of the classes {list(classes)}"
             )
-        try:
-            x, y, bw, bh = (float(v) for v in a["bbox"])
-        except (KeyError, TypeError, ValueError):
-            raise Reject(
-                picture, f"annotation {a.get('id')} of {index.rel}: bbox must be [x, y, width, height]"
-            ) from None
-        corners.append(_checked([x, y, x + bw, y + bh], picture, f"annotation {a.get('id')} of {index.rel}"))
+        bbox = a.get("bbox")
+        if not isinstance(bbox, list) or len(bbox) != 4 or not all(_is_number(v) for v in bbox):
+            raise Reject(picture, f"{what}: bbox must be [x, y, width, height]")
+        if (xywh := finite(bbox)) is None:
+            raise Reject(picture, f"{what}: a coordinate is not a finite number")
+        x, y, bw, bh = xywh.tolist()
+        corners.append(_checked([x, y, x + bw, y + bh], picture, what))
         labels.append(classes.index(name))
         segments.append(a.get("segmentation"))
-    return np.array(corners, np.float64).reshape(-1, 4), np.array(labels, np.int64), segments
+        names.append(what)
+    return Objects(np.array(corners, np.float64).reshape(-1, 4), np.array(labels, np.int64), segments, names)
 
 
-def yolo_boxes(data: bytes, rel: str, raw: tuple[int, int], n_classes: int):
-    """(corners (n, 4), class indices (n,), polygons) of a YOLO label file for a picture of size ``raw`` (h, w)."""
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def finite(values: list) -> np.ndarray | None:
+    """``values`` as float64 when each is a finite number (JSON's NaN, Infinity and integers too
+    large for a float are not), else None."""
+    if not all(_is_number(v) for v in values):
+        return None
+    try:
+        out = np.array([float(v) for v in values], np.float64)
+    except OverflowError:
+        return None
+    return out if np.isfinite(out).all() else None
+
+
+def yolo_boxes(data: bytes, rel: str, raw: tuple[int, int], n_classes: int, limits: Limits):
+    """The objects of a YOLO label file for a picture of size ``raw`` (h, w)."""
     h, w = raw
     corners: list[list[float]] = []
     labels: list[int] = []
-    segments: list[list[list[float]] | None] = []
-    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+    segments: list = []
+    names: list[str] = []
+    lines = [(n, line) for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1) if line.split()]
+    _count_objects(len(lines), rel, limits.max_objects)
+    for number, line in lines:
         parts = line.split()
-        if not parts:
-            continue
         try:
             cls, values = int(parts[0]), [float(v) for v in parts[1:]]
         except ValueError:
-            raise Reject(rel, f"line {number}: expected a class index and numbers, found {line.strip()!r}") from None
+            raise Reject(
+                rel, f"line {number}: expected a class index and numbers, found {line.strip()[:80]!r}"
+            ) from None
         if not 0 <= cls < n_classes:
             raise Reject(rel, f"line {number}: class {cls} is not a class index 0..{n_classes - 1}")
+        if not np.isfinite(values).all():
+            raise Reject(rel, f"line {number}: a coordinate is not a finite number")
         if len(values) == 4:
             cx, cy, bw, bh = values
             box = [cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2]
@@ -152,6 +268,12 @@ def yolo_boxes(data: bytes, rel: str, raw: tuple[int, int], n_classes: int):
                 raise Reject(rel, f"line {number}: negative width or height")
             segments.append(None)
         elif len(values) >= 6 and len(values) % 2 == 0:
+            if len(values) // 2 > limits.max_vertices:
+                raise Reject(
+                    rel,
+                    f"line {number}: a polygon of {len(values) // 2:,} vertices, more than the field's limit of "
+                    f"{limits.max_vertices:,} (max_vertices)",
+                )
             xs, ys = values[0::2], values[1::2]
             box = [min(xs), min(ys), max(xs), max(ys)]
             segments.append([[v * (w if k % 2 == 0 else h) for k, v in enumerate(values)]])
@@ -159,7 +281,8 @@ def yolo_boxes(data: bytes, rel: str, raw: tuple[int, int], n_classes: int):
             raise Reject(rel, f"line {number}: expected class cx cy w h (or a polygon), found {len(values)} numbers")
         corners.append(_checked([box[0] * w, box[1] * h, box[2] * w, box[3] * h], rel, f"line {number}"))
         labels.append(cls)
-    return np.array(corners, np.float64).reshape(-1, 4), np.array(labels, np.int64), segments
+        names.append(f"line {number}")
+    return Objects(np.array(corners, np.float64).reshape(-1, 4), np.array(labels, np.int64), segments, names)
 
 
 def _checked(box: list[float], where: str, what: str) -> list[float]:
