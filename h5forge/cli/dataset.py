@@ -139,10 +139,10 @@ def _check_spec(spec: Path, output, dask_address, inbox=None, needs_inbox: bool 
     from h5forge.spec import load_spec
     from h5forge.store.output import preflight
 
-    from h5forge.cli.local_server import check_settings
+    from h5forge.cli.local_server import idle_minutes
 
     with _reported():
-        check_settings()  # the local server's, before anything starts
+        idle_minutes()  # a bad setting of the local server's: one error line before anything starts
         loaded = load_spec(spec, output, dask_address, inbox)
         preflight(loaded, inbox=needs_inbox)
         if loaded.compute.dask_address:

@@ -46,9 +46,7 @@ import psutil
 from h5forge.errors import H5forgeError, UsageError
 
 IDLE_MINUTES = 30.0
-# a fresh database is migrated before the server binds its port: minutes on a loaded machine; this
-# only bounds a server that never comes up
-STARTUP_SECONDS = 900.0
+STARTUP_SECONDS = 900.0  # migrating a fresh database takes minutes on a loaded machine: a bound on a hang
 IDLE_CHECK_SECONDS = 10.0
 SERVER_COMMAND = ["-m", "h5forge.cli.local_server"]
 PREFECT_START = ["server", "start", "--host", "127.0.0.1", "--port", "0", "--no-ui", "--analytics-off"]
@@ -80,42 +78,24 @@ def state_dir() -> Path:
     return prefect_home() / "h5forge-server"
 
 
-def _positive(name: str, default: float, unit: str) -> float:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise UsageError(f"{name} must be a positive number of {unit}, not {raw!r}")
-    return value
-
-
 def idle_minutes() -> float:
-    return _positive("H5FORGE_SERVER_IDLE_MINUTES", IDLE_MINUTES, "minutes")
-
-
-def startup_seconds() -> float:
-    return _positive("H5FORGE_SERVER_STARTUP_TIMEOUT", STARTUP_SECONDS, "seconds")
-
-
-def check_settings() -> None:
-    """A bad setting is one error line before the command starts anything."""
-    idle_minutes()
-    startup_seconds()
+    raw = os.environ.get("H5FORGE_SERVER_IDLE_MINUTES", str(IDLE_MINUTES))
+    try:
+        minutes = float(raw)
+    except ValueError:
+        minutes = math.nan
+    if not (math.isfinite(minutes) and minutes > 0):
+        raise UsageError(f"H5FORGE_SERVER_IDLE_MINUTES must be a positive number of minutes, not {raw!r}")
+    return minutes
 
 
 def recorded(folder: Optional[Path] = None) -> Optional[Server]:
     """The server the state file names, whether or not it still runs."""
     try:
-        data = json.loads(((folder or state_dir()) / "server.json").read_text())
-        server = Server(**data)
+        server = Server(**json.loads(((folder or state_dir()) / "server.json").read_text()))
     except (OSError, ValueError, TypeError):
         return None
-    typed = all(isinstance(getattr(server, k), t) for k, t in (("pid", int), ("port", int), ("secret", str)))
-    return server if typed else None
+    return server if isinstance(server.pid, int) and isinstance(server.secret, str) else None
 
 
 def _listening_port(proc: psutil.Process) -> Optional[int]:
@@ -127,7 +107,7 @@ def _listening_port(proc: psutil.Process) -> Optional[int]:
     return ports.pop() if len(ports) == 1 else None
 
 
-def _process(server: Server) -> Optional[psutil.Process]:
+def owned_process(server: Server) -> Optional[psutil.Process]:
     """The recorded server's process if it provably is the one this installation started."""
     try:
         proc = psutil.Process(server.pid)
@@ -141,10 +121,6 @@ def _process(server: Server) -> Optional[psutil.Process]:
     except psutil.Error:
         return None
     return proc if ours else None
-
-
-def owned(server: Server) -> bool:
-    return _process(server) is not None
 
 
 def _get(url: str, secret: Optional[str]) -> tuple[int, bytes]:
@@ -170,7 +146,7 @@ def running(folder: Optional[Path] = None) -> Optional[Server]:
     """The recorded server if it is this installation's (ownership checked before anything is
     sent to it), of this Prefect version, and answers with the secret."""
     server = recorded(folder)
-    if server is None or server.prefect != version("prefect") or not owned(server):
+    if server is None or server.prefect != version("prefect") or owned_process(server) is None:
         return None
     return server if answers(server) else None
 
@@ -197,13 +173,6 @@ def _write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)
-
-
-def _log_tail(folder: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join((folder / "server.log").read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def find_or_start(folder: Optional[Path] = None) -> tuple[Server, bool]:
@@ -249,22 +218,18 @@ def _start(folder: Path) -> Server:
 
 def _bound_port(proc: subprocess.Popen, folder: Path) -> int:
     """The port the server bound, once its startup (the database's migrations) is done."""
-    deadline = time.monotonic() + startup_seconds()
+    deadline = time.monotonic() + STARTUP_SECONDS
     watched = psutil.Process(proc.pid)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise ServerError(
-                f"the local Prefect server exited at start (code {proc.returncode}); its log, "
-                f"{folder / 'server.log'}, ends with:\n{_log_tail(folder)}"
-            )
+            tail = "\n".join((folder / "server.log").read_text(errors="replace").splitlines()[-15:])
+            raise ServerError(f"the local Prefect server exited at start; its log ends with:\n{tail}")
         port = _listening_port(watched)
         if port is not None:
             return port
         time.sleep(0.2)
     proc.terminate()  # our own child, not yet reaped: no other process can hold its pid
-    raise ServerError(
-        f"the local Prefect server did not start within {startup_seconds():.0f} s; see {folder / 'server.log'}"
-    )
+    raise ServerError(f"the local Prefect server did not start within {STARTUP_SECONDS:.0f} s; see its log")
 
 
 def stop(folder: Optional[Path] = None) -> Optional[Server]:
@@ -272,7 +237,7 @@ def stop(folder: Optional[Path] = None) -> Optional[Server]:
     process that is not (a stale file, a reused pid) is never signalled."""
     folder = folder or state_dir()
     server = recorded(folder)
-    proc = _process(server) if server is not None else None
+    proc = owned_process(server) if server is not None else None
     if proc is not None:
         try:
             proc.terminate()  # psutil checks the pid still names the same process before signalling
@@ -336,27 +301,28 @@ def for_flow_run(started: Callable[[Server], None]) -> Iterator[None]:
                 os.environ.pop(k) if v is None else os.environ.update({k: v})
 
 
-def _last_use(folder: Path) -> float:
-    """When a command last used the server; now if one uses it or the server is still starting."""
+def _last_use(folder: Path, started: float) -> float:
+    """When a command last used the server (it started at ``started``); now if one uses it."""
     users = folder / "users"
     for entry in users.iterdir() if users.exists() else ():
         if entry.name.isdigit() and psutil.pid_exists(int(entry.name)):
             return time.time()
         entry.unlink(missing_ok=True)  # a command killed before it could say it was done
+    return max(started, _mtime(folder / "server.json"), _mtime(folder / "last-used"))
+
+
+def _mtime(path: Path) -> float:
     try:
-        last = (folder / "server.json").stat().st_mtime
-    except OSError:  # not recorded yet: the starting command waits for the port
-        return time.time()
-    try:
-        return max(last, (folder / "last-used").stat().st_mtime)
+        return path.stat().st_mtime
     except OSError:
-        return last
+        return 0.0
 
 
 def _stop_when_idle(folder: Path, minutes: float) -> None:
+    started = time.time()
     while True:
         time.sleep(min(IDLE_CHECK_SECONDS, minutes * 30))
-        if time.time() - _last_use(folder) > minutes * 60:
+        if time.time() - _last_use(folder, started) > minutes * 60:
             print(f"h5forge: no command used this server for {minutes:g} min; stopping", flush=True)
             os.kill(os.getpid(), signal.SIGTERM)  # the server shuts down as on `h5forge server stop`
             return
