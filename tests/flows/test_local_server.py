@@ -143,7 +143,8 @@ def test_a_build_starts_the_server_the_next_build_reuses_and_server_stop_stops_i
     server = recorded(home)
     listening = [c.laddr for c in psutil.Process(server["pid"]).net_connections("tcp") if c.status == "LISTEN"]
     assert listening == [("127.0.0.1", server["port"])]  # the recorded port is the server's own
-    assert "--port" not in psutil.Process(server["pid"]).cmdline()  # it chose its port when it bound it
+    # no port chosen before the server bound it (a port on its command line could be taken first)
+    assert str(server["port"]) not in psutil.Process(server["pid"]).cmdline()
     assert "published v0001" in first.stdout
 
     second = cli("build", spec, home=home)
@@ -189,6 +190,18 @@ def test_a_server_recorded_under_another_prefect_home_is_neither_reused_nor_sign
     assert local_server.stop() is None
     monkeypatch.setenv("PREFECT_HOME", str(home))
     assert local_server.running() == server  # still running, and still its own home's
+
+
+def test_a_server_recorded_with_another_prefect_version_is_not_reused(in_running_home):
+    home, server = in_running_home
+    state = home / "h5forge-server" / "server.json"
+    kept = state.read_text()
+    try:
+        state.write_text(json.dumps({**json.loads(kept), "prefect": "2.20.0"}))
+        assert local_server.running() is None
+    finally:
+        state.write_text(kept)
+    assert local_server.running() == server
 
 
 def test_a_fake_server_answering_health_is_not_trusted_and_gets_no_request(home, tmp_path):
