@@ -128,7 +128,7 @@ def _get(url: str, secret: Optional[str]) -> tuple[int, bytes]:
     if secret is not None:  # as Prefect's client sends its auth string
         request.add_header("Authorization", "Basic " + base64.b64encode(secret.encode()).decode())
     try:
-        with urllib.request.urlopen(request, timeout=10) as r:
+        with urllib.request.urlopen(request, timeout=30) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, b""
@@ -208,7 +208,8 @@ def _start(folder: Path) -> Server:
     port = _bound_port(proc, folder)
     server = Server(proc.pid, psutil.Process(proc.pid).create_time(), port, version("prefect"), str(home), secret)
     _write_private(folder / "server.json", json.dumps(asdict(server)))
-    for _ in range(50):  # it serves once bound; a loaded machine may delay the first answers
+    deadline = time.monotonic() + 120  # it serves once bound; a loaded machine may delay the first answers
+    while time.monotonic() < deadline:
         if answers(server):
             return server
         time.sleep(0.2)
