@@ -163,8 +163,11 @@ def _locked(folder: Path) -> Iterator[None]:
 
 
 def _private_dir(folder: Path) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    folder.chmod(0o700)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o700)
+    except OSError as err:
+        raise ServerError(f"cannot keep {folder} to yourself for the local Prefect server: {err}") from err
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -281,6 +281,18 @@ def test_a_bad_idle_setting_is_one_error_line(value, raw_demo, tmp_path, home):
     assert not (home / "h5forge-server" / "server.json").exists()
 
 
+def test_a_prefect_home_that_cannot_be_kept_private_is_one_error_line(raw_demo, tmp_path):
+    spec = write_spec_file(raw_demo, tmp_path / "out", tmp_path / "spec.yaml")
+    (tmp_path / "a-file").write_text("")
+    home = tmp_path / "a-file" / "home"  # no folder can be made there
+    done = cli("build", spec, home=home)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert [line for line in done.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: cannot keep {home / 'h5forge-server'} to yourself for the local Prefect server: "
+        f"[Errno 20] Not a directory: '{home / 'h5forge-server'}'"
+    ]
+
+
 def test_watch_runs_its_appends_on_the_local_server(in_running_home, raw_demo, raw_new, tmp_path):
     import h5forge
 
