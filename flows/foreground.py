@@ -4,7 +4,8 @@
 An expected failure (an ``H5forgeError``: too many rejected inputs, a full disk, a bad spec) is
 said by the command in one ``error:`` line. Prefect logs it too, with its traceback and a
 "Finished in state Failed" line from the run and from the task that raised it: those records
-still reach the run's log on the server, but not the terminal, unless ``debug``. A bug (any
+still reach the run's log on the server, but not the terminal, unless ``debug`` (a filter on
+Prefect's console handlers, keyed on the exception a record carries and the run it belongs to). A bug (any
 other exception) keeps its traceback on the terminal. Without ``PREFECT_API_URL`` the run goes to a temporary server that
 Prefect starts as a child process writing to the same terminal; stopping it at exit cancels its
 services mid-write, and each logs an error with its traceback. That child inherits the settings
@@ -48,30 +49,22 @@ def foreground_run(debug: bool = False) -> Iterator[None]:
         yield
 
 
-def _expected(names: frozenset[str], record: logging.LogRecord) -> bool:
-    """A record about an H5forgeError: raised in it (its traceback), or the state it left a run in."""
-    exc = record.exc_info[1] if record.exc_info else None
-    if isinstance(exc, H5forgeError):
-        return True
-    message = record.getMessage()
-    return "Finished in state Failed(" in message and any(
-        f"{name}: " in message or f"{name}(" in message for name in names
-    )
-
-
 class _NotExpected(logging.Filter):
+    """Drops the records of a run that failed with an H5forgeError: the one carrying the error and
+    the run's later ones (its final "Failed" state), told apart by the run ids Prefect's run loggers
+    put on each record. Records of other runs and of bugs pass."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.names = frozenset(_error_names(H5forgeError))
+        self.failed: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not _expected(self.names, record)
-
-
-def _error_names(cls: type[BaseException]) -> Iterator[str]:
-    yield cls.__name__
-    for sub in cls.__subclasses__():
-        yield from _error_names(sub)
+        run = getattr(record, "task_run_id", None) or getattr(record, "flow_run_id", None)
+        if record.exc_info and isinstance(record.exc_info[1], H5forgeError):
+            if run is not None:
+                self.failed.add(run)
+            return False
+        return run is None or run not in self.failed
 
 
 @contextmanager

@@ -4,6 +4,7 @@ versions, rollback, demo-data."""
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Optional
 
@@ -139,7 +140,10 @@ def _check_spec(spec: Path, output, dask_address, inbox=None, needs_inbox: bool 
     from h5forge.spec import load_spec
     from h5forge.store.output import preflight
 
+    from h5forge.cli.local_server import idle_minutes
+
     with _reported():
+        idle_minutes()  # a bad setting of the local server's: one error line before anything starts
         loaded = load_spec(spec, output, dask_address, inbox)
         preflight(loaded, inbox=needs_inbox)
         if loaded.compute.dask_address:
@@ -202,14 +206,16 @@ def watch(
     a = loaded.append
     # append rewrites the inbox's annotation file (the records it took leave it): not a change to act on
     own = [loaded.annotations.file] if loaded.annotations.file else []
-    serve_inbox(
-        loaded.source.inbox,
-        run_once,
-        own_files=own,
-        settle_seconds=a.settle_seconds,
-        window_seconds=a.batch_window_seconds,
-        poll_seconds=a.poll_seconds,
-    )
+    # in-process rounds run on the server build and append share, found or started once
+    with _reported(), nullcontext() if deployment else _flow_server():
+        serve_inbox(
+            loaded.source.inbox,
+            run_once,
+            own_files=own,
+            settle_seconds=a.settle_seconds,
+            window_seconds=a.batch_window_seconds,
+            poll_seconds=a.poll_seconds,
+        )
     out.print("stopped")
 
 

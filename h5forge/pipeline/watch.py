@@ -6,6 +6,7 @@ deployment run) and returns how many samples are still waiting for a missing par
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import signal
@@ -63,7 +64,8 @@ def serve_inbox(inbox: Path, append: Callable[[], int], **options) -> None:
             failure.append(err)
             stop.set()
 
-    worker = threading.Thread(target=run, name="h5forge-watch")
+    # the loop sees the caller's context: the Prefect server and settings the command chose
+    worker = threading.Thread(target=contextvars.copy_context().run, args=(run,), name="h5forge-watch")
     worker.start()
     try:
         while worker.is_alive():
