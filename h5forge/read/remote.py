@@ -153,7 +153,7 @@ class RemoteObject:
 
     def pin(self) -> "RemoteObject":
         """Take the object's size and ETag (one request); a missing object is ``RemoteMissing``."""
-        info = self._with_retries(lambda: self.fs.info(self.url))
+        info = self._with_retries(self._info)
         size = info.get("size")
         if size is None:
             raise ReadError(f"{self.name}: the server does not say how large the object is")
@@ -161,6 +161,25 @@ class RemoteObject:
         etag = info.get("ETag") or info.get("etag")
         self.etag = str(etag) if etag else None
         return self
+
+    def _info(self) -> dict:
+        if _protocol(self.url) not in ("http", "https"):
+            return self.fs.info(self.url)
+        import fsspec.asyn
+
+        info = fsspec.asyn.sync(self.fs.loop, self._head_http)
+        return info if info.get("size") is not None else self.fs.info(self.url)
+
+    async def _head_http(self) -> dict:
+        """HEAD's size and ETag, its status kept (fsspec's ``info`` calls every failure a 404)."""
+        session = await self.fs.set_session()
+        async with session.head(self.fs.encode_url(self.url), allow_redirects=True) as r:
+            if r.status == 405:  # no HEAD here: fsspec's info asks otherwise
+                return {}
+            if r.status >= 400:
+                raise _HttpStatus(r.status)
+            length = r.headers.get("Content-Length", "")
+            return {"size": int(length) if length.isdigit() else None, "ETag": r.headers.get("ETag")}
 
     def _with_retries(self, call):
         last: BaseException | None = None

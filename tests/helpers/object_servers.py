@@ -91,6 +91,14 @@ def nginx_binary() -> str | None:
     return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
 
 
+def served_folder() -> Path:
+    """A new folder nginx's workers can read: run as root, nginx serves as ``nobody``, which cannot
+    enter pytest's private temporary folders."""
+    root = Path(tempfile.mkdtemp(prefix="h5forge-www-"))
+    root.chmod(0o755)
+    return root
+
+
 @dataclass
 class Nginx:
     root: Path
@@ -208,6 +216,11 @@ class FaultProxy:
             self._loop.run_forever()
         finally:
             server.close()
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self._loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
