@@ -24,12 +24,14 @@ retrying clients; this module adds what training needs on top (docs/reading.md, 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import random
 import time
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
@@ -533,13 +535,69 @@ def plan_spans(
     return merged
 
 
+class ChunkCache:
+    """Stored chunks kept on a local disk (opt-in), so a second epoch reads no network: one file
+    per chunk under a folder per pinned object (its address, size and ETag), written under a
+    temporary name and renamed, so a worker never reads another's half-written chunk. The bytes
+    kept never exceed ``limit``: each worker reserves a chunk's size in a shared count under a file
+    lock before writing it, and once the count is full nothing more is kept (nothing is evicted)."""
+
+    USAGE = ".usage"
+
+    def __init__(self, folder: str | os.PathLike, obj: RemoteObject, limit: int):
+        key = hashlib.sha256(f"{shown(obj.url)}\n{obj.size}\n{obj.etag}".encode()).hexdigest()[:24]
+        self.root = Path(folder)
+        self.folder = self.root / key
+        self.limit = int(limit)
+        self.hits = 0
+
+    def get(self, start: int, stop: int) -> bytes | None:
+        try:
+            with open(self.folder / f"{start}-{stop}", "rb") as fh:
+                data = fh.read()
+        except OSError:
+            return None
+        if len(data) != stop - start:
+            return None
+        self.hits += 1
+        return data
+
+    def put(self, start: int, stop: int, data: bytes | memoryview) -> None:
+        if not self._reserve(stop - start):
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        final = self.folder / f"{start}-{stop}"
+        tmp = self.folder / f".{start}-{stop}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, final)
+
+    def _reserve(self, nbytes: int) -> bool:
+        import fcntl
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / self.USAGE, "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            fh.seek(0)
+            text = fh.read().strip()
+            used = int(text) if text.isdigit() else 0
+            if used + nbytes > self.limit:
+                return False
+            fh.seek(0)
+            fh.truncate()
+            fh.write(str(used + nbytes))
+            return True
+
+
 class RemoteSplitReader(SplitReader):
     """``SplitReader`` over a version object in a store (a URL): same values, same interface; rows
     of fields stored one per chunk (with the ``none``, ``lz4`` or ``gzip-N`` codec) are fetched by
     ranged requests and decoded here, other fields are read by h5py over the fsspec file.
     ``verify_rows``: check each row read against its stored checksum (every value of the row is
     fetched, so a reader of one field pays for the others); a mismatch is a ``ReadError`` naming
-    the row. ``storage_options`` go to the fsspec filesystem; ``retry`` bounds the retries."""
+    the row. ``storage_options`` go to the fsspec filesystem; ``retry`` bounds the retries.
+    ``cache_dir``: keep fetched chunks there, at most ``cache_bytes`` (``ChunkCache``), for later
+    epochs and other workers; the chunks are decoded and checked the same way when read back."""
 
     def __init__(
         self,
@@ -554,6 +612,8 @@ class RemoteSplitReader(SplitReader):
         verify_rows: bool = False,
         storage_options: dict | None = None,
         retry: Retry = Retry(),
+        cache_dir: str | os.PathLike | None = None,
+        cache_bytes: int = 10 << 30,
     ):
         ensure_filters()
         self.slice_cache = max(0, int(slice_cache))
@@ -561,6 +621,7 @@ class RemoteSplitReader(SplitReader):
         self.verify_rows = bool(verify_rows)
         self.obj = resolve(url, storage_options, retry)
         self.real_path = self.obj.url
+        self.cache = ChunkCache(cache_dir, self.obj, cache_bytes) if cache_dir is not None else None
         self._pinned_pid = None
         if isinstance(fields, str):
             fields = (fields,)
@@ -733,21 +794,29 @@ class RemoteSplitReader(SplitReader):
                     raise ReadError(f"{self._where()}: /{self.split}/{path} row {row} was never written")
                 wanted.append((path, row))
                 spans.append((o, o + table.sizes.item(row)))
-        plan = plan_spans(spans)
+        chunks: list[bytes | memoryview | None] = [None] * len(spans)
+        if self.cache is not None:
+            chunks = [self.cache.get(a, b) for a, b in spans]
+        missing = [k for k, c in enumerate(chunks) if c is None]
+        plan = plan_spans([spans[k] for k in missing])
         blobs = self.obj.fetch([(a, b) for a, b, _ in plan])
-        out: dict[str, dict[int, np.ndarray]] = {path: {} for path in self._tables}
         for (start, _, members), blob in zip(plan, blobs):
             view = memoryview(blob)
-            for k in members:
-                path, row = wanted[k]
+            for m in members:
+                k = missing[m]
                 a, b = spans[k]
-                table = self._tables[path]
-                value = np.empty(table.shape, table.dtype)
-                try:
-                    table.decode(view[a - start : b - start], row, value.reshape(-1).view(np.uint8))
-                except ReadError as err:
-                    raise ReadError(f"{self._where()}: /{self.split}/{path} {err}") from None
-                out[path][row] = value
+                chunks[k] = view[a - start : b - start]
+                if self.cache is not None:
+                    self.cache.put(a, b, chunks[k])  # type: ignore[arg-type]  # just set
+        out: dict[str, dict[int, np.ndarray]] = {path: {} for path in self._tables}
+        for (path, row), chunk in zip(wanted, chunks):
+            table = self._tables[path]
+            value = np.empty(table.shape, table.dtype)
+            try:
+                table.decode(chunk, row, value.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # all filled
+            except ReadError as err:
+                raise ReadError(f"{self._where()}: /{self.split}/{path} {err}") from None
+            out[path][row] = value
         return out
 
     def _through_h5py(self, name: str, idx: np.ndarray, out: dict[str, np.ndarray] | None) -> Any:
@@ -806,12 +875,15 @@ def open_split(
     """A ``SplitReader`` for a local path, a ``RemoteSplitReader`` for a URL (``https://``, ``s3://``).
     ``verify_rows``, ``storage_options`` and ``retry`` apply to URLs; ``verify_rows`` is refused
     for a local path (``h5forge verify`` checks a local version whole)."""
-    remote_only = {k: kwargs.pop(k) for k in ("verify_rows", "storage_options", "retry") if k in kwargs}
+    remote_only = {
+        k: kwargs.pop(k) for k in ("verify_rows", "storage_options", "retry", "cache_dir", "cache_bytes") if k in kwargs
+    }
     if is_remote(path):
         return RemoteSplitReader(path, split, fields, **kwargs, **remote_only)
-    if remote_only.get("verify_rows"):
+    if remote_only.get("verify_rows") or remote_only.get("cache_dir"):
         raise ReadError(
-            f"{path}: verify_rows=True is for versions read from a store; run h5forge verify on a local file"
+            f"{path}: verify_rows and cache_dir are for versions read from a store; "
+            "a local version is checked whole by h5forge verify"
         )
     return SplitReader(path, split, fields, **kwargs)
 

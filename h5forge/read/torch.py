@@ -200,7 +200,8 @@ class H5Dataset(Dataset):
 
     ``path`` may be a URL (``https://…``, ``s3://…``, ``gs://…``; docs/reading.md, "From a bucket"):
     rows are then fetched by ranged requests; ``verify_rows=True`` checks each row read against its
-    stored checksum, ``storage_options`` go to the store's fsspec filesystem.
+    stored checksum, ``storage_options`` go to the store's fsspec filesystem, ``cache_dir`` keeps
+    the fetched chunks on a local disk for later epochs.
     """
 
     def __init__(
@@ -220,11 +221,16 @@ class H5Dataset(Dataset):
         slice_cache: int | None = None,
         verify_rows: bool = False,
         storage_options: dict | None = None,
+        cache_dir: str | os.PathLike | None = None,
         **options: Any,
     ):
         if slice_cache is None:
             slice_cache = slice_cache_default(context) if unit == "slice" else 0
-        remote = dict(verify_rows=verify_rows, storage_options=storage_options) if verify_rows or storage_options else {}
+        remote = {  # only for a URL: open_split refuses them for a local file
+            k: v
+            for k, v in dict(verify_rows=verify_rows, storage_options=storage_options, cache_dir=cache_dir).items()
+            if v
+        }
         self.reader = open_split(
             path,
             split,

@@ -227,3 +227,24 @@ def test_rows_over_s3_with_credentials_from_the_environment(served, s3, monkeypa
         RemoteSplitReader("s3://team/c/dataset_v0099.h5", "train", retry=FAST)
     assert s3.env["AWS_SECRET_ACCESS_KEY"] not in str(caught.value)
     assert s3.env["AWS_ACCESS_KEY_ID"] not in str(caught.value)
+
+
+def test_a_chunk_cache_serves_the_second_epoch_and_stays_within_its_bound(served, tmp_path):
+    server, root = served
+    local = SplitReader(root / "dataset_v0001.h5", "train")
+    url = f"{server.url}/dataset_v0001.h5"
+    first = RemoteSplitReader(url, "train", cache_dir=tmp_path / "cache", retry=FAST)
+    idx = list(range(len(local)))
+    first.read(idx)
+    fetched = first.requests
+    second = RemoteSplitReader(url, "train", cache_dir=tmp_path / "cache", verify_rows=True, retry=FAST)
+    got, want = second.read(idx[::-1]), local.read(idx[::-1])
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+    assert fetched > 0 and second.requests == 0 and second.cache.hits == 2 * len(idx)  # no network at all
+    one_chunk = int(first._tables["images"].sizes[0])
+    small = RemoteSplitReader(url, "train", cache_dir=tmp_path / "small", cache_bytes=3 * one_chunk, retry=FAST)
+    small.read(idx)
+    kept = sum(p.stat().st_size for p in (tmp_path / "small").rglob("*-*") if p.is_file())
+    assert 0 < kept <= 3 * one_chunk
+    with pytest.raises(ReadError, match="for versions read from a store"):
+        H5Dataset(root / "dataset_v0001.h5", "train", cache_dir=tmp_path / "c")

@@ -1,0 +1,169 @@
+"""Training from a server: one shuffled epoch of the loader over loopback HTTP (nginx) and S3 (moto's
+server mode) against the same version read from the local disk.
+
+    python -m benchmarks.read_remote [--smoke] [--n 2000 --size 224 --rounds 1 --workers 2,4]
+
+Figures per source and worker count (each a probe process): time to the first batch of a cold
+epoch (the open included), epoch samples/s, requests per sample and bytes fetched per stored byte
+(nginx's access log for HTTP: every request, the open's metadata included; for S3 the reader's own
+counters in one process). Method: benchmarks/README.md, "read_remote".
+"""
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.common import CACHE, REPO, cli, log, machine, ratio, save
+from benchmarks.read_peers import prepare
+
+SOURCES = ("local", "http", "s3")
+BUCKET = "bench"
+
+
+def probe(url: str, workers: int, batch: int, seed: int) -> dict:
+    """(In a fresh process.) One shuffled epoch of ``H5Dataset(url).loader``: timings and a checksum."""
+    from h5forge.read.torch import H5Dataset
+
+    t0 = time.perf_counter()
+    ds = H5Dataset(url, "train", image_dtype="uint8", mask_dtype="uint8")
+    opened = time.perf_counter() - t0
+    loader = ds.loader(batch_size=batch, num_workers=workers, shuffle=True, seed=seed)
+    total, first, n = 0, None, 0
+    for images, masks in loader:
+        if first is None:
+            first = time.perf_counter() - t0
+        n += len(images)
+        total += int(images[:, 0, 0, :8].sum()) + int(masks[:, 0, 0, :8].sum())
+    epoch = time.perf_counter() - t0
+    return {"open_s": round(opened, 4), "first_batch_s": round(first or 0.0, 4), "epoch_s": round(epoch, 3),
+            "samples": n, "samples_per_s": round(n / epoch, 1), "sum": total}
+
+
+def counted(url: str, n: int) -> dict:
+    """(In a fresh process.) Requests and bytes of one shuffled pass in this process (the reader's counters)."""
+    import numpy as np
+
+    from h5forge.read.remote import RemoteSplitReader
+
+    reader = RemoteSplitReader(url, "train", ("images", "masks"))
+    stored = sum(int(t.sizes.sum()) for t in reader._tables.values())
+    order = np.random.default_rng(0).permutation(len(reader))
+    for start in range(0, len(order), 32):
+        reader.read(order[start:start + 32])
+    return {"requests_per_sample": round(reader.requests / len(reader), 3),
+            "fetched_per_stored_byte": round(reader.bytes_fetched / stored, 4), "stored_bytes": stored}
+
+
+def _run_probe(what: str, env: dict, *args: str) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.read_remote", "--probe", what, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} {args} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _http_log(server) -> tuple[int, int]:
+    """Requests and body bytes in nginx's access log (combined format: the size follows the status)."""
+    lines = server.access_log()
+    sent = 0
+    for line in lines:
+        parts = line.split('"')
+        if len(parts) > 2:
+            fields = parts[2].split()
+            if len(fields) >= 2 and fields[1].isdigit():
+                sent += int(fields[1])
+    return len(lines), sent
+
+
+def main() -> None:
+    if "--probe" in sys.argv:
+        return _probe_main()
+    args = cli(__doc__, dict(n=64, size=64, rounds=1, workers="2"), n=2000, size=224, rounds=1, workers="2,4", batch=32)
+    sys.path.insert(0, str(REPO))
+    from tests.helpers.object_servers import Nginx, S3Server, served_folder
+
+    from h5forge.read.remote import pointer_bytes
+
+    t0, load_start = time.perf_counter(), [round(x, 2) for x in os.getloadavg()]
+    data = prepare(args.n, args.size, codecs=("lz4",))
+    version = Path(os.path.realpath(data / "lz4.h5"))
+    www = served_folder()
+    name = "dataset_v0001.h5"
+    try:
+        os.link(version, www / name)
+    except OSError:
+        shutil.copy(version, www / name)
+    (www / name).chmod(0o644)
+    (www / "dataset_latest.h5").write_bytes(pointer_bytes(name, 1, version.stat().st_size))
+    nginx, s3 = Nginx(www).start(), S3Server().start()
+    env = {**os.environ, **s3.env, "PYTHONPATH": str(REPO)}
+    try:
+        s3.make_bucket(BUCKET)
+        import fsspec
+
+        os.environ.update(s3.env)
+        fs = fsspec.filesystem("s3", skip_instance_cache=True)
+        t_up = time.perf_counter()
+        fs.put_file(str(www / name), f"{BUCKET}/cells/{name}")
+        fs.pipe_file(f"{BUCKET}/cells/dataset_latest.h5", (www / "dataset_latest.h5").read_bytes())
+        upload_s = time.perf_counter() - t_up
+        urls = {"local": str(www / name), "http": f"{nginx.url}/dataset_latest.h5",
+                "s3": f"s3://{BUCKET}/cells/dataset_latest.h5"}
+        workers = [int(w) for w in str(args.workers).split(",")]
+        runs: dict[str, list[dict]] = {}
+        for r in range(args.rounds):
+            for w in workers:
+                for source in SOURCES if r % 2 == 0 else SOURCES[::-1]:
+                    Path(nginx.tmp, "access.log").write_text("")  # nginx appends: the log restarts at 0
+                    res = _run_probe("epoch", env, urls[source], str(w), str(args.batch), str(r))
+                    if source == "http":
+                        requests, sent = _http_log(nginx)
+                        res["requests_per_sample"] = round(requests / res["samples"], 3)
+                        res["bytes_fetched"] = sent
+                    runs.setdefault(f"{source}_w{w}", []).append(res)
+                    log(f"round {r + 1} {source:5s} {w} workers: {res['samples_per_s']:8.0f} samples/s, "
+                        f"first batch {res['first_batch_s']:.3f} s")
+        counts = {source: _run_probe("count", env, urls[source], str(args.n)) for source in ("http", "s3")}
+    finally:
+        nginx.stop()
+        s3.stop()
+        shutil.rmtree(www, ignore_errors=True)
+    sums = {k: {x["sum"] for x in v} for k, v in runs.items()}
+    if len({s for v in sums.values() for s in v}) != 1:
+        raise SystemExit(f"sources disagree on the data: {sums}")
+    stored = counts["http"]["stored_bytes"]
+    rate = {k: round(statistics.median(x["samples_per_s"] for x in v)) for k, v in runs.items()}
+    first = {k: round(statistics.median(x["first_batch_s"] for x in v), 3) for k, v in runs.items()}
+    http_bytes = {k: round(statistics.median(x["bytes_fetched"] for x in v) / stored, 4)
+                  for k, v in runs.items() if k.startswith("http")}
+    http_requests = {k: statistics.median(x["requests_per_sample"] for x in v) for k, v in runs.items() if k.startswith("http")}
+    ratios = {}
+    for w in workers:
+        ratios[f"http_vs_local_w{w}"] = ratio(rate[f"http_w{w}"], rate[f"local_w{w}"])
+        ratios[f"s3_vs_local_w{w}"] = ratio(rate[f"s3_w{w}"], rate[f"local_w{w}"])
+    save("read_remote", {"machine": machine(), "loadavg_start": load_start, "args": vars(args), "ratios": ratios,
+                         "samples_per_s": rate, "first_batch_s": first,
+                         "http_requests_per_sample_with_workers": http_requests,
+                         "http_fetched_per_stored_byte_with_workers": http_bytes,
+                         "one_process_counters": counts, "s3_upload_s": round(upload_s, 2),
+                         "version_bytes": version.stat().st_size, "runs": runs,
+                         "seconds": round(time.perf_counter() - t0)}, args.smoke)
+
+
+def _probe_main() -> None:
+    what, *rest = sys.argv[sys.argv.index("--probe") + 1:]
+    if what == "epoch":
+        url, workers, batch, seed = rest[:4]
+        print(json.dumps(probe(url, int(workers), int(batch), int(seed))))
+    else:
+        url, n = rest[:2]
+        print(json.dumps(counted(url, int(n))))
+
+
+if __name__ == "__main__":
+    main()
