@@ -248,3 +248,20 @@ def test_a_chunk_cache_serves_the_second_epoch_and_stays_within_its_bound(served
     assert 0 < kept <= 3 * one_chunk
     with pytest.raises(ReadError, match="for versions read from a store"):
         H5Dataset(root / "dataset_v0001.h5", "train", cache_dir=tmp_path / "c")
+
+
+def test_the_lightning_module_trains_from_a_pointer(served):
+    from h5forge.read.lightning import H5DataModule
+
+    server, root = served
+    (root / "lit").mkdir(exist_ok=True)
+    shutil.copy(root / "dataset_v0001.h5", root / "lit" / "dataset_v0001.h5")
+    size = (root / "lit" / "dataset_v0001.h5").stat().st_size
+    (root / "lit" / "dataset_latest.h5").write_bytes(pointer_bytes("dataset_v0001.h5", 1, size))
+    module = H5DataModule(f"{server.url}/lit/dataset_latest.h5", batch_size=8, verify_rows=True)
+    module.setup("fit")
+    assert module.version_path == f"{server.url}/lit/dataset_v0001.h5"  # what every rank reads
+    local = H5DataModule(root / "dataset_v0001.h5", batch_size=8)
+    for got, want in zip(module.train_dataloader(), local.train_dataloader()):
+        assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(got, want))
+    assert sum(len(b[0]) for b in module.val_dataloader()) == len(local.dataset("val"))
