@@ -43,12 +43,12 @@ from h5forge.format import arrays
 from h5forge.format.checksums import PROVENANCE, file_format, row_checksum, values_digest
 from h5forge.format.chunk_codec import DEFLATE_FILTER, LZ4_FILTER, lz4_into
 from h5forge.format.codecs import ensure_filters
-from h5forge.format.names import CHECKSUM, LATEST, SPEC, VERSION_RE
+from h5forge.format.names import CHECKSUM, LATEST, SPEC, VERSION_RE, Attr
 from h5forge.kinds import stored_kinds
 from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, SplitReader, _read_runs, coalesce
 from h5forge.spec import spec_from_json
 
-REMOTE_SCHEMES = ("http", "https", "s3", "s3a", "gs", "gcs")
+REMOTE_SCHEMES = ("http", "https", "s3", "s3a", "gs", "gcs", "file")  # file://: a folder to serve (push)
 POINTER_FORMAT = "h5forge-pointer"
 POINTER_MAX_BYTES = 64 * 1024  # a pointer is a few hundred bytes; anything larger is a version file
 METADATA_BLOCK = 1 << 20  # bytes per block of the metadata cache (HDF5 reads its metadata in small pieces)
@@ -119,6 +119,8 @@ def filesystem(url: str, storage_options: dict | None = None, retry: Retry = Ret
         config.setdefault("connect_timeout", min(retry.timeout, 30))
         config.setdefault("read_timeout", retry.timeout)
         options["config_kwargs"] = config
+    elif protocol == "file":
+        options.setdefault("auto_mkdir", True)  # a prefix is made as it is written, as on a bucket
     try:
         return fsspec.filesystem(protocol, skip_instance_cache=True, **options)
     except ImportError as err:
@@ -419,6 +421,75 @@ def parse_pointer(data: bytes) -> dict | None:
     return doc
 
 
+CHUNK_INDEX_SUFFIX = ".chunks.npz"
+
+
+def _index_name(url: str) -> str:
+    return os.path.basename(urlsplit(url).path) + CHUNK_INDEX_SUFFIX
+
+
+def chunk_index_bytes(f: h5py.File, size: int, etag: str | None) -> bytes:
+    """Every fixed field's chunk offsets, sizes and filter masks, per split, as an ``.npz`` made
+    for the object of ``size`` bytes, ETag ``etag`` and ``f``'s file digest (the reader uses it
+    only for an object with all three)."""
+    import io
+
+    arrays_out: dict[str, np.ndarray] = {
+        "size": np.array(size, np.int64),
+        "etag": np.array(etag or "", dtype=np.str_),
+        "file_digest": np.array(str(f.attrs.get(Attr.FILE_DIGEST, "")), dtype=np.str_),
+    }
+    for split in f:
+        g = f[split]
+        if not isinstance(g, h5py.Group):
+            continue
+
+        def visit(name: str, obj: Any, split: str = split) -> None:
+            if isinstance(obj, h5py.Dataset) and obj.chunks is not None and obj.chunks[0] == 1 and obj.ndim >= 2:
+                n = obj.shape[0]
+                offsets, sizes, masks = np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint32)
+
+                def one(info) -> None:
+                    row = info.chunk_offset[0]
+                    offsets[row], sizes[row], masks[row] = info.byte_offset, info.size, info.filter_mask
+
+                obj.id.chunk_iter(one)
+                for key, value in (("offsets", offsets), ("sizes", sizes), ("masks", masks)):
+                    arrays_out[f"{split}/{name}/{key}"] = value
+
+        g.visititems(visit)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays_out)  # type: ignore[arg-type]  # named arrays
+    return buffer.getvalue()
+
+
+def parse_chunk_index(data: bytes, obj: "RemoteObject", file_digest: str) -> dict[str, Any] | None:
+    """The arrays of a chunk index object made for ``obj`` (its size, its ETag where both sides
+    know one) and for a file of ``file_digest``, else None."""
+    import io
+    import zipfile
+
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            found = {k: z[k] for k in z.files}
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError):
+        return None
+    etag = str(found.get("etag", ""))
+    if (
+        int(found.get("size", -1)) != obj.size
+        or not file_digest
+        or str(found.get("file_digest", "")) != file_digest
+        or (etag and obj.etag and etag != obj.etag)
+    ):
+        return None
+
+    class _Index(dict):
+        def __missing__(self, key: str) -> None:
+            return None
+
+    return _Index(found)
+
+
 def sibling(url: str, name: str) -> str:
     """The object ``name`` in the same folder as ``url`` (query kept: a presigned folder URL)."""
     parts = urlsplit(url)
@@ -465,8 +536,10 @@ class ChunkTable:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
     @classmethod
-    def of(cls, d: h5py.Dataset) -> "ChunkTable | None":
-        """The table of a dataset stored one row per chunk with a codec decoded here; else None."""
+    def of(cls, d: h5py.Dataset, index: dict[str, np.ndarray] | None = None) -> "ChunkTable | None":
+        """The table of a dataset stored one row per chunk with a codec decoded here; else None.
+        ``index``: its offsets, sizes and masks from a chunk index object (``chunk_index_bytes``),
+        which saves walking HDF5's chunk index (a request per node of it, spread over the file)."""
         dcpl = d.id.get_create_plist()
         if (
             dcpl.get_layout() != h5py.h5d.CHUNKED
@@ -483,6 +556,9 @@ class ChunkTable:
         if codec is None:
             return None
         n = d.shape[0]
+        shape = tuple(int(s) for s in d.shape[1:])
+        if index is not None and all(index[k].shape == (n,) for k in ("offsets", "sizes", "masks")):
+            return cls(index["offsets"], index["sizes"], index["masks"].astype(np.uint32), codec, shape, d.dtype)
         offsets, sizes, masks = np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint32)
 
         def visit(info) -> None:
@@ -493,7 +569,7 @@ class ChunkTable:
             d.id.chunk_iter(visit)
         except (OSError, ValueError, RuntimeError, AttributeError):
             return None
-        return cls(offsets, sizes, masks, codec, tuple(int(s) for s in d.shape[1:]), d.dtype)
+        return cls(offsets, sizes, masks, codec, shape, d.dtype)
 
     def decode(self, chunk: bytes | memoryview, row: int, flat: np.ndarray) -> None:
         """Chunk bytes of ``row`` into ``flat`` (the row's bytes); a framing that does not add up is
@@ -662,12 +738,25 @@ class RemoteSplitReader(SplitReader):
         paths = {fi.path for fi in self.fields.values() if fi.bulk and not fi.ragged}
         if self.verify_rows:
             paths |= {p for p, k in self._kinds.items() if k.stored().bulk and not k.stored().ragged}
+        index = self._chunk_index(str(f.attrs.get(Attr.FILE_DIGEST, "")))
         tables = {}
         for path in sorted(paths):
-            table = ChunkTable.of(g[path])
+            part = {k: index[f"{self.split}/{path}/{k}"] for k in ("offsets", "sizes", "masks")} if index else None
+            table = ChunkTable.of(g[path], part if part and all(v is not None for v in part.values()) else None)
             if table is not None:
                 tables[path] = table
         return tables
+
+    def _chunk_index(self, file_digest: str) -> dict[str, Any] | None:
+        """The chunk index object beside the version (``push`` writes it), when it was made for
+        this very object (its size and ETag); None otherwise, and the chunk index is walked."""
+        index = RemoteObject(sibling(self.obj.url, _index_name(self.obj.url)), self.obj.storage_options, self.obj.retry)
+        try:
+            index.pin()
+            data = index.fetch([(0, index.size)])[0] if index.size else b""
+            return parse_chunk_index(data, self.obj, file_digest)
+        except ReadError:  # none there (a folder served as it is), or unreadable: walk HDF5's own
+            return None
 
     def _small_columns(self, f: h5py.File) -> dict[str, Any]:
         """The small columns, read once at the open: those asked for, and with ``verify_rows`` every

@@ -4,6 +4,7 @@ A store has no symlinks and no rename, so a prefix holds (docs/reading.md, "From
 
     <prefix>/dataset_v0001.h5 … dataset_v0007.h5   self-contained versions, never overwritten
     <prefix>/dataset_v0007.h5.json                 its size, sha256 and file digest, for re-pushes
+    <prefix>/dataset_v0007.h5.chunks.npz           where each row's chunk lies, for a one-GET open
     <prefix>/dataset_latest.h5                     a small JSON pointer, written last, in one PUT
 
 A reader sees the pointer before or after its one PUT, so it reads the old version or the new one,
@@ -30,9 +31,11 @@ from h5forge.errors import ReadError, UsageError, VersionError
 from h5forge.format.names import LATEST, VERSION_RE, Attr, version_name
 from h5forge.format.segments import virtual_sources
 from h5forge.read.remote import (
+    CHUNK_INDEX_SUFFIX,
     POINTER_MAX_BYTES,
     RemoteObject,
     Retry,
+    chunk_index_bytes,
     parse_pointer,
     pointer_bytes,
     resolve,
@@ -118,7 +121,9 @@ def push(
             "file_digest": _file_digest(local),
         }
         uploaded = _upload(fs, local, target, manifest, progress)
-    _check_arrived(target, manifest, storage_options)
+        arrived = _check_arrived(target, manifest, storage_options)
+        with h5py.File(local, "r") as f:  # where each row's chunk lies: one GET for a reader's open
+            fs.pipe_file(target + CHUNK_INDEX_SUFFIX, chunk_index_bytes(f, manifest["size"], arrived.etag))
     fs.pipe_file(_join(prefix, LATEST), pointer_bytes(name, number, manifest["size"]))  # the one PUT that publishes
     removed = retain(prefix, keep, storage_options) if keep else []
     return Pushed(number, shown(target), uploaded, manifest["size"] if uploaded else 0, removed)
@@ -156,7 +161,7 @@ def _manifest(fs: Any, target: str) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _check_arrived(target: str, manifest: dict, storage_options: dict | None) -> None:
+def _check_arrived(target: str, manifest: dict, storage_options: dict | None) -> RemoteObject:
     """The uploaded object's size and stored file digest are the local version's, or nothing moves."""
     obj = RemoteObject(target, storage_options).pin()
     if obj.size != manifest["size"]:
@@ -165,6 +170,7 @@ def _check_arrived(target: str, manifest: dict, storage_options: dict | None) ->
         digest = str(f.attrs.get(Attr.FILE_DIGEST, ""))
     if digest != manifest["file_digest"]:
         raise ReadError(f"{obj.name}: the uploaded file's digest differs from the local one; latest was not moved")
+    return obj
 
 
 # ---- a prefix's versions -----------------------------------------------------------------------
@@ -230,10 +236,11 @@ def retain(prefix: str, keep: int, storage_options: dict | None = None) -> list[
             continue
         target = _join(prefix, entry["object"])
         fs.rm_file(target)
-        try:
-            fs.rm_file(target + MANIFEST_SUFFIX)
-        except FileNotFoundError:
-            pass
+        for beside in (MANIFEST_SUFFIX, CHUNK_INDEX_SUFFIX):
+            try:
+                fs.rm_file(target + beside)
+            except FileNotFoundError:
+                pass
         removed.append(shown(target))
     return removed
 

@@ -162,3 +162,42 @@ def test_a_pointer_to_a_replaced_object_is_refused(two_versions, bucket):
     fs.put_file(str(out / "dataset_v0002.h5"), bucket[len("s3://") :] + "/dataset_v0001.h5")  # behind push's back
     with pytest.raises(ReadError, match="replaced after it was published"):
         RemoteSplitReader(f"{bucket}/dataset_latest.h5", "train")
+
+
+def test_the_chunk_index_object_makes_the_open_a_few_requests(tmp_path_factory):
+    """push to a folder (file://) that nginx serves: the open reads the chunk index in one GET
+    instead of walking HDF5's chunk index node by node through the file."""
+    from tests.helpers.object_servers import Nginx, served_folder
+
+    out = tmp_path_factory.mktemp("many")
+    build_file(out / "dataset_v0001.h5", make_raw(tmp_path_factory.mktemp("rawmany"), n=400), codec="lz4")
+    set_latest(out, 1)
+    www = served_folder()
+    server = Nginx(www).start()
+    try:
+        push(out, f"file://{www}/cells")
+        assert (www / "cells" / "dataset_v0001.h5.chunks.npz").is_file()
+        url = f"{server.url}/cells/dataset_latest.h5"
+
+        def opened() -> tuple[RemoteSplitReader, int]:
+            before = len(server.access_log())
+            reader = RemoteSplitReader(url, "train", retry=FAST)
+            return reader, len(server.access_log()) - before
+
+        indexed, with_index = opened()
+        (www / "cells" / "dataset_v0001.h5.chunks.npz").rename(www / "cells" / "aside.npz")
+        walked, without = opened()
+        assert with_index < without and with_index <= 10, (with_index, without)
+        for path, table in walked._tables.items():
+            assert np.array_equal(indexed._tables[path].offsets, table.offsets)
+            assert np.array_equal(indexed._tables[path].sizes, table.sizes)
+        rows_equal(indexed, out / "dataset_v0001.h5")
+        # an index made for another object (here: another file's digest) is never used
+        (www / "cells" / "aside.npz").rename(www / "cells" / "dataset_v0001.h5.chunks.npz")
+        from h5forge.read.remote import parse_chunk_index
+
+        data = (www / "cells" / "dataset_v0001.h5.chunks.npz").read_bytes()
+        assert parse_chunk_index(data, indexed.obj, "another-digest") is None
+    finally:
+        server.stop()
+        shutil.rmtree(www)
