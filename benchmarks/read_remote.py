@@ -90,19 +90,14 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     from tests.helpers.object_servers import Nginx, S3Server, served_folder
 
-    from h5forge.read.remote import pointer_bytes
+    from h5forge.store.remote import push
 
     t0, load_start = time.perf_counter(), [round(x, 2) for x in os.getloadavg()]
     data = prepare(args.n, args.size, codecs=("lz4",))
     version = Path(os.path.realpath(data / "lz4.h5"))
     www = served_folder()
-    name = "dataset_v0001.h5"
-    try:
-        os.link(version, www / name)
-    except OSError:
-        shutil.copy(version, www / name)
-    (www / name).chmod(0o644)
-    (www / "dataset_latest.h5").write_bytes(pointer_bytes(name, 1, version.stat().st_size))
+    out = version.parent  # the built version's output folder: push publishes its latest
+    push(out, f"file://{www}")  # the layout a bucket gets: the version, its chunk index, the pointer
     nginx, s3 = Nginx(www).start(), S3Server().start()
     env = {**os.environ, **s3.env, "PYTHONPATH": str(REPO)}
     sources = SOURCES if version.stat().st_size <= args.s3_max_mb * 1e6 else ("local", "http")
@@ -110,15 +105,11 @@ def main() -> None:
     try:
         if "s3" in sources:
             s3.make_bucket(BUCKET)
-            import fsspec
-
             os.environ.update(s3.env)
-            fs = fsspec.filesystem("s3", skip_instance_cache=True)
             t_up = time.perf_counter()
-            fs.put_file(str(www / name), f"{BUCKET}/cells/{name}")
-            fs.pipe_file(f"{BUCKET}/cells/dataset_latest.h5", (www / "dataset_latest.h5").read_bytes())
+            push(out, f"s3://{BUCKET}/cells")
             upload_s = round(time.perf_counter() - t_up, 2)
-        urls = {"local": str(www / name), "http": f"{nginx.url}/dataset_latest.h5",
+        urls = {"local": str(version), "http": f"{nginx.url}/dataset_latest.h5",
                 "s3": f"s3://{BUCKET}/cells/dataset_latest.h5"}
         workers = [int(w) for w in str(args.workers).split(",")]
         runs: dict[str, list[dict]] = {}
@@ -135,6 +126,9 @@ def main() -> None:
                     log(f"round {r + 1} {source:5s} {w} workers: {res['samples_per_s']:8.0f} samples/s, "
                         f"first batch {res['first_batch_s']:.3f} s")
         counts = {source: _run_probe("count", env, urls[source], str(args.n)) for source in sources if source != "local"}
+        Path(nginx.tmp, "access.log").write_text("")
+        opened = _run_probe("open", env, urls["http"], "0")
+        opened["requests"], opened["bytes"] = _http_log(nginx)
     finally:
         nginx.stop()
         s3.stop()
@@ -157,7 +151,7 @@ def main() -> None:
                          "samples_per_s": rate, "first_batch_s": first,
                          "http_requests_per_sample_with_workers": http_requests,
                          "http_fetched_per_stored_byte_with_workers": http_bytes,
-                         "one_process_counters": counts, "s3_upload_s": upload_s,
+                         "one_process_counters": counts, "http_open": opened, "s3_upload_s": upload_s,
                          "s3": "measured" if "s3" in sources else f"skipped: a version over {args.s3_max_mb} MB",
                          "version_bytes": version.stat().st_size, "runs": runs,
                          "seconds": round(time.perf_counter() - t0)}, args.smoke)
@@ -168,6 +162,12 @@ def _probe_main() -> None:
     if what == "epoch":
         url, workers, batch, seed = rest[:4]
         print(json.dumps(probe(url, int(workers), int(batch), int(seed))))
+    elif what == "open":
+        from h5forge.read.remote import RemoteSplitReader
+
+        t0 = time.perf_counter()
+        RemoteSplitReader(rest[0], "train", ("images", "masks"))
+        print(json.dumps({"seconds": round(time.perf_counter() - t0, 4)}))
     else:
         url, n = rest[:2]
         print(json.dumps(counted(url, int(n))))
