@@ -30,7 +30,7 @@ import h5py
 from h5forge.errors import ReadError, UsageError, VersionError
 from h5forge.format.names import LATEST, VERSION_RE, Attr, version_name
 from h5forge.format.segments import virtual_sources
-from h5forge.read.remote import (
+from h5forge.format.objects import (
     CHUNK_INDEX_SUFFIX,
     POINTER_MAX_BYTES,
     RemoteObject,
@@ -114,19 +114,20 @@ def push(
         if thin:
             progress(f"{name} is thin: copying it whole before the upload")
             local = export(local, Path(tmp) / name)
-        manifest = {
+        size = local.stat().st_size
+        manifest: dict[str, Any] = {
             "version": number,
-            "size": local.stat().st_size,
+            "size": size,
             "sha256": _sha256(local),
             "file_digest": _file_digest(local),
         }
         uploaded = _upload(fs, local, target, manifest, progress)
         arrived = _check_arrived(target, manifest, storage_options)
         with h5py.File(local, "r") as f:  # where each row's chunk lies: one GET for a reader's open
-            fs.pipe_file(target + CHUNK_INDEX_SUFFIX, chunk_index_bytes(f, manifest["size"], arrived.etag))
-    fs.pipe_file(_join(prefix, LATEST), pointer_bytes(name, number, manifest["size"]))  # the one PUT that publishes
+            fs.pipe_file(target + CHUNK_INDEX_SUFFIX, chunk_index_bytes(f, size, arrived.etag))
+    fs.pipe_file(_join(prefix, LATEST), pointer_bytes(name, number, size))  # the one PUT that publishes
     removed = retain(prefix, keep, storage_options) if keep else []
-    return Pushed(number, shown(target), uploaded, manifest["size"] if uploaded else 0, removed)
+    return Pushed(number, shown(target), uploaded, size if uploaded else 0, removed)
 
 
 def _upload(fs: Any, local: Path, target: str, manifest: dict, progress: Callable[[str], None]) -> bool:

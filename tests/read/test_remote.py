@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from h5forge.errors import ReadError
-from h5forge.read.remote import RemoteChanged, RemoteMissing, RemoteSplitReader, Retry, pointer_bytes, plan_spans
+from h5forge.format.objects import RemoteChanged, RemoteMissing, Retry, pointer_bytes
+from h5forge.read.remote import RemoteSplitReader, plan_spans
 from h5forge.read.reader import SplitReader
 from h5forge.read.torch import H5Dataset
 from tests.helpers.files import build_file, make_raw

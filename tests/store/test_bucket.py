@@ -17,7 +17,8 @@ import pytest
 import h5forge
 from h5forge.errors import ReadError, VersionError
 from h5forge.read.reader import SplitReader
-from h5forge.read.remote import RemoteMissing, RemoteSplitReader, Retry
+from h5forge.format.objects import RemoteMissing, Retry
+from h5forge.read.remote import RemoteSplitReader
 from h5forge.store.remote import latest_of, listed, push, retain, rollback, verify_remote
 from h5forge.store.versions import set_latest
 from tests.helpers.data import age_files, drop_samples
@@ -194,10 +195,22 @@ def test_the_chunk_index_object_makes_the_open_a_few_requests(tmp_path_factory):
         rows_equal(indexed, out / "dataset_v0001.h5")
         # an index made for another object (here: another file's digest) is never used
         (www / "cells" / "aside.npz").rename(www / "cells" / "dataset_v0001.h5.chunks.npz")
-        from h5forge.read.remote import parse_chunk_index
+        from h5forge.format.objects import parse_chunk_index
 
         data = (www / "cells" / "dataset_v0001.h5.chunks.npz").read_bytes()
         assert parse_chunk_index(data, indexed.obj, "another-digest") is None
     finally:
         server.stop()
         shutil.rmtree(www)
+
+
+def test_an_object_replaced_under_a_running_reader_stops_it(two_versions, bucket):
+    out = two_versions
+    set_latest(out, 1)
+    push(out, bucket)
+    reader = RemoteSplitReader(f"{bucket}/dataset_v0001.h5", "train", retry=FAST)
+    reader.read([0, 1])
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    fs.put_file(str(out / "dataset_v0002.h5"), bucket[len("s3://") :] + "/dataset_v0001.h5")  # behind push's back
+    with pytest.raises(ReadError, match="changed while it was being read"):
+        reader.read([2, 3])
