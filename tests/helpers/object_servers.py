@@ -188,7 +188,8 @@ class FaultProxy:
     def __init__(self, upstream_port: int):
         self.upstream_port = upstream_port
         self.port = free_port()
-        self.plan: list[tuple[str, float]] = []  # ("delay", seconds) | ("503", 0) | ("drop", 0) | ("pass", 0)
+        # ("delay", seconds) | ("503", 0) | ("200", 0) | ("drop", 0) | ("pass", 0)
+        self.plan: list[tuple[str, float]] = []
         self.requests = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -238,6 +239,10 @@ class FaultProxy:
                     return
                 if action == "503":
                     writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+                    await writer.drain()
+                    continue
+                if action == "200":  # a server that answers a Range with a whole (here: empty) body
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
                     await writer.drain()
                     continue
                 if action == "delay":

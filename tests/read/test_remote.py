@@ -266,3 +266,18 @@ def test_the_lightning_module_trains_from_a_pointer(served):
     for got, want in zip(module.train_dataloader(), local.train_dataloader()):
         assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(got, want))
     assert sum(len(b[0]) for b in module.val_dataloader()) == len(local.dataset("val"))
+
+
+def test_a_batch_is_one_multi_range_request_where_the_server_answers_one(served, proxy):
+    server, root = served
+    local = SplitReader(root / "dataset_v0001.h5", "train")
+    rows = [0, 5, 10, 15, 20, 25, 30, 35, 2, 7, 12, 17, 22, 27, 32, 36]  # 32 chunks, none neighbours
+    remote = RemoteSplitReader(f"{server.url}/dataset_v0001.h5", "train", retry=FAST)
+    got, want = remote.read(rows), local.read(rows)
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+    assert remote.requests == 1 and remote.obj._multi  # nginx answers multipart/byteranges
+    through = RemoteSplitReader(f"{proxy.url}/dataset_v0001.h5", "train", retry=FAST)
+    proxy.plan = [("200", 0)]  # a server that will not answer several ranges at once
+    got = through.read(rows)
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+    assert not through.obj._multi and through.requests > 1  # one range at a time from then on
