@@ -2,6 +2,7 @@
 server mode) against the same version read from the local disk.
 
     python -m benchmarks.read_remote [--smoke] [--n 2000 --size 224 --rounds 1 --workers 2,4 --s3-max-mb 64]
+    python -m benchmarks.read_remote --n 200 --results read_remote_s3   # small enough for moto's S3
 
 Figures per source and worker count (each a probe process): time to the first batch of a cold
 epoch (the open included), epoch samples/s, requests per sample and bytes fetched per stored byte
@@ -86,7 +87,7 @@ def main() -> None:
     if "--probe" in sys.argv:
         return _probe_main()
     args = cli(__doc__, dict(n=64, size=64, rounds=1, workers="2"), n=2000, size=224, rounds=1, workers="2,4", batch=32,
-               s3_max_mb=64)
+               s3_max_mb=64, results="read_remote")
     sys.path.insert(0, str(REPO))
     from tests.helpers.object_servers import Nginx, S3Server, served_folder
 
@@ -153,14 +154,14 @@ def main() -> None:
         ratios[f"http_vs_local_w{w}"] = ratio(rate[f"http_w{w}"], rate[f"local_w{w}"])
         if "s3" in sources:
             ratios[f"s3_vs_local_w{w}"] = ratio(rate[f"s3_w{w}"], rate[f"local_w{w}"])
-    save("read_remote", {"machine": machine(), "loadavg_start": load_start, "args": vars(args), "ratios": ratios,
+    save(args.results, {"machine": machine(), "loadavg_start": load_start, "args": vars(args), "ratios": ratios,
                          "samples_per_s": rate, "first_batch_s": first,
                          "http_requests_per_sample_with_workers": http_requests,
                          "http_fetched_per_stored_byte_with_workers": http_bytes,
                          "one_process_counters": counts, "http_open": opened, "http_open_walking_hdf5_index": walked, "s3_upload_s": upload_s,
                          "s3": "measured" if "s3" in sources else f"skipped: a version over {args.s3_max_mb} MB",
                          "version_bytes": version.stat().st_size, "runs": runs,
-                         "seconds": round(time.perf_counter() - t0)}, args.smoke)
+                         "seconds": round(time.perf_counter() - t0)}, args.smoke, module="read_remote")
 
 
 def _probe_main() -> None:

@@ -23,7 +23,7 @@ from h5forge.store.remote import latest_of, listed, push, retain, rollback, veri
 from h5forge.store.versions import set_latest
 from tests.helpers.data import age_files, drop_samples
 from tests.helpers.files import build_file, make_raw
-from tests.helpers.object_servers import S3Server
+from tests.helpers.object_servers import S3Server, nginx_binary
 
 FAST = Retry(attempts=3, backoff=0.01, max_backoff=0.05, timeout=30)
 
@@ -165,6 +165,7 @@ def test_a_pointer_to_a_replaced_object_is_refused(two_versions, bucket):
         RemoteSplitReader(f"{bucket}/dataset_latest.h5", "train")
 
 
+@pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (apt-get install nginx-light)")
 def test_the_chunk_index_object_makes_the_open_a_few_requests(tmp_path_factory):
     """push to a folder (file://) that nginx serves: the open reads the chunk index in one GET
     instead of walking HDF5's chunk index node by node through the file."""
