@@ -281,3 +281,24 @@ def test_a_batch_is_one_multi_range_request_where_the_server_answers_one(served,
     got = through.read(rows)
     assert all(np.array_equal(got[k], want[k]) for k in want)
     assert not through.obj._multi and through.requests > 1  # one range at a time from then on
+
+
+def _read_in_child(remote, row, send) -> None:
+    got = remote.read([row])["images"]
+    send.send((remote.obj._pid == os.getpid(), got.tobytes()))
+
+
+def test_a_forked_process_opens_its_own_connections(served):
+    import multiprocessing
+
+    _, remote = local_and_remote(served)
+    remote.read([2])  # the parent's filesystem and connection pool exist
+    parent_pid = remote.obj._pid
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_read_in_child, args=(remote, 4, send))
+    child.start()
+    own, data = recv.recv()
+    child.join(120)
+    assert child.exitcode == 0 and own and parent_pid == os.getpid()
+    assert data == remote.read([4])["images"].tobytes()
