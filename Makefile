@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: install install-test hdf5-tools demo test test-soak test-quick lint format docs bench bench-smoke clean
+.PHONY: install install-test test-tools demo test test-soak test-quick lint format docs bench bench-smoke clean
 
 # `install`: what building needs (the package and its [build] extra: Prefect, dask, decoders);
 # `install-test` adds the test extra (pytest, torch, jax, xarray, ...), which only the tests need.
@@ -28,17 +28,21 @@ demo: install
 	$(BIN)/h5forge versions data/demo
 	$(BIN)/h5forge read data/demo/dataset_latest.h5 --batch-size 4
 
-# h5dump, HDF5's own command-line reader: tests/test_portability.py checks what it shows of a version.
-# It ships in no Python package; Debian and Ubuntu have it in hdf5-tools, installed here when missing.
-hdf5-tools:
-	@command -v h5dump >/dev/null || { \
+# The command-line tools the tests run, which ship in no Python package: h5dump, HDF5's own reader
+# (tests/test_portability.py checks what it shows of a version), and nginx, a real HTTP server with
+# range requests (the remote-read tests serve versions with it, as a plain process). Debian and Ubuntu
+# have them in hdf5-tools and nginx-light, installed here when missing.
+test-tools:
+	@missing=; command -v h5dump >/dev/null || missing=" hdf5-tools"; \
+	  command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing="$$missing nginx-light"; \
+	  [ -z "$$missing" ] || { \
 	  sudo=; [ "$$(id -u)" = 0 ] || sudo=sudo; \
 	  if ! command -v apt-get >/dev/null || { [ -n "$$sudo" ] && ! command -v sudo >/dev/null; }; then \
-	    echo "error: h5dump not found: install HDF5's command-line tools (hdf5-tools, brew install hdf5)"; exit 1; fi; \
-	  echo "installing h5dump (Debian's hdf5-tools), which the tests run"; \
-	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hdf5-tools >/dev/null; }
+	    echo "error: the tests need h5dump and nginx: install$$missing (or brew install hdf5 nginx)"; exit 1; fi; \
+	  echo "installing$$missing, which the tests run"; \
+	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }
 
-test: install-test hdf5-tools
+test: install-test test-tools
 	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not tf and not soak"
 
 # the fault suite at full size: 20 SIGKILLed builds and appends, thousands of bit flips and damaged files
@@ -46,7 +50,7 @@ test-soak: install-test
 	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m soak
 
 # the inner loop: no Prefect server, no subprocess services, nothing slow (`make test` runs everything)
-test-quick: install-test hdf5-tools
+test-quick: install-test test-tools
 	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not slow and not e2e and not tf and not soak"
 
 # The TensorFlow reader in a second venv: tensorflow-cpu needs an older h5py than pyproject.toml pins
@@ -75,7 +79,7 @@ test-tf: install-tf
 
 # benchmarks/README.md. Full size: hours on a 2-core machine. --smoke (CI): tiny sizes, every code path,
 # results to benchmarks/results/smoke/ (git-ignored); all of them run, and the target fails if any failed.
-BENCHMARKS = build_peers read_peers nightly ingest_parts kinds second_build read_masks row_hash segments cluster boxes_memory
+BENCHMARKS = build_peers read_peers nightly ingest_parts kinds second_build read_masks row_hash segments cluster boxes_memory read_remote
 
 bench: install-test
 	for b in $(BENCHMARKS); do $(BIN)/python -m benchmarks.$$b || exit 1; done

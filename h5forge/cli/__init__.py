@@ -23,6 +23,7 @@ def _app():
     from h5forge.cli import views  # noqa: F401  (preview, codecs)
     from h5forge.cli import doctor, inspect  # noqa: F401  (register their commands)
     from h5forge.cli import server  # noqa: F401  (server status, server stop)
+    from h5forge.cli import bucket  # noqa: F401  (push)
     from h5forge.cli.app import app
 
     # importing the submodule h5forge.cli.app bound its name here; the name means the Typer app

@@ -1,5 +1,5 @@
 """Commands that make, change and check a dataset: init, build, append, watch, serve, export, verify,
-versions, rollback, demo-data."""
+versions, rollback, demo-data (verify, versions and rollback hand a bucket address to h5forge.cli.bucket)."""
 
 from __future__ import annotations
 
@@ -291,7 +291,9 @@ def export(
 
 @app.command()
 def verify(
-    path: Path = typer.Argument(..., help="a version file or dataset_latest.h5"),
+    location: str = typer.Argument(
+        ..., metavar="PATH", help="a version file or dataset_latest.h5, local or on a bucket (s3://…, https://…)"
+    ),
     quick: bool = typer.Option(
         False,
         help="skip recomputing every checksum and re-deriving samples "
@@ -315,7 +317,13 @@ def verify(
     from h5forge.format.names import LATEST
     from h5forge.store.verify import verify_file
     from h5forge.store.versions import latest
+    from h5forge.read.remote import is_remote
 
+    if is_remote(location):
+        from h5forge.cli.bucket import verify_url
+
+        verify_url(location, quick, as_json)
+    path = Path(location)
     if path.name == LATEST:  # only a link that resolves inside its folder is that folder's latest
         with _reported():
             latest(path.parent)
@@ -332,12 +340,21 @@ def verify(
 
 
 @app.command()
-def versions(folder: Path = typer.Argument(..., help="output folder of a dataset")) -> None:
+def versions(
+    location: str = typer.Argument(..., metavar="FOLDER", help="output folder of a dataset, or a bucket prefix"),
+) -> None:
     """List published versions; the one latest points at is marked. A version that cannot be read
     is listed as such, with the reason."""
+    from h5forge.read.remote import is_remote
     from h5forge.store.versions import latest, published
     from h5forge.views.info import brief
     from h5forge.views.isolated import in_child
+
+    if is_remote(location):
+        from h5forge.cli.bucket import versions_of
+
+        return versions_of(location)
+    folder = Path(location)
 
     found = published(folder)
     if not found:
@@ -366,10 +383,17 @@ def versions(folder: Path = typer.Argument(..., help="output folder of a dataset
 
 @app.command()
 def rollback(
-    folder: Path = typer.Argument(..., help="output folder of a dataset"),
+    location: str = typer.Argument(..., metavar="FOLDER", help="output folder of a dataset, or a bucket prefix"),
     version: str = typer.Argument(..., help="version to point latest at, e.g. v0002"),
 ) -> None:
     """Point dataset_latest.h5 at an earlier (or later) published version."""
+    from h5forge.read.remote import is_remote
+
+    if is_remote(location):
+        from h5forge.cli.bucket import rollback_of
+
+        return rollback_of(location, version)
+    folder = Path(location)
     from h5forge.store.verify import verify_file
     from h5forge.format.names import version_name
     from h5forge.store.versions import output_lock, published, set_latest, version_number

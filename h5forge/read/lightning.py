@@ -27,6 +27,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader
 
+from h5forge.read.remote import version_of
 from h5forge.read.torch import H5Dataset
 
 __all__ = ["H5DataModule"]
@@ -67,7 +68,7 @@ class H5DataModule(pl.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if self.version_path is None:
-            real = os.path.realpath(self.path)
+            real = version_of(self.path, self.dataset_options.get("storage_options"))
             trainer = self.trainer
             self.version_path = trainer.strategy.broadcast(real, src=0) if trainer is not None else real
 

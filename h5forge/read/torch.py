@@ -41,13 +41,13 @@ from h5forge.read.reader import (
     DEFAULT_CACHE_CHUNKS,
     INDEX_FIELD,
     SliceIndex,
-    SplitReader,
     dense_values,
     model_values,
     output_dtypes,
     sample_value,
     slice_cache_default,
 )
+from h5forge.read.remote import open_split
 from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["H5Dataset", "ChunkShuffleSampler", "ReadError", "ShardedTwice", "collate"]
@@ -197,6 +197,11 @@ class H5Dataset(Dataset):
     batch`` on each batch in the worker. ``locking=False`` opens without HDF5 file locks (network
     filesystems). ``cache_chunks`` decompressed chunks per field are cached per worker (keep it at
     least the sampler's window); ``rdcc_nbytes`` sets the cache size in bytes directly.
+
+    ``path`` may be a URL (``https://…``, ``s3://…``, ``gs://…``; docs/reading.md, "From a bucket"):
+    rows are then fetched by ranged requests; ``verify_rows=True`` checks each row read against its
+    stored checksum, ``storage_options`` go to the store's fsspec filesystem, ``cache_dir`` keeps
+    the fetched chunks on a local disk for later epochs.
     """
 
     def __init__(
@@ -214,11 +219,19 @@ class H5Dataset(Dataset):
         unit: Literal["sample", "slice"] = "sample",
         context: int = 0,
         slice_cache: int | None = None,
+        verify_rows: bool = False,
+        storage_options: dict | None = None,
+        cache_dir: str | os.PathLike | None = None,
         **options: Any,
     ):
         if slice_cache is None:
             slice_cache = slice_cache_default(context) if unit == "slice" else 0
-        self.reader = SplitReader(
+        remote = {  # only for a URL: open_split refuses them for a local file
+            k: v
+            for k, v in dict(verify_rows=verify_rows, storage_options=storage_options, cache_dir=cache_dir).items()
+            if v
+        }
+        self.reader = open_split(
             path,
             split,
             fields,
@@ -226,6 +239,7 @@ class H5Dataset(Dataset):
             cache_chunks=cache_chunks,
             rdcc_nbytes=rdcc_nbytes,
             slice_cache=slice_cache,
+            **remote,
         )
         self.slices = SliceIndex(self.reader, context) if unit == "slice" else None
         self.options = read_options("torch", options)
