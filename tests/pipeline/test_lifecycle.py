@@ -517,6 +517,7 @@ class Given:
         return self.value
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("layout", ["segment-json-id", "classes", "sr-pairs"])
 def test_hostile_inputs_dropped_into_the_raw_folder_and_the_inbox(layout):
     """Every hostile input (HOSTILE: a FIFO, a symlink to /dev/zero and a folder at a picture's path,

@@ -35,6 +35,8 @@ from tests.helpers.tamper import (
     thin_version,
 )
 
+pytestmark = pytest.mark.faults
+
 QUICK = {"resample": 0, "latency_reads": 0}
 
 
