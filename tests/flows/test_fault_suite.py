@@ -1,9 +1,11 @@
 """The standing fault suite.
 
-- SIGKILL at random moments: a real `h5forge build` / `h5forge append` process is killed after a
-  random delay drawn over the length of a whole run. After each kill: latest verifies, no
-  published file changed, and one clean rerun converges (exact counts, no duplicate ids, no stray
-  files). 3 trials of each in the default run, 20 of each in the `slow` run.
+- SIGKILL at random moments: a real `h5forge build` (its version copied or mapped onto the
+  workers' files: `storage.assemble` copy and segments), a build taking over a killed build's file
+  (under either), and `h5forge append` are killed after a random delay drawn over the length of a
+  whole run. After each kill: latest verifies, no published file changed, and one clean rerun
+  converges (exact counts, no duplicate ids, no stray files). 2 trials of each in the default run
+  (``make test``), 20 of each in the `soak` run.
   (Readers across publishes and retention: tests/store/test_retention_readers.py.)
 
 Each test prints its figures (trials run, converged, where the kills landed).
