@@ -75,8 +75,14 @@ def test_a_killed_build_is_taken_over_in_place(raw, tmp_path):
 
 
 def _damage(path: Path, row: int, how: str) -> None:
-    """The stored chunk of train's picture ``row`` in the file at ``path``, damaged ``how``: one bit
-    flipped in its middle, or 64 of its bytes zeroed (pages a restart of the machine lost)."""
+    """Train's row ``row`` in the file at ``path``, damaged ``how``: one bit flipped in the middle of
+    its picture's stored chunk, 64 of that chunk's bytes zeroed (pages a restart of the machine
+    lost), or its id or checksum rewritten through HDF5."""
+    if how in ("another id", "another checksum"):
+        with h5py.File(path, "r+") as f:
+            name, value = ("ids", "cell_999999") if how == "another id" else ("checksum", b"0" * 64)
+            f["train"][name][row] = value
+        return
     with h5py.File(path, "r") as f:
         ds = f["train"]["images"]
         info = ds.id.get_chunk_info_by_coord((row - row % ds.chunks[0],) + (0,) * (ds.ndim - 1))
@@ -92,7 +98,7 @@ def _damage(path: Path, row: int, how: str) -> None:
             fh.write(b"\0" * 64)
 
 
-@pytest.mark.parametrize("how", ["one flipped bit", "64 zero bytes"])
+@pytest.mark.parametrize("how", ["one flipped bit", "64 zero bytes", "another id", "another checksum"])
 def test_a_kept_row_damaged_after_the_kill_is_cleaned_again(raw, tmp_path, how):
     """Anything may write into a killed build's file before the next build takes it over: every
     kept row is checked against its checksum first, and the rows from the first damaged one on are
