@@ -417,3 +417,18 @@ def test_a_value_written_into_any_dimension_scale_is_detected(good, tmp_path, wr
         report = verify_file(copy, checksums=False, **QUICK)
         assert not report.ok, name
         assert f"/{name} is a dimension scale that holds values" in " ".join(report.errors), (name, report.errors)
+
+
+
+def test_a_value_written_into_a_thin_versions_dimension_scale_is_detected(raws, tmp_path):
+    """A thin version's virtual datasets carry scales of their own, in its file: covered the same way."""
+    thin = thin_version(tmp_path / "out", *raws)
+    scales = _scales(thin)
+    assert "train/sample" in scales and "train/images_axis1" in scales
+    for k, name in enumerate(scales):
+        folder = shutil.copytree(thin.parent, tmp_path / f"scale_{k}")  # the version and the files it reads
+        with h5py.File(folder / thin.name, "r+") as f:
+            f[name][0] = 1
+        report = verify_file(folder / thin.name, checksums=False, **QUICK)
+        assert not report.ok, name
+        assert f"/{name} is a dimension scale that holds values" in " ".join(report.errors), (name, report.errors)
