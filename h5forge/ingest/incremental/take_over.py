@@ -76,10 +76,11 @@ def take_over(
             damaged = sum(keep.values()) - sum(intact.values())
             if damaged:
                 keep, ids, rejections = _prefix(f, saved, inputs, samples, limit=intact)
-            if not any(keep.values()):
-                return None
     except (OSError, ValueError, KeyError, TypeError, RuntimeError):
         return None  # the copying path reads what it can of it, or discards it
+    if not any(keep.values()):  # every split's first row was damaged, and no row after one is trusted
+        discard_resumable(out)
+        return None
     try:  # from here the file changes: if this fails, it is discarded and the build starts afresh
         with h5py.File(data, "r+") as f:
             stats = _kept_stats(f, saved, keep, kinds)

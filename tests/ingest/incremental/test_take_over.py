@@ -122,6 +122,27 @@ def test_a_kept_row_damaged_after_the_kill_is_cleaned_again(raw, tmp_path, how):
     assert t["cleaned"] == 120 - t["resumed_in_place"]
 
 
+def test_a_killed_builds_file_whose_first_rows_are_all_damaged_is_not_taken(raw, tmp_path):
+    """Row 0 of every split no longer matches its checksum: nothing of the file is kept, nor copied
+    (the rows after a damaged one are not trusted either); the build cleans everything."""
+    from h5forge.format.names import RESUMABLE
+    from h5forge.store.verify import verify_file
+
+    out = tmp_path / "out"
+    partial = killed_build(raw, out)
+    with h5py.File(partial, "r+") as f:
+        for split in ("train", "val", "test"):
+            f[split]["checksum"][0] = b"0" * 64
+
+    path, result = build(nightly_spec(raw, out))
+    assert verify_file(path, resample=0, latency_reads=0).ok
+    t = result.timings
+    assert "resumed_in_place" not in t and not t.get("resumed_rows") and t["cleaned"] == 120
+    assert not (out / RESUMABLE).exists() and strays(out) == []
+    fresh, _ = build(nightly_spec(raw, tmp_path / "fresh"))
+    assert_same(path, fresh)
+
+
 def test_durable_rows_after_a_sample_that_left_are_copied_instead(raw, tmp_path):
     """The first sample of the inputs is gone: the durable rows are no longer the first rows this
     build writes, so they are copied into a new file (and still not cleaned again)."""
