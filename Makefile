@@ -45,7 +45,7 @@ test-tools:
 test: install-test test-tools
 	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not tf and not soak"
 
-# the fault suite at full size: 20 SIGKILLed builds and appends, thousands of bit flips and damaged files
+# the fault suite at full size: 20 SIGKILLed runs of each kind, thousands of bit flips and damaged files
 test-soak: install-test
 	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m soak
 

@@ -36,7 +36,7 @@ def build(spec) -> dict:
     t = res.timings
     return {"seconds": round(time.perf_counter() - t0, 3), "steps": runner.seconds, "unchanged": res.unchanged,
             "version": res.version, "path": res.path,
-            **{k: t.get(k) for k in ("reused", "cleaned", "resumed_rows", "resumed_in_place", "resumed_same_boot",
+            **{k: t.get(k) for k in ("reused", "cleaned", "resumed_rows", "resumed_in_place", "resumed_damaged_rows",
                                      "reused_chunks_copied", "reused_copy_seconds", "cluster_start_seconds")}}
 
 

@@ -21,6 +21,7 @@ from h5forge.format.names import SAMPLE_DIM, SOURCE_FIELD_DIM, SOURCE_FILES, SOU
 
 # netCDF-4's marker for a dimension without a coordinate variable (h5netcdf and netCDF-C read it)
 NOT_A_VARIABLE = "This is a netCDF dimension but not a netCDF variable."
+SCALE_DTYPE = "f4"
 SCALE_ATTRS = frozenset({"CLASS", "NAME", "DIMENSION_LIST", "REFERENCE_LIST", "_Netcdf4Dimid", "_Netcdf4Coordinates"})
 
 
@@ -67,24 +68,28 @@ def name_axes(g: h5py.Group, rows: int) -> None:
         for axis, dim in enumerate(dims):
             scale = scales.get(dim)
             if scale is None:
-                scale = scales[dim] = g.create_dataset(dim, shape=(ds.shape[axis],), dtype="f4")  # never written
+                scale = scales[dim] = g.create_dataset(dim, shape=(ds.shape[axis],), dtype=SCALE_DTYPE)  # never written
                 scale.make_scale(f"{NOT_A_VARIABLE}{ds.shape[axis]:10d}")
             ds.dims[axis].attach_scale(scale)
 
 
 def scale_problems(g: h5py.Group) -> list[str]:
-    """What is wrong with the dimension scales under the split group ``g``: a scale's CLASS and
-    NAME are bookkeeping no digest covers (HDF5 rewrites them as scales are attached), but netCDF
-    readers show them, and ``name_axes`` writes each one exactly (NAME: ``NOT_A_VARIABLE`` and
-    the scale's length)."""
+    """What is wrong with the dimension scales under the split group ``g``. No digest covers them
+    (HDF5 rewrites a scale's CLASS and NAME as scales are attached), but netCDF readers show them,
+    and ``name_axes`` makes each one exactly: CLASS and NAME (``NOT_A_VARIABLE`` and the scale's
+    length), float32, no storage, so that its values are the fill value, zero. Anything written
+    into a scale allocates its storage."""
     problems = []
     for name, ds in _datasets(g).items():
         if "CLASS" not in ds.attrs:
             continue
+        where = f"/{g.name.strip('/')}/{name}"
         cls, label = ds.attrs["CLASS"], ds.attrs.get("NAME")
         want = f"{NOT_A_VARIABLE}{ds.shape[0]:10d}" if ds.ndim == 1 else None
         if _text(cls) != "DIMENSION_SCALE" or label is None or _text(label) != want:
-            problems.append(f"/{g.name.strip('/')}/{name} is a dimension scale whose CLASS or NAME is not as written")
+            problems.append(f"{where} is a dimension scale whose CLASS or NAME is not as written")
+        if ds.id.get_storage_size() != 0 or ds.dtype != SCALE_DTYPE or ds.fillvalue != 0:
+            problems.append(f"{where} is a dimension scale that holds values (a scale is never written)")
     return problems
 
 

@@ -14,13 +14,7 @@ from h5forge.format.summary import WriteSummary
 from h5forge.ingest.incremental import hash_cache
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.incremental.inputs import Inputs
-from h5forge.ingest.incremental.rebuild import (
-    REUSED_CHECKSUM_SAMPLE,
-    check_cleaned_rows,
-    copies_verified_rows,
-    inputs_of,
-    write_samples,
-)
+from h5forge.ingest.incremental.rebuild import check_cleaned_rows, inputs_of, write_samples
 from h5forge.ingest.assemble import open_writer
 from h5forge.ingest.incremental.take_over import take_over
 from h5forge.ingest.parallel import ahead_executor
@@ -86,15 +80,13 @@ def write_version(
     return summary
 
 
-def verify_candidate(candidate: Candidate) -> HealthReport:
+def verify_candidate(candidate: Candidate, checksum_sample: int | None = None) -> HealthReport:
     """Verify the written candidate, its checksums on the run's dask workers when they are still up
-    (``parallel.cluster_ahead``). A failed report is written at once (nothing will be published);
-    a passing one is written after the publish (``write_health_report``)."""
-    # rows a rebuild copied from published versions are byte copies of verified rows, each with its
-    # checksum, and rows a resumed build kept in place were flushed before the kill: sampled (the
-    # rows it cleaned were checked in full by write_version)
-    sample = REUSED_CHECKSUM_SAMPLE if candidate.partial.exists() and copies_verified_rows(candidate.partial) else None
-    report = verify_file(candidate.partial, checksum_sample=sample, executor=ahead_executor())
+    (``parallel.cluster_ahead``): every row's, or ``checksum_sample`` rows of each split when every
+    row was either checked in full while it was written or copied from a published version
+    (``rebuild.checksum_sample`` of the write's timings). A failed report is written at once
+    (nothing will be published); a passing one is written after the publish (``write_health_report``)."""
+    report = verify_file(candidate.partial, checksum_sample=checksum_sample, executor=ahead_executor())
     if not report.ok:
         write_health(candidate.out, candidate.number, report)
     return report

@@ -18,7 +18,7 @@ from h5forge.format.summary import WriteSummary
 from h5forge.ingest import build as steps, discover as discovery
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.incremental.inputs import Inputs, rules_hash
-from h5forge.ingest.incremental.rebuild import comparable, inputs_of, unchanged_since
+from h5forge.ingest.incremental.rebuild import checksum_sample, comparable, inputs_of, unchanged_since
 from h5forge.ingest.parallel import cluster_ahead
 from h5forge.ingest.rejected import check_rejected
 from h5forge.ingest.removals import check_removals, named
@@ -75,7 +75,7 @@ def build(
             summary = run("clean-and-write", clean_and_write, spec, inventory, candidate, inputs, runner)
             check_rejected(spec, inventory, summary, candidate)  # above max_rejected: nothing is published
             leaving = run("removals", samples_leaving, spec, candidate)  # unless allowed: nothing is published
-            report = run("verify", verify_candidate, candidate)
+            report = run("verify", verify_candidate, candidate, summary)
             if not report.ok:  # nothing is published: the run shows why before it fails
                 run("report", show_health, runner, spec.name, report, summary, candidate.number)
             published = run("publish", publish_version, candidate, report)
@@ -219,8 +219,8 @@ def samples_leaving(spec: DatasetSpec, candidate: Candidate) -> list[str]:
     return leaving
 
 
-def verify_candidate(candidate: Candidate) -> HealthReport:
-    return log_report(steps.verify_candidate(candidate))
+def verify_candidate(candidate: Candidate, summary: WriteSummary) -> HealthReport:
+    return log_report(steps.verify_candidate(candidate, checksum_sample(summary.timings)))
 
 
 def publish_version(candidate: Candidate, report: HealthReport) -> str:

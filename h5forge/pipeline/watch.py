@@ -108,6 +108,7 @@ def watch_inbox(
     poll_seconds: float,
     stop: threading.Event,
     own_files: Iterable[str] = (),
+    looked: Callable[[], None] = lambda: None,
 ) -> None:
     """Append what is already there, then whenever the inbox holds something new, until ``stop``.
 
@@ -117,6 +118,8 @@ def watch_inbox(
     ran is new to the next one; files too fresh to take (``settle_seconds``) are retried once they
     have settled. Events wake the loop; every ``poll_seconds`` without events the inbox is also
     compared with what the last append saw (a filesystem without events, an event missed).
+    ``looked`` is called each time the loop wakes (an event, or a poll) and finds nothing to append:
+    whoever needs to know that the loop has seen the inbox as it now is waits for it.
     """
     inbox.mkdir(parents=True, exist_ok=True)
     own = set(own_files)
@@ -157,6 +160,7 @@ def watch_inbox(
         new = [p for p, s in inbox_files(inbox).items() if seen.get(p) != s]
         settled = due is not None and time.time() >= due
         if not new and not settled:
+            looked()
             continue  # the append's own writes, or nothing at all
         if changes:
             log.info("%d new or changed file(s) in %s; appending once files settle", len(new), inbox)

@@ -270,6 +270,8 @@ class Lifecycle(RuleBasedStateMachine):
         own = [self.spec.annotations.file] if self.spec.annotations.file else []  # as `h5forge watch` passes
 
         busy = threading.Lock()
+        quiet = threading.Condition()  # notified whenever the watcher looked at the inbox and did nothing
+        looks = [0]
 
         def append_once() -> int:
             with busy:
@@ -277,10 +279,15 @@ class Lifecycle(RuleBasedStateMachine):
                 runs.append(result)
             return result.waiting
 
+        def looked() -> None:
+            with quiet:
+                looks[0] += 1
+                quiet.notify_all()
+
         def loop():
             try:
                 watch_inbox(self.inbox, append_once, own_files=own, settle_seconds=0.1, window_seconds=0.2,
-                            poll_seconds=0.5, stop=stop)
+                            poll_seconds=0.5, stop=stop, looked=looked)
             except BaseException as err:  # the main thread reports it
                 failure.append(err)
 
@@ -294,9 +301,11 @@ class Lifecycle(RuleBasedStateMachine):
             deadline = time.monotonic() + 600  # bounds a watcher that never takes the files
             while time.monotonic() < deadline and (self.inbox_files_left() or not runs) and worker.is_alive():
                 time.sleep(0.2)
-            with busy:  # the append that took the last files has returned
-                settled = len(runs)
-            time.sleep(1.5)  # three polls: the watcher's own writes must not start appends
+            with busy, quiet:  # the append that took the last files has returned
+                settled, seen = len(runs), looks[0]
+            with quiet:  # three looks at the inbox (its own writes, then polls) must not start appends
+                quiet.wait_for(lambda: looks[0] >= seen + 3 or len(runs) > settled or not worker.is_alive(),
+                               timeout=600)  # bounds a watcher that neither looks nor appends
             idle = runs[settled:]
         finally:
             stop.set()
@@ -508,6 +517,7 @@ class Given:
         return self.value
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("layout", ["segment-json-id", "classes", "sr-pairs"])
 def test_hostile_inputs_dropped_into_the_raw_folder_and_the_inbox(layout):
     """Every hostile input (HOSTILE: a FIFO, a symlink to /dev/zero and a folder at a picture's path,

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import threading
-import time
 
 import h5forge
 from h5forge.pipeline.watch import watch_inbox
@@ -18,7 +17,7 @@ from h5forge.store.versions import latest
 from tests.helpers.data import age_files
 from tests.helpers.files import all_ids
 
-QUIET_SECONDS = 8  # several poll periods: a watcher that retriggers itself appends again in this time
+QUIET_LOOKS = 3  # the watcher looked at the inbox this many times after an append and found nothing to do
 
 
 def _write_csv(path, rows):
@@ -31,26 +30,41 @@ def _write_csv(path, rows):
 
 
 class Watcher:
-    """``watch_inbox`` in a thread; every append it starts is recorded."""
+    """``watch_inbox`` in a thread; every append it starts is recorded, and how many times it has
+    looked at the inbox since the last one and found nothing to append (``quiet``)."""
 
     def __init__(self, spec: DatasetSpec, own_files: list[str]):
         self.spec, self.calls, self.stop = spec, [], threading.Event()
+        self.quiet, self.changed = 0, threading.Condition()
         a = spec.append
         self.thread = threading.Thread(target=watch_inbox, args=(spec.source.inbox, self.append), kwargs=dict(
-            own_files=own_files, settle_seconds=a.settle_seconds,
-            window_seconds=a.batch_window_seconds, poll_seconds=a.poll_seconds, stop=self.stop))
+            own_files=own_files, settle_seconds=a.settle_seconds, window_seconds=a.batch_window_seconds,
+            poll_seconds=a.poll_seconds, stop=self.stop, looked=self.looked))
 
     def append(self) -> int:
         result = h5forge.append(self.spec, skip_if_busy=True)
-        self.calls.append(result)
+        with self.changed:
+            self.calls.append(result)
+            self.quiet = 0
+            self.changed.notify_all()
         return result.waiting
 
-    def settle_on(self, version: int) -> None:
-        deadline = time.monotonic() + 900  # bounds a watcher that never appends
-        while latest(self.spec.output.dir) != version:
-            assert time.monotonic() < deadline and self.thread.is_alive(), [c.version for c in self.calls]
-            time.sleep(0.2)
-        time.sleep(QUIET_SECONDS)
+    def looked(self) -> None:
+        with self.changed:
+            self.quiet += 1
+            self.changed.notify_all()
+
+    def settle_on(self, version: int, appends: int) -> None:
+        """Until ``version`` is latest and the watcher has since looked at the inbox QUIET_LOOKS
+        times without appending (its own writes, then polls), or it started more than ``appends``
+        appends in all: a watcher that retriggers itself appends again before it goes quiet, and
+        the caller sees the extra call."""
+        with self.changed:
+            self.changed.wait_for(
+                lambda: not self.thread.is_alive() or len(self.calls) > appends or (
+                    latest(self.spec.output.dir) == version and self.quiet >= QUIET_LOOKS),
+                timeout=900)  # bounds a watcher that never appends
+        assert self.thread.is_alive() and latest(self.spec.output.dir) == version, [c.version for c in self.calls]
 
 
 def test_watch_appends_once_per_drop_and_never_reads_its_own_folders(raw_demo, tmp_path):
@@ -86,7 +100,7 @@ def test_watch_appends_once_per_drop_and_never_reads_its_own_folders(raw_demo, t
     watcher = Watcher(spec, own_files=["labels.csv"])
     watcher.thread.start()
     try:
-        watcher.settle_on(2)
+        watcher.settle_on(2, appends=1)
         assert [c.version for c in watcher.calls] == [2]  # one append for one drop
         assert watcher.calls[0].waiting == 1  # the ghost record
         with open(inbox / "labels.csv", newline="") as fh:
@@ -95,7 +109,7 @@ def test_watch_appends_once_per_drop_and_never_reads_its_own_folders(raw_demo, t
         place(inbox, good[26:29])  # a second drop: three pictures and their rows
         _write_csv(inbox / "labels.csv", [{"id": "ghost", "label": "x", "num_cells": 1},
                                           *(row(i) for i in good[26:29])])
-        watcher.settle_on(3)
+        watcher.settle_on(3, appends=2)
         assert [c.version for c in watcher.calls] == [2, 3]
         second = watcher.calls[1]
         # nothing re-read from processed/ or quarantine/: only the ghost still waits

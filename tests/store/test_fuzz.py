@@ -35,6 +35,8 @@ from tests.helpers.tamper import (
     thin_version,
 )
 
+pytestmark = pytest.mark.faults
+
 QUICK = {"resample": 0, "latency_reads": 0}
 
 
@@ -94,6 +96,7 @@ def run_bit_flips(versions, tmp_path, per_file: int, seed: int) -> dict:
 
 def test_bit_flips_in_stored_data_are_detected_or_harmless(versions, tmp_path):
     figures = run_bit_flips(versions, tmp_path, per_file=100, seed=0)
+    assert sorted(figures) == ["none", "zstd"]  # the loop below checks both files
     for name, fig in figures.items():
         assert fig["missed"] == 0, (name, fig)
         assert fig["detected"] + fig["harmless"] == fig["flips"] == 100
@@ -104,6 +107,7 @@ def test_bit_flips_in_stored_data_are_detected_or_harmless(versions, tmp_path):
 @pytest.mark.soak
 def test_bit_flips_in_stored_data_thousands(versions, tmp_path):
     figures = run_bit_flips(versions, tmp_path, per_file=1500, seed=1)
+    assert sorted(figures) == ["none", "zstd"] and all(fig["flips"] == 1500 for fig in figures.values()), figures
     assert all(fig["missed"] == 0 for fig in figures.values()), figures
 
 
@@ -133,6 +137,7 @@ def test_bit_flips_in_metadata_are_detected_or_harmless(versions, tmp_path):
 @pytest.mark.soak
 def test_bit_flips_in_metadata_hundreds(versions, tmp_path):
     figures = run_metadata_flips(versions, tmp_path, per_part=60, seed=1, files=("none", "zstd"))
+    assert len(figures) == 12 and all(fig["flips"] == 60 for fig in figures.values()), figures
     assert all(fig["missed"] == 0 for fig in figures.values()), figures
 
 
@@ -195,7 +200,10 @@ def run_verify_fuzz(versions, tmp_path, cuts: int, flips: int, seed: int) -> dic
 
 def test_verify_never_raises_on_truncated_or_flipped_files(versions, tmp_path):
     figures = run_verify_fuzz(versions, tmp_path, cuts=8, flips=25, seed=0)
+    assert sorted(figures) == ["none", "thin", "thin's delta", "zstd"]  # the loop below checks all four
     for name, fig in figures.items():
+        outcomes = fig["broken"] + fig["healthy_and_harmless"] + fig["healthy_but_changed"] + fig["exceptions"]
+        assert outcomes == fig["cases"] >= 25 + 1, (name, fig)  # every flip and at least one cut ran
         assert fig["exceptions"] == 0, (name, fig)
         assert fig["healthy_but_changed"] == 0, (name, fig)
         assert fig["broken"] >= 8  # every truncation at least
@@ -205,4 +213,6 @@ def test_verify_never_raises_on_truncated_or_flipped_files(versions, tmp_path):
 @pytest.mark.soak
 def test_verify_never_raises_thousands(versions, tmp_path):
     figures = run_verify_fuzz(versions, tmp_path, cuts=50, flips=400, seed=1)
+    assert sorted(figures) == ["none", "thin", "thin's delta", "zstd"]
+    assert all(fig["cases"] >= 400 for fig in figures.values()), figures
     assert all(fig["exceptions"] == 0 and fig["healthy_but_changed"] == 0 for fig in figures.values()), figures

@@ -383,3 +383,52 @@ def test_a_changed_dimension_scale_class_or_name_is_detected(copy, attr, value):
     report = verify_file(copy, resample=0, latency_reads=0)
     assert not report.ok
     assert "/train/source_field is a dimension scale whose CLASS or NAME is not as written" in " ".join(report.errors)
+
+
+def _scales(path: Path) -> list[str]:
+    """Every dimension scale of the version's splits, by path."""
+    found = []
+    with h5py.File(path, "r") as f:
+        for split in SPLITS:
+            f[split].visititems(lambda name, o, s=split: found.append(f"{s}/{name}")
+                                if isinstance(o, h5py.Dataset) and o.is_scale else None)
+    return found
+
+
+def test_the_version_has_a_scale_for_every_kind_of_axis(good):
+    scales = {p.split("/", 1)[1] for p in _scales(good)}
+    assert {"sample", "source_field", "images_axis1", "images_axis3", "masks_axis1"} <= scales
+
+
+@pytest.mark.parametrize("write", ["ones", "zeros", "one value"])
+def test_a_value_written_into_any_dimension_scale_is_detected(good, tmp_path, write):
+    """A scale holds no values (netCDF readers show the fill value, zero): whatever is written into
+    one, even zeros, is a change verify reports, naming the scale."""
+    scales = _scales(good)
+    assert len(scales) >= 3 * 5
+    for k, name in enumerate(scales):
+        copy = copy_writable(good, tmp_path / f"scale_{k}.h5")
+        with h5py.File(copy, "r+") as f:
+            ds = f[name]
+            if write == "one value":
+                ds[-1] = 7
+            else:
+                ds[...] = np.ones(ds.shape, ds.dtype) if write == "ones" else np.zeros(ds.shape, ds.dtype)
+        report = verify_file(copy, checksums=False, **QUICK)
+        assert not report.ok, name
+        assert f"/{name} is a dimension scale that holds values" in " ".join(report.errors), (name, report.errors)
+
+
+
+def test_a_value_written_into_a_thin_versions_dimension_scale_is_detected(raws, tmp_path):
+    """A thin version's virtual datasets carry scales of their own, in its file: covered the same way."""
+    thin = thin_version(tmp_path / "out", *raws)
+    scales = _scales(thin)
+    assert "train/sample" in scales and "train/images_axis1" in scales
+    for k, name in enumerate(scales):
+        folder = shutil.copytree(thin.parent, tmp_path / f"scale_{k}")  # the version and the files it reads
+        with h5py.File(folder / thin.name, "r+") as f:
+            f[name][0] = 1
+        report = verify_file(folder / thin.name, checksums=False, **QUICK)
+        assert not report.ok, name
+        assert f"/{name} is a dimension scale that holds values" in " ".join(report.errors), (name, report.errors)

@@ -101,7 +101,7 @@ def write_samples(
             samples = [ref for ref in samples if ref.id not in taken.ids]
             writer.add_rejections(taken.rejections)
             timings["resumed_in_place"] = taken.rows
-            timings["resumed_same_boot"] = taken.same_boot
+            timings["resumed_damaged_rows"] = taken.damaged
         plan = make_plan(samples, inputs, sources)
         timings["plan_seconds"] = round(time.perf_counter() - t0, 3)
         timings["hash_seconds"] = inputs.hash_seconds
@@ -136,9 +136,10 @@ def write_samples(
     return cleaned if plan.reused or taken is not None else None
 
 
-# rows of each split whose checksums verify re-checks when the others were copied as stored: a
-# misplaced copy shows in a few rows, and verify's sampled check costs more per row than its full
-# pass, so a large sample would cost more than checking everything
+# rows of each split whose checksums verify re-checks when every other row was either checked in
+# full before (cleaned, or kept from a killed build) or copied as stored: a misplaced copy shows in a
+# few rows, and verify's sampled check costs more per row than its full pass, so a large sample
+# would cost more than checking everything
 REUSED_CHECKSUM_SAMPLE = 16
 
 
@@ -167,16 +168,13 @@ def check_cleaned_rows(path: Path, spec: DatasetSpec, rows: dict[str, list[int]]
         raise VerificationFailed(bad)
 
 
-def copies_verified_rows(path: Path) -> bool:
-    """Whether a written (not yet published) version holds rows it did not clean, every one either
-    copied from a published version (verified when it was published) or kept in place from a
-    killed build's file on the same boot (flushed before the kill: see ``take_over``). Its cleaned
-    rows were checked in full (``check_cleaned_rows``); the others are then sampled. Rows copied
-    from a killed build's file, or kept across a restart of the machine, are verified in full."""
-    from h5forge.format.summary import read_summary
-
-    with h5py.File(path, "r") as f:
-        timings = read_summary(f).get("timings", {})
-    if timings.get("resumed_rows") or (timings.get("resumed_in_place") and not timings.get("resumed_same_boot")):
-        return False
-    return bool(timings.get("reused") or timings.get("resumed_in_place"))
+def checksum_sample(timings: dict) -> int | None:
+    """How many rows of each split ``verify`` checks against their checksums in a version written
+    with these ``timings``: ``REUSED_CHECKSUM_SAMPLE`` when the version holds rows it did not clean
+    and every one of them is a copy of a published version's (verified when it was published) or
+    was kept in place from a killed build's file (checked in full by ``take_over``); its cleaned
+    rows were checked in full (``check_cleaned_rows``). None (every row) when any row was copied
+    from a killed build's file, which nothing checked."""
+    if timings.get("resumed_rows"):
+        return None
+    return REUSED_CHECKSUM_SAMPLE if timings.get("reused") or timings.get("resumed_in_place") else None

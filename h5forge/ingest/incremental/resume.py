@@ -13,8 +13,9 @@ build appends the rest after them. Otherwise it copies every durable row whose s
 (``h5forge.ingest.incremental.reuse``) instead of cleaning it again, and removes the leftover when
 its own rows are written. Anything else is discarded.
 
-The checkpoint also records the boot of the machine: rows kept across a restart are verified in
-full (``take_over`` says why).
+Whichever way they are taken, rows from a killed build's file are checked in full before they are
+published: kept in place, against their checksums as the take-over begins (``take_over`` says
+why); copied, by ``verify``.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class Checkpoints:
     def save(self) -> None:
         self.saved = self.done
         state = self.writer.checkpoint()
-        state.update(key=self.inputs.key, rules=self.inputs.rules, boot=boot_id(), rejected=self._rejected())
+        state.update(key=self.inputs.key, rules=self.inputs.rules, rejected=self._rejected())
         if not self.exact_stats:  # rows copied from other files carry their statistics only at the end
             state["stats"] = None
         replace_file(self.path, json.dumps(state), tmp=self.path.with_name(self.path.name + ".tmp"))
@@ -104,14 +105,6 @@ class Checkpoints:
             for r in self.writer.rejections
             if r.stage == "clean" and known.get(r.sample_id)
         ]
-
-
-def boot_id() -> str | None:
-    """This boot of the machine (Linux); None where it cannot be told."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
 
 
 def checkpoint_of(out: Path) -> tuple[Path, Path, dict] | None:

@@ -7,15 +7,16 @@ again without cleaning (the same inputs give the same outcome). Otherwise the du
 copied (``h5forge.ingest.incremental.reuse``).
 
 What a kept row needs checking: its bytes were flushed to the operating system before the
-checkpoint counted it, so a SIGKILL cannot have lost or torn them (the kernel still writes them
-out); the file's chunk index must list every kept row inside the file (checked here, before the
-file is changed). A machine that restarted since the checkpoint may have lost pages the kernel had
-not yet written: the checkpoint records the boot, and rows kept across a restart are verified in
-full (``rebuild.copies_verified_rows``); on the same boot verify samples them.
+checkpoint counted it, but the file lay unguarded after the kill (a restart of the machine can
+lose pages the kernel had not written; anything can write into it). So the file's chunk index
+must list every kept row inside the file, and every kept row's checksum is recomputed from its
+stored bytes, all of them, before the file is changed: the rows from the first one that does not
+match (or cannot be read) on are cut off with the rest and cleaned again.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,25 +26,30 @@ import numpy as np
 
 from h5forge.format import arrays
 from h5forge.format.catalog import KEY, sample_keys, sample_keys_path
-from h5forge.format.names import IDS, PER_SAMPLE, SPLITS
+from h5forge.format.checksums import stored_checksums
+from h5forge.format.names import CHECKSUM, IDS, PER_SAMPLE, SPLITS, block_rows
 from h5forge.ingest.incremental.inputs import Inputs
-from h5forge.ingest.incremental.resume import boot_id, checkpoint_of, discard_resumable
+from h5forge.ingest.incremental.resume import checkpoint_of, discard_resumable
 from h5forge.ingest.incremental.reuse import count_rows
 from h5forge.ingest.writer import Durable
 from h5forge.kinds import FieldKind
 from h5forge.samples import Rejection, SampleRef
 
+log = logging.getLogger(__name__)
+
+MAX_CHECK_ROWS = 256  # rows checksummed per read, whatever the chunks of the killed build's file
+
 
 @dataclass
 class TakenOver:
-    """A killed build's file taken over in place: the rows kept (``durable``), the samples they and
-    the carried rejections stand for (``ids``), and whether the machine ran without a restart since
-    the checkpoint (``same_boot``)."""
+    """A killed build's file taken over in place: the rows kept (``durable``), every one checked
+    against its checksum; the samples they and the carried rejections stand for (``ids``); and how
+    many durable rows were cut off from the first one that failed that check (``damaged``)."""
 
     durable: Durable
     ids: set[str]
     rejections: list[Rejection]
-    same_boot: bool
+    damaged: int = 0
 
     @property
     def rows(self) -> int:
@@ -54,8 +60,9 @@ def take_over(
     out: Path, inputs: Inputs, samples: list[SampleRef], kinds: dict[str, FieldKind], partial: Path
 ) -> TakenOver | None:
     """Make what a killed build left in ``out`` the file at ``partial``, cut back to the durable
-    rows this build would write first in each split; None (the file left as it is) when its rows
-    are not such a prefix, or its chunk index does not list every one of them."""
+    rows this build would write first in each split and that match their checksums; None (the file
+    left as it is) when its rows are not such a prefix, or its chunk index does not list every one
+    of them."""
     try:
         found = checkpoint_of(out)
         if found is None or found[2].get("rules") != inputs.rules:
@@ -65,8 +72,15 @@ def take_over(
             keep, ids, rejections = _prefix(f, saved, inputs, samples)
             if not any(keep.values()) or not all(_listed(f, split, m, kinds) for split, m in keep.items()):
                 return None
+            intact = {split: _intact(f[split], m, kinds) for split, m in keep.items()}
+            damaged = sum(keep.values()) - sum(intact.values())
+            if damaged:
+                keep, ids, rejections = _prefix(f, saved, inputs, samples, limit=intact)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError):
         return None  # the copying path reads what it can of it, or discards it
+    if not any(keep.values()):  # every split's first row was damaged, and no row after one is trusted
+        discard_resumable(out)
+        return None
     try:  # from here the file changes: if this fails, it is discarded and the build starts afresh
         with h5py.File(data, "r+") as f:
             stats = _kept_stats(f, saved, keep, kinds)
@@ -79,20 +93,55 @@ def take_over(
         partial.unlink(missing_ok=True)
         return None
     listed = {s: {p: list(v[: keep[s]]) for p, v in per.items()} for s, per in saved["listed"].items()}
-    boot = boot_id()
-    return TakenOver(Durable(keep, stats, listed), ids, rejections, boot is not None and saved.get("boot") == boot)
+    return TakenOver(Durable(keep, stats, listed), ids, rejections, damaged)
 
 
-def _prefix(f: h5py.File, saved: dict, inputs: Inputs, samples: list[SampleRef]):
-    """Per split, how many of the durable rows are the first rows this build writes; the samples
-    they stand for and those the killed build rejected before them (taken as rejected again).
-    Raises ValueError when a durable row this build wants lies beyond them (it would be lost)."""
+def _intact(g: h5py.Group, n: int, kinds: dict[str, FieldKind]) -> int:
+    """How many of the first ``n`` rows of the split group ``g``, counted from its first, hash to
+    the checksums stored beside them: the first row that does not, or cannot be read, ends them."""
+    fixed = [g[path].chunks[0] for path, kind in kinds.items() if not kind.stored().ragged and g[path].chunks]
+    step = min(block_rows(max(fixed, default=1)), MAX_CHECK_ROWS)
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        bad = _first_mismatch(g, kinds, a, b)
+        if bad is None:  # a block that cannot be read: its rows one by one
+            bad = next((r for r in range(a, b) if _first_mismatch(g, kinds, r, r + 1) != r + 1), b)
+        if bad < b:
+            log.warning(
+                "%s[%d] of a killed build's file does not match its checksum: it and the %d durable row(s) "
+                "after it are cleaned again",
+                g.name.strip("/"),
+                bad,
+                n - bad - 1,
+            )
+            return bad
+    return n
+
+
+def _first_mismatch(g: h5py.Group, kinds: dict[str, FieldKind], a: int, b: int) -> int | None:
+    """The first of rows ``a:b`` whose stored values do not hash to its checksum (``b`` when every
+    one does); None when they cannot be read."""
+    try:
+        sums = stored_checksums(g, kinds, a, b)
+        stored = g[CHECKSUM][a:b]
+    except Exception:  # noqa: BLE001 - a corrupt chunk, heap or string: the caller narrows it down
+        return None
+    return next((a + i for i, digest in enumerate(sums) if digest.encode() != stored[i]), b)
+
+
+def _prefix(f: h5py.File, saved: dict, inputs: Inputs, samples: list[SampleRef], limit: dict[str, int] | None = None):
+    """Per split, how many of the durable rows (of the first ``limit[split]`` when given) are the
+    first rows this build writes; the samples they stand for and those the killed build rejected
+    before them (taken as rejected again). Raises ValueError when a durable row this build wants
+    lies beyond them (it would be lost)."""
     rejected = {(sid, bytes.fromhex(key)): (paths, reason) for sid, key, paths, reason in saved.get("rejected", [])}
     keep: dict[str, int] = {}
     ids: set[str] = set()
     rejections: list[Rejection] = []
     for split in SPLITS:
         n = int(saved["counts"].get(split, 0))
+        if limit is not None:
+            n = min(n, limit[split])
         stored = sample_keys(f, split, n)
         if len(stored) != n or f[split][IDS].shape[0] < n:
             raise ValueError(f"{split}: fewer rows than its checkpoint says")

@@ -56,10 +56,11 @@ def test_a_killed_build_is_taken_over_in_place(raw, tmp_path):
     t = result.timings
     # 96 of 120 inputs were settled at the kill: 95 rows and the rejected sample, whose rejection
     # is carried over (not cleaned again); only the 24 others are cleaned
-    assert (t["resumed_in_place"], t["cleaned"], t["resumed_same_boot"]) == (95, 24, True)
+    assert (t["resumed_in_place"], t["cleaned"], t["resumed_damaged_rows"]) == (95, 24, 0)
     assert "resumed_rows" not in t and t["reused"] == 0  # nothing copied
     assert path.stat().st_ino == inode  # the killed build's file, published
-    # the 24 cleaned rows were checked in full while written; the kept ones are sampled by verify
+    # the 24 cleaned rows were checked in full while written, the kept ones as the take-over began;
+    # verify samples them
     assert "sampled" in result.health["checksums"]
     assert [r.sample_id for r in result.rejections] == [bad]
     assert strays(out) == []
@@ -76,26 +77,73 @@ def test_a_killed_build_is_taken_over_in_place(raw, tmp_path):
     assert ours == theirs
 
 
-def test_rows_kept_across_a_restart_of_the_machine_are_verified_in_full(raw, tmp_path):
-    """Pages the kernel had not written may be lost when the machine restarts: a row kept from
-    another boot is checked against its checksum like every row a build cleans."""
-    from h5forge.errors import VerificationFailed
-    from h5forge.read.direct import chunk_index
-    from h5forge.store.versions import published
+def _damage(path: Path, row: int, how: str) -> None:
+    """Train's row ``row`` in the file at ``path``, damaged ``how``: one bit flipped in the middle of
+    its picture's stored chunk, 64 of that chunk's bytes zeroed (pages a restart of the machine
+    lost), or its id or checksum rewritten through HDF5."""
+    if how in ("another id", "another checksum"):
+        with h5py.File(path, "r+") as f:
+            name, value = ("ids", "cell_999999") if how == "another id" else ("checksum", b"0" * 64)
+            f["train"][name][row] = value
+        return
+    with h5py.File(path, "r") as f:
+        ds = f["train"]["images"]
+        info = ds.id.get_chunk_info_by_coord((row - row % ds.chunks[0],) + (0,) * (ds.ndim - 1))
+        at, size = int(info.byte_offset), int(info.size)
+    with open(path, "r+b") as fh:
+        if how == "one flipped bit":
+            fh.seek(at + size // 2)
+            byte = fh.read(1)[0]
+            fh.seek(at + size // 2)
+            fh.write(bytes([byte ^ 0x10]))
+        else:
+            fh.seek(at + min(100, size - 64))
+            fh.write(b"\0" * 64)
+
+
+@pytest.mark.parametrize("how", ["one flipped bit", "64 zero bytes", "another id", "another checksum"])
+def test_a_kept_row_damaged_after_the_kill_is_cleaned_again(raw, tmp_path, how):
+    """Anything may write into a killed build's file before the next build takes it over: every
+    kept row is checked against its checksum first, and the rows from the first damaged one on are
+    cleaned again. The version equals an uninterrupted build's and verifies in full."""
+    from h5forge.store.verify import verify_file
 
     out = tmp_path / "out"
     partial = killed_build(raw, out)
-    state = partial.with_name(partial.name + RESUME_SUFFIX)
-    saved = json.loads(state.read_text())
-    state.write_text(json.dumps({**saved, "boot": "another boot"}))
-    with h5py.File(partial, "r") as f:  # row 40 of train's pictures lost its bytes
-        offset = int(chunk_index(f["train"]["images"]).offsets[40])
-    with open(partial, "r+b") as fh:
-        fh.seek(offset + 100)
-        fh.write(b"\0" * 64)
-    with pytest.raises(VerificationFailed, match=r"train\[40\]"):
-        build(nightly_spec(raw, out))
-    assert published(out) == {}
+    counts = json.loads(partial.with_name(partial.name + RESUME_SUFFIX).read_text())["counts"]
+    assert counts["train"] > 5
+    _damage(partial, 5, how)
+
+    path, result = build(nightly_spec(raw, out))
+    report = verify_file(path, resample=0, latency_reads=0)  # every row's checksum
+    assert report.ok and report.checks["checksums"] == "ok (120 samples)", report.errors
+    fresh, _ = build(nightly_spec(raw, tmp_path / "fresh"))
+    assert_same(path, fresh)  # train[5] holds its source's picture again, as every other row does
+    t = result.timings
+    assert t["resumed_damaged_rows"] == counts["train"] - 5  # train[5] and the durable rows after it
+    assert t["resumed_in_place"] == sum(counts.values()) - t["resumed_damaged_rows"]
+    assert t["cleaned"] == 120 - t["resumed_in_place"]
+
+
+def test_a_killed_builds_file_whose_first_rows_are_all_damaged_is_not_taken(raw, tmp_path):
+    """Row 0 of every split no longer matches its checksum: nothing of the file is kept, nor copied
+    (the rows after a damaged one are not trusted either); the build cleans everything."""
+    from h5forge.format.names import RESUMABLE
+    from h5forge.store.verify import verify_file
+
+    out = tmp_path / "out"
+    partial = killed_build(raw, out)
+    with h5py.File(partial, "r+") as f:
+        for split in ("train", "val", "test"):
+            f[split]["checksum"][0] = b"0" * 64
+
+    path, result = build(nightly_spec(raw, out))
+    assert verify_file(path, resample=0, latency_reads=0).ok
+    t = result.timings
+    assert "resumed_in_place" not in t and not t.get("resumed_rows") and t["cleaned"] == 120
+    assert not (out / RESUMABLE).exists() and strays(out) == []
+    fresh, _ = build(nightly_spec(raw, tmp_path / "fresh"))
+    assert_same(path, fresh)
 
 
 def test_durable_rows_after_a_sample_that_left_are_copied_instead(raw, tmp_path):
