@@ -19,13 +19,16 @@ is here (docs/reading.md, "From a bucket"):
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import random
 import re
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import h5py
@@ -369,9 +372,53 @@ class RemoteObject:
         except TypeError:  # a filesystem whose open takes no size / headers
             handle = self.fs.open(self.url, "rb", block_size=METADATA_BLOCK, cache_type="blockcache")
         try:
-            return h5py.File(handle, "r")
+            return h5py.File(_CollectorPausedWhileReading(handle), "r")
         except OSError as err:
             raise ReadError(f"{self.name}: cannot be opened as an HDF5 file ({err})") from None
+
+
+_PAUSED_READS = 0
+_COLLECTOR_WAS_ON = False
+_PAUSES_LOCK = threading.Lock()
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a read waits; as it was again when the last one ends."""
+    global _PAUSED_READS, _COLLECTOR_WAS_ON
+    with _PAUSES_LOCK:
+        if _PAUSED_READS == 0:
+            _COLLECTOR_WAS_ON = gc.isenabled()
+            gc.disable()
+        _PAUSED_READS += 1
+    try:
+        yield
+    finally:
+        with _PAUSES_LOCK:
+            _PAUSED_READS -= 1
+            if _PAUSED_READS == 0 and _COLLECTOR_WAS_ON:
+                gc.enable()
+
+
+class _CollectorPausedWhileReading:
+    """An fsspec file as h5py reads it. h5py holds its global lock while HDF5 reads through a file
+    object, and fsspec does the read on its own event-loop thread. A garbage collection that starts
+    on that thread and frees an h5py object waits for h5py's lock, so the read never returns and
+    the reader hangs. The collector is paused while such a read waits (it runs again after)."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    def readinto(self, buffer: Any) -> int:
+        with _collector_paused():
+            return self._handle.readinto(buffer)
+
+    def read(self, size: int = -1) -> bytes:
+        with _collector_paused():
+            return self._handle.read(size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
 
 
 _RANGE = re.compile(rb"content-range:\s*bytes\s+(\d+)-(\d+)/(\d+|\*)", re.I)

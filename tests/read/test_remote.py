@@ -218,7 +218,9 @@ def test_rows_over_s3_with_credentials_from_the_environment(served, s3, monkeypa
         monkeypatch.setenv(key, value)
     import fsspec
 
-    fsspec.filesystem("s3", skip_instance_cache=True).put_file(str(root / "dataset_v0001.h5"), "team/c/dataset_v0001.h5")
+    fsspec.filesystem("s3", skip_instance_cache=True).put_file(
+        str(root / "dataset_v0001.h5"), "team/c/dataset_v0001.h5"
+    )
     local = SplitReader(root / "dataset_v0001.h5", "train")
     remote = RemoteSplitReader("s3://team/c/dataset_v0001.h5", "train", verify_rows=True, retry=FAST)
     idx = [11, 2, 2, -1]
@@ -302,3 +304,42 @@ def test_a_forked_process_opens_its_own_connections(served):
     child.join(120)
     assert child.exitcode == 0 and own and parent_pid == os.getpid()
     assert data == remote.read([4])["images"].tobytes()
+
+
+HANG_PROBE = """
+import gc, sys, threading, h5py
+from h5forge.read.remote import RemoteSplitReader
+url, local = sys.argv[1], sys.argv[2]
+held = h5py.File(local, "r")
+stop = threading.Event()
+def make_cycles():  # garbage holding h5py objects: whichever thread's allocation runs the collector frees it
+    while not stop.is_set():
+        for _ in range(50):
+            box = [held["train"]]
+            box.append(box)
+gc.set_threshold(100)
+threading.Thread(target=make_cycles, daemon=True).start()
+for _ in range(30):
+    RemoteSplitReader(url, "train").read([0, 1, 2])
+stop.set()
+print("read")
+"""
+
+
+def test_a_collection_on_fsspecs_thread_does_not_hang_a_read_through_h5py(served):
+    """h5py holds its lock while HDF5 reads through fsspec's file, whose reads run on fsspec's own
+    thread: a garbage collection there that frees an h5py object would wait for that lock forever."""
+    import subprocess
+    import sys
+
+    server, root = served
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", HANG_PROBE, f"{server.url}/dataset_v0001.h5", str(root / "dataset_v0001.h5")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("a read through h5py over fsspec hung")
+    assert done.returncode == 0 and done.stdout.strip() == "read", done.stderr
