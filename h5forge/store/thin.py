@@ -35,6 +35,7 @@ from h5forge.format.names import (
     partial_name,
     version_name,
 )
+from h5forge.format.mapped import read_all
 from h5forge.format.segments import counts_of, map_virtual, segment_lengths, segments_of
 from h5forge.format.summary import WriteSummary, read_summary, write_diagnostics
 from h5forge.kinds import stored_kinds
@@ -235,7 +236,7 @@ def _materialize(obj: h5py.Dataset, g: h5py.Group, name: str) -> None:
     tail = obj.shape[1:]
     g.create_dataset(
         name,
-        data=obj[()],
+        data=read_all(obj),  # a mapped dataset read from its files
         dtype=obj.dtype,
         maxshape=(None, *tail),
         chunks=(SMALL_ROWS, *tail),
