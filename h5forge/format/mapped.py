@@ -58,6 +58,7 @@ class _Open:
         self.path = path
         self.fd: int | None = None
         self.h5: h5py.File | None = None
+        self.datasets: dict[str, h5py.Dataset] = {}  # opened in h5, by name
 
     def descriptor(self) -> int:
         if self.fd is None:
@@ -84,7 +85,7 @@ class _Open:
         self.close_h5()
 
     def close_h5(self) -> None:
-        h5, self.h5 = self.h5, None
+        h5, self.h5, self.datasets = self.h5, None, {}
         if h5 is not None:
             try:
                 h5.close()
@@ -143,6 +144,22 @@ class SourceFiles:
 
 
 SOURCES = SourceFiles()
+MAPPINGS_KEPT = 256  # mapped datasets whose mapping this process keeps for a next open
+_mappings: "OrderedDict[tuple, MappedDataset]" = OrderedDict()
+_mappings_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with no source open and free locks: a lock another thread of the
+    parent held at the fork would never be released in the child."""
+    global _mappings_lock
+    SOURCES.lock = threading.RLock()
+    SOURCES._open = OrderedDict()
+    SOURCES._pid = os.getpid()
+    _mappings_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclass(frozen=True)
@@ -335,6 +352,9 @@ class MappedDataset:
     # ---- from one source ---------------------------------------------------------------------
     def _dataset(self, source: int, handles: _Open) -> h5py.Dataset:
         dset = self.sources[source][1]
+        sd = handles.datasets.get(dset)
+        if sd is not None:
+            return sd
         f = handles.file()
         try:
             sd = f[dset]
@@ -342,6 +362,7 @@ class MappedDataset:
             raise self._fail(source, "is not in the file") from None
         if not isinstance(sd, h5py.Dataset) or sd.is_virtual:
             raise self._fail(source, "is not a stored dataset")
+        handles.datasets[dset] = sd
         return sd
 
     def _chunk_list(self, source: int, handles: _Open) -> _Chunks | None:
@@ -372,9 +393,7 @@ class MappedDataset:
         except OSError as err:
             raise self._fail(source, f"row {row} cannot be read ({err.strerror or err})") from None
         if chunks.codec == "lz4":
-            if not lz4_at(stored, self._buffer.ctypes.data, flat.ctypes.data, flat.size) and not lz4_into(
-                stored, flat
-            ):
+            if not lz4_at(stored, self._buffer.ctypes.data, flat.ctypes.data, flat.size) and not lz4_into(stored, flat):
                 raise self._fail(source, f"row {row}: its stored chunk does not decode")
             return
         try:
@@ -412,8 +431,29 @@ def _rows_selected(space: h5py.h5s.SpaceID, shape: tuple[int, ...] | None) -> tu
 
 
 def rows_of(d: h5py.Dataset) -> Any:
-    """``d`` itself, or for a virtual dataset a ``MappedDataset`` that reads from its files."""
-    return MappedDataset(d) if d.is_virtual else d
+    """``d`` itself, or for a virtual dataset a ``MappedDataset`` that reads from its files.
+
+    A mapping is read once per file and dataset: a published version never changes, so the same
+    file (device, inode, size, modification time) maps the same rows, and the chunk addresses
+    listed for it stay valid. Verify and the rebuild's checks open one dataset per block of rows."""
+    if not d.is_virtual:
+        return d
+    try:
+        st = os.stat(os.path.realpath(d.file.filename))
+    except OSError:  # a file being built in memory: nothing to key its mapping on
+        return MappedDataset(d)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, d.name)
+    with _mappings_lock:
+        kept = _mappings.get(key)
+        if kept is not None:
+            _mappings.move_to_end(key)
+            return kept
+    made = MappedDataset(d)
+    with _mappings_lock:
+        _mappings[key] = made
+        while len(_mappings) > MAPPINGS_KEPT:
+            _mappings.popitem(last=False)
+    return made
 
 
 def read_all(d: h5py.Dataset) -> np.ndarray:
