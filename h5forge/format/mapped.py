@@ -22,6 +22,8 @@ file, never a value the file did not hold.
 from __future__ import annotations
 
 import bisect
+import ctypes
+import mmap
 import os
 import resource
 import threading
@@ -38,7 +40,7 @@ from h5forge.errors import ReadError
 from h5forge.format.chunk_codec import DEFLATE_FILTER, LZ4_FILTER, lz4_at, lz4_into
 
 MAX_OPEN_SOURCES = 256  # files kept open at most, whatever the descriptor limit allows
-FDS_PER_SOURCE = 2  # a source may hold a plain descriptor (chunk reads) and HDF5's own
+FDS_PER_SOURCE = 2  # a source may hold its map's descriptor (chunk reads) and HDF5's own
 
 
 def open_sources_budget() -> int:
@@ -51,24 +53,45 @@ def open_sources_budget() -> int:
     return max(1, min(MAX_OPEN_SOURCES, soft // 8 // FDS_PER_SOURCE))
 
 
+class _Map:
+    """A source file mapped read-only: a row's chunk is a slice of it, decoded with no system call."""
+
+    def __init__(self, mm: mmap.mmap | None):
+        self.mm = mm
+        self.length = len(mm) if mm is not None else 0
+        self.view = memoryview(mm) if mm is not None else memoryview(b"")
+        self._anchor = np.frombuffer(self.view, np.uint8)
+        self.base = self._anchor.ctypes.data if self.length else 0
+
+    def close(self) -> None:
+        del self._anchor
+        self.view.release()
+        if self.mm is not None:
+            self.mm.close()
+
+
 class _Open:
-    """One source file's open handles: a descriptor for chunk reads, HDF5's file when needed."""
+    """One source file's open handles: the file mapped for chunk reads, HDF5's file when needed."""
 
     def __init__(self, path: str):
         self.path = path
-        self.fd: int | None = None
+        self.map: _Map | None = None
         self.h5: h5py.File | None = None
         self.datasets: dict[str, h5py.Dataset] = {}  # opened in h5, by name
 
-    def descriptor(self) -> int:
-        if self.fd is None:
+    def mapped(self) -> _Map:
+        if self.map is None:
             try:
-                self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except OSError as err:
-                raise ReadError(
-                    f"{self.path}: a file this version maps cannot be opened ({err.strerror or err})"
-                ) from None
-        return self.fd
+                fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                try:  # the map keeps a descriptor of its own
+                    size = os.fstat(fd).st_size
+                    self.map = _Map(mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None)
+                finally:
+                    os.close(fd)
+            except (OSError, ValueError) as err:
+                reason = getattr(err, "strerror", None) or str(err)
+                raise ReadError(f"{self.path}: a file this version maps cannot be opened ({reason})") from None
+        return self.map
 
     def file(self) -> h5py.File:
         if self.h5 is None:
@@ -76,12 +99,9 @@ class _Open:
         return self.h5
 
     def close(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        m, self.map = self.map, None
+        if m is not None:
+            m.close()
         self.close_h5()
 
     def close_h5(self) -> None:
@@ -139,6 +159,15 @@ class SourceFiles:
             while self._open:
                 self._open.popitem(last=False)[1].close()
 
+    def release(self, paths) -> None:
+        """Close ``paths`` if open (a reader that closes gives back its files: a deleted version's
+        files then free their space; another reader of them opens them again when it reads)."""
+        with self.lock:
+            for path in paths:
+                entry = self._open.pop(path, None)
+                if entry is not None:
+                    entry.close()
+
     def __len__(self) -> int:
         return len(self._open)
 
@@ -164,11 +193,12 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 @dataclass(frozen=True)
 class _Chunks:
-    """Where each row's stored chunk lies in a source file (one row per chunk), and its codec."""
+    """Where each row's stored chunk lies in a source file (one row per chunk), and its codec.
+    Lists, not arrays: a row's look-up is then a plain index."""
 
-    offsets: np.ndarray
-    sizes: np.ndarray
-    masks: np.ndarray
+    offsets: list[int]  # -1: never written
+    sizes: list[int]
+    masks: list[int]
     codec: str  # none | lz4 | gzip
 
 
@@ -189,7 +219,7 @@ def _codec_of(sd: h5py.Dataset) -> str | None:
     return {(): "none", (LZ4_FILTER,): "lz4", (DEFLATE_FILTER,): "gzip"}.get(tuple(filters))
 
 
-def _list_chunks(sd: h5py.Dataset, fd: int) -> _Chunks | None:
+def _list_chunks(sd: h5py.Dataset, m: _Map) -> _Chunks | None:
     """The chunk addresses of ``sd``, when a chunk read at its address equals HDF5's own read of it."""
     codec = _codec_of(sd)
     if codec is None:
@@ -207,11 +237,17 @@ def _list_chunks(sd: h5py.Dataset, fd: int) -> _Chunks | None:
         return None
     written = np.flatnonzero(offsets >= 0)
     if written.size:
+        if int((offsets[written] + sizes[written]).max()) > m.length:
+            return None  # HDF5 reads what it can of a file cut short, and says what it cannot
         first = int(written[0])
         mask, chunk = sd.id.read_direct_chunk((first, *(0,) * (sd.ndim - 1)))
-        if mask != masks[first] or os.pread(fd, int(sizes[first]), int(offsets[first])) != chunk:
+        o, z = int(offsets[first]), int(sizes[first])
+        if mask != masks[first] or m.view[o : o + z] != chunk:
             return None
-    return _Chunks(offsets, sizes, masks, codec)
+    return _Chunks(offsets.tolist(), sizes.tolist(), masks.tolist(), codec)
+
+
+_UNLISTED = object()  # a source whose chunks are not listed yet
 
 
 @dataclass(frozen=True)
@@ -254,10 +290,14 @@ class MappedDataset:
             pieces.append(_Piece(lo, hi - lo, where, slo))
         pieces.sort(key=lambda p: p.start)
         self.sources, self.pieces = sources, pieces
+        self.paths = [path for path, _ in sources]
+        # per piece, in row order, as plain lists: a row's look-up is a bisection and a few indexes
         self.starts = [p.start for p in pieces]
+        self.ends = [p.start + p.count for p in pieces]
+        self.shift = [p.source_start - p.start for p in pieces]  # source row = row + shift
+        self.of_source = [p.source for p in pieces]
         self.version_file = own
         self._chunks: dict[int, _Chunks | None] = {}  # per source, listed on its first row read
-        self._buffer = np.empty(0, np.uint8)  # one stored chunk at a time (reads hold the lock)
         self.row_shape, self.row_nbytes = (
             self.shape[1:],
             int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize,
@@ -284,15 +324,19 @@ class MappedDataset:
     # ---- rows --------------------------------------------------------------------------------
     def read_into(self, row: int, out: np.ndarray) -> None:
         """Row ``row`` into ``out`` (one row, C order, this dataset's dtype)."""
-        p = self._piece(row)
-        src_row = p.source_start + row - p.start
+        k = bisect.bisect_right(self.starts, row) - 1
+        if k < 0 or row >= self.ends[k]:
+            raise ReadError(f"{self.version_file}: row {row} of {self.name} is mapped to no file")
+        source, src_row = self.of_source[k], row + self.shift[k]
         with self.files.lock:
-            handles = self.files.get(self.sources[p.source][0])
-            chunks = self._chunk_list(p.source, handles)
-            if chunks is not None and out.flags.c_contiguous:
-                self._chunk_into(p.source, chunks, src_row, handles, out.reshape(-1).view(np.uint8))
+            handles = self.files.get(self.paths[source])
+            chunks = self._chunks.get(source, _UNLISTED)
+            if chunks is _UNLISTED:
+                chunks = self._chunk_list(source, handles)
+            if chunks is not None and out.flags.c_contiguous and out.nbytes == self.row_nbytes:
+                self._chunk_into(source, chunks, src_row, handles, out)
             else:
-                self._h5_into(p.source, handles, src_row, src_row + 1, out[None])
+                self._h5_into(source, handles, src_row, src_row + 1, out[None])
 
     def read_rows(self, rows: np.ndarray, target: np.ndarray, positions: np.ndarray) -> None:
         """Each of ``rows`` into ``target[positions[k]]`` (the reader's batched read)."""
@@ -327,9 +371,7 @@ class MappedDataset:
                 chunks = self._chunk_list(p.source, handles) if not self.dtype.hasobject else None
                 if chunks is not None:
                     for k in range(end - at):
-                        self._chunk_into(
-                            p.source, chunks, a + k, handles, out[at - start + k].reshape(-1).view(np.uint8)
-                        )
+                        self._chunk_into(p.source, chunks, a + k, handles, out[at - start + k])
                 else:
                     self._h5_into(p.source, handles, a, a + end - at, out[at - start : end - start])
             at = end
@@ -367,42 +409,36 @@ class MappedDataset:
 
     def _chunk_list(self, source: int, handles: _Open) -> _Chunks | None:
         if source not in self._chunks:
-            opened = handles.h5 is None
-            sd = self._dataset(source, handles)
-            listed = self._chunks[source] = _list_chunks(sd, handles.descriptor())
-            if listed is not None and opened:  # its rows are read with the descriptor alone from now on
-                del sd
-                handles.close_h5()
+            # the file stays open with its entry: the version's other fields list their chunks in it too
+            self._chunks[source] = _list_chunks(self._dataset(source, handles), handles.mapped())
         return self._chunks[source]
 
-    def _chunk_into(self, source: int, chunks: _Chunks, row: int, handles: _Open, flat: np.ndarray) -> None:
+    def _chunk_into(self, source: int, chunks: _Chunks, row: int, handles: _Open, out: np.ndarray) -> None:
+        """Row ``row`` of the source into ``out`` (C-contiguous, one row's bytes) from its stored chunk."""
         if not 0 <= row < len(chunks.offsets) or chunks.offsets[row] < 0:
             raise self._fail(source, f"has no stored chunk for row {row}")
-        offset, size, mask = int(chunks.offsets[row]), int(chunks.sizes[row]), int(chunks.masks[row])
-        fd = handles.descriptor()
-        try:
-            if chunks.codec == "none" or mask & 1:
-                if size != flat.size or os.preadv(fd, [flat], offset) != size:
-                    raise self._fail(source, f"row {row}: its stored chunk is short")
-                return
-            if len(self._buffer) < size:
-                self._buffer = np.empty(max(size, 2 * len(self._buffer)), np.uint8)
-            stored = memoryview(self._buffer)[:size]
-            if os.preadv(fd, [stored], offset) != size:
-                raise self._fail(source, f"row {row}: its stored chunk is short")
-        except OSError as err:
-            raise self._fail(source, f"row {row} cannot be read ({err.strerror or err})") from None
+        offset, size, n = chunks.offsets[row], chunks.sizes[row], self.row_nbytes
+        m = handles.map if handles.map is not None else handles.mapped()
+        if offset + size > m.length:  # the file is shorter than when its chunks were listed
+            raise self._fail(source, f"row {row}: its stored chunk is cut short")
+        dst = ctypes.addressof(ctypes.c_char.from_buffer(out))  # type: ignore[arg-type]  # an ndarray is a buffer
+        if chunks.codec == "none" or chunks.masks[row] & 1:  # the bytes are the row
+            if size != n:
+                raise self._fail(source, f"row {row}: its stored chunk holds {size} bytes, a row {n}")
+            ctypes.memmove(dst, m.base + offset, n)
+            return
+        stored = m.view[offset : offset + size]
         if chunks.codec == "lz4":
-            if not lz4_at(stored, self._buffer.ctypes.data, flat.ctypes.data, flat.size) and not lz4_into(stored, flat):
+            if not lz4_at(stored, m.base + offset, dst, n) and not lz4_into(stored, out.reshape(-1).view(np.uint8)):
                 raise self._fail(source, f"row {row}: its stored chunk does not decode")
             return
         try:
-            plain = zlib.decompress(stored)
+            unpacked = zlib.decompress(stored)
         except zlib.error:
             raise self._fail(source, f"row {row}: its stored chunk does not decode") from None
-        if len(plain) != flat.size:
+        if len(unpacked) != n:
             raise self._fail(source, f"row {row}: its stored chunk does not decode")
-        flat[:] = np.frombuffer(plain, np.uint8)
+        out.reshape(-1).view(np.uint8)[:] = np.frombuffer(unpacked, np.uint8)
 
     def _h5_into(self, source: int, handles: _Open, a: int, b: int, out: np.ndarray) -> None:
         sd = self._dataset(source, handles)

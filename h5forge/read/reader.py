@@ -45,7 +45,7 @@ from h5forge.format.names import (
     Attr,
     column_path,
 )
-from h5forge.format.mapped import MappedDataset, read_all, rows_of
+from h5forge.format.mapped import SOURCES, MappedDataset, read_all, rows_of
 from h5forge.format.segments import virtual_sources
 from h5forge.kinds import FieldKind, ReadOptions, stored_kinds
 from h5forge.read.collate import Padded, pad_batch
@@ -353,6 +353,8 @@ class SplitReader:
     def _drop(self) -> None:
         f, self._file, self._dsets, self._columns, self._ragged = self._file, None, {}, {}, {}
         self._direct = {}
+        if self.sources:
+            SOURCES.release(self.sources)
         if f is not None:
             try:
                 f.close()

@@ -36,7 +36,7 @@ from h5forge.format.names import (
     partial_name,
     version_name,
 )
-from h5forge.format.mapped import read_all
+from h5forge.format.mapped import SOURCES, read_all
 from h5forge.format.segments import counts_of, map_virtual, segment_lengths, segments_of
 from h5forge.format.summary import WriteSummary, read_summary, write_diagnostics
 from h5forge.kinds import stored_kinds
@@ -180,6 +180,8 @@ def export(version: Path, dest: Path, codec: str | None = None) -> Path:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        SOURCES.close_all()  # the mapped files read for the copy are not kept open after it
     os.replace(tmp, dest)
     return dest
 

@@ -38,7 +38,7 @@ from h5forge.format.checksums import (
 from h5forge.format.catalog import INPUTS, Catalog, catalog_intact, content_digest, id_digest, location, read_catalog
 from h5forge.format.codecs import ensure_filters
 from h5forge.format.dims import scale_problems
-from h5forge.format.mapped import read_all, rows_of
+from h5forge.format.mapped import SOURCES, read_all, rows_of
 from h5forge.format.layout import SMALL_ROWS, decode_str
 from h5forge.format.names import (
     CHECKSUM,
@@ -252,6 +252,7 @@ def verify_file(
             _guarded(report, "non-finite values", _count_nonfinite, f, kinds, report)
     except Exception as err:  # noqa: BLE001 - e.g. closing a file whose metadata is corrupt
         report.error("read", f"{path}: cannot be read ({_why(err)})")
+    SOURCES.close_all()  # the mapped files read for the checks are not kept open after them
     if reads and report.ok:
         _guarded(report, "read latency", _measure_latency, path, kinds, reads, seed, report)
     return report
