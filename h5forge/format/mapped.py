@@ -8,8 +8,9 @@ once the process runs out of descriptors. Here the mapping (which rows of which 
 file) is read from the virtual dataset's creation properties, and each row is read from its file:
 
 - a field stored one row per chunk with the ``none``, ``lz4`` or ``gzip`` codec is read as its
-  stored chunk (``os.pread`` at the chunk's address, decoded by ``chunk_codec``), the chunk
-  addresses listed once per source dataset and kept;
+  stored chunk, decoded by ``chunk_codec`` straight from the file mapped read-only (as
+  ``read.direct`` reads a self-contained version), the chunk addresses listed once per source
+  dataset and kept;
 - anything else (strings, small columns, a ragged field's elements, other codecs) is read by h5py
   from the source dataset itself, which is a plain stored dataset.
 
@@ -247,9 +248,6 @@ def _list_chunks(sd: h5py.Dataset, m: _Map) -> _Chunks | None:
     return _Chunks(offsets.tolist(), sizes.tolist(), masks.tolist(), codec)
 
 
-_UNLISTED = object()  # a source whose chunks are not listed yet
-
-
 @dataclass(frozen=True)
 class _Piece:
     start: int  # first row in the mapped dataset
@@ -330,9 +328,7 @@ class MappedDataset:
         source, src_row = self.of_source[k], row + self.shift[k]
         with self.files.lock:
             handles = self.files.get(self.paths[source])
-            chunks = self._chunks.get(source, _UNLISTED)
-            if chunks is _UNLISTED:
-                chunks = self._chunk_list(source, handles)
+            chunks = self._chunks[source] if source in self._chunks else self._chunk_list(source, handles)
             if chunks is not None and out.flags.c_contiguous and out.nbytes == self.row_nbytes:
                 self._chunk_into(source, chunks, src_row, handles, out)
             else:

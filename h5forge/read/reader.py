@@ -200,7 +200,7 @@ class SplitReader:
         self._file: h5py.File | None = None
         self._dsets: dict[str, h5py.Dataset] = {}
         # per fixed field, and per ragged field for its elements: chunk reads that skip HDF5's filter pipeline
-        self._direct: dict[str, DirectRows | None] = {}
+        self._direct: dict[str, DirectRows | MappedDataset | None] = {}
         self._columns: dict[str, np.ndarray] = {}
         self._ragged: dict[str, arrays.RowReader] = {}
         self._pid: int | None = None
