@@ -243,7 +243,7 @@ def _list_chunks(sd: h5py.Dataset, m: _Map) -> _Chunks | None:
         first = int(written[0])
         mask, chunk = sd.id.read_direct_chunk((first, *(0,) * (sd.ndim - 1)))
         o, z = int(offsets[first]), int(sizes[first])
-        if mask != masks[first] or m.view[o : o + z] != chunk:
+        if mask != masks[first] or m.view[o : o + z].tobytes() != chunk:  # bytes compare with memcmp
             return None
     return _Chunks(offsets.tolist(), sizes.tolist(), masks.tolist(), codec)
 
