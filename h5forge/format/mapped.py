@@ -40,7 +40,7 @@ import numpy as np
 from h5forge.errors import ReadError
 from h5forge.format.chunk_codec import DEFLATE_FILTER, LZ4_FILTER, lz4_at, lz4_into
 
-MAX_OPEN_SOURCES = 256  # files kept open at most, whatever the descriptor limit allows
+MAX_OPEN_SOURCES = 1024  # files kept open at most, whatever the descriptor limit allows
 FDS_PER_SOURCE = 2  # a source may hold its map's descriptor (chunk reads) and HDF5's own
 
 
