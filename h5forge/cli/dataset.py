@@ -115,7 +115,7 @@ def append(
 
     with _reported(), _flow_server(), foreground_run(settings.debug):
         result = append_samples(str(spec), _opt(inbox), _opt(output), dask_address)
-    _print_append(result)
+    _print_append(result, spec)
 
 
 def _flow_server():
@@ -154,7 +154,7 @@ def _check_spec(spec: Path, output, dask_address, inbox=None, needs_inbox: bool 
     return loaded
 
 
-def _print_append(result) -> None:
+def _print_append(result, spec: Path | None = None) -> None:
     if result.skipped:
         out.print(f"skipped: {result.skipped}")
     elif result.version:
@@ -167,6 +167,11 @@ def _print_append(result) -> None:
         out.print(f"  rejected {r.sample_id} ({r.path}): {r.reason}", highlight=False)
     if result.waiting:
         out.print(f"  {result.waiting} sample(s) wait for a missing part or for their files to settle")
+    from h5forge.store.thin import compact_advice
+
+    advice = compact_advice(result.version, result.chain, str(spec or "SPEC")) if result.version else None
+    if advice:
+        err.print(f"warning: {advice}", highlight=False)
 
 
 @app.command()
@@ -199,7 +204,7 @@ def watch(
 
         def run_once() -> int:
             result = append_samples(str(spec), str(loaded.source.inbox), _opt(output), dask_address, skip_if_busy=True)
-            _print_append(result)
+            _print_append(result, spec)
             return result.waiting
 
     out.print(f"watching {loaded.source.inbox} (Ctrl-C to stop)")

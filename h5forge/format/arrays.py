@@ -20,6 +20,8 @@ from typing import Any, Sequence
 import h5py
 import numpy as np
 
+from h5forge.format.mapped import read_all, rows_of
+
 LENGTHS = "_lengths"
 
 
@@ -129,14 +131,15 @@ def rows(g: h5py.Group, path: str, st: Stored) -> int:
 
 def offsets(g: h5py.Group, path: str) -> np.ndarray:
     """(N+1,) where each row of a ragged field starts, from its lengths."""
-    return np.concatenate([[0], np.cumsum(g[path + LENGTHS][()])]).astype(np.int64)
+    return np.concatenate([[0], np.cumsum(read_all(g[path + LENGTHS]))]).astype(np.int64)
 
 
 class RowReader:
-    """Rows of one field by number, its dataset opened once (and a ragged field's offsets read once)."""
+    """Rows of one field by number, its dataset opened once (and a ragged field's offsets read once);
+    a mapped field's rows are read from the files it maps (``format.mapped``)."""
 
     def __init__(self, g: h5py.Group, path: str, st: Stored):
-        self.values = g[path]
+        self.values = rows_of(g[path])
         self.starts = offsets(g, path) if st.ragged else None
 
     def __call__(self, start: int, stop: int) -> Any:

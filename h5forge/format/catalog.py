@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
+from h5forge.format.mapped import read_all
 from h5forge.format.names import IDS, SOURCE_SHA256, SPLITS
 
 INPUTS = "inputs"
@@ -117,8 +118,8 @@ def catalog_from_rows(f: h5py.File) -> Catalog:
     contents, at, ids = [], [], []
     for split in SPLITS:
         g = f[split]
-        hashes = g[SOURCE_SHA256][()]
-        split_ids = g[IDS][()]
+        hashes = read_all(g[SOURCE_SHA256])
+        split_ids = read_all(g[IDS])
         contents += [content_digest(row) for row in hashes]
         at += [location(split, r) for r in range(len(split_ids))]
         ids += [id_digest(s) for s in split_ids]

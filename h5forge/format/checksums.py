@@ -36,6 +36,7 @@ import h5py
 import numpy as np
 
 from h5forge.format import arrays
+from h5forge.format.mapped import rows_of
 from h5forge.format.names import (
     BLAKE3_CHECKSUMS,
     DIAGNOSTICS,
@@ -148,7 +149,7 @@ def stored_checksums(g: h5py.Group, kinds: dict, start: int, stop: int) -> list[
     the file's format says."""
     fmt = file_format(g.file)
     blocks = [arrays.RowReader(g, path, kind.stored())(start, stop) for path, kind in kinds.items()]
-    ids, files, hashes = (g[name][start:stop] for name in PROVENANCE)
+    ids, files, hashes = (rows_of(g[name])[start:stop] for name in PROVENANCE)
     return [
         row_checksum(values_digest((b[i] for b in blocks), fmt), ids[i], files[i], hashes[i], fmt)
         for i in range(stop - start)

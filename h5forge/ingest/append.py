@@ -38,6 +38,7 @@ from h5forge.format.catalog import (
     write_catalog,
 )
 from h5forge.format.layout import decode_str
+from h5forge.format.mapped import rows_of
 from h5forge.format.names import (
     IDS,
     INBOX_MANAGED,
@@ -150,7 +151,7 @@ class KnownSamples:
             return None
         split, row = split_row(at)
         with h5py.File(self.path, "r") as f:  # one row of one column, only for a duplicate
-            return decode_str(f[split][IDS][row : row + 1])[0]
+            return decode_str(rows_of(f[split][IDS])[row : row + 1])[0]
 
     def has_id(self, sid: str) -> bool:
         digest = id_digest(sid)

@@ -15,6 +15,7 @@ import h5py
 
 from h5forge.errors import SamplesRemoved
 from h5forge.format.layout import decode_str
+from h5forge.format.mapped import read_all
 from h5forge.format.names import IDS, SPLITS, version_name
 from h5forge.ingest.discover import match_key
 from h5forge.spec import DatasetSpec
@@ -26,7 +27,7 @@ NAMED = 20  # ids a message names one by one
 def stored_ids(path: Path) -> list[str]:
     """Every id a version holds, over its splits (a thin version's read through its segments)."""
     with h5py.File(os.path.realpath(path), "r") as f:
-        return [sid for split in SPLITS if split in f for sid in decode_str(f[split][IDS][()])]
+        return [sid for split in SPLITS if split in f for sid in decode_str(read_all(f[split][IDS]))]
 
 
 def leaving_latest(candidate: Candidate) -> list[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from h5forge.errors import UsageError
 from h5forge.format.names import version_name
+from h5forge.format.segments import segments_of
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest import append as steps
 from h5forge.ingest.append import AppendCandidate, InboxScan, MovePlan, apply_moves, plan_moves, stage_append
@@ -22,6 +23,7 @@ from h5forge.samples import rejected_count
 from h5forge.spec import DatasetSpec
 from h5forge.store.output import claim_output, preflight
 from h5forge.store.reports import write_quarantine
+from h5forge.store.thin import chain_length, compact_advice
 from h5forge.store.verify import HealthReport
 from h5forge.store.versions import output_lock_or_skip
 
@@ -80,8 +82,20 @@ def append(
         plan = plan_moves(spec, scan, summary.rejections, cand.number)
         path = run("publish", publish_append, cand, report, plan)
         run("retention", apply_retention, spec)
+        chain = chain_length(segments_of(Path(path)))
+        advice = compact_advice(cand.number, chain)
+        if advice:
+            log.warning("%s", advice)
     return AppendResult(
-        spec.name, cand.number, path, summary.samples, summary.counts, merged.counts, waiting, summary.rejections
+        spec.name,
+        cand.number,
+        path,
+        summary.samples,
+        summary.counts,
+        merged.counts,
+        waiting,
+        summary.rejections,
+        chain=chain,
     )
 
 

@@ -62,6 +62,7 @@ class AppendResult:
     waiting: int = 0  # samples waiting for a missing part or for their files to settle
     rejections: tuple[Rejection, ...] = ()
     skipped: str | None = None
+    chain: int = 0  # appends' delta files the new version reads (store.thin.MAX_THIN_CHAIN)
 
     @property
     def rejected(self) -> int:

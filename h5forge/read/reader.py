@@ -45,6 +45,7 @@ from h5forge.format.names import (
     Attr,
     column_path,
 )
+from h5forge.format.mapped import SOURCES, MappedDataset, read_all, rows_of
 from h5forge.format.segments import virtual_sources
 from h5forge.kinds import FieldKind, ReadOptions, stored_kinds
 from h5forge.read.collate import Padded, pad_batch
@@ -132,6 +133,16 @@ def _read_runs(d: h5py.Dataset, target: np.ndarray, runs: list[tuple[int, int, i
             target[dest] = d[start:stop]
 
 
+def _rows_reader(d: Any, cache_rows: int = 0) -> "DirectRows | MappedDataset | None":
+    """What reads rows of ``d`` as whole chunks: a mapped dataset's own reader (its rows are in
+    other files), ``DirectRows`` for a one-row-per-chunk field, else None (h5py reads)."""
+    if isinstance(d, MappedDataset):
+        return d
+    if d.is_virtual:
+        return rows_of(d)
+    return DirectRows.of(d, cache_rows)
+
+
 def coalesce(sorted_unique: np.ndarray) -> list[tuple[int, int, int]]:
     """Runs of consecutive rows: [(start_row, stop_row, position_in_sorted_unique), ...]."""
     if sorted_unique.size == 0:
@@ -189,7 +200,7 @@ class SplitReader:
         self._file: h5py.File | None = None
         self._dsets: dict[str, h5py.Dataset] = {}
         # per fixed field, and per ragged field for its elements: chunk reads that skip HDF5's filter pipeline
-        self._direct: dict[str, DirectRows | None] = {}
+        self._direct: dict[str, DirectRows | MappedDataset | None] = {}
         self._columns: dict[str, np.ndarray] = {}
         self._ragged: dict[str, arrays.RowReader] = {}
         self._pid: int | None = None
@@ -326,21 +337,24 @@ class SplitReader:
                 raise self._deleted() from None
             g = self._file[self.split]
             self._dsets = {name: g[fi.path] for name, fi in self.fields.items() if fi.bulk and not fi.ragged}
-            self._direct = {name: DirectRows.of(d) for name, d in self._dsets.items()}
+            # a mapped field is read from the files it maps, never through HDF5's virtual datasets
+            self._direct = {name: _rows_reader(d) for name, d in self._dsets.items()}
             self._ragged = {
                 name: arrays.RowReader(g, fi.path, fi.kind.stored()) for name, fi in self.fields.items() if fi.ragged
             }
             # a ragged field stored one element per chunk (a CT case's slices): an element is a chunk too
-            self._direct.update((name, DirectRows.of(r.values, self.slice_cache)) for name, r in self._ragged.items())
+            self._direct.update((name, _rows_reader(r.values, self.slice_cache)) for name, r in self._ragged.items())
             # small columns (labels, annotations) are read whole, once per process: a batch then
             # costs a take() instead of an HDF5 call per row
-            self._columns = {name: g[fi.path][()] for name, fi in self.fields.items() if not fi.bulk}
+            self._columns = {name: read_all(g[fi.path]) for name, fi in self.fields.items() if not fi.bulk}
             self._pid = pid
         return self._dsets
 
     def _drop(self) -> None:
         f, self._file, self._dsets, self._columns, self._ragged = self._file, None, {}, {}, {}
         self._direct = {}
+        if self.sources:
+            SOURCES.release(self.sources)
         if f is not None:
             try:
                 f.close()
@@ -494,12 +508,12 @@ class SplitReader:
     def lengths(self, name: str) -> np.ndarray:
         """Each row's length in a ragged field (a CT case's depth)."""
         with self._open_plain() as f:
-            return f[self.split][self.fields[name].path + arrays.LENGTHS][()]
+            return read_all(f[self.split][self.fields[name].path + arrays.LENGTHS])
 
     # ---- per-sample columns ------------------------------------------------------------------
     def ids(self) -> list[str]:
         with self._open_plain() as f:
-            return decode_str(f[self.split][IDS][()])
+            return decode_str(read_all(f[self.split][IDS]))
 
     def meta(self, column: str) -> np.ndarray:
         """A whole annotation column in row order; a text column as ``str`` values (as ``ds[i]``
@@ -509,7 +523,14 @@ class SplitReader:
             if column_path(column) not in g:
                 raise ReadError(f"{self._where()}: split {self.split!r} has no annotation column {column!r}")
             ds = g[column_path(column)]
-            return ds.asstr()[()] if h5py.check_string_dtype(ds.dtype) is not None else ds[()]
+            if h5py.check_string_dtype(ds.dtype) is None:
+                return read_all(ds)
+            if not ds.is_virtual:
+                return ds.asstr()[()]
+            values = read_all(ds)  # a mapped column: read from its files, then decoded as asstr() does
+            return np.array([v.decode("utf-8") if isinstance(v, bytes) else v for v in values.ravel()], object).reshape(
+                values.shape
+            )
 
 
 class SliceIndex:

@@ -25,6 +25,7 @@ from h5forge.format.dims import name_axes, plain_attrs
 from h5forge.format.layout import SMALL_ROWS, merge_index, small_options
 from h5forge.format.names import (
     CHECKSUMS_COVER_ALL,
+    DELTA_RE,
     DIAGNOSTICS,
     INDEX,
     PER_SAMPLE,
@@ -35,12 +36,35 @@ from h5forge.format.names import (
     partial_name,
     version_name,
 )
+from h5forge.format.mapped import SOURCES, read_all
 from h5forge.format.segments import counts_of, map_virtual, segment_lengths, segments_of
 from h5forge.format.summary import WriteSummary, read_summary, write_diagnostics
 from h5forge.kinds import stored_kinds
 from h5forge.spec import DatasetSpec, spec_from_json
 from h5forge.store.sizes import own_sizes, segments_sizes
 from h5forge.store.whole_files import write_new
+
+
+# Appends a thin chain may hold before each append says to compact it: a thin version reads every
+# delta of the appends since the last full build, and each is a file opened, listed and read from.
+# Reads stay correct at any length (format.mapped keeps a bounded set of files open); this bounds
+# what a version costs to open, verify and copy. A build publishes a compact, self-contained version.
+MAX_THIN_CHAIN = 64
+
+
+def chain_length(segments: list[dict]) -> int:
+    """How many appends' delta files a version with these segments reads."""
+    return sum(1 for seg in segments if DELTA_RE.match(Path(seg["file"]).name))
+
+
+def compact_advice(number: int, chain: int, spec_file: str = "SPEC") -> str | None:
+    """What to run once a thin chain is longer than ``MAX_THIN_CHAIN`` appends; None before."""
+    if chain <= MAX_THIN_CHAIN:
+        return None
+    return (
+        f"{version_name(number)} reads the delta files of {chain} appends (more than {MAX_THIN_CHAIN}): "
+        f"run `h5forge build {spec_file}` to publish a compact, self-contained version"
+    )
 
 
 def require_current_format(parent: Path, parent_number: int, spec: DatasetSpec | None = None) -> int:
@@ -164,6 +188,8 @@ def export(version: Path, dest: Path, codec: str | None = None) -> Path:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        SOURCES.close_all()  # the mapped files read for the copy are not kept open after it
     os.replace(tmp, dest)
     return dest
 
@@ -243,7 +269,7 @@ def _materialize(obj: h5py.Dataset, g: h5py.Group, name: str) -> None:
     tail = obj.shape[1:]
     g.create_dataset(
         name,
-        data=obj[()],
+        data=read_all(obj),  # a mapped dataset read from its files
         dtype=obj.dtype,
         maxshape=(None, *tail),
         chunks=(SMALL_ROWS, *tail),

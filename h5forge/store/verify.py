@@ -38,6 +38,7 @@ from h5forge.format.checksums import (
 from h5forge.format.catalog import INPUTS, Catalog, catalog_intact, content_digest, id_digest, location, read_catalog
 from h5forge.format.codecs import ensure_filters
 from h5forge.format.dims import scale_problems
+from h5forge.format.mapped import SOURCES, read_all, rows_of
 from h5forge.format.layout import SMALL_ROWS, decode_str
 from h5forge.format.names import (
     CHECKSUM,
@@ -251,6 +252,7 @@ def verify_file(
             _guarded(report, "non-finite values", _count_nonfinite, f, kinds, report)
     except Exception as err:  # noqa: BLE001 - e.g. closing a file whose metadata is corrupt
         report.error("read", f"{path}: cannot be read ({_why(err)})")
+    SOURCES.close_all()  # the mapped files read for the checks are not kept open after them
     if reads and report.ok:
         _guarded(report, "read latency", _measure_latency, path, kinds, reads, seed, report)
     return report
@@ -434,12 +436,12 @@ def _check_structure(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind
                 continue
             ds = g[path]
             rows = arrays.rows(g, path, st)
-            lead = int(g[path + arrays.LENGTHS][()].sum()) if st.ragged else count
+            lead = int(read_all(g[path + arrays.LENGTHS]).sum()) if st.ragged else count
             if rows != count or ds.shape != (lead, *st.shape):
                 problems.append(
                     f"/{split}/{path} has shape {ds.shape} over {rows} rows, expected {(lead, *st.shape)} over {count}"
                 )
-            if st.ragged and count > 0 and int(g[path + arrays.LENGTHS][()].min()) < 0:
+            if st.ragged and count > 0 and int(read_all(g[path + arrays.LENGTHS]).min()) < 0:
                 problems.append(f"/{split}/{path}{arrays.LENGTHS} holds a negative length")
             if not _dtype_matches(ds, st.dtype):
                 problems.append(f"/{split}/{path} has dtype {ds.dtype}, expected {np.dtype(st.dtype)}")
@@ -513,20 +515,20 @@ def _rows_catalog(f: h5py.File) -> tuple[list[str], Catalog, list[str]]:
     """Duplicate ids (by name, in NFC as the exactly-once check compares them), the catalog the
     rows make and their ids."""
     contents, at, digests, every = [], [], [], []
-    rows_of: dict[bytes, list[tuple[str, int, str]]] = {}
+    rows_by_id: dict[bytes, list[tuple[str, int, str]]] = {}
     for split in SPLITS:
         g = f[split]
-        ids = decode_str(g[IDS][()])
-        for row, (sid, hexes) in enumerate(zip(ids, g[SOURCE_SHA256][()])):
+        ids = decode_str(read_all(g[IDS]))
+        for row, (sid, hexes) in enumerate(zip(ids, read_all(g[SOURCE_SHA256]))):
             digest = id_digest(sid)
             digests.append(digest)
             every.append(sid)
-            rows_of.setdefault(digest, []).append((split, row, sid))
+            rows_by_id.setdefault(digest, []).append((split, row, sid))
             contents.append(content_digest(hexes))
             at.append(location(split, row))
     problems = [
         f"id {rows[0][2]!r} is in {len(rows)} rows: " + ", ".join(f"{s}[{r}]" for s, r, _ in rows[:MAX_LISTED])
-        for rows in rows_of.values()
+        for rows in rows_by_id.values()
         if len(rows) > 1
     ]
     return problems, Catalog.of(contents, at, digests), every
@@ -576,10 +578,11 @@ def _catalog_consistency(f: h5py.File, stored: Catalog, ranges: dict[str, list[t
         problems.append(f"/{INPUTS}/ids: {twice} id(s) are in the dataset more than once")
     for split, spans in ranges.items():
         g = f[split]
+        ids, hashes = rows_of(g[IDS]), rows_of(g[SOURCE_SHA256])
         for lo, hi in spans:
             for row in range(lo, hi):
-                sid = decode_str(g[IDS][row : row + 1])[0]
-                digest = content_digest(g[SOURCE_SHA256][row])
+                sid = decode_str(ids[row : row + 1])[0]
+                digest = content_digest(hashes[row])
                 if not (stored.has_id(id_digest(sid)) or stored.has_id(_bytes_id_digests([sid])[0])):
                     problems.append(f"{split}[{row}] (id {sid!r}) is missing from /{INPUTS}/ids")
                 q = np.array([digest], dtype=stored.content.dtype)
@@ -665,13 +668,13 @@ def _checksum_blocks(
     for split, start, stop in blocks:
         g = f[split]
         try:
-            stored = g[CHECKSUM][start:stop]
+            stored = rows_of(g[CHECKSUM])[start:stop]  # read as the readers read (format.mapped)
             if old_format:
                 rows = [arrays.RowReader(g, p, k.stored())(start, stop) for p, k in summed.items()]
                 sums = [legacy_checksum(b[i] for b in rows) for i in range(stop - start)]
             else:
                 sums = stored_checksums(g, summed, start, stop)
-            ids = decode_str(g[IDS][start:stop])
+            ids = decode_str(rows_of(g[IDS])[start:stop])
         except Exception as err:  # noqa: BLE001 - a corrupt chunk, heap or string
             bad.extend(_locate_unreadable(g, summed, split, start, stop, err))
             continue
@@ -791,7 +794,7 @@ def _locate_unreadable(
         return lambda i: arrays.RowReader(g, path, kind.stored()).row(i)
 
     def column_row(name: str) -> Callable[[int], Any]:
-        return lambda i: g[name][i]
+        return lambda i: rows_of(g[name])[i]
 
     readers = {path: field_row(path, kind) for path, kind in kinds.items()}
     readers.update({name: column_row(name) for name in (*PROVENANCE, CHECKSUM)})
@@ -808,13 +811,13 @@ def _locate_unreadable(
 
 def _stored_ref(g: h5py.Group, kinds: dict[str, FieldKind], split: str, row: int) -> SampleRef:
     """The sample of a stored row as discovery saw it: its files and its annotation columns."""
-    files = dict(zip(decode_str(g[SOURCE_SHA256].attrs[Attr.FIELDS]), decode_str(g[SOURCE_FILES][row])))
+    files = dict(zip(decode_str(g[SOURCE_SHA256].attrs[Attr.FIELDS]), decode_str(rows_of(g[SOURCE_FILES])[row])))
     columns = {}
     for kind in kinds.values():
         if kind.annotation_column:
-            value = g[kind.path][row]
+            value = rows_of(g[kind.path])[row]
             columns[kind.annotation_column] = value.decode() if isinstance(value, bytes) else value.item()
-    return SampleRef(decode_str(g[IDS][row : row + 1])[0], split, files, columns)
+    return SampleRef(decode_str(rows_of(g[IDS])[row : row + 1])[0], split, files, columns)
 
 
 def _check_against_sources(
@@ -850,7 +853,7 @@ def _check_against_sources(
         except Reject as rej:
             changed.append(f"{split}[{row}] source {rej.path} no longer cleans: {rej.reason}")
             continue
-        if [decoded[n].sha256 for n in ref.files] != decode_str(g[SOURCE_SHA256][row]):
+        if [decoded[n].sha256 for n in ref.files] != decode_str(rows_of(g[SOURCE_SHA256])[row]):
             changed.append(f"{split}[{row}] raw files of {ref.id!r} changed since the build; not compared")
             continue
         for path, kind in kinds.items():

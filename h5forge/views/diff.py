@@ -21,6 +21,7 @@ import numpy as np
 from h5forge.errors import ReadError, VersionError
 from h5forge.format import markdown
 from h5forge.format.layout import decode_str
+from h5forge.format.mapped import read_all
 from h5forge.format.segments import virtual_sources
 from h5forge.format.names import CHECKSUM, IDS, LATEST, SPLITS, Attr, parse_version
 from h5forge.kinds import stored_kinds
@@ -194,8 +195,8 @@ def read_rows(f: h5py.File, columns: dict[str, list[str] | None]) -> dict[str, R
     rows: dict[str, Row] = {}
     for split in SPLITS:
         g = f[split]
-        ids = decode_str(g[IDS][()])
-        checksums = decode_str(g[CHECKSUM][()])
+        ids = decode_str(read_all(g[IDS]))
+        checksums = decode_str(read_all(g[CHECKSUM]))
         values = {}
         for path, names in columns.items():
             col = [_value(v) for v in g[path][()]]

@@ -29,6 +29,7 @@ from h5forge.errors import ReadError, SourceMissing, UsageError
 from h5forge.format import arrays
 from h5forge.format.codecs import ensure_filters
 from h5forge.format.layout import decode_str
+from h5forge.format.mapped import read_all, rows_of
 from h5forge.format.names import FORMAT, IDS, REPORTS_DIR, SPEC, SPLITS, Attr, version_tag
 from h5forge.format.segments import virtual_sources
 from h5forge.kinds import FieldKind, stored_kinds
@@ -118,7 +119,7 @@ def choose(f: h5py.File, split: str | None, n: int, seed: int, ids: Sequence[str
         where: dict[str, tuple[str, int]] = {}
         for s in splits:
             if _count(f, s):
-                for row, sid in enumerate(decode_str(f[s][IDS][()])):
+                for row, sid in enumerate(decode_str(read_all(f[s][IDS]))):
                     where.setdefault(sid, (s, row))
         missing = [i for i in ids if i not in where]
         if missing:
@@ -130,7 +131,7 @@ def choose(f: h5py.File, split: str | None, n: int, seed: int, ids: Sequence[str
     if count == 0:
         raise UsageError(f"split {chosen!r} of {f.filename} holds no samples")
     rows = np.sort(np.random.default_rng(seed).choice(count, size=min(n, count), replace=False))
-    names = f[chosen][IDS]
+    names = rows_of(f[chosen][IDS])
     return [(chosen, int(r), decode_str(names[int(r) : int(r) + 1])[0]) for r in rows]
 
 

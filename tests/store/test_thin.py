@@ -50,3 +50,28 @@ def test_a_missing_delta_is_an_error_never_silent_zeros(dataset, raw_new, tmp_pa
     report = verify_file(moved / "dataset_latest.h5")
     assert not report.ok
     assert any("dataset_v0002.delta.h5" in e and "missing" in e for e in report.errors)
+
+
+def test_an_append_past_the_documented_chain_length_says_what_to_run(dataset, raw_new, monkeypatch, caplog):
+    from h5forge.store import thin
+
+    monkeypatch.setattr(thin, "MAX_THIN_CHAIN", 2)
+    spec_file, out, inbox = dataset
+    chains, advice = [], []
+    for k in range(3):
+        drop_samples(raw_new, inbox, [f"cell_{k:06d}"], rename=f"c{k}_")
+        age_files(inbox)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="h5forge"):
+            result = h5forge.append(spec_file)
+        chains.append(result.chain)
+        advice.append([r.getMessage() for r in caplog.records if "h5forge build" in r.getMessage()])
+    assert chains == [1, 2, 3]
+    assert advice[:2] == [[], []]
+    assert advice[2] == [
+        "dataset_v0004.h5 reads the delta files of 3 appends (more than 2): "
+        "run `h5forge build SPEC` to publish a compact, self-contained version"
+    ]
+    assert thin.compact_advice(4, 3, str(spec_file)).endswith(
+        f"run `h5forge build {spec_file}` to publish a compact, self-contained version"
+    )

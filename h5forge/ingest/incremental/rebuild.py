@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 
 from h5forge.format.catalog import input_key
+from h5forge.format.mapped import rows_of
 from h5forge.format.names import RESUMABLE, RESUME_SUFFIX, version_name
 from h5forge.format.segments import segments_of
 from h5forge.ingest.incremental import hash_cache
@@ -160,7 +161,7 @@ def check_cleaned_rows(path: Path, spec: DatasetSpec, rows: dict[str, list[int]]
         for split, listed in rows.items():
             g = f[split]
             for _, a, b in runs(np.array(sorted(listed), np.int64)):
-                stored = g[CHECKSUM][a:b]
+                stored = rows_of(g[CHECKSUM])[a:b]
                 for i, digest in enumerate(stored_checksums(g, kinds, a, b)):
                     if digest.encode() != stored[i]:
                         bad.append(f"{split}[{a + i}]: stored data does not match its checksum")

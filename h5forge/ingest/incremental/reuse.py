@@ -36,6 +36,7 @@ import numpy as np
 from h5forge.format import arrays
 from h5forge.format.catalog import KEY, input_key, sample_keys, sample_keys_path
 from h5forge.format.layout import index_parts
+from h5forge.format.mapped import read_all
 from h5forge.format.names import IDS, INDEX, PER_SAMPLE, SPLITS, Attr
 from h5forge.ingest.clean import CleanedBatch
 from h5forge.ingest.incremental.inputs import Inputs
@@ -172,7 +173,7 @@ class Copier:
     def column(self, name: str) -> np.ndarray:
         """A small per-sample column, read once."""
         if name not in self._columns:
-            self._columns[name] = (self.keys if name == "" else self.src[name])[()]
+            self._columns[name] = read_all(self.keys if name == "" else self.src[name])
         return self._columns[name]
 
     def __call__(self, rows: np.ndarray) -> Callable[[h5py.Group], int]:
