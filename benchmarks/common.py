@@ -21,7 +21,7 @@ import psutil
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-RESULTS = BENCH / "results"
+RESULTS = Path(os.environ.get("H5FORGE_BENCH_RESULTS", BENCH / "results"))  # bench-check re-runs write elsewhere
 CACHE = Path(os.environ.get("H5FORGE_BENCH_CACHE", "/tmp/h5forge-bench"))  # generated inputs, work folders
 CACHE.mkdir(parents=True, exist_ok=True)
 DEMO_SPEC = REPO / "config" / "demo.yaml"
