@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from benchmarks.common import (CACHE, REPO, cli, loadavg, log, machine, make_spec, med, peers_venv, prefect_env, ratio,
+from benchmarks.common import (CACHE, REPO, cli, interleaved, loadavg, log, machine, make_spec, med, peers_venv, prefect_env, ratio,
                                raw_folder, sampled, save, start_prefect_server, stop, warm, write_spec)
 
 PEERS_VENV = REPO / "build" / "bench-peers"
@@ -141,12 +141,11 @@ def peers_part(args, raw: Path, pairs: list, work: Path, url: str, py: Path | No
                      compute={"workers": args.workers, "inline_below": 0})
     keyed = [(Path(i).stem, i, m) for i, m in pairs]
     rows: dict[str, list] = {"bound": [], "h5forge": [], **({p: [] for p in PEERS} if py else {})}
-    for rep in range(args.reps):
-        for tool in list(rows) if rep % 2 == 0 else list(rows)[::-1]:
-            r = decode_bound(pairs, args.workers) if tool == "bound" else cli_build(spec, work, url) \
-                if tool == "h5forge" else run_peer(py, tool, keyed, work, args.workers, args.size)
-            rows[tool].append(r | {"rep": rep, "loadavg_after": loadavg()[0]})
-            log(f"rep {rep} {tool:10s} {r['samples_per_second']} samples/s, CPU {r['cpu_ms_per_sample']} ms/sample")
+    for rep, tool in interleaved(list(rows), args.reps):
+        r = decode_bound(pairs, args.workers) if tool == "bound" else cli_build(spec, work, url) \
+            if tool == "h5forge" else run_peer(py, tool, keyed, work, args.workers, args.size)
+        rows[tool].append(r | {"rep": rep, "loadavg_after": loadavg()[0]})
+        log(f"rep {rep} {tool:10s} {r['samples_per_second']} samples/s, CPU {r['cpu_ms_per_sample']} ms/sample")
     best = {tool: max(rs, key=lambda r: r["samples_per_second"]) for tool, rs in rows.items()}
     table = {tool: {"wall_seconds": r["wall_seconds"], "samples_per_second": r["samples_per_second"],
                     "cpu_ms_per_sample": r["cpu_ms_per_sample"],
@@ -197,15 +196,14 @@ def server_cpu(server: subprocess.Popen) -> float:
 
 def prefect_part(args, work: Path, url: str, home: Path, server: subprocess.Popen) -> dict:
     raw, runs = raw_folder(args.prefect_n, args.size), []
-    for rep in range(args.prefect_reps):
-        for mode in ("plain", "flow", "cli") if rep % 2 == 0 else ("cli", "flow", "plain"):
-            d, s0 = work / f"prefect-{rep}-{mode}", server_cpu(server)
-            spec = make_spec(raw, d / "out", args.size, compute={"workers": args.workers, "inline_below": 0})
-            res = cli_build(spec, d, url) if mode == "cli" else run_child(
-                mode, write_spec(spec, d / "spec.yaml"), prefect_env(home / f"{mode}-client", PREFECT_API_URL=url))
-            runs.append(res | {"rep": rep, "mode": mode, "server_cpu_seconds": round(server_cpu(server) - s0, 2)})
-            log(f"rep {rep} {mode:5s} {res}")
-            shutil.rmtree(d, ignore_errors=True)
+    for rep, mode in interleaved(["plain", "flow", "cli"], args.prefect_reps):
+        d, s0 = work / f"prefect-{rep}-{mode}", server_cpu(server)
+        spec = make_spec(raw, d / "out", args.size, compute={"workers": args.workers, "inline_below": 0})
+        res = cli_build(spec, d, url) if mode == "cli" else run_child(
+            mode, write_spec(spec, d / "spec.yaml"), prefect_env(home / f"{mode}-client", PREFECT_API_URL=url))
+        runs.append(res | {"rep": rep, "mode": mode, "server_cpu_seconds": round(server_cpu(server) - s0, 2)})
+        log(f"rep {rep} {mode:5s} {res}")
+        shutil.rmtree(d, ignore_errors=True)
     of = lambda mode, key: [r[key] + (r["server_cpu_seconds"] if key == "build_cpu_seconds" else 0)  # noqa: E731
                             for r in runs if r["mode"] == mode]
     return {"samples": args.prefect_n, "runs": runs,
@@ -224,16 +222,15 @@ def scaling_part(args, work: Path) -> dict:
     configs = {"n_1worker": (args.n, 1), "n_2workers": (args.n, 2), **({"n_large_2workers": (args.n_large, 2)}
                                                                       if args.n_large else {})}
     runs: dict[str, list] = {k: [] for k in configs}
-    for rep in range(args.reps):
-        for name in list(configs) if rep % 2 == 0 else list(configs)[::-1]:
-            n, workers = configs[name]
-            spec = make_spec(raw_folder(n, args.size), work / "scale-out", args.size,
-                             compute={"workers": workers, "inline_below": 0})
-            shutil.rmtree(work / "scale-out", ignore_errors=True)
-            with sampled() as usage:
-                res = h5forge.build(spec)
-            runs[name].append({"samples_per_s": round(n / res.timings["clean_write_seconds"], 1), **usage})
-            log(f"rep {rep} {name}: {runs[name][-1]}")
+    for rep, name in interleaved(list(configs), args.reps):
+        n, workers = configs[name]
+        spec = make_spec(raw_folder(n, args.size), work / "scale-out", args.size,
+                         compute={"workers": workers, "inline_below": 0})
+        shutil.rmtree(work / "scale-out", ignore_errors=True)
+        with sampled() as usage:
+            res = h5forge.build(spec)
+        runs[name].append({"samples_per_s": round(n / res.timings["clean_write_seconds"], 1), **usage})
+        log(f"rep {rep} {name}: {runs[name][-1]}")
     best = {k: {"samples_per_s": max(r["samples_per_s"] for r in v), "peak_rss_mib": min(r["peak_rss_mib"] for r in v)}
             for k, v in runs.items()}
     return {"best": best, "runs": runs, "two_over_one_worker": ratio(best["n_2workers"]["samples_per_s"],

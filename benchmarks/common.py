@@ -121,9 +121,16 @@ def machine() -> dict:
             "git": git.stdout.strip(), "loadavg": loadavg()}
 
 
+def interleaved(names: list, rounds: int):
+    """(round, name) for every name in every round, the order reversed every other round: the machine's
+    load drifts, and no name always runs first."""
+    for r in range(rounds):
+        yield from ((r, name) for name in (names if r % 2 == 0 else names[::-1]))
+
+
 def warm(paths) -> None:
-    """Read files (or every file under folders) once: into the page cache."""
-    subprocess.run(["find", *map(str, paths), "-type", "f", "-exec", "cat", "{}", "+"], stdout=subprocess.DEVNULL, check=True)
+    """Read files (or every file under folders, links followed) once: into the page cache."""
+    subprocess.run(["find", "-L", *map(str, paths), "-type", "f", "-exec", "cat", "{}", "+"], stdout=subprocess.DEVNULL, check=True)
 
 
 def random_read_latency(get_item, n_items: int, reads: int, seed: int) -> dict:

@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import torch
 
-from benchmarks.common import (CACHE, DEMO_SPEC, REPO, built, cli, generated, log, machine, med, proc_stat,
+from benchmarks.common import (CACHE, DEMO_SPEC, REPO, built, cli, generated, interleaved, log, machine, med, proc_stat,
                                ratio, raw_folder, save, warm)
 
 WORK = CACHE / "kinds"
@@ -31,19 +31,18 @@ def loader_rates(loaders: dict, rounds: int) -> dict:
     """Each persistent loader's timed epoch after 3 untimed batches, interleaved (order reversed every
     other round): median samples/s and CPU ms per batch of the main process and of its workers."""
     runs: dict[str, list] = {k: [] for k in loaders}
-    for r in range(rounds):
-        for name in list(loaders) if r % 2 == 0 else list(loaders)[::-1]:
-            loader = loaders[name]
-            for _ in zip(range(3), loader):
-                pass
-            it = iter(loader)
-            pids = [os.getpid(), *([w.pid for w in loader._iterator._workers] if loader.num_workers else [])]
-            before, n, batches, t = [proc_stat(p)[0] for p in pids], 0, 0, time.perf_counter()
-            for b in it:
-                n, batches = n + len(b if isinstance(b, torch.Tensor) else b[0]), batches + 1
-            runs[name].append((n / (time.perf_counter() - t), *(1000 * (proc_stat(p)[0] - c) / batches
-                                                                 for p, c in zip(pids, before))))
-            log(f"round {r + 1}/{rounds} {name:24s} {runs[name][-1][0]:9.1f} samples/s")
+    for r, name in interleaved(list(loaders), rounds):
+        loader = loaders[name]
+        for _ in zip(range(3), loader):
+            pass
+        it = iter(loader)
+        pids = [os.getpid(), *([w.pid for w in loader._iterator._workers] if loader.num_workers else [])]
+        before, n, batches, t = [proc_stat(p)[0] for p in pids], 0, 0, time.perf_counter()
+        for b in it:
+            n, batches = n + len(b if isinstance(b, torch.Tensor) else b[0]), batches + 1
+        runs[name].append((n / (time.perf_counter() - t), *(1000 * (proc_stat(p)[0] - c) / batches
+                                                             for p, c in zip(pids, before))))
+        log(f"round {r + 1}/{rounds} {name:24s} {runs[name][-1][0]:9.1f} samples/s")
     return {k: {"samples_per_s": med(x[0] for x in v), "main_cpu_ms_per_batch": med(x[1] for x in v),
                 "workers_cpu_ms_per_batch": med(sum(x[2:]) for x in v), "rounds": [round(x[0], 1) for x in v]}
             for k, v in runs.items()}
@@ -165,13 +164,11 @@ def ct_part(args) -> dict:
     orders = {"random": rng.integers(0, n, args.slice_reads).tolist(),
               "sweep": [(start + j) % n for j in range(args.slice_reads)]}
     times: dict[str, list[int]] = {}
-    for r in range(args.slice_rounds + 1):  # the first round warms up; interleaved, order reversed every other
-        names = list(probes) if r % 2 == 0 else list(probes)[::-1]
-        for name in names:
-            for order in ("random", "sweep") if "context" in name or name.startswith("stack") else ("random",):
-                got = latencies(probes[name], orders[order])
-                if r:
-                    times.setdefault(f"{name}.{order}" if order == "sweep" else name, []).extend(got)
+    for r, name in interleaved(list(probes), args.slice_rounds + 1):  # the first round warms up
+        for order in ("random", "sweep") if "context" in name or name.startswith("stack") else ("random",):
+            got = latencies(probes[name], orders[order])
+            if r:
+                times.setdefault(f"{name}.{order}" if order == "sweep" else name, []).extend(got)
     lat = {name: percentiles(ns) for name, ns in times.items()}
     for name, v in lat.items():
         log(f"ct {name:32s} p50 {v['p50_us']:8.2f} p90 {v['p90_us']:8.2f} µs")
