@@ -133,16 +133,50 @@ def warm(paths) -> None:
     subprocess.run(["find", "-L", *map(str, paths), "-type", "f", "-exec", "cat", "{}", "+"], stdout=subprocess.DEVNULL, check=True)
 
 
+def latencies_us(get_item, indices) -> list[float]:
+    """µs of each ``get_item(i)``, in the order given."""
+    out = []
+    for i in indices:
+        t = time.perf_counter_ns()
+        get_item(i)
+        out.append((time.perf_counter_ns() - t) / 1000)
+    return out
+
+
+def percentiles(us, qs=(50, 99), nd: int = 1) -> dict:
+    """``p<q>_us`` for each q and ``mean_us`` of the µs given."""
+    import numpy as np
+    return {f"{k}_us": round(float(v), nd) for k, v in zip([f"p{q}" for q in qs] + ["mean"],
+                                                            [*np.percentile(us, qs), np.mean(us)])}
+
+
 def random_read_latency(get_item, n_items: int, reads: int, seed: int) -> dict:
     """p50/p99/mean in µs of ``get_item(i)`` for random ``i`` (20 warm-up reads first)."""
     import numpy as np
-    idx, times = [int(i) for i in np.random.default_rng(seed).integers(0, n_items, reads)], []
-    for k, i in enumerate(idx[:20] + idx):
-        t = time.perf_counter_ns()
-        get_item(i)
-        times += [time.perf_counter_ns() - t] if k >= min(20, reads) else []
-    a = np.array(times) / 1000
-    return {f"{k}_us": round(float(v), 1) for k, v in zip(("p50", "p99", "mean"), (*np.percentile(a, [50, 99]), a.mean()))}
+    idx = [int(i) for i in np.random.default_rng(seed).integers(0, n_items, reads)]
+    return percentiles(latencies_us(get_item, idx[:20] + idx)[min(20, reads):])
+
+
+def least_seconds(fn, reps: int, clock=time.perf_counter) -> float:
+    """The least seconds (``clock``: time.process_time for CPU) of ``reps`` calls of ``fn``."""
+    out = []
+    for _ in range(reps):
+        t = clock()
+        fn()
+        out.append(clock() - t)
+    return min(out)
+
+
+def version_identity(path) -> dict:
+    """Per split: the ids, the row checksums and the split's digest, to compare two versions by."""
+    import h5py
+    with h5py.File(path, "r") as f:
+        return {s: (f[s]["ids"][()].tolist(), f[s]["checksum"][()].tobytes(), str(f[s].attrs["digest"]))
+                for s in ("train", "val", "test")}
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def timing_runner():

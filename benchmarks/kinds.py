@@ -15,8 +15,8 @@ import numpy as np
 import psutil
 import torch
 
-from benchmarks.common import (CACHE, DEMO_SPEC, REPO, built, cli, generated, interleaved, log, machine, med, proc_stat,
-                               ratio, raw_folder, save, warm)
+from benchmarks.common import (CACHE, DEMO_SPEC, REPO, built, cli, generated, interleaved, latencies_us, log, machine, med, proc_stat,
+                               percentiles, ratio, raw_folder, save, warm)
 
 WORK = CACHE / "kinds"
 ARTICLE_LZF_STORED_VS_RAW = round(1 / 3.2, 3)  # the source article: 3.2:1 with LZF
@@ -77,21 +77,6 @@ def labels_part(args) -> dict:
 
 
 # ---- 2. CT volumes -------------------------------------------------------------------------------
-
-def latencies(get_item, indices: list) -> list[int]:
-    """ns of each ``get_item(i)``, in the order given."""
-    out = []
-    for i in indices:
-        t = time.perf_counter_ns()
-        get_item(i)
-        out.append(time.perf_counter_ns() - t)
-    return out
-
-
-def percentiles(ns: list[int]) -> dict:
-    a = np.array(ns) / 1000
-    return {f"{k}_us": round(float(v), 2) for k, v in zip(("p50", "p90", "p99", "mean"), (*np.percentile(a, [50, 90, 99]), a.mean()))}
-
 
 def ct_part(args) -> dict:
     from h5forge.read.direct import DirectRows
@@ -163,13 +148,13 @@ def ct_part(args) -> dict:
     start = int(rng.integers(0, n))
     orders = {"random": rng.integers(0, n, args.slice_reads).tolist(),
               "sweep": [(start + j) % n for j in range(args.slice_reads)]}
-    times: dict[str, list[int]] = {}
+    times: dict[str, list[float]] = {}
     for r, name in interleaved(list(probes), args.slice_rounds + 1):  # the first round warms up
         for order in ("random", "sweep") if "context" in name or name.startswith("stack") else ("random",):
-            got = latencies(probes[name], orders[order])
+            got = latencies_us(probes[name], orders[order])
             if r:
                 times.setdefault(f"{name}.{order}" if order == "sweep" else name, []).extend(got)
-    lat = {name: percentiles(ns) for name, ns in times.items()}
+    lat = {name: percentiles(us, (50, 90, 99), nd=2) for name, us in times.items()}
     for name, v in lat.items():
         log(f"ct {name:32s} p50 {v['p50_us']:8.2f} p90 {v['p90_us']:8.2f} µs")
     stored = {}

@@ -3,10 +3,7 @@ memory-mapped uint8 .npy of the same arrays, with masks in the default dtype (in
 
     python -m benchmarks.read_masks [--smoke] [--n 8000 --size 224 --rounds 3 --workers 2]
 
-Readers (each a probe process of benchmarks.read_peers, one timed pass over the shuffled train
-split, 2 workers, batch 32): ``npy_mmap`` (uint8 images and masks), ``h5forge_lz4_plain`` (H5Dataset
-with uint8 outputs in a plain shuffled DataLoader), ``h5forge_lz4_default`` (``ds.loader()``:
-float32 images, int64 masks), ``h5forge_lz4_u8masks`` (the same with ``mask_dtype="uint8"``). Method: benchmarks/README.md, "read_masks".
+Method: benchmarks/README.md, "read_masks" (each reader a probe process of benchmarks.read_peers).
 """
 
 import sys

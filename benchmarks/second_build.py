@@ -3,13 +3,6 @@ the first starts the local Prefect server (h5forge/cli/local_server.py), the sec
 
     python -m benchmarks.second_build [--smoke] [--n 100]
 
-Each build writes a new output folder (a full build, not an "unchanged" no-op); a third command
-rebuilds the second's folder unchanged; after `h5forge server stop`, a fourth full build runs on
-Prefect's temporary server (H5FORGE_LOCAL_SERVER=0), as every command did before.
-Per command: wall seconds, CPU seconds of the command's
-process tree, and where the wall time goes: before the flow run begins (interpreter, imports, spec
-checks, finding or starting the server), the flow run's steps (from its log lines), and after it
-ends (printing, Prefect's exit). `python -c "import h5forge.flows.build"` gives the import share.
 Method: benchmarks/README.md, "second_build".
 """
 
