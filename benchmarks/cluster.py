@@ -18,7 +18,7 @@ import time
 
 import psutil
 
-from benchmarks.common import (BIN, CACHE, cli, log, loadavg, machine, make_spec, ratio, raw_folder, save,
+from benchmarks.common import (BIN, CACHE, cli, log, make_spec, ratio, raw_folder, save,
                                timing_runner, uptime, version_identity, warm)
 
 WORK = CACHE / "cluster"
@@ -137,7 +137,7 @@ def main() -> None:
     args = cli(__doc__, dict(n=96, size=64, batch_size=8, reps=1), n=2000, size=224, batch_size=64, reps=2)
     raw = raw_folder(args.n, args.size)
     warm([raw])
-    result = {"machine": machine(), "args": vars(args), "uptime_start": uptime(), "loadavg_start": loadavg()}
+    result = {"uptime_start": uptime()}
     clusters = {"external_2": External("external_2", 2), "external_4": External("external_4", 4)}
     arms = ["local_2", *clusters]
     runs: dict[str, list[dict]] = {arm: [] for arm in arms}

@@ -118,7 +118,8 @@ def machine() -> dict:
     git = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
     return {"cpu_count": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
             "python": platform.python_version(), "h5py": h5py.version.version, "hdf5": h5py.version.hdf5_version,
-            "git": git.stdout.strip(), "loadavg": loadavg()}
+            "git": git.stdout.strip(), "loadavg": loadavg(),
+            **({"torch": sys.modules["torch"].__version__} if "torch" in sys.modules else {})}
 
 
 def interleaved(names: list, rounds: int):
@@ -231,6 +232,24 @@ def sampled(pid: int | None = None, interval: float = 0.1):
         out.update(cpu_seconds=round(sum(cpu.values()), 2), peak_rss_mib=round(peak[0] / 2**20, 1))
 
 
+def run_sampled(cmd: list[str], **popen) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of its process tree, sampled) of a command; its output ends the
+    benchmark's message when it fails."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    with sampled(proc.pid) as usage:
+        output, wall = proc.communicate()[0], time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} failed ({proc.returncode}):\n{output[-3000:]}")
+    return wall, usage["cpu_seconds"]
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds so far of a process and its live descendants."""
+    top = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [top, *top.children(recursive=True)])
+
+
 def stop(proc: subprocess.Popen, timeout: float = 20) -> None:
     """SIGTERM, wait, then SIGKILL the process group (the process was started in its own session)."""
     import signal
@@ -291,15 +310,22 @@ def cli(doc: str, smoke: dict, **defaults) -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes for CI; results go to results/smoke/")
     if "--smoke" in sys.argv:
         ap.set_defaults(**smoke)
-    return ap.parse_args()
+    _run.update(args=ap.parse_args(), loadavg_start=loadavg(), started=time.perf_counter())
+    return _run["args"]
+
+
+_run: dict = {}  # the command's arguments, and its start, as cli() saw them: every results file records them
 
 
 def save(name: str, result: dict, smoke: bool, module: str | None = None) -> Path:
-    """``results/<name>.json`` and ``.md`` (``results/smoke/`` for --smoke); prints its ratios."""
+    """``results/<name>.json`` and ``.md`` (``results/smoke/`` for --smoke) with the machine, the
+    arguments, the load averages and the seconds since cli(); prints its ratios."""
     dest = (RESULTS / "smoke" if smoke else RESULTS) / name
     dest.parent.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": name, "command": " ".join([f"python -m benchmarks.{module or name}", *sys.argv[1:]]),
-              "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_end": loadavg(), **result}
+              "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(),
+              "args": vars(_run["args"]) if "args" in _run else {}, "loadavg_start": _run.get("loadavg_start"),
+              "loadavg_end": loadavg(), "seconds": round(time.perf_counter() - _run.get("started", 0), 1), **result}
     dest.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     dest.with_suffix(".md").write_text(render(result, module or name))
     print("".join(f"  {k}: {v}\n" for k, v in result.get("ratios", {}).items()) + f"wrote {dest}.json and .md", flush=True)

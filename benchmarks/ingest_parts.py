@@ -18,7 +18,7 @@ import numpy as np
 
 from h5forge.read.direct import chunk_index
 
-from benchmarks.common import CACHE, built, cli, least_seconds, loadavg, log, machine, make_spec, med, ratio, raw_folder, save, warm
+from benchmarks.common import CACHE, built, cli, least_seconds, log, make_spec, med, ratio, raw_folder, save, warm
 
 WORK = CACHE / "ingest_parts"
 
@@ -187,7 +187,7 @@ def main() -> None:
     raw = raw_folder(args.n, args.size)
     warm([raw])
     spec = make_spec(raw, WORK / "out", args.size)
-    result = {"machine": machine(), "args": vars(args), "loadavg_start": loadavg()}
+    result: dict = {}
     if args.only:
         path = built(spec, f"ingest-parts-n{args.n}-{args.size}")
         rounds = [chunk_copy(path, args.copy_n) for _ in range(args.reps)]

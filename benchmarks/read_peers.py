@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.common import (CACHE, REPO, built, cli, interleaved, loadavg, log, machine, make_spec, peers_venv, proc_stat,
+from benchmarks.common import (CACHE, REPO, built, cli, interleaved, log, make_spec, peers_venv, proc_stat,
                                random_read_latency, ratio, raw_folder, save, warm)
 
 PEERS_VENV = REPO / "build" / "peers-venv"
@@ -315,7 +315,6 @@ def main() -> None:
     if args.write_peers:
         return write_peers(Path(args.data))
     torch.set_num_threads(1)  # as in the probes: one intra-op thread (2 spin on 2 busy cores)
-    t0, load_start = time.perf_counter(), loadavg()
     data = prepare(args.n, args.size)
     peers_py = peers_venv(PEERS_VENV, not args.smoke, PEERS)
     pieces = [p for p in args.pieces.split(",") if p]
@@ -345,13 +344,10 @@ def main() -> None:
                **{f"latency_p50_{c}_vs_npy": lat[f"h5forge_{c}"]["p50_vs_npy"] for c in ("lz4", "none")},
                **{f"{p} on/off speed, off/on loader CPU": [v["speed_on_over_off"], v["loader_cpu_off_over_on"]]
                   for p, v in ab.items()}}
-    result = {"machine": {**machine(), "torch": torch.__version__}, "loadavg_start": load_start,
-              "peers": PEERS if peers_py else "not installed (skipped)",
-              "args": vars(args) | {"warmup_batches": WARMUP},
+    result = {"peers": PEERS if peers_py else "not installed (skipped)", "args": vars(args) | {"warmup_batches": WARMUP},
               "ratios": ratios, "machinery_ab": ab, "samples_per_s": rate, "vs_npy": vs_npy,
               "all_rounds": {k: [round(x) for x in v] for k, v in rates.items()}, "outputs": info,
-              "loader_cpu_ms_per_batch": loader_cpu, "latency": lat, "cpu_ms_per_batch": cpu,
-              "seconds": round(time.perf_counter() - t0)}
+              "loader_cpu_ms_per_batch": loader_cpu, "latency": lat, "cpu_ms_per_batch": cpu}
     save("read_peers", result, args.smoke)
 
 

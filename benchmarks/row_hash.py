@@ -11,7 +11,7 @@ import hashlib
 import shutil
 import time
 
-from benchmarks.common import CACHE, cli, least_seconds, loadavg, machine, make_spec, ratio, raw_folder, save, warm
+from benchmarks.common import CACHE, cli, least_seconds, make_spec, ratio, raw_folder, save, warm
 
 WORK = CACHE / "row_hash"
 
@@ -70,7 +70,7 @@ def main() -> None:
                                                                     args.reps) / n, 4)}
     ratios = {"hash_cpu_format3_over_format2": ratio(ms["format3"]["total"], ms["format2"]["total"]),
               "cpu_ms_saved_per_sample": round(ms["format2"]["total"] - ms["format3"]["total"], 4)}
-    save("row_hash", {"machine": machine(), "args": vars(args), "loadavg_start": loadavg(), "samples": n,
+    save("row_hash", {"samples": n,
                       "raw_bytes_per_sample": round(sum(map(len, raw_bytes)) / n), "cpu_ms_per_sample": ms,
                       "ratios": ratios}, args.smoke)
 

@@ -14,7 +14,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from benchmarks.common import BIN, CACHE, REPO, cli, log, machine, make_spec, prefect_env, raw_folder, sampled, save, write_spec
+from benchmarks.common import BIN, CACHE, REPO, cli, log, make_spec, prefect_env, raw_folder, sampled, save, write_spec
 
 WORK = CACHE / "second_build"
 LINE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) \| \w+ +\| (Flow run|Task run) '([^']+)' - (.*)$")
@@ -69,7 +69,7 @@ def main() -> None:
     shutil.rmtree(WORK, ignore_errors=True)
     home = WORK / "prefect-home"
     specs = [write_spec(make_spec(raw, WORK / f"out{i}"), WORK / f"spec{i}.yaml") for i in (1, 2, 3)]
-    result = {"n": args.n, "machine": machine()}
+    result: dict = {"n": args.n}
     try:
         for name, spec in (("first", specs[0]), ("second", specs[1]), ("unchanged", specs[1])):
             result[name] = run_build(spec, home)

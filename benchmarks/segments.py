@@ -17,7 +17,7 @@ from pathlib import Path
 
 import h5py
 
-from benchmarks.common import (CACHE, cli, latencies_us, loadavg, machine, make_spec, med, percentiles, ratio,
+from benchmarks.common import (CACHE, cli, latencies_us, make_spec, med, percentiles, ratio,
                                raw_folder, save, version_identity, warm)
 
 WORK = CACHE / "segments"
@@ -243,7 +243,7 @@ def main() -> None:
     args = cli(__doc__, dict(n=96, size=64, workers=2, reps=1), n=1000, size=224, workers=2, reps=2)
     raw = raw_folder(args.n, args.size)
     warm([raw])
-    result = {"machine": machine(), "args": vars(args), "loadavg_start": loadavg()}
+    result: dict = {}
     parts = publisher_part(make_spec(raw, WORK / "parts", args.size), args.n)
     result["in_process"] = parts
     result["projection"] = projection(parts)
