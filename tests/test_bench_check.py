@@ -1,6 +1,9 @@
 """`make bench-check`'s comparison of a re-run's figures with the committed ones, on fabricated results."""
 
-from benchmarks.check import band, compare, line
+import json
+
+from benchmarks.check import SHORT, band, compare, line
+from benchmarks.common import RESULTS
 
 
 def verdicts(committed: dict, rerun: dict) -> dict:
@@ -36,3 +39,10 @@ def test_a_negative_figure_gets_a_band_on_both_sides():
 def test_each_line_names_the_benchmark_the_figure_both_values_and_the_verdict():
     (row,) = compare({"ratios": {"x": 1.0}}, {"ratios": {"x": 1.5}})
     assert line("row_hash", row) == "row_hash: x: committed 1.0, re-run 1.5: off"
+
+
+def test_every_benchmark_it_reruns_has_committed_figures_and_the_command_that_made_them():
+    for name in SHORT:
+        committed = json.loads((RESULTS / f"{name}.json").read_text())
+        assert committed["command"].startswith("python -m benchmarks."), name
+        assert [row for row in compare(committed, committed) if row["verdict"] != "within"] == [], name
