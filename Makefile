@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: install install-test test-tools demo test test-soak test-quick lint format docs bench bench-smoke clean
+.PHONY: install install-test test-tools demo test test-soak test-quick lint format docs bench bench-smoke bench-check clean
 
 # `install`: what building needs (the package and its [build] extra: Prefect, dask, decoders);
 # `install-test` adds the test extra (pytest, torch, jax, xarray, ...), which only the tests need.
@@ -88,6 +88,11 @@ bench-smoke: install-test
 	status=0; for b in $(BENCHMARKS); do \
 	  $(BIN)/python -m benchmarks.$$b --smoke || { echo "benchmarks.$$b --smoke FAILED"; status=1; }; done; \
 	exit $$status
+
+# The short benchmarks again at their committed sizes (benchmarks/README.md, "check"): one line per
+# committed figure, within 25 % (or the spread its file states) or off; fails if any is off.
+bench-check: install-test
+	$(BIN)/python -m benchmarks.check
 
 # Static checks (settings in pyproject.toml): ruff's linter on the source folders, then the import
 # contracts and mypy on the package as pip installs it, where flows/, tasks/ and deployments/ sit

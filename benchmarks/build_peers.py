@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 
-from benchmarks.common import (CACHE, REPO, cli, loadavg, log, machine, make_spec, med, peers_venv, prefect_env, ratio,
-                               raw_folder, sampled, save, start_prefect_server, stop, warm, write_spec)
+from benchmarks.common import (CACHE, REPO, cli, interleaved, loadavg, log, make_spec, med, peers_venv, prefect_env, ratio,
+                               raw_folder, run_sampled, sampled, save, start_prefect_server, stop, tree_cpu, warm,
+                               write_spec)
 
 PEERS_VENV = REPO / "build" / "bench-peers"
 # the writers only, without their dependencies: mosaic-streaming's package __init__ pulls in
@@ -103,17 +103,11 @@ def run_peer(py: Path, peer: str, pairs: list, work: Path, workers: int, size: i
     out, job = work / f"peer-{peer}", work / f"job-{peer}.json"
     shutil.rmtree(out, ignore_errors=True)
     job.write_text(json.dumps({"pairs": pairs, "workers": workers, "size": size, "out": str(out)}))
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([str(py), "-m", "benchmarks.build_peers", "--peer", peer, "--job", str(job)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    with sampled(proc.pid) as usage:
-        output, wall = proc.communicate()[0], time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{peer} failed ({proc.returncode}):\n{output[-3000:]}")
+    wall, cpu = run_sampled([str(py), "-m", "benchmarks.build_peers", "--peer", peer, "--job", str(job)], cwd=REPO)
     size_bytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     shutil.rmtree(out, ignore_errors=True)
     return {"wall_seconds": round(wall, 2), "samples_per_second": round(len(pairs) / wall, 1),
-            "cpu_ms_per_sample": round(1000 * usage["cpu_seconds"] / len(pairs), 3), "output_bytes": size_bytes}
+            "cpu_ms_per_sample": round(1000 * cpu / len(pairs), 3), "output_bytes": size_bytes}
 
 
 # ---- h5forge ---------------------------------------------------------------------------------
@@ -123,17 +117,12 @@ def cli_build(spec, work: Path, api_url: str) -> dict:
     shutil.rmtree(spec.output.dir, ignore_errors=True)
     cmd = [str(Path(sys.executable).parent / "h5forge"), "build", str(write_spec(spec, work / "cli-spec.yaml")),
            "--output", str(spec.output.dir)]
-    env, t0 = prefect_env(Path(tempfile.mkdtemp(prefix="prefect-", dir=work)), PREFECT_API_URL=api_url), time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    with sampled(proc.pid) as usage:
-        output, wall = proc.communicate()[0], time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"h5forge build failed ({proc.returncode}):\n{output[-3000:]}")
+    wall, cpu = run_sampled(cmd, env=prefect_env(Path(tempfile.mkdtemp(prefix="prefect-", dir=work)), PREFECT_API_URL=api_url))
     n = len(list(Path(spec.source.root).glob("images/*")))
     size_bytes = sum(p.stat().st_size for p in Path(spec.output.dir).glob("dataset_v*.h5"))
     shutil.rmtree(spec.output.dir, ignore_errors=True)
-    return {"wall_seconds": round(wall, 2), "samples_per_second": round(n / wall, 1), "cpu_seconds": usage["cpu_seconds"],
-            "cpu_ms_per_sample": round(1000 * usage["cpu_seconds"] / n, 3), "output_bytes": size_bytes}
+    return {"wall_seconds": round(wall, 2), "samples_per_second": round(n / wall, 1), "cpu_seconds": cpu,
+            "cpu_ms_per_sample": round(1000 * cpu / n, 3), "output_bytes": size_bytes}
 
 
 def peers_part(args, raw: Path, pairs: list, work: Path, url: str, py: Path | None) -> dict:
@@ -141,12 +130,11 @@ def peers_part(args, raw: Path, pairs: list, work: Path, url: str, py: Path | No
                      compute={"workers": args.workers, "inline_below": 0})
     keyed = [(Path(i).stem, i, m) for i, m in pairs]
     rows: dict[str, list] = {"bound": [], "h5forge": [], **({p: [] for p in PEERS} if py else {})}
-    for rep in range(args.reps):
-        for tool in list(rows) if rep % 2 == 0 else list(rows)[::-1]:
-            r = decode_bound(pairs, args.workers) if tool == "bound" else cli_build(spec, work, url) \
-                if tool == "h5forge" else run_peer(py, tool, keyed, work, args.workers, args.size)
-            rows[tool].append(r | {"rep": rep, "loadavg_after": loadavg()[0]})
-            log(f"rep {rep} {tool:10s} {r['samples_per_second']} samples/s, CPU {r['cpu_ms_per_sample']} ms/sample")
+    for rep, tool in interleaved(list(rows), args.reps):
+        r = decode_bound(pairs, args.workers) if tool == "bound" else cli_build(spec, work, url) \
+            if tool == "h5forge" else run_peer(py, tool, keyed, work, args.workers, args.size)
+        rows[tool].append(r | {"rep": rep, "loadavg_after": loadavg()[0]})
+        log(f"rep {rep} {tool:10s} {r['samples_per_second']} samples/s, CPU {r['cpu_ms_per_sample']} ms/sample")
     best = {tool: max(rs, key=lambda r: r["samples_per_second"]) for tool, rs in rows.items()}
     table = {tool: {"wall_seconds": r["wall_seconds"], "samples_per_second": r["samples_per_second"],
                     "cpu_ms_per_sample": r["cpu_ms_per_sample"],
@@ -190,22 +178,16 @@ def run_child(mode: str, spec: Path, env: dict) -> dict:
     return {**json.loads(result.read_text()), "child_wall_seconds": round(time.perf_counter() - t0, 2)}
 
 
-def server_cpu(server: subprocess.Popen) -> float:
-    top = psutil.Process(server.pid)
-    return sum(sum(p.cpu_times()[:2]) for p in [top, *top.children(recursive=True)])
-
-
 def prefect_part(args, work: Path, url: str, home: Path, server: subprocess.Popen) -> dict:
     raw, runs = raw_folder(args.prefect_n, args.size), []
-    for rep in range(args.prefect_reps):
-        for mode in ("plain", "flow", "cli") if rep % 2 == 0 else ("cli", "flow", "plain"):
-            d, s0 = work / f"prefect-{rep}-{mode}", server_cpu(server)
-            spec = make_spec(raw, d / "out", args.size, compute={"workers": args.workers, "inline_below": 0})
-            res = cli_build(spec, d, url) if mode == "cli" else run_child(
-                mode, write_spec(spec, d / "spec.yaml"), prefect_env(home / f"{mode}-client", PREFECT_API_URL=url))
-            runs.append(res | {"rep": rep, "mode": mode, "server_cpu_seconds": round(server_cpu(server) - s0, 2)})
-            log(f"rep {rep} {mode:5s} {res}")
-            shutil.rmtree(d, ignore_errors=True)
+    for rep, mode in interleaved(["plain", "flow", "cli"], args.prefect_reps):
+        d, s0 = work / f"prefect-{rep}-{mode}", tree_cpu(server.pid)
+        spec = make_spec(raw, d / "out", args.size, compute={"workers": args.workers, "inline_below": 0})
+        res = cli_build(spec, d, url) if mode == "cli" else run_child(
+            mode, write_spec(spec, d / "spec.yaml"), prefect_env(home / f"{mode}-client", PREFECT_API_URL=url))
+        runs.append(res | {"rep": rep, "mode": mode, "server_cpu_seconds": round(tree_cpu(server.pid) - s0, 2)})
+        log(f"rep {rep} {mode:5s} {res}")
+        shutil.rmtree(d, ignore_errors=True)
     of = lambda mode, key: [r[key] + (r["server_cpu_seconds"] if key == "build_cpu_seconds" else 0)  # noqa: E731
                             for r in runs if r["mode"] == mode]
     return {"samples": args.prefect_n, "runs": runs,
@@ -224,16 +206,15 @@ def scaling_part(args, work: Path) -> dict:
     configs = {"n_1worker": (args.n, 1), "n_2workers": (args.n, 2), **({"n_large_2workers": (args.n_large, 2)}
                                                                       if args.n_large else {})}
     runs: dict[str, list] = {k: [] for k in configs}
-    for rep in range(args.reps):
-        for name in list(configs) if rep % 2 == 0 else list(configs)[::-1]:
-            n, workers = configs[name]
-            spec = make_spec(raw_folder(n, args.size), work / "scale-out", args.size,
-                             compute={"workers": workers, "inline_below": 0})
-            shutil.rmtree(work / "scale-out", ignore_errors=True)
-            with sampled() as usage:
-                res = h5forge.build(spec)
-            runs[name].append({"samples_per_s": round(n / res.timings["clean_write_seconds"], 1), **usage})
-            log(f"rep {rep} {name}: {runs[name][-1]}")
+    for rep, name in interleaved(list(configs), args.reps):
+        n, workers = configs[name]
+        spec = make_spec(raw_folder(n, args.size), work / "scale-out", args.size,
+                         compute={"workers": workers, "inline_below": 0})
+        shutil.rmtree(work / "scale-out", ignore_errors=True)
+        with sampled() as usage:
+            res = h5forge.build(spec)
+        runs[name].append({"samples_per_s": round(n / res.timings["clean_write_seconds"], 1), **usage})
+        log(f"rep {rep} {name}: {runs[name][-1]}")
     best = {k: {"samples_per_s": max(r["samples_per_s"] for r in v), "peak_rss_mib": min(r["peak_rss_mib"] for r in v)}
             for k, v in runs.items()}
     return {"best": best, "runs": runs, "two_over_one_worker": ratio(best["n_2workers"]["samples_per_s"],
@@ -254,7 +235,7 @@ def main() -> None:
     py = peers_venv(PEERS_VENV, not args.smoke, ["--no-deps", *PEERS_NO_DEPS], PEERS_DEPS, pth=True) \
         if "peers" in parts else None
     work = Path(tempfile.mkdtemp(prefix="peers-", dir=CACHE))
-    result: dict = {"machine": machine(), "args": vars(args), "loadavg_start": loadavg(), "ratios": {}}
+    result: dict = {"ratios": {}}
     r = result["ratios"]
     try:
         warm([raw := raw_folder(args.n, args.size)])

@@ -16,11 +16,10 @@ import statistics
 import subprocess
 import time
 
-import h5py
 import psutil
 
-from benchmarks.common import BIN, CACHE, cli, log, loadavg, machine, make_spec, ratio, raw_folder, save, \
-    timing_runner, warm
+from benchmarks.common import (BIN, CACHE, cli, log, make_spec, ratio, raw_folder, save,
+                               timing_runner, uptime, version_identity, warm)
 
 WORK = CACHE / "cluster"
 # what h5forge's LocalCluster sets for its workers (parallel.LEAN_WORKERS), as environment variables
@@ -77,13 +76,6 @@ class External:
             p.wait()
 
 
-def identity(path: str) -> dict:
-    """ids, row checksums and digest of each split."""
-    with h5py.File(path, "r") as f:
-        return {s: (f[s]["ids"][()].tolist(), f[s]["checksum"][()].tolist(), str(f[s].attrs["digest"]))
-                for s in ("train", "val", "test")}
-
-
 def build_once(spec, cluster: External | None) -> dict:
     """One full build into an empty folder; wall and CPU of the calling process, of the cluster's
     scheduler and workers (a LocalCluster's workers: this process's reaped children)."""
@@ -107,7 +99,7 @@ def build_once(spec, cluster: External | None) -> dict:
             "cluster_start_seconds": t.get("cluster_start_seconds"), "cleaned_in": t.get("cleaned_in"),
             "batches_via_segment_files": t.get("batches_via_segment_files"),
             "batches_sent_through_dask": t.get("batches_sent_through_dask"), "steps": runner.seconds,
-            "identity": identity(result.path)}
+            "identity": version_identity(result.path)}
 
 
 def local_start_stop_cpu(workers: int) -> float:
@@ -145,8 +137,7 @@ def main() -> None:
     args = cli(__doc__, dict(n=96, size=64, batch_size=8, reps=1), n=2000, size=224, batch_size=64, reps=2)
     raw = raw_folder(args.n, args.size)
     warm([raw])
-    uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    result = {"machine": machine(), "args": vars(args), "uptime_start": uptime, "loadavg_start": loadavg()}
+    result = {"uptime_start": uptime()}
     clusters = {"external_2": External("external_2", 2), "external_4": External("external_4", 4)}
     arms = ["local_2", *clusters]
     runs: dict[str, list[dict]] = {arm: [] for arm in arms}
@@ -176,8 +167,7 @@ def main() -> None:
     idle_cpu = statistics.median(idle)
     figures = {arm: best(rs, None if arm in clusters else idle_cpu) for arm, rs in runs.items()}
     result.update(same_version=same, local_2_workers_start_stop_cpu_seconds=round(idle_cpu, 3), arms=figures,
-                  uptime_end=subprocess.run(
-        ["uptime"], capture_output=True, text=True).stdout.strip(), ratios={
+                  uptime_end=uptime(), ratios={
         "external_2_over_local_2_samples_per_s": ratio(figures["external_2"]["samples_per_s"],
                                                        figures["local_2"]["samples_per_s"]),
         "external_4_over_external_2_samples_per_s": ratio(figures["external_4"]["samples_per_s"],

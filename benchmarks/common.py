@@ -21,7 +21,7 @@ import psutil
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-RESULTS = BENCH / "results"
+RESULTS = Path(os.environ.get("H5FORGE_BENCH_RESULTS", BENCH / "results"))  # bench-check re-runs write elsewhere
 CACHE = Path(os.environ.get("H5FORGE_BENCH_CACHE", "/tmp/h5forge-bench"))  # generated inputs, work folders
 CACHE.mkdir(parents=True, exist_ok=True)
 DEMO_SPEC = REPO / "config" / "demo.yaml"
@@ -118,24 +118,66 @@ def machine() -> dict:
     git = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
     return {"cpu_count": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
             "python": platform.python_version(), "h5py": h5py.version.version, "hdf5": h5py.version.hdf5_version,
-            "git": git.stdout.strip(), "loadavg": loadavg()}
+            "git": git.stdout.strip(), "loadavg": loadavg(),
+            **({"torch": sys.modules["torch"].__version__} if "torch" in sys.modules else {})}
+
+
+def interleaved(names: list, rounds: int):
+    """(round, name) for every name in every round, the order reversed every other round: the machine's
+    load drifts, and no name always runs first."""
+    for r in range(rounds):
+        yield from ((r, name) for name in (names if r % 2 == 0 else names[::-1]))
 
 
 def warm(paths) -> None:
-    """Read files (or every file under folders) once: into the page cache."""
-    subprocess.run(["find", *map(str, paths), "-type", "f", "-exec", "cat", "{}", "+"], stdout=subprocess.DEVNULL, check=True)
+    """Read files (or every file under folders, links followed) once: into the page cache."""
+    subprocess.run(["find", "-L", *map(str, paths), "-type", "f", "-exec", "cat", "{}", "+"], stdout=subprocess.DEVNULL, check=True)
+
+
+def latencies_us(get_item, indices) -> list[float]:
+    """µs of each ``get_item(i)``, in the order given."""
+    out = []
+    for i in indices:
+        t = time.perf_counter_ns()
+        get_item(i)
+        out.append((time.perf_counter_ns() - t) / 1000)
+    return out
+
+
+def percentiles(us, qs=(50, 99), nd: int = 1) -> dict:
+    """``p<q>_us`` for each q and ``mean_us`` of the µs given."""
+    import numpy as np
+    return {f"{k}_us": round(float(v), nd) for k, v in zip([f"p{q}" for q in qs] + ["mean"],
+                                                            [*np.percentile(us, qs), np.mean(us)])}
 
 
 def random_read_latency(get_item, n_items: int, reads: int, seed: int) -> dict:
     """p50/p99/mean in µs of ``get_item(i)`` for random ``i`` (20 warm-up reads first)."""
     import numpy as np
-    idx, times = [int(i) for i in np.random.default_rng(seed).integers(0, n_items, reads)], []
-    for k, i in enumerate(idx[:20] + idx):
-        t = time.perf_counter_ns()
-        get_item(i)
-        times += [time.perf_counter_ns() - t] if k >= min(20, reads) else []
-    a = np.array(times) / 1000
-    return {f"{k}_us": round(float(v), 1) for k, v in zip(("p50", "p99", "mean"), (*np.percentile(a, [50, 99]), a.mean()))}
+    idx = [int(i) for i in np.random.default_rng(seed).integers(0, n_items, reads)]
+    return percentiles(latencies_us(get_item, idx[:20] + idx)[min(20, reads):])
+
+
+def least_seconds(fn, reps: int, clock=time.perf_counter) -> float:
+    """The least seconds (``clock``: time.process_time for CPU) of ``reps`` calls of ``fn``."""
+    out = []
+    for _ in range(reps):
+        t = clock()
+        fn()
+        out.append(clock() - t)
+    return min(out)
+
+
+def version_identity(path) -> dict:
+    """Per split: the ids, the row checksums and the split's digest, to compare two versions by."""
+    import h5py
+    with h5py.File(path, "r") as f:
+        return {s: (f[s]["ids"][()].tolist(), f[s]["checksum"][()].tobytes(), str(f[s].attrs["digest"]))
+                for s in ("train", "val", "test")}
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def timing_runner():
@@ -188,6 +230,24 @@ def sampled(pid: int | None = None, interval: float = 0.1):
         thread.join()
         cpu[root.pid] = cpu.get(root.pid, start) - start
         out.update(cpu_seconds=round(sum(cpu.values()), 2), peak_rss_mib=round(peak[0] / 2**20, 1))
+
+
+def run_sampled(cmd: list[str], **popen) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of its process tree, sampled) of a command; its output ends the
+    benchmark's message when it fails."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    with sampled(proc.pid) as usage:
+        output, wall = proc.communicate()[0], time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} failed ({proc.returncode}):\n{output[-3000:]}")
+    return wall, usage["cpu_seconds"]
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds so far of a process and its live descendants."""
+    top = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [top, *top.children(recursive=True)])
 
 
 def stop(proc: subprocess.Popen, timeout: float = 20) -> None:
@@ -250,15 +310,22 @@ def cli(doc: str, smoke: dict, **defaults) -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes for CI; results go to results/smoke/")
     if "--smoke" in sys.argv:
         ap.set_defaults(**smoke)
-    return ap.parse_args()
+    _run.update(args=ap.parse_args(), loadavg_start=loadavg(), started=time.perf_counter())
+    return _run["args"]
+
+
+_run: dict = {}  # the command's arguments, and its start, as cli() saw them: every results file records them
 
 
 def save(name: str, result: dict, smoke: bool, module: str | None = None) -> Path:
-    """``results/<name>.json`` and ``.md`` (``results/smoke/`` for --smoke); prints its ratios."""
+    """``results/<name>.json`` and ``.md`` (``results/smoke/`` for --smoke) with the machine, the
+    arguments, the load averages and the seconds since cli(); prints its ratios."""
     dest = (RESULTS / "smoke" if smoke else RESULTS) / name
     dest.parent.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": name, "command": " ".join([f"python -m benchmarks.{module or name}", *sys.argv[1:]]),
-              "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_end": loadavg(), **result}
+              "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine(),
+              "args": vars(_run["args"]) if "args" in _run else {}, "loadavg_start": _run.get("loadavg_start"),
+              "loadavg_end": loadavg(), "seconds": round(time.perf_counter() - _run.get("started", 0), 1), **result}
     dest.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     dest.with_suffix(".md").write_text(render(result, module or name))
     print("".join(f"  {k}: {v}\n" for k, v in result.get("ratios", {}).items()) + f"wrote {dest}.json and .md", flush=True)

@@ -18,18 +18,9 @@ import numpy as np
 
 from h5forge.read.direct import chunk_index
 
-from benchmarks.common import CACHE, built, cli, loadavg, log, machine, make_spec, med, ratio, raw_folder, save, warm
+from benchmarks.common import CACHE, built, cli, least_seconds, log, make_spec, med, ratio, raw_folder, save, warm
 
 WORK = CACHE / "ingest_parts"
-
-
-def best(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def clean_and_write(spec, inventory, n: int) -> tuple[dict, dict]:
@@ -196,7 +187,7 @@ def main() -> None:
     raw = raw_folder(args.n, args.size)
     warm([raw])
     spec = make_spec(raw, WORK / "out", args.size)
-    result = {"machine": machine(), "args": vars(args), "loadavg_start": loadavg()}
+    result: dict = {}
     if args.only:
         path = built(spec, f"ingest-parts-n{args.n}-{args.size}")
         rounds = [chunk_copy(path, args.copy_n) for _ in range(args.reps)]
@@ -210,7 +201,7 @@ def main() -> None:
         save("ingest_parts_copy", result, args.smoke, module="ingest_parts")
         return
     inventory = discover(spec)
-    result["discover"] = {"samples": len(inventory.samples), "seconds": round(best(lambda: discover(spec), args.reps), 3)}
+    result["discover"] = {"samples": len(inventory.samples), "seconds": round(least_seconds(lambda: discover(spec), args.reps), 3)}
     path = built(spec, f"ingest-parts-n{args.n}-{args.size}")
     result["chunk_copy"] = c = chunk_copy(path, args.copy_n)
     result["verify"] = v = verify_processes(path)

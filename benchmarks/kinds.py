@@ -15,8 +15,8 @@ import numpy as np
 import psutil
 import torch
 
-from benchmarks.common import (CACHE, DEMO_SPEC, REPO, built, cli, generated, log, machine, med, proc_stat,
-                               ratio, raw_folder, save, warm)
+from benchmarks.common import (CACHE, DEMO_SPEC, REPO, built, cli, generated, interleaved, latencies_us, log, med, proc_stat,
+                               percentiles, ratio, raw_folder, save, warm)
 
 WORK = CACHE / "kinds"
 ARTICLE_LZF_STORED_VS_RAW = round(1 / 3.2, 3)  # the source article: 3.2:1 with LZF
@@ -31,19 +31,18 @@ def loader_rates(loaders: dict, rounds: int) -> dict:
     """Each persistent loader's timed epoch after 3 untimed batches, interleaved (order reversed every
     other round): median samples/s and CPU ms per batch of the main process and of its workers."""
     runs: dict[str, list] = {k: [] for k in loaders}
-    for r in range(rounds):
-        for name in list(loaders) if r % 2 == 0 else list(loaders)[::-1]:
-            loader = loaders[name]
-            for _ in zip(range(3), loader):
-                pass
-            it = iter(loader)
-            pids = [os.getpid(), *([w.pid for w in loader._iterator._workers] if loader.num_workers else [])]
-            before, n, batches, t = [proc_stat(p)[0] for p in pids], 0, 0, time.perf_counter()
-            for b in it:
-                n, batches = n + len(b if isinstance(b, torch.Tensor) else b[0]), batches + 1
-            runs[name].append((n / (time.perf_counter() - t), *(1000 * (proc_stat(p)[0] - c) / batches
-                                                                 for p, c in zip(pids, before))))
-            log(f"round {r + 1}/{rounds} {name:24s} {runs[name][-1][0]:9.1f} samples/s")
+    for r, name in interleaved(list(loaders), rounds):
+        loader = loaders[name]
+        for _ in zip(range(3), loader):
+            pass
+        it = iter(loader)
+        pids = [os.getpid(), *([w.pid for w in loader._iterator._workers] if loader.num_workers else [])]
+        before, n, batches, t = [proc_stat(p)[0] for p in pids], 0, 0, time.perf_counter()
+        for b in it:
+            n, batches = n + len(b if isinstance(b, torch.Tensor) else b[0]), batches + 1
+        runs[name].append((n / (time.perf_counter() - t), *(1000 * (proc_stat(p)[0] - c) / batches
+                                                             for p, c in zip(pids, before))))
+        log(f"round {r + 1}/{rounds} {name:24s} {runs[name][-1][0]:9.1f} samples/s")
     return {k: {"samples_per_s": med(x[0] for x in v), "main_cpu_ms_per_batch": med(x[1] for x in v),
                 "workers_cpu_ms_per_batch": med(sum(x[2:]) for x in v), "rounds": [round(x[0], 1) for x in v]}
             for k, v in runs.items()}
@@ -78,21 +77,6 @@ def labels_part(args) -> dict:
 
 
 # ---- 2. CT volumes -------------------------------------------------------------------------------
-
-def latencies(get_item, indices: list) -> list[int]:
-    """ns of each ``get_item(i)``, in the order given."""
-    out = []
-    for i in indices:
-        t = time.perf_counter_ns()
-        get_item(i)
-        out.append(time.perf_counter_ns() - t)
-    return out
-
-
-def percentiles(ns: list[int]) -> dict:
-    a = np.array(ns) / 1000
-    return {f"{k}_us": round(float(v), 2) for k, v in zip(("p50", "p90", "p99", "mean"), (*np.percentile(a, [50, 90, 99]), a.mean()))}
-
 
 def ct_part(args) -> dict:
     from h5forge.read.direct import DirectRows
@@ -164,15 +148,13 @@ def ct_part(args) -> dict:
     start = int(rng.integers(0, n))
     orders = {"random": rng.integers(0, n, args.slice_reads).tolist(),
               "sweep": [(start + j) % n for j in range(args.slice_reads)]}
-    times: dict[str, list[int]] = {}
-    for r in range(args.slice_rounds + 1):  # the first round warms up; interleaved, order reversed every other
-        names = list(probes) if r % 2 == 0 else list(probes)[::-1]
-        for name in names:
-            for order in ("random", "sweep") if "context" in name or name.startswith("stack") else ("random",):
-                got = latencies(probes[name], orders[order])
-                if r:
-                    times.setdefault(f"{name}.{order}" if order == "sweep" else name, []).extend(got)
-    lat = {name: percentiles(ns) for name, ns in times.items()}
+    times: dict[str, list[float]] = {}
+    for r, name in interleaved(list(probes), args.slice_rounds + 1):  # the first round warms up
+        for order in ("random", "sweep") if "context" in name or name.startswith("stack") else ("random",):
+            got = latencies_us(probes[name], orders[order])
+            if r:
+                times.setdefault(f"{name}.{order}" if order == "sweep" else name, []).extend(got)
+    lat = {name: percentiles(us, (50, 90, 99), nd=2) for name, us in times.items()}
     for name, v in lat.items():
         log(f"ct {name:32s} p50 {v['p50_us']:8.2f} p90 {v['p90_us']:8.2f} µs")
     stored = {}
@@ -224,7 +206,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", "The given NumPy array is not writable")
     warnings.filterwarnings("ignore", "This DataLoader will create")  # 4 CT workers on 2 cores: asked for
     WORK.mkdir(parents=True, exist_ok=True)
-    parts, result, t0 = [p for p in args.parts.split(",") if p], {}, time.perf_counter()
+    parts, result = [p for p in args.parts.split(",") if p], {}
     for name, fn in (("labels", labels_part), ("ct", ct_part), ("signals", signals_part)):
         if name in parts:
             result[name] = fn(args)
@@ -232,8 +214,7 @@ def main() -> None:
     ratios = {**{f"labels_vs_images_only_{k}": v for k, v in lab.get("labels_vs_images_only", {}).items()},
               **{f"ct_{k}": ct[k] for k in ("worker_fds_constant", "slice_p50_vs_npy", "slice_none_p50_vs_npy") if ct},
               **{f"signals_{c}_stored_vs_raw": sig[c]["stored_vs_raw"] for c in ("default", "lzf") if sig}}
-    result = {"machine": {**machine(), "torch": torch.__version__}, "ratios": ratios, "args": vars(args), **result,
-              "seconds": round(time.perf_counter() - t0, 1)}
+    result = {"ratios": ratios, **result}
     save("kinds" if set(parts) == {"labels", "ct", "signals"} else "kinds_" + "_".join(parts), result, args.smoke,
          module="kinds")
 

@@ -1,5 +1,5 @@
 """Nightly rebuilds (unchanged, 1 % changed, resumed after a SIGKILL) against a full build; appends onto
-a large vs a small dataset, the disk of a chain of appends, a thin version's reads vs its export.
+a large vs a small dataset.
 
     python -m benchmarks.nightly [--smoke] [--n 3000 --size 224 --rounds 2] [--no-append]
     python -m benchmarks.nightly --only append --append-small 10000 --append-large 100000   # -> nightly_append
@@ -21,12 +21,11 @@ import h5py
 import numpy as np
 import psutil
 
-from benchmarks.common import (CACHE, REPO, built, cli, log, machine, make_spec, med, ratio,
-                               raw_folder, save, timing_runner, warm, write_spec)
+from benchmarks.common import (CACHE, REPO, built, cli, log, make_spec, med, ratio,
+                               raw_folder, save, timing_runner, write_spec)
 
 WORK = CACHE / "nightly"
 SPLITS = ("train", "val", "test")
-CHAIN = 5
 
 
 def build(spec) -> dict:
@@ -160,7 +159,7 @@ def append(raw: Path, out: Path, inbox: Path, size: int, expect: int) -> dict:
 
 def append_scaling(args) -> dict:
     """``--append-new`` samples onto a small and a large base at 64 px, rounds interleaved after a warm-up."""
-    src = raw_folder((CHAIN + 1) * args.append_new, 64, seed=7)
+    src = raw_folder(6 * args.append_new, 64, seed=7)  # the inbox takes the first --append-new of these
     bases = {k: base(n, 64) for k, n in (("small", args.append_small), ("large", args.append_large))}
     trials = {k: [] for k in bases}
     for r in range(args.append_repeats + 1):
@@ -182,43 +181,13 @@ def append_scaling(args) -> dict:
                   "step_ratios_large_vs_small": {s: ratio(large[s], small[s], 2) if small[s] > 1e-4 else None for s in small}}
 
 
-def chain_and_read(args) -> dict:
-    """A ``--read-n`` base + CHAIN appends: every file's size; the thin version's reads vs its export."""
-    from h5forge.read.torch import H5Dataset
-    from h5forge.store.thin import export
-    raw, out = base(args.read_n, args.read_size)
-    src = raw_folder((CHAIN + 1) * args.append_new, args.read_size, seed=7)
-    out = link_copy(out, WORK / "chain")
-    for k in range(CHAIN):
-        append(raw, out, fill_inbox(src, WORK / "inbox", k * args.append_new, args.append_new, "add_"),
-               args.read_size, args.append_new)
-    files = {p.name: p.stat().st_size for p in sorted(out.glob("*.h5")) if not p.is_symlink()}
-    first, deltas = files["dataset_v0001.h5"], sum(v for k, v in files.items() if ".delta." in k)
-    thin = Path(os.path.realpath(out / "dataset_latest.h5"))
-    shutil.rmtree(WORK / "export", ignore_errors=True)
-    (WORK / "export").mkdir()
-    paths = {"thin": thin, "export": Path(export(thin, WORK / "export" / thin.name))}
-    warm([*out.glob("*.h5"), paths["export"]])
-    rates: dict[str, list] = {k: [] for k in paths}
-    for r in range(args.read_repeats):  # a ds.loader() epoch of each, interleaved
-        for k, p in paths.items():
-            ds = H5Dataset(p, "train", ("images", "masks"))
-            t, n = time.perf_counter(), sum(x.shape[0] for x, _ in ds.loader(batch_size=32, num_workers=args.workers,
-                                                                               shuffle=True, seed=r))
-            rates[k].append(round(n / (time.perf_counter() - t), 1))
-            ds.close()
-    return {"files": files, "total_minus_deltas_over_base": round((sum(files.values()) - deltas) / first, 4),
-            "loader_samples_per_s": rates, "loader_thin_over_export": ratio(med(rates["thin"]), med(rates["export"]))}
-
-
 def main() -> None:
     args = cli(__doc__, dict(n=300, size=64, rounds=1, append_small=100, append_large=300, append_new=20,
-                             append_repeats=1, read_n=120, read_size=64, read_repeats=1),
+                             append_repeats=1),
                n=3000, size=224, rounds=2, change=0.01, append_small=2000, append_large=20000, append_new=100,
-               append_repeats=3, read_n=10_000, read_size=224, read_repeats=3, workers=2,
-               no_append=False, only="")
+               append_repeats=3, no_append=False, only="")
     WORK.mkdir(parents=True, exist_ok=True)
-    t_run, result = time.perf_counter(), {"machine": machine(), "args": vars(args)}
+    result: dict = {}
     if args.only not in ("", "append"):
         raise SystemExit(f"--only {args.only!r}: the only part that runs alone is 'append'")
     if not args.only:
@@ -239,14 +208,11 @@ def main() -> None:
                               "resumed after kill at 80 % / full": ratio(m["resumed"], m["full"])}}
     if args.only == "append" or not args.no_append:
         result["append"] = a = append_scaling(args)
-        result["chain"] = c = chain_and_read(args)
         result.setdefault("ratios", {}).update({
             "append onto large / onto small": a["ratio_large_vs_small"],
             "append CPU, large / small": a["cpu_ratio_large_vs_small"],
-            "append write-delta (exactly-once lookup inside), large / small": a["step_ratios_large_vs_small"]["write-delta"],
-            "disk (total - deltas) / base": c["total_minus_deltas_over_base"],
-            "loader thin / export": c["loader_thin_over_export"]})
-    save("nightly_append" if args.only else "nightly", result | {"run_seconds": round(time.perf_counter() - t_run, 1)},
+            "append write-delta (exactly-once lookup inside), large / small": a["step_ratios_large_vs_small"]["write-delta"]})
+    save("nightly_append" if args.only else "nightly", result,
          args.smoke, module="nightly")
     if result.get("identical_to_full_rebuild") is False:
         raise SystemExit("a reused or resumed version differs from a full rebuild; see the results")

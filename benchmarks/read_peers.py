@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.common import (CACHE, REPO, built, cli, log, machine, make_spec, peers_venv, proc_stat,
-                               random_read_latency, ratio, raw_folder, save)
+from benchmarks.common import (CACHE, REPO, built, cli, interleaved, log, make_spec, peers_venv, proc_stat,
+                               random_read_latency, ratio, raw_folder, save, warm)
 
 PEERS_VENV = REPO / "build" / "peers-venv"
 PEERS = ["webdataset==1.0.2", "mosaicml-streaming==0.13.0", "lmdb==3.0.0"]
@@ -273,6 +273,39 @@ def in_process(data: Path, reads: int, batches: int) -> tuple[dict, dict]:
     return lat, cpu
 
 
+def probe_rounds(pythons: dict, data: Path, args, limit=lambda name: 0) -> tuple[dict, dict, dict]:
+    """Each reader's probe process once a round, rounds interleaved (order reversed every other round), the
+    files in the page cache: samples/s and CPU ms per batch (main + workers) of every round, and each
+    reader's first outputs. The first round sums every value of an epoch (in-process readers apart):
+    readers that disagree end the command."""
+    warm([data])
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    rates, cpus, info = {k: [] for k in pythons}, {k: [] for k in pythons}, {}
+    for r, name in interleaved(list(pythons), args.rounds):
+        check = r == 0 and "-0workers" not in name
+        cmd = [str(pythons[name]), "-m", "benchmarks.read_peers", "--probe", name, "--data", str(data), "--seed", str(r),
+               "--batch", str(args.batch), "--workers", str(args.workers), "--limit", str(limit(name)),
+               *(["--check"] if check else [])]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{name} failed:\n{proc.stderr[-3000:]}")
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        rates[name].append(res.pop("samples_per_s"))
+        info.setdefault(name, res)
+        cpus[name].append(res["main_cpu_ms_per_batch"] + res["workers_cpu_ms_per_batch"])
+        log(f"round {r + 1}/{args.rounds} {name:36s} {rates[name][-1]:8.0f} samples/s")
+    sums = {k: tuple(v["epoch_sums"]) for k, v in info.items() if "epoch_sums" in v}
+    if len(set(sums.values())) != 1:
+        raise SystemExit(f"readers disagree on the data: {sums}")
+    return rates, cpus, info
+
+
+def medians(rates: dict, cpus: dict) -> tuple[dict, dict]:
+    """Per reader, the median samples/s and loader CPU ms per batch (main + workers) of the rounds."""
+    return ({k: round(statistics.median(v)) for k, v in rates.items()},
+            {k: round(statistics.median(v), 2) for k, v in cpus.items()})
+
+
 def main() -> None:
     args = cli(__doc__, dict(n=200, size=64, rounds=1, reads=100, cpu_batches=10),
                n=10_000, size=224, rounds=3, workers=2, batch=32, reads=2_000, cpu_batches=100,
@@ -282,7 +315,6 @@ def main() -> None:
     if args.write_peers:
         return write_peers(Path(args.data))
     torch.set_num_threads(1)  # as in the probes: one intra-op thread (2 spin on 2 busy cores)
-    t0, load_start = time.perf_counter(), [round(x, 2) for x in os.getloadavg()]
     data = prepare(args.n, args.size)
     peers_py = peers_venv(PEERS_VENV, not args.smoke, PEERS)
     pieces = [p for p in args.pieces.split(",") if p]
@@ -290,33 +322,13 @@ def main() -> None:
              "h5forge_none_plain", "npy_mmap-0workers", "h5forge_lz4_plain-0workers", "h5forge_lz4_default-0workers",
              *(f"h5forge_lz4_default-off-{p}" for p in pieces), "h5forge_lz4_plain-off-direct"]
     pythons = dict.fromkeys(names, Path(sys.executable))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     if peers_py is not None:
         subprocess.run([str(peers_py), "-m", "benchmarks.read_peers", "--write-peers", "--data", str(data)],
-                       check=True, cwd=REPO, env=env)
+                       check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
         pythons |= dict.fromkeys(("lmdb", "webdataset", "mosaic"), peers_py)
-    subprocess.run(["find", "-L", str(data), "-type", "f", "-exec", "cat", "{}", "+"], stdout=subprocess.DEVNULL, check=True)
-    rates, cpus, info = {k: [] for k in pythons}, {k: [] for k in pythons}, {}
-    for r in range(args.rounds):  # order reversed every other round
-        for name in list(pythons) if r % 2 == 0 else list(pythons)[::-1]:
-            check = r == 0 and "-0workers" not in name
-            cmd = [str(pythons[name]), "-m", "benchmarks.read_peers", "--probe", name, "--data", str(data), "--seed", str(r),
-                   "--batch", str(args.batch), "--workers", str(args.workers),
-                   "--limit", str(args.n // 2 if "-0workers" in name else 0), *(["--check"] if check else [])]
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=1800)
-            if proc.returncode != 0:
-                raise RuntimeError(f"{name} failed:\n{proc.stderr[-3000:]}")
-            res = json.loads(proc.stdout.strip().splitlines()[-1])
-            rates[name].append(res.pop("samples_per_s"))
-            info.setdefault(name, res)
-            cpus[name].append(res["main_cpu_ms_per_batch"] + res["workers_cpu_ms_per_batch"])
-            log(f"round {r + 1}/{args.rounds} {name:36s} {rates[name][-1]:8.0f} samples/s")
-    sums = {k: tuple(v["epoch_sums"]) for k, v in info.items() if "epoch_sums" in v}
-    if len(set(sums.values())) != 1:
-        raise SystemExit(f"readers disagree on the data: {sums}")
+    rates, cpus, info = probe_rounds(pythons, data, args, limit=lambda name: args.n // 2 if "-0workers" in name else 0)
     lat, cpu = in_process(data, args.reads, args.cpu_batches)
-    rate = {k: round(statistics.median(v)) for k, v in rates.items()}
-    loader_cpu = {k: round(statistics.median(v), 2) for k, v in cpus.items()}  # main + workers, median of the rounds
+    rate, loader_cpu = medians(rates, cpus)
     vs_npy = {k: ratio(v, rate["npy_mmap-0workers" if "-0workers" in k else "npy_mmap"]) for k, v in rate.items()}
     # A/B: each piece's gain = with it on / with it off (speed), and the CPU it saves
     ab = {p: {"speed_on_over_off": ratio(rate["h5forge_lz4_default"], rate[f"h5forge_lz4_default-off-{p}"]),
@@ -332,13 +344,10 @@ def main() -> None:
                **{f"latency_p50_{c}_vs_npy": lat[f"h5forge_{c}"]["p50_vs_npy"] for c in ("lz4", "none")},
                **{f"{p} on/off speed, off/on loader CPU": [v["speed_on_over_off"], v["loader_cpu_off_over_on"]]
                   for p, v in ab.items()}}
-    result = {"machine": {**machine(), "torch": torch.__version__}, "loadavg_start": load_start,
-              "peers": PEERS if peers_py else "not installed (skipped)",
-              "args": vars(args) | {"warmup_batches": WARMUP},
+    result = {"peers": PEERS if peers_py else "not installed (skipped)", "args": vars(args) | {"warmup_batches": WARMUP},
               "ratios": ratios, "machinery_ab": ab, "samples_per_s": rate, "vs_npy": vs_npy,
               "all_rounds": {k: [round(x) for x in v] for k, v in rates.items()}, "outputs": info,
-              "loader_cpu_ms_per_batch": loader_cpu, "latency": lat, "cpu_ms_per_batch": cpu,
-              "seconds": round(time.perf_counter() - t0)}
+              "loader_cpu_ms_per_batch": loader_cpu, "latency": lat, "cpu_ms_per_batch": cpu}
     save("read_peers", result, args.smoke)
 
 

@@ -7,24 +7,17 @@ checksum pass over a version written in each format; and, for scale, the raw fil
 What is measured and how: benchmarks/README.md, section "row_hash".
 """
 
+import hashlib
 import shutil
 import time
 
-import hashlib
-
-from benchmarks.common import CACHE, cli, loadavg, machine, make_spec, ratio, raw_folder, save, warm
+from benchmarks.common import CACHE, cli, least_seconds, make_spec, ratio, raw_folder, save, warm
 
 WORK = CACHE / "row_hash"
 
 
 def best_cpu(fn, reps: int) -> float:
-    """The least CPU seconds of ``reps`` calls."""
-    out = []
-    for _ in range(reps):
-        c = time.process_time()
-        fn()
-        out.append(time.process_time() - c)
-    return min(out)
+    return least_seconds(fn, reps, time.process_time)
 
 
 def main() -> None:
@@ -75,19 +68,11 @@ def main() -> None:
         ms[f"format{fmt}"]["total"] = round(sum(ms[f"format{fmt}"].values()), 4)
     ms["raw_files_sha256"] = {"per_sample": round(1000 * best_cpu(lambda: [hashlib.sha256(b).digest() for b in raw_bytes],
                                                                     args.reps) / n, 4)}
-    result = {
-        "machine": machine(),
-        "args": vars(args),
-        "loadavg_start": loadavg(),
-        "samples": n,
-        "raw_bytes_per_sample": round(sum(map(len, raw_bytes)) / n),
-        "cpu_ms_per_sample": ms,
-        "ratios": {
-            "hash_cpu_format3_over_format2": ratio(ms["format3"]["total"], ms["format2"]["total"]),
-            "cpu_ms_saved_per_sample": round(ms["format2"]["total"] - ms["format3"]["total"], 4),
-        },
-    }
-    save("row_hash", result, args.smoke)
+    ratios = {"hash_cpu_format3_over_format2": ratio(ms["format3"]["total"], ms["format2"]["total"]),
+              "cpu_ms_saved_per_sample": round(ms["format2"]["total"] - ms["format3"]["total"], 4)}
+    save("row_hash", {"samples": n,
+                      "raw_bytes_per_sample": round(sum(map(len, raw_bytes)) / n), "cpu_ms_per_sample": ms,
+                      "ratios": ratios}, args.smoke)
 
 
 if __name__ == "__main__":

@@ -3,13 +3,6 @@ the first starts the local Prefect server (h5forge/cli/local_server.py), the sec
 
     python -m benchmarks.second_build [--smoke] [--n 100]
 
-Each build writes a new output folder (a full build, not an "unchanged" no-op); a third command
-rebuilds the second's folder unchanged; after `h5forge server stop`, a fourth full build runs on
-Prefect's temporary server (H5FORGE_LOCAL_SERVER=0), as every command did before.
-Per command: wall seconds, CPU seconds of the command's
-process tree, and where the wall time goes: before the flow run begins (interpreter, imports, spec
-checks, finding or starting the server), the flow run's steps (from its log lines), and after it
-ends (printing, Prefect's exit). `python -c "import h5forge.flows.build"` gives the import share.
 Method: benchmarks/README.md, "second_build".
 """
 
@@ -21,7 +14,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from benchmarks.common import BIN, CACHE, REPO, cli, log, machine, make_spec, prefect_env, raw_folder, sampled, save, write_spec
+from benchmarks.common import BIN, CACHE, REPO, cli, log, make_spec, prefect_env, raw_folder, sampled, save, write_spec
 
 WORK = CACHE / "second_build"
 LINE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) \| \w+ +\| (Flow run|Task run) '([^']+)' - (.*)$")
@@ -76,7 +69,7 @@ def main() -> None:
     shutil.rmtree(WORK, ignore_errors=True)
     home = WORK / "prefect-home"
     specs = [write_spec(make_spec(raw, WORK / f"out{i}"), WORK / f"spec{i}.yaml") for i in (1, 2, 3)]
-    result = {"n": args.n, "machine": machine()}
+    result: dict = {"n": args.n}
     try:
         for name, spec in (("first", specs[0]), ("second", specs[1]), ("unchanged", specs[1])):
             result[name] = run_build(spec, home)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import h5py
 
-from benchmarks.common import CACHE, cli, loadavg, machine, make_spec, med, ratio, raw_folder, save, warm
+from benchmarks.common import (CACHE, cli, latencies_us, make_spec, med, percentiles, ratio,
+                               raw_folder, save, version_identity, warm)
 
 WORK = CACHE / "segments"
 ARMS = ("sent", "files", "segments")
@@ -51,11 +52,9 @@ def build_once(spec, arm: str) -> dict:
     finally:
         build.write_samples, parallel.make_folder = write_samples, make_folder
     with h5py.File(result.path, "r") as f:
-        checksums = {s: f[s]["checksum"][()].tobytes() for s in ("train", "val", "test")}
-        digests = {s: str(f[s].attrs["digest"]) for s in ("train", "val", "test")}
         virtual = f["train/images"].is_virtual
     return {"samples": sum(result.counts.values()), "path": result.path, "virtual": virtual,
-            "cpu": spent["cpu"], "wall": spent["wall"], "checksums": checksums, "digests": digests}
+            "cpu": spent["cpu"], "wall": spent["wall"], "identity": version_identity(result.path)}
 
 
 def _size(path: Path) -> int:
@@ -199,13 +198,8 @@ def read_part(paths: dict[str, Path], workers: int, reps: int) -> dict:
             ds.close()
             with h5py.File(os.path.realpath(p), "r") as f:
                 images = f["train/images"]
-                order = np.random.default_rng(r).integers(0, images.shape[0], 500)
-                times = []
-                for i in order.tolist():
-                    t = time.perf_counter()
-                    images[i]
-                    times.append(time.perf_counter() - t)
-                single[k].append(round(1e6 * float(np.median(times)), 1))
+                order = np.random.default_rng(r).integers(0, images.shape[0], 500).tolist()
+                single[k].append(percentiles(latencies_us(images.__getitem__, order), (50,))["p50_us"])
     return {"loader_samples_per_s": rates, "random_read_p50_us": single,
             "loader_segments_over_copy": ratio(med(rates["segments"]), med(rates["files"])),
             "random_read_p50_segments_over_copy": ratio(med(single["segments"]), med(single["files"]))}
@@ -238,14 +232,8 @@ def mapping_scaling(counts=(16, 160, 1600), rows: int = 64, reads: int = 500) ->
             with h5py.File(folder / f"{name}.h5", "r") as f:
                 ds = f["train/x"]
                 order = np.random.default_rng(0).integers(0, k * rows, reads).tolist()
-                for i in order[:50]:  # every source opened once, as a reader's first epoch does
-                    ds[i]
-                times = []
-                for i in order:
-                    t = time.perf_counter()
-                    ds[i]
-                    times.append(time.perf_counter() - t)
-                p50[name] = round(1e6 * float(np.median(times)), 1)
+                latencies_us(ds.__getitem__, order[:50])  # every source opened once, as a reader's first epoch does
+                p50[name] = percentiles(latencies_us(ds.__getitem__, order), (50,))["p50_us"]
         out[f"{k}_files"] = {**{f"{n}_p50_us": v for n, v in p50.items()}, "vds_over_one": ratio(p50["vds"], p50["one"])}
     shutil.rmtree(folder, ignore_errors=True)
     return out
@@ -255,7 +243,7 @@ def main() -> None:
     args = cli(__doc__, dict(n=96, size=64, workers=2, reps=1), n=1000, size=224, workers=2, reps=2)
     raw = raw_folder(args.n, args.size)
     warm([raw])
-    result = {"machine": machine(), "args": vars(args), "loadavg_start": loadavg()}
+    result: dict = {}
     parts = publisher_part(make_spec(raw, WORK / "parts", args.size), args.n)
     result["in_process"] = parts
     result["projection"] = projection(parts)
@@ -266,8 +254,7 @@ def main() -> None:
                              storage={"assemble": "segments" if arm == "segments" else "copy"})
             runs[arm].append(build_once(spec, arm))
     first = runs["sent"][0]
-    same = all(r["checksums"] == first["checksums"] and r["digests"] == first["digests"]
-               for arm in runs.values() for r in arm)
+    same = all(r["identity"] == first["identity"] for arm in runs.values() for r in arm)
     if not same or not all(r["virtual"] for r in runs["segments"]):
         raise RuntimeError("the versions differ between the arms, or the segments arm copied its rows")
     n = first["samples"]
