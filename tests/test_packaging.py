@@ -4,6 +4,7 @@ alone (`pip install h5forge`, no build extra) works on a training machine."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.helpers.data import REPO
+from tests.helpers.data import REPO, write_spec_file
 from tests.helpers.files import build_file
 
 
@@ -69,3 +70,30 @@ def test_the_reader_installs_and_reads_without_the_build_extra(tmp_path, raw_dem
     demo = isolated(cli, "demo-data", str(tmp_path / "raw"), "--n", "2")
     assert demo.returncode == 2 and demo.stderr.strip() == (
         "error: this command needs h5forge's build extra (no module 'PIL' here): pip install 'h5forge[build]'")
+
+
+@pytest.mark.slow  # a build on dask workers in a fresh process
+def test_python_run_beside_a_clone_named_h5forge_imports_the_package(tmp_path, raw_demo):
+    """A clone in ./h5forge, Python run from its parent: the installed package is imported, not the
+    clone's folder as a namespace package (whose filters would be missing), and the README's Python
+    quick start builds, verifies and reads a batch there."""
+    beside = tmp_path / "work"
+    beside.mkdir()
+    os.symlink(REPO, beside / "h5forge")  # the folder a `git clone … h5forge` leaves
+    spec = write_spec_file(raw_demo, tmp_path / "out", tmp_path / "spec.yaml")
+    script = (
+        "import h5forge\n"
+        "print(h5forge.__file__)\n"
+        f"result = h5forge.build({str(spec)!r})\n"
+        "from h5forge.pipeline import verify\n"
+        f"verify({str(tmp_path / 'out')!r})\n"
+        "from h5forge.read.reader import SplitReader\n"
+        f"batch = SplitReader({str(tmp_path / 'out' / 'dataset_latest.h5')!r}, 'train').read([0, 1, 2, 3])\n"
+        "print(result.version, batch['images'].shape[0])\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], cwd=beside, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "PYTHONPATH": ""})
+    assert run.returncode == 0, run.stderr[-3000:]
+    package, built = run.stdout.strip().splitlines()[-2:]
+    assert package == str(REPO / "src" / "h5forge" / "__init__.py")
+    assert built == "1 4"

@@ -14,7 +14,7 @@ from h5forge.kinds.column import ColumnKind
 from h5forge.kinds.doc import with_table
 from tests.helpers.data import REPO, demo_spec
 
-PACKAGE = REPO / "h5forge"
+PACKAGE = REPO / "src" / "h5forge"
 
 
 def test_registry_and_spec_union_agree(raw_demo, tmp_path):
