@@ -107,7 +107,8 @@ def test_watch_appends_once_per_drop_and_never_reads_its_own_folders(raw_demo, t
 
     assert sorted(sum(all_ids(out / "dataset_latest.h5").values(), [])) == good[:29]
     assert sorted(p.relative_to(inbox).as_posix() for p in (inbox / "quarantine").rglob("*") if p.is_file()) == [
-        "quarantine/images/broken.png", "quarantine/images/broken.png.reason"]
+        "quarantine/images/broken.png", "quarantine/images/broken.png.labels.csv",  # with its record
+        "quarantine/images/broken.png.labels.csv.reason", "quarantine/images/broken.png.reason"]
     assert sorted(p.name for p in (inbox / "processed" / "v0002" / "images").iterdir()) == [
         f"{i}.png" for i in good[20:26]]
     assert sorted(p.name for p in (inbox / "processed" / "v0003" / "images").iterdir()) == [

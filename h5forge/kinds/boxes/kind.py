@@ -19,7 +19,7 @@ stores each kept box's instance mask (``instances``) as ``<field>_masks``, (n, H
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import h5py
@@ -30,7 +30,8 @@ from h5forge.format.arrays import Ragged, Stored
 from h5forge.kinds.base import Decoded, Demo, Detector, FieldKind, Globs, ReadOptions, StrictModel, read_source
 from h5forge.kinds.boxes.geometry import place
 from h5forge.kinds.boxes.instances import instance_mask, placed_masks
-from h5forge.kinds.boxes.sources import coco_boxes, coco_digest, coco_index, yolo_boxes
+from h5forge.kinds.boxes.inbox import coco_files_in, coco_subset
+from h5forge.kinds.boxes.sources import coco_boxes, coco_digest, coco_entry, coco_index, yolo_boxes
 from h5forge.kinds.mask import OVERLAY
 from h5forge.samples import Reject, SampleRef
 
@@ -100,6 +101,30 @@ class BoxesKind(FieldKind):
     def shared_files(self) -> tuple[str, ...]:
         return self.coco_files
 
+    def shared_files_in(self, folder: Path) -> tuple[str, ...]:
+        return coco_files_in(folder, self.coco_files) if self.coco_files else ()
+
+    def reading(self, shared: tuple[str, ...]) -> dict[str, Any]:
+        return {"coco": shared} if self.coco_files else {}
+
+    def shared_files_of(self, root: Path, ref: SampleRef) -> tuple[str, ...] | None:
+        if not self.coco_files:
+            return None
+        picture = ref.files[self.spec.like]
+        listing = []
+        for rel in self.coco_files:
+            try:
+                coco_entry(coco_index(root, rel), picture)
+            except Reject:
+                continue
+            listing.append(rel)
+        return tuple(listing)
+
+    def shared_subset(
+        self, root: Path, shared: tuple[str, ...], files: set[str], complement: bool = False
+    ) -> str | None:
+        return coco_subset(root, shared, {PurePosixPath(f).name for f in files}, complement)
+
     def stored(self) -> Stored:
         return Stored((len(COLUMNS),), np.float32, bulk=True, ragged=True)
 
@@ -114,8 +139,14 @@ class BoxesKind(FieldKind):
 
     # ---- decoding
     def _coco(self, root: Path, picture: str):
-        """The index of the COCO file that lists ``picture`` (the first of ``coco`` that does)."""
+        """The index of the COCO file that lists ``picture``: the first of ``coco`` that does, looked
+        for beside the picture's own source folder first (a folder an append took, with its own
+        COCO file at the same path), then under the root."""
         last = None
+        for rel in self.coco_files:
+            index = _nearest_listing(root, rel, picture)
+            if index is not None:
+                return index
         for rel in self.coco_files:
             index = coco_index(root, rel)
             try:
@@ -206,6 +237,21 @@ class BoxesKind(FieldKind):
             if np.count_nonzero(labels == i)
         )
         return f"{self.name}: {len(labels)}" + (f" ({named})" if named else "")
+
+
+def _nearest_listing(root: Path, rel: str, picture: str):
+    """The index of the COCO file at ``rel`` below the nearest folder above ``picture`` (below the
+    root) that has one and lists the picture, or None."""
+    for folder in list(PurePosixPath(picture).parents)[:-1]:
+        if all(part == ".." for part in folder.parts) or not (root / folder / rel).is_file():
+            continue
+        try:
+            index = coco_index(root, (folder / rel).as_posix())
+            coco_entry(index, picture)
+            return index
+        except Reject:
+            continue
+    return None
 
 
 class BoxCount(FieldKind):

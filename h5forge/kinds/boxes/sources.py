@@ -46,7 +46,7 @@ def coco_index(root: Path, rel: str) -> CocoIndex:
     try:
         st = os.stat(path)
     except OSError as err:
-        raise Reject(rel, f"cannot read the COCO file: {err.strerror or err}") from None
+        raise Reject(rel, f"cannot read the COCO file {rel}: {err.strerror or err}") from None
     key = (str(path), st.st_mtime_ns, st.st_size)
     with _LOCK:
         if key not in _CACHE:
