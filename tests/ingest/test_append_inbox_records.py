@@ -237,3 +237,75 @@ def test_several_records_for_one_sample_quarantine_only_that_sample_s_records_na
     with (append.processed_dir(inbox, added.version) / "labels.csv").open(newline="") as fh:
         assert sorted(r["id"] for r in csv.DictReader(fh)) == [good[20], good[22]]
     assert not (inbox / "labels.csv").exists()
+
+
+def _age_all(folder: Path, seconds: float = 10) -> None:
+    """Backdate files and folders alike (a folder's mtime changes when an entry is added)."""
+    import os
+    import time
+
+    past = time.time() - seconds
+    for p in [*folder.rglob("*"), folder]:
+        os.utime(p, (past, past))
+
+
+def test_a_dicom_case_settles_as_a_whole_and_a_temporary_name_waits_for_its_rename(tmp_path):
+    import os
+
+    import h5py
+
+    from tests.kinds.test_volume import write_series
+
+    write_series(tmp_path / "raw" / "cases" / "first", depth=4)
+    spec = parse_spec(
+        {
+            "name": "ct",
+            "source": {"root": "raw", "inbox": "inbox"},
+            "output": {"dir": "out"},
+            "splits": {"ratios": {"train": 1.0}},
+            "compute": {"batch_size": 2},
+            "append": {"settle_seconds": 2},
+            "fields": {"ct": {"kind": "volume", "files": "cases/*", "size": [128, 128]}},
+        },
+        tmp_path,
+    )
+    assert h5forge.build(spec).counts["train"] == 1
+    inbox = tmp_path / "inbox"
+    case = inbox / "cases" / "case_partial"
+    write_series(case, depth=5, seed=3)
+    write_series(inbox / "cases" / "case_late.tmp", depth=3, seed=4)  # copied, then renamed
+    _age_all(inbox)
+    slices = sorted(case.iterdir())
+    whole = slices[-1].read_bytes()
+    slices[-1].write_bytes(whole[: len(whole) // 3])  # one slice is still being written: the folder's mtime is old
+    assert os.stat(case).st_mtime < os.stat(slices[-1]).st_mtime - 5
+    waiting = h5forge.append(spec)
+    assert waiting.version is None and waiting.added == 0 and waiting.waiting == 1, waiting
+    assert waiting.rejections == ()  # the .tmp folder is not read at all
+    slices[-1].write_bytes(whole)
+    os.replace(inbox / "cases" / "case_late.tmp", inbox / "cases" / "case_late")
+    _age_all(inbox)
+    added = h5forge.append(spec)
+    assert added.added == 2 and added.rejections == (), added
+    with h5py.File(added.path, "r") as f:
+        ids = [i.decode() for i in f["train"]["ids"][()]]
+        depths = f["train"]["ct_lengths"][()].tolist()
+    assert dict(zip(ids, depths)) == {"first": 4, "case_partial": 5, "case_late": 3}  # every slice
+
+
+def test_coco_pictures_wait_while_their_coco_file_is_being_written(tmp_path):
+    import os
+    import time
+
+    write_coco(tmp_path / "raw", ["astronaut", "coffee"], "annotations/instances_train.json")
+    spec = coco_spec(tmp_path)
+    h5forge.build(spec)
+    inbox = tmp_path / "inbox"
+    coco = write_coco(inbox, ["flower", "hubble_crop"], "annotations/instances_train.json")
+    _age_all(inbox)
+    later = time.time() + 3600
+    os.utime(coco, (later, later))  # the pictures are old, their COCO file is not
+    waiting = h5forge.append(spec)
+    assert waiting.version is None and waiting.waiting == 2 and waiting.rejections == (), waiting
+    _age_all(inbox)
+    assert h5forge.append(spec).added == 2
