@@ -53,6 +53,7 @@ from h5forge.format.names import (
 )
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest.clean import CleanedBatch
+from h5forge.ingest.duplicates import duplicate_reason
 from h5forge.ingest.discover import TEXT_FORMAT, discover, match_key, read_annotation_file, record_key
 from h5forge.ingest.incremental.inputs import Inputs, rules_hash
 from h5forge.ingest.parallel import clean_all
@@ -209,6 +210,10 @@ class KnownSamples:
         digest = id_digest(sid)
         return digest in self.new_ids or self.catalog.has_id(digest)
 
+    def holds(self, sid: str) -> bool:
+        """Whether the parent version holds ``sid`` (not only this append)."""
+        return self.catalog.has_id(id_digest(sid))
+
     def take(self, sid: str, hexes: list[str]) -> None:
         self.new_contents[content_digest(hexes)] = sid
         self.new_ids.add(id_digest(sid))
@@ -218,20 +223,22 @@ def known_samples(path: Path) -> KnownSamples:
     return KnownSamples(path)
 
 
-def _dedupe(batch: CleanedBatch, kinds: dict[str, FieldKind], known: KnownSamples, parent: str) -> CleanedBatch:
+def _dedupe(
+    batch: CleanedBatch, kinds: dict[str, FieldKind], known: KnownSamples, parent: str, keep_all: bool = False
+) -> CleanedBatch:
+    """``batch`` without the samples whose id latest holds already, nor (``duplicates:
+    keep_first``) those whose raw content it holds or this append took already."""
     keep, dropped = [], []
     for i, sid in enumerate(batch.ids):
         path = tuple(batch.files[i])
-        same = known.holder_of(batch.source_sha256[i])
+        same = None if keep_all else known.holder_of(batch.source_sha256[i])
         if same is not None:
-            dropped.append(
-                Rejection(
-                    sid,
-                    path,
-                    f"duplicate: identical content is already in the dataset as {same!r} ({parent})",
-                    stage="append",
-                )
+            reason = (
+                duplicate_reason(same, "already in the dataset", f" ({parent})")
+                if known.holds(same)
+                else duplicate_reason(same, "earlier in this append")
             )
+            dropped.append(Rejection(sid, path, reason, stage="append"))
         elif known.has_id(sid):
             dropped.append(
                 Rejection(
@@ -305,7 +312,7 @@ def write_delta(
         writer.add_rejections(scan.rejections)
         for i, batch in enumerate(clean_all(scan.spec or spec, scan.inbox, scan.ready, timings, status, fmt)):
             settled = len(batch) + len(batch.rejections)
-            batch = _dedupe(batch, kinds, known, version_name(cand.parent))
+            batch = _dedupe(batch, kinds, known, version_name(cand.parent), spec.duplicates == "keep_all")
             # record where the raw files will live once moved out of the inbox
             batch.files = [[os.path.relpath(final_dir / rel, spec.source.root) for rel in row] for row in batch.files]
             writer.add(batch)
