@@ -33,6 +33,7 @@ class Inventory:
     rejections: list[Rejection] = field(default_factory=list)
     unclaimed: int = 0  # files under the source root that no glob of the spec takes
     unclaimed_examples: list[str] = field(default_factory=list)  # the first few of them
+    duplicate_of: dict[str, str] = field(default_factory=dict)  # a rejected duplicate's id -> the id kept
 
     @property
     def rejected(self) -> int:

@@ -24,12 +24,13 @@ from h5forge.kinds import FieldKind, field_kinds
 from h5forge.samples import Rejection, SampleRef
 from h5forge.spec import DatasetSpec
 
+DUPLICATE = "duplicate: "  # how every duplicate's reason starts
 ENDS = 1 << 16  # bytes read at each end of a file to tell files of one size apart
 
 
 def duplicate_reason(kept: str, where: str, note: str = "") -> str:
     """The reason a duplicate is rejected, the same in a build and an append."""
-    return f"duplicate: identical content is {where} as {kept!r}{note} (the spec's duplicates: keep_all keeps both)"
+    return f"{DUPLICATE}identical content is {where} as {kept!r}{note} (the spec's duplicates: keep_all keeps both)"
 
 
 def drop_duplicates(spec: DatasetSpec, inventory: Inventory) -> int:
@@ -67,6 +68,7 @@ def drop_duplicates(spec: DatasetSpec, inventory: Inventory) -> int:
                 Rejection(ref.id, tuple(ref.files.values()), duplicate_reason(first[d], "earlier in this build"))
             )
             dropped.add(ref.id)
+            inventory.duplicate_of[ref.id] = first[d]
         else:
             first[d] = ref.id
     if dropped:
@@ -89,8 +91,12 @@ def _alike(root: Path, refs: list[SampleRef], kinds: dict[str, FieldKind], key) 
 def _size(path: Path, kind: FieldKind) -> tuple:
     """A file's size; a case folder's file sizes, sorted."""
     if kind.reads_folders and path.is_dir():
-        return tuple(sorted(os.stat(os.path.join(top, f)).st_size for top, _, files in os.walk(path) for f in files))
-    return (os.stat(path).st_size,)
+        sizes = tuple(sorted(os.stat(os.path.join(top, f)).st_size for top, _, files in os.walk(path) for f in files))
+    else:
+        sizes = (os.stat(path).st_size,)
+    if not any(sizes):
+        raise OSError(f"{path} is empty")  # nothing to keep a first of: cleaning rejects each with its reason
+    return sizes
 
 
 def _ends(path: Path, kind: FieldKind) -> str:

@@ -92,3 +92,29 @@ def test_an_unknown_duplicates_policy_is_a_spec_error(tmp_path):
 
     with pytest.raises(SpecError, match="duplicates"):
         _spec(tmp_path, duplicates="newest")
+
+
+def test_duplicates_are_reported_but_not_counted_against_max_rejected(tmp_path):
+    _pictures(tmp_path / "raw", {f"p{k}": k for k in range(4)})
+    for k in range(4):  # as many copies as originals: half the inputs
+        shutil.copy(tmp_path / "raw" / "images" / f"p{k}.bmp", tmp_path / "raw" / "images" / f"z{k}.bmp")
+    (tmp_path / "raw" / "images" / "broken.bmp").write_bytes(b"BM not a picture")
+    built = h5forge.build(_spec(tmp_path, max_rejected=1))  # one bad input allowed: the broken one
+    assert _ids(built.path) == ["p0", "p1", "p2", "p3"]
+    assert sorted(r.sample_id for r in built.rejections) == ["broken", "z0", "z1", "z2", "z3"]
+
+
+def test_copies_of_a_bad_input_count_as_bad_inputs_each_with_its_reason(tmp_path):
+    from h5forge.errors import TooManyRejected
+
+    _pictures(tmp_path / "raw", {f"p{k}": k for k in range(8)})
+    for name in ("a_broken", "b_broken"):  # two copies of one broken file, and two empty files
+        (tmp_path / "raw" / "images" / f"{name}.bmp").write_bytes(b"BM not a picture")
+    for name in ("c_empty", "d_empty"):
+        (tmp_path / "raw" / "images" / f"{name}.bmp").write_bytes(b"")
+    with pytest.raises(TooManyRejected, match="4 of 12 inputs rejected"):
+        h5forge.build(_spec(tmp_path, max_rejected=3))
+    built = h5forge.build(_spec(tmp_path, max_rejected=4))
+    reasons = {r.sample_id: r.reason for r in built.rejections}
+    assert reasons["b_broken"].startswith("duplicate: identical content is earlier in this build as 'a_broken'")
+    assert not reasons["d_empty"].startswith("duplicate") and not reasons["c_empty"].startswith("duplicate")
