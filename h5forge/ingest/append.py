@@ -91,6 +91,15 @@ def inbox_spec(spec: DatasetSpec, inbox: Path) -> DatasetSpec:
     return spec.model_copy(update={"fields": {**spec.fields, **fields}}) if fields else spec
 
 
+def rewritten_by_append(spec: DatasetSpec, inbox: Path) -> list[str]:
+    """The inbox files an append rewrites as it takes samples (the annotation file, shared files
+    such as a COCO file): a watcher does not take their changes for news."""
+    own = [Path(spec.annotations.file).as_posix()] if spec.annotations.file else []
+    for files in shared_files(inbox_spec(spec, inbox)).values():
+        own.extend(files)
+    return own
+
+
 def shared_files(spec: DatasetSpec) -> dict[str, tuple[str, ...]]:
     """{field: the shared files it reads} of the fields that read any."""
     return {name: files for name, kind in field_kinds(spec).items() if (files := kind.shared_files())}
@@ -537,7 +546,10 @@ def _plan_shared(
                 p.plan.writes.append((str(inbox / INBOX_QUARANTINE / rel), text))
                 p._reason(rel, f"what {', '.join(here)} say(s) of sample {sid!r}, refused: {reason}")
         for rel in here:
-            p.plan.inbox_rewrites.append((str(inbox / rel), kind.shared_subset(inbox, (rel,), gone, complement=True)))
+            if kind.shared_subset(inbox, (rel,), gone) is not None:  # a file none of them left stays as it is
+                p.plan.inbox_rewrites.append(
+                    (str(inbox / rel), kind.shared_subset(inbox, (rel,), gone, complement=True))
+                )
 
 
 NAME_MAX = 255  # bytes in one file name, on every filesystem h5forge writes to
