@@ -309,3 +309,21 @@ def test_coco_pictures_wait_while_their_coco_file_is_being_written(tmp_path):
     assert waiting.version is None and waiting.waiting == 2 and waiting.rejections == (), waiting
     _age_all(inbox)
     assert h5forge.append(spec).added == 2
+
+
+@pytest.mark.parametrize("hostile", ["fifo", "dev-zero"])
+def test_an_inbox_coco_file_that_is_no_regular_file_is_never_read_and_its_pictures_wait(tmp_path, hostile):
+    import os
+
+    write_coco(tmp_path / "raw", ["astronaut", "coffee"], "annotations/instances_train.json")
+    spec = coco_spec(tmp_path)
+    h5forge.build(spec)
+    inbox = tmp_path / "inbox"
+    _save_photo(inbox, "flower")
+    (inbox / "annotations").mkdir()
+    named = inbox / "annotations" / "instances_train.json"
+    os.mkfifo(named) if hostile == "fifo" else os.symlink("/dev/zero", named)
+    age_files(inbox)
+    waiting = h5forge.append(spec)  # returns: a FIFO is not opened, /dev/zero not read
+    assert waiting.version is None and waiting.waiting == 1 and waiting.rejections == (), waiting
+    assert (inbox / "images" / "flower.jpg").is_file() and os.path.lexists(named)

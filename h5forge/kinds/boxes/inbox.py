@@ -11,25 +11,40 @@ exactly-once check and the incremental build compare) is the same before and aft
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from h5forge.format.names import INBOX_MANAGED
+from h5forge.kinds.base import DEFAULT_MAX_BYTES
 
-COCO_MAX_BYTES = 1 << 30  # an inbox file larger than this is no COCO file the inbox takes
+LOADED_FILES = 4  # an inbox holds a few COCO files, each read many times while an append sorts its pictures
+_LOADED: dict[str, tuple[tuple[int, int], dict | None]] = {}  # path -> ((mtime_ns, size), its COCO object)
 
 
 def _load(path: Path) -> dict | None:
-    """The COCO object of ``path``, or None when it is not one (or not a regular, readable file)."""
+    """The COCO object of ``path``, or None when it is not one (or not a regular file of at most
+    ``DEFAULT_MAX_BYTES``, read without following a symlink); parsed once while it stays the same."""
     try:
-        if not path.is_file() or path.is_symlink() or path.stat().st_size > COCO_MAX_BYTES:
-            return None
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_size > DEFAULT_MAX_BYTES:
+        return None
+    state = (st.st_mtime_ns, st.st_size)
+    cached = _LOADED.get(str(path))
+    if cached is not None and cached[0] == state:
+        return cached[1]
+    try:
         data = json.loads(path.read_bytes())
     except (OSError, ValueError, RecursionError):
-        return None
-    if isinstance(data, dict) and isinstance(data.get("images"), list) and isinstance(data.get("categories"), list):
-        return data
-    return None
+        data = None
+    coco = isinstance(data, dict) and isinstance(data.get("images"), list) and isinstance(data.get("categories"), list)
+    if len(_LOADED) >= LOADED_FILES:
+        del _LOADED[next(iter(_LOADED))]
+    _LOADED[str(path)] = (state, data if coco else None)
+    return data if coco else None
 
 
 def coco_files_in(inbox: Path, named: tuple[str, ...]) -> tuple[str, ...]:

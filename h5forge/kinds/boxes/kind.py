@@ -94,6 +94,11 @@ class BoxesKind(FieldKind):
         return (self.spec.like,)
 
     @property
+    def is_coco(self) -> bool:
+        """Boxes from COCO files (an inbox may hold none of them yet), not YOLO labels."""
+        return self.spec.coco is not None
+
+    @property
     def coco_files(self) -> tuple[str, ...]:
         c = self.spec.coco
         return () if c is None else (c,) if isinstance(c, str) else tuple(c)
@@ -102,13 +107,13 @@ class BoxesKind(FieldKind):
         return self.coco_files
 
     def shared_files_in(self, folder: Path) -> tuple[str, ...]:
-        return coco_files_in(folder, self.coco_files) if self.coco_files else ()
+        return coco_files_in(folder, self.coco_files) if self.is_coco else ()
 
     def reading(self, shared: tuple[str, ...]) -> dict[str, Any]:
-        return {"coco": shared} if self.coco_files else {}
+        return {"coco": shared} if self.is_coco else {}
 
     def shared_files_of(self, root: Path, ref: SampleRef) -> tuple[str, ...] | None:
-        if not self.coco_files:
+        if not self.is_coco:
             return None
         picture = ref.files[self.spec.like]
         listing = []
@@ -154,11 +159,10 @@ class BoxesKind(FieldKind):
                 return index
             except Reject as err:
                 last = err
-        assert last is not None  # the loop above ran at least once
-        raise last
+        raise last or Reject(picture, "no COCO file to look it up in")
 
     def input_digest(self, root: Path, ref: SampleRef) -> str | None:
-        if not self.coco_files:
+        if not self.is_coco:
             return None  # YOLO: the label file is hashed as the field's file
         try:
             return coco_digest(self._coco(root, ref.files[self.spec.like]), ref.files[self.spec.like])
@@ -168,7 +172,7 @@ class BoxesKind(FieldKind):
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         geometry = done[self.spec.like].context
         picture = ref.files[self.spec.like]
-        if self.coco_files:
+        if self.is_coco:
             corners, labels, segments = coco_boxes(self._coco(root, picture), picture, geometry.raw, self.spec.classes)
             digest = None
             where = picture
