@@ -401,6 +401,11 @@ class Lifecycle(RuleBasedStateMachine):
         found = [p for p in reasons if p.exists() and p.read_text().strip()]
         assert found, f"{s.sid}: no reason on record in {self.inbox / 'quarantine'}"
         assert not any(internal(p.read_text()) for p in found), f"{s.sid}: an internal error as its reason"
+        if self.layout.annotation:  # its record went with it, under its own name
+            name = Path(self.layout.annotation).name
+            records = [self.inbox / "quarantine" / f"{rel}.{name}" for rel in s.files.values()]
+            assert any(p.exists() for p in records), f"{s.sid}: its annotation record is not in quarantine/"
+            assert not (self.inbox / "quarantine" / name).exists(), "the whole annotation file was quarantined"
 
     def check_diff(self, before: Path | None, old: dict[str, dict], new: dict[str, dict]) -> None:
         after = self.latest_path()
