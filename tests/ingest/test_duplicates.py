@@ -118,3 +118,13 @@ def test_copies_of_a_bad_input_count_as_bad_inputs_each_with_its_reason(tmp_path
     reasons = {r.sample_id: r.reason for r in built.rejections}
     assert reasons["b_broken"].startswith("duplicate: identical content is earlier in this build as 'a_broken'")
     assert not reasons["d_empty"].startswith("duplicate") and not reasons["c_empty"].startswith("duplicate")
+
+
+def test_the_policy_is_no_field_rule_a_dataset_without_duplicates_is_unchanged_under_either(tmp_path):
+    from h5forge.ingest.incremental.inputs import rules_hash
+
+    _pictures(tmp_path / "raw", {f"p{k}": k for k in range(4)})
+    assert rules_hash(_spec(tmp_path)) == rules_hash(_spec(tmp_path, duplicates="keep_all"))
+    first = h5forge.build(_spec(tmp_path))
+    again = h5forge.build(_spec(tmp_path, duplicates="keep_all"))
+    assert again.unchanged and again.version == first.version
