@@ -416,9 +416,9 @@ class _Plan:
 
     def quarantine(self, rel: str, reason: str) -> None:
         self.plan.moves.append((str(self.inbox / rel), str(self.inbox / INBOX_QUARANTINE / rel)))
-        self._reason(rel, reason)
+        self.reason(rel, reason)
 
-    def _reason(self, rel: str, reason: str) -> None:
+    def reason(self, rel: str, reason: str) -> None:
         name = Path(rel).name
         short = reason_file_name(name)
         text = reason if short == f"{name}.reason" else f"{reason}\nfile: {name}"  # a shortened name says whose
@@ -432,11 +432,11 @@ class _Plan:
         if not ann or not records or key in self.quarantined:
             return
         self.quarantined.add(key)
-        rel = self._beside(files, sid, Path(ann).name)
+        rel = self.beside(files, sid, Path(ann).name)
         self.plan.records.append((str(self.inbox / INBOX_QUARANTINE / rel), records))
-        self._reason(rel, f"the annotation record(s) of sample {sid!r}, refused: {reason}")
+        self.reason(rel, f"the annotation record(s) of sample {sid!r}, refused: {reason}")
 
-    def _beside(self, files: list[str], sid: str, name: str) -> str:
+    def beside(self, files: list[str], sid: str, name: str) -> str:
         """``<the sample's first file>.<name>``, or ``<sid>.<name>`` beside the annotation file."""
         anchor = files[0] if files else (Path(self.spec.annotations.file or name).parent / sid).as_posix()
         folder, base = os.path.split(anchor)
@@ -542,9 +542,9 @@ def _plan_shared(
             gone.update(files)
             text = kind.shared_subset(inbox, here, set(files))
             if text is not None and files:
-                rel = p._beside(files, sid, Path(named[name][0]).name)
+                rel = p.beside(files, sid, Path(named[name][0]).name)
                 p.plan.writes.append((str(inbox / INBOX_QUARANTINE / rel), text))
-                p._reason(rel, f"what {', '.join(here)} say(s) of sample {sid!r}, refused: {reason}")
+                p.reason(rel, f"the entry of sample {sid!r} in {', '.join(here)}, refused: {reason}")
         for rel in here:
             if kind.shared_subset(inbox, (rel,), gone) is not None:  # a file none of them left stays as it is
                 p.plan.inbox_rewrites.append(

@@ -327,3 +327,27 @@ def test_an_inbox_coco_file_that_is_no_regular_file_is_never_read_and_its_pictur
     waiting = h5forge.append(spec)  # returns: a FIFO is not opened, /dev/zero not read
     assert waiting.version is None and waiting.waiting == 1 and waiting.rejections == (), waiting
     assert (inbox / "images" / "flower.jpg").is_file() and os.path.lexists(named)
+
+
+def test_a_refused_coco_picture_takes_its_entry_to_quarantine(tmp_path):
+    from pycocotools.coco import COCO
+
+    write_coco(tmp_path / "raw", ["astronaut", "coffee"], "annotations/instances_train.json")
+    spec = coco_spec(tmp_path)
+    h5forge.build(spec)
+    inbox = tmp_path / "inbox"
+    coco = write_coco(inbox, ["flower", "hubble_crop"], "annotations/drop.json")
+    data = json.loads(coco.read_text())
+    data["images"][1]["width"] += 1  # the entry says hubble_crop is a pixel wider than it is
+    coco.write_text(json.dumps(data))
+    age_files(inbox)
+    added = h5forge.append(spec)
+    assert added.added == 1 and [r.sample_id for r in added.rejections] == ["hubble_crop"], added
+    kept = inbox / "quarantine" / "images" / "hubble_crop.jpg.instances_train.json"
+    api = COCO(str(kept))
+    assert [im["file_name"] for im in api.loadImgs(api.getImgIds())] == ["hubble_crop.jpg"]
+    assert len(api.getAnnIds()) == 2
+    assert (
+        "hubble_crop" in (inbox / "quarantine" / "images" / "hubble_crop.jpg.instances_train.json.reason").read_text()
+    )
+    assert (inbox / "quarantine" / "images" / "hubble_crop.jpg").is_file() and not coco.exists()
