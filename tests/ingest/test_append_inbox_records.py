@@ -67,7 +67,7 @@ def write_coco(folder: Path, names: list[str], coco_rel: str, first_id: int = 1)
     return path
 
 
-def coco_spec(tmp_path: Path, **extra):
+def coco_spec(tmp_path: Path, boxes: dict | None = None, **extra):
     return parse_spec(
         {
             "name": "photos",
@@ -81,6 +81,7 @@ def coco_spec(tmp_path: Path, **extra):
                     "like": "images",
                     "classes": list(CLASSES),
                     "coco": "annotations/instances_train.json",
+                    **(boxes or {}),
                 },
             },
             "verify": {"resample": 2, "latency_reads": 0},
@@ -351,3 +352,90 @@ def test_a_refused_coco_picture_takes_its_entry_to_quarantine(tmp_path):
         "hubble_crop" in (inbox / "quarantine" / "images" / "hubble_crop.jpg.instances_train.json.reason").read_text()
     )
     assert (inbox / "quarantine" / "images" / "hubble_crop.jpg").is_file() and not coco.exists()
+
+
+def test_a_rebuild_gives_each_processed_picture_only_its_part_of_the_coco_file_beside_it(tmp_path):
+    """Discovery parses the COCO file of processed/vNNNN once and hands each of its pictures its
+    own entry, as it does for the source's file."""
+    from h5forge.ingest.discover import discover
+    from h5forge.kinds.boxes.sources import CocoIndex
+
+    write_coco(tmp_path / "raw", ["astronaut", "coffee"], "annotations/instances_train.json")
+    spec = coco_spec(tmp_path)
+    h5forge.build(spec)
+    inbox = tmp_path / "inbox"
+    write_coco(inbox, ["flower", "hubble_crop"], "annotations/instances_train.json")
+    age_files(inbox)
+    assert h5forge.append(spec).added == 2
+    refs = {ref.id: ref for ref in discover(spec).samples}
+    for sid, objects in (("flower", 1), ("hubble_crop", 2), ("astronaut", 1)):
+        part = refs[sid].shared["boxes"]
+        assert isinstance(part, CocoIndex), (sid, part)
+        assert list(part.images) == [f"{sid}.jpg"] and sum(map(len, part.annotations.values())) == objects
+    assert "processed/v0002/annotations/instances_train.json" in refs["flower"].shared["boxes"].rel
+    assert refs["astronaut"].shared["boxes"].rel == "annotations/instances_train.json"
+
+
+@pytest.mark.parametrize("hostile", ["symlink-out", "fifo", "too-large"])
+def test_a_processed_coco_file_is_read_bounded_and_within_its_folder(tmp_path, hostile):
+    """The COCO file beside an appended picture is read as every COCO file is: a regular file of
+    at most max_bytes, not through a symlink out of its folder. Its pictures are refused with the
+    reason, and a rebuild that would lose them publishes nothing."""
+    import os
+    import shutil
+
+    from h5forge.errors import SamplesRemoved
+    from h5forge.ingest.discover import discover
+    from h5forge.kinds.boxes.sources import CocoIndex
+    from h5forge.store.versions import latest
+
+    write_coco(tmp_path / "raw", ["astronaut", "coffee", "chelsea", "rocket"], "annotations/instances_train.json")
+    spec = coco_spec(tmp_path, boxes={"max_bytes": 4000}, max_rejected=0.5)
+    h5forge.build(spec)
+    inbox = tmp_path / "inbox"
+    write_coco(inbox, ["flower"], "annotations/instances_train.json")
+    age_files(inbox)
+    added = h5forge.append(spec)
+    assert added.added == 1, added
+    moved = append.processed_dir(inbox, added.version) / "annotations" / "instances_train.json"
+    if hostile == "symlink-out":
+        elsewhere = tmp_path / "elsewhere.json"
+        shutil.copy(moved, elsewhere)
+        moved.unlink()
+        moved.symlink_to(elsewhere)
+        why = "symlink leads outside the source folder"
+    elif hostile == "fifo":
+        moved.unlink()
+        os.mkfifo(moved)
+        why = "not a regular file"
+    else:
+        data = json.loads(moved.read_text())
+        data["padding"] = "x" * 5000
+        moved.write_text(json.dumps(data))
+        why = "larger than the limit of 4,000"
+    refs = {ref.id: ref for ref in discover(spec).samples}  # returns: the FIFO is not opened
+    path, reason = refs["flower"].shared["boxes"]
+    assert why in reason and "processed/v0002/annotations/instances_train.json" in reason, reason
+    assert isinstance(refs["astronaut"].shared["boxes"], CocoIndex)
+    with pytest.raises(SamplesRemoved):  # the appended picture would leave latest: nothing published
+        h5forge.build(spec)
+    assert latest(spec.output.dir) == added.version
+
+
+def test_limits_apply_to_the_coco_pictures_an_append_takes(tmp_path):
+    """max_objects holds for a picture whose entry comes from an inbox COCO file of any name, and
+    the refused picture's entry goes to quarantine/ with it."""
+    write_coco(tmp_path / "raw", ["astronaut", "coffee"], "annotations/instances_train.json")
+    spec = coco_spec(tmp_path, boxes={"max_objects": 1, "masks": True})
+    h5forge.build(spec)
+    inbox = tmp_path / "inbox"
+    write_coco(inbox, ["flower", "hubble_crop"], "batch.json")  # hubble_crop has two objects
+    age_files(inbox)
+    added = h5forge.append(spec)
+    assert added.added == 1, added
+    [refused] = added.rejections
+    assert refused.sample_id == "hubble_crop" and "max_objects" in refused.reason, refused
+    assert set(stored(added.path)) == {"astronaut", "coffee", "flower"}
+    entries = [p for p in (inbox / "quarantine").rglob("*.json")]
+    assert len(entries) == 1
+    assert [im["file_name"] for im in json.loads(entries[0].read_text())["images"]] == ["hubble_crop.jpg"]
