@@ -227,6 +227,11 @@ class DatasetSpec(_Strict):
     compute: Compute = Compute()
     verify: Verification = Verification()
     append: Append = Append()
+    duplicates: Literal["keep_first", "keep_all"] = Field(
+        "keep_first",
+        description="samples with identical raw content under other names: keep the first "
+        "(in id order; for an append, what latest holds) and reject the others, or keep all",
+    )
     max_rejected: float | int = Field(
         0.1,
         description="the most rejected inputs a build may have and still "

@@ -84,6 +84,12 @@ draws = st.builds(Draw, serial=st.just(0), picture=st.integers(0, 3), y=st.integ
                   count=st.integers(0, 99), split=st.integers(0, 2))
 
 
+def nfc(text: str) -> str:
+    import unicodedata
+
+    return unicodedata.normalize("NFC", text)
+
+
 def internal(reason: str) -> bool:
     """A reason that is an error caught by the cleaner's last resort, not one a user can act on."""
     return reason.startswith("unexpected ") or "Traceback" in reason
@@ -127,8 +133,15 @@ class Lifecycle(RuleBasedStateMachine):
         return {"sample": Sample(s.sid, dict(s.files), dict(s.data), dict(s.columns), s.split)}
 
     def given(self) -> dict[str, dict]:
-        """What a full rebuild must hold: the raw folder's good samples and every appended one."""
-        return {sid: self.snap(s) for sid, s in {**self.raw_good, **self.appended}.items()}
+        """What a full rebuild must hold: the raw folder's good samples and every appended one, the
+        first (in id order) of any raw content given under several names (``duplicates: keep_first``)."""
+        held, contents = {}, set()
+        for sid, s in sorted({**self.raw_good, **self.appended}.items(), key=lambda kv: nfc(kv[0])):
+            content = tuple(s.data[f] for f in sorted(s.data))
+            if content not in contents:
+                contents.add(content)
+                held[sid] = self.snap(s)
+        return held
 
     def changed(self) -> None:
         self.built_clean = False
@@ -194,9 +207,15 @@ class Lifecycle(RuleBasedStateMachine):
 
     @action(lambda self: self.expect, data=DATA)
     def add_duplicate(self, data):
-        """A copy of a sample latest holds, under a new name, into the inbox: exactly once says no."""
+        """A copy of a sample latest holds, under a new name, into the inbox (exactly once says no)
+        or the raw folder (a build keeps the first of the two in id order)."""
         sid = data.draw(st.sampled_from(sorted(self.expect)))
         s = self.layout.renamed(self.expect[sid]["sample"], self._new_id(self.expect[sid]["sample"]))
+        if data.draw(st.booleans(), label="to_raw"):
+            self.layout.write(self.raw, s)
+            self.raw_good[s.sid] = s
+            self.changed()
+            return
         self.layout.write(self.inbox, s)
         self.copies.append(s)
 
@@ -391,6 +410,11 @@ class Lifecycle(RuleBasedStateMachine):
         found = [p for p in reasons if p.exists() and p.read_text().strip()]
         assert found, f"{s.sid}: no reason on record in {self.inbox / 'quarantine'}"
         assert not any(internal(p.read_text()) for p in found), f"{s.sid}: an internal error as its reason"
+        if self.layout.annotation:  # its record went with it, under its own name
+            name = Path(self.layout.annotation).name
+            records = [self.inbox / "quarantine" / f"{rel}.{name}" for rel in s.files.values()]
+            assert any(p.exists() for p in records), f"{s.sid}: its annotation record is not in quarantine/"
+            assert not (self.inbox / "quarantine" / name).exists(), "the whole annotation file was quarantined"
 
     def check_diff(self, before: Path | None, old: dict[str, dict], new: dict[str, dict]) -> None:
         after = self.latest_path()

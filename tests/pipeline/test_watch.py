@@ -33,7 +33,7 @@ class Watcher:
     """``watch_inbox`` in a thread; every append it starts is recorded, and how many times it has
     looked at the inbox since the last one and found nothing to append (``quiet``)."""
 
-    def __init__(self, spec: DatasetSpec, own_files: list[str]):
+    def __init__(self, spec: DatasetSpec, own_files):
         self.spec, self.calls, self.stop = spec, [], threading.Event()
         self.quiet, self.changed = 0, threading.Condition()
         a = spec.append
@@ -121,8 +121,38 @@ def test_watch_appends_once_per_drop_and_never_reads_its_own_folders(raw_demo, t
 
     assert sorted(sum(all_ids(out / "dataset_latest.h5").values(), [])) == good[:29]
     assert sorted(p.relative_to(inbox).as_posix() for p in (inbox / "quarantine").rglob("*") if p.is_file()) == [
-        "quarantine/images/broken.png", "quarantine/images/broken.png.reason"]
+        "quarantine/images/broken.png", "quarantine/images/broken.png.labels.csv",  # with its record
+        "quarantine/images/broken.png.labels.csv.reason", "quarantine/images/broken.png.reason"]
     assert sorted(p.name for p in (inbox / "processed" / "v0002" / "images").iterdir()) == [
         f"{i}.png" for i in good[20:26]]
     assert sorted(p.name for p in (inbox / "processed" / "v0003" / "images").iterdir()) == [
         f"{i}.png" for i in good[26:29]]
+
+
+def test_watch_does_not_take_its_own_rewrite_of_a_coco_file_for_news(tmp_path):
+    """The COCO file keeps the entry of a picture not yet there: the append rewrites it, and the
+    watcher runs no append for that; the picture's arrival is one append."""
+    from h5forge.ingest.append import rewritten_by_append
+    from tests.ingest.test_append_inbox_records import _save_photo, coco_spec, write_coco
+
+    write_coco(tmp_path / "raw", ["astronaut", "coffee"], "annotations/instances_train.json")
+    spec = coco_spec(tmp_path, append={"settle_seconds": 0.5, "batch_window_seconds": 0.5, "poll_seconds": 1})
+    assert h5forge.build(spec).version == 1
+    inbox = tmp_path / "inbox"
+    write_coco(inbox, ["flower", "hubble_crop", "chelsea"], "annotations/batch.json")
+    (inbox / "images" / "chelsea.jpg").unlink()  # its entry is there, the picture comes later
+    age_files(inbox)
+    watcher = Watcher(spec, own_files=lambda: rewritten_by_append(spec, inbox))
+    watcher.thread.start()
+    try:
+        watcher.settle_on(2, appends=1)
+        assert [c.version for c in watcher.calls] == [2]
+        left = json.loads((inbox / "annotations" / "batch.json").read_text())
+        assert [im["file_name"] for im in left["images"]] == ["chelsea.jpg"]
+        _save_photo(inbox, "chelsea")
+        watcher.settle_on(3, appends=2)
+        assert [c.version for c in watcher.calls] == [2, 3] and watcher.calls[1].added == 1
+    finally:
+        watcher.stop.set()
+        watcher.thread.join(60)
+    assert not (inbox / "annotations" / "batch.json").exists()

@@ -209,14 +209,17 @@ def watch(
 
     out.print(f"watching {loaded.source.inbox} (Ctrl-C to stop)")
     a = loaded.append
-    # append rewrites the inbox's annotation file (the records it took leave it): not a change to act on
-    own = [loaded.annotations.file] if loaded.annotations.file else []
+    # append rewrites the inbox's annotation and COCO files (the records it took leave them): not a
+    # change to act on
+    from h5forge.ingest.append import rewritten_by_append
+
+    box = loaded.source.inbox
     # in-process rounds run on the server build and append share, found or started once
     with _reported(), nullcontext() if deployment else _flow_server():
         serve_inbox(
-            loaded.source.inbox,
+            box,
             run_once,
-            own_files=own,
+            own_files=lambda: rewritten_by_append(loaded, box),
             settle_seconds=a.settle_seconds,
             window_seconds=a.batch_window_seconds,
             poll_seconds=a.poll_seconds,

@@ -29,6 +29,8 @@ REPORTS_DIR = "reports"
 INBOX_PROCESSED = "processed"  # processed/vNNNN/: what each version took, part of the dataset's sources
 INBOX_QUARANTINE = "quarantine"  # rejected inbox inputs and their reasons
 INBOX_MANAGED = (INBOX_PROCESSED, INBOX_QUARANTINE)
+# a file or folder being copied into an inbox under such a name is not read until renamed
+INBOX_TEMPORARY = (".tmp", ".partial")
 VERSION_RE = re.compile(r"^dataset_v(\d{4,})\.h5$")
 SEGMENTS_DIR = ".segments"  # in the output folder: the cleaning workers' chunk files of the running build
 DELTA_RE = re.compile(r"^dataset_v(\d{4,})\.delta\.h5$")

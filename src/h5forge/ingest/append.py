@@ -44,6 +44,7 @@ from h5forge.format.names import (
     INBOX_MANAGED,
     INBOX_PROCESSED,
     INBOX_QUARANTINE,
+    INBOX_TEMPORARY,
     JOURNAL,
     SPLITS,
     Attr,
@@ -53,11 +54,12 @@ from h5forge.format.names import (
 )
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest.clean import CleanedBatch
+from h5forge.ingest.duplicates import duplicate_reason
 from h5forge.ingest.discover import TEXT_FORMAT, discover, match_key, read_annotation_file, record_key
 from h5forge.ingest.incremental.inputs import Inputs, rules_hash
 from h5forge.ingest.parallel import clean_all
 from h5forge.ingest.writer import DatasetWriter
-from h5forge.kinds import FieldKind, stored_kinds
+from h5forge.kinds import FieldKind, field_kinds, stored_kinds
 from h5forge.samples import Rejection, SampleRef
 from h5forge.spec import DatasetSpec
 from h5forge.crash_points import checkpoint
@@ -76,29 +78,53 @@ class InboxScan:
     ready: list[SampleRef] = field(default_factory=list)
     waiting: list[Rejection] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
+    spec: DatasetSpec | None = None  # the spec as it reads this inbox (``inbox_spec``)
+
+
+def inbox_spec(spec: DatasetSpec, inbox: Path) -> DatasetSpec:
+    """The spec as it reads an inbox: each field reads the shared files the inbox holds (a COCO
+    file of any name), not those of the source root."""
+    fields = {}
+    for name, kind in field_kinds(spec).items():
+        update = kind.reading(kind.shared_files_in(inbox))
+        if update:
+            fields[name] = spec.fields[name].model_copy(update=update)
+    return spec.model_copy(update={"fields": {**spec.fields, **fields}}) if fields else spec
+
+
+def rewritten_by_append(spec: DatasetSpec, inbox: Path) -> list[str]:
+    """The inbox files an append rewrites as it takes samples (the annotation file, shared files
+    such as a COCO file): a watcher does not take their changes for news."""
+    own = [Path(spec.annotations.file).as_posix()] if spec.annotations.file else []
+    for files in shared_files(inbox_spec(spec, inbox)).values():
+        own.extend(files)
+    return own
+
+
+def shared_files(spec: DatasetSpec) -> dict[str, tuple[str, ...]]:
+    """{field: the shared files it reads} of the fields that read any."""
+    return {name: files for name, kind in field_kinds(spec).items() if (files := kind.shared_files())}
 
 
 def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> InboxScan:
-    """Complete samples whose files have settled; incomplete or fresh ones wait."""
+    """Complete samples whose files have settled; incomplete or fresh ones wait.
+
+    A sample settles as a whole: every file it is made of (each file of a case folder, the
+    shared file that holds its record) has been unchanged for ``settle_seconds``."""
     inbox = Path(inbox)
     scan = InboxScan(inbox)
     if not inbox.is_dir():
         return scan
-    inv = discover(spec, root=inbox, extra_roots=[], sidecars=True, skip=INBOX_MANAGED)
+    scan.spec = reading = inbox_spec(spec, inbox)
+    kinds = field_kinds(reading)
+    inv = discover(reading, root=inbox, extra_roots=[], sidecars=True, skip=INBOX_MANAGED)
     now = time.time() if now is None else now
     settle = spec.append.settle_seconds
     for ref in inv.samples:
-        paths = [inbox / p for p in (*ref.files.values(), *ref.extra_files)]
-        young = [p for p in paths if now - p.stat().st_mtime < settle]
-        if young:
-            scan.waiting.append(
-                Rejection(
-                    ref.id,
-                    (young[0].relative_to(inbox).as_posix(),),
-                    f"still being written (changed less than {settle:g} s ago)",
-                    waitable=True,
-                )
-            )
+        members, missing = _members(kinds, inbox, ref)
+        busy = missing or _unsettled(inbox, members, now, settle)
+        if busy:
+            scan.waiting.append(Rejection(ref.id, (busy[0],), busy[1], waitable=True))
         else:
             scan.ready.append(ref)
     for r in inv.rejections:
@@ -110,6 +136,43 @@ def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> Inbo
             )
         (scan.waiting if r.waitable else scan.rejections).append(r)
     return scan
+
+
+def _members(kinds: dict[str, FieldKind], inbox: Path, ref: SampleRef) -> tuple[list[str], tuple[str, str] | None]:
+    """Every file ``ref`` is made of (its own, its sidecar, the shared files holding its record),
+    and why it waits when a shared file holding its record is not there yet."""
+    members = [*ref.files.values(), *ref.extra_files]
+    for name, kind in kinds.items():
+        holders = kind.shared_files_of(inbox, ref)
+        if holders is None:
+            continue
+        if not holders:
+            first = next(iter(ref.files.values()))
+            return members, (first, f"waiting for its {name} record: no file of the inbox holds it yet")
+        members.extend(holders)
+    return members, None
+
+
+def _unsettled(inbox: Path, members: list[str], now: float, settle: float) -> tuple[str, str] | None:
+    """The first member (or file inside a member folder) changed less than ``settle`` seconds
+    before ``now``, or still being copied under a temporary name, and the reason the sample waits;
+    None when all have settled."""
+    since = now - settle
+    for rel in members:
+        path = inbox / rel
+        if _changed_since(path, since):
+            return rel, f"still being written (changed less than {settle:g} s ago)"
+        if not path.is_dir():
+            continue
+        for folder, dirs, files in os.walk(path):
+            for name in [*dirs, *files]:
+                inner = os.path.join(folder, name)
+                where = os.path.relpath(inner, inbox)
+                if name.endswith(INBOX_TEMPORARY):
+                    return where, "still being copied (a file in it has a temporary name)"
+                if _changed_since(Path(inner), since):
+                    return where, f"still being written: {name} changed less than {settle:g} s ago"
+    return None
 
 
 def _changed_since(path: Path, when: float) -> bool:
@@ -157,6 +220,10 @@ class KnownSamples:
         digest = id_digest(sid)
         return digest in self.new_ids or self.catalog.has_id(digest)
 
+    def holds(self, sid: str) -> bool:
+        """Whether the parent version holds ``sid`` (not only this append)."""
+        return self.catalog.has_id(id_digest(sid))
+
     def take(self, sid: str, hexes: list[str]) -> None:
         self.new_contents[content_digest(hexes)] = sid
         self.new_ids.add(id_digest(sid))
@@ -166,20 +233,22 @@ def known_samples(path: Path) -> KnownSamples:
     return KnownSamples(path)
 
 
-def _dedupe(batch: CleanedBatch, kinds: dict[str, FieldKind], known: KnownSamples, parent: str) -> CleanedBatch:
+def _dedupe(
+    batch: CleanedBatch, kinds: dict[str, FieldKind], known: KnownSamples, parent: str, keep_all: bool = False
+) -> CleanedBatch:
+    """``batch`` without the samples whose id latest holds already, nor (``duplicates:
+    keep_first``) those whose raw content it holds or this append took already."""
     keep, dropped = [], []
     for i, sid in enumerate(batch.ids):
         path = tuple(batch.files[i])
-        same = known.holder_of(batch.source_sha256[i])
+        same = None if keep_all else known.holder_of(batch.source_sha256[i])
         if same is not None:
-            dropped.append(
-                Rejection(
-                    sid,
-                    path,
-                    f"duplicate: identical content is already in the dataset as {same!r} ({parent})",
-                    stage="append",
-                )
+            reason = (
+                duplicate_reason(same, "already in the dataset", f" ({parent})")
+                if known.holds(same)
+                else duplicate_reason(same, "earlier in this append")
             )
+            dropped.append(Rejection(sid, path, reason, stage="append"))
         elif known.has_id(sid):
             dropped.append(
                 Rejection(
@@ -251,9 +320,9 @@ def write_delta(
     rules = Inputs(rules_hash(spec, fmt), key="")
     with DatasetWriter(cand.delta_partial, spec, cand.number, cand.parent, rules, fmt) as writer:
         writer.add_rejections(scan.rejections)
-        for i, batch in enumerate(clean_all(spec, scan.inbox, scan.ready, timings, status, fmt)):
+        for i, batch in enumerate(clean_all(scan.spec or spec, scan.inbox, scan.ready, timings, status, fmt)):
             settled = len(batch) + len(batch.rejections)
-            batch = _dedupe(batch, kinds, known, version_name(cand.parent))
+            batch = _dedupe(batch, kinds, known, version_name(cand.parent), spec.duplicates == "keep_all")
             # record where the raw files will live once moved out of the inbox
             batch.files = [[os.path.relpath(final_dir / rel, spec.source.root) for rel in row] for row in batch.files]
             writer.add(batch)
@@ -310,6 +379,11 @@ class MovePlan:
     reasons: list[tuple[str, str]] = field(default_factory=list)  # (reason file, text)
     processed_records: tuple[str | None, list[dict]] = (None, [])  # annotations of the taken samples
     inbox_records: tuple[str, list[dict]] | None = None  # what stays in the inbox's annotation list
+    # records written beside their samples: the refused samples' in quarantine/, the taken
+    # samples' part of a shared file (COCO) in processed/
+    records: list[tuple[str, list[dict]]] = field(default_factory=list)  # (file, records in its format)
+    writes: list[tuple[str, str]] = field(default_factory=list)  # (file, text)
+    inbox_rewrites: list[tuple[str, str | None]] = field(default_factory=list)  # shared files: what stays
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -317,51 +391,88 @@ class MovePlan:
     @classmethod
     def from_json(cls, text: str) -> "MovePlan":
         data = json.loads(text)
-        data["moves"] = [tuple(m) for m in data["moves"]]
-        data["reasons"] = [tuple(r) for r in data["reasons"]]
+        for pairs in ("moves", "reasons", "records", "writes", "inbox_rewrites"):
+            data[pairs] = [tuple(m) for m in data.get(pairs, [])]
         data["processed_records"] = tuple(data["processed_records"])
         data["inbox_records"] = tuple(data["inbox_records"]) if data["inbox_records"] else None
         return cls(**data)
 
 
-def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, ...], number: int | None) -> MovePlan:
-    """What to do with the inbox files once version ``number`` is published (``None``: no version,
-    every ready sample was rejected): taken samples to processed/, rejected inputs to quarantine/."""
-    inbox = scan.inbox
-    plan = MovePlan(number, str(inbox))
+class _Plan:
+    """Builds a MovePlan: where each inbox file, record and shared-file entry goes."""
 
-    def quarantine(rel: str, reason: str) -> None:
-        plan.moves.append((str(inbox / rel), str(inbox / INBOX_QUARANTINE / rel)))
+    def __init__(self, spec: DatasetSpec, scan: InboxScan, number: int | None):
+        self.spec, self.scan, self.inbox = spec, scan, scan.inbox
+        self.plan = MovePlan(number, str(scan.inbox))
+        ann = spec.annotations
+        self.inbox_records = _read_list(self.inbox / ann.file) if ann.file else []
+        self.by_key: dict[str | None, list[dict]] = {}
+        for rec in self.inbox_records:
+            self.by_key.setdefault(self.key(rec), []).append(rec)
+        self.quarantined: set[str] = set()
+
+    def key(self, rec: dict) -> str | None:  # as discovery keys it: a file name, NFC
+        id_key = self.spec.annotations.id_key
+        return record_key(rec, id_key, self.spec.source.ids) if id_key in rec else None
+
+    def quarantine(self, rel: str, reason: str) -> None:
+        self.plan.moves.append((str(self.inbox / rel), str(self.inbox / INBOX_QUARANTINE / rel)))
+        self.reason(rel, reason)
+
+    def reason(self, rel: str, reason: str) -> None:
         name = Path(rel).name
         short = reason_file_name(name)
         text = reason if short == f"{name}.reason" else f"{reason}\nfile: {name}"  # a shortened name says whose
-        plan.reasons.append((str(inbox / INBOX_QUARANTINE / Path(rel).parent / short), text))
+        self.plan.reasons.append((str(self.inbox / INBOX_QUARANTINE / Path(rel).parent / short), text))
 
+    def quarantine_records(self, sid: str, files: list[str], reason: str) -> None:
+        """The annotation records of a refused sample, beside its files in quarantine/ (once)."""
+        key = match_key(sid)
+        ann = self.spec.annotations.file
+        records = self.by_key.get(key, [])
+        if not ann or not records or key in self.quarantined:
+            return
+        self.quarantined.add(key)
+        rel = self.beside(files, sid, Path(ann).name)
+        self.plan.records.append((str(self.inbox / INBOX_QUARANTINE / rel), records))
+        self.reason(rel, f"the annotation record(s) of sample {sid!r}, refused: {reason}")
+
+    def beside(self, files: list[str], sid: str, name: str) -> str:
+        """``<the sample's first file>.<name>``, or ``<sid>.<name>`` beside the annotation file."""
+        anchor = files[0] if files else (Path(self.spec.annotations.file or name).parent / sid).as_posix()
+        folder, base = os.path.split(anchor)
+        return os.path.join(folder, shortened(f"{base}.{name}"))
+
+
+def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, ...], number: int | None) -> MovePlan:
+    """What to do with the inbox files once version ``number`` is published (``None``: no version,
+    every ready sample was rejected): taken samples to processed/, rejected inputs to quarantine/,
+    each with its annotation records."""
+    inbox = scan.inbox
+    p = _Plan(spec, scan, number)
+    plan = p.plan
+    id_key = spec.annotations.id_key
     rejected = {r.sample_id: r.reason for r in rejections if r.sample_id}
-    inbox_records = _read_list(inbox / spec.annotations.file) if spec.annotations.file else []
-    id_key, ids = spec.annotations.id_key, spec.source.ids
-
-    def key(rec: dict) -> str | None:  # as discovery keys it: a file name, NFC
-        return record_key(rec, id_key, ids) if id_key in rec else None
-
-    by_id = {key(r): r for r in inbox_records}
     records = []
     # a file holding several samples (the time points of a 4-D volume) moves once, to processed/
     # when any of them was taken (the others' rejections are in the report), else to quarantine/
     moved: dict[str, None] = {}
     refused: dict[str, str] = {}
+    refused_inputs: dict[str, tuple[list[str], str]] = {}  # input id -> (its files, why)
     recorded: set[str] = set()
     for ref in scan.ready:
         rel_files = [*ref.files.values(), *ref.extra_files]
         if ref.id in rejected:
             refused.update((rel, rejected[ref.id]) for rel in rel_files if rel not in refused)
+            refused_inputs.setdefault(ref.input_id, (rel_files, rejected[ref.id]))
             continue
         assert number is not None, "a taken sample needs the version it went into"
         moved.update(dict.fromkeys(rel_files))
         if ref.input_id in recorded:
             continue
         recorded.add(ref.input_id)
-        rec = by_id.get(match_key(ref.input_id))
+        found = p.by_key.get(match_key(ref.input_id))
+        rec = found[-1] if found else None
         if rec is None and ref.extra_files:
             rec = json.loads((inbox / ref.extra_files[0]).read_text())
             if id_key not in rec:  # a sidecar is named by its file; processed/ records are named by id_key
@@ -372,26 +483,74 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
         plan.moves += [(str(inbox / rel), str(processed_dir(inbox, number) / rel)) for rel in moved]
     for rel, reason in refused.items():
         if rel not in moved:
-            quarantine(rel, reason)
-    taken = {match_key(ref.input_id) for ref in scan.ready}
+            p.quarantine(rel, reason)
+    for input_id, (files, reason) in refused_inputs.items():
+        if input_id not in recorded:  # every part of the input was refused
+            p.quarantine_records(input_id, files, reason)
+    taken = {match_key(ref.input_id) for ref in scan.ready}  # each one's records: to processed/ or quarantine/
+    ann_file = Path(spec.annotations.file).as_posix() if spec.annotations.file else None
     for r in scan.rejections:  # discovery-time rejections: their files go to quarantine too
         for rel in r.paths:
+            if rel == ann_file and r.sample_id:
+                continue  # the file is everyone's: only the sample's records go, below
             # a FIFO, a folder or a symlink named as a sample's file goes too, with its reason
             if rel and "#" not in rel and os.path.lexists(inbox / rel):
-                quarantine(rel, r.reason)
+                p.quarantine(rel, r.reason)
         for rel in r.others:  # the sample's files the reason is not about go with it, saying why
             if os.path.lexists(inbox / rel):
-                quarantine(rel, f"sample {r.sample_id!r} refused ({r.path}: {r.reason})")
+                p.quarantine(rel, f"sample {r.sample_id!r} refused ({r.path}: {r.reason})")
+        if r.sample_id:
+            files = [f for f in (*r.paths, *r.others) if "#" not in f and f != ann_file]
+            p.quarantine_records(r.sample_id, files, f"{r.path}: {r.reason}")
+            refused_inputs.setdefault(r.sample_id, (files, r.reason))
         taken.add(match_key(r.sample_id))
-    remaining = [r for r in inbox_records if key(r) not in taken]
+    _plan_shared(spec, scan, p, moved, refused_inputs)
+    remaining = [r for r in p.inbox_records if p.key(r) not in taken]
     if number is not None:
         plan.processed_records = (
             str(processed_dir(inbox, number) / (spec.annotations.file or "annotations.json")),
             records,
         )
-    if spec.annotations.file and inbox_records:
+    if spec.annotations.file and p.inbox_records:
         plan.inbox_records = (str(inbox / spec.annotations.file), remaining)
     return plan
+
+
+def _plan_shared(
+    spec: DatasetSpec,
+    scan: InboxScan,
+    p: _Plan,
+    moved: dict[str, None],
+    refused: dict[str, tuple[list[str], str]],
+) -> None:
+    """The entries of shared files (a COCO file's pictures) follow their samples: the taken ones'
+    into processed/ under the spec's name, each refused one's beside it in quarantine/; what the
+    inbox's files say of samples still waiting stays there."""
+    if scan.spec is None:
+        return
+    inbox, number = scan.inbox, p.plan.version
+    named = shared_files(spec)
+    for name, kind in field_kinds(scan.spec).items():
+        here = kind.shared_files()
+        if name not in named or not here:
+            continue
+        if number is not None and moved:
+            text = kind.shared_subset(inbox, here, set(moved))
+            if text is not None:
+                p.plan.writes.append((str(processed_dir(inbox, number) / named[name][0]), text))
+        gone = set(moved)
+        for sid, (files, reason) in refused.items():
+            gone.update(files)
+            text = kind.shared_subset(inbox, here, set(files))
+            if text is not None and files:
+                rel = p.beside(files, sid, Path(named[name][0]).name)
+                p.plan.writes.append((str(inbox / INBOX_QUARANTINE / rel), text))
+                p.reason(rel, f"the entry of sample {sid!r} in {', '.join(here)}, refused: {reason}")
+        for rel in here:
+            if kind.shared_subset(inbox, (rel,), gone) is not None:  # a file none of them left stays as it is
+                p.plan.inbox_rewrites.append(
+                    (str(inbox / rel), kind.shared_subset(inbox, (rel,), gone, complement=True))
+                )
 
 
 NAME_MAX = 255  # bytes in one file name, on every filesystem h5forge writes to
@@ -400,10 +559,17 @@ NAME_MAX = 255  # bytes in one file name, on every filesystem h5forge writes to
 def reason_file_name(name: str) -> str:
     """``<name>.reason``, or when that is too long for a file name, the name cut on a character
     boundary plus a hash of the whole name: always fits, and never collides with another file's."""
-    full = f"{name}.reason"
+    return shortened(name, ".reason")
+
+
+def shortened(name: str, suffix: str = "") -> str:
+    """``name + suffix``, or when that is too long for a file name, the name cut on a character
+    boundary plus a hash of the whole name and the suffix."""
+    full = f"{name}{suffix}"
     if len(os.fsencode(full)) <= NAME_MAX:
         return full
-    tail = f"~{hashlib.sha256(os.fsencode(name)).hexdigest()[:12]}.reason"
+    keep = Path(name).suffix if not suffix and len(Path(name).suffix) < 16 else ""  # a record file keeps its format
+    tail = f"~{hashlib.sha256(os.fsencode(name)).hexdigest()[:12]}{keep}{suffix}"
     room = NAME_MAX - len(tail.encode())
     cut = os.fsencode(name)[:room].decode("utf-8", errors="ignore")
     return cut + tail
@@ -457,6 +623,10 @@ def apply_moves(plan: MovePlan) -> None:
     path, records = plan.processed_records
     if path and records:
         attempt(path, lambda: _write_records(Path(path), records))
+    for where, recs in plan.records:
+        attempt(where, lambda w=where, r=recs: _write_records(Path(w), r))
+    for where, text in plan.writes:
+        attempt(where, lambda w=where, t=text: _write_text(Path(w), t))
     for i, (src, dst) in enumerate(plan.moves):
         checkpoint(f"append:move-{i}")
         if os.path.lexists(src):
@@ -478,6 +648,16 @@ def apply_moves(plan: MovePlan) -> None:
             _write_records(Path(path), remaining)
         else:
             Path(path).unlink(missing_ok=True)
+    for where, rest in plan.inbox_rewrites:
+        if rest is not None:
+            replace_file(Path(where), rest)
+        else:
+            Path(where).unlink(missing_ok=True)
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    replace_file(path, text)
 
 
 def _move(src: str, dst: str) -> None:

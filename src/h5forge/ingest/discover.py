@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from h5forge.format.names import INBOX_PROCESSED
+from h5forge.format.names import INBOX_PROCESSED, INBOX_TEMPORARY
 from h5forge.ingest.splits import assign_split, ratio_split
 from h5forge.kinds import FieldKind, field_kinds
 from h5forge.kinds.base import DEFAULT_MAX_BYTES, Outside, read_bounded
@@ -33,6 +33,7 @@ class Inventory:
     rejections: list[Rejection] = field(default_factory=list)
     unclaimed: int = 0  # files under the source root that no glob of the spec takes
     unclaimed_examples: list[str] = field(default_factory=list)  # the first few of them
+    duplicate_of: dict[str, str] = field(default_factory=dict)  # a rejected duplicate's id -> the id kept
 
     @property
     def rejected(self) -> int:
@@ -202,8 +203,8 @@ def _glob_field(
         # str paths and a sort by parts (Path's own order) keep pathlib out of a loop run per file
         for path in sorted(map(str, root.glob(pattern)), key=lambda q: q.split("/")):
             name = path.rsplit("/", 1)[-1]
-            if name.startswith(".") or path in seen:
-                continue
+            if name.startswith(".") or path in seen or (skip and name.endswith(INBOX_TEMPORARY)):
+                continue  # in an inbox, a name being copied under a temporary name waits for its rename
             is_dir = folders and os.path.isdir(path)
             if not (is_dir or os.path.isfile(path)):
                 rel = path[start:]
@@ -369,13 +370,13 @@ _IMAGE_SUFFIXES = {
 
 
 def load_sidecars(
-    root: Path, id_key: str, skip: str | None, allow_outside: bool = False
+    root: Path, id_key: str, skip: set[str], allow_outside: bool = False
 ) -> tuple[dict[str, dict], list[Rejection]]:
     """One ``<id>.json`` record per sample at the top of ``root`` (the inbox style); each read by
     ``read_bounded`` (at most SIDECAR_MAX_BYTES)."""
     records, problems = {}, []
     for p in sorted(root.glob("*.json")):
-        if p.name == skip or p.name.startswith("."):
+        if p.name in skip or p.name.startswith("."):
             continue
         try:
             rec = json.loads(read_bounded(p, SIDECAR_MAX_BYTES, root, allow_outside).decode("utf-8-sig"))
@@ -493,7 +494,8 @@ def discover(
             )
             inv.rejections.extend(problems)
         if sidecars:
-            side, problems = load_sidecars(r, ann.id_key, ann.file, spec.source.allow_symlinks_outside)
+            shared = {f for kind in kinds.values() for f in kind.shared_files()}  # a COCO file is no sidecar
+            side, problems = load_sidecars(r, ann.id_key, {*shared, ann.file or ""}, spec.source.allow_symlinks_outside)
             inv.rejections.extend(problems)
             found_records.update(side)
         for sid, rec in found_records.items():

@@ -2,7 +2,8 @@
 publishes nothing, and says how many and why.
 
 An input is one sample the build saw (complete or not) or one annotation record without files:
-each rejection stands for ``count`` of them. Append does not apply the gate: its rejected inputs
+each rejection stands for ``count`` of them. Duplicates (``ingest.duplicates``) are reported but
+not counted against the limit: their content is in the version. Append does not apply the gate: its rejected inputs
 are moved to ``<inbox>/quarantine/`` with a ``.reason`` file each, where the user dropped them,
 and refusing the whole batch would leave them in the inbox to fail again on every round.
 """
@@ -27,6 +28,12 @@ COMMON_REASONS = 3
 def inputs_seen(inventory: Inventory) -> int:
     """Every sample discovery paired plus every input it rejected."""
     return len(inventory.samples) + inventory.rejected
+
+
+def kept_duplicates(inventory: Inventory, rejections: Iterable[Rejection]) -> int:
+    """The duplicates whose kept copy was not rejected: no bad inputs, their content is in the version."""
+    refused = {r.sample_id for r in rejections if r.sample_id not in inventory.duplicate_of}
+    return sum(1 for dup, kept in inventory.duplicate_of.items() if kept not in refused)
 
 
 # a word of a reason that carries a value: a number (``-3.5..2.5``, ``300x400``), a path
@@ -72,7 +79,7 @@ def check_rejected(spec: DatasetSpec, inventory: Inventory, summary: WriteSummar
     """Raise ``TooManyRejected`` (after discarding the candidate) when the build rejected more
     inputs than ``max_rejected`` allows; the quarantine report is already written."""
     seen = inputs_seen(inventory)
-    rejected = summary.rejected
+    rejected = summary.rejected - kept_duplicates(inventory, summary.rejections)
     limit = spec.rejected_limit(seen)
     if rejected <= limit:
         return

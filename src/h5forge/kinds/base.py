@@ -343,6 +343,29 @@ class FieldKind(ABC):
         when the entry is not there (a sample ``verify`` re-derives)."""
         return None
 
+    # ---- shared files in an inbox: found whatever they are called, and split between the
+    # samples an append takes (to processed/), refuses (to quarantine/) and leaves waiting
+    def shared_files_in(self, folder: Path) -> tuple[str, ...]:
+        """The files of ``folder`` (an inbox) that hold this field's records of many samples,
+        whatever their names there, relative to it."""
+        return ()
+
+    def reading(self, shared: tuple[str, ...]) -> dict[str, Any]:
+        """The values of the field's spec that make it read the shared files ``shared``."""
+        return {}
+
+    def shared_files_of(self, root: Path, ref: SampleRef) -> tuple[str, ...] | None:
+        """The shared files that hold this field's record of ``ref`` (empty: none does yet), or
+        None when the field reads no shared file."""
+        return None
+
+    def shared_subset(
+        self, root: Path, shared: tuple[str, ...], files: set[str], complement: bool = False
+    ) -> str | None:
+        """One file in the format of ``shared`` holding what they say of the samples whose files
+        are ``files`` (``complement``: of every other sample), or None when that is nothing."""
+        return None
+
     def source_digest(self, root: Path, rel: str) -> str:
         """sha256 of one raw input as ``decode`` hashes it (a kind whose input is a folder overrides
         it); read in blocks, as incremental builds hash every input up front."""

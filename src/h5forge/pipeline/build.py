@@ -17,6 +17,7 @@ from h5forge.format.segments import counts_of
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest import build as steps, discover as discovery
 from h5forge.ingest.discover import Inventory
+from h5forge.ingest.duplicates import drop_duplicates
 from h5forge.ingest.incremental.inputs import Inputs, rules_hash
 from h5forge.ingest.incremental.rebuild import checksum_sample, comparable, inputs_of, unchanged_since
 from h5forge.ingest.parallel import cluster_ahead
@@ -135,6 +136,9 @@ def resolve_spec(spec: DatasetSpec | str | Path, output, dask_address, inbox=Non
 
 def discover_samples(spec: DatasetSpec) -> Inventory:
     inventory = discovery.discover(spec)
+    dropped = drop_duplicates(spec, inventory)
+    if dropped:
+        log.warning("%d sample(s) hold the raw content of an earlier one: rejected as duplicates", dropped)
     log.info(
         "found %d complete samples under %s (%s); %d input(s) rejected at discovery",
         len(inventory.samples),

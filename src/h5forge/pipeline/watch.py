@@ -107,14 +107,15 @@ def watch_inbox(
     window_seconds: float,
     poll_seconds: float,
     stop: threading.Event,
-    own_files: Iterable[str] = (),
+    own_files: Iterable[str] | Callable[[], Iterable[str]] = (),
     looked: Callable[[], None] = lambda: None,
 ) -> None:
     """Append what is already there, then whenever the inbox holds something new, until ``stop``.
 
     New means a file the last append did not see as it is now. What an append writes itself (the
-    inbox's annotation file, ``own_files``, pruned of the records it took; processed/ and
-    quarantine/) is never new, so an append never starts another. A file written while an append
+    inbox's annotation file and shared files such as a COCO file, ``own_files`` or what it
+    returns before each append, pruned of the records it took; processed/ and quarantine/) is
+    never new, so an append never starts another. A file written while an append
     ran is new to the next one; files too fresh to take (``settle_seconds``) are retried once they
     have settled. Events wake the loop; every ``poll_seconds`` without events the inbox is also
     compared with what the last append saw (a filesystem without events, an event missed).
@@ -122,12 +123,13 @@ def watch_inbox(
     whoever needs to know that the loop has seen the inbox as it now is waits for it.
     """
     inbox.mkdir(parents=True, exist_ok=True)
-    own = set(own_files)
+    own: set[str] = set()
     seen: Files = {}
     due: float | None = None  # when files too fresh for the last append have settled
 
     def attempt() -> None:
-        nonlocal seen, due
+        nonlocal seen, due, own
+        own = set(own_files() if callable(own_files) else own_files)
         before, started = inbox_files(inbox), time.time()
         try:
             append()

@@ -37,6 +37,7 @@ def rules_hash(spec: DatasetSpec, format_version: int = FORMAT_VERSION) -> str:
     """A hash of everything in the spec that decides the stored values of a sample, and of the
     format they are stored in (rows of another format are not taken: their checksums differ)."""
     data = drop_how_built(spec.model_dump(mode="json"))
+    data.pop("duplicates", None)  # which samples a build takes, not what a sample's values are
     data["format_version"] = format_version
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 

@@ -19,6 +19,8 @@ stores each kept box's instance mask (``instances``) as ``<field>_masks``, (n, H
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -39,8 +41,17 @@ from h5forge.kinds.base import (
     read_source,
 )
 from h5forge.kinds.boxes.geometry import place
+from h5forge.kinds.boxes.inbox import coco_files_in, coco_subset
 from h5forge.kinds.boxes.instances import instance_masks
-from h5forge.kinds.boxes.sources import CocoIndex, Limits, coco_boxes, coco_digest, coco_index, yolo_boxes
+from h5forge.kinds.boxes.sources import (
+    CocoIndex,
+    Limits,
+    coco_boxes,
+    coco_digest,
+    coco_entry,
+    coco_index,
+    yolo_boxes,
+)
 from h5forge.kinds.mask import OVERLAY
 from h5forge.samples import Reject, SampleRef
 
@@ -122,6 +133,11 @@ class BoxesKind(FieldKind):
         return (self.spec.like,)
 
     @property
+    def is_coco(self) -> bool:
+        """Boxes from COCO files (an inbox may hold none of them yet), not YOLO labels."""
+        return self.spec.coco is not None
+
+    @property
     def coco_files(self) -> tuple[str, ...]:
         c = self.spec.coco
         return () if c is None else (c,) if isinstance(c, str) else tuple(c)
@@ -140,6 +156,32 @@ class BoxesKind(FieldKind):
         f = self.spec
         return Limits(f.max_bytes, f.max_objects, f.max_vertices, f.max_outline)
 
+    def shared_files_in(self, folder: Path) -> tuple[str, ...]:
+        return coco_files_in(folder, self.coco_files, self.spec.max_bytes) if self.is_coco else ()
+
+    def reading(self, shared: tuple[str, ...]) -> dict[str, Any]:
+        return {"coco": shared} if self.is_coco else {}
+
+    def shared_files_of(self, root: Path, ref: SampleRef) -> tuple[str, ...] | None:
+        if not self.is_coco:
+            return None
+        picture = ref.files[self.spec.like]
+        listing = []
+        for rel in self.coco_files:
+            try:
+                coco_entry(self._index(root, rel), picture)
+            except Reject:
+                continue
+            listing.append(rel)
+        return tuple(listing)
+
+    def shared_subset(
+        self, root: Path, shared: tuple[str, ...], files: set[str], complement: bool = False
+    ) -> str | None:
+        if not self.is_coco:
+            return None  # YOLO's class files are the dataset's, not split by picture
+        return coco_subset(root, shared, {PurePosixPath(f).name for f in files}, complement, self.spec.max_bytes)
+
     def stored(self) -> Stored:
         return Stored((len(COLUMNS),), np.float32, bulk=True, ragged=True)
 
@@ -153,19 +195,31 @@ class BoxesKind(FieldKind):
         return out
 
     # ---- decoding
+    def _index(self, root: Path, rel: str, within: Path | None = None) -> CocoIndex:
+        """The index of the COCO file ``root/rel``, read bounded by the field's ``max_bytes`` and the
+        source's symlink rule (out of ``within``, the source folder it belongs to: ``root`` unless said)."""
+        return coco_index(root, rel, self.spec.max_bytes, self.dataset.source.allow_symlinks_outside, within)
+
     def _coco(self, root: Path, picture: str) -> CocoIndex:
-        """The index of the COCO file that lists ``picture`` (the first of ``coco`` that does)."""
-        last = None
-        allow_outside = self.dataset.source.allow_symlinks_outside
+        """The index of the COCO file that lists ``picture``: the first of ``coco`` that does, looked
+        for beside the picture's own source folder first (a folder an append took, with its own
+        COCO file at the same path), then under the root. A file beside the picture that cannot be
+        read is the reason when no other file lists the picture."""
+        unreadable: Reject | None = None
         for rel in self.coco_files:
-            index = coco_index(root, rel, self.spec.max_bytes, allow_outside)
+            near = _nearest_listing(root, rel, picture, self._index)
+            if isinstance(near, CocoIndex):
+                return near
+            unreadable = unreadable or near
+        last = None
+        for rel in self.coco_files:
+            index = self._index(root, rel)
             try:
                 coco_digest(index, picture)
                 return index
             except Reject as err:
                 last = err
-        assert last is not None  # the loop above ran at least once
-        raise last
+        raise unreadable or last or Reject(picture, "no COCO file to look it up in")
 
     def _coco_of(self, root: Path, ref: SampleRef) -> CocoIndex:
         """The part of the COCO file that discovery took for ``ref``, else the whole file's index."""
@@ -187,7 +241,7 @@ class BoxesKind(FieldKind):
         return (part.path, part.reason) if isinstance(part, Reject) else part
 
     def input_digest(self, root: Path, ref: SampleRef) -> str | None:
-        if not self.coco_files:
+        if not self.is_coco:
             return None  # YOLO: the label file is hashed as the field's file
         try:
             return coco_digest(self._coco_of(root, ref), ref.files[self.spec.like])
@@ -198,7 +252,7 @@ class BoxesKind(FieldKind):
         geometry = done[self.spec.like].context
         picture = ref.files[self.spec.like]
         limits = self.limits
-        if self.coco_files:
+        if self.is_coco:
             index = self._coco_of(root, ref)
             objects = coco_boxes(index, picture, geometry.raw, self.spec.classes, limits.max_objects)
             digest = None
@@ -268,6 +322,34 @@ class BoxesKind(FieldKind):
             if np.count_nonzero(labels == i)
         )
         return f"{self.name}: {len(labels)}" + (f" ({named})" if named else "")
+
+
+def _nearest_listing(
+    root: Path, rel: str, picture: str, index_of: Callable[[Path, str, Path], CocoIndex]
+) -> CocoIndex | Reject | None:
+    """The index of the COCO file at ``rel`` below the nearest folder above ``picture`` (below the
+    root) that has one and lists the picture; else why the nearest such file could not be read, or
+    None. ``index_of`` reads a file as the field reads every COCO file (bounded, symlink rule). A
+    picture of another source folder (``../inbox/processed/vNNNN/...``) has its COCO file kept
+    inside the folder it is looked for in; one of the root, inside the root."""
+    if PurePosixPath(rel).is_absolute():
+        return None  # the one file the spec names, wherever the picture is
+    unreadable: Reject | None = None
+    for folder in list(PurePosixPath(picture).parents)[:-1]:
+        near = (folder / rel).as_posix()
+        if all(part == ".." for part in folder.parts) or not os.path.lexists(root / near):
+            continue
+        try:
+            index = index_of(root, near, root / folder if ".." in folder.parts else root)
+        except Reject as err:  # a FIFO, a file too large, a symlink out of the source: said, not skipped
+            unreadable = unreadable or err
+            continue
+        try:
+            coco_entry(index, picture)
+        except Reject:
+            continue
+        return index
+    return unreadable
 
 
 class BoxCount(FieldKind):

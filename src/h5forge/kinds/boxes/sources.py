@@ -68,23 +68,27 @@ class CocoIndex:
         )
 
 
-# by (path, mtime, size, max_bytes, allow_outside): a file that cannot be taken is kept as its
+# by (path, mtime, size, max_bytes, allow_outside, within): a file that cannot be taken is kept as its
 # Reject, so the pictures of a broken 200 MB file do not parse it once each
-_CACHE: dict[tuple[str, int, int, int, bool], CocoIndex | Reject] = {}
+_CACHE: dict[tuple[str, int, int, int, bool, str], CocoIndex | Reject] = {}
 CACHED_FILES = 8  # a spec lists a few COCO files (train, val, ...); each sample looks in each
 _LOCK = threading.Lock()
 
 
-def coco_index(root: Path, rel: str, max_bytes: int, allow_outside: bool = True) -> CocoIndex:
+def coco_index(
+    root: Path, rel: str, max_bytes: int, allow_outside: bool = True, within: Path | None = None
+) -> CocoIndex:
     """The index of ``root/rel``, parsed once per process while the file stays the same. A
-    relative ``rel`` may not lead out of ``root`` through a symlink unless ``allow_outside``; an
-    absolute one is the file the spec names."""
+    relative ``rel`` may not lead out of ``within`` (the source folder it belongs to: ``root``
+    unless said) through a symlink unless ``allow_outside``; an absolute one is the file the spec
+    names."""
     path = root / rel
     try:
         st = os.stat(path)
     except OSError as err:
         raise Reject(rel, f"cannot read the COCO file {rel}: {err.strerror or err}") from None
-    key = (str(path), st.st_mtime_ns, st.st_size, max_bytes, allow_outside)
+    base = root if within is None else within
+    key = (str(path), st.st_mtime_ns, st.st_size, max_bytes, allow_outside, str(base))
     with _LOCK:
         if key not in _CACHE:
             stale = [k for k in _CACHE if k[0] == key[0]]  # the same file as it was before
@@ -92,7 +96,7 @@ def coco_index(root: Path, rel: str, max_bytes: int, allow_outside: bool = True)
             for k in stale or oldest:
                 del _CACHE[k]
             _CACHE[key] = _index_or_reject(
-                path, rel, max_bytes, None if Path(rel).is_absolute() else root, allow_outside
+                path, rel, max_bytes, None if Path(rel).is_absolute() else base, allow_outside
             )
         found = _CACHE[key]
     if isinstance(found, Reject):
