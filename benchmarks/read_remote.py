@@ -9,9 +9,12 @@ epoch (the open included), epoch samples/s, requests per sample and bytes fetche
 (nginx's access log for HTTP: every request, the open's metadata included; for S3 the reader's own
 counters in one process). S3 runs only for a version of at most ``--s3-max-mb``: moto's server
 copies the whole object for every ranged GET (``FakeKey.value``), so on a large version its time
-measures moto. Method: benchmarks/README.md, "read_remote".
+measures moto. In the same rounds, the peers stream their own formats of the same samples from the
+same servers (benchmarks/remote_peers.py: webdataset from nginx, mosaic-streaming and litdata from
+the S3 endpoint). Method: benchmarks/README.md, "read_remote".
 """
 
+import gc
 import json
 import os
 import shutil
@@ -49,8 +52,12 @@ def probe(url: str, workers: int, batch: int, seed: int) -> dict:
         n += len(images)
         total += int(images.sum(dtype=torch.int64)) + int(masks.sum(dtype=torch.int64))
     epoch = time.perf_counter() - t0
+    del loader  # its workers end and are reaped: their CPU joins this process's children's
+    gc.collect()
+    cpu = remote_peers.client_cpu_s()
     return {"open_s": round(opened, 4), "first_batch_s": round(first or 0.0, 4), "epoch_s": round(epoch, 3),
-            "samples": n, "samples_per_s": round(n / epoch, 1), "sum": total}
+            "samples": n, "samples_per_s": round(n / epoch, 1), "client_cpu_ms_per_sample": round(cpu / n * 1000, 3),
+            "sum": total}
 
 
 def counted(url: str, n: int) -> dict:
@@ -161,6 +168,7 @@ def main() -> None:
     stored = counts["http"]["stored_bytes"]
     rate = {k: round(statistics.median(x["samples_per_s"] for x in v)) for k, v in runs.items()}
     first = {k: round(statistics.median(x["first_batch_s"] for x in v), 3) for k, v in runs.items()}
+    cpu = {k: round(statistics.median(x["client_cpu_ms_per_sample"] for x in v), 3) for k, v in runs.items()}
     http_bytes = {k: round(statistics.median(x["bytes_fetched"] for x in v) / stored, 4)
                   for k, v in runs.items() if "http" in k}
     http_requests = {k: statistics.median(x["requests_per_sample"] for x in v) for k, v in runs.items() if "http" in k}
@@ -169,11 +177,13 @@ def main() -> None:
         ratios[f"http_vs_local_w{w}"] = ratio(rate[f"http_w{w}"], rate[f"local_w{w}"])
         if "s3" in sources:
             ratios[f"s3_vs_local_w{w}"] = ratio(rate[f"s3_w{w}"], rate[f"local_w{w}"])
-        for peer in peers:  # above 1: h5forge over HTTP is ahead
-            ratios[f"http_vs_{peer}_samples_per_s_w{w}"] = ratio(rate[f"http_w{w}"], rate[f"{peer}_w{w}"])
-            ratios[f"{peer}_vs_http_first_batch_s_w{w}"] = ratio(first[f"{peer}_w{w}"], first[f"http_w{w}"])
+        for peer in peers:  # above 1: h5forge is ahead (over HTTP, and over the peer's own server)
+            for ours in dict.fromkeys(("http", peer.rsplit("_", 1)[1])):
+                if ours in sources:
+                    ratios[f"{ours}_vs_{peer}_samples_per_s_w{w}"] = ratio(rate[f"{ours}_w{w}"], rate[f"{peer}_w{w}"])
+                    ratios[f"{peer}_vs_{ours}_first_batch_s_w{w}"] = ratio(first[f"{peer}_w{w}"], first[f"{ours}_w{w}"])
     save(args.results, {"machine": machine(), "loadavg_start": load_start, "args": vars(args), "ratios": ratios,
-                         "samples_per_s": rate, "first_batch_s": first,
+                         "samples_per_s": rate, "first_batch_s": first, "client_cpu_ms_per_sample": cpu,
                          "http_requests_per_sample_with_workers": http_requests,
                          "http_fetched_per_stored_byte_with_workers": http_bytes,
                          "one_process_counters": counts, "http_open": opened, "http_open_walking_hdf5_index": walked, "s3_upload_s": upload_s,

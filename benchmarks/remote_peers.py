@@ -6,6 +6,7 @@ Run by ``benchmarks.read_remote`` in the peers' venv (``--write`` makes litdata'
 times one cold epoch); method: benchmarks/README.md, "read_remote".
 """
 
+import gc
 import json
 import os
 import shutil
@@ -111,10 +112,21 @@ def probe(name: str, where: str, workers: int, batch: int, seed: int) -> dict:
             n += len(images)
             total += int(images.sum(dtype=torch.int64)) + int(masks.sum(dtype=torch.int64))
         epoch = time.perf_counter() - t0
+        gc.collect()  # the loader and its workers end and are reaped: their CPU joins this process's children's
+        cpu = client_cpu_s()
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     return {"first_batch_s": round(first or 0.0, 4), "epoch_s": round(epoch, 3), "samples": n,
-            "samples_per_s": round(n / epoch, 1), "sum": total}
+            "samples_per_s": round(n / epoch, 1), "client_cpu_ms_per_sample": round(cpu / n * 1000, 3), "sum": total}
+
+
+def client_cpu_s() -> float:
+    """CPU seconds of this process and its reaped children (the loader's workers, once the epoch has
+    ended, and what they started): the client's side, the servers' excluded."""
+    import resource
+
+    return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
 
 
 def main() -> None:
