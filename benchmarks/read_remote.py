@@ -3,6 +3,7 @@ server mode) against the same version read from the local disk.
 
     python -m benchmarks.read_remote [--smoke] [--n 2000 --size 224 --rounds 1 --workers 2,4 --s3-max-mb 64]
     python -m benchmarks.read_remote --n 200 --results read_remote_s3   # small enough for moto's S3
+    python -m benchmarks.read_remote --n 500 --rounds 3 --workers 2 --results read_remote_peers
 
 Figures per source and worker count (each a probe process): time to the first batch of a cold
 epoch (the open included), epoch samples/s, requests per sample and bytes fetched per stored byte
