@@ -213,6 +213,7 @@ def write_peers(data: Path) -> None:
     if (root / ".complete").exists():
         return
     shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)  # lmdb makes its own folder, not the ones above it
     import lmdb
     import webdataset as wds
     from streaming import MDSWriter
