@@ -88,8 +88,9 @@ def test_no_module_outside_the_kinds_names_a_kind():
     for p in [*PACKAGE.rglob("*.py"), *(REPO / "flows").rglob("*.py"), *(REPO / "tasks").rglob("*.py"),
               *(REPO / "deployments").rglob("*.py")]:
         rel = p.relative_to(REPO)
-        module = ".".join(("h5forge", *rel.with_suffix("").parts[1:])) if rel.parts[0] == "h5forge" else None
-        if "kinds" in rel.parts[:2]:
+        parts = rel.with_suffix("").parts[1:] if rel.parts[0] == "src" else rel.with_suffix("").parts
+        module = ".".join(("h5forge", *parts[1:])) if parts[0] == "h5forge" else None
+        if "kinds" in parts[:2]:
             continue
         # the kinds' own modules above them write the kinds' names, but reach a kind only through
         # the registry or the kind class they are given, like every other module

@@ -43,32 +43,36 @@ def main() -> None:  # pragma: no cover - console entry
 
         print(f"h5forge {version('h5forge')}")
         return
-    import atexit
-
-    atexit.register(_end_without_teardown)  # before any command registers its own: it runs last
     try:
         _app()()
     except SystemExit as stop:
-        _status[0] = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
-        raise
-    _status[0] = 0
+        _exit(stop.code)
+    _exit(0)
 
 
-_status = [1]  # an exception that escapes the command (a bug) leaves 1
+def _exit(code) -> None:  # pragma: no cover - console entry
+    """End the process as the interpreter would, without its teardown of every module and object
+    Prefect, dask and pydantic loaded (benchmarks/results/cli_exit.md measures that teardown).
 
+    What must happen at the end still does, in the interpreter's order: other threads are joined,
+    every exit handler runs (Prefect drains its log and event queues, logging flushes its handlers,
+    open HDF5 files are closed), and the standard streams are flushed. The handlers run through
+    ``atexit._run_exitfuncs``, the interpreter's own call: a handler of h5forge's registered first
+    would run last but could not run those registered before the command started (a coverage
+    tool's, a wrapping script's), which an ``os._exit`` there would drop."""
+    import atexit
+    import threading
 
-def _end_without_teardown() -> None:  # pragma: no cover - console entry
-    """The last exit handler: every other one has run (the interpreter joined the other threads
-    first; Prefect drained its log and event queues), so the process ends here, without the
-    interpreter freeing one by one every module and object Prefect, dask and pydantic loaded
-    (benchmarks/results/cli_exit.md measures that teardown). Logging's own exit handler was
-    registered before this one, on import, so it runs here."""
-    import logging
-
-    logging.shutdown()
+    if code is not None and not isinstance(code, int):  # SystemExit("message"): printed, exit status 1
+        print(code, file=sys.stderr)
+        code = 1
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # closed or gone (a closed pipe): nothing more to say
             pass
-    os._exit(_status[0])
+    os._exit(code or 0)
