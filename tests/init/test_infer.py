@@ -105,14 +105,16 @@ def test_the_cell_demo_keeps_its_binary_masks_and_notes_the_defects(raw_demo, tm
 
 def class_tree(root: Path, split_names=None, per_class=3) -> dict[str, int]:
     """root/<class>/ (or root/<split>/<class>/) with the same file names in every class."""
-    counts = {}
+    counts: dict[str, int] = {}
+    made = 0  # each picture another photo or crop: identical files would be one sample kept, the rest duplicates
     for c, cls in enumerate(("zebra", "apple", "Bicycle", "yes")):  # 'yes' must stay a string in YAML
-        for s, split in enumerate(split_names or [None]):
+        for split in split_names or [None]:
             folder = root / split / cls if split else root / cls
             folder.mkdir(parents=True, exist_ok=True)
             for k in range(per_class):
                 ext = (".jpg", ".png", ".JPG", ".webp")[(c + k) % 4]
-                photo(c * 7 + s * 3 + k).convert("RGB").save(folder / f"img{k}{ext}")
+                photo(made).convert("RGB").save(folder / f"img{k}{ext}")
+                made += 1
                 counts[cls] = counts.get(cls, 0) + 1
     return counts
 

@@ -26,7 +26,7 @@ def faces_tree(raw):
             folder = raw / f"{where}{cls}"
             folder.mkdir(parents=True, exist_ok=True)
             for k in range(3):
-                photo(c * 5 + k + len(files)).convert("RGB").save(folder / f"{cls}{k}.jpg")
+                photo(len(files)).convert("RGB").save(folder / f"{cls}{k}.jpg")  # no two files alike
                 files.append(f"{where}{cls}/{cls}{k}")
     return files
 

@@ -184,3 +184,17 @@ def test_mapped_reads_keep_at_most_their_budget_of_files_open(segments_version):
             assert len(files) <= 3
         assert np.array_equal(mapped[()], want[()])
     files.close_all()
+
+
+def test_verify_gives_back_every_mapped_file_it_read(segments_version):
+    """A long-lived process (a watch folder's) verifies each version it publishes: a mapped file that
+    verify left open, its read-latency check's included, would hold its disk space once deleted."""
+    from h5forge.format.mapped import SOURCES
+    from h5forge.store.verify import verify_file
+
+    version, _ = segments_version
+    SOURCES.close_all()
+    report = verify_file(version, workers=1, latency_reads=8, resample=0)
+    assert report.ok, report.errors
+    assert report.checks["read latency"].startswith("p50 ")
+    assert len(SOURCES) == 0

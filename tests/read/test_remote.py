@@ -307,7 +307,7 @@ def test_a_forked_process_opens_its_own_connections(served):
 
 
 HANG_PROBE = """
-import gc, sys, threading, h5py
+import gc, sys, threading, time, h5py
 from h5forge.read.remote import RemoteSplitReader
 url, local = sys.argv[1], sys.argv[2]
 held = h5py.File(local, "r")
@@ -317,11 +317,14 @@ def make_cycles():  # garbage holding h5py objects: whichever thread's allocatio
         for _ in range(50):
             box = [held["train"]]
             box.append(box)
+        time.sleep(0.001)
 gc.set_threshold(100)
-threading.Thread(target=make_cycles, daemon=True).start()
+cycles = threading.Thread(target=make_cycles)
+cycles.start()
 for _ in range(30):
     RemoteSplitReader(url, "train").read([0, 1, 2])
 stop.set()
+cycles.join()  # not a daemon: one stopped at exit while it held h5py's lock would hang the exit
 print("read")
 """
 

@@ -252,9 +252,9 @@ def verify_file(
             _guarded(report, "non-finite values", _count_nonfinite, f, kinds, report)
     except Exception as err:  # noqa: BLE001 - e.g. closing a file whose metadata is corrupt
         report.error("read", f"{path}: cannot be read ({_why(err)})")
-    SOURCES.close_all()  # the mapped files read for the checks are not kept open after them
     if reads and report.ok:
         _guarded(report, "read latency", _measure_latency, path, kinds, reads, seed, report)
+    SOURCES.close_all()  # the mapped files read for the checks, latency's included, are not kept open after them
     return report
 
 
