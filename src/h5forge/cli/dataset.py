@@ -356,7 +356,7 @@ def versions(
     from h5forge.read.remote import is_remote
     from h5forge.store.versions import latest, published
     from h5forge.views.info import brief
-    from h5forge.views.isolated import in_child
+    from h5forge.store.isolated import in_child
 
     if is_remote(location):
         from h5forge.cli.bucket import versions_of

@@ -123,7 +123,7 @@ def info(
     """What a version holds: samples per split, sizes, codec, the spec, lineage (thin or full),
     label and class counts, the rejected inputs by reason. A folder: every version, the latest in full."""
     from h5forge.views.info import folder_info, version_info
-    from h5forge.views.isolated import in_child
+    from h5forge.store.isolated import in_child
 
     with _reported():
         data = in_child(folder_info if path.is_dir() else version_info, path, what=f"read {path}")
@@ -164,7 +164,7 @@ def diff(
     h5forge diff --dir out previous latest; h5forge diff --dir out 1 3 --json
     """
     from h5forge.views.diff import diff_versions, resolve_version
-    from h5forge.views.isolated import in_child
+    from h5forge.store.isolated import in_child
 
     with _reported():
         if folder is not None:

@@ -36,7 +36,7 @@ def preview(
     their masks overlaid in colour (a legend for multi-class masks), volumes as three middle planes at
     their voxel spacing with the spacing and display window, signals as line plots per channel;
     the id, the label and the annotation columns under each."""
-    from h5forge.views.isolated import in_child
+    from h5forge.store.isolated import in_child
     from h5forge.views.preview import write_preview
 
     with _reported():

@@ -59,6 +59,7 @@ from h5forge.format.segments import counts_of, virtual_sources
 from h5forge.kinds import FieldKind, decode_sample, stored_kinds
 from h5forge.samples import Reject, SampleRef
 from h5forge.spec import DatasetSpec, spec_from_json
+from h5forge.store.isolated import Crashed, crash_text, in_child
 from h5forge.store.sizes import version_sizes
 from h5forge.store.sources import MAX_SOURCE_BYTES, source_problem
 from h5forge.figures import figure_rows
@@ -259,31 +260,16 @@ def verify_file(
 
 
 def _in_child(path: str | Path, options: dict) -> HealthReport:
-    ctx = multiprocessing.get_context("fork")
-    receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child_main, args=(send, path, options))
     try:
-        child.start()
-    except (AssertionError, OSError):  # e.g. a daemonic worker may not have children: check here
-        return verify_file(path, **options)
-    send.close()
-    try:
-        report = receive.recv()
-    except EOFError:  # the child died without a report
-        report = None
-    child.join()
-    if report is None:
+        return in_child(_verified, path, options, what=f"verify {path}")
+    except Crashed as err:
         report = HealthReport(str(path))
-        report.error(
-            "read",
-            f"{path}: the HDF5 library crashed while reading it (exit code {child.exitcode}); the file is corrupt",
-        )
-    return report
+        report.error("read", f"{path}: {crash_text(err.exitcode)}")
+        return report
 
 
-def _child_main(send, path: str | Path, options: dict) -> None:
-    send.send(verify_file(path, **options))
-    send.close()
+def _verified(path: str | Path, options: dict) -> HealthReport:
+    return verify_file(path, **options)
 
 
 def _why(err: BaseException) -> str:

@@ -1,14 +1,15 @@
-"""Run a look at a version file in a forked child, as ``verify`` does.
+"""Run a look at a version file in a forked child, as ``verify`` and the commands that only look do.
 
 A damaged file can make the HDF5 library itself crash (a corrupt virtual-dataset mapping
-segfaults when the dataset is opened) or raise from anywhere while its metadata is read. The
-commands that only look (``info``, ``diff``, ``preview``, ``versions``) call their work through
-``in_child``: a crash or an exception of the child becomes one ``ReadError`` naming the file, and
-the command says it in one line. For callers without other threads (the command line).
+segfaults when the dataset is opened) or raise from anywhere while its metadata is read. ``verify``
+and the commands that only look (``info``, ``diff``, ``preview``, ``versions``) call their work
+through ``in_child``: a crash or an exception of the child becomes one ``ReadError`` naming the
+file, and the command says it in one line. For callers without other threads (the command line).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
 from typing import Any, Callable
@@ -16,14 +17,30 @@ from typing import Any, Callable
 from h5forge.errors import H5forgeError, ReadError
 
 
+class Crashed(ReadError):
+    """The child died without an answer: the HDF5 library crashed on the file."""
+
+    def __init__(self, what: str, exitcode: int | None):
+        self.exitcode = exitcode
+        super().__init__(f"cannot {what}: {crash_text(exitcode)}")
+
+
+def crash_text(exitcode: int | None) -> str:
+    return f"the HDF5 library crashed while reading it (exit code {exitcode}); the file is corrupt"
+
+
 def in_child(fn: Callable[..., Any], *args: Any, what: str) -> Any:
     """``fn(*args)`` computed in a forked child; its result (picklable) returned here. An
-    ``H5forgeError`` of the child is raised again as it was; any other exception, or a crash,
-    becomes a ``ReadError`` saying ``cannot <what>``."""
+    ``H5forgeError`` of the child is raised again as it was; any other exception becomes a
+    ``ReadError`` saying ``cannot <what>``, a crash a ``Crashed``. Where this process may not
+    have children (a daemonic worker), ``fn`` runs here."""
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child, args=(send, fn, args))
-    child.start()
+    try:
+        child.start()
+    except (AssertionError, OSError):
+        return fn(*args)
     send.close()
     try:
         outcome, value = receive.recv()
@@ -36,12 +53,11 @@ def in_child(fn: Callable[..., Any], *args: Any, what: str) -> Any:
         raise value
     if outcome == "error":
         raise ReadError(f"cannot {what}: {value}")
-    raise ReadError(
-        f"cannot {what}: the HDF5 library crashed while reading it (exit code {child.exitcode}); the file is corrupt"
-    )
+    raise Crashed(what, child.exitcode)
 
 
 def _child(send, fn: Callable[..., Any], args: tuple) -> None:
+    faulthandler.disable()  # a crash is the parent's to report, in one line
     try:
         try:
             answer = ("ok", fn(*args))
