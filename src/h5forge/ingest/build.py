@@ -35,7 +35,7 @@ def write_version(
 ) -> WriteSummary:
     """Clean every sample on dask and stream it into the candidate file. Returns the summary.
 
-    Samples whose inputs (``inputs``: their hashes, ``nightly.inputs_of`` when not given) are unchanged since
+    Samples whose inputs (``inputs``: their hashes, ``rebuild.inputs_of`` when not given) are unchanged since
     the latest version, or durable in what a killed build left, are copied instead of cleaned
     (``h5forge.ingest.incremental.rebuild``); a killed build's file whose durable rows come first
     is taken over in place, its rows kept where they are (``h5forge.ingest.incremental.take_over``).

@@ -83,7 +83,7 @@ def _gather(pairs: list[tuple], n: int):
 @dataclass
 class Durable:
     """The rows of each split a killed build's file at the writer's path holds, durable, that the
-    writer continues after (``h5forge.ingest.incremental.resume.take_over`` cut the file back to
+    writer continues after (``h5forge.ingest.incremental.take_over`` cut the file back to
     them), with their statistics and index values."""
 
     counts: dict[str, int]

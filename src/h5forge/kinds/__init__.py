@@ -1,10 +1,11 @@
 """The field-kind registry: a kind is one module, registered here by its ``kind`` name.
 
 Adding a kind is adding its module (spec model + ``FieldKind`` subclass, with its ``init``
-detectors, demo folders and reader options) and one line below; nothing else in h5forge names a
-kind. The layers above ask this registry: ``init`` for the detectors (``detectors()``),
-``demo-data`` for the demo folders (``demos()``), the readers for their options
-(``read_options``). docs/extending.md says how, and tests/kinds/conformance checks every kind.
+detectors, demo folders and reader options), its import and its class in the tuple registered
+below; nothing else in h5forge names a kind. The layers above ask this registry: ``init`` for the
+detectors (``detectors()``), ``demo-data`` for the demo folders (``demos()``), the readers for
+their options (``read_options``). docs/extending.md says how, and tests/kinds/conformance checks
+every kind.
 """
 
 from __future__ import annotations
