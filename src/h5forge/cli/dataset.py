@@ -67,12 +67,8 @@ def build(
     dask_address: Optional[str] = typer.Option(None, help="tcp://host:port of an existing dask scheduler"),
 ) -> None:
     """Full build: discover, clean on dask, write, verify, publish (a Prefect flow run)."""
-    loaded = _check_spec(spec, output, dask_address)  # fail fast, before starting Prefect
-    from h5forge.ingest.parallel import cluster_ahead
-    from h5forge.pipeline.build import cleans_everything
-
-    # a full build's dask workers start while Prefect loads and the run is created: the run takes them
-    with _reported(), cluster_ahead(loaded, lambda: cleans_everything(loaded)):
+    _check_spec(spec, output, dask_address)  # fail fast, before starting Prefect
+    with _reported():
         from h5forge.flows.build import build_dataset
         from h5forge.flows.foreground import foreground_run
 

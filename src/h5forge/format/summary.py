@@ -29,6 +29,9 @@ class WriteSummary:
     timings: dict = field(default_factory=dict)
     rejections: tuple[Rejection, ...] = ()
     segments: int = 1  # files holding the rows (more than one for a thin version)
+    # rows of each split verify checks against their checksums (None: all); the write decides it
+    # from how its rows came (``rebuild.Written``), and the file does not store it
+    checksum_sample: int | None = None
 
     @property
     def rejected(self) -> int:
@@ -42,6 +45,7 @@ class WriteSummary:
         """The summary as stored in the file (the rejections have their own table)."""
         data = asdict(self)
         data.pop("rejections")
+        data.pop("checksum_sample")
         data["rejected"] = self.rejected
         return json.dumps(data)
 

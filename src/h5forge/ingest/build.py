@@ -6,6 +6,7 @@ Each step is a plain function so it can be tested and timed without Prefect.
 from __future__ import annotations
 
 import time
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Callable
 
@@ -17,7 +18,7 @@ from h5forge.ingest.incremental.inputs import Inputs
 from h5forge.ingest.incremental.rebuild import check_cleaned_rows, inputs_of, write_samples
 from h5forge.ingest.assemble import open_writer
 from h5forge.ingest.incremental.take_over import take_over
-from h5forge.ingest.parallel import ahead_executor
+from h5forge.ingest.parallel import ClusterAhead
 from h5forge.kinds import stored_kinds
 from h5forge.spec import DatasetSpec
 from h5forge.store.reports import write_health, write_quarantine
@@ -32,6 +33,7 @@ def write_version(
     progress: Callable[[int], None] = lambda n: None,
     status: Callable[[str], None] = lambda text: None,
     inputs: Inputs | None = None,
+    cluster: ClusterAhead | None = None,
 ) -> WriteSummary:
     """Clean every sample on dask and stream it into the candidate file. Returns the summary.
 
@@ -41,6 +43,8 @@ def write_version(
     is taken over in place, its rows kept where they are (``h5forge.ingest.incremental.take_over``).
 
     ``progress`` hears how many inputs each batch settled, ``status`` what happens before the first.
+    ``cluster``: the LocalCluster the run started ahead (``parallel.cluster_ahead``), cleaned on when it fits.
+    The summary's ``checksum_sample`` says how many rows of each split ``verify`` must check (``rebuild.Written``).
 
     The quarantine report is written whatever happens to the samples, so an empty result says why.
     """
@@ -59,14 +63,14 @@ def write_version(
         timings["take_over_seconds"] = round(time.perf_counter() - t0, 3)
     with open_writer(candidate.partial, spec, candidate.number, candidate.parent, inputs, durable) as writer:
         writer.add_rejections(inventory.rejections)
-        cleaned = write_samples(spec, inventory, inputs, writer, timings, progress, status, taken)
+        written = write_samples(spec, inventory, inputs, writer, timings, progress, status, taken, cluster)
         timings["hash_cache_files"] = hash_cache.save(
             candidate.out, inventory.root, inputs.states, inputs.hexes, inputs.stated_at_ns
         )
-        summary = writer.finish(timings)
-    if cleaned is not None:  # a rebuild that copied rows: the rows it made are checked in full here
+        summary = writer.finish(timings).with_(checksum_sample=written.checksum_sample)
+    if written.cleaned is not None:  # a rebuild that copied rows: the rows it made are checked in full here
         try:
-            check_cleaned_rows(candidate.partial, spec, cleaned)
+            check_cleaned_rows(candidate.partial, spec, written.cleaned)
         except VerificationFailed:
             candidate.discard()
             raise
@@ -80,13 +84,15 @@ def write_version(
     return summary
 
 
-def verify_candidate(candidate: Candidate, checksum_sample: int | None = None) -> HealthReport:
-    """Verify the written candidate, its checksums on the run's dask workers when they are still up
-    (``parallel.cluster_ahead``): every row's, or ``checksum_sample`` rows of each split when every
-    row was either checked in full while it was written or copied from a published version
-    (``rebuild.checksum_sample`` of the write's timings). A failed report is written at once
-    (nothing will be published); a passing one is written after the publish (``write_health_report``)."""
-    report = verify_file(candidate.partial, checksum_sample=checksum_sample, executor=ahead_executor())
+def verify_candidate(
+    candidate: Candidate, checksum_sample: int | None = None, executor: tuple[Executor, int] | None = None
+) -> HealthReport:
+    """Verify the written candidate, its checksums on ``executor`` (the run's dask workers, while
+    they are up): every row's, or ``checksum_sample`` rows of each split when every row was either
+    checked in full while it was written or copied from a published version (the write summary's
+    ``checksum_sample``). A failed report is written at once (nothing will be published); a passing
+    one is written after the publish (``write_health_report``)."""
+    report = verify_file(candidate.partial, checksum_sample=checksum_sample, executor=executor)
     if not report.ok:
         write_health(candidate.out, candidate.number, report)
     return report

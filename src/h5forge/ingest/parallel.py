@@ -15,7 +15,6 @@ import threading
 import time
 from collections import deque
 from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -87,20 +86,21 @@ def check_workers(address: str) -> None:
 
 
 @contextmanager
-def dask_client(address: str | None, workers: int, secure: bool = True) -> Iterator[Client]:
+def dask_client(
+    address: str | None, workers: int, secure: bool = True, warm: ClusterAhead | None = None
+) -> Iterator[Client]:
     """A client on ``address``, or on a fresh LocalCluster of ``workers`` processes.
 
     The LocalCluster listens on 127.0.0.1, where any local user could reach a plain TCP scheduler
     and run code as this user (``Client(...).run_on_scheduler``). ``secure`` makes every link of
     the cluster TLS with credentials made for this run and held in memory only: scheduler, workers
     and this client authenticate each other, and nothing without the credentials is let in. An
-    address names an existing cluster, whose security is its own (docs/security.md). A LocalCluster
-    the run started ahead (``cluster_ahead``) is taken as it is, and left running."""
+    address names an existing cluster, whose security is its own (docs/security.md). ``warm``, the
+    LocalCluster the run started ahead (``cluster_ahead``), is taken as it is when it fits, and left running."""
     import dask
     from distributed import Client
     from distributed.security import Security
 
-    warm = _ahead.get()
     if not address and warm is not None and warm.fits(workers, secure):
         yield warm.client()  # the run's cluster, started ahead: it outlives this cleaning (``cluster_ahead``)
         return
@@ -228,34 +228,20 @@ class ClusterAhead:
                     pass
 
 
-_ahead: ContextVar[ClusterAhead | None] = ContextVar("h5forge_cluster_ahead", default=None)
-
-
 @contextmanager
 def cluster_ahead(spec: DatasetSpec, wanted: Callable[[], bool]) -> Iterator[ClusterAhead | None]:
     """Within the block, the LocalCluster the run will clean on starts in the background, when the
     run cleans on one (no ``compute.dask_address``) and ``wanted()`` says it will have enough samples
-    for one (``compute.inline_below``). A cluster already started ahead by the caller is the one
-    used (and the caller's to close). Closed when the block ends."""
-    if _ahead.get() is not None:
-        yield _ahead.get()
-        return
+    for one (``compute.inline_below``); the run passes it to the steps that use it (cleaning, verify).
+    Closed when the block ends."""
     if spec.compute.dask_address or not wanted():
         yield None
         return
     ahead = ClusterAhead(spec.compute.workers, spec.compute.secure)
-    token = _ahead.set(ahead)
     try:
         yield ahead
     finally:
-        _ahead.reset(token)
         ahead.close()
-
-
-def ahead_executor() -> tuple[Executor, int] | None:
-    """The workers of the cluster this run cleaned on, when it was started ahead and is still up."""
-    ahead = _ahead.get()
-    return None if ahead is None else ahead.executor()
 
 
 def batches(samples: Sequence[SampleRef], size: int) -> list[list[SampleRef]]:
@@ -270,8 +256,10 @@ def clean_all(
     status: Callable[[str], None] = lambda text: None,
     format_version: int = FORMAT_VERSION,
     segments_to: SegmentTarget | None = None,
+    cluster: ClusterAhead | None = None,
 ) -> Iterator[CleanedBatch]:
     """Clean on dask, or in this process when there is too little work to pay for a cluster.
+    ``cluster``: the LocalCluster the run started ahead, used when it fits.
 
     ``status`` hears what happens before the first batch (a cluster start takes seconds);
     ``format_version`` is the format of the file the rows go to (``clean_batch``); with
@@ -293,11 +281,11 @@ def clean_all(
     status(f"connecting to the dask scheduler at {address}…" if address else f"starting {workers} dask workers…")
     folder = make_folder(spec) if segments_to is None else None
     try:
-        with dask_client(address, workers, spec.compute.secure) as client:
+        with dask_client(address, workers, spec.compute.secure, cluster) as client:
             timings["cleaned_in"] = address or f"LocalCluster({workers})"
             timings["cluster_start_seconds"] = round(time.perf_counter() - t0, 3)
-            if (ahead := _ahead.get()) is not None and ahead.used:
-                timings["cluster_started_ahead_seconds"] = ahead.ready_seconds
+            if cluster is not None and cluster.used:
+                timings["cluster_started_ahead_seconds"] = cluster.ready_seconds
             status(
                 f"{len(client.scheduler_info()['workers'])} dask workers ready "
                 f"after {timings['cluster_start_seconds']:.1f} s"

@@ -19,8 +19,8 @@ from h5forge.ingest import build as steps, discover as discovery
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.duplicates import drop_duplicates
 from h5forge.ingest.incremental.inputs import Inputs, rules_hash
-from h5forge.ingest.incremental.rebuild import checksum_sample, comparable, inputs_of, unchanged_since
-from h5forge.ingest.parallel import cluster_ahead
+from h5forge.ingest.incremental.rebuild import comparable, inputs_of, unchanged_since
+from h5forge.ingest.parallel import ClusterAhead, cluster_ahead
 from h5forge.ingest.rejected import check_rejected
 from h5forge.ingest.removals import check_removals, named
 from h5forge.pipeline.main_module import leaves_main_alone
@@ -73,10 +73,10 @@ def build(
                 path = spec.output.dir / version_name(same)
                 return BuildResult(spec.name, same, str(path), counts_in(path), unchanged=True)
             candidate = run("stage-version", stage_version, spec)
-            summary = run("clean-and-write", clean_and_write, spec, inventory, candidate, inputs, runner)
+            summary = run("clean-and-write", clean_and_write, spec, inventory, candidate, inputs, runner, ahead)
             check_rejected(spec, inventory, summary, candidate)  # above max_rejected: nothing is published
             leaving = run("removals", samples_leaving, spec, candidate)  # unless allowed: nothing is published
-            report = run("verify", verify_candidate, candidate, summary)
+            report = run("verify", verify_candidate, candidate, summary, ahead)
             if not report.ok:  # nothing is published: the run shows why before it fails
                 run("report", show_health, runner, spec.name, report, summary, candidate.number)
             published = run("publish", publish_version, candidate, report)
@@ -188,7 +188,12 @@ def stage_version(spec: DatasetSpec) -> Candidate:
 
 
 def clean_and_write(
-    spec: DatasetSpec, inventory: Inventory, candidate: Candidate, inputs: Inputs | None, runner: Runner
+    spec: DatasetSpec,
+    inventory: Inventory,
+    candidate: Candidate,
+    inputs: Inputs | None,
+    runner: Runner,
+    cluster: ClusterAhead | None = None,
 ) -> WriteSummary:
     n, compute = len(inventory.samples), spec.compute
     if compute.dask_address:
@@ -199,7 +204,7 @@ def clean_and_write(
         where = f"on a LocalCluster of {compute.workers} processes"
     log.info("cleaning %d samples %s, %d per batch", n, where, compute.batch_size)
     with runner.progress(n, "clean+write") as display:
-        summary = steps.write_version(spec, inventory, candidate, display.advance, display.status, inputs)
+        summary = steps.write_version(spec, inventory, candidate, display.advance, display.status, inputs, cluster)
     log.info(
         "wrote %d samples %s, %d rejected, compression ratio %.3f",
         summary.samples,
@@ -223,8 +228,9 @@ def samples_leaving(spec: DatasetSpec, candidate: Candidate) -> list[str]:
     return leaving
 
 
-def verify_candidate(candidate: Candidate, summary: WriteSummary) -> HealthReport:
-    return log_report(steps.verify_candidate(candidate, checksum_sample(summary.timings)))
+def verify_candidate(candidate: Candidate, summary: WriteSummary, cluster: ClusterAhead | None) -> HealthReport:
+    executor = cluster.executor() if cluster is not None else None  # the checksums on the workers that cleaned
+    return log_report(steps.verify_candidate(candidate, summary.checksum_sample, executor))
 
 
 def publish_version(candidate: Candidate, report: HealthReport) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -22,6 +23,7 @@ from h5forge.format.names import RESUMABLE, RESUME_SUFFIX, version_name
 from h5forge.format.segments import segments_of
 from h5forge.ingest.incremental import hash_cache
 from h5forge.ingest.discover import Inventory
+from h5forge.ingest.parallel import ClusterAhead
 from h5forge.ingest.incremental.inputs import Inputs, fingerprint, rules_hash
 from h5forge.ingest.incremental.resume import Checkpoints, discard_resumable, resumable_source
 from h5forge.ingest.incremental.take_over import TakenOver
@@ -86,11 +88,11 @@ def write_samples(
     progress: Callable[[int], None] = lambda n: None,
     status: Callable[[str], None] = lambda text: None,
     taken: TakenOver | None = None,
-) -> dict[str, list[int]] | None:
+    cluster: ClusterAhead | None = None,
+) -> Written:
     """Every sample of the inventory into ``writer``, taking what earlier files already hold.
     ``taken``: the writer's file is a killed build's, holding the first rows of each split already.
-
-    Returns the rows that were cleaned, per split, when any row was taken (None: a full build)."""
+    ``cluster``: the LocalCluster the run started ahead, cleaned on when it fits."""
     out = Path(spec.output.dir)
     t0 = time.perf_counter()
     resumed = resumable_source(out, inputs)
@@ -118,7 +120,9 @@ def write_samples(
             advance(len(taken.ids))  # and a checkpoint: the kept rows stay durable if this build is killed
             checkpoints.save()
 
-        written = write_reusing(spec, inventory.root, plan, sources, writer, timings, advance, status, inputs)
+        written = write_reusing(
+            spec, inventory.root, plan, sources, writer, timings, advance, status, inputs, cluster=cluster
+        )
         if inputs.deferred:  # every sample's key is known now: the file records the build's input key
             inputs.seal(spec, inventory)
         cleaned = written.pop("cleaned_rows")
@@ -134,7 +138,23 @@ def write_samples(
     checkpoints.discard()
     if resumed is not None:
         discard_resumable(out)
-    return cleaned if plan.reused or taken is not None else None
+    copied_unchecked = resumed is not None and any(t is not None and t.source == 0 for t in plan.taken)
+    sampled = (plan.reused or (taken is not None and taken.rows)) and not copied_unchecked
+    return Written(cleaned if plan.reused or taken is not None else None, REUSED_CHECKSUM_SAMPLE if sampled else None)
+
+
+@dataclass(frozen=True)
+class Written:
+    """How a version's rows came. ``cleaned``: the rows made anew, per split, when any row was
+    taken from another file (None: every row was cleaned). ``checksum_sample``: how many rows of
+    each split ``verify`` checks against their checksums: ``REUSED_CHECKSUM_SAMPLE`` when every
+    taken row is a copy of a published version's (verified when it was published) or was kept in
+    place from a killed build's file (checked in full by ``take_over``), its cleaned rows being
+    checked in full (``check_cleaned_rows``); None (every row) for a full build, or when any row
+    was copied from a killed build's file, which nothing checked."""
+
+    cleaned: dict[str, list[int]] | None
+    checksum_sample: int | None
 
 
 # rows of each split whose checksums verify re-checks when every other row was either checked in
@@ -167,15 +187,3 @@ def check_cleaned_rows(path: Path, spec: DatasetSpec, rows: dict[str, list[int]]
                         bad.append(f"{split}[{a + i}]: stored data does not match its checksum")
     if bad:
         raise VerificationFailed(bad)
-
-
-def checksum_sample(timings: dict) -> int | None:
-    """How many rows of each split ``verify`` checks against their checksums in a version written
-    with these ``timings``: ``REUSED_CHECKSUM_SAMPLE`` when the version holds rows it did not clean
-    and every one of them is a copy of a published version's (verified when it was published) or
-    was kept in place from a killed build's file (checked in full by ``take_over``); its cleaned
-    rows were checked in full (``check_cleaned_rows``). None (every row) when any row was copied
-    from a killed build's file, which nothing checked."""
-    if timings.get("resumed_rows"):
-        return None
-    return REUSED_CHECKSUM_SAMPLE if timings.get("reused") or timings.get("resumed_in_place") else None

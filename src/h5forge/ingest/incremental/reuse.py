@@ -40,7 +40,7 @@ from h5forge.format.mapped import read_all
 from h5forge.format.names import IDS, INDEX, PER_SAMPLE, SPLITS, Attr
 from h5forge.ingest.clean import CleanedBatch
 from h5forge.ingest.incremental.inputs import Inputs
-from h5forge.ingest.parallel import clean_all
+from h5forge.ingest.parallel import ClusterAhead, clean_all
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.kinds import FieldKind, stored_kinds
 from h5forge.read.direct import chunk_index
@@ -297,9 +297,11 @@ def write_reusing(
     progress: Callable[[int], None] = lambda n: None,
     status: Callable[[str], None] = lambda text: None,
     inputs: Inputs | None = None,
+    cluster: ClusterAhead | None = None,
 ) -> dict:
     """Write every sample of ``plan`` in order into ``writer``: taken rows copied from their
-    source, the rest cleaned (on dask when there are many). Returns what was reused and how.
+    source, the rest cleaned (on dask when there are many: on ``cluster`` when it fits). Returns
+    what was reused and how.
     A deferred ``inputs`` learns each cleaned sample's key before its row is written."""
     kinds = stored_kinds(spec)
     copiers: dict[tuple[int, str], Copier] = {}
@@ -341,7 +343,7 @@ def write_reusing(
     cleaned_rows: dict[str, list[int]] = {s: [] for s in SPLITS}
     # rows taken from earlier files are copied: a version that takes some holds every row itself
     to = writer.segments_to if not plan.reused else None
-    for batch in clean_all(spec, root, to_clean, timings, status, segments_to=to):
+    for batch in clean_all(spec, root, to_clean, timings, status, segments_to=to, cluster=cluster):
         refs = to_clean[done : done + len(batch) + len(batch.rejections)]  # every input is kept or rejected
         done += len(refs)
         if inputs is not None and inputs.deferred:
