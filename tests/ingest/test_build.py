@@ -1,4 +1,4 @@
-"""Building a version without Prefect: a failed verification (the build steps) or a source without
+"""Building a version without Prefect: a failed verification (the pipeline's steps) or a source without
 a good sample (the pipeline) publishes nothing."""
 
 from pathlib import Path
@@ -7,8 +7,10 @@ import h5py
 import pytest
 
 import h5forge
-from h5forge.ingest.build import VerificationFailed, publish_candidate, verify_candidate, write_version
+from h5forge.errors import VerificationFailed
+from h5forge.ingest.build import write_version
 from h5forge.ingest.discover import discover
+from h5forge.pipeline.build import publish_version, verify_candidate
 from h5forge.store.versions import latest, published, stage
 from tests.helpers.data import demo_spec
 from tests.helpers.files import make_version
@@ -21,12 +23,12 @@ def test_failed_verification_leaves_latest_untouched(tmp_path, small_inventory, 
     candidate = stage(out)
     write_version_small = discover(spec)
     write_version_small.samples = small_inventory.samples
-    write_version(spec, write_version_small, candidate)
+    summary = write_version(spec, write_version_small, candidate)
     _flip_a_stored_byte(candidate.partial)
-    report = verify_candidate(candidate)
+    report = verify_candidate(candidate, summary)
     assert not report.ok
     with pytest.raises(VerificationFailed, match="does not match its checksum"):
-        publish_candidate(candidate, report)
+        publish_version(candidate, report)
     assert latest(out) == 1 and list(published(out)) == [1]
     assert not candidate.partial.exists()
     assert (out / "reports" / "dataset_v0002.failed.health.md").exists()

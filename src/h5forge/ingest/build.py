@@ -1,13 +1,10 @@
-"""The build steps the flow composes: write a candidate version, verify it, publish it.
-
-Each step is a plain function so it can be tested and timed without Prefect.
+"""A build's candidate version written: a killed build's file taken over, unchanged rows copied,
+the rest cleaned, then the rows made anew checked (``pipeline/build.py`` verifies and publishes it).
 """
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import Executor
-from pathlib import Path
 from typing import Callable
 
 from h5forge.errors import NothingToBuild, VerificationFailed
@@ -21,9 +18,8 @@ from h5forge.ingest.incremental.take_over import take_over
 from h5forge.ingest.parallel import ClusterAhead
 from h5forge.kinds import stored_kinds
 from h5forge.spec import DatasetSpec
-from h5forge.store.reports import write_health, write_quarantine
-from h5forge.store.verify import HealthReport, verify_file
-from h5forge.store.versions import Candidate, publish
+from h5forge.store.reports import write_quarantine
+from h5forge.store.versions import Candidate
 
 
 def write_version(
@@ -82,30 +78,3 @@ def write_version(
             "while cleaning; nothing to publish (see the quarantine report)"
         )
     return summary
-
-
-def verify_candidate(
-    candidate: Candidate, checksum_sample: int | None = None, executor: tuple[Executor, int] | None = None
-) -> HealthReport:
-    """Verify the written candidate, its checksums on ``executor`` (the run's dask workers, while
-    they are up): every row's, or ``checksum_sample`` rows of each split when every row was either
-    checked in full while it was written or copied from a published version (the write summary's
-    ``checksum_sample``). A failed report is written at once (nothing will be published); a passing
-    one is written after the publish (``write_health_report``)."""
-    report = verify_file(candidate.partial, checksum_sample=checksum_sample, executor=executor)
-    if not report.ok:
-        write_health(candidate.out, candidate.number, report)
-    return report
-
-
-def write_health_report(candidate: Candidate, report: HealthReport) -> list[Path]:
-    """The health report of a published version, in ``reports/``."""
-    return write_health(candidate.out, candidate.number, report)
-
-
-def publish_candidate(candidate: Candidate, report: HealthReport) -> str:
-    """Publish a verified candidate; a failed one is deleted and latest stays where it was."""
-    if not report.ok:
-        candidate.discard()
-        raise VerificationFailed(report.errors)
-    return str(publish(candidate))

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import h5py
 
+from h5forge.errors import VerificationFailed
 from h5forge.format.names import version_name
 from h5forge.format.segments import counts_of
 from h5forge.format.summary import WriteSummary
@@ -30,8 +31,9 @@ from h5forge.pipeline.runner import PLAIN, Runner, log
 from h5forge.spec import DatasetSpec, load_spec, override
 from h5forge.store import versions
 from h5forge.store.output import claim_output, preflight
-from h5forge.store.verify import HealthReport
-from h5forge.store.versions import Candidate, output_lock_or_skip
+from h5forge.store.reports import write_health
+from h5forge.store.verify import HealthReport, verify_file
+from h5forge.store.versions import Candidate, output_lock_or_skip, publish
 
 
 @leaves_main_alone
@@ -124,7 +126,7 @@ def reported(what: str, show: Callable[..., Any], *args: Any) -> Any:
 
 def report_health(runner: Runner, name: str, candidate: Candidate, report: HealthReport, summary: WriteSummary) -> None:
     """The published version's health report: its files in ``reports/``, and as the runner shows it."""
-    steps.write_health_report(candidate, report)
+    write_health(candidate.out, candidate.number, report)
     show_health(runner, name, report, summary, candidate.number)
 
 
@@ -228,13 +230,23 @@ def samples_leaving(spec: DatasetSpec, candidate: Candidate) -> list[str]:
     return leaving
 
 
-def verify_candidate(candidate: Candidate, summary: WriteSummary, cluster: ClusterAhead | None) -> HealthReport:
-    executor = cluster.executor() if cluster is not None else None  # the checksums on the workers that cleaned
-    return log_report(steps.verify_candidate(candidate, summary.checksum_sample, executor))
+def verify_candidate(candidate: Candidate, summary: WriteSummary, cluster: ClusterAhead | None = None) -> HealthReport:
+    """Verify the written candidate, its checksums on the workers that cleaned it while they are up:
+    every row's, or the summary's ``checksum_sample`` rows of each split. A failed report is written
+    at once (nothing will be published); a passing one after the publish (``report_health``)."""
+    executor = cluster.executor() if cluster is not None else None
+    report = verify_file(candidate.partial, checksum_sample=summary.checksum_sample, executor=executor)
+    if not report.ok:
+        write_health(candidate.out, candidate.number, report)
+    return log_report(report)
 
 
 def publish_version(candidate: Candidate, report: HealthReport) -> str:
-    path = steps.publish_candidate(candidate, report)
+    """Publish a verified candidate; a failed one is deleted and latest stays where it was."""
+    if not report.ok:
+        candidate.discard()
+        raise VerificationFailed(report.errors)
+    path = str(publish(candidate))
     log.info("published %s; dataset_latest.h5 now points at it", path)
     return path
 
