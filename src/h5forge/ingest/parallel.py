@@ -163,8 +163,7 @@ class ClusterAhead:
         self._error: BaseException | None = None
         self._closing: threading.Thread | None = None
         self._quiet = logging.getLogger("distributed")
-        self._level = self._quiet.level
-        self._quiet.setLevel(logging.ERROR)  # the shutdown chatter of worker processes is not news
+        self._level: int | None = None  # the logger's level once distributed has set it, restored at close
         self._thread = threading.Thread(target=self._start, name="h5forge-cluster-ahead", daemon=True)
         self._thread.start()
 
@@ -174,6 +173,10 @@ class ClusterAhead:
             from distributed import Client
             from distributed.security import Security
 
+            # importing distributed sets its logger's level: quieted after that (the shutdown
+            # chatter of worker processes is not news)
+            self._level = self._quiet.level
+            self._quiet.setLevel(logging.ERROR)
             security = Security.temporary() if self.secure else None
             with dask.config.set(LEAN_WORKERS):
                 self._cluster = local_cluster(self.workers, self.secure, security)
@@ -216,7 +219,8 @@ class ClusterAhead:
         self.close_soon()
         assert self._closing is not None
         self._closing.join()
-        self._quiet.setLevel(self._level)
+        if self._level is not None:
+            self._quiet.setLevel(self._level)
 
     def _close(self) -> None:
         self._thread.join()
