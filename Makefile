@@ -79,7 +79,7 @@ test-tf: install-tf
 
 # benchmarks/README.md. Full size: hours on a 2-core machine. --smoke (CI): tiny sizes, every code path,
 # results to benchmarks/results/smoke/ (git-ignored); all of them run, and the target fails if any failed.
-BENCHMARKS = build_peers read_peers nightly ingest_parts kinds second_build read_masks row_hash segments cluster boxes_memory read_remote
+BENCHMARKS = build_peers read_peers nightly ingest_parts kinds second_build read_masks row_hash segments cluster boxes_memory read_remote decode
 
 bench: install-test
 	for b in $(BENCHMARKS); do $(BIN)/python -m benchmarks.$$b || exit 1; done

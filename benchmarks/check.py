@@ -17,7 +17,7 @@ from pathlib import Path
 from benchmarks.common import CACHE, REPO, RESULTS, log
 
 # Each finishes in a few minutes on 2 cores at the size its committed results file was run at.
-SHORT = ("second_build", "kinds_ct", "row_hash", "segments")
+SHORT = ("second_build", "kinds_ct", "row_hash", "segments", "decode")
 
 
 def band(committed: float, spread, tolerance: float) -> tuple[float, float]:

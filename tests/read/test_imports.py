@@ -1,4 +1,4 @@
-"""The read side in a training process: no Pillow, dask or Prefect gets imported, and Pillow's own
+"""The read side in a training process: no picture decoder, dask or Prefect gets imported, and Pillow's own
 decompression-bomb guard is left as it is."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ def _run(code: str) -> str:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def test_importing_the_readers_loads_no_pillow_dask_or_prefect():
+def test_importing_the_readers_loads_no_picture_decoder_dask_or_prefect():
     loaded = _run("import sys, h5forge.read.reader, h5forge.read.torch, h5forge.read.jax, h5forge.read.sampler, "
                   "h5forge.read.collate\n"
-                  "print(sorted(m for m in ('PIL', 'dask', 'distributed', 'prefect') if m in sys.modules))")
+                  "print(sorted(m for m in ('PIL', 'imagecodecs', 'simplejpeg', 'dask', 'distributed', 'prefect') "
+                  "if m in sys.modules))")
     assert loaded == "[]"
 
 

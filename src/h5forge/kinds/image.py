@@ -15,6 +15,7 @@ follow; appends add histograms. Readers get float32 in [0, 1] (or uint8 as store
 from __future__ import annotations
 
 import io
+import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,7 @@ class ImageField(StrictModel):
         return v
 
 
-# ---- decoding (Pillow is imported here only, so readers never load it) -------------------------
+# ---- decoding (Pillow and the faster decoders are imported here only, so readers never load them) ---
 
 _PILLOW_LIMIT = threading.Lock()
 
@@ -101,17 +102,20 @@ def decoded_bytes(img) -> int:
     return w * h * per_pixel
 
 
-def open_picture(
+def decode_picture(
     data: bytes,
     path: str,
     max_pixels: int,
     max_decoded: int = DEFAULT_MAX_DECODED,
     draft_to: tuple[int, int] | None = None,
 ):
-    """A loaded Pillow image; a bomb, an empty, truncated or unknown file rejects the sample.
-    ``draft_to`` (width, height): a JPEG is decoded at the smallest 1/2, 1/4 or 1/8 scale at least
-    that large (a fraction of the memory and time)."""
-    from PIL import UnidentifiedImageError
+    """The picture decoded and upright: a Pillow image, or the HW / HWC uint8 array of an upright 8-bit
+    grey, RGB or RGBA picture that a faster decoder gave with Pillow's values (``_fast_pixels``; its
+    mode is read from its shape, as Image.fromarray does: ``mode_of``). Pillow reads the header first:
+    a bomb, an empty, truncated or unknown file rejects the sample. ``draft_to`` (width, height): a JPEG
+    is decoded at the smallest 1/2, 1/4 or 1/8 scale at least that large (a fraction of the memory and
+    time)."""
+    from PIL import Image, UnidentifiedImageError
 
     if not data:
         raise Reject(path, "empty file (0 bytes)")
@@ -129,9 +133,17 @@ def open_picture(
                 f"too large to decode: {w}x{h} {img.mode} takes {decoded_bytes(img):,} bytes "
                 f"decoded, limit is {max_decoded:,} (max_decoded_bytes)",
             )
-        if draft_to is not None and img.format == "JPEG":
-            img.draft(img.mode, draft_to)
-        img.load()
+        if draft_to is not None and img.format == "JPEG" and img.draft(img.mode, draft_to):
+            img.load()  # decoded at a reduced scale, which only Pillow does here
+        elif (pixels := _fast_pixels(data, img, max_decoded)) is None:
+            img.load()
+        elif Image.Image.getexif(img).get(0x0112, 1) in (0, 1):
+            # Image's own getexif reads the header's EXIF and XMP; a PNG file's would decode the pixels
+            # to look for chunks after them, and a PNG _fast_pixels takes has none
+            return pixels
+        else:
+            header, img = img, Image.fromarray(pixels)
+            img.info = header.info  # the EXIF orientation _upright applies
         img = _upright(img)
     except Reject:
         raise
@@ -140,6 +152,76 @@ def open_picture(
     except (OSError, SyntaxError, ValueError, EOFError) as err:
         raise Reject(path, f"corrupt or truncated image: {err}") from None
     return img
+
+
+def open_picture(
+    data: bytes,
+    path: str,
+    max_pixels: int,
+    max_decoded: int = DEFAULT_MAX_DECODED,
+    draft_to: tuple[int, int] | None = None,
+):
+    """``decode_picture``'s picture as a Pillow image."""
+    from PIL import Image
+
+    pic = decode_picture(data, path, max_pixels, max_decoded, draft_to)
+    return Image.fromarray(pic) if isinstance(pic, np.ndarray) else pic
+
+
+def mode_of(pic) -> str:
+    """A picture's Pillow mode; a decoded array's as Image.fromarray reads its shape (HW: L, HWC: RGB, RGBA)."""
+    if isinstance(pic, np.ndarray):
+        return "L" if pic.ndim == 2 else "RGBA" if pic.shape[2] == 4 else "RGB"
+    return pic.mode
+
+
+def size_of(pic) -> tuple[int, int]:
+    """A picture's (width, height), as Pillow gives it."""
+    return (pic.shape[1], pic.shape[0]) if isinstance(pic, np.ndarray) else pic.size
+
+
+# A PNG's IHDR (bit depth, colour type) -> the mode Pillow decodes it to, for the kinds libspng decodes to
+# Pillow's own values (tests/kinds/test_fast_decode.py); palette, 1-4 and 16-bit, grey+alpha stay on Pillow.
+SPNG_MODES = {(8, 0): "L", (8, 2): "RGB", (8, 6): "RGBA"}
+
+
+def _fast_pixels(data: bytes, img, max_decoded: int) -> np.ndarray | None:
+    """The pixels of an 8-bit grey, RGB or RGBA PNG from libspng, or of a grey or RGB JPEG from
+    libjpeg-turbo (simplejpeg), both faster than Pillow at the same values (docs/spec.md, "Decoders").
+    None leaves the picture to Pillow: another format or mode, a PNG with chunks after its pixels, a
+    picture too large to hold twice, or a file the faster decoder refuses (both are strict: a truncated
+    file, a bad checksum), whose verdict is then Pillow's."""
+    if 2 * decoded_bytes(img) > max_decoded:  # an array turned upright or made a Pillow image is held twice
+        return None
+    png = img.format == "PNG" and SPNG_MODES.get((data[24], data[25])) == img.mode and _pixels_last(data)
+    if not png and not (img.format == "JPEG" and img.mode in ("L", "RGB")):
+        return None
+    try:
+        if png:
+            from imagecodecs import spng_decode
+
+            pixels = spng_decode(data)
+        else:
+            from simplejpeg import decode_jpeg
+
+            pixels = decode_jpeg(data, "RGB") if img.mode == "RGB" else decode_jpeg(data, "GRAY")[..., 0]
+    except (RuntimeError, ValueError):
+        return None
+    return pixels if np.atleast_3d(pixels).shape == (img.height, img.width, len(img.getbands())) else None
+
+
+def _pixels_last(png: bytes) -> bool:
+    """Whether only IDAT chunks and IEND follow a PNG's first IDAT, and it is no animation: Pillow reads
+    the chunks after the pixels (text, an EXIF orientation) as it decodes them, so a picture another
+    decoder takes must have none."""
+    at, pixels = 8, False
+    while at + 8 <= len(png):
+        length, kind = struct.unpack_from(">I4s", png, at)
+        if kind == b"acTL" or (pixels and kind not in (b"IDAT", b"IEND")):
+            return False
+        pixels |= kind == b"IDAT"
+        at += 12 + length
+    return True
 
 
 def _upright(img):
@@ -163,17 +245,18 @@ def _composite(rgba: np.ndarray, fill: int) -> np.ndarray:
 
 
 def to_pixels(img, path: str, channels: int, fill: int) -> np.ndarray:
-    """HWC uint8 with 3 channels (or HW1 for a grey field) by the rules in the module doc."""
+    """HWC uint8 with 3 channels (or HW1 for a grey field) by the rules in the module doc; ``img`` as
+    ``decode_picture`` gives it."""
     from PIL import Image
 
-    mode = img.mode
+    mode = mode_of(img)
     if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
         grey = _sixteen_to_eight(np.asarray(img), path)
         rgb = np.repeat(grey[..., None], 3, axis=2)
     elif mode == "F":
         raise Reject(path, "floating-point image: convert it to 8 or 16 bits")
     elif mode in ("RGBA", "LA", "PA", "La", "RGBa") or (mode == "P" and "transparency" in img.info):
-        rgb = _composite(np.asarray(img.convert("RGBA")), fill)
+        rgb = _composite(np.asarray(img if mode == "RGBA" else img.convert("RGBA")), fill)
     elif mode == "RGB":
         rgb = np.asarray(img)
     elif mode == "L":
@@ -223,7 +306,7 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
     other formats (a PNG's EXIF may follow its pixels: asking for it would decode them)."""
     try:
         img = _open_unchecked(data)
-    except Exception:  # not a picture: open_picture says why
+    except Exception:  # not a picture: decode_picture says why
         return None
     if img.format != "JPEG":
         return None
@@ -240,16 +323,20 @@ def _cut_early(img, g: Geometry):
     first reduced by an integer factor (box average) to at least twice the final size."""
     import dataclasses
 
-    w, h = img.size
+    from PIL import Image
+
+    w, h = size_of(img)
+    array = isinstance(img, np.ndarray)
     if g.scaled is None:
         top, left, ch, cw = g.crop
         if (ch, cw) == (h, w):
             return img, g
-        return img.crop((left, top, left + cw, top + ch)), dataclasses.replace(g, crop=(0, 0, ch, cw))
+        cut = img[top : top + ch, left : left + cw] if array else img.crop((left, top, left + cw, top + ch))
+        return cut, dataclasses.replace(g, crop=(0, 0, ch, cw))
     sh, sw = g.scaled
     factor = min(h // (2 * sh), w // (2 * sw))
     if factor >= 2 and min(h / sh, w / sw) >= REDUCE_ABOVE:
-        img = img.reduce(factor)
+        img = (Image.fromarray(img) if array else img).reduce(factor)
     return img, g
 
 
@@ -341,8 +428,8 @@ class ImageKind(FieldKind):
         f, rel = self.spec, ref.files[self.name]
         data, digest = read_source(root, rel, f.max_bytes)
         draft = self._draft_size(data)
-        img = open_picture(data, rel, f.max_pixels, f.max_decoded_bytes, draft_to=draft)
-        full = _jpeg_size(data) if draft else img.size  # the plan is the full picture's, drafted or not
+        img = decode_picture(data, rel, f.max_pixels, f.max_decoded_bytes, draft_to=draft)
+        full = _jpeg_size(data) if draft else size_of(img)  # the plan is the full picture's, drafted or not
         assert full is not None  # a picture is drafted only when its JPEG header gave its size
         geometry = plan_geometry(full[1], full[0], f.size[0], f.size[1], f.larger, rel)
         img, local = _cut_early(img, geometry)

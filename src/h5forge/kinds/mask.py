@@ -35,7 +35,7 @@ from h5forge.kinds.base import (
     StrictModel,
     read_source,
 )
-from h5forge.kinds.image import apply_geometry, open_picture
+from h5forge.kinds.image import apply_geometry, decode_picture, mode_of
 from h5forge.samples import Reject, SampleRef
 
 # preview colours of classes 1, 2, ...: green first, as stained tissue is mostly pink and purple
@@ -111,8 +111,7 @@ def _listed(values, limit: int = 8) -> str:
     return f"{values[:limit]}{'...' if len(values) > limit else ''}"
 
 
-def _single_channel(img, arr: np.ndarray, path: str) -> np.ndarray:
-    mode = img.mode
+def _single_channel(mode: str, arr: np.ndarray, path: str) -> np.ndarray:
     if mode in ("RGBA", "LA") and (arr[..., -1] != 255).any():
         raise Reject(path, "mask has transparency; masks must be a single opaque channel")
     colour = arr[..., :3] if arr.shape[2] >= 3 else arr[..., :1]
@@ -126,12 +125,12 @@ def _single_channel(img, arr: np.ndarray, path: str) -> np.ndarray:
 
 
 def binary_values(img, path: str) -> np.ndarray:
-    """HW uint8 with values {0,1}."""
-    if img.mode == "1":
+    """HW uint8 with values {0,1}, from a picture as ``decode_picture`` gives it."""
+    if mode_of(img) == "1":
         return np.asarray(img, dtype=np.uint8)
     arr = np.asarray(img)
     if arr.ndim == 3:
-        arr = _single_channel(img, arr, path)
+        arr = _single_channel(mode_of(img), arr, path)
     return binary_array(arr, path)
 
 
@@ -153,10 +152,11 @@ def binary_array(arr: np.ndarray, path: str) -> np.ndarray:
 
 def class_values(img, spec: MaskField, path: str) -> np.ndarray:
     """HW uint8 class indices (and the ignore value), by palette index, palette colour or value."""
-    if img.mode == "P":
+    mode = mode_of(img)
+    if mode == "P":
         arr = np.asarray(img)  # the palette index of each pixel is its class
-    elif spec.palette and img.mode in ("RGB", "RGBA"):
-        rgb = np.asarray(img.convert("RGB"))
+    elif spec.palette and mode in ("RGB", "RGBA"):
+        rgb = np.asarray(img)[..., :3]
         arr = np.full(rgb.shape[:2], 256, np.uint16)
         for cls, colour in spec.palette.items():
             arr[(rgb == np.asarray(colour, np.uint8)).all(axis=2)] = cls
@@ -168,7 +168,7 @@ def class_values(img, spec: MaskField, path: str) -> np.ndarray:
     else:
         arr = np.asarray(img)
         if arr.ndim == 3:
-            arr = _single_channel(img, arr, path)
+            arr = _single_channel(mode, arr, path)
     assert spec.classes is not None  # a multi-class mask's values; binary masks never come here
     return class_array(arr, spec.classes, spec.ignore_value, path)
 
@@ -232,7 +232,7 @@ class MaskKind(FieldKind):
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         rel = ref.files[self.name]
         data, digest = read_source(root, rel)
-        img = open_picture(data, rel, self.spec.max_pixels)
+        img = decode_picture(data, rel, self.spec.max_pixels)
         values = binary_values(img, rel) if self.spec.classes is None else class_values(img, self.spec, rel)
         geometry = done[self.spec.like].context
         if values.shape != geometry.raw:

@@ -20,7 +20,7 @@ import numpy as np
 from pydantic import Field
 
 from h5forge.kinds.base import Decoded, Demo, Detector, Globs, Stored, StrictModel, read_source
-from h5forge.kinds.image import ImageKind, apply_geometry, open_picture, to_pixels
+from h5forge.kinds.image import ImageKind, apply_geometry, decode_picture, to_pixels
 from h5forge.samples import Reject, SampleRef
 
 
@@ -65,7 +65,7 @@ class PairedKind(ImageKind):
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         rel, k = ref.files[self.name], self.spec.scale
         data, digest = read_source(root, rel)
-        pixels = to_pixels(open_picture(data, rel, self.spec.max_pixels), rel, self.channels, self.partner.fill)
+        pixels = to_pixels(decode_picture(data, rel, self.spec.max_pixels), rel, self.channels, self.partner.fill)
         low = done[self.spec.like].context
         if pixels.shape[:2] != (k * low.raw[0], k * low.raw[1]):
             raise Reject(
