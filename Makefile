@@ -42,8 +42,9 @@ test-tools:
 	  echo "installing$$missing, which the tests run"; \
 	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }
 
+# two test processes (pytest-xdist): much of the suite waits on servers, clusters and subprocesses
 test: install-test test-tools
-	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -m "not tf and not soak"
+	PREFECT_HOME=$$(mktemp -d) $(BIN)/python -m pytest -q -n 2 -m "not tf and not soak"
 
 # the fault suite at full size: 20 SIGKILLed runs of each kind, thousands of bit flips and damaged files
 test-soak: install-test
