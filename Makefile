@@ -6,7 +6,8 @@ BIN     = $(VENV)/bin
 .PHONY: install install-test test-tools demo test test-soak test-quick lint format docs bench bench-smoke bench-check clean
 
 # `install`: what building needs (the package and its [build] extra: Prefect, dask, decoders);
-# `install-test` adds the test extra (pytest, torch, jax, xarray, ...), which only the tests need.
+# `install-test` adds the test extra (pytest, torch, jax, xarray, ...), which only the tests need, and
+# the field kind of a package of its own (tests/plugins/, docs/extending.md), which the tests run.
 install: $(VENV)/.installed-build
 install-test: $(VENV)/.installed-test
 
@@ -17,8 +18,11 @@ $(VENV)/.installed-build: pyproject.toml | $(VENV)/bin/python
 	$(BIN)/pip install --quiet -e ".[build]"
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed-build
+PLUGIN = tests/plugins/h5forge-example-kind
+
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed-build $(wildcard $(PLUGIN)/*.py $(PLUGIN)/pyproject.toml)
 	$(BIN)/pip install --quiet -e ".[build,test]"
+	$(BIN)/pip install --quiet ./$(PLUGIN)
 	touch $@
 
 demo: install

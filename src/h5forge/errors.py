@@ -25,6 +25,11 @@ class SpecError(UsageError):
     """A spec that cannot be used; the message names the offending key."""
 
 
+class KindRegistryError(H5forgeError, RuntimeError):
+    """The field kinds installed cannot be registered: two packages declare one kind name, or
+    h5forge's own are missing from its installed metadata."""
+
+
 class VersionError(UsageError):
     """A version that does not exist or cannot be used."""
 

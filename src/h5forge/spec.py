@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import CoreSchema
 
 from h5forge.errors import SpecError
 from h5forge.format.codecs import CodecName
@@ -21,12 +30,22 @@ from h5forge.kinds import REGISTRY
 from h5forge.kinds.base import STORED
 from h5forge.kinds.base import StrictModel as _Strict
 
-# a field's ``kind`` picks its model from the registry (a union built at import time, which a type
-# checker cannot see: to it a field's spec is any kind's)
+
+class _KindSpec:
+    """A field's spec: the model of the kind its ``kind`` names, a union of the registered kinds'
+    models built when ``DatasetSpec`` is first used (``defer_build``), so importing this module
+    loads no kind."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return handler(Annotated[Union[tuple(k.Spec for k in REGISTRY.values())], Field(discriminator="kind")])
+
+
+# a type checker cannot see the union: to it a field's spec is any kind's
 if TYPE_CHECKING:
     FieldSpec = Any
 else:
-    FieldSpec = Annotated[Union[tuple(k.Spec for k in REGISTRY.values())], Field(discriminator="kind")]
+    FieldSpec = _KindSpec
 
 ColumnType = Literal["str", "int", "float", "bool"]
 
@@ -216,6 +235,8 @@ def rejected_limit_value(v):
 
 
 class DatasetSpec(_Strict):
+    model_config = ConfigDict(defer_build=True)
+
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = ""
     source: Source
@@ -280,6 +301,8 @@ def _format_errors(err: ValidationError, origin: str) -> str:
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
+        elif e["type"] == "union_tag_invalid" and e["ctx"]["tag"] in REGISTRY.broken:
+            msg = f"kind {e['ctx']['tag']!r}: {REGISTRY.broken[e['ctx']['tag']]}"
         lines.append(f"  {key or '<root>'}: {msg}")
     return "\n".join(lines)
 
@@ -346,4 +369,7 @@ def spec_from_json(text: str) -> DatasetSpec:
     """Rebuild a spec stored in a dataset file (paths there are already absolute). The context
     tells the fields' models the spec was stored by a build (a field may read what earlier
     versions of h5forge stored, which a new spec may not ask for)."""
-    return DatasetSpec.model_validate(json.loads(text), context={STORED: True})
+    try:
+        return DatasetSpec.model_validate(json.loads(text), context={STORED: True})
+    except ValidationError as err:  # a kind not installed here, or one that did not load
+        raise SpecError(_format_errors(err, "stored in the dataset")) from None

@@ -19,6 +19,15 @@ def test_importing_the_readers_loads_no_picture_decoder_dask_or_prefect():
     assert loaded == "[]"
 
 
+def test_importing_the_readers_loads_no_field_kind():
+    """The kinds' registry loads on first use (a version opened), not when the readers are imported."""
+    loaded = _run("import sys, h5forge.read.reader, h5forge.read.torch, h5forge.read.jax\n"
+                  "from h5forge.kinds import REGISTRY\n"
+                  "print(sorted(m for m in sys.modules if m.startswith('h5forge.kinds.')), "
+                  "[REGISTRY[k].__module__ for k in REGISTRY][0] in sys.modules)")
+    assert loaded == "['h5forge.kinds.base', 'h5forge.kinds.column', 'h5forge.kinds.registry'] True"
+
+
 def test_the_write_side_keeps_pillows_bomb_guard():
     limit = _run("from PIL import Image; before = Image.MAX_IMAGE_PIXELS\n"
                  "import h5forge.ingest.clean, h5forge.ingest.writer, h5forge.store.verify\n"

@@ -43,8 +43,15 @@ def main() -> None:  # pragma: no cover - console entry
 
         print(f"h5forge {version('h5forge')}")
         return
+    from h5forge.errors import H5forgeError
+
     try:
-        _app()()
+        app = _app()  # declaring the commands loads the field kinds: their help names the kinds' layouts
+    except H5forgeError as e:  # kinds that cannot be registered (two of one name)
+        print(f"error: {e}", file=sys.stderr)
+        _exit(e.exit_code)
+    try:
+        app()
     except SystemExit as stop:
         _exit(stop.code)
     _exit(0)

@@ -1,11 +1,11 @@
-"""The field-kind registry: a kind is one module, registered here by its ``kind`` name.
+"""The field-kind registry: a kind is one module, registered by its ``kind`` name.
 
-Adding a kind is adding its module (spec model + ``FieldKind`` subclass, with its ``init``
-detectors, demo folders and reader options), its import and its class in the tuple registered
-below; nothing else in h5forge names a kind. The layers above ask this registry: ``init`` for the
-detectors (``detectors()``), ``demo-data`` for the demo folders (``demos()``), the readers for
-their options (``read_options``). docs/extending.md says how, and tests/kinds/conformance checks
-every kind.
+``REGISTRY`` holds every installed kind, h5forge's own and those of other packages alike: each is
+an entry point of the group ``h5forge.kinds`` (``kinds.registry``), loaded when the registry is
+first asked, so a kind from another package needs no edit here and nothing else in h5forge names a
+kind. The layers above ask this registry: ``init`` for the detectors (``detectors()``),
+``demo-data`` for the demo folders (``demos()``), the readers for their options
+(``read_options``). docs/extending.md says how, and tests/kinds/conformance checks every kind.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from h5forge.errors import KindRegistryError
 from h5forge.format.arrays import Stored
 from h5forge.kinds.base import (
     Conversion,
@@ -26,15 +27,8 @@ from h5forge.kinds.base import (
     load_ref,
     warnings_logged,
 )
-from h5forge.kinds.boxes import BoxesKind
 from h5forge.kinds.column import ColumnKind
-from h5forge.kinds.image import ImageKind
-from h5forge.kinds.label import LabelKind
-from h5forge.kinds.mask import MaskKind
-from h5forge.kinds.paired import PairedKind
-from h5forge.kinds.signal import SignalKind
-from h5forge.kinds.volume import VolumeKind
-from h5forge.kinds.volume_mask import VolumeMaskKind
+from h5forge.kinds.registry import KindNotLoaded, Registry
 from h5forge.samples import SampleRef
 
 if TYPE_CHECKING:
@@ -47,6 +41,7 @@ __all__ = [
     "Demo",
     "Detector",
     "FieldKind",
+    "KindNotLoaded",
     "Layout",
     "ReadOption",
     "ReadOptions",
@@ -62,21 +57,7 @@ __all__ = [
     "stored_kinds",
 ]
 
-REGISTRY: dict[str, type[FieldKind]] = {}
-
-
-def register(kind: type[FieldKind]) -> type[FieldKind]:
-    """Add a kind to the registry (its ``kind`` name must be new and its class complete)."""
-    if kind.kind in REGISTRY:
-        raise ValueError(f"kind {kind.kind!r} is registered twice ({REGISTRY[kind.kind].__name__}, {kind.__name__})")
-    if getattr(kind, "__abstractmethods__", None):
-        raise TypeError(f"{kind.__name__} lacks {sorted(kind.__abstractmethods__)}")
-    REGISTRY[kind.kind] = kind
-    return kind
-
-
-for _kind in (ImageKind, MaskKind, LabelKind, PairedKind, SignalKind, VolumeKind, VolumeMaskKind, BoxesKind):
-    register(_kind)
+REGISTRY = Registry()
 
 
 def detectors() -> list[tuple[type[FieldKind], Detector]]:
@@ -87,8 +68,16 @@ def detectors() -> list[tuple[type[FieldKind], Detector]]:
 
 
 def demos() -> dict[str, Demo]:
-    """Every registered kind's demo folders by name, in registry order (declared by the class itself)."""
-    return {d.name: d for k in REGISTRY.values() for d in vars(k).get("demos", ())}
+    """Every registered kind's demo folders by name, in registry order (declared by the class itself);
+    two kinds may not declare one name."""
+    found: dict[str, tuple[type[FieldKind], Demo]] = {}
+    for kind in REGISTRY.values():
+        for demo in vars(kind).get("demos", ()):
+            if found.setdefault(demo.name, (kind, demo))[0] is not kind:
+                raise KindRegistryError(
+                    f"demo {demo.name!r} is declared by kinds {found[demo.name][0].kind!r} and {kind.kind!r}"
+                )
+    return {name: demo for name, (_, demo) in found.items()}
 
 
 def reader_options(reader: str = "numpy") -> dict[str, ReadOption]:
@@ -112,11 +101,13 @@ def read_options(reader: str, given: dict) -> ReadOptions:
 
 
 def format_table() -> str:
-    """The file layout as a Markdown table: the format's names, then one row per field kind.
-    docs/format.md embeds it (``make docs`` rewrites it; a test keeps them equal)."""
+    """The file layout as a Markdown table: the format's names, then one row per field kind of
+    h5forge's own (another package documents its kinds). docs/format.md embeds it (``make docs``
+    rewrites it; a test keeps them equal)."""
     from h5forge.format.names import render_layout
 
-    kinds: tuple[type[FieldKind], ...] = (*REGISTRY.values(), ColumnKind)
+    own = [k for k in REGISTRY.values() if k.__module__.startswith("h5forge.")]
+    kinds: tuple[type[FieldKind], ...] = (*own, ColumnKind)
     rows = [f"| `<field>` of kind `{k.kind}` | {k.layout_doc} |" for k in kinds if k.layout_doc]
     return "\n".join([render_layout(), *rows])
 
