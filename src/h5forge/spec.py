@@ -9,24 +9,37 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    GetCoreSchemaHandler,
+    GetPydanticSchema,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import CoreSchema
 
 from h5forge.errors import SpecError
 from h5forge.format.codecs import CodecName
 from h5forge.format.names import RESERVED
 from h5forge.kinds import REGISTRY
-from h5forge.kinds.base import STORED
+from h5forge.kinds.base import STORED, FieldModel
 from h5forge.kinds.base import StrictModel as _Strict
 
-# a field's ``kind`` picks its model from the registry (a union built at import time, which a type
-# checker cannot see: to it a field's spec is any kind's)
-if TYPE_CHECKING:
-    FieldSpec = Any
-else:
-    FieldSpec = Annotated[Union[tuple(k.Spec for k in REGISTRY.values())], Field(discriminator="kind")]
+
+def _registered_models(_: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+    """The registered kinds' spec models, one picked by the field's ``kind``."""
+    return handler.generate_schema(Annotated[Union[tuple(k.Spec for k in REGISTRY.values())], Discriminator("kind")])
+
+
+# a field's spec: the model of the kind its ``kind`` names in the registry, validated as the
+# registered models' union (built with the spec model), and to a type checker a FieldModel
+FieldSpec = Annotated[FieldModel, GetPydanticSchema(_registered_models)]
 
 ColumnType = Literal["str", "int", "float", "bool"]
 

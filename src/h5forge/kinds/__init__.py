@@ -14,24 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from h5forge.format.arrays import Stored
-from h5forge.kinds.base import (
-    Conversion,
-    Decoded,
-    Demo,
-    Detector,
-    FieldKind,
-    Layout,
-    ReadOption,
-    ReadOptions,
-    load_ref,
-    warnings_logged,
-)
+from h5forge.kinds.base import Decoded, FieldKind, warnings_logged
 from h5forge.kinds.boxes import BoxesKind
 from h5forge.kinds.column import ColumnKind
 from h5forge.kinds.image import ImageKind
 from h5forge.kinds.label import LabelKind
 from h5forge.kinds.mask import MaskKind
 from h5forge.kinds.paired import PairedKind
+from h5forge.kinds.plugins import Demo, Detector, Layout, load_ref
+from h5forge.kinds.reading import Conversion, ReadOption, ReadOptions
 from h5forge.kinds.signal import SignalKind
 from h5forge.kinds.volume import VolumeKind
 from h5forge.kinds.volume_mask import VolumeMaskKind
