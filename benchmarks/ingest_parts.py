@@ -32,7 +32,7 @@ def clean_and_write(spec, inventory, n: int) -> tuple[dict, dict]:
     from h5forge.ingest.incremental.inputs import fingerprint
     from h5forge.ingest.writer import DatasetWriter
     from h5forge.kinds import stored_kinds
-    from h5forge.kinds.image import channel_counts
+    from h5forge.kinds.pictures import channel_counts
     from h5forge.store.verify import verify_file
     inventory.samples = refs = inventory.samples[:n]
     n, bs, cpu, t = len(refs), spec.compute.batch_size, time.process_time, {}

@@ -105,6 +105,7 @@ def members(cls: ast.ClassDef, seen: frozenset = frozenset()) -> set[str]:
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
             names.add(node.attr)
     for base in cls.bases:
+        base = base.value if isinstance(base, ast.Subscript) else base  # a generic's: FieldKind[ImageField]
         name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", None)
         for c in classes().get(name, []) if name not in seen else []:
             names |= members(c, seen | {cls.name})

@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
     ConfigDict,
+    Discriminator,
     Field,
     GetCoreSchemaHandler,
+    GetPydanticSchema,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -27,25 +29,19 @@ from h5forge.errors import SpecError
 from h5forge.format.codecs import CodecName
 from h5forge.format.names import RESERVED
 from h5forge.kinds import REGISTRY
-from h5forge.kinds.base import STORED
+from h5forge.kinds.base import STORED, FieldModel
 from h5forge.kinds.base import StrictModel as _Strict
 
 
-class _KindSpec:
-    """A field's spec: the model of the kind its ``kind`` names, a union of the registered kinds'
-    models built when ``DatasetSpec`` is first used (``defer_build``), so importing this module
-    loads no kind."""
-
-    @classmethod
-    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        return handler(Annotated[Union[tuple(k.Spec for k in REGISTRY.values())], Field(discriminator="kind")])
+def _registered_models(_: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+    """The registered kinds' spec models, one picked by the field's ``kind``."""
+    return handler.generate_schema(Annotated[Union[tuple(k.Spec for k in REGISTRY.values())], Discriminator("kind")])
 
 
-# a type checker cannot see the union: to it a field's spec is any kind's
-if TYPE_CHECKING:
-    FieldSpec = Any
-else:
-    FieldSpec = _KindSpec
+# a field's spec: the model of the kind its ``kind`` names in the registry, validated as the
+# registered models' union, built when ``DatasetSpec`` is first used (``defer_build``) so that
+# importing this module loads no kind; to a type checker a FieldModel
+FieldSpec = Annotated[FieldModel, GetPydanticSchema(_registered_models)]
 
 ColumnType = Literal["str", "int", "float", "bool"]
 

@@ -210,7 +210,7 @@ def test_geometry_plan_pads_and_crops_per_axis():
 @pytest.mark.parametrize("shape", [(5, 3, 31, 17), (4, 1, 8, 8), (0, 3, 4, 4), (2, 3, 1, 1)])
 def test_channel_counts_equal_a_bincount_per_channel(shape):
     """Counted two pixels at a time, odd sizes included: exactly numpy's bincount per channel."""
-    from h5forge.kinds.image import channel_counts
+    from h5forge.kinds.pictures import channel_counts
 
     rng = np.random.default_rng(sum(shape))
     block = rng.integers(0, 256, shape, dtype=np.uint8)

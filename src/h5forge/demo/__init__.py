@@ -22,7 +22,7 @@ reason while every good sample lands. Every generator is seeded (same arguments,
 returns {path: what is wrong} for the defects it wrote.
 
 Each demo has its module (``cells``, ``classify``, ``segment_multiclass``, ``sr``, ``ct``,
-``signals``), named by the kind that declares it (``FieldKind.demos``); ``pictures`` writes
+``signals``), named by the kind that declares it (``Plugins.demos``); ``pictures`` writes
 pictures the way real collections hold them, for several of them.
 """
 

@@ -60,6 +60,7 @@ from h5forge.ingest.incremental.inputs import Inputs, rules_hash
 from h5forge.ingest.parallel import clean_all
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.kinds import FieldKind, field_kinds, stored_kinds
+from h5forge.kinds.shared import sharing
 from h5forge.samples import Rejection, SampleRef
 from h5forge.spec import DatasetSpec
 from h5forge.crash_points import checkpoint
@@ -85,7 +86,7 @@ def inbox_spec(spec: DatasetSpec, inbox: Path) -> DatasetSpec:
     """The spec as it reads an inbox: each field reads the shared files the inbox holds (a COCO
     file of any name), not those of the source root."""
     fields = {}
-    for name, kind in field_kinds(spec).items():
+    for name, kind in sharing(field_kinds(spec)).items():
         update = kind.reading(kind.shared_files_in(inbox))
         if update:
             fields[name] = spec.fields[name].model_copy(update=update)
@@ -103,7 +104,7 @@ def rewritten_by_append(spec: DatasetSpec, inbox: Path) -> list[str]:
 
 def shared_files(spec: DatasetSpec) -> dict[str, tuple[str, ...]]:
     """{field: the shared files it reads} of the fields that read any."""
-    return {name: files for name, kind in field_kinds(spec).items() if (files := kind.shared_files())}
+    return {name: files for name, kind in sharing(field_kinds(spec)).items() if (files := kind.shared_files())}
 
 
 def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> InboxScan:
@@ -142,7 +143,7 @@ def _members(kinds: dict[str, FieldKind], inbox: Path, ref: SampleRef) -> tuple[
     """Every file ``ref`` is made of (its own, its sidecar, the shared files holding its record),
     and why it waits when a shared file holding its record is not there yet."""
     members = [*ref.files.values(), *ref.extra_files]
-    for name, kind in kinds.items():
+    for name, kind in sharing(kinds).items():
         holders = kind.shared_files_of(inbox, ref)
         if holders is None:
             continue
@@ -530,7 +531,7 @@ def _plan_shared(
         return
     inbox, number = scan.inbox, p.plan.version
     named = shared_files(spec)
-    for name, kind in field_kinds(scan.spec).items():
+    for name, kind in sharing(field_kinds(scan.spec)).items():
         here = kind.shared_files()
         if name not in named or not here:
             continue

@@ -22,6 +22,8 @@ from h5forge.format.checksums import values_digest
 from h5forge.format.names import FORMAT_VERSION
 from h5forge.format.chunk_codec import EncodedRows, encodable
 from h5forge.kinds import FieldKind, decode_order, decode_sample, file_fields, stored_kinds
+from h5forge.kinds.index import RowIndex
+from h5forge.kinds.statistics import Statistics
 from h5forge.samples import Reject, Rejection, SampleRef
 from h5forge.spec import DatasetSpec
 
@@ -73,11 +75,13 @@ def split_stats(
     splits: list[str],
     row_counts: dict[str, np.ndarray] | None = None,
 ) -> dict[str, dict[str, np.ndarray]]:
-    """Per dataset path and split, the kind's additive statistic of the rows (summed from
-    ``row_counts`` where a kind has them already)."""
+    """Per dataset path and split, the additive statistic of the rows of each kind that keeps one
+    (``Statistics``; summed from ``row_counts`` where a kind has them already)."""
     labels = np.asarray(splits)
     out: dict[str, dict[str, np.ndarray]] = {}
     for path, kind in kinds.items():
+        if not isinstance(kind, Statistics):
+            continue
         rows = (row_counts or {}).get(path)
         per_split = {
             s: kind.counts(arrays[path][labels == s]) if rows is None else rows[labels == s].sum(axis=0)
@@ -154,7 +158,8 @@ def clean_batch(
         kept.append((ref, values, hashes))
     arrays = {path: kind.stack([k[1][path] for k in kept]) for path, kind in kinds.items()}
     splits = [k[0].split for k in kept]
-    per_row = {path: kind.row_counts(arrays[path]) for path, kind in kinds.items() if kind.indexed}
+    indexed = {path: kind for path, kind in kinds.items() if isinstance(kind, RowIndex)}
+    per_row = {path: kind.row_counts(arrays[path]) for path, kind in indexed.items()}
     return CleanedBatch(
         ids=[k[0].id for k in kept],
         splits=splits,
@@ -163,6 +168,6 @@ def clean_batch(
         source_sha256=[k[2] for k in kept],
         digests=[values_digest((arrays[p][i] for p in kinds), format_version) for i in range(len(kept))],
         stats=split_stats(kinds, arrays, splits, per_row),
-        listed={path: kinds[path].index_values(rows) for path, rows in per_row.items()},
+        listed={path: indexed[path].index_values(rows) for path, rows in per_row.items()},
         rejections=rejections,
     )

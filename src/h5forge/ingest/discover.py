@@ -21,6 +21,8 @@ from typing import Any
 from h5forge.format.names import INBOX_PROCESSED, INBOX_TEMPORARY
 from h5forge.ingest.splits import assign_split, ratio_split
 from h5forge.kinds import FieldKind, field_kinds
+from h5forge.kinds.parts import SampleParts
+from h5forge.kinds.shared import sharing
 from h5forge.kinds.base import DEFAULT_MAX_BYTES, Outside, read_bounded
 from h5forge.samples import Reject, Rejection, SampleRef, rejected_count
 from h5forge.spec import DatasetSpec
@@ -449,6 +451,8 @@ def discover(
     ann = spec.annotations
     kinds = field_kinds(spec)
     globs = {name: kind.files for name, kind in kinds.items() if kind.files}
+    # the files a field reads for every sample (a COCO file) are no sample's, nor sidecars
+    shared = {name: set(kind.shared_files()) for name, kind in sharing(kinds).items()}
     ids = spec.source.ids
     per_field: dict[str, dict[str, str]] = {name: {} for name in globs}  # by match key
     spelled: dict[str, str] = {}  # match key -> the id as its first file spells it
@@ -467,9 +471,8 @@ def discover(
                 kinds[name].id_suffix,
             )
             inv.rejections.extend(problems)
-            shared = set(kinds[name].shared_files())  # a file the field reads for every sample is none of them
             for stem, (rel, sid) in found.items():
-                if rel in shared:
+                if rel in shared.get(name, ()):
                     continue
                 if stem in per_field[name]:
                     inv.rejections.append(
@@ -494,8 +497,10 @@ def discover(
             )
             inv.rejections.extend(problems)
         if sidecars:
-            shared = {f for kind in kinds.values() for f in kind.shared_files()}  # a COCO file is no sidecar
-            side, problems = load_sidecars(r, ann.id_key, {*shared, ann.file or ""}, spec.source.allow_symlinks_outside)
+            claimed = {f for files in shared.values() for f in files}
+            side, problems = load_sidecars(
+                r, ann.id_key, {*claimed, ann.file or ""}, spec.source.allow_symlinks_outside
+            )
             inv.rejections.extend(problems)
             found_records.update(side)
         for sid, rec in found_records.items():
@@ -557,14 +562,14 @@ def discover(
 
 
 def with_shared_entries(kinds: dict[str, FieldKind], root: Path, samples: list[SampleRef]) -> list[SampleRef]:
-    """Each sample with its entries of the files its fields share (``FieldKind.shared_entry``):
+    """Each sample with its entries of the files its fields share (``SharedInputs.shared_entry``):
     a shared file is parsed here, once, and each worker is handed only its samples' parts."""
-    sharing = [kind for kind in kinds.values() if kind.shared_files()]
-    if not sharing:
+    readers = [kind for kind in sharing(kinds).values() if kind.shared_files()]
+    if not readers:
         return samples
     out = []
     for ref in samples:
-        entries = {kind.name: e for kind in sharing if (e := kind.shared_entry(root, ref)) is not None}
+        entries = {kind.name: e for kind in readers if (e := kind.shared_entry(root, ref)) is not None}
         out.append(replace(ref, shared=entries) if entries else ref)
     return out
 
@@ -585,9 +590,13 @@ def _with_other_files(
 
 
 def samples_in(kinds: dict[str, FieldKind], root: Path, files: dict[str, str]) -> tuple[str, ...]:
-    """The ends of the ids of the samples one input's files hold (``FieldKind.samples_in``): ``("",)``
-    when they are one sample. Fields that both split their files must agree on the parts."""
-    found = {name: parts for name, rel in files.items() if (parts := kinds[name].samples_in(root, rel)) is not None}
+    """The ends of the ids of the samples one input's files hold (``SampleParts.samples_in``):
+    ``("",)`` when they are one sample. Fields that both split their files must agree on the parts."""
+    found = {
+        name: parts
+        for name, rel in files.items()
+        if isinstance(kind := kinds[name], SampleParts) and (parts := kind.samples_in(root, rel)) is not None
+    }
     if not found:
         return ("",)
     first, *others = found.items()
@@ -647,7 +656,7 @@ UNCLAIMED_LISTED = 5
 def unclaimed_files(spec: DatasetSpec, inv: Inventory) -> tuple[int, list[str]]:
     """How many visible files under the source root are neither a sample's file (or inside a case
     folder that is one), nor a rejected input's, nor the annotation file, nor a file a field reads
-    for many samples (``FieldKind.shared_files``), nor a ``<stem>.json``
+    for many samples (``SharedInputs.shared_files``), nor a ``<stem>.json``
     sidecar beside a sample's file; and the first few of them, sorted. The inbox, when it lies
     under the root, is append's business and is not counted."""
     root = inv.root
@@ -659,7 +668,7 @@ def unclaimed_files(spec: DatasetSpec, inv: Inventory) -> tuple[int, list[str]]:
         claimed.update(r.paths)
     if spec.annotations.file:
         claimed.add(Path(spec.annotations.file).as_posix())
-    for kind in field_kinds(spec).values():
+    for kind in sharing(field_kinds(spec)).values():
         claimed.update(Path(f).as_posix() for f in kind.shared_files())
     sidecars = {_stem(p) + ".json" for p in claimed}
     skip = {os.path.realpath(p) for p in (spec.source.inbox, spec.output.dir) if p is not None}

@@ -21,6 +21,7 @@ from h5forge.format.catalog import content_digest
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.incremental.inputs import raw_digest
 from h5forge.kinds import FieldKind, field_kinds
+from h5forge.kinds.parts import sample_digest
 from h5forge.samples import Rejection, SampleRef
 from h5forge.spec import DatasetSpec
 
@@ -54,7 +55,7 @@ def drop_duplicates(spec: DatasetSpec, inventory: Inventory) -> int:
                 digests[rel, name] = raw_digest(root, rel, kind)
             if not digests[rel, name]:
                 return None  # unreadable: cleaning rejects it with its own reason
-            hexes.append(kind.sample_digest(digests[rel, name], ref))
+            hexes.append(sample_digest(kind, digests[rel, name], ref))
         return content_digest(hexes)
 
     first: dict[bytes, str] = {}

@@ -52,6 +52,8 @@ from h5forge.format.summary import WriteSummary, write_diagnostics
 from h5forge.ingest.clean import CleanedBatch
 from h5forge.ingest.incremental.inputs import Inputs, sample_key
 from h5forge.kinds import FieldKind, file_fields, stored_kinds
+from h5forge.kinds.index import RowIndex
+from h5forge.kinds.statistics import Statistics
 from h5forge.samples import Rejection
 from h5forge.spec import DatasetSpec
 from h5forge.store.disk_full import as_disk_full, discard_h5
@@ -130,7 +132,7 @@ class DatasetWriter:
         self._buffers: dict[str, dict[str, list[tuple]]] = {s: {} for s in SPLITS}  # (block, rows) pairs
         self._buffered = {s: 0 for s in SPLITS}
         self._indexed: dict[str, dict[str, list]] = {
-            s: {p: [] for p, k in self.kinds.items() if k.indexed} for s in SPLITS
+            s: {p: [] for p, k in self.kinds.items() if isinstance(k, RowIndex)} for s in SPLITS
         }
         self._finished = False
         self._direct: dict[tuple, tuple] = {}  # (split, path) -> (dataset, takes workers' chunks as they are)
@@ -376,7 +378,8 @@ class DatasetWriter:
             g = f[split]
             g.attrs[Attr.COUNT] = self.counts[split]
             for path, kind in self.kinds.items():
-                kind.write_stats(g, self.stats.get(path, {}).get(split))
+                if isinstance(kind, Statistics):
+                    kind.write_stats(g, self.stats.get(path, {}).get(split))
             for col in self.spec.annotations.index_by if self.publishes else ():
                 write_index(f, split, col, g[column_path(col)][()])
             for path, listed in self._indexed[split].items():

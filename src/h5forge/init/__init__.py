@@ -28,7 +28,7 @@ returned for the CLI to print. A value that must be known and cannot be inferred
 channels without a sidecar) is written as a ``# rate: TODO`` line and returned in ``todo``: such a
 spec is incomplete on purpose, and ``init`` exits 2 after writing it.
 
-The layouts are the field kinds' registered detectors (``FieldKind.detectors``), which ``detect``
+The layouts are the field kinds' registered detectors (``Plugins.detectors``), which ``detect``
 asks in priority order; a kind whose detector lives in its own package adds it without an edit
 here. The built-in kinds' layouts have their modules here (``pairs``, ``segment``, ``classes``,
 ``dicom``, ``nifti``, ``edf``, ``csv_recordings``, ``npy_channels``), those of one family sharing

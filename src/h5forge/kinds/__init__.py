@@ -15,19 +15,10 @@ from typing import TYPE_CHECKING
 
 from h5forge.errors import KindRegistryError
 from h5forge.format.arrays import Stored
-from h5forge.kinds.base import (
-    Conversion,
-    Decoded,
-    Demo,
-    Detector,
-    FieldKind,
-    Layout,
-    ReadOption,
-    ReadOptions,
-    load_ref,
-    warnings_logged,
-)
+from h5forge.kinds.base import Decoded, FieldKind, warnings_logged
 from h5forge.kinds.column import ColumnKind
+from h5forge.kinds.plugins import Demo, Detector, Layout, load_ref
+from h5forge.kinds.reading import Conversion, ReadOption, ReadOptions
 from h5forge.kinds.registry import KindNotLoaded, Registry
 from h5forge.samples import SampleRef
 

@@ -12,14 +12,16 @@ import numpy as np
 
 from h5forge.format.layout import STR
 from h5forge.format.names import column_path
-from h5forge.kinds.base import Decoded, FieldKind, ReadOptions, Stored
+from h5forge.kinds.base import Decoded, FieldKind, Stored
+from h5forge.kinds.preview import Preview
+from h5forge.kinds.reading import ReadOptions
 from h5forge.samples import SampleRef
 
 STORED_DTYPES = {"str": STR, "int": np.int64, "float": np.float64, "bool": np.bool_}
 READ_DTYPES = {"str": None, "int": np.int64, "float": np.float32, "bool": np.bool_}
 
 
-class ColumnKind(FieldKind):
+class ColumnKind(Preview, FieldKind[str]):
     """Not declared under ``fields``: made for each annotation column (``spec`` is its type name)."""
 
     kind = "column"

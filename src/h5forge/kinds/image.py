@@ -19,34 +19,21 @@ import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import h5py
 import numpy as np
 from pydantic import Field, field_validator
 
-from h5forge.kinds.base import (
-    DEFAULT_MAX_BYTES,
-    Conversion,
-    Decoded,
-    Demo,
-    Detector,
-    FieldKind,
-    Globs,
-    ReadOption,
-    ReadOptions,
-    Stored,
-    StrictModel,
-    read_source,
-)
+from h5forge.kinds.base import DEFAULT_MAX_BYTES, Decoded, FieldKind, FieldModel, Globs, Stored, read_source
+from h5forge.kinds.pictures import Pictures
+from h5forge.kinds.plugins import Demo, Detector, Plugins
 from h5forge.samples import Reject, SampleRef
 
-IMAGE_DTYPES = ("float32", "uint8")
 DEFAULT_MAX_DECODED = 256 << 20  # bytes of a decoded picture (Pillow keeps RGB as 4 bytes a pixel)
 REDUCE_ABOVE = 4  # a picture this many times larger than its target is reduced while decoding
 
 
-class ImageField(StrictModel):
+class ImageField(FieldModel):
     """An RGB (or grey) picture, stored uint8 CHW at a fixed size."""
 
     kind: Literal["image"] = "image"
@@ -359,43 +346,7 @@ def apply_geometry(arr: np.ndarray, g: Geometry, fill: int, nearest: bool) -> np
     return out
 
 
-def channel_counts(block: np.ndarray) -> np.ndarray:
-    """(C, 256) exact counts of each 8-bit value per channel of a (n, C, ...) uint8 block.
-
-    Counted two pixels at a time: each pair of bytes read as one uint16 is a bin of 65,536, and
-    the two bytes' counts are that table's row and column sums, which halves bincount's work
-    (its cost is per element: benchmarks/results/ingest_parts.md, "histograms")."""
-    n, channels = block.shape[:2]
-    out = np.zeros((channels, 256), np.int64)
-    if n == 0:
-        return out
-    flat = np.ascontiguousarray(block).reshape(n, channels, -1)
-    even = flat.shape[2] - flat.shape[2] % 2
-    for c in range(channels):
-        plane = flat[:, c]
-        if even:
-            pairs = np.ascontiguousarray(plane[:, :even]).view(np.uint16).reshape(-1)
-            table = np.bincount(pairs, minlength=65536).reshape(256, 256)
-            out[c] = table.sum(axis=0) + table.sum(axis=1)
-        if even < flat.shape[2]:
-            out[c] += np.bincount(plane[:, even:].reshape(-1), minlength=256)
-    return out
-
-
-# ---- statistics ----------------------------------------------------------------------------
-
-
-def channel_stats(hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel mean and std of value/255 from exact 8-bit histograms (C, 256)."""
-    levels = np.arange(256, dtype=np.float64) / 255.0
-    n = hist.sum(axis=1).astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(n > 0, (hist * levels).sum(axis=1) / n, 0.0)
-        var = np.where(n > 0, (hist * levels**2).sum(axis=1) / n - mean**2, 0.0)
-    return mean, np.sqrt(np.maximum(var, 0.0))
-
-
-class ImageKind(FieldKind):
+class ImageKind(Plugins, Pictures, FieldKind[ImageField]):
     kind = "image"
     Spec = ImageField
     detectors = (Detector("h5forge.init.segment:detect", 20, "images/ (+ masks/)"),)
@@ -407,10 +358,6 @@ class ImageKind(FieldKind):
             "micrographs + binary masks + annotations.json",
             marker="annotations.json",
         ),
-    )
-    read_options = (
-        ReadOption("image_dtype", "float32", "float32 in [0, 1], or uint8 as stored (for conversion on the GPU)"),
-        ReadOption("normalize", False, "standardise images with the split's per-channel mean/std"),
     )
     layout_doc = (
         "(N, C, H, W) uint8, chunks (chunk_rows, C, H, W), the spec's codec; split attrs "
@@ -448,47 +395,3 @@ class ImageKind(FieldKind):
         if scale * REDUCE_ABOVE > 1:
             return None
         return max(1, round(2 * w * scale)), max(1, round(2 * h * scale))
-
-    # ---- statistics
-    def _attr(self, what: str) -> str:
-        return f"{self.name}_{what}"
-
-    def counts(self, block: np.ndarray) -> np.ndarray:
-        return channel_counts(block)
-
-    def write_stats(self, group: h5py.Group, counts: np.ndarray | None) -> None:
-        hist = np.zeros((self.channels, 256), np.int64) if counts is None else np.asarray(counts, np.int64)
-        mean, std = channel_stats(hist)
-        group.attrs[self._attr("mean")] = mean
-        group.attrs[self._attr("std")] = std
-        group.attrs[self._attr("histogram")] = hist
-
-    def stored_counts(self, group: h5py.Group) -> np.ndarray:
-        return np.asarray(group.attrs[self._attr("histogram")], np.int64)
-
-    def stats_attrs(self) -> tuple[str, ...]:
-        return tuple(self._attr(w) for w in ("mean", "std", "histogram"))
-
-    def read_stats(self, group: h5py.Group) -> dict[str, np.ndarray]:
-        return {
-            w: np.asarray(group.attrs[self._attr(w)], np.float32)
-            for w in ("mean", "std")
-            if self._attr(w) in group.attrs
-        }
-
-    # ---- reading
-    def output_dtype(self, opts: ReadOptions) -> np.dtype:
-        dtype = self.option(opts, "image_dtype")
-        if dtype not in IMAGE_DTYPES:
-            raise ValueError(f"image_dtype must be one of {IMAGE_DTYPES}, got {dtype!r}")
-        return np.dtype(dtype)
-
-    def conversion(self, opts: ReadOptions, stats: dict[str, np.ndarray]) -> Conversion:
-        """uint8 as stored, or float32 value/255, standardised with the split's per-channel mean/std
-        when the reader asks to ``normalize``."""
-        standardise = self.option(opts, "normalize") and "mean" in stats and "std" in stats
-        return Conversion(255.0, stats["mean"] if standardise else None, stats["std"] if standardise else None)
-
-    def preview(self, value: Any) -> np.ndarray:
-        tile = np.asarray(value).transpose(1, 2, 0)
-        return np.repeat(tile, 3, axis=2) if tile.shape[2] == 1 else tile

@@ -16,15 +16,17 @@ import unicodedata
 from pathlib import Path
 from typing import Any, Literal
 
-import h5py
 import numpy as np
 from pydantic import Field, field_validator
 
-from h5forge.kinds.base import Decoded, Demo, Detector, FieldKind, ReadOptions, Stored, StrictModel
+from h5forge.kinds.base import Decoded, FieldKind, FieldModel, Stored
+from h5forge.kinds.plugins import Demo, Detector, Plugins
+from h5forge.kinds.preview import Preview
+from h5forge.kinds.statistics import ClassCounts
 from h5forge.samples import Reject, SampleRef
 
 
-class LabelField(StrictModel):
+class LabelField(FieldModel):
     """A class label from an annotation column."""
 
     kind: Literal["label"] = "label"
@@ -39,7 +41,7 @@ class LabelField(StrictModel):
         return v
 
 
-class LabelKind(FieldKind):
+class LabelKind(Plugins, ClassCounts, Preview, FieldKind[LabelField]):
     kind = "label"
     Spec = LabelField
     detectors = (Detector("h5forge.init.classes:detect", 30, "class folders <class>/*.jpg or <split>/<class>/*.jpg"),)
@@ -74,7 +76,7 @@ class LabelKind(FieldKind):
         return {"classes": list(self.spec.classes)} if self.spec.classes else {}
 
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
-        value, classes = ref.columns[self.spec.column], self.spec.classes
+        value, classes = ref.columns[self.spec.column], self.spec.classes or ()
         where = f"{ref.extra_files[0] if ref.extra_files else self.dataset.annotations.file or ''}#{ref.id}"
         if isinstance(value, str):
             # matched in NFC: a class folder named on macOS (NFD) is the class typed in the spec (NFC)
@@ -90,25 +92,15 @@ class LabelKind(FieldKind):
             raise Reject(where, f"label {value} (column {self.spec.column!r}) is not a class index {bound}")
         return Decoded(int(value))
 
-    # ---- statistics: samples per class
-    def _attr(self) -> str:
-        return f"{self.name}_class_counts"
+    # ---- statistics: samples per class (none without class names)
+    counted = "class_counts"
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.spec.classes or ())
 
     def counts(self, block: np.ndarray) -> np.ndarray | None:
-        return np.bincount(block, minlength=len(self.spec.classes)) if self.spec.classes else None
-
-    def write_stats(self, group: h5py.Group, counts: np.ndarray | None) -> None:
-        if self.spec.classes:
-            group.attrs[self._attr()] = np.zeros(len(self.spec.classes), np.int64) if counts is None else counts
-
-    def stored_counts(self, group: h5py.Group) -> np.ndarray | None:
-        return np.asarray(group.attrs[self._attr()], np.int64) if self.spec.classes else None
-
-    def stats_attrs(self) -> tuple[str, ...]:
-        return (self._attr(),) if self.spec.classes else ()
-
-    def output_dtype(self, opts: ReadOptions) -> np.dtype:
-        return np.dtype(np.int64)
+        return np.bincount(block, minlength=self.n_classes) if self.n_classes else None
 
     def caption(self, value: Any) -> str:
         i = int(value)

@@ -18,24 +18,18 @@ Readers get integers (int64 by default), shape (1, H, W).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
-import h5py
 import numpy as np
 from pydantic import Field, model_validator
 
-from h5forge.kinds.base import (
-    Decoded,
-    Demo,
-    FieldKind,
-    Globs,
-    ReadOption,
-    ReadOptions,
-    Stored,
-    StrictModel,
-    read_source,
-)
-from h5forge.kinds.image import apply_geometry, decode_picture, mode_of
+from h5forge.kinds.base import Decoded, FieldKind, FieldModel, Globs, Stored, field_of, read_source
+from h5forge.kinds.image import ImageField, apply_geometry, decode_picture, mode_of
+from h5forge.kinds.index import RowIndex
+from h5forge.kinds.plugins import Demo, Plugins
+from h5forge.kinds.preview import Preview
+from h5forge.kinds.reading import ReadOption, ReadOptions
+from h5forge.kinds.statistics import ClassCounts
 from h5forge.samples import Reject, SampleRef
 
 # preview colours of classes 1, 2, ...: green first, as stained tissue is mostly pink and purple
@@ -71,7 +65,7 @@ def check_pad(pad: int, classes: int | None) -> None:
         raise ValueError(f"pad_value {pad} is one of the classes 0..{k - 1}: padding must never count as a class")
 
 
-class MaskField(StrictModel):
+class MaskField(FieldModel):
     """A label mask: binary ({0,1} or {0,255}, stored {0,1}) or with ``classes`` values 0..K-1."""
 
     kind: Literal["mask"] = "mask"
@@ -186,31 +180,42 @@ def class_array(arr: np.ndarray, classes: int, ignore_value: int | None, path: s
     return arr.astype(np.uint8, copy=False)
 
 
-class MaskKind(FieldKind):
-    kind = "mask"
-    Spec = MaskField
-    demos = (
-        Demo(
-            "segment-multiclass",
-            "h5forge.demo.segment_multiclass:generate_segment_multiclass",
-            120,
-            "3-class masks + annotations.csv",
-            noun="segment-multiclass samples",
-        ),
-    )
-    read_options = (ReadOption("mask_dtype", "int64", "the integer dtype masks come as", {"jax": "int32"}),)
-    indexed = True
-    layout_doc = (
-        "(N, 1, H, W) uint8: {0,1}, or class indices 0..K-1 (and ignore_value), and pad_value (dataset "
-        "attr; 255 by default) where padded, chunked and compressed like its image; split attr "
-        "<field>_class_pixels (K,), padding not counted; /index/<split>/<field>: rows by class present"
+class MaskRules(Protocol):
+    """What the mask kinds read of their spec models (a 2-D mask's, a label volume's)."""
+
+    @property
+    def like(self) -> str: ...
+    @property
+    def classes(self) -> int | None: ...
+    @property
+    def ignore_value(self) -> int | None: ...
+    @property
+    def pad(self) -> int: ...
+
+
+R = TypeVar("R", bound=MaskRules)
+
+
+def class_pixels(block: np.ndarray, n_classes: int) -> np.ndarray:
+    """(n, K) pixels of each class per row of ``block``, computed once for both the pixel counts and
+    the class index: one vectorised comparison per class (a bincount per row for many classes)."""
+    if len(block) == 0:
+        return np.zeros((0, n_classes), np.int64)
+    flat = block.reshape(len(block), -1)
+    if n_classes <= 16:
+        return np.stack([np.count_nonzero(flat == c, axis=1) for c in range(n_classes)], axis=1)
+    return np.array([np.bincount(row, minlength=256)[:n_classes] for row in flat], dtype=np.int64).reshape(
+        len(flat), n_classes
     )
 
-    @classmethod
-    def check_spec(cls, name: str, spec: MaskField, dataset: Any) -> None:
-        target = dataset.fields.get(spec.like)
-        if getattr(target, "kind", None) != "image":
-            raise ValueError(f"fields.{name}.like: {spec.like!r} is not an image field")
+
+class ClassMasks(ClassCounts, RowIndex, Preview, FieldKind[R]):
+    """Class labels that follow another field, pixel for pixel (a mask its image, a label volume
+    its volume): pixels per class and the rows that hold each class, integers for readers, and the
+    classes' colours painted over that field's preview."""
+
+    read_options = (ReadOption("mask_dtype", "int64", "the integer dtype masks come as", {"jax": "int32"}),)
+    counted = "class_pixels"  # padding is not counted
 
     @property
     def after(self) -> tuple[str, ...]:
@@ -220,60 +225,11 @@ class MaskKind(FieldKind):
     def n_classes(self) -> int:
         return self.spec.classes or 2
 
-    def stored(self) -> Stored:
-        return Stored((1, *self.dataset.fields[self.spec.like].size), np.uint8, bulk=True)
-
     def dataset_attrs(self) -> dict[str, Any]:
         attrs: dict[str, Any] = {"classes": self.n_classes, "pad_value": self.spec.pad}
         if self.spec.ignore_value is not None:
             attrs["ignore_value"] = self.spec.ignore_value
         return attrs
-
-    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
-        rel = ref.files[self.name]
-        data, digest = read_source(root, rel)
-        img = decode_picture(data, rel, self.spec.max_pixels)
-        values = binary_values(img, rel) if self.spec.classes is None else class_values(img, self.spec, rel)
-        geometry = done[self.spec.like].context
-        if values.shape != geometry.raw:
-            ih, iw = geometry.raw
-            raise Reject(
-                rel,
-                f"mask is {values.shape[0]}x{values.shape[1]} (HxW) but its image "
-                f"{ref.files[self.spec.like]} is {ih}x{iw}",
-            )
-        return Decoded(apply_geometry(values[..., None], geometry, self.spec.pad, nearest=True), digest)
-
-    # ---- statistics: pixels per class, and which rows hold each class
-    def _attr(self) -> str:
-        return f"{self.name}_class_pixels"
-
-    def row_counts(self, block: np.ndarray) -> np.ndarray:
-        """(n, K) pixels of each class per row, computed once for both the pixel counts and the class
-        index: one vectorised comparison per class (a bincount per row for many classes)."""
-        if len(block) == 0:
-            return np.zeros((0, self.n_classes), np.int64)
-        flat = block.reshape(len(block), -1)
-        if self.n_classes <= 16:
-            return np.stack([np.count_nonzero(flat == c, axis=1) for c in range(self.n_classes)], axis=1)
-        return np.array([np.bincount(row, minlength=256)[: self.n_classes] for row in flat], dtype=np.int64).reshape(
-            len(flat), self.n_classes
-        )
-
-    def counts(self, block: np.ndarray) -> np.ndarray:
-        return self.row_counts(block).sum(axis=0).astype(np.int64)
-
-    def write_stats(self, group: h5py.Group, counts: np.ndarray | None) -> None:
-        group.attrs[self._attr()] = np.zeros(self.n_classes, np.int64) if counts is None else counts
-
-    def stored_counts(self, group: h5py.Group) -> np.ndarray:
-        return np.asarray(group.attrs[self._attr()], np.int64)
-
-    def stats_attrs(self) -> tuple[str, ...]:
-        return (self._attr(),)
-
-    def index_values(self, row_counts: np.ndarray) -> list[list[int]]:
-        return [[int(c) for c in np.flatnonzero(row)] for row in row_counts]
 
     # ---- reading
     def output_dtype(self, opts: ReadOptions) -> np.dtype:
@@ -300,6 +256,52 @@ class MaskKind(FieldKind):
             return []
         colours = self.paint(np.arange(1, self.n_classes, dtype=np.uint8))
         return [(f"{self.name} class {k}", (int(r), int(g), int(b))) for k, (r, g, b) in enumerate(colours, 1)]
+
+
+class MaskKind(Plugins, ClassMasks[MaskField]):
+    kind = "mask"
+    Spec = MaskField
+    demos = (
+        Demo(
+            "segment-multiclass",
+            "h5forge.demo.segment_multiclass:generate_segment_multiclass",
+            120,
+            "3-class masks + annotations.csv",
+            noun="segment-multiclass samples",
+        ),
+    )
+    layout_doc = (
+        "(N, 1, H, W) uint8: {0,1}, or class indices 0..K-1 (and ignore_value), and pad_value (dataset "
+        "attr; 255 by default) where padded, chunked and compressed like its image; split attr "
+        "<field>_class_pixels (K,), padding not counted; /index/<split>/<field>: rows by class present"
+    )
+
+    @classmethod
+    def check_spec(cls, name: str, spec: MaskField, dataset: Any) -> None:
+        target = dataset.fields.get(spec.like)
+        if getattr(target, "kind", None) != "image":
+            raise ValueError(f"fields.{name}.like: {spec.like!r} is not an image field")
+
+    def stored(self) -> Stored:
+        return Stored((1, *field_of(self.dataset, self.spec.like, ImageField).size), np.uint8, bulk=True)
+
+    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
+        rel = ref.files[self.name]
+        data, digest = read_source(root, rel)
+        img = decode_picture(data, rel, self.spec.max_pixels)
+        values = binary_values(img, rel) if self.spec.classes is None else class_values(img, self.spec, rel)
+        geometry = done[self.spec.like].context
+        if values.shape != geometry.raw:
+            ih, iw = geometry.raw
+            raise Reject(
+                rel,
+                f"mask is {values.shape[0]}x{values.shape[1]} (HxW) but its image "
+                f"{ref.files[self.spec.like]} is {ih}x{iw}",
+            )
+        return Decoded(apply_geometry(values[..., None], geometry, self.spec.pad, nearest=True), digest)
+
+    def row_counts(self, block: np.ndarray) -> np.ndarray:
+        return class_pixels(block, self.n_classes)
 
     def preview(self, value: Any) -> np.ndarray:
         return self.paint(np.asarray(value)[0])

@@ -19,12 +19,14 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from h5forge.kinds.base import Decoded, Demo, Detector, Globs, Stored, StrictModel, read_source
-from h5forge.kinds.image import ImageKind, apply_geometry, decode_picture, to_pixels
+from h5forge.kinds.base import Decoded, FieldKind, FieldModel, Globs, Stored, field_of, read_source
+from h5forge.kinds.image import ImageField, apply_geometry, decode_picture, to_pixels
+from h5forge.kinds.pictures import Pictures
+from h5forge.kinds.plugins import Demo, Detector, Plugins
 from h5forge.samples import Reject, SampleRef
 
 
-class PairedField(StrictModel):
+class PairedField(FieldModel):
     """A picture ``scale`` times larger than its partner image field."""
 
     kind: Literal["paired"] = "paired"
@@ -34,7 +36,7 @@ class PairedField(StrictModel):
     max_pixels: int = Field(64_000_000, gt=0)
 
 
-class PairedKind(ImageKind):
+class PairedKind(Plugins, Pictures, FieldKind[PairedField]):
     kind = "paired"
     Spec = PairedField
     detectors = (Detector("h5forge.init.pairs:detect", 10, "lr/ + hr/ super-resolution pairs"),)
@@ -47,8 +49,8 @@ class PairedKind(ImageKind):
             raise ValueError(f"fields.{name}.like: {spec.like!r} is not an image field")
 
     @property
-    def partner(self):
-        return self.dataset.fields[self.spec.like]
+    def partner(self) -> ImageField:
+        return field_of(self.dataset, self.spec.like, ImageField)
 
     @property
     def after(self) -> tuple[str, ...]:

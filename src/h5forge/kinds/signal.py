@@ -39,19 +39,12 @@ from pydantic import Field
 
 from h5forge.format.arrays import LENGTHS, Ragged, Stored
 from h5forge.format.codecs import CodecName
-from h5forge.kinds.base import (
-    DEFAULT_MAX_BYTES,
-    Decoded,
-    Demo,
-    Detector,
-    FieldKind,
-    Globs,
-    ReadOption,
-    ReadOptions,
-    StrictModel,
-    read_source,
-)
+from h5forge.kinds.base import DEFAULT_MAX_BYTES, Decoded, FieldKind, FieldModel, Globs, read_source
+from h5forge.kinds.plugins import Demo, Detector, Plugins
+from h5forge.kinds.preview import Preview
+from h5forge.kinds.reading import ReadOption, ReadOptions
 from h5forge.kinds.signal_audio import AUDIO_SUFFIXES, from_audio
+from h5forge.kinds.statistics import Statistics
 from h5forge.samples import Reject, SampleRef
 
 RATE_TOLERANCE = 1e-6  # relative: a rate this close to the declared one is that rate (rounding only)
@@ -63,7 +56,7 @@ DEFAULT_MAX_COLUMNS = 10_000
 SHOWN_VALUE = 40  # characters of a bad CSV value quoted in a rejection
 
 
-class SignalField(StrictModel):
+class SignalField(FieldModel):
     """One channel of a recording."""
 
     kind: Literal["signal"] = "signal"
@@ -337,7 +330,7 @@ def trace_plot(values: np.ndarray, size: tuple[int, int] = PLOT_SIZE) -> np.ndar
     return img
 
 
-class SignalKind(FieldKind):
+class SignalKind(Plugins, Statistics, Preview, FieldKind[SignalField]):
     kind = "signal"
     Spec = SignalField
     detectors = (
@@ -456,9 +449,6 @@ class SignalKind(FieldKind):
         if np.dtype(self.spec.dtype).kind != "f":
             return 0
         return int(group[self.name + LENGTHS][()].sum()) - int(group.attrs[f"{self.name}_count"])
-
-    def output_dtype(self, opts: ReadOptions) -> np.dtype:
-        return np.dtype(self.spec.dtype)
 
     def windowed(self, row: np.ndarray, opts: ReadOptions) -> np.ndarray:
         """``window`` seconds from ``window_offset``, zero-padded: every channel covers the same span

@@ -65,16 +65,17 @@ from h5forge.kinds.base import (
     DEFAULT_MAX_BYTES,
     STORED,
     Decoded,
-    Demo,
-    Detector,
     FieldKind,
+    FieldModel,
     Globs,
-    ReadOptions,
-    StrictModel,
     read_source,
     warnings_logged,
 )
 from h5forge.kinds.image import plan_geometry
+from h5forge.kinds.parts import SampleParts
+from h5forge.kinds.plugins import Demo, Detector, Plugins
+from h5forge.kinds.preview import Preview
+from h5forge.kinds.statistics import Statistics
 from h5forge.kinds.volume_frames import frame_count, frame_pixels, frames_of, is_segmentation, rescale_of
 from h5forge.samples import Reject, SampleRef
 
@@ -86,7 +87,7 @@ POSITION_TOLERANCE = 0.01  # mm: positions closer than this are duplicates
 SPACING_TOLERANCE = 0.1  # fraction of the median step allowed between neighbouring slices
 
 
-class VolumeField(StrictModel):
+class VolumeField(FieldModel):
     """A stack of slices per case (DICOM series folder or NIfTI file)."""
 
     kind: Literal["volume"] = "volume"
@@ -862,7 +863,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value if value is not None else "")
 
 
-class VolumeKind(FieldKind):
+class VolumeKind(Plugins, SampleParts, Statistics, Preview, FieldKind[VolumeField]):
     kind = "volume"
     Spec = VolumeField
     reads_folders = True
@@ -977,9 +978,6 @@ class VolumeKind(FieldKind):
         stored = self.stored_counts(group)
         return 0 if stored is None else int(stored.sum())
 
-    def output_dtype(self, opts: ReadOptions) -> np.dtype:
-        return np.dtype(self.spec.dtype)
-
     # ---- preview: the three middle planes at the voxel spacing, in the modality's window
     def _geometry(self, values: Mapping[str, Any]) -> tuple[Any, str]:
         return values.get(f"{self.name}_spacing"), _text(values.get(f"{self.name}_modality"))
@@ -1020,7 +1018,7 @@ class VolumeKind(FieldKind):
         return f"{where}; {display_window(v, modality)[2] if v.size else 'empty'}"
 
 
-class CaseMeta(FieldKind):
+class CaseMeta(FieldKind[Stored]):
     """A per-case geometry column that a volume field writes beside itself (not declared by users)."""
 
     kind = "case-meta"
@@ -1039,6 +1037,3 @@ class CaseMeta(FieldKind):
 
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         return Decoded(done[self.volume].context[self.key])
-
-    def output_dtype(self, opts: ReadOptions) -> np.dtype | None:
-        return None if self.spec.dtype is STR else np.dtype(self.spec.dtype)

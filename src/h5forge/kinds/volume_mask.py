@@ -25,15 +25,15 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from h5forge.format.arrays import Ragged, Stored
-from h5forge.kinds.base import Decoded, Globs, StrictModel
+from h5forge.kinds.base import Decoded, FieldModel, Globs, field_of
 from h5forge.kinds.image import open_picture
-from h5forge.kinds.mask import PAD_DOC, MaskKind, binary_array, check_pad, class_array, pad_of
-from h5forge.kinds.volume import crop_or_pad, is_dicom, load_case, physical_planes, read_case
+from h5forge.kinds.mask import PAD_DOC, ClassMasks, binary_array, check_pad, class_array, class_pixels, pad_of
+from h5forge.kinds.volume import VolumeField, crop_or_pad, is_dicom, load_case, physical_planes, read_case
 from h5forge.kinds.volume_seg import seg_labels
 from h5forge.samples import Reject, SampleRef
 
 
-class VolumeMaskField(StrictModel):
+class VolumeMaskField(FieldModel):
     """Per-slice labels of a volume field."""
 
     kind: Literal["volume_mask"] = "volume_mask"
@@ -61,7 +61,7 @@ def _slice_number(name: str) -> int:
     return int(digits[-1])
 
 
-class VolumeMaskKind(MaskKind):
+class VolumeMaskKind(ClassMasks[VolumeMaskField]):
     kind = "volume_mask"
     Spec = VolumeMaskField
     reads_folders = True
@@ -71,14 +71,16 @@ class VolumeMaskKind(MaskKind):
     )
 
     def stored(self) -> Stored:
-        return Stored(
-            tuple(self.dataset.fields[self.spec.like].size), np.uint8, bulk=True, ragged=True, chunk_elements=1
-        )
+        return Stored(self.volume.size, np.uint8, bulk=True, ragged=True, chunk_elements=1)
 
     @classmethod
     def check_spec(cls, name: str, spec: VolumeMaskField, dataset: Any) -> None:
         if getattr(dataset.fields.get(spec.like), "kind", None) != "volume":
             raise ValueError(f"fields.{name}.like: {spec.like!r} is not a volume field")
+
+    @property
+    def volume(self) -> VolumeField:
+        return field_of(self.dataset, self.spec.like, VolumeField)
 
     def _labels(self, root: Path, rel: str, volume: dict, volume_rel: str) -> np.ndarray:
         if rel.lower().endswith((".nii", ".nii.gz")):
@@ -127,13 +129,12 @@ class VolumeMaskKind(MaskKind):
             if self.spec.classes is None
             else class_array(labels, self.spec.classes, self.spec.ignore_value, rel)
         )
-        volume_spec = self.dataset.fields[self.spec.like]
-        values = crop_or_pad(labels, volume_spec.size, volume_spec.larger, self.spec.pad, rel)
+        values = crop_or_pad(labels, self.volume.size, self.volume.larger, self.spec.pad, rel)
         return Decoded(np.ascontiguousarray(values, dtype=np.uint8), digest)
 
     def row_counts(self, block: Ragged) -> np.ndarray:
         """(cases, K) voxels of each class per case."""
-        per_case = [super(VolumeMaskKind, self).row_counts(block[i].reshape(1, -1))[0] for i in range(len(block))]
+        per_case = [class_pixels(block[i].reshape(1, -1), self.n_classes)[0] for i in range(len(block))]
         return np.array(per_case, dtype=np.int64).reshape(len(block), self.n_classes)
 
     def preview(self, value: Any) -> np.ndarray:

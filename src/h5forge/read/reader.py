@@ -48,6 +48,7 @@ from h5forge.format.names import (
 from h5forge.format.mapped import SOURCES, MappedDataset, read_all, rows_of
 from h5forge.format.segments import virtual_sources
 from h5forge.kinds import FieldKind, ReadOptions, stored_kinds
+from h5forge.kinds.statistics import Statistics
 from h5forge.read.collate import Padded, pad_batch
 from h5forge.read.direct import DirectRows
 from h5forge.spec import spec_from_json
@@ -257,9 +258,9 @@ class SplitReader:
             shape = tuple(int(s) for s in ds.shape[1:])
             rows = int(ds.chunks[0]) if ds.chunks else 1
             cbytes = int(np.prod(ds.chunks if ds.chunks else shape)) * ds.dtype.itemsize
-            infos[name] = FieldInfo(
-                name, path, kinds[path], shape, ds.dtype, rows, cbytes, kinds[path].read_stats(g), st.bulk, st.ragged
-            )
+            kind = kinds[path]
+            stats = kind.read_stats(g) if isinstance(kind, Statistics) else {}
+            infos[name] = FieldInfo(name, path, kind, shape, ds.dtype, rows, cbytes, stats, st.bulk, st.ragged)
         self.fields = infos
         self.count = count
 

@@ -40,6 +40,8 @@ from h5forge.format.mapped import SOURCES, read_all
 from h5forge.format.segments import counts_of, map_virtual, segment_lengths, segments_of
 from h5forge.format.summary import WriteSummary, read_summary, write_diagnostics
 from h5forge.kinds import stored_kinds
+from h5forge.kinds.index import RowIndex
+from h5forge.kinds.statistics import Statistics
 from h5forge.spec import DatasetSpec, spec_from_json
 from h5forge.store.sizes import own_sizes, segments_sizes
 from h5forge.store.whole_files import write_new
@@ -147,10 +149,11 @@ def write_thin(
             g.attrs.update(dict(d[split].attrs))
             g.attrs[Attr.COUNT] = sum(s["counts"][split] for s in segments)
             for kind in kinds.values():
-                old, new = kind.stored_counts(p[split]), kind.stored_counts(d[split])
-                kind.write_stats(g, None if old is None else old + new)
+                if isinstance(kind, Statistics):
+                    old, new = kind.stored_counts(p[split]), kind.stored_counts(d[split])
+                    kind.write_stats(g, None if old is None else old + new)
             n_parent = int(p[split].attrs[Attr.COUNT])
-            indexes = [*spec.annotations.index_by, *(path for path, k in kinds.items() if k.indexed)]
+            indexes = [*spec.annotations.index_by, *(path for path, k in kinds.items() if isinstance(k, RowIndex))]
             for name in indexes:
                 merge_index(f, split, name, p[f"{INDEX}/{split}/{name}"], d[f"{INDEX}/{split}/{name}"], n_parent)
             name_axes(g, int(g.attrs[Attr.COUNT]))

@@ -57,6 +57,8 @@ from h5forge.format.names import (
 )
 from h5forge.format.segments import counts_of, virtual_sources
 from h5forge.kinds import FieldKind, decode_sample, stored_kinds
+from h5forge.kinds.index import RowIndex
+from h5forge.kinds.statistics import Statistics
 from h5forge.samples import Reject, SampleRef
 from h5forge.spec import DatasetSpec, spec_from_json
 from h5forge.store.isolated import Crashed, crash_text, in_child
@@ -321,7 +323,9 @@ def _figures(f: h5py.File, path: Path, kinds: dict[str, FieldKind], report: Heal
 def _count_nonfinite(f: h5py.File, kinds: dict[str, FieldKind], report: HealthReport) -> None:
     """The NaN/inf values kept on purpose (a signal's ``nonfinite: keep``, a float32 volume), per
     field, from the split statistics: reported, never an error."""
-    kept = {path: sum(kind.nonfinite(f[s]) for s in SPLITS) for path, kind in kinds.items()}
+    kept = {
+        path: sum(kind.nonfinite(f[s]) for s in SPLITS) for path, kind in kinds.items() if isinstance(kind, Statistics)
+    }
     kept = {path: n for path, n in kept.items() if n}
     if kept:
         report.stats["nonfinite"] = kept
@@ -434,8 +438,9 @@ def _check_structure(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind
             want = st.chunk(spec.storage.chunk_rows, SMALL_ROWS)
             if st.bulk and not ds.is_virtual and ds.chunks and ds.chunks != want:
                 problems.append(f"/{split}/{path} has chunks {ds.chunks}, the spec asks {want}")
-            problems += [f"/{split} lacks the {a} attribute" for a in kind.stats_attrs() if a not in g.attrs]
-            if kind.indexed and f"{INDEX}/{split}/{path}" not in f:
+            if isinstance(kind, Statistics):
+                problems += [f"/{split} lacks the {a} attribute" for a in kind.stats_attrs() if a not in g.attrs]
+            if isinstance(kind, RowIndex) and f"{INDEX}/{split}/{path}" not in f:
                 problems.append(f"/{INDEX}/{split}/{path} is missing")
         for key in PER_SAMPLE:
             if key not in g:

@@ -32,6 +32,7 @@ from h5forge.format.names import (
 from h5forge.format.segments import counts_of, segments_of
 from h5forge.format.summary import read_summary
 from h5forge.kinds import FieldKind, stored_kinds
+from h5forge.kinds.statistics import Statistics
 from h5forge.spec import DatasetSpec, spec_from_json
 from h5forge.store.sizes import version_sizes
 from h5forge.store.versions import latest, published
@@ -87,6 +88,8 @@ def split_stats(g: h5py.Group, kinds: dict[str, FieldKind]) -> dict[str, Any]:
     name where the field names its classes; per-value histograms (2-D) are left out."""
     stats: dict[str, Any] = {}
     for path, kind in kinds.items():
+        if not isinstance(kind, Statistics):
+            continue
         names = _class_names(g[path]) if path in g else None
         for attr in kind.stats_attrs():
             if attr not in g.attrs:

@@ -1,13 +1,13 @@
 """A contact sheet of a version's samples: one cell per sample, drawn by its field kinds.
 
-Each field kind draws its own stored value (``FieldKind.preview_of``, given the whole sample so a
-volume can read its spacing): an image as it is stored, a volume as its three middle planes at
-their physical aspect ratio, a signal channel as a small line plot. A picture is fitted into a box
-one tile high and ``preview_tiles`` tiles wide. A kind with ``overlay_on`` (a mask) is painted
-half-transparent over the picture of that field. Every caption a kind gives (``caption_of``: the
-label, annotation columns, a recording's length, a volume's spacing and window) goes under the
-cell, after the sample id; every colour a kind names (``legend``: a multi-class mask's classes)
-goes under the samples. Nothing here names a kind.
+Each field kind shown on the sheet (a ``Preview``) draws its own stored value (``preview_of``,
+given the whole sample so a volume can read its spacing): an image as it is stored, a volume as its
+three middle planes at their physical aspect ratio, a signal channel as a small line plot. A
+picture is fitted into a box one tile high and ``preview_tiles`` tiles wide. A kind with
+``overlay_on`` (a mask) is painted half-transparent over the picture of that field. Every caption a
+kind gives (``caption_of``: the label, annotation columns, a recording's length, a volume's spacing
+and window) goes under the cell, after the sample id; every colour a kind names (``legend``: a
+multi-class mask's classes) goes under the samples. Nothing here names a kind.
 
 Samples are picked at random with a seed (the same seed draws the same samples) or by id.
 """
@@ -33,6 +33,7 @@ from h5forge.format.mapped import read_all, rows_of
 from h5forge.format.names import FORMAT, IDS, REPORTS_DIR, SPEC, SPLITS, Attr, version_tag
 from h5forge.format.segments import virtual_sources
 from h5forge.kinds import FieldKind, stored_kinds
+from h5forge.kinds.preview import Preview
 from h5forge.spec import spec_from_json
 from h5forge.store.whole_files import replace_file
 from h5forge.views import drawing
@@ -147,6 +148,8 @@ def draw_sample(
     tiles: dict[str, int] = {}
     legend: list[tuple[str, tuple[int, int, int]]] = []
     for path, kind in kinds.items():
+        if not isinstance(kind, Preview):
+            continue
         picture = kind.preview_of(values)
         if picture is not None:
             target = kind.overlay_on

@@ -1,7 +1,7 @@
 """A built example of each registered kind: the demo folder that shows it, the spec ``init``
 infers for that folder, a version built from it and an inbox of new samples, by the plain pipeline.
 
-A kind is shown by its own demo (``FieldKind.demos``) when its demo's spec holds a field of the
+A kind is shown by its own demo (``Plugins.demos``) when its demo's spec holds a field of the
 kind, else by the first other kind's demo whose spec does (a mask volume is shown by the CT demo).
 """
 

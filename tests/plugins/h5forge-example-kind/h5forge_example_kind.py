@@ -6,8 +6,9 @@ features), read from a ``.npy`` file holding one 1-D array.
 
 A field kind that lives outside h5forge: this module defines it whole (spec model, decoding, stored
 layout, its ``init`` layout and its demo folder), and the package's ``h5forge.kinds`` entry point
-registers it. It imports only h5forge's kind contract (``h5forge.kinds.base``, ``h5forge.samples``)
-and numpy, which the read side has.
+registers it. It imports only h5forge's kind contract (the core in ``h5forge.kinds.base``, the
+capabilities it opts into in ``h5forge.kinds.plugins`` and ``h5forge.kinds.preview``,
+``h5forge.samples``) and numpy, which the read side has.
 """
 
 from __future__ import annotations
@@ -20,14 +21,16 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from h5forge.kinds.base import Decoded, Demo, Detector, FieldKind, Layout, Stored, StrictModel, read_source
+from h5forge.kinds.base import Decoded, FieldKind, FieldModel, Stored, read_source
+from h5forge.kinds.plugins import Demo, Detector, Layout, Plugins
+from h5forge.kinds.preview import Preview
 from h5forge.samples import Reject, SampleRef
 
 FOLDER = "features"  # what the init layout and the demo folder call the vectors' folder
 SAMPLED = 50  # files init reads to find the length
 
 
-class VectorField(StrictModel):
+class VectorField(FieldModel):
     """A vector per sample, from a .npy file."""
 
     kind: Literal["vector"] = "vector"
@@ -36,7 +39,7 @@ class VectorField(StrictModel):
     dtype: Literal["float32", "float64", "int32", "int64"] = "float32"
 
 
-class VectorKind(FieldKind):
+class VectorKind(Plugins, Preview, FieldKind[VectorField]):
     kind = "vector"
     Spec = VectorField
     detectors = (Detector(f"{__name__}:detect", 45, f"{FOLDER}/*.npy vectors of one length"),)
@@ -57,11 +60,11 @@ class VectorKind(FieldKind):
         except (ValueError, TypeError) as err:  # not a .npy, another shape, values of another kind
             raise Reject(rel, f"not a .npy vector of {self.spec.length} {self.spec.dtype} values: {err}") from None
 
-    def caption(self, value: Any) -> str:
+    def caption(self, value: Any) -> str | None:
         return f"|v| {float(np.linalg.norm(value)):.3g}"
 
 
-def detect(kind: type[FieldKind], raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+def detect(kind: type[VectorKind], raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
     """``init``'s layout for a ``features/`` folder of .npy vectors: the length most of them have."""
     lengths: Counter[int] = Counter()
     for p in sorted((raw / FOLDER).glob("*.npy"))[:SAMPLED]:

@@ -20,7 +20,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, cast
+from typing import Any, Iterable, Sequence, cast
 
 import numpy as np
 
@@ -29,6 +29,8 @@ from h5forge.format.names import FORMAT_VERSION
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.incremental.hash_cache import HashCache, State, state_of
 from h5forge.kinds import FieldKind, field_kinds
+from h5forge.kinds.parts import SampleParts, sample_digest
+from h5forge.kinds.shared import SharedInputs, sharing
 from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
 
@@ -93,12 +95,12 @@ class Inputs:
         it kept and their raw-file hashes made by the worker. The inputs it rejected are hashed
         here, as ``fingerprint`` would have."""
         names, kinds = _file_fields(spec)
-        shared = field_kinds(spec).values()
+        shared = sharing(field_kinds(spec)).values()
         made = dict(zip(ids, hashes))
         for ref in refs:
             hexes = made.get(ref.id)
             if hexes is None:
-                hexes = [kinds[n].sample_digest(raw_digest(root, ref.files[n], kinds[n]), ref) for n in names]
+                hexes = [sample_digest(kinds[n], raw_digest(root, ref.files[n], kinds[n]), ref) for n in names]
             self.samples[ref.id] = _key(ref, names, hexes, _shared_inputs(shared, root, ref))
             # the hash cache keeps files' digests: a sample's own digest of a part of its file is none
             self.hexes.update((ref.files[n], h) for n, h in zip(names, hexes) if _whole_files(kinds[n]))
@@ -120,12 +122,12 @@ def _file_fields(spec: DatasetSpec) -> tuple[list[str], dict[str, FieldKind]]:
 
 
 def _whole_files(kind: FieldKind) -> bool:
-    """Whether the kind's samples' raw digests are their files' (``FieldKind.sample_digest``)."""
-    return type(kind).sample_digest is FieldKind.sample_digest
+    """Whether the kind's samples' raw digests are their files' (not ``SampleParts``)."""
+    return not isinstance(kind, SampleParts)
 
 
-def _shared_inputs(kinds, root: Path, ref: SampleRef) -> list[str]:
-    """The digests of what decides the sample's fields besides its files (``FieldKind.input_digest``)."""
+def _shared_inputs(kinds: Iterable[SharedInputs], root: Path, ref: SampleRef) -> list[str]:
+    """The digests of what decides the sample's fields besides its files (``SharedInputs.input_digest``)."""
     return [d for k in kinds if (d := k.input_digest(root, ref)) is not None]
 
 
@@ -177,12 +179,12 @@ def fingerprint(
             digests[i] = hexed
     hexes = cast(list[str], digests)  # every file the cache did not know was read just above
     of_job = dict(zip(jobs, hexes))
-    shared = field_kinds(spec).values()
+    shared = sharing(field_kinds(spec)).values()
     samples = {
         ref.id: _key(
             ref,
             names,
-            [kinds[n].sample_digest(of_job[ref.files[n], kinds[n]], ref) for n in names],
+            [sample_digest(kinds[n], of_job[ref.files[n], kinds[n]], ref) for n in names],
             _shared_inputs(shared, root, ref),
         )
         for ref in inventory.samples

@@ -43,6 +43,8 @@ from h5forge.ingest.incremental.inputs import Inputs
 from h5forge.ingest.parallel import ClusterAhead, clean_all
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.kinds import FieldKind, stored_kinds
+from h5forge.kinds.index import RowIndex
+from h5forge.kinds.statistics import Statistics
 from h5forge.read.direct import chunk_index
 from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
@@ -246,7 +248,10 @@ def _listed_rows(src: Source, split: str, path: str) -> list[list]:
 
 
 def count_rows(g: h5py.Group, path: str, kind: FieldKind, rows: np.ndarray) -> np.ndarray | None:
-    """The kind's additive statistic of ``rows`` of a split, read back COPY_ROWS at a time."""
+    """The kind's additive statistic of ``rows`` of a split, read back COPY_ROWS at a time (None
+    for a kind that keeps none)."""
+    if not isinstance(kind, Statistics):
+        return None
     read = arrays.RowReader(g, path, kind.stored())
     total = None
     for _, a, b in runs(rows):
@@ -264,6 +269,8 @@ def taken_stats(src: Source, split: str, taken_rows: np.ndarray, kinds: dict[str
     dropped = np.setdiff1d(np.arange(src.rows[split]), taken_rows)
     out = {}
     for path, kind in kinds.items():
+        if not isinstance(kind, Statistics):
+            continue
         if src.recount:
             total = count_rows(g, path, kind, taken_rows)
             if total is not None:
@@ -309,7 +316,7 @@ def write_reusing(
         for split in SPLITS:
             keys = src.file[sample_keys_path(split)]
             copiers[(k, split)] = Copier(src.file[split], kinds, keys, src.descriptor)
-    indexed = [p for p, kind in kinds.items() if kind.indexed]
+    indexed = [p for p, kind in kinds.items() if isinstance(kind, RowIndex)]
     listed_of: dict[tuple[int, str, str], list[list] | None] = {
         (k, s, p): None for k in range(len(sources)) for s in SPLITS for p in indexed
     }

@@ -17,7 +17,8 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
-from h5forge.kinds.base import DEFAULT_MAX_BYTES, Layout, read_bounded
+from h5forge.kinds.base import DEFAULT_MAX_BYTES, read_bounded
+from h5forge.kinds.plugins import Layout
 
 PICTURES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 SAMPLED = 200  # label files read to find the classes of a YOLO folder without a names file

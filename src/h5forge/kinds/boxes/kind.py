@@ -24,22 +24,11 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-import h5py
 import numpy as np
 from pydantic import Field, model_validator
 
 from h5forge.format.arrays import Ragged, Stored
-from h5forge.kinds.base import (
-    DEFAULT_MAX_BYTES,
-    Decoded,
-    Demo,
-    Detector,
-    FieldKind,
-    Globs,
-    ReadOptions,
-    StrictModel,
-    read_source,
-)
+from h5forge.kinds.base import DEFAULT_MAX_BYTES, Decoded, FieldKind, FieldModel, Globs, field_of, read_source
 from h5forge.kinds.boxes.geometry import place
 from h5forge.kinds.boxes.inbox import coco_files_in, coco_subset
 from h5forge.kinds.boxes.instances import instance_masks
@@ -52,7 +41,13 @@ from h5forge.kinds.boxes.sources import (
     coco_index,
     yolo_boxes,
 )
+from h5forge.kinds.image import ImageField
+from h5forge.kinds.index import RowIndex
 from h5forge.kinds.mask import OVERLAY
+from h5forge.kinds.plugins import Demo, Detector, Plugins
+from h5forge.kinds.preview import Preview
+from h5forge.kinds.shared import SharedInputs
+from h5forge.kinds.statistics import ClassCounts
 from h5forge.samples import Reject, SampleRef
 
 COLUMNS = ("x0", "y0", "x1", "y1", "class")
@@ -62,7 +57,7 @@ DEFAULT_MAX_OUTLINE = 4_000_000  # pixels of polygon outline: about 160 MB while
 YOLO_CLASS_FILES = ("classes.txt", "data.yaml")  # where YOLO folders name their classes
 
 
-class BoxesField(StrictModel):
+class BoxesField(FieldModel):
     """Boxes and classes per picture, from a COCO instances file or YOLO label files."""
 
     kind: Literal["boxes"] = "boxes"
@@ -104,10 +99,9 @@ class BoxesField(StrictModel):
         return self
 
 
-class BoxesKind(FieldKind):
+class BoxesKind(Plugins, SharedInputs, ClassCounts, RowIndex, Preview, FieldKind[BoxesField]):
     kind = "boxes"
     Spec = BoxesField
-    indexed = True
     detectors = (
         Detector(
             "h5forge.kinds.boxes.detect:detect", 15, "pictures with COCO instances_*.json or YOLO labels/*.txt boxes"
@@ -265,37 +259,21 @@ class BoxesKind(FieldKind):
         rows = np.column_stack([placed.boxes, objects.labels[placed.kept]]).astype(np.float32)
         context = {"clipped": placed.clipped, "dropped": placed.dropped}
         if self.spec.masks:
-            size = tuple(self.dataset.fields[self.spec.like].size)
+            size = field_of(self.dataset, self.spec.like, ImageField).size
             context["masks"] = instance_masks(objects, np.flatnonzero(placed.kept), geometry, size, where, limits)
         return Decoded(rows.reshape(-1, len(COLUMNS)), digest, context)
 
     # ---- statistics: boxes per class, and which pictures hold each class
-    def _attr(self) -> str:
-        return f"{self.name}_class_boxes"
+    counted = "class_boxes"
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.spec.classes)
 
     def row_counts(self, block: Ragged) -> np.ndarray:
-        k = len(self.spec.classes)
+        k = self.n_classes
         rows = [np.bincount(block[i][:, 4].astype(np.int64), minlength=k)[:k] for i in range(len(block))]
         return np.array(rows, np.int64).reshape(len(block), k)
-
-    def counts(self, block: Ragged) -> np.ndarray:
-        return self.row_counts(block).sum(axis=0).astype(np.int64)
-
-    def write_stats(self, group: h5py.Group, counts: np.ndarray | None) -> None:
-        group.attrs[self._attr()] = np.zeros(len(self.spec.classes), np.int64) if counts is None else counts
-
-    def stored_counts(self, group: h5py.Group) -> np.ndarray:
-        return np.asarray(group.attrs[self._attr()], np.int64)
-
-    def stats_attrs(self) -> tuple[str, ...]:
-        return (self._attr(),)
-
-    def index_values(self, row_counts: np.ndarray) -> list[list[int]]:
-        return [[int(c) for c in np.flatnonzero(row)] for row in row_counts]
-
-    # ---- reading
-    def output_dtype(self, opts: ReadOptions) -> np.dtype:
-        return np.dtype(np.float32)
 
     # ---- preview: each box's outline in its class colour, over its picture
     @property
@@ -303,8 +281,7 @@ class BoxesKind(FieldKind):
         return self.spec.like
 
     def preview(self, value: Any) -> np.ndarray:
-        image = self.dataset.fields[self.spec.like]
-        h, w = image.size
+        h, w = field_of(self.dataset, self.spec.like, ImageField).size
         canvas = np.zeros((h, w, 3), np.uint8)
         for x0, y0, x1, y1, cls in np.asarray(value, np.float64).reshape(-1, len(COLUMNS)):
             colour = OVERLAY[int(cls) % len(OVERLAY)]
@@ -352,7 +329,7 @@ def _nearest_listing(
     return unreadable
 
 
-class BoxCount(FieldKind):
+class BoxCount(FieldKind[None]):
     """How many of a picture's boxes the frame clipped or dropped (written beside the boxes)."""
 
     kind = "box-count"
@@ -372,11 +349,8 @@ class BoxCount(FieldKind):
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         return Decoded(done[self.boxes].context[self.what])
 
-    def output_dtype(self, opts: ReadOptions) -> np.dtype:
-        return np.dtype(np.int64)
 
-
-class BoxMasks(FieldKind):
+class BoxMasks(Preview, FieldKind[None]):
     """Each kept box's instance mask, in box order, at the stored picture's size (``masks: true``)."""
 
     kind = "box-masks"
@@ -389,17 +363,18 @@ class BoxMasks(FieldKind):
     def after(self) -> tuple[str, ...]:
         return (self.boxes,)
 
+    @property
+    def image(self) -> ImageField:
+        return field_of(self.dataset, self.like, ImageField)
+
     def stored(self) -> Stored:
-        return Stored(tuple(self.dataset.fields[self.like].size), np.uint8, bulk=True, ragged=True, chunk_elements=1)
+        return Stored(self.image.size, np.uint8, bulk=True, ragged=True, chunk_elements=1)
 
     def dataset_attrs(self) -> dict[str, Any]:
         return {"boxes": self.boxes}
 
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         return Decoded(done[self.boxes].context["masks"])
-
-    def output_dtype(self, opts: ReadOptions) -> np.dtype:
-        return np.dtype(np.uint8)
 
     @property
     def overlay_on(self) -> str:
@@ -408,7 +383,7 @@ class BoxMasks(FieldKind):
     def preview(self, value: Any) -> np.ndarray:
         """Each instance filled in its own colour over the picture (later boxes on top)."""
         masks = np.asarray(value)
-        canvas = np.zeros((*self.dataset.fields[self.like].size, 3), np.uint8)
+        canvas = np.zeros((*self.image.size, 3), np.uint8)
         for i, m in enumerate(masks):
             canvas[m.astype(bool)] = OVERLAY[i % len(OVERLAY)]
         return canvas
