@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 import h5py
 import hdf5plugin
@@ -127,17 +128,21 @@ def measured_rows(output):
     return rows
 
 
-def test_codecs_command_recommends_what_its_table_implies_for_each_goal(tmp_path):
+def test_codecs_command_recommends_what_its_table_implies_for_each_goal(tmp_path, monkeypatch):
     """A segmentation folder (3-class masks): the printed recommendation under each --for is the
     rule applied to the printed numbers, and the other goals' picks are stated too."""
     from h5forge.demo import generate_segment_multiclass
+
+    # the CLI's console took its width when first imported (COLUMNS then, or 80): wide enough here
+    # that no line of the table wraps, however long tmp_path is
+    monkeypatch.setattr(sys.modules["h5forge.cli.app"].out, "width", 400)
 
     raw = tmp_path / "seg"
     generate_segment_multiclass(raw, n=24, seed=0, bad=False)
     for goal in ("disk", "read", "balanced", None):
         args = ["codecs", str(raw), "--sample", "16", "--codecs", "none,lz4,zstd,gzip-4", "--chart",
                 str(tmp_path / "c.png")] + (["--for", goal] if goal else [])
-        res = CliRunner().invoke(app, args, env={"COLUMNS": "400"})  # no line of the table wraps, however long tmp_path is
+        res = CliRunner().invoke(app, args)
         assert res.exit_code == 0, res.output
         rows = measured_rows(res.output)
         assert list(rows) == ["none", "lz4", "zstd", "gzip-4"], res.output
