@@ -17,7 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -115,6 +114,7 @@ def loadavg() -> list[float]:
 
 def machine() -> dict:
     import h5py
+    import psutil  # here and below, not at the top: the peers' venvs import this module without it
     git = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
     return {"cpu_count": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
             "python": platform.python_version(), "h5py": h5py.version.version, "hdf5": h5py.version.hdf5_version,
@@ -207,6 +207,8 @@ def proc_stat(pid: int) -> tuple[float, int]:
 def sampled(pid: int | None = None, interval: float = 0.1):
     """CPU seconds and summed peak RSS of a process tree, sampled in a thread (children found every 10th
     time: that walks /proc); the dict yielded is filled on exit."""
+    import psutil
+
     root, stop_, out, cpu, procs, peak = psutil.Process(pid or os.getpid()), threading.Event(), {}, {}, [], [0]
     start = sum(root.cpu_times()[:2])
 
@@ -246,6 +248,8 @@ def run_sampled(cmd: list[str], **popen) -> tuple[float, float]:
 
 def tree_cpu(pid: int) -> float:
     """CPU seconds so far of a process and its live descendants."""
+    import psutil
+
     top = psutil.Process(pid)
     return sum(sum(p.cpu_times()[:2]) for p in [top, *top.children(recursive=True)])
 

@@ -58,7 +58,7 @@ def _switches() -> dict[str, tuple]:
 @contextlib.contextmanager
 def off(*pieces: str):
     """The read path with ``pieces`` switched off (restored on exit); forked workers inherit it."""
-    table, saved = _switches(), []
+    table, saved = _switches() if pieces else {}, []  # the peers' venvs have no h5forge
     for piece in pieces:
         owner, name, value = table[piece]
         saved.append((owner, name, vars(owner)[name]))
