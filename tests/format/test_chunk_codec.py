@@ -95,7 +95,30 @@ def test_only_codecs_made_exactly_are_encodable(tmp_path):
         assert accepts(lz4, "lz4", row.shape, row.dtype)
         assert not accepts(lz4, "gzip-1", row.shape, row.dtype)
         assert not accepts(lz4, "lz4", row.shape, np.int16)
-        assert not accepts(two_rows, "lz4", row.shape, row.dtype)
+        assert accepts(two_rows, "lz4", row.shape, row.dtype)  # rows' chunks joined (EncodedRows.joined)
+        assert not accepts(two_rows, "gzip-1", row.shape, row.dtype)
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4"])
+def test_rows_chunks_joined_read_back_through_hdf5s_filter(tmp_path, codec):
+    """Three rows LZ4 shrinks and cannot (a block stored as is) joined two by two: HDF5 and the
+    reader's decoder both read the rows back."""
+    ensure_filters()
+    block = np.stack([ROWS["ramp"], ROWS["noise"], ROWS["ramp"] // 2, ROWS["noise"][::-1]])
+    rows = EncodedRows.of(codec, block)
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        d = f.create_dataset("d", shape=(0, *block.shape[1:]), maxshape=(None, *block.shape[1:]),
+                             chunks=(2, *block.shape[1:]), dtype=block.dtype, **codec_options(codec))
+        assert accepts(d, codec, block.shape[1:], block.dtype)
+        append_chunks(d, rows.joined(2), rows=2)
+        np.testing.assert_array_equal(d[()], block)
+        if codec == "lz4":
+            flat = np.empty(2 * block[0].nbytes, np.uint8)
+            assert lz4_into(d.id.read_direct_chunk((2, 0, 0, 0))[1], flat) and flat.tobytes() == block[2:].tobytes()
+    with pytest.raises(ValueError, match="do not join"):
+        rows[:3].joined(2)
+    with pytest.raises(ValueError, match="do not join"):
+        EncodedRows.of("gzip-1", block).joined(2)
 
 
 def test_encoded_rows_index_like_the_block():

@@ -51,6 +51,23 @@ def rows_equal(d: h5py.Dataset, direct: DirectRows) -> None:
             assert np.array_equal(target[k], d[r])
 
 
+@pytest.mark.parametrize("compression", [{}, dict(hdf5plugin.LZ4())], ids=["none", "lz4"])
+def test_rows_of_several_rows_per_chunk_equal_h5py(tmp_path, compression):
+    """Four rows per chunk, the last chunk partial: rows one by one and batched are h5py's. HDF5
+    compressed each chunk whole: a row's chunk is decoded whole and kept (two here, fewer than the
+    chunks read); stored plain, a row is read alone from the map."""
+    d = dataset(tmp_path / "m.h5", compression, rows(13), chunk_rows=4)
+    assert DirectRows.of(d) is None  # no chunk kept: h5py reads it
+    for mapped in (True, False):
+        direct = DirectRows.of(d, cache_chunks=2)
+        assert direct is not None and direct.codec == ("lz4" if compression else "none")
+        if not mapped:
+            direct._index = False
+        rows_equal(d, direct)
+        assert bool(direct._index) is mapped and direct.chunks is not None
+        assert len(direct.chunks) == (0 if mapped and not compression else 2)
+
+
 @pytest.mark.parametrize("block", [0, 1000])  # one block per chunk (the default), and many
 def test_lz4_rows_equal_h5py(tmp_path, block):
     d = dataset(tmp_path / "a.h5", dict(hdf5plugin.LZ4(nbytes=block)), rows())
