@@ -37,6 +37,12 @@ def masks(args) -> dict:
             "all_rounds": {k: [round(x) for x in v] for k, v in rates.items()}, "outputs": outputs}
 
 
+def own_cpu() -> float:
+    """CPU seconds of this process and its children that ended (verify's checksum processes)."""
+    import resource
+    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+
+
 def chunks(args) -> dict:
     """``--chunk-n`` pictures of ``--chunk-size``² (and their masks) built with each ``--chunk-rows``:
     build CPU, the default loader's epoch, random single-sample reads (README, "read_masks")."""
@@ -50,14 +56,21 @@ def chunks(args) -> dict:
     runs: dict[int, list] = {k: [] for k in ks}
     for r, k in interleaved(ks, args.rounds):
         out = work / f"k{k}"
+        inline = make_spec(raw, work / f"inline{k}", size, splits={"ratios": {"train": 1.0}},
+                           storage={"chunk_rows": k}, compute={"inline_below": n + 1})  # no dask: the pipeline alone
+        shutil.rmtree(inline.output.dir, ignore_errors=True)
+        c0 = own_cpu()
+        res = h5forge.build(inline)
+        runs[k].append({"inline_cpu_ms_per_sample": round(1000 * (own_cpu() - c0) / n, 3),
+                        "inline_file_bytes": os.path.getsize(res.path)})
         shutil.rmtree(out, ignore_errors=True)
         spec = make_spec(raw, out, size, splits={"ratios": {"train": 1.0}}, storage={"chunk_rows": k},
                          compute={"workers": args.workers, "inline_below": 0})
         with sampled() as usage:
             res = h5forge.build(spec)
-        runs[k].append({"cpu_ms_per_sample": round(1000 * usage["cpu_seconds"] / n, 3),
+        runs[k][-1] |= {"cpu_ms_per_sample": round(1000 * usage["cpu_seconds"] / n, 3),
                         "clean_write_samples_per_s": round(n / res.timings["clean_write_seconds"]),
-                        "file_bytes": os.path.getsize(res.path)})
+                        "file_bytes": os.path.getsize(res.path)}
         log(f"round {r + 1}/{args.rounds} chunk_rows {k}: {runs[k][-1]}")
         shutil.rmtree(data / f"k{k}", ignore_errors=True)
         os.replace(out, data / f"k{k}")  # the last round's version is the one read
@@ -81,6 +94,8 @@ def chunks(args) -> dict:
                 latency[k] = {"h5forge": random_read_latency(ds.reader.read_one, len(ds), args.reads, r),
                               "h5py": random_read_latency(lambda i, plain=plain: [d[i] for d in plain], len(ds), args.reads, r)}
     table = {k: {"build_cpu_ms_per_sample": med([x["cpu_ms_per_sample"] for x in runs[k]], 3),
+                 "inline_build_cpu_ms_per_sample": med([x["inline_cpu_ms_per_sample"] for x in runs[k]], 3),
+                 "inline_file_bytes_per_sample": round(runs[k][-1]["inline_file_bytes"] / n, 1),
                  "build_clean_write_samples_per_s": med([x["clean_write_samples_per_s"] for x in runs[k]], 0),
                  "file_bytes_per_sample": round(runs[k][-1]["file_bytes"] / n, 1),
                  "loader_samples_per_s": rate[f"h5forge_lz4k{k}_default"],
@@ -91,7 +106,8 @@ def chunks(args) -> dict:
              for k in ks}
     one = table[ks[0]]
     ratios = {f"chunk_rows {k} / {ks[0]}: {m}": ratio(table[k][m], one[m], 2) for k in ks[1:]
-              for m in ("build_cpu_ms_per_sample", "file_bytes_per_sample", "loader_samples_per_s",
+              for m in ("build_cpu_ms_per_sample", "inline_build_cpu_ms_per_sample", "inline_file_bytes_per_sample",
+                        "file_bytes_per_sample", "loader_samples_per_s",
                         "loader_cpu_ms_per_batch", "random_read_p50_us", "h5py_random_read_p50_us")}
     return {"ratios": ratios, "sample_bytes": 4 * size * size, "by_chunk_rows": table,
             "npy_mmap_loader_samples_per_s": rate["npy_mmap"], "builds": runs,
