@@ -1,20 +1,26 @@
 """The storage ``init`` writes from measurement: several small samples per chunk (and every reader
-and the append path on such a file), one big sample per chunk."""
+and the append path on such a file), one big sample per chunk; volume slices uncompressed unless
+LZ4 saves enough on sampled ones."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import h5py
+import nibabel
 import numpy as np
 import pytest
 import yaml
+from nibabel.testing import data_path as nibabel_data
 from PIL import Image
 
 import h5forge
 from h5forge.format.mapped import MappedDataset
+from h5forge.demo import generate_ct
 from h5forge.init import infer_spec
 from h5forge.init.sections import CHUNK_BYTES
+from h5forge.init.volumes import LZ4_WORTH
 from h5forge.read.direct import DirectRows
 from h5forge.read.torch import ChunkShuffleSampler, H5Dataset
 from h5forge.spec import load_spec
@@ -117,3 +123,54 @@ def test_the_reader_decodes_a_row_alone_from_the_chunks_the_writer_joined(tmp_pa
     assert isinstance(direct, DirectRows) and direct.chunk_rows == 16
     ds.reader.read(range(16))  # the first chunk is whole: its rows read alone, no chunk decoded and kept
     assert direct.chunks is not None and len(direct.chunks) == 0
+
+
+# ---- CT and MR slices: lz4 only where it saves enough -------------------------------------------
+
+def nifti_cases(folder: Path, volumes: list[np.ndarray]) -> Path:
+    folder.mkdir(parents=True)
+    for i, v in enumerate(volumes):
+        nibabel.save(nibabel.Nifti1Image(v, np.eye(4)), folder / f"case{i}.nii")
+    return folder
+
+
+def nibabel_cases(folder: Path, name: str, n: int = 3) -> Path:
+    """``n`` cases of one of nibabel's own test volumes (real scans), each a little different."""
+    img = nibabel.load(Path(nibabel_data) / name)
+    data = np.asanyarray(img.dataobj)
+    return nifti_cases(folder, [np.roll(data, i, axis=0) for i in range(n)])
+
+
+@pytest.mark.parametrize("source", ["dicom CT_small", "nifti anatomical.nii"])
+def test_slices_lz4_saves_little_on_are_stored_as_they_are(tmp_path, source):
+    """pydicom's CT_small.dcm as DICOM case folders (h5forge's CT demo) and nibabel's anatomical.nii:
+    LZ4 saves a few % on their slices, so the field is written with ``codec: none``."""
+    raw = tmp_path / "raw"
+    if source.startswith("dicom"):
+        generate_ct(raw, n=3, seed=0, bad=False, depth_range=(4, 6))
+    else:
+        nibabel_cases(raw, "anatomical.nii")
+    text, spec_path = inferred(raw, tmp_path)
+    field = text["fields"]["ct" if source.startswith("dicom") else "volume"]
+    assert field["codec"] == "none" and text["storage"]["codec"] == "lz4"
+    assert re.search(rf"LZ4 saves -?\d+% on \d+ sampled slices, under {LZ4_WORTH:.0%}", spec_path.read_text())
+
+
+@pytest.mark.parametrize("source", ["nifti example4d.nii.gz", "synthetic"])
+def test_slices_lz4_shrinks_keep_lz4(tmp_path, source):
+    """nibabel's example4d.nii.gz (a real MR run, its background dark) and a synthetic CT whose
+    slices lie mostly outside the field of view: LZ4 saves more than the rule's share, lz4 stays."""
+    raw = tmp_path / "raw"
+    if source == "synthetic":
+        rng = np.random.default_rng(0)
+        yy, xx = np.mgrid[:64, :64] - 31.5
+        inside = np.hypot(yy, xx) < 12
+        nifti_cases(raw, [np.where(inside[..., None], rng.normal(40, 60, (64, 64, 6)), -3024).astype(np.int16)
+                          for _ in range(3)])
+    else:
+        nibabel_cases(raw, "example4d.nii.gz")
+    text, spec_path = inferred(raw, tmp_path)
+    assert "codec" not in text["fields"]["volume"] and text["storage"]["codec"] == "lz4"
+    saved = re.search(rf"# codec: none  <- LZ4 saves (\d+)% on \d+ sampled slices, {LZ4_WORTH:.0%} or more",
+                      spec_path.read_text())
+    assert saved and int(saved[1]) >= 100 * LZ4_WORTH

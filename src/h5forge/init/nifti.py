@@ -25,6 +25,7 @@ from h5forge.init.volumes import (
     CASE_DIRS,
     VOLUME_MASK_DIRS,
     is_nifti,
+    lz4_saving,
     most_common_size,
     nifti_globs,
     nifti_id,
@@ -146,6 +147,9 @@ def _nifti_volumes_body(
         )
     mask = volume_masks(raw, base, {nifti_id(p) for p in files}, notes)
     what = f"NIfTI volumes ({len(files)} in {prefix or './'}), slices along the third axis"
+    case = {"time": 0} if fourth_axis == "time" else {"channels": fourth_axis} if fourth_axis else {}
+    rels = [p.relative_to(raw).as_posix() for p in sampled]
+    saving = lz4_saving(raw, rels, "float32" if fractional else "int16", **case)
 
     def body(t: SpecText) -> None:
         t(0, "fields:")
@@ -160,6 +164,7 @@ def _nifti_volumes_body(
             fractional,
             fourth_axis,
             "its path below the case folders, <case>/<file>" if ids == "path" else "its name",
+            saving,
         )
         if mask is not None:
             volume_mask_field(t, "volume_mask", "volume", mask)
