@@ -195,6 +195,12 @@ def lz4_at(chunk: memoryview, src: int, dst: int, n: int) -> bool:
     return True
 
 
+def joined(chunk: bytes | memoryview, rows: int, n: int) -> bool:
+    """Whether a stored ``lz4`` chunk is framed as ``EncodedRows.joined`` frames ``rows`` rows of
+    ``n`` bytes (each row one block, so ``row_at`` decodes a row alone), by its header."""
+    return len(chunk) >= _LZ4_HEADER.size and _LZ4_HEADER.unpack_from(chunk, 0) == (rows * n, n)
+
+
 def row_at(codec: str, chunk: memoryview, src: int, dst: int, n: int, row: int, rows: int) -> bool:
     """Row ``row`` of a stored chunk of ``rows`` rows of ``n`` bytes (``chunk``, at address ``src``)
     into the ``n`` bytes at ``dst``, without decoding the others: ``none`` (or a chunk stored
@@ -207,9 +213,7 @@ def row_at(codec: str, chunk: memoryview, src: int, dst: int, n: int, row: int, 
         ctypes.memmove(dst, src + row * n, n)
         return True
     decompress = _LZ4_SAFE
-    if codec != "lz4" or decompress is None or len(chunk) < _LZ4_HEADER.size:
-        return False
-    if _LZ4_HEADER.unpack_from(chunk, 0) != (rows * n, n):
+    if codec != "lz4" or decompress is None or not joined(chunk, rows, n):
         return False
     pos, end = _LZ4_HEADER.size, len(chunk)
     for _ in range(row):  # the blocks before the row's

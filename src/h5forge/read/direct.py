@@ -27,7 +27,7 @@ from typing import Literal
 import h5py
 import numpy as np
 
-from h5forge.format.chunk_codec import LZ4_FILTER, lz4_at, row_at
+from h5forge.format.chunk_codec import LZ4_FILTER, joined, lz4_at, row_at
 from h5forge.format.chunk_codec import lz4_into as _lz4_into  # the framing, shared with the writer's encoder
 
 
@@ -171,6 +171,28 @@ class DirectRows:
         out = np.empty(self.d.shape[1:], self.d.dtype)
         self.read_into(row, out)
         return out
+
+
+def reads_rows_alone(d: h5py.Dataset) -> bool:
+    """Whether ``DirectRows`` reads any row of ``d`` without decoding the rest of its chunk: one row
+    per chunk, rows stored unfiltered, or LZ4 chunks the writer joined from the rows' own (judged
+    by the first and the middle whole chunk; a chunk HDF5 compressed whole among them is only
+    decoded whole, and kept)."""
+    direct = DirectRows.of(d, cache_chunks=1)
+    if direct is None:
+        return False
+    rows = direct.chunk_rows
+    if rows == 1 or direct.codec == "none":
+        return True
+    whole = d.shape[0] // rows
+    for c in sorted({0, whole // 2}) if whole else ():
+        try:
+            mask, chunk = d.id.read_direct_chunk((c * rows, *direct.tail))
+        except (OSError, ValueError, RuntimeError, KeyError):  # never written
+            continue
+        if not mask & 1 and joined(chunk, rows, direct.nbytes):
+            return True
+    return False
 
 
 class _ChunkIndex:

@@ -50,7 +50,7 @@ from h5forge.format.segments import virtual_sources
 from h5forge.kinds import FieldKind, ReadOptions, stored_kinds
 from h5forge.kinds.statistics import Statistics
 from h5forge.read.collate import Padded, pad_batch
-from h5forge.read.direct import DirectRows
+from h5forge.read.direct import DirectRows, reads_rows_alone
 from h5forge.spec import spec_from_json
 
 DEFAULT_CACHE_CHUNKS = 8  # chunks per field kept decompressed (covers the sampler's default window)
@@ -240,6 +240,7 @@ class SplitReader:
             raise ReadError(f"{where}: no fields to read")
         count = int(g.attrs.get(Attr.COUNT, -1))
         infos: dict[str, FieldInfo] = {}
+        together: dict[str, int] = {}  # per fixed field: the rows a random read decodes together
         for name in wanted:
             # an annotation column may be asked for by its bare name when no field has that name
             path = name if name in kinds else column_path(name)
@@ -264,7 +265,10 @@ class SplitReader:
             kind = kinds[path]
             stats = kind.read_stats(g) if isinstance(kind, Statistics) else {}
             infos[name] = FieldInfo(name, path, kind, shape, ds.dtype, rows, cbytes, stats, st.bulk, st.ragged)
+            if st.bulk and not st.ragged:
+                together[name] = 1 if rows == 1 or reads_rows_alone(ds) else rows
         self.fields = infos
+        self._read_together = together
         self.count = count
 
     def _check_sources(self, f: h5py.File) -> None:
@@ -285,12 +289,10 @@ class SplitReader:
 
     @property
     def chunk_rows(self) -> int:
-        """Samples per chunk, for chunk-aware sampling (a ragged field's chunks hold elements, not rows)."""
-        return max(fi.chunk_rows for fi in self.fields.values() if fi.bulk and not fi.ragged) if self._fixed else 1
-
-    @property
-    def _fixed(self) -> bool:
-        return any(fi.bulk and not fi.ragged for fi in self.fields.values())
+        """The samples a random read decodes together, for chunk-aware sampling: a chunk's, or 1
+        where a row is read alone from its chunk (h5forge.read.direct), so a shuffle need not keep
+        a chunk's rows near each other (a ragged field's chunks hold elements, not rows)."""
+        return max(self._read_together.values(), default=1)
 
     def __len__(self) -> int:
         return self.count
