@@ -216,7 +216,7 @@ def dicom_body(raw: Path, notes: list[str]):
     what = f"a DICOM series per case folder ({modality or 'modality unknown'}, {len(cases)} {where})"
     fractional = any(c.fractional for c in read.values())
     rels = [d.relative_to(raw).as_posix() for d in picked if d.name in read]
-    saving = lz4_saving(raw, rels, "float32" if fractional else "int16", rule="largest" if several else None)
+    saving = lz4_saving(raw, rels, size, "float32" if fractional else "int16", series="largest" if several else None)
 
     def body(t: SpecText) -> None:
         t(0, "fields:")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -147,9 +148,11 @@ def _nifti_volumes_body(
         )
     mask = volume_masks(raw, base, {nifti_id(p) for p in files}, notes)
     what = f"NIfTI volumes ({len(files)} in {prefix or './'}), slices along the third axis"
-    case = {"time": 0} if fourth_axis == "time" else {"channels": fourth_axis} if fourth_axis else {}
+    axis: dict[str, Any] = {"fourth_axis": "time"} if fourth_axis == "time" else {}
+    if fourth_axis and fourth_axis != "time":
+        axis = {"fourth_axis": "channels", "channels": fourth_axis}
     rels = [p.relative_to(raw).as_posix() for p in sampled]
-    saving = lz4_saving(raw, rels, "float32" if fractional else "int16", **case)
+    saving = lz4_saving(raw, rels, size, "float32" if fractional else "int16", **axis)
 
     def body(t: SpecText) -> None:
         t(0, "fields:")

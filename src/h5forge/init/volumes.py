@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, cast
 
 import numpy as np
 
@@ -17,6 +17,9 @@ from h5forge.init.folders import named, sample, subdirs, visible
 from h5forge.init.masks import MaskClasses, class_lines, mask_classes, pad_line
 from h5forge.init.pictures import pictures_in
 from h5forge.init.text import SpecText, files_value
+
+if TYPE_CHECKING:
+    from h5forge.spec import DatasetSpec
 
 CASE_DIRS = (
     "cases",
@@ -189,27 +192,32 @@ class Saving:
     slices: int
 
 
-def lz4_saving(root: Path, rels: list[str], dtype: str, **case: Any) -> Saving | None:
+def lz4_saving(root: Path, rels: list[str], size: tuple[int, int], dtype: str, **field: Any) -> Saving | None:
     """What LZ4 saves on up to ``SLICES_MEASURED`` slices spread through the first
-    ``CASES_MEASURED`` of the cases ``rels`` (relative to ``root``) that decode, as the volume kind
-    decodes them (``case``: ``load_case``'s options) and stores them (``dtype``); None when none
+    ``CASES_MEASURED`` of the cases ``rels`` (relative to ``root``) that decode, as the build
+    decodes and stores them: the registered volume kind's ``decode`` for a field of ``size`` and
+    ``dtype`` (``field``: its other keys, e.g. series, fourth_axis, channels); None when none
     decodes."""
     from h5forge.format.chunk_codec import encode
-    from h5forge.kinds.volume import load_case
+    from h5forge.kinds import REGISTRY
+    from h5forge.samples import SampleRef
 
+    cls = REGISTRY["volume"]
+    spec = cls.Spec.model_validate({"kind": "volume", "files": ["*"], "size": size, "dtype": dtype, **field})
+    kind = cls("volume", spec, cast("DatasetSpec", None))  # its decode reads the field's own spec alone
+    part = "@t0000" if field.get("fourth_axis") == "time" else ""  # a 4-D file's first time point
     plain = packed = slices = 0
     cases = 0
     for rel in rels:
         if cases == CASES_MEASURED:
             break
         try:
-            values = load_case(root, rel, **case)[0]
+            values = np.asarray(kind.decode(root, SampleRef(rel + part, "train", {"volume": rel}, {}), {}).value)
         except Exception:  # a case the build would reject (with its reason): the next one is measured
             continue
         cases += 1
         for d in np.unique(np.linspace(0, len(values) - 1, SLICES_MEASURED // CASES_MEASURED).astype(int)):
-            one = values[d]
-            one = np.clip(np.round(one), -32768, 32767).astype(np.int16) if dtype == "int16" else one.astype(dtype)
+            one = np.ascontiguousarray(values[d])
             plain, packed, slices = plain + one.nbytes, packed + len(encode("lz4", one)), slices + 1
     return Saving(1 - packed / plain, slices) if plain else None
 
