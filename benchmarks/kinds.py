@@ -1,7 +1,9 @@
 """The kinds beside images: a label's cost in the loader, CT volumes from DICOM (the workers' open
-files, slice reads), signals from EDF (stored sizes per codec).
+files, slice reads), slices LZ4 shrinks by different shares under lz4 and none (ct_codec), signals
+from EDF (stored sizes per codec).
 
-    python -m benchmarks.kinds [--smoke] [--n 5000 --size 128 --cases 36 --recordings 60] [--parts labels,ct,signals]
+    python -m benchmarks.kinds [--smoke] [--n 5000 --size 128 --cases 36 --recordings 60]
+                               [--parts labels,ct,ct_codec,signals] [--codec-sizes 128,512 --codec-outside 0,0.2,...]
 
 Every file is built by ``h5forge.build``. What is measured and how: benchmarks/README.md, "kinds".
 """
@@ -174,7 +176,71 @@ def ct_part(args) -> dict:
             "slice_p50_vs_npy": vs["slice_lz4_p50_vs_npy"], "slice_none_p50_vs_npy": vs["slice_none_p50_vs_npy"]}
 
 
-# ---- 3. signals ----------------------------------------------------------------------------------
+# ---- 3. what LZ4 saves on a slice against what it costs to read one --------------------------------
+
+def ct_codec_part(args) -> dict:
+    """Per slice size and share of each slice outside the scanner's field of view (a constant, as
+    scanners write it; inside: noise around soft tissue's values), volumes built with lz4 and with
+    none: what LZ4 saves, and a random slice's p50 against a memory-mapped .npy (README, "kinds")."""
+    import nibabel
+
+    from h5forge.read.torch import H5Dataset
+    rows, times = [], {}
+    sizes, outside = [int(x) for x in args.codec_sizes.split(",")], [float(x) for x in args.codec_outside.split(",")]
+
+    def make(root, size: int, share: float) -> None:
+        rng, root = np.random.default_rng(0), root.mkdir(parents=True) or root
+        yy, xx = np.mgrid[:size, :size] - (size - 1) / 2
+        fov = np.hypot(yy, xx) <= np.sqrt((1 - share) * size * size / np.pi)  # the field of view: a disc
+        depth = max(2, args.codec_slices // args.codec_cases)
+        for c in range(args.codec_cases):
+            v = np.where(fov, rng.normal(40, 60, (depth, size, size)), -3024).round().astype(np.int16)
+            nibabel.save(nibabel.Nifti1Image(v.transpose(2, 1, 0), np.eye(4)), root / f"case{c:03d}.nii")
+
+    names = [(size, share) for size in sizes for share in outside]
+    sets = {}
+    for size, share in names:
+        raw = generated(f"kinds-ctcodec-{size}-{share}-{args.codec_cases}-{args.codec_slices}",
+                        lambda root, size=size, share=share: make(root, size, share))
+        field = {"kind": "volume", "files": "*.nii", "size": [size, size]}
+        paths = {codec: built(parse({"name": "ctcodec", "source": {"root": str(raw)}, "compute": {"batch_size": 2},
+                                     "fields": {"ct": {**field, "codec": codec}}}), f"kinds-{raw.name}-{codec}")
+                 for codec in ("lz4", "none")}
+        npy = WORK / f"{raw.name}-slices.npy"
+        if not npy.exists():
+            with h5py.File(paths["none"], "r") as f:
+                np.save(npy, f["train"]["ct"][()])
+        warm([*paths.values(), npy])
+        mm = np.load(npy, mmap_mode="r")
+        ds = {codec: H5Dataset(p, fields=("ct",), unit="slice") for codec, p in paths.items()}
+        for d in ds.values():
+            assert np.array_equal(d[len(mm) // 2].numpy(), mm[len(mm) // 2])
+        with h5py.File(paths["lz4"], "r") as f:
+            saved = 1 - f["train"]["ct"].id.get_storage_size() / mm.nbytes
+        sets[(size, share)] = (ds, mm, saved)
+    order = np.random.default_rng(0)
+    probes = [(key, how) for key in names for how in ("npy", "lz4", "none")]
+    for r, (key, how) in interleaved(probes, args.slice_rounds + 1):  # the first round warms up
+        ds, mm, _ = sets[key]
+        get = (lambda i, mm=mm: torch.from_numpy(np.array(mm[i]))) if how == "npy" else ds[how].__getitem__
+        got = latencies_us(get, order.integers(0, len(mm), args.slice_reads).tolist())
+        if r:
+            times.setdefault((key, how), []).extend(got)
+    for size, share in names:
+        p50 = {how: percentiles(times[((size, share), how)], (50,), nd=2)["p50_us"] for how in ("npy", "lz4", "none")}
+        rows.append({"slice_px": size, "outside_fov": share, "lz4_saves": round(sets[(size, share)][2], 3),
+                     "p50_us": p50, "lz4_p50_vs_npy": ratio(p50["lz4"], p50["npy"], 2),
+                     "none_p50_vs_npy": ratio(p50["none"], p50["npy"], 2)})
+        log(f"ct_codec {rows[-1]}")
+    # per slice size, the least LZ4 saving from which on a random lz4 slice reads within 1.5x of .npy
+    within = {}
+    for size in sizes:
+        at = sorted((r["lz4_saves"], r["lz4_p50_vs_npy"]) for r in rows if r["slice_px"] == size)
+        within[f"{size}px"] = next((s for k, (s, _) in enumerate(at) if all(x <= 1.5 for _, x in at[k:])), None)
+    return {"slices_per_set": args.codec_slices, "sets": rows, "lz4_within_1_5x_npy_from_saving": within}
+
+
+# ---- 4. signals ----------------------------------------------------------------------------------
 
 def signals_part(args) -> dict:
     from h5forge.demo import SIGNAL_CHANNELS, generate_signals
@@ -198,24 +264,28 @@ def signals_part(args) -> dict:
 
 def main() -> None:
     args = cli(__doc__, dict(n=200, size=64, rounds=1, cases=4, depth_min=8, depth_max=16, ct_epochs=2, slice_reads=100,
-                             slice_rounds=1, recordings=4, seconds_min=2, seconds_max=10),
-               parts="labels,ct,signals", n=5_000, size=128, workers=2, rounds=9, cases=36, depth_min=60, depth_max=150,
-               ct_epochs=3, ct_workers=4, ct_context=2, slice_reads=2_000, slice_rounds=4, recordings=60,
-               seconds_min=60, seconds_max=600)
+                             slice_rounds=1, recordings=4, seconds_min=2, seconds_max=10, codec_sizes="64",
+                             codec_outside="0,0.6", codec_cases=2, codec_slices=16),
+               parts="labels,ct,ct_codec,signals", n=5_000, size=128, workers=2, rounds=9, cases=36, depth_min=60,
+               depth_max=150, ct_epochs=3, ct_workers=4, ct_context=2, slice_reads=2_000, slice_rounds=4, recordings=60,
+               seconds_min=60, seconds_max=600, codec_sizes="128,256,512", codec_outside="0,0.1,0.2,0.3,0.45,0.6,0.8",
+               codec_cases=8, codec_slices=240)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", "The given NumPy array is not writable")
     warnings.filterwarnings("ignore", "This DataLoader will create")  # 4 CT workers on 2 cores: asked for
     WORK.mkdir(parents=True, exist_ok=True)
     parts, result = [p for p in args.parts.split(",") if p], {}
-    for name, fn in (("labels", labels_part), ("ct", ct_part), ("signals", signals_part)):
+    for name, fn in (("labels", labels_part), ("ct", ct_part), ("ct_codec", ct_codec_part), ("signals", signals_part)):
         if name in parts:
             result[name] = fn(args)
     lab, ct, sig = (result.get(k, {}) for k in ("labels", "ct", "signals"))
     ratios = {**{f"labels_vs_images_only_{k}": v for k, v in lab.get("labels_vs_images_only", {}).items()},
               **{f"ct_{k}": ct[k] for k in ("worker_fds_constant", "slice_p50_vs_npy", "slice_none_p50_vs_npy") if ct},
+              **{f"ct_lz4_within_1_5x_npy_from_saving_{k}": v
+                 for k, v in result.get("ct_codec", {}).get("lz4_within_1_5x_npy_from_saving", {}).items()},
               **{f"signals_{c}_stored_vs_raw": sig[c]["stored_vs_raw"] for c in ("default", "lzf") if sig}}
     result = {"ratios": ratios, **result}
-    save("kinds" if set(parts) == {"labels", "ct", "signals"} else "kinds_" + "_".join(parts), result, args.smoke,
+    save("kinds" if set(parts) == {"labels", "ct", "ct_codec", "signals"} else "kinds_" + "_".join(parts), result, args.smoke,
          module="kinds")
 
 

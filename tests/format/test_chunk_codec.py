@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from h5forge.format.chunk_codec import (EncodedRows, accepts, append_chunks, decode, encodable, encode, lz4_at,
-                                        lz4_into, pipeline)
+                                        lz4_into, pipeline, row_at)
 from h5forge.format.codecs import codec_options, ensure_filters
 
 ROWS = {
@@ -95,7 +95,63 @@ def test_only_codecs_made_exactly_are_encodable(tmp_path):
         assert accepts(lz4, "lz4", row.shape, row.dtype)
         assert not accepts(lz4, "gzip-1", row.shape, row.dtype)
         assert not accepts(lz4, "lz4", row.shape, np.int16)
-        assert not accepts(two_rows, "lz4", row.shape, row.dtype)
+        assert accepts(two_rows, "lz4", row.shape, row.dtype)  # rows' chunks joined (EncodedRows.joined)
+        assert not accepts(two_rows, "gzip-1", row.shape, row.dtype)
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4"])
+def test_rows_chunks_joined_read_back_through_hdf5s_filter(tmp_path, codec):
+    """Three rows LZ4 shrinks and cannot (a block stored as is) joined two by two: HDF5 and the
+    reader's decoder both read the rows back."""
+    ensure_filters()
+    block = np.stack([ROWS["ramp"], ROWS["noise"], ROWS["ramp"] // 2, ROWS["noise"][::-1]])
+    rows = EncodedRows.of(codec, block)
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        d = f.create_dataset("d", shape=(0, *block.shape[1:]), maxshape=(None, *block.shape[1:]),
+                             chunks=(2, *block.shape[1:]), dtype=block.dtype, **codec_options(codec))
+        assert accepts(d, codec, block.shape[1:], block.dtype)
+        append_chunks(d, rows.joined(2), rows=2)
+        np.testing.assert_array_equal(d[()], block)
+        if codec == "lz4":
+            flat = np.empty(2 * block[0].nbytes, np.uint8)
+            assert lz4_into(d.id.read_direct_chunk((2, 0, 0, 0))[1], flat) and flat.tobytes() == block[2:].tobytes()
+    with pytest.raises(ValueError, match="do not join"):
+        rows[:3].joined(2)
+    with pytest.raises(ValueError, match="do not join"):
+        EncodedRows.of("gzip-1", block).joined(2)
+
+
+def _row_at(codec: str, chunk: bytes, n: int, row: int, rows: int) -> np.ndarray | None:
+    """``row_at`` over a copy of ``chunk``: the row it gives, or None when it declines."""
+    src, out = np.frombuffer(chunk, np.uint8).copy(), np.zeros(n, np.uint8)
+    ok = row_at(codec, memoryview(src.data), src.ctypes.data, out.ctypes.data, n, row, rows)
+    return out if ok else None
+
+
+def test_row_at_gives_a_joined_chunks_row_or_declines_a_chunk_that_does_not_add_up():
+    """Each row of joined chunks alone, as stored; a chunk HDF5 compressed whole, a header that
+    names other rows, a block size past the chunk's end, a chunk cut short or a block that does not
+    decode are declined (the caller decodes the whole chunk, or HDF5 reads it), never a wrong row."""
+    block = np.stack([ROWS["ramp"], ROWS["noise"], ROWS["ramp"] // 2, ROWS["noise"][::-1]])
+    n = block[0].nbytes
+    for codec in ("none", "lz4"):
+        (chunk,) = EncodedRows.of(codec, block).joined(4)
+        for r in range(4):
+            got = _row_at(codec, bytes(chunk), n, r, 4)
+            assert got is not None and got.tobytes() == block[r].tobytes()
+    (chunk,) = EncodedRows.of("lz4", block).joined(4)
+    chunk = bytes(chunk)
+    whole = encode("lz4", block)  # one block of the four rows, as HDF5's filter writes a chunk
+    assert _row_at("lz4", whole, n, 1, 4) is None
+    assert _row_at("lz4", chunk, n, 1, 2) is None  # the header says four rows
+    assert _row_at("none", chunk, n, 1, 4) is None  # not the rows' bytes end to end
+    assert all(_row_at("lz4", chunk[:k], n, 3, 4) is None for k in (8, 12, 16, len(chunk) - 1))
+    first = int.from_bytes(chunk[12:16], "big")  # row 0's block: its compressed size, then its bytes
+    past = chunk[:12] + (len(chunk)).to_bytes(4, "big") + chunk[16:]
+    assert _row_at("lz4", past, n, 0, 4) is None and _row_at("lz4", past, n, 2, 4) is None
+    assert first < n  # LZ4 shrinks the ramp: its block is compressed
+    spoiled = chunk[:16] + bytes(first) + chunk[16 + first :]  # row 0's LZ4 block zeroed
+    assert _row_at("lz4", spoiled, n, 0, 4) is None
 
 
 def test_encoded_rows_index_like_the_block():

@@ -72,9 +72,28 @@ def test_codec_without_an_exact_encoder_stays_with_the_writer(tmp_path, raw_demo
     inventory = discover(spec)
     batch = clean_batch(spec, inventory.root, inventory.samples[:3])
     assert all(isinstance(batch.arrays[f], np.ndarray) for f in FIELDS)
-    several = demo_spec(raw_demo, tmp_path / "out", codec="lz4", chunk_rows=4)
+    several = demo_spec(raw_demo, tmp_path / "out", codec="gzip-1", chunk_rows=4)  # zlib streams do not join
     batch = clean_batch(several, inventory.root, inventory.samples[:3])
     assert all(isinstance(batch.arrays[f], np.ndarray) for f in FIELDS)
+
+
+@pytest.mark.parametrize("codec", ["lz4", "none"])
+def test_worker_chunks_join_into_chunks_of_several_rows(tmp_path, raw_demo, codec):
+    """Several samples per chunk: the writer joins the workers' row chunks without recompressing
+    them (each row an LZ4 block of the chunk), to the values the writer compressing stores."""
+    spec = demo_spec(raw_demo, tmp_path / "out", codec=codec, chunk_rows=4)
+    inventory = discover(spec)
+    _write(tmp_path / "workers.h5", spec, inventory, True)
+    _write(tmp_path / "writer.h5", spec, inventory, False)
+    values = _assert_same_values(tmp_path / "workers.h5", tmp_path / "writer.h5")
+    with h5py.File(tmp_path / "workers.h5", "r") as a:
+        for split in ("train", "val", "test"):
+            for field in FIELDS:
+                d, rows = a[split][field], values[f"{split}/{field}"]
+                assert d.chunks[0] == 4
+                for start in range(0, len(rows) - 3, 4):  # whole chunks (the last, partial one is HDF5's)
+                    mask, chunk = d.id.read_direct_chunk((start, *(0,) * (d.ndim - 1)))
+                    assert mask == 0 and chunk == EncodedRows.of(codec, rows[start : start + 4]).joined(4)[0]
 
 
 def test_chunks_for_another_pipeline_are_decoded_and_written(tmp_path, raw_demo):

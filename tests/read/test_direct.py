@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from h5forge.format import arrays
-from h5forge.read.direct import DirectRows
+from h5forge.format.chunk_codec import EncodedRows, append_chunks
+from h5forge.read.direct import DirectRows, reads_rows_alone
 from h5forge.read.reader import SplitReader
 from tests.helpers.files import build_file, make_raw, truth
 
@@ -49,6 +50,43 @@ def rows_equal(d: h5py.Dataset, direct: DirectRows) -> None:
     for k, r in enumerate(want):
         if want.index(r) == k:
             assert np.array_equal(target[k], d[r])
+
+
+@pytest.mark.parametrize("compression", [{}, dict(hdf5plugin.LZ4())], ids=["none", "lz4"])
+def test_rows_of_several_rows_per_chunk_equal_h5py(tmp_path, compression):
+    """Four rows per chunk, the last chunk partial: rows one by one and batched are h5py's. HDF5
+    compressed each chunk whole: a row's chunk is decoded whole and kept (two here, fewer than the
+    chunks read); stored plain, a row is read alone from the map."""
+    d = dataset(tmp_path / "m.h5", compression, rows(13), chunk_rows=4)
+    assert DirectRows.of(d) is None  # no chunk kept: h5py reads it
+    for mapped in (True, False):
+        direct = DirectRows.of(d, cache_chunks=2)
+        assert direct is not None and direct.codec == ("lz4" if compression else "none")
+        if not mapped:
+            direct._index = False
+        rows_equal(d, direct)
+        assert bool(direct._index) is mapped and direct.chunks is not None
+        assert len(direct.chunks) == (0 if mapped and not compression else 2)
+
+
+def test_rows_read_alone_only_from_chunks_that_allow_it(tmp_path):
+    """What the loader's sampler shuffles by: a row is read alone from plain chunks and from LZ4
+    chunks the writer joined (rows equal h5py's, no chunk decoded and kept); not from chunks HDF5
+    compressed whole, nor under a codec the direct reader leaves to h5py."""
+    values = rows(13)
+    for compression, alone in (({}, True), (dict(hdf5plugin.LZ4()), False), (dict(compression="gzip"), False)):
+        assert reads_rows_alone(dataset(tmp_path / "whole.h5", compression, values, chunk_rows=4)) is alone
+    with h5py.File(tmp_path / "joined.h5", "w") as f:
+        d = f.create_dataset("x", shape=(0, *SHAPE), maxshape=(None, *SHAPE), chunks=(4, *SHAPE), dtype=np.uint8,
+                             **hdf5plugin.LZ4())
+        append_chunks(d, EncodedRows.of("lz4", values[:12]).joined(4), rows=4)
+        d.resize(13, axis=0)
+        d[12] = values[12]  # the last, partial chunk: compressed whole by HDF5
+        assert reads_rows_alone(d)
+        direct = DirectRows.of(d, cache_chunks=2)
+        assert direct is not None
+        rows_equal(d, direct)
+        assert list(direct.chunks.rows) == [3]  # only the chunk HDF5 compressed whole was decoded
 
 
 @pytest.mark.parametrize("block", [0, 1000])  # one block per chunk (the default), and many

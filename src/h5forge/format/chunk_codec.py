@@ -14,6 +14,10 @@ filter would, so a file written either way reads the same through h5py:
   filter's default options (block size 0) one block covers the whole chunk up to 1 GiB.
 
 Any other codec (zstd, blosc2, bitshuffle, lzf) is left to HDF5: ``encodable`` says which.
+
+For a field stored several samples per chunk the writer joins the rows' chunks into one (``none``
+and ``lz4`` only: each row becomes one LZ4 block of the chunk, a framing the filter reads though
+it would have made one block of the whole chunk); ``joinable`` says which.
 """
 
 from __future__ import annotations
@@ -75,6 +79,11 @@ def _gzip_level(codec: str) -> int | None:
 def encodable(codec: str) -> bool:
     """Whether ``encode`` makes this codec's chunks exactly as its HDF5 filter does."""
     return codec in ("none", "lz4") or _gzip_level(codec) is not None
+
+
+def joinable(codec: str) -> bool:
+    """Whether rows ``encode`` made under ``codec`` join into one chunk of several rows."""
+    return codec in ("none", "lz4")
 
 
 def pipeline(codec: str) -> list[tuple[int, tuple[int, ...]]]:
@@ -186,6 +195,43 @@ def lz4_at(chunk: memoryview, src: int, dst: int, n: int) -> bool:
     return True
 
 
+def joined(chunk: bytes | memoryview, rows: int, n: int) -> bool:
+    """Whether a stored ``lz4`` chunk is framed as ``EncodedRows.joined`` frames ``rows`` rows of
+    ``n`` bytes (each row one block, so ``row_at`` decodes a row alone), by its header."""
+    return len(chunk) >= _LZ4_HEADER.size and _LZ4_HEADER.unpack_from(chunk, 0) == (rows * n, n)
+
+
+def row_at(codec: str, chunk: memoryview, src: int, dst: int, n: int, row: int, rows: int) -> bool:
+    """Row ``row`` of a stored chunk of ``rows`` rows of ``n`` bytes (``chunk``, at address ``src``)
+    into the ``n`` bytes at ``dst``, without decoding the others: ``none`` (or a chunk stored
+    unfiltered) is the rows end to end; ``lz4`` when each row is one block (``EncodedRows.joined``).
+    False for anything else (a chunk HDF5 compressed whole, a framing that does not add up): the
+    caller decodes the whole chunk."""
+    if codec == "none":
+        if len(chunk) != rows * n:
+            return False
+        ctypes.memmove(dst, src + row * n, n)
+        return True
+    decompress = _LZ4_SAFE
+    if codec != "lz4" or decompress is None or not joined(chunk, rows, n):
+        return False
+    pos, end = _LZ4_HEADER.size, len(chunk)
+    for _ in range(row):  # the blocks before the row's
+        if pos + _LZ4_BLOCK.size > end:
+            return False
+        pos += _LZ4_BLOCK.size + _LZ4_BLOCK.unpack_from(chunk, pos)[0]
+    if pos + _LZ4_BLOCK.size > end:
+        return False
+    (size,) = _LZ4_BLOCK.unpack_from(chunk, pos)
+    pos += _LZ4_BLOCK.size
+    if pos + size > end:
+        return False
+    if size == n:  # stored as is
+        ctypes.memmove(dst, src + pos, n)
+        return True
+    return decompress(src + pos, dst, size, n) == n
+
+
 def decode(codec: str, chunk: bytes | memoryview, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """The row a chunk made by ``encode`` holds; ValueError when the bytes do not decode to it."""
     out = np.empty(shape, dtype)
@@ -234,6 +280,22 @@ class EncodedRows:
     def nbytes(self) -> int:
         return sum(map(len, self.chunks))
 
+    def joined(self, rows: int) -> list[bytes | memoryview]:
+        """The stored chunks of ``rows`` rows each (``len(self)`` a multiple of it): the rows' own
+        chunks for one; else ``rows`` rows' end to end (``none``), or under one LZ4 header whose
+        block size is a row's, each row's block as it is (``lz4``: a row's chunk is one block)."""
+        if rows == 1:
+            return self.chunks
+        if not joinable(self.codec) or len(self) % rows:
+            raise ValueError(f"{len(self)} {self.codec} rows do not join into chunks of {rows}")
+        nbytes = int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        if self.codec == "none":
+            return [b"".join(self.chunks[i : i + rows]) for i in range(0, len(self), rows)]
+        if not 0 < nbytes <= LZ4_DEFAULT_BLOCK:
+            raise ValueError(f"a row of {nbytes} bytes is not one LZ4 block")
+        head, skip = _LZ4_HEADER.pack(rows * nbytes, nbytes), _LZ4_HEADER.size
+        return [b"".join([head, *(c[skip:] for c in self.chunks[i : i + rows])]) for i in range(0, len(self), rows)]
+
     def decoded(self) -> np.ndarray:
         """The rows as an array (for the rare paths that must look at values again)."""
         out = np.empty((len(self.chunks), *self.shape), self.dtype)
@@ -244,17 +306,22 @@ class EncodedRows:
 
 def accepts(ds: Any, codec: str, shape: tuple[int, ...], dtype: Any) -> bool:
     """Whether chunks ``encode`` made for rows of ``shape``/``dtype`` under ``codec`` can be written
-    into the h5py dataset ``ds`` as they are: one row per chunk and exactly the codec's pipeline."""
+    into the h5py dataset ``ds`` as they are (one row per chunk) or joined (``EncodedRows.joined``),
+    with exactly the codec's pipeline."""
     dcpl = ds.id.get_create_plist()
     filters = [(f[0], tuple(f[2])) for f in map(dcpl.get_filter, range(dcpl.get_nfilters()))]
-    return ds.chunks == (1, *shape) and ds.dtype == np.dtype(dtype) and filters == pipeline(codec)
+    rows_ok = ds.chunks is not None and (ds.chunks[0] == 1 or joinable(codec))
+    return rows_ok and ds.chunks[1:] == tuple(shape) and ds.dtype == np.dtype(dtype) and filters == pipeline(codec)
 
 
-def append_chunks(ds: Any, chunks: Sequence[bytes | memoryview], masks: Sequence[int] | None = None) -> None:
-    """Append one row per stored chunk at the end of ``ds`` (``write_direct_chunk``; ``masks``:
-    each chunk's filter mask, 0 — every filter applied — when not given)."""
+def append_chunks(
+    ds: Any, chunks: Sequence[bytes | memoryview], masks: Sequence[int] | None = None, rows: int = 1
+) -> None:
+    """Append ``rows`` rows per stored chunk at the end of ``ds``, which ends on a chunk boundary
+    (``write_direct_chunk``; ``masks``: each chunk's filter mask, 0 — every filter applied — when
+    not given)."""
     start = ds.shape[0]
-    ds.resize(start + len(chunks), axis=0)
+    ds.resize(start + rows * len(chunks), axis=0)
     write, tail = ds.id.write_direct_chunk, (0,) * (ds.ndim - 1)
     for i, chunk in enumerate(chunks):
-        write((start + i, *tail), chunk, 0 if masks is None else masks[i])
+        write((start + rows * i, *tail), chunk, 0 if masks is None else masks[i])

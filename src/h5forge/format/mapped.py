@@ -10,7 +10,8 @@ file) is read from the virtual dataset's creation properties, and each row is re
 - a field stored one row per chunk with the ``none``, ``lz4`` or ``gzip`` codec is read as its
   stored chunk, decoded by ``chunk_codec`` straight from the file mapped read-only (as
   ``read.direct`` reads a self-contained version), the chunk addresses listed once per source
-  dataset and kept;
+  dataset and kept; stored several rows per chunk (``none`` or ``lz4``), a row is decoded alone
+  where the writer joined the rows' chunks (``chunk_codec.row_at``), else read by h5py;
 - anything else (strings, small columns, a ragged field's elements, other codecs) is read by h5py
   from the source dataset itself, which is a plain stored dataset.
 
@@ -38,7 +39,7 @@ import h5py
 import numpy as np
 
 from h5forge.errors import ReadError
-from h5forge.format.chunk_codec import DEFLATE_FILTER, LZ4_FILTER, lz4_at, lz4_into
+from h5forge.format.chunk_codec import DEFLATE_FILTER, LZ4_FILTER, lz4_at, lz4_into, row_at
 
 MAX_OPEN_SOURCES = 1024  # files kept open at most, whatever the descriptor limit allows
 FDS_PER_SOURCE = 2  # a source may hold its map's descriptor (chunk reads) and HDF5's own
@@ -194,22 +195,23 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 @dataclass(frozen=True)
 class _Chunks:
-    """Where each row's stored chunk lies in a source file (one row per chunk), and its codec.
-    Lists, not arrays: a row's look-up is then a plain index."""
+    """Where each stored chunk lies in a source file, by chunk number, and its codec. Lists, not
+    arrays: a row's look-up is then a plain index."""
 
     offsets: list[int]  # -1: never written
     sizes: list[int]
     masks: list[int]
     codec: str  # none | lz4 | gzip
+    rows: int  # rows per chunk
 
 
 def _codec_of(sd: h5py.Dataset) -> str | None:
-    """The codec ``chunk_codec`` decodes for a dataset stored one row per chunk; None otherwise."""
+    """The codec ``chunk_codec`` decodes for a dataset stored whole rows per chunk (several: only
+    ``none`` and ``lz4``); None otherwise."""
     dcpl = sd.id.get_create_plist()
     if (
         dcpl.get_layout() != h5py.h5d.CHUNKED
         or sd.chunks is None
-        or sd.chunks[0] != 1
         or sd.chunks[1:] != sd.shape[1:]
         or not sd.dtype.isnative
         or sd.dtype.hasobject
@@ -217,7 +219,8 @@ def _codec_of(sd: h5py.Dataset) -> str | None:
     ):
         return None
     filters = [dcpl.get_filter(k)[0] for k in range(dcpl.get_nfilters())]
-    return {(): "none", (LZ4_FILTER,): "lz4", (DEFLATE_FILTER,): "gzip"}.get(tuple(filters))
+    codec = {(): "none", (LZ4_FILTER,): "lz4", (DEFLATE_FILTER,): "gzip"}.get(tuple(filters))
+    return codec if sd.chunks[0] == 1 or codec != "gzip" else None
 
 
 def _list_chunks(sd: h5py.Dataset, m: _Map) -> _Chunks | None:
@@ -225,12 +228,13 @@ def _list_chunks(sd: h5py.Dataset, m: _Map) -> _Chunks | None:
     codec = _codec_of(sd)
     if codec is None:
         return None
-    n = sd.shape[0]
+    rows = int(sd.chunks[0])
+    n = -(-sd.shape[0] // rows)
     offsets, sizes, masks = np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint32)
 
     def visit(info) -> None:
-        row = info.chunk_offset[0]
-        offsets[row], sizes[row], masks[row] = info.byte_offset, info.size, info.filter_mask
+        c = info.chunk_offset[0] // rows
+        offsets[c], sizes[c], masks[c] = info.byte_offset, info.size, info.filter_mask
 
     try:
         sd.id.chunk_iter(visit)
@@ -241,11 +245,11 @@ def _list_chunks(sd: h5py.Dataset, m: _Map) -> _Chunks | None:
         if int((offsets[written] + sizes[written]).max()) > m.length:
             return None  # HDF5 reads what it can of a file cut short, and says what it cannot
         first = int(written[0])
-        mask, chunk = sd.id.read_direct_chunk((first, *(0,) * (sd.ndim - 1)))
+        mask, chunk = sd.id.read_direct_chunk((first * rows, *(0,) * (sd.ndim - 1)))
         o, z = int(offsets[first]), int(sizes[first])
         if mask != masks[first] or m.view[o : o + z].tobytes() != chunk:  # bytes compare with memcmp
             return None
-    return _Chunks(offsets.tolist(), sizes.tolist(), masks.tolist(), codec)
+    return _Chunks(offsets.tolist(), sizes.tolist(), masks.tolist(), codec, rows)
 
 
 @dataclass(frozen=True)
@@ -411,13 +415,19 @@ class MappedDataset:
 
     def _chunk_into(self, source: int, chunks: _Chunks, row: int, handles: _Open, out: np.ndarray) -> None:
         """Row ``row`` of the source into ``out`` (C-contiguous, one row's bytes) from its stored chunk."""
-        if not 0 <= row < len(chunks.offsets) or chunks.offsets[row] < 0:
+        c, at = divmod(row, chunks.rows)
+        if not 0 <= c < len(chunks.offsets) or chunks.offsets[c] < 0:
             raise self._fail(source, f"has no stored chunk for row {row}")
-        offset, size, n = chunks.offsets[row], chunks.sizes[row], self.row_nbytes
+        offset, size, n = chunks.offsets[c], chunks.sizes[c], self.row_nbytes
         m = handles.map if handles.map is not None else handles.mapped()
         if offset + size > m.length:  # the file is shorter than when its chunks were listed
             raise self._fail(source, f"row {row}: its stored chunk is cut short")
         dst = ctypes.addressof(ctypes.c_char.from_buffer(out))  # type: ignore[arg-type]  # an ndarray is a buffer
+        if chunks.rows > 1:  # a row alone from a chunk of joined rows' chunks; else through HDF5
+            codec = "none" if chunks.masks[c] & 1 else chunks.codec
+            if not row_at(codec, m.view[offset : offset + size], m.base + offset, dst, n, at, chunks.rows):
+                self._h5_into(source, handles, row, row + 1, out[None])
+            return
         if chunks.codec == "none" or chunks.masks[row] & 1:  # the bytes are the row
             if size != n:
                 raise self._fail(source, f"row {row}: its stored chunk holds {size} bytes, a row {n}")

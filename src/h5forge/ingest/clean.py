@@ -5,9 +5,9 @@ samples becomes one block of rows per stored dataset, plus the raw files' hashes
 values digest (the costly part of its checksum, hashed here in parallel; the writer completes it)
 and the kinds' additive statistics. No exception escapes ``clean_batch`` for bad input.
 
-Fields stored one sample per chunk with a codec ``h5forge.format.chunk_codec`` can encode leave
-here already compressed, one stored chunk per row (``EncodedRows``): the workers compress in
-parallel and the single writer only places the chunks.
+Fixed-size fields with a codec ``h5forge.format.chunk_codec`` can encode leave here already
+compressed, one chunk per row (``EncodedRows``): the workers compress in parallel and the single
+writer only places the chunks (joined, for a field stored several samples per chunk).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from h5forge.format.checksums import values_digest
 from h5forge.format.names import FORMAT_VERSION
-from h5forge.format.chunk_codec import EncodedRows, encodable
+from h5forge.format.chunk_codec import EncodedRows, encodable, joinable
 from h5forge.kinds import FieldKind, decode_order, decode_sample, file_fields, stored_kinds
 from h5forge.kinds.index import RowIndex
 from h5forge.kinds.statistics import Statistics
@@ -108,9 +108,8 @@ def clean_sample(
 
 
 def encode_rows(spec: DatasetSpec, kinds: dict[str, FieldKind], arrays: dict[str, object]) -> dict[str, object]:
-    """Each block of a field stored one sample per chunk under an encodable codec, as its chunks."""
-    if spec.storage.chunk_rows != 1:
-        return arrays
+    """Each block of a fixed-size field under a codec whose row chunks the writer can store (one
+    sample per chunk: an encodable codec; several: a joinable one), as its rows' chunks."""
     out = dict(arrays)
     for path, kind in kinds.items():
         st, block = kind.stored(), arrays[path]
@@ -118,7 +117,7 @@ def encode_rows(spec: DatasetSpec, kinds: dict[str, FieldKind], arrays: dict[str
         if (
             st.bulk
             and not st.ragged
-            and encodable(codec)
+            and (joinable(codec) if spec.storage.chunk_rows > 1 else encodable(codec))
             and isinstance(block, np.ndarray)
             and block.dtype.isnative
             and not block.dtype.hasobject

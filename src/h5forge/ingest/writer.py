@@ -1,8 +1,10 @@
 """The single writer of one version file: batched, chunk-aligned appends with bounded memory.
 
-Samples arrive in a deterministic order; each split buffers its rows until at least a block of
-rows is ready, then writes its whole chunks with one resize + slice assignment per dataset.
-Memory held here is at most one block plus one batch per split. What is stored, and how, is each field kind's call.
+Samples arrive in a deterministic order. A fixed-size sample field's rows are written as soon as
+they fill whole chunks (the rest of a chunk waits for its rows); the small columns (and ragged
+fields) of each split wait until at least a block of rows is ready, then are written with one
+resize + slice assignment per dataset. Memory held here is at most one block plus one batch per
+split. What is stored, and how, is each field kind's call.
 
     with DatasetWriter(path, spec, version=3, parent_version=2) as writer:
         for batch in batches:
@@ -135,8 +137,9 @@ class DatasetWriter:
             s: {p: [] for p, k in self.kinds.items() if isinstance(k, RowIndex)} for s in SPLITS
         }
         self._finished = False
-        self._direct: dict[tuple, tuple] = {}  # (split, path) -> (dataset, takes workers' chunks as they are)
+        self._direct: dict[tuple, tuple] = {}  # (split, path) -> (dataset, takes workers' chunks; None: not yet asked)
         self._bulk = [path for path, kind in self.kinds.items() if kind.stored().bulk]
+        self._fixed = {path for path in self._bulk if not self.kinds[path].stored().ragged}
         self.inputs = inputs  # the build's input hashes: each row's sample key, the file's input key
         # freed file space is never reused, so after a SIGKILL every row written before the last
         # checkpoint is still where the flushed metadata says (a resumed build continues after them)
@@ -243,15 +246,13 @@ class DatasetWriter:
             rows = np.flatnonzero(labels == split)
             buf = self._buffers[split]
             for path, block in (*batch.arrays.items(), *provenance.items()):
-                if isinstance(block, EncodedRows) and not buf.get(path):
-                    # a row is a whole stored chunk: placed now, nothing to align; only the small columns wait
-                    self._write_chunks(split, path, block[rows])
-                else:
-                    buf.setdefault(path, []).append((block, rows))  # copied once, when written
+                buf.setdefault(path, []).append((block, rows))  # copied once, when written
             buf.setdefault(sample_keys_path(split), []).append((keys, rows))
             for path, listed in self._indexed[split].items():
                 listed.extend(batch.listed[path][i] for i in rows)
             self._buffered[split] += rows.size
+            for path in self._fixed & buf.keys():  # whole chunks go now: only the small columns wait
+                self._write_fixed(split, path, final=False)
             if self._buffered[split] >= self._block(split):
                 self._flush(split, final=False)
         return len(batch)
@@ -276,11 +277,11 @@ class DatasetWriter:
         return provenance
 
     def _block(self, split: str) -> int:
-        """Rows to buffer before a write: a block of sample rows while sample arrays wait in the
-        buffer; when they went straight in as chunks, one whole chunk of the small columns (each
-        compressed chunk of ids, hashes, keys is then written once, not rewritten every block)."""
+        """Rows to buffer before a write: a block of sample rows while ragged sample arrays wait in
+        the buffer; else one whole chunk of the small columns (each compressed chunk of ids, hashes,
+        keys is then written once, not rewritten every block)."""
         buf = self._buffers[split]
-        return self.write_rows if any(buf.get(path) for path in self._bulk) else SMALL_ROWS
+        return self.write_rows if any(buf.get(path) for path in self._bulk if path not in self._fixed) else SMALL_ROWS
 
     def _flush(self, split: str, final: bool) -> None:
         """Write the buffered rows of ``split``: whole chunks only, unless ``final`` (the few rows of
@@ -292,11 +293,11 @@ class DatasetWriter:
         g = self.file[split]
         buf = self._buffers[split]
         for path, pairs in buf.items():
+            if path in self._fixed:
+                self._write_fixed(split, path, final)
+                continue
             data = _gather(pairs, n)
-            if isinstance(data, EncodedRows):
-                self._write_chunks(split, path, data[:take])
-            else:
-                arrays.extend(g, path, data[:take])
+            arrays.extend(g, path, data[:take])
             rest = data[take:]
             buf[path] = (
                 [(rest.copy() if isinstance(rest, np.ndarray) else rest, np.arange(n - take))] if take < n else []
@@ -305,18 +306,51 @@ class DatasetWriter:
         self._buffered[split] = n - take
         self.file.flush()  # a full disk raises here, as an error the run reports
 
-    def _write_chunks(self, split: str, path: str, rows: EncodedRows) -> None:
-        """Rows a cleaning worker compressed: each is one chunk, placed as it is. A dataset whose
-        layout or filters are not what the chunks were made for gets the decoded rows instead."""
-        key, g = (split, path), self._groups[split]
-        if key not in self._direct:  # the dataset and its check, once (opening by name costs per call)
-            ds = g[path]
-            self._direct[key] = (ds, accepts(ds, rows.codec, rows.shape, rows.dtype))
-        ds, direct = self._direct[key]
-        if direct:
-            append_chunks(ds, rows.chunks)
+    def _write_fixed(self, split: str, path: str, final: bool) -> None:
+        """Write the buffered rows of a fixed-size sample field up to the last chunk boundary of
+        its dataset they reach (all of them when ``final``); the rest wait for the rows that
+        complete their chunk, so no compressed chunk is written twice."""
+        pairs = self._buffers[split].get(path)
+        if not pairs:
+            return
+        n = sum(len(rows) for _, rows in pairs)
+        ds = self._dataset(split, path)
+        take = n if final else n - (ds.shape[0] + n) % ds.chunks[0]
+        if take <= 0:
+            return
+        data = _gather(pairs, n)
+        if isinstance(data, EncodedRows):
+            self._write_chunks(split, path, data[:take])
         else:
-            arrays.extend(g, path, rows.decoded())
+            arrays.extend(self._groups[split], path, data[:take])
+        rest = data[take:]
+        self._buffers[split][path] = (
+            [(rest.copy() if isinstance(rest, np.ndarray) else rest, np.arange(n - take))] if take < n else []
+        )
+
+    def _dataset(self, split: str, path: str) -> h5py.Dataset:
+        """A sample dataset, and whether it takes the workers' chunks as they are (``_write_chunks``),
+        looked up once (opening by name costs per call)."""
+        key = (split, path)
+        if key not in self._direct:
+            self._direct[key] = (self._groups[split][path], None)
+        return self._direct[key][0]
+
+    def _write_chunks(self, split: str, path: str, rows: EncodedRows) -> None:
+        """Rows a cleaning worker compressed, one chunk each: placed as they are, or joined into
+        chunks of several rows, from a chunk boundary of the dataset on. A dataset whose layout or
+        filters are not what the chunks were made for, or rows that start or end inside a chunk,
+        get the decoded rows instead."""
+        key, ds = (split, path), self._dataset(split, path)
+        direct = self._direct[key][1]
+        if direct is None:
+            direct = accepts(ds, rows.codec, rows.shape, rows.dtype)
+            self._direct[key] = (ds, direct)
+        k = ds.chunks[0]
+        if direct and ds.shape[0] % k == 0 and len(rows) % k == 0:
+            append_chunks(ds, rows.joined(k), rows=k)
+        else:
+            arrays.extend(self._groups[split], path, rows.decoded())
 
     def _sample_keys(self, batch: CleanedBatch) -> np.ndarray:
         """Each row's sample key: the build's, or made from what the batch holds (an append)."""

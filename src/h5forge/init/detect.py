@@ -12,7 +12,7 @@ import yaml
 from h5forge.errors import UsageError
 from h5forge.ingest.discover import discover
 from h5forge.ingest.rejected import common_reasons, inputs_seen
-from h5forge.init.sections import footer, header
+from h5forge.init.sections import footer, header, sample_bytes
 from h5forge.init.text import SpecText
 from h5forge.kinds import Layout, detectors
 from h5forge.spec import DatasetSpec, parse_spec
@@ -58,19 +58,20 @@ def infer_spec(raw: Path, spec_path: Path) -> Inferred:
     todo: list[str] = []
     found = find_layout(raw, notes, todo)
 
-    def write(notes: list[str]) -> SpecText:
+    def write(notes: list[str], nbytes: int = 0) -> SpecText:
         t = SpecText()
         header(t, raw, spec_path, name, notes, found.ids)
         found.body(t)
-        footer(t, spec_path, name, found.split_column, found.batch_size)
+        footer(t, spec_path, name, found.split_column, found.batch_size, nbytes)
         return t
 
     t = write(notes)
     spec = parse_spec(yaml.safe_load(t.checked()), spec_path.parent.resolve(), str(spec_path))  # must be valid
     more, unbuildable = accounted(spec)
-    if more:
+    nbytes = sample_bytes(spec)  # the fields' stored shapes, from the sizes the layout measured
+    if more or nbytes:
         notes = [*notes, *more]
-        t = write(notes)
+        t = write(notes, nbytes)
     text = "\n".join(t.lines) + "\n"
     return Inferred(text, tuple(notes), found.name, tuple(todo), None if todo else unbuildable)
 

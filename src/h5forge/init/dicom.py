@@ -26,6 +26,7 @@ from h5forge.init.volumes import (
     SEG_CLASSES,
     VOLUME_MASK_DIRS,
     VolumeMask,
+    lz4_saving,
     seg_classes,
     most_common_size,
     volume_field,
@@ -179,7 +180,8 @@ def dicom_body(raw: Path, notes: list[str]):
         return None
     base, cases = found
     glob = _case_glob(raw, base, cases, notes)
-    sampled = {d.name: _dicom_case(d) for d in sample(cases, CASE_SAMPLE)}
+    picked = sample(cases, CASE_SAMPLE)
+    sampled = {d.name: _dicom_case(d) for d in picked}
     read = {n: c for n, c in sampled.items() if c.main is not None}
     if not read:
         raise UsageError(f"no DICOM slice in {base} can be read by pydicom (e.g. {cases[0]})")
@@ -212,10 +214,13 @@ def dicom_body(raw: Path, notes: list[str]):
             )
     where = "case folders" if base == raw else f"case folders in {base.name}/"
     what = f"a DICOM series per case folder ({modality or 'modality unknown'}, {len(cases)} {where})"
+    fractional = any(c.fractional for c in read.values())
+    rels = [d.relative_to(raw).as_posix() for d in picked if d.name in read]
+    saving = lz4_saving(raw, rels, size, "float32" if fractional else "int16", series="largest" if several else None)
 
     def body(t: SpecText) -> None:
         t(0, "fields:")
-        volume_field(t, name, [glob], size, len(read), what, bool(several), any(c.fractional for c in read.values()))
+        volume_field(t, name, [glob], size, len(read), what, bool(several), fractional, saving=saving)
         if mask is not None:
             volume_mask_field(t, f"{name}_mask", name, mask)
 

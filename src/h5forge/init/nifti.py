@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from h5forge.init.volumes import (
     CASE_DIRS,
     VOLUME_MASK_DIRS,
     is_nifti,
+    lz4_saving,
     most_common_size,
     nifti_globs,
     nifti_id,
@@ -146,6 +148,11 @@ def _nifti_volumes_body(
         )
     mask = volume_masks(raw, base, {nifti_id(p) for p in files}, notes)
     what = f"NIfTI volumes ({len(files)} in {prefix or './'}), slices along the third axis"
+    axis: dict[str, Any] = {"fourth_axis": "time"} if fourth_axis == "time" else {}
+    if fourth_axis and fourth_axis != "time":
+        axis = {"fourth_axis": "channels", "channels": fourth_axis}
+    rels = [p.relative_to(raw).as_posix() for p in sampled]
+    saving = lz4_saving(raw, rels, size, "float32" if fractional else "int16", **axis)
 
     def body(t: SpecText) -> None:
         t(0, "fields:")
@@ -160,6 +167,7 @@ def _nifti_volumes_body(
             fractional,
             fourth_axis,
             "its path below the case folders, <case>/<file>" if ids == "path" else "its name",
+            saving,
         )
         if mask is not None:
             volume_mask_field(t, "volume_mask", "volume", mask)

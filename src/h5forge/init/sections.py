@@ -7,9 +7,31 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+
 from h5forge.init.text import SpecText, scalar
+from h5forge.kinds import stored_kinds
+from h5forge.spec import DatasetSpec
 
 MAX_REJECTED = 0.1  # the share of rejected inputs the written spec allows (max_rejected)
+# the stored bytes of the samples one chunk holds: fewer, larger chunks make the file's chunk index
+# and the reader's small, while a row is still read alone (benchmarks/results/read_masks_chunks.md)
+CHUNK_BYTES = 64 << 10
+MAX_CHUNK_ROWS = 4096  # storage.chunk_rows' limit
+
+
+def sample_bytes(spec: DatasetSpec) -> int:
+    """The stored bytes of one sample's fixed-size arrays (a ragged field chunks its elements)."""
+    stored = [kind.stored() for kind in stored_kinds(spec).values()]
+    return sum(int(np.prod(st.shape)) * np.dtype(st.dtype).itemsize for st in stored if st.bulk and not st.ragged)
+
+
+def chunk_rows(nbytes: int) -> int:
+    """Samples per chunk: the largest power of two of them that ``CHUNK_BYTES`` holds; 1 for a
+    sample of more than half that (or none: no fixed-size array)."""
+    if nbytes <= 0:
+        return 1
+    return min(MAX_CHUNK_ROWS, 1 << max(0, (CHUNK_BYTES // nbytes).bit_length() - 1))
 
 
 def header(t: SpecText, raw: Path, spec_path: Path, name: str, notes: list[str], ids: str | None = None) -> None:
@@ -27,8 +49,14 @@ def header(t: SpecText, raw: Path, spec_path: Path, name: str, notes: list[str],
 
 
 def footer(
-    t: SpecText, spec_path: Path, name: str, split_column: str | None = None, batch_size: int | None = None
+    t: SpecText,
+    spec_path: Path,
+    name: str,
+    split_column: str | None = None,
+    batch_size: int | None = None,
+    nbytes: int = 0,
 ) -> None:
+    """``nbytes``: a sample's stored bytes (``sample_bytes``), which ``chunk_rows`` is chosen from."""
     t(0, "splits:")
     if split_column:
         t(1, f"column: {split_column}", "from the split folders (training, validation, valid, testing understood)")
@@ -38,7 +66,11 @@ def footer(
     out_dir = os.path.relpath(Path.cwd() / "data" / name, spec_path.parent.resolve())
     t(0, "storage:")
     t(1, "codec: lz4", "lz4 (fast) | zstd-1 (smaller) | gzip-1 (portable) | none ... (docs/codecs.md)")
-    t(1, "chunk_rows: 1", "samples per HDF5 chunk")
+    if nbytes:
+        t(1, f"chunk_rows: {chunk_rows(nbytes)}", f"samples per HDF5 chunk: as many as {CHUNK_BYTES >> 10} KB holds,")
+        t.more(f"a power of two; 1 above {CHUNK_BYTES >> 11} KB a sample (here {nbytes / 1024:.3g} KB)")
+    else:
+        t(1, "chunk_rows: 1", "samples per HDF5 chunk (ragged arrays chunk their elements)")
     t(0, "output:")
     t(1, f"dir: {scalar(out_dir)}")
     t(1, "keep: 5", "published versions kept")

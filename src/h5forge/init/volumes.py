@@ -1,15 +1,15 @@
 """What the two volume layouts (DICOM case folders, NIfTI files) share: the folder names they are
 found under, NIfTI naming, the masks beside the volumes (per-slice pictures or NIfTI label
 volumes), the slice size (the most common one: slices are cropped or padded to it, never
-resampled) and the ``volume`` field's lines. ``compute.batch_size`` is 2 for them, as cases are
-large."""
+resampled), the codec (what LZ4 saves on a few sampled slices, as the volume kind decodes them)
+and the ``volume`` field's lines. ``compute.batch_size`` is 2 for them, as cases are large."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Iterable, cast
 
 import numpy as np
 
@@ -17,6 +17,9 @@ from h5forge.init.folders import named, sample, subdirs, visible
 from h5forge.init.masks import MaskClasses, class_lines, mask_classes, pad_line
 from h5forge.init.pictures import pictures_in
 from h5forge.init.text import SpecText, files_value
+
+if TYPE_CHECKING:
+    from h5forge.spec import DatasetSpec
 
 CASE_DIRS = (
     "cases",
@@ -45,6 +48,11 @@ VOLUME_MASK_DIRS = (
     "groundtruth",
 )
 CASE_SAMPLE, LABEL_SAMPLE = 20, 5
+SLICES_MEASURED, CASES_MEASURED = 8, 2  # slices LZ4 compresses at init, spread through the first cases
+# LZ4 is kept from this saving on. A random slice stored none reads within 1.3x of a memory-mapped
+# .npy's at every slice size; lz4 reads a 512² one within 1.1x from 44 % saved, but at 1.4-1.6x
+# where it saves 30 % or less, and a smaller slice at more (benchmarks/results/kinds_ct_codec.md)
+LZ4_WORTH = 0.4
 SEG_CLASSES = ("1.2.840.10008.5.1.4.1.1.66.4", "1.2.840.10008.5.1.4.1.1.66.7")  # (label map) segmentation storage
 
 
@@ -176,6 +184,60 @@ def volume_mask_field(t: SpecText, name: str, like: str, mask: VolumeMask) -> No
     pad_line(t, mask.classes)
 
 
+@dataclass(frozen=True)
+class Saving:
+    """What LZ4 saves on sampled slices: the share of their bytes, and how many were compressed."""
+
+    share: float
+    slices: int
+
+
+def lz4_saving(root: Path, rels: list[str], size: tuple[int, int], dtype: str, **field: Any) -> Saving | None:
+    """What LZ4 saves on up to ``SLICES_MEASURED`` slices spread through the first
+    ``CASES_MEASURED`` of the cases ``rels`` (relative to ``root``) that decode, as the build
+    decodes and stores them: the registered volume kind's ``decode`` for a field of ``size`` and
+    ``dtype`` (``field``: its other keys, e.g. series, fourth_axis, channels); None when none
+    decodes."""
+    from h5forge.format.chunk_codec import encode
+    from h5forge.kinds import REGISTRY
+    from h5forge.samples import SampleRef
+
+    cls = REGISTRY["volume"]
+    spec = cls.Spec.model_validate({"kind": "volume", "files": ["*"], "size": size, "dtype": dtype, **field})
+    kind = cls("volume", spec, cast("DatasetSpec", None))  # its decode reads the field's own spec alone
+    part = "@t0000" if field.get("fourth_axis") == "time" else ""  # a 4-D file's first time point
+    plain = packed = slices = 0
+    cases = 0
+    for rel in rels:
+        if cases == CASES_MEASURED:
+            break
+        try:
+            values = np.asarray(kind.decode(root, SampleRef(rel + part, "train", {"volume": rel}, {}), {}).value)
+        except Exception:  # a case the build would reject (with its reason): the next one is measured
+            continue
+        cases += 1
+        for d in np.unique(np.linspace(0, len(values) - 1, SLICES_MEASURED // CASES_MEASURED).astype(int)):
+            one = np.ascontiguousarray(values[d])
+            plain, packed, slices = plain + one.nbytes, packed + len(encode("lz4", one)), slices + 1
+    return Saving(1 - packed / plain, slices) if plain else None
+
+
+def codec_lines(t: SpecText, saving: Saving | None) -> None:
+    """``codec: none`` for slices LZ4 saves little on, else the line commented, with the rule."""
+    if saving is None:
+        t.comment(2, 'codec: none  <- for slice training (unit="slice"): each slice read straight from the')
+        t.comment(2, "file's map, at memory speed; lz4 (the default) saves disk (docs/reading.md, 'CT slices')")
+        return
+    measured = f"LZ4 saves {saving.share:.0%} on {saving.slices} sampled slices"
+    if saving.share < LZ4_WORTH:
+        t(2, "codec: none", f"{measured}, under {LZ4_WORTH:.0%}: stored as they are,")
+        t.more(f"a random slice read straight from the file's map; lz4 from {LZ4_WORTH:.0%} on")
+        t.more("(docs/reading.md, 'CT slices')")
+    else:
+        t.comment(2, f"codec: none  <- {measured}, {LZ4_WORTH:.0%} or more: lz4 (the default) kept; none")
+        t.comment(2, "reads a random slice faster, for slice training (docs/reading.md, 'CT slices')")
+
+
 def most_common_size(sizes: Counter, what: str, notes: list[str]) -> tuple[int, int]:
     (rows, cols), n = sizes.most_common(1)[0]
     if len(sizes) > 1:
@@ -198,14 +260,14 @@ def volume_field(
     fractional: bool,
     fourth_axis: int | str | None = None,
     ids: str = "its name",
+    saving: Saving | None = None,
 ) -> None:
     t(1, f"{name}:")
     t(2, "kind: volume", what)
     t(2, f"files: {files_value(globs)}", f"one case each; the sample id is {ids}")
     t(2, f"size: [{size[0]}, {size[1]}]", f"(rows, columns): the most common slice size of {sampled} sampled cases;")
     t.more("others are centre-cropped / padded, never resampled; the depth is kept")
-    t.comment(2, 'codec: none  <- for slice training (unit="slice"): each slice read straight from the')
-    t.comment(2, "file's map, at memory speed; lz4 (the default) saves disk (docs/reading.md, 'CT slices')")
+    codec_lines(t, saving)
     if series:
         t(2, "series: largest", "case folders hold several series (see the notes): keep the one with")
         t.more("the most slices | or a SeriesDescription regular expression")

@@ -14,9 +14,9 @@ What it guarantees (docs/reading.md):
   consecutive rows into one slice read each (h5py reads a list of indices as one selection of single
   rows, which is many times slower on chunked data), and returns rows in the requested order. The
   chunk cache is sized from the layout so a chunk shared by several requested rows is decompressed
-  once. With one sample per chunk (the default) and the ``none`` or ``lz4`` codec, rows are read as
-  whole chunks and decompressed in process (h5forge.read.direct), which skips HDF5's per-call filter
-  overhead.
+  once. With the ``none`` or ``lz4`` codec, rows are read as whole chunks and decompressed in
+  process (h5forge.read.direct), which skips HDF5's per-call filter overhead; with several samples
+  per chunk the last ``cache_chunks`` decoded chunks of each field are kept there.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from h5forge.format.segments import virtual_sources
 from h5forge.kinds import FieldKind, ReadOptions, stored_kinds
 from h5forge.kinds.statistics import Statistics
 from h5forge.read.collate import Padded, pad_batch
-from h5forge.read.direct import DirectRows
+from h5forge.read.direct import DirectRows, reads_rows_alone
 from h5forge.spec import spec_from_json
 
 DEFAULT_CACHE_CHUNKS = 8  # chunks per field kept decompressed (covers the sampler's default window)
@@ -134,14 +134,15 @@ def _read_runs(d: h5py.Dataset, target: np.ndarray, runs: list[tuple[int, int, i
             target[dest] = d[start:stop]
 
 
-def _rows_reader(d: Any, cache_rows: int = 0) -> "DirectRows | MappedDataset | None":
+def _rows_reader(d: Any, cache_rows: int = 0, cache_chunks: int = 0) -> "DirectRows | MappedDataset | None":
     """What reads rows of ``d`` as whole chunks: a mapped dataset's own reader (its rows are in
-    other files), ``DirectRows`` for a one-row-per-chunk field, else None (h5py reads)."""
+    other files), ``DirectRows`` for a field it decodes (one row per chunk, or several when
+    ``cache_chunks`` are kept), else None (h5py reads)."""
     if isinstance(d, MappedDataset):
         return d
     if d.is_virtual:
         return rows_of(d)
-    return DirectRows.of(d, cache_rows)
+    return DirectRows.of(d, cache_rows, cache_chunks)
 
 
 def coalesce(sorted_unique: np.ndarray) -> list[tuple[int, int, int]]:
@@ -158,8 +159,9 @@ class SplitReader:
     """Random and batched access to the arrays of one split, as uint8 numpy arrays.
 
     ``SplitReader(path, split="train", fields=("images", "masks"))``. ``fields=None`` reads every
-    field the file lists. ``cache_chunks`` is how many decompressed chunks per field the HDF5 chunk
-    cache holds (at least one); ``rdcc_nbytes`` overrides the derived size. ``slice_cache`` is how
+    field the file lists. ``cache_chunks`` is how many decompressed chunks per field are kept (at
+    least one; by h5forge.read.direct, else by HDF5's chunk cache); ``rdcc_nbytes`` overrides the
+    size of HDF5's. ``slice_cache`` is how
     many decompressed elements (CT slices) of each ragged field read as whole chunks this process
     keeps for a next read (h5forge.read.direct; 0: none).
     """
@@ -177,6 +179,7 @@ class SplitReader:
     ):
         ensure_filters()
         self.slice_cache = max(0, int(slice_cache))
+        self.cache_chunks = max(1, int(cache_chunks))
         self.path = os.fspath(path)
         self.split = split
         self.locking = locking
@@ -237,6 +240,7 @@ class SplitReader:
             raise ReadError(f"{where}: no fields to read")
         count = int(g.attrs.get(Attr.COUNT, -1))
         infos: dict[str, FieldInfo] = {}
+        together: dict[str, int] = {}  # per fixed field: the rows a random read decodes together
         for name in wanted:
             # an annotation column may be asked for by its bare name when no field has that name
             path = name if name in kinds else column_path(name)
@@ -261,7 +265,10 @@ class SplitReader:
             kind = kinds[path]
             stats = kind.read_stats(g) if isinstance(kind, Statistics) else {}
             infos[name] = FieldInfo(name, path, kind, shape, ds.dtype, rows, cbytes, stats, st.bulk, st.ragged)
+            if st.bulk and not st.ragged:
+                together[name] = 1 if rows == 1 or reads_rows_alone(ds) else rows
         self.fields = infos
+        self._read_together = together
         self.count = count
 
     def _check_sources(self, f: h5py.File) -> None:
@@ -282,12 +289,10 @@ class SplitReader:
 
     @property
     def chunk_rows(self) -> int:
-        """Samples per chunk, for chunk-aware sampling (a ragged field's chunks hold elements, not rows)."""
-        return max(fi.chunk_rows for fi in self.fields.values() if fi.bulk and not fi.ragged) if self._fixed else 1
-
-    @property
-    def _fixed(self) -> bool:
-        return any(fi.bulk and not fi.ragged for fi in self.fields.values())
+        """The samples a random read decodes together, for chunk-aware sampling: a chunk's, or 1
+        where a row is read alone from its chunk (h5forge.read.direct), so a shuffle need not keep
+        a chunk's rows near each other (a ragged field's chunks hold elements, not rows)."""
+        return max(self._read_together.values(), default=1)
 
     def __len__(self) -> int:
         return self.count
@@ -339,7 +344,7 @@ class SplitReader:
             g = self._file[self.split]
             self._dsets = {name: g[fi.path] for name, fi in self.fields.items() if fi.bulk and not fi.ragged}
             # a mapped field is read from the files it maps, never through HDF5's virtual datasets
-            self._direct = {name: _rows_reader(d) for name, d in self._dsets.items()}
+            self._direct = {name: _rows_reader(d, cache_chunks=self.cache_chunks) for name, d in self._dsets.items()}
             self._ragged = {
                 name: arrays.RowReader(g, fi.path, fi.kind.stored()) for name, fi in self.fields.items() if fi.ragged
             }

@@ -146,8 +146,8 @@ def test_a_rebuild_after_appends_takes_the_appended_rows_from_their_delta(raw, t
     assert (summary.timings["reused"], summary.timings["cleaned"]) == (stored, 120 + 3 - stored)
 
 
-def nightly_spec(raw: Path, out: Path):
-    spec = spec_for(raw, out)
+def nightly_spec(raw: Path, out: Path, **storage):
+    spec = spec_for(raw, out, **storage)
     return spec.model_copy(update={"compute": spec.compute.model_copy(update={"batch_size": 2})})
 
 

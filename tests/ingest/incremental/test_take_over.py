@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 
 from h5forge.format.names import RESUMABLE, RESUME_SUFFIX, SPEC
@@ -26,13 +27,14 @@ def raw(tmp_path) -> Path:
     return make_raw(tmp_path / "raw", n=120, seed=3)
 
 
-def killed_build(raw: Path, out: Path) -> Path:
-    """``build(nightly_spec(raw, out))`` in a child SIGKILLed after 80 % of its inputs (a
-    checkpoint after every batch of 2); returns the partial file it left."""
+def killed_build(raw: Path, out: Path, chunk_rows: int = 1) -> Path:
+    """``build(nightly_spec(raw, out, chunk_rows=chunk_rows))`` in a child SIGKILLed after 80 % of
+    its inputs (a checkpoint after every batch of 2); returns the partial file it left."""
     child = subprocess.run(
         [sys.executable, "-c", "import sys; from pathlib import Path; "
          "from tests.ingest.incremental.test_rebuild import build, nightly_spec; "
-         "build(nightly_spec(Path(sys.argv[1]), Path(sys.argv[2])))", str(raw), str(out)],
+         "build(nightly_spec(Path(sys.argv[1]), Path(sys.argv[2]), chunk_rows=int(sys.argv[3])))",
+         str(raw), str(out), str(chunk_rows)],
         cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=900,
         env={**os.environ, "H5FORGE_KILL_AT": "build:at-80%", "H5FORGE_CHECKPOINT_SECONDS": "0"})
     assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
@@ -75,6 +77,33 @@ def test_a_killed_build_is_taken_over_in_place(raw, tmp_path):
     # the stored spec is this build's: the same but for the output folder
     assert (ours["output"].pop("dir"), theirs["output"].pop("dir")) == (str(out), str(tmp_path / "fresh"))
     assert ours == theirs
+
+
+def test_a_killed_build_of_several_samples_per_chunk_is_taken_over_in_place(raw, tmp_path):
+    """Four samples per chunk, a checkpoint after every batch of 2: the durable rows end inside a
+    chunk, which the take-over cuts and the next rows complete. The version equals an uninterrupted
+    build's, verifies in full, and its readers give h5py's values."""
+    from h5forge.read.reader import SplitReader
+    from h5forge.store.verify import verify_file
+
+    out = tmp_path / "out"
+    partial = killed_build(raw, out, chunk_rows=4)
+    counts = json.loads(partial.with_name(partial.name + RESUME_SUFFIX).read_text())["counts"]
+    assert any(n % 4 for n in counts.values())  # a checkpoint inside a chunk
+    path, result = build(nightly_spec(raw, out, chunk_rows=4))
+    assert result.timings["resumed_in_place"] == sum(counts.values()) and result.timings["resumed_damaged_rows"] == 0
+    fresh, _ = build(nightly_spec(raw, tmp_path / "fresh", chunk_rows=4))
+    assert_same(path, fresh)
+    report = verify_file(path, resample=0, latency_reads=0)
+    assert report.ok, report.errors
+    with h5py.File(path) as f:
+        for split in ("train", "val", "test"):
+            reader = SplitReader(path, split=split, fields=("images", "masks"))
+            for name in ("images", "masks"):
+                assert f[split][name].chunks[0] == 4
+                want = f[split][name][()]
+                got = reader.read(list(range(len(want))))[name]
+                assert np.array_equal(got, want), (split, name)
 
 
 def _damage(path: Path, row: int, how: str) -> None:
