@@ -49,8 +49,8 @@ def _switches() -> dict[str, tuple]:
     from h5forge.format import chunk_codec
     from h5forge.read import direct, torch as h5torch
     return {"ctypes": (chunk_codec, "_LZ4_SAFE", None),  # LZ4 blocks through lz4.block.decompress + a copy
-            "mmap": (direct._ChunkIndex, "of", classmethod(lambda cls, d: None)),  # chunks by read_direct_chunk
-            "direct": (direct.DirectRows, "of", classmethod(lambda cls, d, cache_rows=0: None)),  # every row through h5py's filters
+            "mmap": (direct._ChunkIndex, "of", classmethod(lambda cls, *args, **kwargs: None)),  # chunks by read_direct_chunk
+            "direct": (direct.DirectRows, "of", classmethod(lambda cls, *args, **kwargs: None)),  # every row through h5py's filters
             "pool": (h5torch._BlockPool, "take", lambda self, nbytes: h5torch._shared_block(nbytes)),  # a new block a batch
             "thread": (h5torch._ConvertingLoader, "__iter__", _unthreaded)}  # converted in the main thread
 
