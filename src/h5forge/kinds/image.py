@@ -141,17 +141,11 @@ def decode_picture(
     return img
 
 
-def open_picture(
-    data: bytes,
-    path: str,
-    max_pixels: int,
-    max_decoded: int = DEFAULT_MAX_DECODED,
-    draft_to: tuple[int, int] | None = None,
-):
+def open_picture(data: bytes, path: str, max_pixels: int):
     """``decode_picture``'s picture as a Pillow image."""
     from PIL import Image
 
-    pic = decode_picture(data, path, max_pixels, max_decoded, draft_to)
+    pic = decode_picture(data, path, max_pixels)
     return Image.fromarray(pic) if isinstance(pic, np.ndarray) else pic
 
 

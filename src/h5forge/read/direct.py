@@ -72,17 +72,15 @@ class DirectRows:
         """Row ``row`` into ``out`` (an array of one row, the dataset's dtype)."""
         if self.chunks is not None:
             chunk, at = divmod(row, self.chunk_rows)
-            if self._index is None:
-                self._index = _ChunkIndex.of(self.d) or False
-            if not (self._index and out.flags.c_contiguous and self._index.read_row(chunk, at, out, self.codec)):
+            index = self._chunk_index()
+            if not (index and out.flags.c_contiguous and index.read_row(chunk, at, out, self.codec)):
                 out[...] = self._chunk(chunk)[at]
             return
         if not out.flags.c_contiguous:
             return self._by_h5py(row, out)
         flat = out.reshape(-1).view(np.uint8)
-        if self._index is None:
-            self._index = _ChunkIndex.of(self.d) or False
-        if self._index and self._index.read(row, flat, self.codec):
+        index = self._chunk_index()
+        if index and index.read(row, flat, self.codec):
             return
         try:
             if self.codec == "none":
@@ -98,6 +96,12 @@ class DirectRows:
         elif not _lz4_into(chunk, flat):
             self._by_h5py(row, out)
 
+    def _chunk_index(self) -> "_ChunkIndex | Literal[False]":
+        """The file's chunk index, made on the first read in this process (False: not for the map)."""
+        if self._index is None:
+            self._index = _ChunkIndex.of(self.d) or False
+        return self._index
+
     def read_rows(self, rows: np.ndarray, target: np.ndarray, positions: np.ndarray) -> None:
         """Each of ``rows`` into ``target[positions[k]]``."""
         for row, pos in zip(rows.tolist(), positions.tolist()):
@@ -109,10 +113,9 @@ class DirectRows:
         kept = self.chunks.get(c)
         if kept is not None:
             return kept
-        if self._index is None:
-            self._index = _ChunkIndex.of(self.d) or False
+        index = self._chunk_index()
         kept = np.empty((self.chunk_rows, *self.shape), self.dtype)
-        if not (self._index and self._index.read(c, kept.reshape(-1).view(np.uint8), self.codec)):
+        if not (index and index.read(c, kept.reshape(-1).view(np.uint8), self.codec)):
             start = c * self.chunk_rows
             stop = min(start + self.chunk_rows, self.d.shape[0])
             self.d.read_direct(kept, np.s_[start:stop], np.s_[: stop - start])
@@ -133,9 +136,7 @@ class DirectRows:
         look-up and the copy or decompression itself: the destination's address is taken once per
         call, a row asked for twice is read once, and a decompressed row the cache holds is copied
         from there."""
-        index = self._index
-        if index is None:
-            index = self._index = _ChunkIndex.of(self.d) or False
+        index = self._chunk_index()
         nb, codec, cache = self.nbytes, self.codec, self.cache
         flat = np.empty(len(rows) * nb, np.uint8)
         target = flat.view(self.dtype).reshape(len(rows), *self.shape)
