@@ -261,6 +261,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     # a partial run (--only prefect) writes build_peers_prefect.*, never over the whole run's results
     name = "build_peers" if set(parts) == {"peers", "prefect", "scaling"} else "build_peers_" + "_".join(parts)
+    name += f"_{args.size}px_{args.n // 1000}k" if args.size != 224 and not args.smoke else ""  # the small-picture runs apart
     save(name, result, args.smoke, module="build_peers")
 
 
