@@ -49,9 +49,11 @@ CHECKPOINT_SHARE = 0.05  # and after each 5 % of the inputs: a short build loses
 class Checkpoints:
     """Call ``tick(samples done)`` after each batch: every CHECKPOINT_SECONDS, and after each
     CHECKPOINT_SHARE of the inputs, the writer's durable state is recorded beside its file. The
-    raw-file hashes learnt so far go to the output folder's hash cache at the second kind only
-    (at most 20 times a build, and once when the hashes were all made up front: the cache grows
-    with the inputs), so the next build, resuming, does not read again the files it takes over."""
+    raw-file hashes learnt so far go to the output folder's hash cache at the second kind only,
+    each time the samples done have doubled since it was last written (once when the hashes were
+    all made up front): the cache is written whole and grows with the inputs, so the doubling keeps
+    its cost within twice the final cache's, and the next build, resuming, reads again at most half
+    of the files it takes over."""
 
     def __init__(
         self,
@@ -68,19 +70,20 @@ class Checkpoints:
         self.raw_root = raw_root
         self.last = time.monotonic()
         self.done = self.saved = 0
-        self.cached = False  # the hash cache was saved by this build
+        self.cached_at = 0  # samples done when this build last saved the hash cache (0: never)
 
     def tick(self, n: int) -> None:
         self.done += n
         share = self.total and self.done - self.saved >= CHECKPOINT_SHARE * self.total
         if share or time.monotonic() - self.last >= self.every:
             self.save()
-            if share and self.raw_root is not None and (self.inputs.deferred or not self.cached):
-                # a deferred build's hashes grow as it cleans; a build that hashed up front has them all
+            # a deferred build's hashes grow as it cleans; a build that hashed up front has them all
+            grown = self.inputs.deferred and self.done >= 2 * self.cached_at
+            if share and self.raw_root is not None and (not self.cached_at or grown):
                 hash_cache.save(
                     self.path.parent, self.raw_root, self.inputs.states, self.inputs.hexes, self.inputs.stated_at_ns
                 )
-                self.cached = True
+                self.cached_at = self.done
         if self.total and self.done >= 0.8 * self.total:
             fault_point("build:at-80%")  # the fault tests kill a real build here
 
