@@ -178,7 +178,7 @@ def test_the_shipped_pngs_mostly_take_the_faster_decoder():
 
 @pytest.mark.parametrize("orientation", range(1, 9))
 @pytest.mark.parametrize(
-    "where", ["jpeg", "png eXIf", "png eXIf after the pixels", "png XMP", "png XMP after the pixels"]
+    "where", ["jpeg", "png eXIf", "png eXIf after the pixels", "png XMP", "png XMP after the pixels", "png raw profile"]
 )
 def test_an_exif_orientation_is_applied_as_pillow_applies_it(where, orientation):
     pixels = data.astronaut()[:60, :90]
@@ -187,12 +187,40 @@ def test_an_exif_orientation_is_applied_as_pillow_applies_it(where, orientation)
     elif where.startswith("png eXIf"):
         body = _exif(orientation).tobytes()[6:]  # the chunk holds the TIFF header on, without "Exif\0\0"
         blob = with_chunk(encoded(pixels), b"eXIf", body, after_pixels="after" in where)
+    elif where == "png raw profile":  # ImageMagick's text chunk, which Pillow's getexif reads
+        hexed = _exif(orientation).tobytes().hex()
+        blob = with_chunk(encoded(pixels), b"tEXt", f"Raw profile type exif\0\nexif\n{len(hexed) // 2:8d}\n{hexed}\n".encode())
     else:
         blob = with_chunk(encoded(pixels), b"iTXt", _xmp(orientation), after_pixels="after" in where)
     assert routed(blob) is ("after" not in where)
+    assert image.plain_png(blob) is None or "after" in where  # after: the faster decoder refuses it
     got = assert_pillows(blob)
     assert got.shape[:2] == ((90, 60) if orientation >= 5 else (60, 90))
     assert np.array_equal(got, np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(blob)))))
+
+
+def test_a_plain_pngs_header_is_read_without_pillow_and_any_other_is_left_to_it():
+    """The chunks before the pixels are all ones that change no value, with right CRCs: header from IHDR."""
+    cam, ast = data.camera()[:20, :30], data.astronaut()[:20, :30]
+    assert image.plain_png(encoded(ast)) == image.PngHeader(30, 20, "RGB")
+    assert image.plain_png(encoded(cam)) == image.PngHeader(30, 20, "L")
+    assert image.plain_png(encoded(_rgba()[:20, :30])) == image.PngHeader(30, 20, "RGBA")
+    gamma = with_chunk(encoded(ast), b"gAMA", struct.pack(">I", 100_000))
+    assert image.plain_png(gamma) == image.PngHeader(30, 20, "RGB")
+    left = {
+        "tRNS": with_chunk(encoded(ast), b"tRNS", bytes(6)),
+        "text": with_chunk(encoded(ast), b"tEXt", b"Comment\0x"),
+        "unknown chunk": with_chunk(encoded(ast), b"prVt", b"12"),
+        "IHDR CRC": _flipped(encoded(ast), _crc_at(encoded(ast), 0)),
+        "gAMA CRC": _flipped(gamma, _crc_at(gamma, 1)),
+        "palette": encoded(Image.fromarray(ast).quantize(16)),
+        "16-bit": encoded(cam.astype(np.uint16) * 257),
+        "cut in its header": encoded(ast)[:30],
+        "jpeg": encoded(ast, "JPEG"),
+    }
+    assert {name: image.plain_png(blob) for name, blob in left.items()} == dict.fromkeys(left)
+    for blob in left.values():
+        assert_pillows(blob)
 
 
 def test_a_shrunk_jpeg_is_decoded_at_a_reduced_scale_by_pillow():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import struct
 import threading
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -106,20 +107,13 @@ def decode_picture(
 
     if not data:
         raise Reject(path, "empty file (0 bytes)")
+    if (plain := plain_png(data)) is not None:
+        _check_size(plain, path, max_pixels, max_decoded)
+        if (pixels := _fast_pixels(data, plain, max_decoded)) is not None:
+            return pixels
     try:
         img = _open_unchecked(data)
-        w, h = img.size  # from the header: nothing is decoded yet
-        if w * h > max_pixels:
-            raise Reject(
-                path,
-                f"decompression bomb: header declares {w}x{h} = {w * h:,} pixels, limit is {max_pixels:,} (max_pixels)",
-            )
-        if decoded_bytes(img) > max_decoded:
-            raise Reject(
-                path,
-                f"too large to decode: {w}x{h} {img.mode} takes {decoded_bytes(img):,} bytes "
-                f"decoded, limit is {max_decoded:,} (max_decoded_bytes)",
-            )
+        _check_size(img, path, max_pixels, max_decoded)  # from the header: nothing is decoded yet
         if draft_to is not None and img.format == "JPEG" and img.draft(img.mode, draft_to):
             img.load()  # decoded at a reduced scale, which only Pillow does here
         elif (pixels := _fast_pixels(data, img, max_decoded)) is None:
@@ -139,6 +133,73 @@ def decode_picture(
     except (OSError, SyntaxError, ValueError, EOFError) as err:
         raise Reject(path, f"corrupt or truncated image: {err}") from None
     return img
+
+
+def _check_size(img, path: str, max_pixels: int, max_decoded: int) -> None:
+    """A picture whose header declares more pixels or decoded bytes than the limits rejects the sample."""
+    w, h = img.size
+    if w * h > max_pixels:
+        raise Reject(
+            path,
+            f"decompression bomb: header declares {w}x{h} = {w * h:,} pixels, limit is {max_pixels:,} (max_pixels)",
+        )
+    if decoded_bytes(img) > max_decoded:
+        raise Reject(
+            path,
+            f"too large to decode: {w}x{h} {img.mode} takes {decoded_bytes(img):,} bytes "
+            f"decoded, limit is {max_decoded:,} (max_decoded_bytes)",
+        )
+
+
+@dataclass(frozen=True)
+class PngHeader:
+    """What Pillow's ``Image.open`` tells of a plain PNG (``plain_png``), read from its chunks alone."""
+
+    width: int
+    height: int
+    mode: str
+    format: str = "PNG"
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.width, self.height
+
+    def getbands(self) -> tuple[str, ...]:
+        return tuple(self.mode)
+
+
+# Chunks before the pixels that change neither the values Pillow decodes nor their orientation;
+# any other (text and eXIf, which may hold an EXIF orientation, tRNS, palettes, animation, unknown
+# ones) leaves the header to Pillow.
+_PLAIN_CHUNKS = frozenset({b"pHYs", b"sRGB", b"gAMA", b"cHRM", b"iCCP", b"bKGD", b"sBIT", b"tIME"})
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def plain_png(data: bytes) -> PngHeader | None:
+    """The header of an 8-bit grey, RGB or RGBA PNG whose chunks before its pixels are all plain ones
+    with right CRCs (what Pillow's open checks), without opening it in Pillow; None for any other file,
+    which Pillow then opens."""
+    if not data.startswith(_PNG_SIGNATURE):
+        return None
+    at, header = 8, None
+    while at + 12 <= len(data):
+        length, kind = struct.unpack_from(">I4s", data, at)
+        if kind == b"IDAT":
+            return header
+        body = data[at + 8 : at + 8 + length]
+        if len(body) != length or at + 12 + length > len(data):
+            return None
+        if zlib.crc32(kind + body) != struct.unpack_from(">I", data, at + 8 + length)[0]:
+            return None
+        if kind == b"IHDR" and header is None and at == 8 and length == 13:
+            w, h, depth, colour = struct.unpack_from(">IIBB", body)
+            if not (w and h and (mode := SPNG_MODES.get((depth, colour)))):
+                return None
+            header = PngHeader(w, h, mode)
+        elif header is None or kind not in _PLAIN_CHUNKS:
+            return None
+        at += 12 + length
+    return None
 
 
 def open_picture(data: bytes, path: str, max_pixels: int):
