@@ -212,8 +212,8 @@ def main() -> None:
             "append onto large / onto small": a["ratio_large_vs_small"],
             "append CPU, large / small": a["cpu_ratio_large_vs_small"],
             "append write-delta (exactly-once lookup inside), large / small": a["step_ratios_large_vs_small"]["write-delta"]})
-    save("nightly_append" if args.only else "nightly", result,
-         args.smoke, module="nightly")
+    small = f"_{args.size}px_{args.n // 1000}k" if args.size != 224 and not args.smoke else ""  # small-picture runs apart
+    save("nightly_append" if args.only else "nightly" + small, result, args.smoke, module="nightly")
     if result.get("identical_to_full_rebuild") is False:
         raise SystemExit("a reused or resumed version differs from a full rebuild; see the results")
 
