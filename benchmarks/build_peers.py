@@ -1,7 +1,7 @@
 """The build against its peers, Prefect's cost, and the build's scaling in workers and samples.
 
     python -m benchmarks.build_peers [--smoke] [--n 10000 --prefect-n 10000 --n-large 50000]
-                                     [--only peers,prefect,scaling]
+                                     [--only peers,prefect,scaling,batch]
 
 Method: benchmarks/README.md, "build_peers". The peers' venv (build/bench-peers) is made by this command.
 """
@@ -223,6 +223,27 @@ def scaling_part(args, work: Path) -> dict:
                                           best["n_2workers"]["peak_rss_mib"])}
 
 
+def batch_part(args, work: Path) -> dict:
+    """``h5forge.build`` in this process on ``--workers`` workers, 64 samples a task (the former default)
+    against the number the build picks (``batch_samples``): CPU per sample of the process tree, speed."""
+    import h5forge
+    from h5forge.ingest.parallel import batch_samples
+    spec = make_spec(raw_folder(args.n, args.size), work / "batch-out", args.size,
+                     compute={"workers": args.workers, "inline_below": 0})
+    picked = batch_samples(spec, args.n)
+    runs: dict[int, list] = {64: [], picked: []}
+    for rep, size in interleaved(list(runs), args.reps):
+        shutil.rmtree(work / "batch-out", ignore_errors=True)
+        with sampled() as usage:
+            res = h5forge.build(spec.model_copy(update={"compute": spec.compute.model_copy(update={"batch_size": size})}))
+        runs[size].append({"cpu_ms_per_sample": round(1000 * usage["cpu_seconds"] / args.n, 3),
+                           "samples_per_s": round(args.n / res.timings["clean_write_seconds"], 1)})
+        log(f"rep {rep} batch {size}: {runs[size][-1]}")
+    cpu = {size: med(r["cpu_ms_per_sample"] for r in rs) for size, rs in runs.items()}
+    return {"picked": picked, "runs": {str(k): v for k, v in runs.items()},
+            "cpu_ms_per_sample_median": {str(k): v for k, v in cpu.items()}, "cpu_picked_over_64": ratio(cpu[picked], cpu[64])}
+
+
 def main() -> None:
     if "--peer" in sys.argv:
         return peer_child(sys.argv[sys.argv.index("--peer") + 1], Path(sys.argv[sys.argv.index("--job") + 1]))
@@ -230,7 +251,7 @@ def main() -> None:
         return child(sys.argv[2], sys.argv[3], Path(sys.argv[4]))
     args = cli(__doc__, dict(n=64, size=64, prefect_n=64, n_large=128, prefect_reps=1),
                n=10_000, size=224, workers=2, prefect_n=10_000, n_large=50_000, reps=1,
-               prefect_reps=2, only="peers,prefect,scaling")
+               prefect_reps=2, only="peers,prefect,scaling,batch")
     parts = args.only.split(",")
     py = peers_venv(PEERS_VENV, not args.smoke, ["--no-deps", *PEERS_NO_DEPS], PEERS_DEPS, pth=True) \
         if "peers" in parts else None
@@ -243,6 +264,9 @@ def main() -> None:
         if "scaling" in parts:
             result["scaling"] = s = scaling_part(args, work)
             r |= {"clean+write, 2 workers / 1": s["two_over_one_worker"], "peak RSS, n-large / n": s["rss_large_over_small"]}
+        if "batch" in parts:
+            result["batch"] = b = batch_part(args, work)
+            r |= {f"CPU per sample, {b['picked']} samples a task / 64": b["cpu_picked_over_64"]}
         if {"peers", "prefect"} & set(parts):
             url, server, started = start_prefect_server(home := work / "prefect-home")
             result["prefect_server_start_to_healthy_seconds"] = round(started, 2)
@@ -260,7 +284,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     # a partial run (--only prefect) writes build_peers_prefect.*, never over the whole run's results
-    name = "build_peers" if set(parts) == {"peers", "prefect", "scaling"} else "build_peers_" + "_".join(parts)
+    name = "build_peers" if set(parts) == {"peers", "prefect", "scaling", "batch"} else "build_peers_" + "_".join(parts)
     name += f"_{args.size}px_{args.n // 1000}k" if args.size != 224 and not args.smoke else ""  # the small-picture runs apart
     save(name, result, args.smoke, module="build_peers")
 

@@ -157,7 +157,9 @@ class Output(_Strict):
 class Compute(_Strict):
     dask_address: str | None = Field(None, description="tcp://host:port of an existing scheduler")
     workers: int = Field(2, ge=1, description="LocalCluster worker processes")
-    batch_size: int = Field(64, ge=1, description="samples per dask task")
+    batch_size: int | None = Field(
+        None, ge=1, description="samples per dask task; unset: as many as 2 MiB of stored values hold, 64 to 1024"
+    )
     in_flight: int = Field(0, ge=0, description="batches in flight; 0 means 2 per worker")
     inline_below: int = Field(
         256, ge=0, description="fewer samples than this are cleaned in-process (starting a cluster costs seconds)"

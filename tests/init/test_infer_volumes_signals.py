@@ -330,7 +330,7 @@ def test_signals_demo_inits_builds_and_reads_back(tmp_path):
     for name, (label, (rate, *_)) in zip(spec.fields, SIGNAL_CHANNELS.items()):
         f = spec.fields[name]
         assert (f.kind, f.files, f.channel, f.rate) == ("signal", "*.edf", label, rate)
-    assert spec.compute.batch_size == 64  # the default
+    assert spec.compute.batch_size is None  # unset: the build picks it (ingest.parallel.batch_samples)
     assert "rec_truncated.edf" in stdout and "truncated?" in stdout
     assert "'ACC' is at 500 Hz in 1 of 10 sampled files (rec_bad_rate.edf)" in stdout
     assert "'TEMP' is missing in 1 of 10 sampled files (rec_no_temp.edf)" in stdout

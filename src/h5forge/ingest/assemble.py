@@ -61,8 +61,8 @@ class SegmentFileWriter(DatasetWriter):
 
     publishes = False
 
-    def __init__(self, path: Path, spec: DatasetSpec, *args, **kwargs):
-        self.small_rows = max(1, min(SMALL_ROWS, spec.compute.batch_size))
+    def __init__(self, path: Path, spec: DatasetSpec, *args, rows: int, **kwargs):
+        self.small_rows = max(1, min(SMALL_ROWS, rows))
         super().__init__(path, spec, *args, **kwargs)
         self.catalog: Catalog | None = None
 
@@ -85,7 +85,9 @@ def write_segment_file(batch: CleanedBatch, spec: DatasetSpec, target: SegmentTa
     name = f"{uuid.uuid4().hex}.h5"
     partial = folder / partial_name(name)
     inputs = Inputs(rules=target.rules, key="")
-    w = SegmentFileWriter(partial, spec, target.version, inputs=inputs, format_version=target.format_version)
+    w = SegmentFileWriter(
+        partial, spec, target.version, rows=len(batch), inputs=inputs, format_version=target.format_version
+    )
     with w:
         batch = replace(batch, checksums=w.provenance_rows(batch)[CHECKSUM], keys=w._sample_keys(batch))
         w.add(batch)

@@ -23,6 +23,7 @@ from h5forge.format.names import FORMAT_VERSION
 from h5forge.ingest.assemble import SegmentTarget, clean_to_file
 from h5forge.ingest.clean import CleanedBatch, clean_batch
 from h5forge.ingest.segment_files import clean_to_segment, make_folder, read_segment, remove_folder
+from h5forge.kinds import sample_bytes, stored_kinds
 from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
 
@@ -248,6 +249,28 @@ def cluster_ahead(spec: DatasetSpec, wanted: Callable[[], bool]) -> Iterator[Clu
         ahead.close()
 
 
+BATCH_BYTES = 2 << 20  # stored bytes a task carries when compute.batch_size is unset
+BATCH_SAMPLES = (64, 1024)
+
+
+def batch_samples(spec: DatasetSpec, n: int = 0) -> int:
+    """Samples per task: ``compute.batch_size``, or when unset the largest power of two of samples
+    whose stored values ``BATCH_BYTES`` holds, within ``BATCH_SAMPLES``, and small enough that each
+    worker gets 4 batches of ``n`` samples (the fewest when a field is ragged: its size is unknown).
+    A task's own costs (scheduling, its rows' file, a checkpoint) are then a small share of cleaning
+    small samples (benchmarks/results/build_batch.md)."""
+    if spec.compute.batch_size is not None:
+        return spec.compute.batch_size
+    lo, hi = BATCH_SAMPLES
+    nbytes = sample_bytes(spec)
+    if not nbytes or any(st.bulk and st.ragged for st in (k.stored() for k in stored_kinds(spec).values())):
+        return lo
+    fits = 1 << max(0, (BATCH_BYTES // nbytes).bit_length() - 1)
+    if n:
+        fits = min(fits, 1 << max(0, (n // (4 * spec.compute.workers)).bit_length() - 1))
+    return max(lo, min(hi, fits))
+
+
 def batches(samples: Sequence[SampleRef], size: int) -> list[list[SampleRef]]:
     return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
 
@@ -268,7 +291,7 @@ def clean_all(
     ``status`` hears what happens before the first batch (a cluster start takes seconds);
     ``format_version`` is the format of the file the rows go to (``clean_batch``); with
     ``segments_to`` each batch's rows go to a file of their own there (``ingest.assemble``)."""
-    size = spec.compute.batch_size
+    size = batch_samples(spec, len(samples))
     timings = {} if timings is None else timings
     if not spec.compute.dask_address and len(samples) < spec.compute.inline_below:
         timings["cleaned_in"] = "calling process"

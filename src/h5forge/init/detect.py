@@ -12,7 +12,8 @@ import yaml
 from h5forge.errors import UsageError
 from h5forge.ingest.discover import discover
 from h5forge.ingest.rejected import common_reasons, inputs_seen
-from h5forge.init.sections import footer, header, sample_bytes
+from h5forge.init.sections import footer, header
+from h5forge.kinds import sample_bytes
 from h5forge.init.text import SpecText
 from h5forge.kinds import Layout, detectors
 from h5forge.spec import DatasetSpec, parse_spec

@@ -7,23 +7,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 
 from h5forge.init.text import SpecText, scalar
-from h5forge.kinds import stored_kinds
-from h5forge.spec import DatasetSpec
 
 MAX_REJECTED = 0.1  # the share of rejected inputs the written spec allows (max_rejected)
 # the stored bytes of the samples one chunk holds: fewer, larger chunks make the file's chunk index
 # and the reader's small, while a row is still read alone (benchmarks/results/read_masks_chunks.md)
 CHUNK_BYTES = 64 << 10
 MAX_CHUNK_ROWS = 4096  # storage.chunk_rows' limit
-
-
-def sample_bytes(spec: DatasetSpec) -> int:
-    """The stored bytes of one sample's fixed-size arrays (a ragged field chunks its elements)."""
-    stored = [kind.stored() for kind in stored_kinds(spec).values()]
-    return sum(int(np.prod(st.shape)) * np.dtype(st.dtype).itemsize for st in stored if st.bulk and not st.ragged)
 
 
 def chunk_rows(nbytes: int) -> int:

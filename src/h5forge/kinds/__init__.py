@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from h5forge.errors import KindRegistryError
 from h5forge.format.arrays import Stored
 from h5forge.kinds.base import Decoded, FieldKind, warnings_logged
@@ -106,6 +108,12 @@ def format_table() -> str:
 def field_kinds(spec: "DatasetSpec") -> dict[str, FieldKind]:
     """The declared fields, in spec order, each bound to its kind."""
     return {name: REGISTRY[f.kind](name, f, spec) for name, f in spec.fields.items()}
+
+
+def sample_bytes(spec: "DatasetSpec") -> int:
+    """The stored bytes of one sample's fixed-size arrays (a ragged field chunks its elements)."""
+    stored = [kind.stored() for kind in stored_kinds(spec).values()]
+    return sum(int(np.prod(st.shape)) * np.dtype(st.dtype).itemsize for st in stored if st.bulk and not st.ragged)
 
 
 def stored_kinds(spec: "DatasetSpec") -> dict[str, FieldKind]:

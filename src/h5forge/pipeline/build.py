@@ -21,7 +21,7 @@ from h5forge.ingest.discover import Inventory
 from h5forge.ingest.duplicates import drop_duplicates
 from h5forge.ingest.incremental.inputs import Inputs, rules_hash
 from h5forge.ingest.incremental.rebuild import comparable, inputs_of, unchanged_since
-from h5forge.ingest.parallel import ClusterAhead, cluster_ahead
+from h5forge.ingest.parallel import ClusterAhead, batch_samples, cluster_ahead
 from h5forge.ingest.rejected import check_rejected
 from h5forge.ingest.removals import check_removals, named
 from h5forge.pipeline.main_module import leaves_main_alone
@@ -204,7 +204,7 @@ def clean_and_write(
         where = f"in this process (fewer than compute.inline_below = {compute.inline_below})"
     else:
         where = f"on a LocalCluster of {compute.workers} processes"
-    log.info("cleaning %d samples %s, %d per batch", n, where, compute.batch_size)
+    log.info("cleaning %d samples %s, %d per batch", n, where, batch_samples(spec, n))
     with runner.progress(n, "clean+write") as display:
         summary = steps.write_version(spec, inventory, candidate, display.advance, display.status, inputs, cluster)
     log.info(

@@ -41,6 +41,7 @@ from h5forge.errors import NothingToBuild, UsageError
 from h5forge.format.codecs import CODECS
 from h5forge.ingest.clean import CleanedBatch, clean_batch
 from h5forge.ingest.discover import discover
+from h5forge.ingest.parallel import batch_samples
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.read.reader import SplitReader
 from h5forge.spec import DatasetSpec, parse_spec
@@ -123,7 +124,7 @@ def cleaned_sample(spec: DatasetSpec, n: int, seed: int = 0) -> tuple[list[Clean
     rng = np.random.default_rng(seed)
     picked = sorted(rng.choice(len(inventory.samples), size=min(n, len(inventory.samples)), replace=False))
     refs = [inventory.samples[i] for i in picked]
-    size = spec.compute.batch_size
+    size = batch_samples(spec, len(refs))
     batches = [clean_batch(spec, inventory.root, refs[i : i + size]) for i in range(0, len(refs), size)]
     rejected = sum(len(b.rejections) for b in batches)
     if not sum(len(b) for b in batches):
