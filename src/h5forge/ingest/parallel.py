@@ -258,7 +258,7 @@ def batch_samples(spec: DatasetSpec, n: int = 0) -> int:
     whose stored values ``BATCH_BYTES`` holds, within ``BATCH_SAMPLES``, and small enough that each
     worker gets 4 batches of ``n`` samples (the fewest when a field is ragged: its size is unknown).
     A task's own costs (scheduling, its rows' file, a checkpoint) are then a small share of cleaning
-    small samples (benchmarks/results/build_batch.md)."""
+    small samples (benchmarks/results/build_peers_batch_32px_20k.md)."""
     if spec.compute.batch_size is not None:
         return spec.compute.batch_size
     lo, hi = BATCH_SAMPLES
