@@ -211,6 +211,8 @@ def test_a_plain_pngs_header_is_read_without_pillow_and_any_other_is_left_to_it(
         "tRNS": with_chunk(encoded(ast), b"tRNS", bytes(6)),
         "text": with_chunk(encoded(ast), b"tEXt", b"Comment\0x"),
         "unknown chunk": with_chunk(encoded(ast), b"prVt", b"12"),
+        "iCCP": with_chunk(encoded(ast), b"iCCP", b"p\0\1" + bytes(8)),  # Pillow rejects its compression method
+        "short pHYs": with_chunk(encoded(ast), b"pHYs", bytes(8)),  # Pillow: truncated
         "IHDR CRC": _flipped(encoded(ast), _crc_at(encoded(ast), 0)),
         "gAMA CRC": _flipped(gamma, _crc_at(gamma, 1)),
         "palette": encoded(Image.fromarray(ast).quantize(16)),

@@ -168,10 +168,11 @@ class PngHeader:
         return tuple(self.mode)
 
 
-# Chunks before the pixels that change neither the values Pillow decodes nor their orientation;
-# any other (text and eXIf, which may hold an EXIF orientation, tRNS, palettes, animation, unknown
-# ones) leaves the header to Pillow.
-_PLAIN_CHUNKS = frozenset({b"pHYs", b"sRGB", b"gAMA", b"cHRM", b"iCCP", b"bKGD", b"sBIT", b"tIME"})
+# Chunks before the pixels that change neither the values Pillow decodes nor their orientation, with
+# the shortest body Pillow's open reads without an error (it skips the last three); any other (text
+# and eXIf, which may hold an EXIF orientation, iCCP, which Pillow decompresses, tRNS, palettes,
+# animation, unknown ones) leaves the header to Pillow.
+_PLAIN_CHUNKS = {b"pHYs": 9, b"sRGB": 1, b"gAMA": 4, b"cHRM": 32, b"bKGD": 0, b"sBIT": 0, b"tIME": 0}
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -196,7 +197,7 @@ def plain_png(data: bytes) -> PngHeader | None:
             if not (w and h and (mode := SPNG_MODES.get((depth, colour)))):
                 return None
             header = PngHeader(w, h, mode)
-        elif header is None or kind not in _PLAIN_CHUNKS:
+        elif header is None or length < _PLAIN_CHUNKS.get(kind, length + 1):
             return None
         at += 12 + length
     return None
