@@ -202,8 +202,9 @@ def _glob_field(
     leaves = None if allow_outside else Outside(root)
     start = len(str(root).rstrip("/")) + 1
     for pattern in patterns:
-        # str paths and a sort by parts (Path's own order) keep pathlib out of a loop run per file
-        for path in sorted(map(str, root.glob(pattern)), key=lambda q: q.split("/")):
+        # str paths in Path's own order, by parts: a string with "/" made the lowest character
+        # sorts as its parts do, and keeps pathlib and a list per file out of the sort
+        for path in sorted(map(str, root.glob(pattern)), key=lambda q: q.replace("/", "\0")):
             name = path.rsplit("/", 1)[-1]
             if name.startswith(".") or path in seen or (skip and name.endswith(INBOX_TEMPORARY)):
                 continue  # in an inbox, a name being copied under a temporary name waits for its rename
@@ -738,5 +739,7 @@ def _columns_for(
 
 def folder_columns(rel: str, folders: dict[str, int]) -> dict[str, str]:
     """Column values taken from the folders of a sample's file (-1: its folder, -2: the one above)."""
+    if not folders:
+        return {}
     parents = Path(rel).parts[:-1]
     return {col: parents[k] for col, k in folders.items() if -len(parents) <= k < 0}

@@ -43,8 +43,9 @@ def drop_duplicates(spec: DatasetSpec, inventory: Inventory) -> int:
     if not kinds:
         return 0
     root = inventory.root
-    alike = _alike(root, inventory.samples, kinds, lambda rel, kind: _size(root / rel, kind))
-    alike = _alike(root, alike, kinds, lambda rel, kind: _ends(root / rel, kind))
+    top = str(root)  # a path joined per file as a string: pathlib would cost more than the stat
+    alike = _alike(root, inventory.samples, kinds, lambda rel, kind: _size(os.path.join(top, rel), kind))
+    alike = _alike(root, alike, kinds, lambda rel, kind: _ends(Path(top, rel), kind))
     digests: dict[tuple[str, str], str] = {}
 
     def digest(ref: SampleRef) -> bytes | None:
@@ -89,9 +90,9 @@ def _alike(root: Path, refs: list[SampleRef], kinds: dict[str, FieldKind], key) 
     return [refs[i] for i in keep]
 
 
-def _size(path: Path, kind: FieldKind) -> tuple:
+def _size(path: str, kind: FieldKind) -> tuple:
     """A file's size; a case folder's file sizes, sorted."""
-    if kind.reads_folders and path.is_dir():
+    if kind.reads_folders and os.path.isdir(path):
         sizes = tuple(sorted(os.stat(os.path.join(top, f)).st_size for top, _, files in os.walk(path) for f in files))
     else:
         sizes = (os.stat(path).st_size,)
