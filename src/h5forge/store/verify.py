@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 MAX_LISTED = 20  # errors of one kind listed before summarising the rest
 MAX_STORED_COUNT = 1000  # resample / latency_reads taken from the file's own spec at most
 MAX_BLOCK_ROWS = 256  # rows checksummed per read, whatever chunk_rows the file's spec claims
+BLOCK_BYTES = 4 << 20  # small rows are checksummed more at a time, up to this many stored bytes
 
 
 @dataclass
@@ -628,7 +629,7 @@ def _check_checksums(
     workers: int = 1,
     executor: tuple[Executor, int] | None = None,
 ) -> None:
-    step = min(block_rows(spec.storage.chunk_rows), MAX_BLOCK_ROWS)  # chunk_rows comes from the file
+    step = _block_step(f, spec, kinds)
     blocks: list[tuple[str, int, int]] = []
     for split in SPLITS:
         n = int(f[split].attrs[Attr.COUNT])
@@ -646,6 +647,22 @@ def _check_checksums(
     report.errors_of("checksums", bad, f"ok ({checked} samples{'' if ranges is None else ', sampled'}{only})")
     report.stats["checksums_checked"] = checked
     report.stats["checksum_processes"] = len(parts)
+
+
+def _block_step(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind]) -> int:
+    """Rows checksummed per read: whole chunks of at least BLOCK_ROWS rows (chunk_rows comes from the
+    file), and a whole number of those up to SMALL_ROWS while BLOCK_BYTES holds the rows as the
+    file's datasets store them: each read has costs of its own, which small rows would otherwise
+    repeat every few rows. A ragged field keeps the first."""
+    step = min(block_rows(spec.storage.chunk_rows), MAX_BLOCK_ROWS)
+    try:
+        g = next(f[s] for s in SPLITS if s in f)
+        if any(k.stored().ragged for k in kinds.values()):
+            return step
+        nbytes = sum(int(np.prod(g[p].shape[1:])) * g[p].dtype.itemsize for p in kinds)
+    except (KeyError, StopIteration, TypeError, ValueError, OSError):  # the layout check names what is wrong
+        return step
+    return max(step, min(SMALL_ROWS, step * (BLOCK_BYTES // max(1, nbytes) // step)))
 
 
 def _checksum_blocks(
