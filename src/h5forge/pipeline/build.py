@@ -14,7 +14,7 @@ import h5py
 
 from h5forge.errors import VerificationFailed
 from h5forge.format.names import version_name
-from h5forge.format.segments import counts_of
+from h5forge.format.row_files import counts_of
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest import build as steps, discover as discovery
 from h5forge.ingest.discover import Inventory

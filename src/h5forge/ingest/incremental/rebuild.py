@@ -20,7 +20,7 @@ import numpy as np
 from h5forge.format.catalog import input_key
 from h5forge.format.mapped import rows_of
 from h5forge.format.names import RESUMABLE, RESUME_SUFFIX, version_name
-from h5forge.format.segments import segments_of
+from h5forge.format.row_files import row_files_of
 from h5forge.ingest.incremental import hash_cache
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.parallel import ClusterAhead
@@ -73,7 +73,7 @@ def previous_sources(out: Path, rules: str) -> list[Source]:
         return []
     path = Path(out) / version_name(number)
     try:
-        files = [path.parent / seg["file"] for seg in segments_of(path)]
+        files = [path.parent / seg["file"] for seg in row_files_of(path)]
     except OSError:
         return []
     return [Source(p) for p in files if usable(p, rules)]

@@ -349,8 +349,8 @@ def write_reusing(
     cursor, done = 0, 0
     cleaned_rows: dict[str, list[int]] = {s: [] for s in SPLITS}
     # rows taken from earlier files are copied: a version that takes some holds every row itself
-    to = writer.segments_to if not plan.reused else None
-    for batch in clean_all(spec, root, to_clean, timings, status, segments_to=to, cluster=cluster):
+    to = writer.row_files_to if not plan.reused else None
+    for batch in clean_all(spec, root, to_clean, timings, status, row_files_to=to, cluster=cluster):
         refs = to_clean[done : done + len(batch) + len(batch.rejections)]  # every input is kept or rejected
         done += len(refs)
         if inputs is not None and inputs.deferred:
@@ -358,22 +358,22 @@ def write_reusing(
         writer.add_rejections(batch.rejections)
         batch = dataclasses.replace(batch, rejections=[])
         in_batch = {sid: i for i, sid in enumerate(batch.ids)}
-        segment: list[int] = []
+        run: list[int] = []  # the batch's cleaned samples since the last taken one
         last = position[refs[-1].id]
         while cursor <= last:
             ref, t = plan.samples[cursor], plan.taken[cursor]
             if t is not None:
-                if segment:
-                    _add_segment(writer, kinds, batch, segment, cleaned_rows)
-                    segment = []
+                if run:
+                    _add_cleaned_run(writer, kinds, batch, run, cleaned_rows)
+                    run = []
                 pending[ref.split].append(t)
             elif ref.id in in_batch:
                 if any(pending.values()):
                     emit_pending()
-                segment.append(in_batch[ref.id])
+                run.append(in_batch[ref.id])
             cursor += 1
-        if segment:
-            _add_segment(writer, kinds, batch, segment, cleaned_rows)
+        if run:
+            _add_cleaned_run(writer, kinds, batch, run, cleaned_rows)
         progress(len(refs))
     for ref, t in zip(plan.samples[cursor:], plan.taken[cursor:]):
         if t is not None:
@@ -404,7 +404,7 @@ def write_reusing(
     }
 
 
-def _add_segment(
+def _add_cleaned_run(
     writer: DatasetWriter, kinds: dict[str, FieldKind], batch: CleanedBatch, keep: list[int], rows: dict[str, list[int]]
 ) -> None:
     """Add the cleaned samples ``keep`` of ``batch``, noting the row each one gets."""
