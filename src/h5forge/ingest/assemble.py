@@ -36,7 +36,7 @@ from h5forge.format.row_files import map_virtual
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest.clean import CleanedBatch, clean_batch
 from h5forge.ingest.incremental.inputs import Inputs, rules_hash
-from h5forge.ingest.writer import DatasetWriter, Durable
+from h5forge.ingest.writer import DatasetWriter
 from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
 from h5forge.store.sizes import ArraySizes
@@ -116,10 +116,9 @@ def write_row_file(batch: CleanedBatch, spec: DatasetSpec, target: RowFileTarget
 
 
 class MappedWriter(DatasetWriter):
-    """The version file of a mapped build: the small columns written here, the
-    sample arrays mapped onto the workers' files when it finishes. Rows that come with their
-    arrays (taken from earlier files, or cleaned without a target) make a self-contained version,
-    as ``DatasetWriter`` writes it; a version holds one kind of row or the other."""
+    """The version file of a mapped build: the small columns written here, the sample arrays
+    mapped onto the workers' row files when it finishes. It takes no row with its arrays (a
+    version holds one kind of row: ``ingest.build.Route`` writes a copy when rows are reused)."""
 
     def __init__(
         self,
@@ -138,7 +137,6 @@ class MappedWriter(DatasetWriter):
         self.row_files_to = RowFileTarget(str(self.folder), version, rules, format_version)
         self.row_files: list[dict] = []
         self._catalogs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # the workers' files'
-        self._with_arrays = False
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self._finished:
@@ -146,11 +144,10 @@ class MappedWriter(DatasetWriter):
         super().__exit__(exc_type, exc, tb)
 
     def add(self, batch: CleanedBatch) -> int:
-        if batch.row_file is None:
-            self._rows_with_arrays(len(batch))
+        if batch.row_file is None:  # a batch whose every sample was rejected
+            if len(batch):
+                raise RuntimeError("a mapped version got rows with their arrays")
             return super().add(batch)
-        if self._with_arrays:
-            raise RuntimeError("a mapped version got rows with their arrays")
         if not (self.folder / batch.row_file["file"]).is_file():
             raise UsageError(
                 f"storage.assemble: mapped: the file a dask worker wrote, {self.folder / batch.row_file['file']}, "
@@ -166,16 +163,7 @@ class MappedWriter(DatasetWriter):
         return super().add(batch)
 
     def add_stored(self, split, copy, listed) -> None:
-        self._rows_with_arrays(1)
-        super().add_stored(split, copy, listed)
-
-    def _rows_with_arrays(self, n: int) -> None:
-        if not n:
-            return
-        if self.row_files:
-            raise RuntimeError("a mapped version got rows with their arrays")
-        self._with_arrays = True
-        self.row_files_to = None  # no more rows go to files: this version is a copy
+        raise RuntimeError("a mapped version got rows with their arrays")
 
     def checkpoint(self) -> dict:
         """No row is durable in the version file before it is finished (its sample arrays are
@@ -254,19 +242,3 @@ class MappedWriter(DatasetWriter):
         for p in self.folder.iterdir():
             if p.name not in kept:
                 p.unlink(missing_ok=True)
-
-
-def open_writer(
-    path: Path,
-    spec: DatasetSpec,
-    version: int,
-    parent_version: int | None,
-    inputs: Inputs | None,
-    durable: Durable | None = None,
-) -> DatasetWriter:
-    """The writer of a build's version file, as ``storage.assemble`` asks. A killed build's file
-    taken over in place (``durable``) holds its rows' arrays, so the version it completes is
-    self-contained whatever the spec asks (a version holds one kind of row or the other)."""
-    if spec.storage.assemble == "mapped" and durable is None:
-        return MappedWriter(path, spec, version, parent_version, inputs)
-    return DatasetWriter(path, spec, version, parent_version, inputs, durable=durable)

@@ -252,6 +252,14 @@ def batches(samples: Sequence[SampleRef], size: int) -> list[list[SampleRef]]:
     return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
 
 
+def where_to_clean(spec: DatasetSpec, n: int) -> str:
+    """``external`` (``compute.dask_address``), else ``inline`` (this process) when ``n`` samples are
+    too little work to pay for a cluster (``compute.inline_below``), else ``local`` (a LocalCluster)."""
+    if spec.compute.dask_address:
+        return "external"
+    return "inline" if n < spec.compute.inline_below else "local"
+
+
 def clean_all(
     spec: DatasetSpec,
     root: Path,
@@ -261,16 +269,19 @@ def clean_all(
     format_version: int = FORMAT_VERSION,
     row_files_to: RowFileTarget | None = None,
     cluster: ClusterAhead | None = None,
+    where: str | None = None,
+    chunk_files: bool = True,
 ) -> Iterator[CleanedBatch]:
-    """Clean on dask, or in this process when there is too little work to pay for a cluster.
+    """Clean ``where`` the run chose (default: ``where_to_clean``): on dask, or in this process.
     ``cluster``: the LocalCluster the run started ahead, used when it fits.
 
     ``status`` hears what happens before the first batch (a cluster start takes seconds);
     ``format_version`` is the format of the file the rows go to (``clean_batch``); with
-    ``row_files_to`` each batch's rows go to a file of their own there (``ingest.assemble``)."""
+    ``row_files_to`` each batch's rows go to a file of their own there (``ingest.assemble``), else,
+    on dask, to chunk files unless ``chunk_files`` is False (the workers send them)."""
     size = spec.compute.batch_size
     timings = {} if timings is None else timings
-    if not spec.compute.dask_address and len(samples) < spec.compute.inline_below:
+    if (where or where_to_clean(spec, len(samples))) == "inline":
         timings["cleaned_in"] = "calling process"
         t0 = time.perf_counter()
         for batch in batches(samples, size):
@@ -283,7 +294,7 @@ def clean_all(
     t0 = time.perf_counter()
     address, workers = spec.compute.dask_address, spec.compute.workers
     status(f"connecting to the dask scheduler at {address}…" if address else f"starting {workers} dask workers…")
-    folder = make_folder(spec) if row_files_to is None else None
+    folder = make_folder(spec) if row_files_to is None and chunk_files else None
     try:
         with dask_client(address, workers, spec.compute.secure, cluster) as client:
             timings["cleaned_in"] = address or f"LocalCluster({workers})"

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import h5py
 import numpy as np
@@ -101,9 +101,6 @@ class DatasetWriter:
     With ``durable``, the file at ``path`` is a killed build's, already cut back to those rows:
     the writer takes it over and appends after them."""
 
-    # where cleaning workers write their rows' own files (``ingest.assemble.MappedWriter``); None:
-    # the rows come to this writer
-    row_files_to: Any = None
     # False for a file whose rows a version maps (a worker's row file): no digests, diagnostics,
     # axis names or annotation-column indexes, which only a file read as a version needs
     publishes = True

@@ -197,15 +197,7 @@ def clean_and_write(
     runner: Runner,
     cluster: ClusterAhead | None = None,
 ) -> WriteSummary:
-    n, compute = len(inventory.samples), spec.compute
-    if compute.dask_address:
-        where = f"on the dask scheduler at {compute.dask_address}"
-    elif n < compute.inline_below:  # as ingest.parallel decides: a cluster would cost more than it saves
-        where = f"in this process (fewer than compute.inline_below = {compute.inline_below})"
-    else:
-        where = f"on a LocalCluster of {compute.workers} processes"
-    log.info("cleaning %d samples %s, %d per batch", n, where, compute.batch_size)
-    with runner.progress(n, "clean+write") as display:
+    with runner.progress(len(inventory.samples), "clean+write") as display:
         summary = steps.write_version(spec, inventory, candidate, display.advance, display.status, inputs, cluster)
     log.info(
         "wrote %d samples %s, %d rejected, compression ratio %.3f",

@@ -144,7 +144,9 @@ def write_thin(
             for key, kind in kinds.items():
                 st = kind.stored()
                 for name in st.datasets(key):
-                    lengths = row_file_lengths(path.parent, row_files, split, key) if st.ragged and name == key else None
+                    lengths = (
+                        row_file_lengths(path.parent, row_files, split, key) if st.ragged and name == key else None
+                    )
                     map_virtual(g, name, d[split][name], row_files, split, lengths)
             g.attrs.update(dict(d[split].attrs))
             g.attrs[Attr.COUNT] = sum(s["counts"][split] for s in row_files)

@@ -149,7 +149,10 @@ def _remove_partials(out: Path) -> None:
             os.replace(p, out / RESUMABLE)
         elif PARTIAL_RE.match(p.name) or p.name.startswith(f".{LATEST}."):
             p.unlink(missing_ok=True)
-        elif p.name in (CHUNKS_DIR, CHUNKS_DIR_BEFORE):  # the workers' chunk files of a killed run: none is complete data
+        elif p.name in (
+            CHUNKS_DIR,
+            CHUNKS_DIR_BEFORE,
+        ):  # the workers' chunk files of a killed run: none is complete data
             shutil.rmtree(p, ignore_errors=True)
     versions = published(out)
     # a delta no published version reads: its append was killed before publishing. A delta whose

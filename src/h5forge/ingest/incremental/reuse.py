@@ -28,7 +28,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import h5py
 import numpy as np
@@ -40,7 +40,6 @@ from h5forge.format.mapped import read_all
 from h5forge.format.names import IDS, INDEX, PER_SAMPLE, SPLITS, Attr
 from h5forge.ingest.clean import CleanedBatch
 from h5forge.ingest.incremental.inputs import Inputs
-from h5forge.ingest.parallel import ClusterAhead, clean_all
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.kinds import FieldKind, stored_kinds
 from h5forge.kinds.index import RowIndex
@@ -300,16 +299,13 @@ def write_reusing(
     plan: Plan,
     sources: list[Source],
     writer: DatasetWriter,
-    timings: dict,
+    cleaned: Iterable[CleanedBatch],
     progress: Callable[[int], None] = lambda n: None,
-    status: Callable[[str], None] = lambda text: None,
     inputs: Inputs | None = None,
-    cluster: ClusterAhead | None = None,
 ) -> dict:
     """Write every sample of ``plan`` in order into ``writer``: taken rows copied from their
-    source, the rest cleaned (on dask when there are many: on ``cluster`` when it fits). Returns
-    what was reused and how.
-    A deferred ``inputs`` learns each cleaned sample's key before its row is written."""
+    source, the rest from ``cleaned``, the batches of ``plan.to_clean`` in order. Returns what was
+    reused and how. A deferred ``inputs`` learns each cleaned sample's key before its row is written."""
     kinds = stored_kinds(spec)
     copiers: dict[tuple[int, str], Copier] = {}
     for k, src in enumerate(sources):
@@ -348,9 +344,7 @@ def write_reusing(
     position = {ref.id: i for i, ref in enumerate(plan.samples)}
     cursor, done = 0, 0
     cleaned_rows: dict[str, list[int]] = {s: [] for s in SPLITS}
-    # rows taken from earlier files are copied: a version that takes some holds every row itself
-    to = writer.row_files_to if not plan.reused else None
-    for batch in clean_all(spec, root, to_clean, timings, status, row_files_to=to, cluster=cluster):
+    for batch in cleaned:
         refs = to_clean[done : done + len(batch) + len(batch.rejections)]  # every input is kept or rejected
         done += len(refs)
         if inputs is not None and inputs.deferred:
