@@ -168,10 +168,12 @@ class MappedWriter(DatasetWriter):
     def checkpoint(self) -> dict:
         """No row is durable in the version file before it is finished (its sample arrays are
         mapped then): a killed build's file is never taken over."""
-        state = super().checkpoint()
-        if self.row_files:
-            state.update(counts={s: 0 for s in SPLITS}, stats={}, listed={s: {} for s in SPLITS})
-        return state
+        return {
+            **super().checkpoint(),
+            "counts": {s: 0 for s in SPLITS},
+            "stats": {},
+            "listed": {s: {} for s in SPLITS},
+        }
 
     def finish(self, timings: dict[str, float] | None = None) -> WriteSummary:
         if self.row_files:
@@ -234,10 +236,7 @@ class MappedWriter(DatasetWriter):
 
     def _remove_unreferenced(self) -> None:
         """Files no row of the version is in: a killed worker's, a batch all of whose samples
-        were rejected; the folder itself when the version is a copy."""
-        if not self.row_files:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            return
+        were rejected."""
         kept = {s["file"] for s in self.row_files}
         for p in self.folder.iterdir():
             if p.name not in kept:

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from pathlib import Path
+from typing import Callable
 
 from h5forge.errors import NothingToBuild, UsageError, VerificationFailed
+from h5forge.format.names import FORMAT_VERSION
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest.assemble import MappedWriter
-from h5forge.ingest.clean import CleanedBatch
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.incremental import hash_cache
 from h5forge.ingest.incremental.inputs import Inputs
@@ -87,14 +88,6 @@ class Route:
     def __str__(self) -> str:
         return f"{self.where}/{self.returns}/{self.assembly}/{self.reuse.what}"
 
-    def describe(self, spec: DatasetSpec) -> str:
-        compute = spec.compute
-        return {
-            "external": f"on the dask scheduler at {compute.dask_address}",
-            "inline": f"in this process (fewer than compute.inline_below = {compute.inline_below})",
-            "local": f"on a LocalCluster of {compute.workers} processes",
-        }[self.where]
-
     def open_writer(self, candidate: Candidate, spec: DatasetSpec, inputs: Inputs) -> DatasetWriter:
         """The writer of the version file (a killed build's file taken over continues it)."""
         args = (candidate.partial, spec, candidate.number, candidate.parent, inputs)
@@ -102,28 +95,12 @@ class Route:
             return MappedWriter(*args)
         return DatasetWriter(*args, durable=self.reuse.taken.durable if self.reuse.taken is not None else None)
 
-    def clean(
-        self,
-        spec: DatasetSpec,
-        inventory: Inventory,
-        writer: DatasetWriter,
-        timings: dict,
-        status: Callable[[str], None],
-        cluster: ClusterAhead | None,
-    ) -> Iterator[CleanedBatch]:
+    def clean(self, spec: DatasetSpec, root: Path, writer: DatasetWriter, timings: dict, status, cluster):
         """The planned samples cleaned, in order, each batch handed back as ``returns`` says."""
-        target = writer.row_files_to if isinstance(writer, MappedWriter) else None
-        return clean_all(
-            spec,
-            inventory.root,
-            self.reuse.plan.to_clean,
-            timings,
-            status,
-            row_files_to=target,
-            cluster=cluster,
-            where=self.where,
-            chunk_files=self.returns == "chunk_files",
-        )
+        to = writer.row_files_to if isinstance(writer, MappedWriter) else None
+        chunk_files = self.returns == "chunk_files"
+        samples = self.reuse.plan.to_clean
+        return clean_all(spec, root, samples, timings, status, FORMAT_VERSION, to, cluster, self.where, chunk_files)
 
 
 def write_version(
@@ -156,11 +133,16 @@ def write_version(
     try:
         route = Route.choose(spec, reuse)
         timings["route"] = str(route)
-        n = len(reuse.plan.to_clean)
-        log.info("cleaning %d samples %s, %d per batch", n, route.describe(spec), spec.compute.batch_size)
+        compute, n = spec.compute, len(reuse.plan.to_clean)
+        where = {
+            "external": f"on the dask scheduler at {compute.dask_address}",
+            "inline": f"in this process (fewer than compute.inline_below = {compute.inline_below})",
+            "local": f"on a LocalCluster of {compute.workers} processes",
+        }[route.where]
+        log.info("cleaning %d samples %s, %d per batch", n, where, compute.batch_size)
         with route.open_writer(candidate, spec, inputs) as writer:
             writer.add_rejections(inventory.rejections)
-            cleaned = route.clean(spec, inventory, writer, timings, status, cluster)
+            cleaned = route.clean(spec, inventory.root, writer, timings, status, cluster)
             written = write_samples(spec, inventory, inputs, writer, reuse, cleaned, timings, progress)
             timings["hash_cache_files"] = hash_cache.save(
                 candidate.out, inventory.root, inputs.states, inputs.hexes, inputs.stated_at_ns

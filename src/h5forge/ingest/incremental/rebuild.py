@@ -113,8 +113,12 @@ class Reuse:
         return "+".join(name for name, on in named if on) or "nothing"
 
     def close(self) -> None:
+        """The sources closed; a killed build's file the plan read is removed, used or not (when the
+        build failed, whatever went wrong may be in it: the next run starts afresh)."""
         for src in self.sources:
             src.close()
+        if self.resumed is not None:
+            discard_resumable(self.resumed.path.parent)
 
 
 def plan_reuse(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, partial: Path, timings: dict) -> Reuse:
@@ -136,10 +140,7 @@ def plan_reuse(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, partial:
     try:
         reuse = Reuse(make_plan(samples, inputs, sources), sources, taken, resumed)
     except BaseException:
-        for src in sources:
-            src.close()
-        if resumed is not None:  # whatever went wrong may be in what it left: the next run starts afresh
-            discard_resumable(out)
+        Reuse(Plan([], []), sources, taken, resumed).close()
         raise
     timings["plan_seconds"] = round(time.perf_counter() - t0, 3)
     timings["hash_seconds"] = inputs.hash_seconds
@@ -160,8 +161,7 @@ def write_samples(
     progress: Callable[[int], None] = lambda n: None,
 ) -> Written:
     """Every sample of the inventory into ``writer`` in order: the rows ``reuse`` takes, and the
-    ``cleaned`` batches (``reuse.plan.to_clean``, cleaned in order); checkpoints as it goes."""
-    out = Path(spec.output.dir)
+    ``cleaned`` batches (the samples the plan cleans, in order); checkpoints as it goes."""
     taken = reuse.taken
     checkpoints = Checkpoints(
         writer, inputs, len(inventory.samples), exact_stats=not reuse.sources, raw_root=inventory.root
@@ -181,14 +181,8 @@ def write_samples(
             inputs.seal(spec, inventory)
         cleaned_rows = written.pop("cleaned_rows")
         timings.update(written)
-    except BaseException:
+    finally:
         checkpoints.discard()
-        if reuse.resumed is not None:  # whatever went wrong may be in what it left: the next run starts afresh
-            discard_resumable(out)
-        raise
-    checkpoints.discard()
-    if reuse.resumed is not None:
-        discard_resumable(out)
     # rows copied from a killed build's file were checked by nothing: verify checks every row then
     sampled = (reuse.plan.reused or (taken is not None and taken.rows)) and not reuse.resumed_rows
     return Written(cleaned_rows if reuse.any else None, REUSED_CHECKSUM_SAMPLE if sampled else None)

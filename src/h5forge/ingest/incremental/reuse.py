@@ -24,6 +24,8 @@ Per-split statistics are additive: a source's totals, minus the rows it holds th
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -313,30 +315,18 @@ def write_reusing(
             keys = src.file[sample_keys_path(split)]
             copiers[(k, split)] = Copier(src.file[split], kinds, keys, src.descriptor)
     indexed = [p for p, kind in kinds.items() if isinstance(kind, RowIndex)]
-    listed_of: dict[tuple[int, str, str], list[list] | None] = {
-        (k, s, p): None for k in range(len(sources)) for s in SPLITS for p in indexed
-    }
-
+    listed_rows = functools.cache(lambda k, split, p: _listed_rows(sources[k], split, p))
     pending: dict[str, list[Taken]] = {s: [] for s in SPLITS}
     copying = [0.0]  # seconds spent copying taken rows
 
     def emit_pending() -> None:
         t0 = time.perf_counter()
         for split, items in pending.items():
-            start = 0
-            for i in range(1, len(items) + 1):
-                if i == len(items) or items[i].source != items[start].source:
-                    k = items[start].source
-                    rows = np.array([t.row for t in items[start:i]], np.int64)
-                    listed = {}
-                    for p in indexed:
-                        per_row = listed_of[(k, split, p)]
-                        if per_row is None:
-                            per_row = listed_of[(k, split, p)] = _listed_rows(sources[k], split, p)
-                        listed[p] = [per_row[r] for r in rows.tolist()]
-                    writer.add_stored(split, copiers[(k, split)](rows), listed)
-                    progress(len(rows))
-                    start = i
+            for k, group in itertools.groupby(items, key=lambda t: t.source):
+                rows = np.array([t.row for t in group], np.int64)
+                listed = {p: [listed_rows(k, split, p)[r] for r in rows.tolist()] for p in indexed}
+                writer.add_stored(split, copiers[(k, split)](rows), listed)
+                progress(len(rows))
             items.clear()
         copying[0] += time.perf_counter() - t0
 
