@@ -97,7 +97,7 @@ def build_once(spec, cluster: External | None) -> dict:
     return {"samples": sum(result.counts.values()), "wall": wall, "caller_cpu": caller, "scheduler_cpu": sched,
             "workers_cpu": workers, "clean_write_seconds": t.get("clean_write_seconds"),
             "cluster_start_seconds": t.get("cluster_start_seconds"), "cleaned_in": t.get("cleaned_in"),
-            "batches_via_segment_files": t.get("batches_via_segment_files"),
+            "batches_via_chunk_files": t.get("batches_via_chunk_files"),
             "batches_sent_through_dask": t.get("batches_sent_through_dask"), "steps": runner.seconds,
             "identity": version_identity(result.path)}
 
@@ -128,7 +128,7 @@ def best(runs: list[dict], idle_workers_cpu: float | None = None) -> dict:
             "caller_cpu_ms_per_sample": ms(r["caller_cpu"]), "scheduler_cpu_ms_per_sample": ms(r["scheduler_cpu"]),
             "workers_cpu_ms_per_sample": ms(r["workers_cpu"]),
             "workers_cpu_ms_per_sample_without_start_stop": ms(r["workers_cpu"] - (idle_workers_cpu or 0.0)),
-            "batches_via_segment_files": r["batches_via_segment_files"],
+            "batches_via_chunk_files": r["batches_via_chunk_files"],
             "batches_sent_through_dask": r["batches_sent_through_dask"], "steps_seconds": r["steps"],
             "walls_of_reps": [round(x["wall"], 3) for x in runs]}
 
@@ -162,7 +162,7 @@ def main() -> None:
         raise RuntimeError("the external clusters' versions differ from the LocalCluster's")
     for arm in clusters:
         for r in runs[arm]:
-            if r["batches_sent_through_dask"] or not r["batches_via_segment_files"]:
+            if r["batches_sent_through_dask"] or not r["batches_via_chunk_files"]:
                 raise RuntimeError(f"{arm}: the workers sent their chunks through dask instead of segment files")
     idle_cpu = statistics.median(idle)
     figures = {arm: best(rs, None if arm in clusters else idle_cpu) for arm, rs in runs.items()}

@@ -64,8 +64,8 @@ def _size(path: Path) -> int:
 def _arm_once(spec, arm: str, batches: list, repeat: int) -> dict:
     """One pass of an arm: the workers' writes of ``batches`` after cleaning, then the publisher
     taking them ``repeat`` times over (its cost per row does not depend on what the rows hold)."""
-    from h5forge.ingest.assemble import SegmentsWriter, write_segment_file
-    from h5forge.ingest.segment_files import read_segment, write_segment
+    from h5forge.ingest.assemble import MappedWriter, write_row_file
+    from h5forge.ingest.chunk_files import read_chunk_file, write_chunk_file
     from h5forge.ingest.writer import DatasetWriter
 
     chunk_folder = WORK / "chunk-files"
@@ -75,21 +75,21 @@ def _arm_once(spec, arm: str, batches: list, repeat: int) -> dict:
     chunk_folder.mkdir(parents=True)
     path = WORK / "publisher" / "dataset_v0001.h5"
     c = time.process_time()
-    opened = SegmentsWriter(path, spec, version=1) if arm == "segments" else None
+    opened = MappedWriter(path, spec, version=1) if arm == "segments" else None
     t_open = time.process_time() - c
     c = time.process_time()
     if arm == "sent":
         returned = [pickle.dumps(b, protocol=5) for b in batches]
     elif arm == "files":
-        returned = [pickle.dumps(write_segment(b, chunk_folder), protocol=5) for b in batches]
+        returned = [pickle.dumps(write_chunk_file(b, chunk_folder), protocol=5) for b in batches]
     else:
-        returned = [pickle.dumps(write_segment_file(b, spec, opened.segments_to), protocol=5) for b in batches]
+        returned = [pickle.dumps(write_row_file(b, spec, opened.row_files_to), protocol=5) for b in batches]
     worker_write = time.process_time() - c
     wrote = _size(chunk_folder) if arm == "files" else _size(opened.folder) if arm == "segments" else 0
     if arm == "files":  # the publisher deletes each chunk file it reads: one per batch it takes
         extra = chunk_folder / "again"
         extra.mkdir()
-        returned += [pickle.dumps(write_segment(b, extra), protocol=5) for _ in range(repeat - 1) for b in batches]
+        returned += [pickle.dumps(write_chunk_file(b, extra), protocol=5) for _ in range(repeat - 1) for b in batches]
     else:
         returned *= repeat
     c = time.process_time()
@@ -97,7 +97,7 @@ def _arm_once(spec, arm: str, batches: list, repeat: int) -> dict:
         for blob in returned:
             batch = pickle.loads(blob)
             if arm == "files":
-                batch = read_segment(batch, chunk_folder if (chunk_folder / _file_of(batch)).exists() else extra)
+                batch = read_chunk_file(batch, chunk_folder if (chunk_folder / _file_of(batch)).exists() else extra)
             w.add(batch)
         t_add = time.process_time() - c
         w.finish()
@@ -106,9 +106,9 @@ def _arm_once(spec, arm: str, batches: list, repeat: int) -> dict:
 
 
 def _file_of(batch) -> str:
-    from h5forge.ingest.segment_files import SegmentRows
+    from h5forge.ingest.chunk_files import ChunkFileRows
 
-    return next(b.file for b in batch.arrays.values() if isinstance(b, SegmentRows))
+    return next(b.file for b in batch.arrays.values() if isinstance(b, ChunkFileRows))
 
 
 def _best(spec, arm: str, batches: list, repeat: int) -> dict:
@@ -211,7 +211,7 @@ def mapping_scaling(counts=(16, 160, 1600), rows: int = 64, reads: int = 500) ->
     mappings for each read). Rows of 3 x 16 x 16 uint8, one per chunk, uncompressed."""
     import numpy as np
 
-    from h5forge.format.segments import map_virtual
+    from h5forge.format.row_files import map_virtual
 
     out = {}
     folder = WORK / "mappings"

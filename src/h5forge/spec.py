@@ -129,12 +129,17 @@ class Splits(_Strict):
 class Storage(_Strict):
     codec: CodecName = "lz4"
     chunk_rows: int = Field(1, ge=1, le=4096)
-    assemble: Literal["copy", "segments"] = Field(
+    assemble: Literal["copy", "mapped"] = Field(
         "copy",
         description="copy: the cleaning workers' chunks are copied into one self-contained version "
-        "file; segments: the version maps its sample arrays onto the workers' own files, kept in "
-        "a folder beside it (docs/spec.md)",
+        "file; mapped: the version maps its sample arrays onto the workers' own row files, kept in "
+        "its rows folder beside it (docs/spec.md); segments: the same as mapped",
     )
+
+    @field_validator("assemble", mode="before")
+    @classmethod
+    def _assemble_alias(cls, v: Any) -> Any:
+        return "mapped" if v == "segments" else v
 
 
 class Output(_Strict):

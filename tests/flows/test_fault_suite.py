@@ -1,7 +1,7 @@
 """The standing fault suite.
 
 - SIGKILL at random moments: a real `h5forge build` (its version copied or mapped onto the
-  workers' files: `storage.assemble` copy and segments), a build taking over a killed build's file
+  workers' files: `storage.assemble` copy and mapped), a build taking over a killed build's file
   (under either), and `h5forge append` are killed after a random delay drawn over the length of a
   whole run. After each kill: latest verifies, no published file changed, and one clean rerun
   converges (exact counts, no duplicate ids, no stray files). 2 trials of each in the default run
@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 H5FORGE = str(Path(sys.executable).parent / "h5forge")
 QUICK_TRIALS, SLOW_TRIALS = 2, 20  # of each kind of run, and of each way a build assembles its version
-ASSEMBLE = ("copy", "segments")
+ASSEMBLE = ("copy", "mapped")
 
 
 @pytest.fixture(scope="module")
@@ -206,8 +206,8 @@ def killed_build_base(api_url, build_base, tmp_path_factory) -> tuple[Path, dict
     """The base's output folder after an `h5forge build` of the trial spec that SIGKILLed itself at
     80 % of its inputs (small batches, a checkpoint after each): it holds a killed build's file whose
     durable rows the next build takes over in place, and the rest for it to clean. The killed build
-    copies its rows into its file; a killed `segments` build leaves no rows to take (its workers'
-    files are discarded), and a `segments` build takes over a copying one's file all the same."""
+    copies its rows into its file; a killed `mapped` build leaves no rows to take (its workers'
+    files are discarded), and a `mapped` build takes over a copying one's file all the same."""
     base_out, spec_data = build_base
     tmp = tmp_path_factory.mktemp("killed")
     out = tmp / "out"

@@ -2,9 +2,9 @@
 in its own process group, all SIGKILLed at the end) builds the version a LocalCluster builds:
 same ids, row checksums, split digests, every value and stored chunk (tests/helpers/version_identity.py).
 
-- its workers write their batches' chunks to segment files in the output folder, and the build's
+- its workers write their batches' chunks to chunk files in the output folder, and the build's
   timings (`h5forge info`) count the batches that came that way and those sent through dask;
-- a worker SIGKILLed mid-build, after it wrote segments: its batches are run again elsewhere, the
+- a worker SIGKILLed mid-build, after it wrote chunk files: its batches are run again elsewhere, the
   files it left are removed, nothing half-written reaches the version;
 - workers whose view of the output folder is not this machine's (read-only for them, or a folder of
   their own: a mount namespace per worker, as on machines without shared storage) send their
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import h5forge
-from h5forge.format.names import SEGMENTS_DIR
+from h5forge.format.names import CHUNKS_DIR
 from h5forge.ingest.discover import discover
 from h5forge.ingest.parallel import batches
 from h5forge.store.verify import verify_file
@@ -54,8 +54,8 @@ def _n_batches(spec) -> int:
     return len(batches(discover(spec).samples, spec.compute.batch_size))
 
 
-def _no_segments_left(out: Path) -> None:
-    assert not (out / SEGMENTS_DIR).exists()
+def _no_chunk_files_left(out: Path) -> None:
+    assert not (out / CHUNKS_DIR).exists()
     assert sorted(p.name for p in out.rglob("*.chunks")) == []
 
 
@@ -79,7 +79,7 @@ def local_demo(raw_demo, tmp_path_factory):
     return result, identity(result.path)
 
 
-def test_an_external_cluster_writes_segment_files_and_builds_the_local_version(raw_demo, local_demo, tmp_path):
+def test_an_external_cluster_writes_chunk_files_and_builds_the_local_version(raw_demo, local_demo, tmp_path):
     local, local_identity = local_demo
     out = tmp_path / "out"
     with DaskProcesses(tmp_path / "logs") as dask:
@@ -92,13 +92,13 @@ def test_an_external_cluster_writes_segment_files_and_builds_the_local_version(r
     assert identity(result.path) == local_identity
     assert result.counts == local.counts and sum(result.counts.values()) == 40
     assert verify_file(result.path).ok
-    _no_segments_left(out)
+    _no_chunk_files_left(out)
 
     timings = version_info(result.path)["timings"]  # what `h5forge info --json` shows
     assert timings["cleaned_in"] == dask.address
-    # every batch with a stored row came through a segment file; none was sent with its chunks
+    # every batch with a stored row came through a chunk file; none was sent with its chunks
     assert timings["batches_sent_through_dask"] == 0
-    assert timings["batches_via_segment_files"] == local.timings["batches_via_segment_files"] >= 40 // BATCH
+    assert timings["batches_via_chunk_files"] == local.timings["batches_via_chunk_files"] >= 40 // BATCH
     assert local.timings["batches_sent_through_dask"] == 0
     assert sorted(executed) == ["w0", "w1", "w2"]
     assert sum(executed.values()) == _n_batches(spec)  # each batch once
@@ -107,7 +107,7 @@ def test_an_external_cluster_writes_segment_files_and_builds_the_local_version(r
 
 def test_a_worker_killed_mid_build_has_its_batches_run_again_and_its_files_removed(tmp_path):
     """Worker w1 is stopped (SIGSTOP, so the scheduler's view of it holds still) once it has written
-    segment files and while it runs a batch; then SIGKILLed."""
+    chunk files and while it runs a batch; then SIGKILLed."""
     from distributed import Client
 
     raw = make_raw(tmp_path / "raw", n=120)
@@ -133,7 +133,7 @@ def test_a_worker_killed_mid_build_has_its_batches_run_again_and_its_files_remov
             while True:
                 assert time.monotonic() < deadline and runner.is_alive(), outcome
                 done = client.run(lambda dask_worker: dask_worker.state.executed_count, workers=[victim])[victim]
-                if done >= 2:  # its segment files are written
+                if done >= 2:  # its chunk files are written
                     os.killpg(group, signal.SIGSTOP)
                     running = client.run_on_scheduler(
                         lambda dask_scheduler, w=victim: [ts.key for ts in dask_scheduler.workers[w].processing]
@@ -161,8 +161,8 @@ def test_a_worker_killed_mid_build_has_its_batches_run_again_and_its_files_remov
 
     assert identity(result.path) == identity(local.path)
     assert verify_file(result.path).ok
-    _no_segments_left(out)
-    assert result.timings["batches_via_segment_files"] == _n_batches(spec)  # all 120 samples are good
+    _no_chunk_files_left(out)
+    assert result.timings["batches_via_chunk_files"] == _n_batches(spec)  # all 120 samples are good
     assert result.timings["batches_sent_through_dask"] == 0
 
 
@@ -174,10 +174,10 @@ def _can_unshare() -> bool:
 
 
 # a worker in a mount namespace of its own, where the output folder ($0) is read-only, or a new empty
-# folder of its own holding an empty segments folder: what a worker on another machine sees
+# folder of its own holding an empty chunk folder: what a worker on another machine sees
 VIEWS = {
     "read-only": 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"',
-    "its own": f'mount -t tmpfs tmpfs "$0" && mkdir "$0/{SEGMENTS_DIR}" && exec "$@"',
+    "its own": f'mount -t tmpfs tmpfs "$0" && mkdir "$0/{CHUNKS_DIR}" && exec "$@"',
 }
 
 
@@ -198,8 +198,8 @@ def test_workers_without_the_shared_output_folder_send_their_chunks(view, raw_de
 
     assert identity(result.path) == local_identity
     assert verify_file(result.path).ok
-    _no_segments_left(out)
-    assert result.timings["batches_via_segment_files"] == 0
+    _no_chunk_files_left(out)
+    assert result.timings["batches_via_chunk_files"] == 0
     assert result.timings["batches_sent_through_dask"] >= 40 // BATCH
     if view == "read-only":  # the workers could not write a file: each batch came back with its chunks
         assert executed == _n_batches(spec)

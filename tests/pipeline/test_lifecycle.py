@@ -42,7 +42,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 import h5forge
 from h5forge.errors import SamplesRemoved
 from h5forge.format.layout import decode_str
-from h5forge.format.names import DELTA_RE, LATEST, SEGMENT_FOLDER_RE, VERSION_RE, version_name
+from h5forge.format.names import DELTA_RE, LATEST, ROWS_FOLDER_RE, VERSION_RE, version_name
 from h5forge.init import infer_spec
 from h5forge.pipeline import verify
 from h5forge.pipeline.watch import watch_inbox
@@ -152,7 +152,7 @@ class Lifecycle(RuleBasedStateMachine):
     def start(self, first, keep, allow_removals):
         # how builds assemble their versions, from a value already drawn: a draw of its own would
         # change every sequence the suite runs
-        assemble = ("copy", "segments")[first[0].count % 2]
+        assemble = ("copy", "mapped")[first[0].count % 2]
         for i, d in enumerate(first):
             # the first samples share one size, from which init infers the targets
             d = replace(self.draw(d), h=48, w=48, label=i, split=i % 3 if i < 3 else 0)
@@ -169,7 +169,7 @@ class Lifecycle(RuleBasedStateMachine):
         data["append"] = {"settle_seconds": 0, "batch_window_seconds": 0.2, "poll_seconds": 1}
         data["verify"] = {"latency_reads": 5}
         data["compute"] = {"workers": 1}
-        data.setdefault("storage", {})["assemble"] = assemble  # segments: builds that clean every row map them
+        data.setdefault("storage", {})["assemble"] = assemble  # mapped: builds that clean every row map them
         RUNS["rules"][f"assemble={assemble}"] += 1
         spec_path.write_text(yaml.safe_dump(data))
         self.spec_path = spec_path
@@ -482,7 +482,7 @@ class Lifecycle(RuleBasedStateMachine):
         if not self.out.exists():
             return
         for p in self.out.iterdir():
-            files = sorted(p.iterdir()) if SEGMENT_FOLDER_RE.match(p.name) else [p]  # the files a version maps
+            files = sorted(p.iterdir()) if ROWS_FOLDER_RE.match(p.name) else [p]  # the files a version maps
             for f in files:
                 if VERSION_RE.match(p.name) or DELTA_RE.match(p.name) or f is not p:
                     name = str(f.relative_to(self.out))

@@ -1,4 +1,4 @@
-"""Mapped versions (``storage.assemble: segments``, thin versions after appends) read under a low
+"""Mapped versions (``storage.assemble: mapped``, thin versions after appends) read under a low
 ``ulimit -n``: every row equals ``h5forge export``'s self-contained copy of the same version, an
 unreadable or missing file is an error naming it, and ``verify`` reads the way the readers read.
 
@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 
 import h5forge
-from h5forge.format.segments import segments_of
+from h5forge.format.row_files import row_files_of
 from h5forge.store.thin import export
 from tests.helpers.data import age_files, demo_spec, drop_samples, write_spec_file
 
 LIMIT = 32
-SEGMENT_SAMPLES = 72  # one file per sample (batch_size 1): twice the limit
+MAPPED_SAMPLES = 72  # one file per sample (batch_size 1): twice the limit
 
 # Run in the child: lower the limit, then import and read. Prints one JSON line.
 CHILD_PRELUDE = """
@@ -94,35 +94,35 @@ def _child(body: str, *args: str | Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def segments_version(tmp_path_factory) -> tuple[Path, Path]:
-    """A segments version built one sample per worker file, and its exported copy."""
+def mapped_version(tmp_path_factory) -> tuple[Path, Path]:
+    """A mapped version built one sample per worker file, and its exported copy."""
     from h5forge.demo import generate
 
     root = tmp_path_factory.mktemp("mapped")
-    generate(root / "raw", n=SEGMENT_SAMPLES, seed=3, bad=False, workers=1)
-    spec = demo_spec(root / "raw", root / "out", assemble="segments")
+    generate(root / "raw", n=MAPPED_SAMPLES, seed=3, bad=False, workers=1)
+    spec = demo_spec(root / "raw", root / "out", assemble="mapped")
     spec = spec.model_copy(
         update={"compute": spec.compute.model_copy(update={"batch_size": 1, "inline_below": 1_000_000})}
     )
     version = Path(h5forge.build(spec).path)
-    assert len(segments_of(version)) == SEGMENT_SAMPLES > LIMIT
+    assert len(row_files_of(version)) == MAPPED_SAMPLES > LIMIT
     copy = root / "copy.h5"
     export(version, copy)
     return version, copy
 
 
-def test_every_row_of_a_segments_version_reads_as_its_copy_under_a_low_ulimit(segments_version):
-    version, copy = segments_version
+def test_every_row_of_a_mapped_version_reads_as_its_copy_under_a_low_ulimit(mapped_version):
+    version, copy = mapped_version
     got = _child(READ_ALL, version, copy)
-    assert got == {"rows": 3 * SEGMENT_SAMPLES, "wrong": 0}  # SplitReader, ds[i] and the loader
+    assert got == {"rows": 3 * MAPPED_SAMPLES, "wrong": 0}  # SplitReader, ds[i] and the loader
 
 
-def test_verify_under_a_low_ulimit_is_healthy_only_when_every_mapped_file_reads(segments_version, tmp_path):
-    version, _ = segments_version
+def test_verify_under_a_low_ulimit_is_healthy_only_when_every_mapped_file_reads(mapped_version, tmp_path):
+    version, _ = mapped_version
     assert _child(VERIFY, version) == {"ok": True, "errors": []}
     out = tmp_path / "out"
     shutil.copytree(version.parent, out, symlinks=True)
-    listed = segments_of(out / version.name)
+    listed = row_files_of(out / version.name)
     gone, cut = out / listed[3]["file"], out / listed[-2]["file"]
     gone.unlink()
     report = _child(VERIFY, out / version.name)
@@ -135,15 +135,15 @@ def test_verify_under_a_low_ulimit_is_healthy_only_when_every_mapped_file_reads(
     assert not report["ok"] and any(str(cut) in e for e in report["errors"])
 
 
-def test_a_mapped_file_cut_short_is_a_read_error_naming_it_never_zeros(segments_version, tmp_path):
-    version, _ = segments_version
+def test_a_mapped_file_cut_short_is_a_read_error_naming_it_never_zeros(mapped_version, tmp_path):
+    version, _ = mapped_version
     out = tmp_path / "out"
     shutil.copytree(version.parent, out, symlinks=True)
-    cut = out / segments_of(out / version.name)[-1]["file"]
+    cut = out / row_files_of(out / version.name)[-1]["file"]
     data = cut.read_bytes()
     cut.chmod(0o644)
     cut.write_bytes(data[: len(data) // 2])
-    split = next(s for s, n in segments_of(out / version.name)[-1]["counts"].items() if n)
+    split = next(s for s, n in row_files_of(out / version.name)[-1]["counts"].items() if n)
     got = _child(READ_ONE_SPLIT, out / version.name, split)
     assert got["error"] is not None and str(cut) in got["error"]
 
@@ -160,7 +160,7 @@ def test_a_thin_version_after_many_one_sample_appends_reads_as_its_copy_under_a_
         age_files(inbox)
         assert h5forge.append(spec_file).added == 1
     latest = Path(out / "dataset_latest.h5").resolve()
-    assert len(segments_of(latest)) == appends + 1
+    assert len(row_files_of(latest)) == appends + 1
     copy = tmp_path / "copy.h5"
     export(latest, copy)
     with h5py.File(copy, "r") as c:
@@ -170,10 +170,10 @@ def test_a_thin_version_after_many_one_sample_appends_reads_as_its_copy_under_a_
     assert _child(VERIFY, latest) == {"ok": True, "errors": []}
 
 
-def test_mapped_reads_keep_at_most_their_budget_of_files_open(segments_version):
+def test_mapped_reads_keep_at_most_their_budget_of_files_open(mapped_version):
     from h5forge.format.mapped import MappedDataset, SourceFiles
 
-    version, copy = segments_version
+    version, copy = mapped_version
 
     files = SourceFiles(capacity=3)
     with h5py.File(version, "r") as f, h5py.File(copy, "r") as c:
@@ -186,13 +186,13 @@ def test_mapped_reads_keep_at_most_their_budget_of_files_open(segments_version):
     files.close_all()
 
 
-def test_verify_gives_back_every_mapped_file_it_read(segments_version):
+def test_verify_gives_back_every_mapped_file_it_read(mapped_version):
     """A long-lived process (a watch folder's) verifies each version it publishes: a mapped file that
     verify left open, its read-latency check's included, would hold its disk space once deleted."""
     from h5forge.format.mapped import SOURCES
     from h5forge.store.verify import verify_file
 
-    version, _ = segments_version
+    version, _ = mapped_version
     SOURCES.close_all()
     report = verify_file(version, workers=1, latency_reads=8, resample=0)
     assert report.ok, report.errors

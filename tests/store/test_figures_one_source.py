@@ -14,7 +14,7 @@ import yaml
 
 import h5forge
 from h5forge.format.names import SPLITS
-from h5forge.store.thin import export, segments_of
+from h5forge.store.thin import export, row_files_of
 from h5forge.store.verify import verify_file
 from h5forge.views.info import version_info
 from tests.helpers.data import REPO, age_files, drop_samples
@@ -27,7 +27,7 @@ def measured(path: Path) -> tuple[int, int]:
     """(raw, stored) array bytes of the sample arrays, over every file holding the version's rows."""
     raw = stored = 0
     folder = Path(os.path.realpath(path)).parent
-    for seg in segments_of(path):
+    for seg in row_files_of(path):
         with h5py.File(folder / seg["file"], "r") as f:
             for split in SPLITS:
                 for name in BULK:
@@ -62,7 +62,7 @@ def test_a_thin_versions_ratio_is_the_same_in_diagnostics_verify_and_info(tmp_pa
     age_files(tmp_path / "inbox")
     appended = h5forge.append(spec)
     path = Path(appended.path)
-    assert len(segments_of(path)) == 2
+    assert len(row_files_of(path)) == 2
     raw_bytes, stored_bytes = measured(path)
     ratio = round(stored_bytes / raw_bytes, 4)
     summary = summary_of(path)

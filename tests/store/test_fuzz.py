@@ -189,7 +189,7 @@ def run_verify_fuzz(versions, tmp_path, cuts: int, flips: int, seed: int) -> dic
     figures = {}
     for name in ("none", "zstd", "thin"):
         path = versions[name]
-        work = path.parent / "damaged.h5"  # beside it: a thin version finds its segments by relative name
+        work = path.parent / "damaged.h5"  # beside it: a thin version finds its row files by relative name
         figures[name] = verify_trials(path, damage_cases(path.stat().st_size, cuts, flips, rng), work)
     delta = versions["thin"].parent / "dataset_v0002.delta.h5"
     figures["thin's delta"] = verify_trials(versions["thin"], damage_cases(delta.stat().st_size, cuts, flips, rng),

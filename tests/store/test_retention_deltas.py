@@ -12,7 +12,7 @@ import sys
 import yaml
 
 import h5forge
-from h5forge.store.thin import segments_of
+from h5forge.store.thin import row_files_of
 from h5forge.store.verify import verify_file
 from h5forge.store.versions import latest, published
 from tests.helpers.data import REPO, age_files, drop_samples
@@ -44,10 +44,10 @@ def test_one_sample_appends_under_tight_retention_keep_every_file_latest_reads(t
         link = out / "dataset_latest.h5"
         report = verify_file(link, resample=0, latency_reads=0)
         assert report.ok, report.errors
-        assert all((out / s["file"]).is_file() for s in segments_of(link))
+        assert all((out / s["file"]).is_file() for s in row_files_of(link))
         assert sum(result.counts.values()) == 12 + k + 1
     assert sorted(published(out)) == [1, 5, 6]  # the base the kept thin versions read stays too
-    assert [s["file"] for s in segments_of(out / "dataset_v0006.h5")] == [
+    assert [s["file"] for s in row_files_of(out / "dataset_v0006.h5")] == [
         "dataset_v0001.h5", *[f"dataset_v{v:04d}.delta.h5" for v in range(2, 7)]]
     cli = Path(sys.executable).parent / "h5forge"
     done = subprocess.run([str(cli), "rollback", str(out), "v0005"], capture_output=True, text=True, timeout=300)

@@ -8,7 +8,7 @@ import numpy as np
 
 import h5forge
 from h5forge.format.layout import decode_str
-from h5forge.store.thin import segments_of
+from h5forge.store.thin import row_files_of
 from h5forge.store.verify import verify_file
 from h5forge.store.versions import published, retain
 from tests.helpers.data import age_files, drop_samples
@@ -20,7 +20,7 @@ def test_retention_keeps_what_kept_versions_read_and_export_is_self_contained(da
         age_files(inbox)
         h5forge.append(spec_file)
     assert list(published(out)) == [1, 2, 3, 4]
-    assert [s["file"] for s in segments_of(out / "dataset_v0004.h5")] == [
+    assert [s["file"] for s in row_files_of(out / "dataset_v0004.h5")] == [
         "dataset_v0001.h5", "dataset_v0002.delta.h5", "dataset_v0003.delta.h5", "dataset_v0004.delta.h5"]
     removed = retain(out, keep=1)
     assert sorted(p.name for p in removed) == ["dataset_v0002.h5", "dataset_v0003.h5"]

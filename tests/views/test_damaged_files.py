@@ -49,19 +49,19 @@ def _huge_count(f: h5py.File) -> None:
     f["train"].attrs[Attr.COUNT] = 2**62
 
 
-def _segments_to_dev_zero(f: h5py.File) -> None:
-    f.attrs[Attr.SEGMENTS] = json.dumps([{"file": "/dev/zero", "counts": {"train": 1, "val": 0, "test": 0}}])
+def _row_files_to_dev_zero(f: h5py.File) -> None:
+    f.attrs[Attr.ROW_FILES] = json.dumps([{"file": "/dev/zero", "counts": {"train": 1, "val": 0, "test": 0}}])
 
 
 def _megabyte_id(f: h5py.File) -> None:
-    if f["train/ids"].is_virtual:  # a thin version's rows live in its segments: rewrite the dataset
+    if f["train/ids"].is_virtual:  # a thin version's rows live in its row files: rewrite the dataset
         values = list(f["train/ids"][()])
         del f["train/ids"]
         f.create_dataset("train/ids", data=values, dtype=h5py.string_dtype())
     f["train/ids"][0] = "x" * 1_000_000
 
 
-DAMAGES = {"spec": _spec_garbage, "count": _huge_count, "segments": _segments_to_dev_zero, "id": _megabyte_id}
+DAMAGES = {"spec": _spec_garbage, "count": _huge_count, "row_files": _row_files_to_dev_zero, "id": _megabyte_id}
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))

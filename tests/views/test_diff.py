@@ -105,7 +105,7 @@ def test_info_json_of_the_thin_version_counts_exactly(history, new_labels):
     ids = all_ids(out / "dataset_v0002.h5")
     assert info["counts"] == {s: len(v) for s, v in ids.items()} and info["samples"] == 43
     assert info["lineage"]["kind"] == "thin" and info["lineage"]["parent"] == 1
-    assert [(s["file"], s["present"]) for s in info["lineage"]["segments"]] == [
+    assert [(s["file"], s["present"]) for s in info["lineage"]["row_files"]] == [
         ("dataset_v0001.h5", True), ("dataset_v0002.delta.h5", True)]
     # labels per split, derived independently from the raw records and the split rule
     labels = {r["id"]: r["label"] for r in json.loads((history["raw"] / "annotations.json").read_text())}

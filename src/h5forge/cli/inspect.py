@@ -65,9 +65,9 @@ def _print_info(info: dict[str, Any]) -> None:
         f"HDF5 {lin['written_with']['hdf5']}",
     )
     if lin["kind"] == "thin":
-        segs = ", ".join(f"{s['file']}{'' if s['present'] else ' (MISSING)'}" for s in lin["segments"])
-        how = "assembled from its workers' segments" if lin["assembled"] else "thin"
-        t.add_row("kind", f"{how}: reads {len(lin['segments'])} files: {segs}")
+        files = ", ".join(f"{s['file']}{'' if s['present'] else ' (MISSING)'}" for s in lin["row_files"])
+        how = "mapped onto its workers' row files" if lin["assembled"] else "thin"
+        t.add_row("kind", f"{how}: reads {len(lin['row_files'])} files: {files}")
     else:
         t.add_row(
             "kind",

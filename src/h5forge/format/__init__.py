@@ -1,2 +1,2 @@
-"""The file format: names, storage of the small columns and indexes, codecs, segments, diagnostics.
+"""The file format: names, storage of the small columns and indexes, codecs, row files, diagnostics.
 Nothing here decodes pictures or knows about field kinds."""

@@ -256,7 +256,7 @@ class EncodedRows:
     codec: str
     shape: tuple[int, ...]  # one row's
     dtype: np.dtype
-    chunks: list[bytes | memoryview]  # memoryview: slices of one segment file read by the writer
+    chunks: list[bytes | memoryview]  # memoryview: slices of one chunk file read by the writer
 
     @classmethod
     def of(cls, codec: str, block: np.ndarray) -> "EncodedRows":

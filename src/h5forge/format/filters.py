@@ -13,7 +13,7 @@ from pathlib import Path
 import h5py
 
 from h5forge.format.codecs import codec_options
-from h5forge.format.segments import virtual_sources
+from h5forge.format.row_files import virtual_sources
 
 # filters HDF5 builds in (deflate may be missing from a minimal build; szip often is)
 BUILTIN = {1: "gzip (deflate)", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset"}

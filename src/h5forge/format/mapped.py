@@ -1,4 +1,4 @@
-"""Rows of a mapped dataset — a virtual dataset of a segments or thin version — read from the files
+"""Rows of a mapped dataset — a virtual dataset of a mapped or thin version — read from the files
 it maps, never through HDF5's virtual-dataset machinery.
 
 HDF5 keeps every source file a virtual dataset has read open for as long as the dataset is open,

@@ -32,10 +32,12 @@ INBOX_MANAGED = (INBOX_PROCESSED, INBOX_QUARANTINE)
 # a file or folder being copied into an inbox under such a name is not read until renamed
 INBOX_TEMPORARY = (".tmp", ".partial")
 VERSION_RE = re.compile(r"^dataset_v(\d{4,})\.h5$")
-SEGMENTS_DIR = ".segments"  # in the output folder: the cleaning workers' chunk files of the running build
+CHUNKS_DIR = ".chunks"  # in the output folder: the cleaning workers' chunk files of the running build
+CHUNKS_DIR_BEFORE = ".segments"  # that folder as older h5forge names it (a killed run's: removed alike)
 DELTA_RE = re.compile(r"^dataset_v(\d{4,})\.delta\.h5$")
-# a version assembled from segments (storage.assemble: segments): the workers' files it maps
-SEGMENT_FOLDER_RE = re.compile(r"^dataset_v(\d{4,})\.segments$")
+# the rows folder of a mapped version (storage.assemble: mapped): the workers' row files it maps
+# (``.segments``: as older h5forge names it; still read)
+ROWS_FOLDER_RE = re.compile(r"^dataset_v(\d{4,})\.(rows|segments)$")
 PARTIAL_RE = re.compile(r"^\.dataset_v\d{4,}(\.delta)?\.h5\.partial$")
 
 
@@ -52,9 +54,9 @@ def delta_name(number: int) -> str:
     return f"{version_tag(number)}.delta.h5"
 
 
-def segment_folder_name(number: int) -> str:
-    """The folder beside a version assembled from segments that holds the files it maps."""
-    return f"{version_tag(number)}.segments"
+def rows_folder_name(number: int) -> str:
+    """The rows folder beside a mapped version: the row files its workers wrote, which it maps."""
+    return f"{version_tag(number)}.rows"
 
 
 def partial_name(final_name: str) -> str:
@@ -106,7 +108,8 @@ class Attr:
     CODEC = "codec"
     CODEC_NEEDS = "codec_needs"
     FIELDS = "fields"
-    SEGMENTS = "segments"
+    ROW_FILES = "row_files"
+    ROW_FILES_BEFORE = "segments"  # that list as older h5forge names it: still read
     SELF_CONTAINED = "self_contained"
     EXPORTED_FROM = "exported_from"
     COUNT = "count"
@@ -144,8 +147,9 @@ LAYOUT: tuple[tuple[str, str], ...] = (
         f'attrs: {Attr.FORMAT}="{FORMAT}", {Attr.FORMAT_VERSION}={FORMAT_VERSION}, {Attr.NAME}, '
         f"{Attr.DESCRIPTION}, {Attr.VERSION}, {Attr.PARENT} (-1 for none), {Attr.CREATED} (UTC ISO-8601), "
         f"{Attr.CREATOR}, h5forge_version, h5py_version, hdf5_version, python_version, {Attr.CODEC}, "
-        f"{Attr.CODEC_NEEDS} (what a reader must have), {Attr.FIELDS}; thin versions and versions "
-        f"assembled from segments (dataset_vNNNN.segments/) also {Attr.SEGMENTS} (JSON) and {Attr.SELF_CONTAINED}=False; exports {Attr.EXPORTED_FROM}; "
+        f"{Attr.CODEC_NEEDS} (what a reader must have), {Attr.FIELDS}; thin and mapped versions "
+        f"(rows folder dataset_vNNNN.rows/) also {Attr.ROW_FILES} (JSON; {Attr.ROW_FILES_BEFORE} and "
+        f"dataset_vNNNN.segments/ in older files) and {Attr.SELF_CONTAINED}=False; exports {Attr.EXPORTED_FROM}; "
         f"{Attr.FILE_DIGEST}: hex sha256 of the other root attributes, of /{DIAGNOSTICS} and /inputs "
         f"and of /{SPEC} as stored; {Attr.FILE_DIGEST_RULE}={FILE_DIGEST_RULE} (absent: /{SPEC} is not covered)",
     ),

@@ -28,7 +28,7 @@ class WriteSummary:
     chunk_rows: int
     timings: dict = field(default_factory=dict)
     rejections: tuple[Rejection, ...] = ()
-    segments: int = 1  # files holding the rows (more than one for a thin version)
+    row_files: int = 1  # files holding the rows (more than one for a thin version)
     # rows of each split verify checks against their checksums (None: all); the write decides it
     # from how its rows came (``rebuild.Written``), and the file does not store it
     checksum_sample: int | None = None

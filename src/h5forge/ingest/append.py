@@ -360,7 +360,7 @@ def write_thin_catalog(f: h5py.File, parent: Path, delta: Path) -> None:
 
 def verify_append(cand: AppendCandidate, seed: int = 0) -> HealthReport:
     """The delta in full; the thin version's structure, dependencies and sampled rows of every
-    segment. The health report is written beside the versions."""
+    row file. The health report is written beside the versions."""
     thin = verify_file(cand.version.partial, checksum_sample=64, resample=0, latency_reads=50, seed=seed)
     thin.merge(verify_file(cand.delta, resample=0, latency_reads=0), "delta")
     write_health(cand.out, cand.number, thin)

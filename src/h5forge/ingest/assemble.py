@@ -1,18 +1,18 @@
-"""Versions assembled from the cleaning workers' own files (``storage.assemble: segments``).
+"""Mapped versions: assembled from the cleaning workers' own row files (``storage.assemble: mapped``).
 
 Each worker writes the batch it cleaned as a small h5forge file of its own, in the version's
 layout (``DatasetWriter``: the same chunks, statistics, sample keys, catalog), into the version's
-segments folder ``dataset_vNNNN.segments/`` beside the version file, and hands back only the small
+rows folder ``dataset_vNNNN.rows/`` beside the version file, and hands back only the small
 columns: ids, provenance, checksums, sample keys, statistics, rejections. The publisher writes
 those into the version file and maps every sample array onto the workers' files with virtual
 datasets, one mapping per batch and split (a run of consecutive rows), in the deterministic order:
-it places no chunk. The version lists its files in its ``segments`` attribute, as a thin version
+it places no chunk. The version lists its files in its ``row_files`` attribute, as a thin version
 does, so verify, the readers, export, appends, rebuilds, retention and rollback treat it as one.
 
 A worker writes under a temporary name and renames the file when it is complete: a worker killed
 mid-write leaves a partial file nobody references (dask runs the batch again under a new name),
 removed when the version is finished. Rows a rebuild takes from earlier files are copied into a
-self-contained version (``ingest.incremental.reuse``): that is the compaction of a segmented one.
+self-contained version (``ingest.incremental.reuse``): that is the compaction of a mapped one.
 """
 
 from __future__ import annotations
@@ -31,19 +31,19 @@ from h5forge.errors import UsageError
 from h5forge.format.arrays import Ragged
 from h5forge.format.catalog import ROW_BITS, Catalog
 from h5forge.format.layout import SMALL_ROWS
-from h5forge.format.names import CHECKSUM, FORMAT_VERSION, SPLITS, Attr, partial_name, segment_folder_name
-from h5forge.format.segments import map_virtual
+from h5forge.format.names import CHECKSUM, FORMAT_VERSION, SPLITS, Attr, partial_name, rows_folder_name
+from h5forge.format.row_files import map_virtual
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest.clean import CleanedBatch, clean_batch
 from h5forge.ingest.incremental.inputs import Inputs, rules_hash
-from h5forge.ingest.writer import DatasetWriter, Durable
+from h5forge.ingest.writer import DatasetWriter
 from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
 from h5forge.store.sizes import ArraySizes
 
 
 @dataclass(frozen=True)
-class SegmentTarget:
+class RowFileTarget:
     """Where the cleaning workers write their files, and what the files record."""
 
     folder: str
@@ -52,7 +52,7 @@ class SegmentTarget:
     format_version: int = FORMAT_VERSION
 
 
-class SegmentFileWriter(DatasetWriter):
+class RowFileWriter(DatasetWriter):
     """A worker's file of rows: the version's layout, statistics, indexed fields' row lists, sample
     keys and catalog, without what only a file read as a version needs (digests, diagnostics, axis
     names, annotation-column indexes: the version file has its own). Its small columns are chunked
@@ -71,21 +71,21 @@ class SegmentFileWriter(DatasetWriter):
         return self.catalog
 
 
-def clean_to_file(spec: DatasetSpec, root: str, refs: list[SampleRef], target: SegmentTarget) -> CleanedBatch:
+def clean_to_file(spec: DatasetSpec, root: str, refs: list[SampleRef], target: RowFileTarget) -> CleanedBatch:
     """On a worker: clean ``refs``, write the rows to a new file in the target folder, return the
     small columns and the file's place."""
     batch = clean_batch(spec, root, refs, format_version=target.format_version)
-    return write_segment_file(batch, spec, target) if len(batch) else batch
+    return write_row_file(batch, spec, target) if len(batch) else batch
 
 
-def write_segment_file(batch: CleanedBatch, spec: DatasetSpec, target: SegmentTarget) -> CleanedBatch:
+def write_row_file(batch: CleanedBatch, spec: DatasetSpec, target: RowFileTarget) -> CleanedBatch:
     """``batch`` written to a file of its own; returned without its sample arrays, with the file's
     name, counts and sizes, and each row's checksum and sample key as the file stores them."""
     folder = Path(target.folder)
     name = f"{uuid.uuid4().hex}.h5"
     partial = folder / partial_name(name)
     inputs = Inputs(rules=target.rules, key="")
-    w = SegmentFileWriter(
+    w = RowFileWriter(
         partial, spec, target.version, rows=len(batch), inputs=inputs, format_version=target.format_version
     )
     with w:
@@ -105,7 +105,7 @@ def write_segment_file(batch: CleanedBatch, spec: DatasetSpec, target: SegmentTa
     }
     catalog = w.catalog  # the file's, rows in its own numbering: the publisher's is theirs together
     assert catalog is not None  # made by finish
-    segment = {
+    row_file = {
         "file": name,
         "catalog": (catalog.content, catalog.content_at, catalog.ids),
         "counts": dict(summary.counts),
@@ -114,14 +114,13 @@ def write_segment_file(batch: CleanedBatch, spec: DatasetSpec, target: SegmentTa
         "stored": summary.split_bytes,
     }
     small = {path: block for path, block in batch.arrays.items() if path not in bulk}
-    return replace(batch, arrays=small, digests=[], segment=segment)
+    return replace(batch, arrays=small, digests=[], row_file=row_file)
 
 
-class SegmentsWriter(DatasetWriter):
-    """The version file of a build assembled from segments: the small columns written here, the
-    sample arrays mapped onto the workers' files when it finishes. Rows that come with their
-    arrays (taken from earlier files, or cleaned without a target) make a self-contained version,
-    as ``DatasetWriter`` writes it; a version holds one kind of row or the other."""
+class MappedWriter(DatasetWriter):
+    """The version file of a mapped build: the small columns written here, the sample arrays
+    mapped onto the workers' row files when it finishes. It takes no row with its arrays (a
+    version holds one kind of row: ``ingest.build.Route`` writes a copy when rows are reused)."""
 
     def __init__(
         self,
@@ -133,14 +132,13 @@ class SegmentsWriter(DatasetWriter):
         format_version: int = FORMAT_VERSION,
     ):
         super().__init__(path, spec, version, parent_version, inputs, format_version)
-        self.folder = self.path.parent / segment_folder_name(version)
+        self.folder = self.path.parent / rows_folder_name(version)
         shutil.rmtree(self.folder, ignore_errors=True)  # a killed run's, under the same number
         self.folder.mkdir()
         rules = inputs.rules if inputs is not None else rules_hash(spec, format_version)
-        self.segments_to = SegmentTarget(str(self.folder), version, rules, format_version)
-        self.segments: list[dict] = []
+        self.row_files_to = RowFileTarget(str(self.folder), version, rules, format_version)
+        self.row_files: list[dict] = []
         self._catalogs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # the workers' files'
-        self._with_arrays = False
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self._finished:
@@ -148,51 +146,43 @@ class SegmentsWriter(DatasetWriter):
         super().__exit__(exc_type, exc, tb)
 
     def add(self, batch: CleanedBatch) -> int:
-        if batch.segment is None:
-            self._rows_with_arrays(len(batch))
+        if batch.row_file is None:  # a batch whose every sample was rejected
+            if len(batch):
+                raise RuntimeError("a mapped version got rows with their arrays")
             return super().add(batch)
-        if self._with_arrays:
-            raise RuntimeError("a version assembled from segments got rows with their arrays")
-        if not (self.folder / batch.segment["file"]).is_file():
+        if not (self.folder / batch.row_file["file"]).is_file():
             raise UsageError(
-                f"storage.assemble: segments: the file a dask worker wrote, {self.folder / batch.segment['file']}, "
+                f"storage.assemble: mapped: the file a dask worker wrote, {self.folder / batch.row_file['file']}, "
                 "is not visible from this machine; the workers and this process must share the output "
                 "folder (or use storage.assemble: copy)"
             )
-        segment = dict(batch.segment)
-        content, at, ids = segment.pop("catalog")
+        row_file = dict(batch.row_file)
+        content, at, ids = row_file.pop("catalog")
         for k, split in enumerate(SPLITS):  # the file's rows of each split follow the ones before
             at = np.where((at >> ROW_BITS) == k, at + self.next_row(split), at)
         self._catalogs.append((content, at, ids))
-        self.segments.append(segment)
+        self.row_files.append(row_file)
         return super().add(batch)
 
     def add_stored(self, split, copy, listed) -> None:
-        self._rows_with_arrays(1)
-        super().add_stored(split, copy, listed)
-
-    def _rows_with_arrays(self, n: int) -> None:
-        if not n:
-            return
-        if self.segments:
-            raise RuntimeError("a version assembled from segments got rows with their arrays")
-        self._with_arrays = True
-        self.segments_to = None  # no more rows go to files: this version is a copy
+        raise RuntimeError("a mapped version got rows with their arrays")
 
     def checkpoint(self) -> dict:
         """No row is durable in the version file before it is finished (its sample arrays are
         mapped then): a killed build's file is never taken over."""
-        state = super().checkpoint()
-        if self.segments:
-            state.update(counts={s: 0 for s in SPLITS}, stats={}, listed={s: {} for s in SPLITS})
-        return state
+        return {
+            **super().checkpoint(),
+            "counts": {s: 0 for s in SPLITS},
+            "stats": {},
+            "listed": {s: {} for s in SPLITS},
+        }
 
     def finish(self, timings: dict[str, float] | None = None) -> WriteSummary:
-        if self.segments:
+        if self.row_files:
             for split in SPLITS:
                 self._flush(split, final=True)
             listed = self._map_arrays()
-            self.file.attrs.update({Attr.SEGMENTS: json.dumps(listed), Attr.SELF_CONTAINED: False})
+            self.file.attrs.update({Attr.ROW_FILES: json.dumps(listed), Attr.SELF_CONTAINED: False})
         summary = super().finish(timings)
         self._remove_unreferenced()
         return summary
@@ -200,7 +190,7 @@ class SegmentsWriter(DatasetWriter):
     def _catalog(self) -> Catalog:
         """The workers' catalogs together, as ``catalog_from_rows`` makes it from the rows: the
         same raw content twice keeps the order of its rows."""
-        if not self.segments:
+        if not self.row_files:
             return super()._catalog()
         content, at, ids = (np.concatenate(parts) for parts in zip(*self._catalogs))
         rows = np.argsort(at, kind="stable")
@@ -209,13 +199,13 @@ class SegmentsWriter(DatasetWriter):
         return Catalog(content[order], at[order], np.sort(ids))
 
     def _listed(self) -> list[dict]:
-        """The segments as the version's attribute lists them: paths relative to its folder."""
-        return [{"file": f"{self.folder.name}/{s['file']}", "counts": s["counts"]} for s in self.segments]
+        """The row files as the version's attribute lists them: paths relative to its folder."""
+        return [{"file": f"{self.folder.name}/{s['file']}", "counts": s["counts"]} for s in self.row_files]
 
     def _map_arrays(self) -> list[dict]:
-        """Every sample array of every split: a virtual dataset over the segments, in order."""
+        """Every sample array of every split: a virtual dataset over the row files, in order."""
         listed = self._listed()
-        with h5py.File(self.folder / self.segments[0]["file"], "r") as first:
+        with h5py.File(self.folder / self.row_files[0]["file"], "r") as first:
             for split in SPLITS:
                 g = self._groups[split]
                 for path, kind in self.kinds.items():
@@ -225,21 +215,21 @@ class SegmentsWriter(DatasetWriter):
                     for name in st.datasets(path):
                         lengths = None
                         if st.ragged and name == path:
-                            lengths = [s["elements"][split][path] for s in self.segments]
+                            lengths = [s["elements"][split][path] for s in self.row_files]
                         self._direct.pop((split, name), None)
-                        del g[name]  # empty: its rows are the segments'
+                        del g[name]  # empty: its rows are the row files'
                         map_virtual(g, name, first[split][name], listed, split, lengths)
         return listed
 
     def _summary(self, timings: dict[str, float]) -> WriteSummary:
         summary = super()._summary(timings)
-        if not self.segments:
+        if not self.row_files:
             return summary
         sizes = ArraySizes(0, 0, {s: 0 for s in SPLITS})
-        for s in self.segments:
+        for s in self.row_files:
             sizes = sizes + ArraySizes(s["raw"], sum(s["stored"].values()), s["stored"])
         return summary.with_(
-            segments=len(self.segments),
+            row_files=len(self.row_files),
             array_bytes_raw=sizes.raw,
             array_bytes_stored=sizes.stored,
             split_bytes=sizes.split_stored,
@@ -248,27 +238,8 @@ class SegmentsWriter(DatasetWriter):
 
     def _remove_unreferenced(self) -> None:
         """Files no row of the version is in: a killed worker's, a batch all of whose samples
-        were rejected; the folder itself when the version is a copy."""
-        if not self.segments:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            return
-        kept = {s["file"] for s in self.segments}
+        were rejected."""
+        kept = {s["file"] for s in self.row_files}
         for p in self.folder.iterdir():
             if p.name not in kept:
                 p.unlink(missing_ok=True)
-
-
-def open_writer(
-    path: Path,
-    spec: DatasetSpec,
-    version: int,
-    parent_version: int | None,
-    inputs: Inputs | None,
-    durable: Durable | None = None,
-) -> DatasetWriter:
-    """The writer of a build's version file, as ``storage.assemble`` asks. A killed build's file
-    taken over in place (``durable``) holds its rows' arrays, so the version it completes is
-    self-contained whatever the spec asks (a version holds one kind of row or the other)."""
-    if spec.storage.assemble == "segments" and durable is None:
-        return SegmentsWriter(path, spec, version, parent_version, inputs)
-    return DatasetWriter(path, spec, version, parent_version, inputs, durable=durable)

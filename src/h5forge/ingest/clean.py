@@ -41,10 +41,10 @@ class CleanedBatch:
     stats: dict[str, dict[str, np.ndarray]]  # dataset path -> split -> additive statistic
     listed: dict[str, list[list]]  # indexed dataset path -> per sample, the values it is listed under
     rejections: list[Rejection]
-    # a batch a worker wrote to a segment file of its own (``h5forge.ingest.assemble``): where its
+    # a batch a worker wrote to a row file of its own (``h5forge.ingest.assemble``): where its
     # sample arrays are (those are then not in ``arrays``), and each row's checksum and sample key
     # as that file stores them
-    segment: dict | None = None
+    row_file: dict | None = None
     checksums: np.ndarray | None = None
     keys: np.ndarray | None = None
 

@@ -3,7 +3,7 @@
 h5py serialises every HDF5 call behind one lock, and Pillow decoding is CPU-bound, so cleaning
 runs in processes; the single writer stays in the calling process. Results come back in input
 order with a bounded number of batches in flight, so memory does not grow with the dataset.
-Workers write their compressed chunks to segment files (``h5forge.ingest.segment_files``) and
+Workers write their compressed chunks to chunk files (``h5forge.ingest.chunk_files``) and
 send back the rest of the batch.
 """
 
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from h5forge.errors import DaskWorkersLost, NoDaskWorkers, SchedulerUnreachable
 from h5forge.format.names import FORMAT_VERSION
-from h5forge.ingest.assemble import SegmentTarget, clean_to_file
+from h5forge.ingest.assemble import RowFileTarget, clean_to_file
 from h5forge.ingest.clean import CleanedBatch, clean_batch
-from h5forge.ingest.segment_files import clean_to_segment, make_folder, read_segment, remove_folder
+from h5forge.ingest.chunk_files import clean_to_chunk_file, make_folder, read_chunk_file, remove_folder
 from h5forge.kinds import sample_bytes, stored_kinds
 from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
@@ -275,6 +275,14 @@ def batches(samples: Sequence[SampleRef], size: int) -> list[list[SampleRef]]:
     return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
 
 
+def where_to_clean(spec: DatasetSpec, n: int) -> str:
+    """``external`` (``compute.dask_address``), else ``inline`` (this process) when ``n`` samples are
+    too little work to pay for a cluster (``compute.inline_below``), else ``local`` (a LocalCluster)."""
+    if spec.compute.dask_address:
+        return "external"
+    return "inline" if n < spec.compute.inline_below else "local"
+
+
 def clean_all(
     spec: DatasetSpec,
     root: Path,
@@ -282,23 +290,26 @@ def clean_all(
     timings: dict | None = None,
     status: Callable[[str], None] = lambda text: None,
     format_version: int = FORMAT_VERSION,
-    segments_to: SegmentTarget | None = None,
+    row_files_to: RowFileTarget | None = None,
     cluster: ClusterAhead | None = None,
+    where: str | None = None,
+    chunk_files: bool = True,
 ) -> Iterator[CleanedBatch]:
-    """Clean on dask, or in this process when there is too little work to pay for a cluster.
+    """Clean ``where`` the run chose (default: ``where_to_clean``): on dask, or in this process.
     ``cluster``: the LocalCluster the run started ahead, used when it fits.
 
     ``status`` hears what happens before the first batch (a cluster start takes seconds);
     ``format_version`` is the format of the file the rows go to (``clean_batch``); with
-    ``segments_to`` each batch's rows go to a file of their own there (``ingest.assemble``)."""
+    ``row_files_to`` each batch's rows go to a file of their own there (``ingest.assemble``), else,
+    on dask, to chunk files unless ``chunk_files`` is False (the workers send them)."""
     size = batch_samples(spec, len(samples))
     timings = {} if timings is None else timings
-    if not spec.compute.dask_address and len(samples) < spec.compute.inline_below:
+    if (where or where_to_clean(spec, len(samples))) == "inline":
         timings["cleaned_in"] = "calling process"
         t0 = time.perf_counter()
         for batch in batches(samples, size):
-            if segments_to is not None:
-                yield clean_to_file(spec, str(root), batch, segments_to)
+            if row_files_to is not None:
+                yield clean_to_file(spec, str(root), batch, row_files_to)
             else:
                 yield clean_batch(spec, root, batch, format_version=format_version)
         timings["clean_write_seconds"] = round(time.perf_counter() - t0, 3)
@@ -306,7 +317,7 @@ def clean_all(
     t0 = time.perf_counter()
     address, workers = spec.compute.dask_address, spec.compute.workers
     status(f"connecting to the dask scheduler at {address}…" if address else f"starting {workers} dask workers…")
-    folder = make_folder(spec) if segments_to is None else None
+    folder = make_folder(spec) if row_files_to is None and chunk_files else None
     try:
         with dask_client(address, workers, spec.compute.secure, cluster) as client:
             timings["cleaned_in"] = address or f"LocalCluster({workers})"
@@ -319,7 +330,7 @@ def clean_all(
             )
             t1 = time.perf_counter()
             yield from clean_stream(
-                client, spec, root, samples, size, spec.in_flight(), format_version, folder, timings, segments_to
+                client, spec, root, samples, size, spec.in_flight(), format_version, folder, timings, row_files_to
             )
             timings["clean_write_seconds"] = round(time.perf_counter() - t1, 3)  # cluster shutdown excluded
     finally:
@@ -337,28 +348,28 @@ def clean_stream(
     format_version: int = FORMAT_VERSION,
     folder: Path | None = None,
     timings: dict | None = None,
-    segments_to: SegmentTarget | None = None,
+    row_files_to: RowFileTarget | None = None,
 ) -> Iterator[CleanedBatch]:
     """Clean ``samples`` on the cluster; yield batches in input order, ``in_flight`` at a time.
-    With a segments ``folder``, workers write their chunks there; a batch whose file this process
+    With a chunk ``folder``, workers write their chunks there; a batch whose file this process
     cannot read (the workers' storage is not this machine's) is cleaned again sending its chunks,
     and so is every later batch. ``timings`` counts the batches with rows that came each way
-    (``batches_via_segment_files``, ``batches_sent_through_dask``). With ``segments_to``, workers
+    (``batches_via_chunk_files``, ``batches_sent_through_dask``). With ``row_files_to``, workers
     write each batch's rows as a file of the version's (``ingest.assemble``) and send the small
     columns only.
 
     The spec goes with each task (a few kB), not scattered to the workers: data held only by
     workers is lost with them, and a batch re-run on a worker that joins later still has it."""
     timings = {} if timings is None else timings
-    via_files = sent = 0  # batches with rows: through a segment file; through the dask connection
+    via_files = sent = 0  # batches with rows: through a chunk file; through the dask connection
 
     to_files = folder is not None
 
     def submit(refs: list[SampleRef]):
-        if segments_to is not None:
-            return client.submit(clean_to_file, spec, str(root), refs, segments_to, pure=False)
+        if row_files_to is not None:
+            return client.submit(clean_to_file, spec, str(root), refs, row_files_to, pure=False)
         if to_files:
-            return client.submit(clean_to_segment, spec, str(root), refs, str(folder), format_version, pure=False)
+            return client.submit(clean_to_chunk_file, spec, str(root), refs, str(folder), format_version, pure=False)
         return client.submit(clean_batch, spec, str(root), refs, format_version=format_version, pure=False)
 
     pending: deque = deque()
@@ -375,9 +386,9 @@ def clean_stream(
         nxt = next(todo, None)
         if nxt is not None:
             pending.append((submit(nxt), nxt))
-        from_file = segments_to is not None  # its rows are in the file of the version's layout it wrote
+        from_file = row_files_to is not None  # its rows are in the file of the version's layout it wrote
         if folder is not None:
-            placed = read_segment(result, folder)
+            placed = read_chunk_file(result, folder)
             if placed is None:  # written on storage this machine does not see: send the chunks from now on
                 to_files = False
                 again = client.submit(clean_batch, spec, str(root), refs, format_version=format_version, pure=False)
@@ -389,7 +400,7 @@ def clean_stream(
             via_files += 1
         elif len(result):
             sent += 1
-        timings["batches_via_segment_files"] = via_files
+        timings["batches_via_chunk_files"] = via_files
         timings["batches_sent_through_dask"] = sent
         yield result
 

@@ -25,7 +25,7 @@ NAMED = 20  # ids a message names one by one
 
 
 def stored_ids(path: Path) -> list[str]:
-    """Every id a version holds, over its splits (a thin version's read through its segments)."""
+    """Every id a version holds, over its splits (a thin version's read through its row files)."""
     with h5py.File(os.path.realpath(path), "r") as f:
         return [sid for split in SPLITS if split in f for sid in decode_str(read_all(f[split][IDS]))]
 

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import h5py
 import numpy as np
@@ -101,10 +101,7 @@ class DatasetWriter:
     With ``durable``, the file at ``path`` is a killed build's, already cut back to those rows:
     the writer takes it over and appends after them."""
 
-    # where cleaning workers write their rows' own files (``ingest.assemble.SegmentsWriter``); None:
-    # the rows come to this writer
-    segments_to: Any = None
-    # False for a file whose rows a version maps (a worker's segment file): no digests, diagnostics,
+    # False for a file whose rows a version maps (a worker's row file): no digests, diagnostics,
     # axis names or annotation-column indexes, which only a file read as a version needs
     publishes = True
     small_rows: int | None = None  # rows per chunk of the small columns; None: the format's default
@@ -265,7 +262,7 @@ class DatasetWriter:
             SOURCE_FILES: np.asarray(batch.files, dtype=object).reshape(len(batch), nf),
             SOURCE_SHA256: np.asarray(batch.source_sha256, dtype="S64").reshape(len(batch), nf),
         }
-        if batch.checksums is not None:  # made where the rows were written (a segment file)
+        if batch.checksums is not None:  # made where the rows were written (a worker's row file)
             provenance[CHECKSUM] = batch.checksums
             return provenance
         # completed here, with the provenance as stored (an append rewrites source paths after cleaning)

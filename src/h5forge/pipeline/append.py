@@ -10,7 +10,7 @@ from pathlib import Path
 
 from h5forge.errors import UsageError
 from h5forge.format.names import version_name
-from h5forge.format.segments import segments_of
+from h5forge.format.row_files import row_files_of
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest import append as steps
 from h5forge.ingest.append import AppendCandidate, InboxScan, MovePlan, apply_moves, plan_moves, stage_append
@@ -82,7 +82,7 @@ def append(
         plan = plan_moves(spec, scan, summary.rejections, cand.number)
         path = run("publish", publish_append, cand, report, plan)
         run("retention", apply_retention, spec)
-        chain = chain_length(segments_of(Path(path)))
+        chain = chain_length(row_files_of(Path(path)))
         advice = compact_advice(cand.number, chain)
         if advice:
             log.warning("%s", advice)
@@ -136,7 +136,7 @@ def write_thin_version(spec: DatasetSpec, cand: AppendCandidate, summary: WriteS
         version_name(cand.parent),
         cand.delta.name,
         merged.counts,
-        merged.segments,
+        merged.row_files,
     )
     return merged
 

@@ -14,14 +14,14 @@ import h5py
 
 from h5forge.errors import VerificationFailed
 from h5forge.format.names import version_name
-from h5forge.format.segments import counts_of
+from h5forge.format.row_files import counts_of
 from h5forge.format.summary import WriteSummary
 from h5forge.ingest import build as steps, discover as discovery
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.duplicates import drop_duplicates
 from h5forge.ingest.incremental.inputs import Inputs, rules_hash
 from h5forge.ingest.incremental.rebuild import comparable, inputs_of, unchanged_since
-from h5forge.ingest.parallel import ClusterAhead, batch_samples, cluster_ahead
+from h5forge.ingest.parallel import ClusterAhead, cluster_ahead
 from h5forge.ingest.rejected import check_rejected
 from h5forge.ingest.removals import check_removals, named
 from h5forge.pipeline.main_module import leaves_main_alone
@@ -197,15 +197,7 @@ def clean_and_write(
     runner: Runner,
     cluster: ClusterAhead | None = None,
 ) -> WriteSummary:
-    n, compute = len(inventory.samples), spec.compute
-    if compute.dask_address:
-        where = f"on the dask scheduler at {compute.dask_address}"
-    elif n < compute.inline_below:  # as ingest.parallel decides: a cluster would cost more than it saves
-        where = f"in this process (fewer than compute.inline_below = {compute.inline_below})"
-    else:
-        where = f"on a LocalCluster of {compute.workers} processes"
-    log.info("cleaning %d samples %s, %d per batch", n, where, batch_samples(spec, n))
-    with runner.progress(n, "clean+write") as display:
+    with runner.progress(len(inventory.samples), "clean+write") as display:
         summary = steps.write_version(spec, inventory, candidate, display.advance, display.status, inputs, cluster)
     log.info(
         "wrote %d samples %s, %d rejected, compression ratio %.3f",

@@ -46,7 +46,7 @@ from h5forge.format.names import (
     column_path,
 )
 from h5forge.format.mapped import SOURCES, MappedDataset, read_all, rows_of
-from h5forge.format.segments import virtual_sources
+from h5forge.format.row_files import virtual_sources
 from h5forge.kinds import FieldKind, ReadOptions, stored_kinds
 from h5forge.kinds.statistics import Statistics
 from h5forge.read.collate import Padded, pad_batch

@@ -251,7 +251,7 @@ class RemoteSplitReader(SplitReader):
         return shown(self.path)
 
     def _check_sources(self, f: h5py.File) -> None:
-        from h5forge.format.segments import virtual_sources
+        from h5forge.format.row_files import virtual_sources
 
         self.sources = sorted(virtual_sources(f))
         if self.sources:  # HDF5 would look for them on this machine's disk, and read zeros without them

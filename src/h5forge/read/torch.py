@@ -61,8 +61,8 @@ def _empty_batch(
     specs: dict[str, tuple[tuple[int, ...], torch.dtype]], pool: "_BlockPool | None" = None
 ) -> dict[str, torch.Tensor]:
     """New tensors for one batch. In a DataLoader worker they are views into ONE shared-memory
-    block, so sending the batch to the main process costs no copy and a single segment however
-    many fields it has: a segment per tensor would make every extra field (a label beside the
+    block, so sending the batch to the main process costs no copy and a single transfer however
+    many fields it has: a block per tensor would make every extra field (a label beside the
     images) cost a transfer of its own (benchmarks/results/kinds_labels.md measures a label's
     cost with one block). With a ``pool`` (a
     loader that converts each batch in the main process and then drops it) the block is one the

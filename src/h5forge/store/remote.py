@@ -29,7 +29,7 @@ import h5py
 
 from h5forge.errors import ReadError, UsageError, VersionError
 from h5forge.format.names import LATEST, VERSION_RE, Attr, version_name
-from h5forge.format.segments import virtual_sources
+from h5forge.format.row_files import virtual_sources
 from h5forge.format.objects import (
     CHUNK_INDEX_SUFFIX,
     POINTER_MAX_BYTES,

@@ -12,7 +12,7 @@ from pathlib import Path
 import h5py
 
 from h5forge.format.names import SPLITS
-from h5forge.format.segments import segments_of
+from h5forge.format.row_files import row_files_of
 from h5forge.kinds import FieldKind
 
 
@@ -55,16 +55,16 @@ def own_sizes(f: h5py.File, kinds: dict[str, FieldKind]) -> ArraySizes:
 def version_sizes(path: str | Path, kinds: dict[str, FieldKind]) -> ArraySizes:
     """The sizes of every row of the version at ``path``: over each file that holds some (a
     missing one counts nothing; verify reports it)."""
-    return segments_sizes(Path(os.path.realpath(path)).parent, segments_of(Path(path)), kinds)
+    return row_files_sizes(Path(os.path.realpath(path)).parent, row_files_of(Path(path)), kinds)
 
 
-def segments_sizes(folder: Path, segments: list[dict], kinds: dict[str, FieldKind]) -> ArraySizes:
-    """The sizes of the rows of ``segments`` (files in ``folder``), as a thin version maps them."""
+def row_files_sizes(folder: Path, row_files: list[dict], kinds: dict[str, FieldKind]) -> ArraySizes:
+    """The sizes of the rows of ``row_files`` (files in ``folder``), as a thin version maps them."""
     total = ArraySizes(0, 0, {s: 0 for s in SPLITS})
-    for seg in segments:
-        seg_path = folder / seg["file"]
-        if not seg_path.is_file():
+    for row_file in row_files:
+        row_path = folder / row_file["file"]
+        if not row_path.is_file():
             continue
-        with h5py.File(seg_path, "r") as sf:
+        with h5py.File(row_path, "r") as sf:
             total = total + own_sizes(sf, kinds)
     return total

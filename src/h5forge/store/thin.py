@@ -4,7 +4,7 @@ over the earlier versions' files plus one delta file holding only the new sample
 The cost of an append is then the new samples plus a few small arrays, not the bytes of the whole
 dataset. A thin version is plain HDF5: h5py and other HDF5 readers follow the virtual mappings by
 themselves. ``export`` turns any version into one self-contained file; the nightly rebuild
-produces a compact version again. Segments are described in ``h5forge.format.segments``.
+produces a compact version again. Row files are described in ``h5forge.format.row_files``.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from h5forge.format.names import (
     version_name,
 )
 from h5forge.format.mapped import SOURCES, read_all
-from h5forge.format.segments import counts_of, map_virtual, segment_lengths, segments_of
+from h5forge.format.row_files import counts_of, map_virtual, row_file_lengths, row_files_of
 from h5forge.format.summary import WriteSummary, read_summary, write_diagnostics
 from h5forge.kinds import stored_kinds
 from h5forge.kinds.index import RowIndex
 from h5forge.kinds.statistics import Statistics
 from h5forge.spec import DatasetSpec, spec_from_json
-from h5forge.store.sizes import own_sizes, segments_sizes
+from h5forge.store.sizes import own_sizes, row_files_sizes
 from h5forge.store.whole_files import write_new
 
 
@@ -54,9 +54,9 @@ from h5forge.store.whole_files import write_new
 MAX_THIN_CHAIN = 64
 
 
-def chain_length(segments: list[dict]) -> int:
-    """How many appends' delta files a version with these segments reads."""
-    return sum(1 for seg in segments if DELTA_RE.match(Path(seg["file"]).name))
+def chain_length(row_files: list[dict]) -> int:
+    """How many appends' delta files a version with these row files reads."""
+    return sum(1 for row_file in row_files if DELTA_RE.match(Path(row_file["file"]).name))
 
 
 def compact_advice(number: int, chain: int, spec_file: str = "SPEC") -> str | None:
@@ -121,33 +121,35 @@ def write_thin(
     ``extra`` adds what else the file holds (the inputs catalog) before its file digest."""
     ensure_filters()
     require_current_format(parent, parent_number, spec)
-    segments = segments_of(parent)
+    row_files = row_files_of(parent)
     kinds = stored_kinds(spec)
     with h5py.File(os.path.realpath(parent), "r") as p, h5py.File(delta, "r") as d, built_in_memory(path) as f:
-        segments.append({"file": delta.name, "counts": counts_of(d)})
+        row_files.append({"file": delta.name, "counts": counts_of(d)})
         f.attrs.update(dict(d.attrs))
         f.attrs.update(
             {
                 Attr.VERSION: number,
                 Attr.PARENT: parent_number,
                 Attr.CREATED: datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                Attr.SEGMENTS: json.dumps(segments),
+                Attr.ROW_FILES: json.dumps(row_files),
                 Attr.SELF_CONTAINED: False,
             }
         )
         f.create_dataset(SPEC, data=spec.to_json(), dtype=d[SPEC].dtype)
         for split in SPLITS:
             g = f.create_group(split)
-            # every per-sample dataset maps onto the segments: nothing of the earlier rows is copied
+            # every per-sample dataset maps onto the row files: nothing of the earlier rows is copied
             for key in PER_SAMPLE:
-                map_virtual(g, key, d[split][key], segments, split)
+                map_virtual(g, key, d[split][key], row_files, split)
             for key, kind in kinds.items():
                 st = kind.stored()
                 for name in st.datasets(key):
-                    lengths = segment_lengths(path.parent, segments, split, key) if st.ragged and name == key else None
-                    map_virtual(g, name, d[split][name], segments, split, lengths)
+                    lengths = (
+                        row_file_lengths(path.parent, row_files, split, key) if st.ragged and name == key else None
+                    )
+                    map_virtual(g, name, d[split][name], row_files, split, lengths)
             g.attrs.update(dict(d[split].attrs))
-            g.attrs[Attr.COUNT] = sum(s["counts"][split] for s in segments)
+            g.attrs[Attr.COUNT] = sum(s["counts"][split] for s in row_files)
             for kind in kinds.values():
                 if isinstance(kind, Statistics):
                     old, new = kind.stored_counts(p[split]), kind.stored_counts(d[split])
@@ -159,11 +161,11 @@ def write_thin(
             name_axes(g, int(g.attrs[Attr.COUNT]))
         write_digests(f)  # over the merged statistics and indexes
         counts = counts_of(f)
-        sizes = segments_sizes(path.parent, segments, kinds)  # every row's, not the delta's alone
+        sizes = row_files_sizes(path.parent, row_files, kinds)  # every row's, not the delta's alone
         merged = summary.with_(
             counts=counts,
             samples=sum(counts.values()),
-            segments=len(segments),
+            row_files=len(row_files),
             array_bytes_raw=sizes.raw,
             array_bytes_stored=sizes.stored,
             split_bytes=sizes.split_stored,
@@ -201,7 +203,7 @@ def _export(src_path: Path, tmp: Path, codec: str | None) -> None:
     with h5py.File(src_path, "r") as src, h5py.File(tmp, "w") as out:
         spec = spec_from_json(src[SPEC][()].decode())
         kinds = stored_kinds(spec)
-        out.attrs.update({k: v for k, v in src.attrs.items() if k != Attr.SEGMENTS})
+        out.attrs.update({k: v for k, v in src.attrs.items() if k not in (Attr.ROW_FILES, Attr.ROW_FILES_BEFORE)})
         out.attrs[Attr.SELF_CONTAINED] = True
         out.attrs[Attr.EXPORTED_FROM] = src_path.name
         if codec is not None:
@@ -210,7 +212,7 @@ def _export(src_path: Path, tmp: Path, codec: str | None) -> None:
         for key in src:
             if key not in SPLITS:
                 src.copy(src[key], out, key)
-        segments = segments_of(src_path)
+        row_files = row_files_of(src_path)
         bulk = {path: kind.stored() for path, kind in kinds.items() if kind.stored().bulk}
         small = [name for path, kind in kinds.items() for name in kind.stored().datasets(path) if name not in bulk]
         for split in SPLITS:
@@ -221,13 +223,13 @@ def _export(src_path: Path, tmp: Path, codec: str | None) -> None:
                 _materialize(g_src[key], g, key)
             for path, st in bulk.items():
                 sizes = (
-                    segment_lengths(src_path.parent, segments, split, path)
+                    row_file_lengths(src_path.parent, row_files, split, path)
                     if st.ragged
-                    else [seg["counts"][split] for seg in segments]
+                    else [row_file["counts"][split] for row_file in row_files]
                 )
                 _copy_bulk(
                     src_path.parent,
-                    segments,
+                    row_files,
                     sizes,
                     split,
                     path,
@@ -256,7 +258,7 @@ def _describe_copy(out: h5py.File, kinds: dict, codec: str | None) -> None:
     summary.update(
         counts=counts,
         samples=sum(counts.values()),
-        segments=1,
+        row_files=1,
         array_bytes_raw=sizes.raw,
         array_bytes_stored=sizes.stored,
         split_bytes=sizes.split_stored,
@@ -283,7 +285,7 @@ def _materialize(obj: h5py.Dataset, g: h5py.Group, name: str) -> None:
 
 def _copy_bulk(
     folder: Path,
-    segments: list[dict],
+    row_files: list[dict],
     sizes: list[int],
     split: str,
     name: str,
@@ -292,7 +294,7 @@ def _copy_bulk(
     chunks: tuple[int, ...],
     codec: str,
 ) -> None:
-    """The rows of every segment, copying compressed chunks as they are when the pipelines match."""
+    """The rows of every row file, copying compressed chunks as they are when the pipelines match."""
     shape = like.shape[1:]
     rows = chunks[0]
     dst = g.create_dataset(
@@ -305,10 +307,10 @@ def _copy_bulk(
     )
     dst.attrs.update(plain_attrs(like))
     offset = 0
-    for seg, n in zip(segments, sizes):
+    for row_file, n in zip(row_files, sizes):
         if not n:
             continue
-        with h5py.File(folder / seg["file"], "r") as sf:
+        with h5py.File(folder / row_file["file"], "r") as sf:
             sd = sf[split][name]
             same_pipeline = sd.chunks == dst.chunks and sd._filters == dst._filters
             if same_pipeline and offset % rows == 0:

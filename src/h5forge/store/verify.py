@@ -55,7 +55,7 @@ from h5forge.format.names import (
     Attr,
     block_rows,
 )
-from h5forge.format.segments import counts_of, virtual_sources
+from h5forge.format.row_files import counts_of, listed_row_files, virtual_sources
 from h5forge.kinds import FieldKind, decode_sample, stored_kinds
 from h5forge.kinds.index import RowIndex
 from h5forge.kinds.statistics import Statistics
@@ -365,29 +365,29 @@ def _check_header(f: h5py.File, report: HealthReport) -> tuple[DatasetSpec | Non
 
 
 def _check_dependencies(f: h5py.File, report: HealthReport) -> None:
-    """Every file a thin version reads exists and is the segment it recorded: an h5forge version
+    """Every file a thin version reads exists and is the row file it recorded: an h5forge version
     with the recorded counts (a missing or replaced one would read as zeros or as other rows)."""
     sources = virtual_sources(f)
     missing = sorted(s for s in sources if not Path(s).exists())
     problems = [f"file this version reads from is missing: {m}" for m in missing]
-    if not problems and Attr.SEGMENTS in f.attrs:
+    if not problems:
         base = Path(os.path.realpath(f.filename)).parent
-        for seg in json.loads(f.attrs[Attr.SEGMENTS]):
-            problems += _segment_problems(base / seg["file"], seg["counts"])
+        for row_file in listed_row_files(f) or []:
+            problems += _row_file_problems(base / row_file["file"], row_file["counts"])
     report.errors_of(
         "dependencies", problems, f"ok ({len(sources)} other file(s))" if sources else "ok (self-contained)"
     )
 
 
-def _segment_problems(path: Path, counts: dict[str, int]) -> list[str]:
+def _row_file_problems(path: Path, counts: dict[str, int]) -> list[str]:
     if not path.is_file() or path.stat().st_size == 0:
         return [f"file this version reads from is not a version file: {path} (empty or not a file)"]
     try:
-        with h5py.File(path, "r") as seg:
-            if seg.attrs.get(Attr.FORMAT) != FORMAT:
+        with h5py.File(path, "r") as row_file:
+            if row_file.attrs.get(Attr.FORMAT) != FORMAT:
                 return [f"file this version reads from is not an h5forge file: {path}"]
-            have = counts_of(seg)
-    except Exception as err:  # noqa: BLE001 - a replaced or damaged segment
+            have = counts_of(row_file)
+    except Exception as err:  # noqa: BLE001 - a replaced or damaged row file
         return [f"file this version reads from cannot be read: {path} ({_why(err)})"]
     if any(have[s] < int(counts.get(s, 0)) for s in SPLITS):
         return [
@@ -609,7 +609,7 @@ def _check_file_digest(f: h5py.File, report: HealthReport) -> None:
 
 
 def _sampled_rows(f: h5py.File, k: int, seed: int) -> dict[str, list[tuple[int, int]]]:
-    """``k`` random rows of each split, and its last row (where the newest segment ends)."""
+    """``k`` random rows of each split, and its last row (where the newest row file ends)."""
     rng = np.random.default_rng(seed)
     out = {}
     for split in SPLITS:

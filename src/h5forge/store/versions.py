@@ -4,7 +4,7 @@
 <out>/dataset_latest.h5 -> dataset_v0007.h5   relative symlink, replaced atomically
 <out>/.dataset_v0008.h5.partial     a version being written (removed if the run dies)
 <out>/.h5forge.lock                 held by the one writer of this folder
-<out>/dataset_v0008.segments/       the files a version assembled from segments maps (storage.assemble)
+<out>/dataset_v0008.rows/           the rows folder: the row files a mapped version maps (storage.assemble)
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import h5py
 
 from h5forge.errors import LatestBroken, OutputBusy, UsageError, VersionError
 from h5forge.format.names import (
-    SEGMENTS_DIR,
-    SEGMENT_FOLDER_RE,
+    CHUNKS_DIR,
+    CHUNKS_DIR_BEFORE,
+    ROWS_FOLDER_RE,
     DELTA_RE,
     LATEST,
     LOCK,
@@ -37,11 +38,11 @@ from h5forge.format.names import (
     VERSION_RE,
     parse_version,
     partial_name,
-    segment_folder_name,
+    rows_folder_name,
     version_name,
 )
 from h5forge.format import leases
-from h5forge.format.segments import virtual_sources
+from h5forge.format.row_files import virtual_sources
 from h5forge.store.disk_full import as_disk_full, release_partials
 
 log = logging.getLogger("h5forge.store")
@@ -148,16 +149,19 @@ def _remove_partials(out: Path) -> None:
             os.replace(p, out / RESUMABLE)
         elif PARTIAL_RE.match(p.name) or p.name.startswith(f".{LATEST}."):
             p.unlink(missing_ok=True)
-        elif p.name == SEGMENTS_DIR:  # the workers' chunk files of a killed run: none is complete data
+        elif p.name in (
+            CHUNKS_DIR,
+            CHUNKS_DIR_BEFORE,
+        ):  # the workers' chunk files of a killed run: none is complete data
             shutil.rmtree(p, ignore_errors=True)
     versions = published(out)
     # a delta no published version reads: its append was killed before publishing. A delta whose
     # own version retention removed is still read by the later thin versions, so the test is what
     # the published versions read, never whether the delta's own version is there
     unowned = [p for p in out.iterdir() if (m := DELTA_RE.match(p.name)) and int(m.group(1)) not in versions]
-    # likewise the segments folder of a build killed before publishing (a thin version appended
+    # likewise the rows folder of a build killed before publishing (a thin version appended
     # onto a published one whose version retention removed still reads its files)
-    folders = [p for p in out.iterdir() if (m := SEGMENT_FOLDER_RE.match(p.name)) and int(m.group(1)) not in versions]
+    folders = [p for p in out.iterdir() if (m := ROWS_FOLDER_RE.match(p.name)) and int(m.group(1)) not in versions]
     if unowned or folders:
         read = {q.resolve() for path in versions.values() for q in dependencies(path)}
         for p in unowned:
@@ -225,13 +229,13 @@ class Candidate:
         return self.out / version_name(self.number)
 
     @property
-    def segments(self) -> Path:
-        """The folder of the files it maps, when it is assembled from segments."""
-        return self.out / segment_folder_name(self.number)
+    def rows_folder(self) -> Path:
+        """The folder of the row files it maps, when it is a mapped version."""
+        return self.out / rows_folder_name(self.number)
 
     def discard(self) -> None:
         self.partial.unlink(missing_ok=True)
-        shutil.rmtree(self.segments, ignore_errors=True)
+        shutil.rmtree(self.rows_folder, ignore_errors=True)
 
 
 def stage(out: str | Path) -> Candidate:
@@ -245,10 +249,10 @@ def stage(out: str | Path) -> Candidate:
 
 def publish(candidate: Candidate) -> Path:
     """Durably move the verified candidate into place, make it read-only, then point latest at it."""
-    if candidate.segments.is_dir():  # the files it maps: as read-only and durable as itself
-        for part in candidate.segments.iterdir():
+    if candidate.rows_folder.is_dir():  # the files it maps: as read-only and durable as itself
+        for part in candidate.rows_folder.iterdir():
             seal(part)
-        fsync_dir(candidate.segments)
+        fsync_dir(candidate.rows_folder)
     seal(candidate.partial)
     os.replace(candidate.partial, candidate.final)
     try:
@@ -323,7 +327,7 @@ def retain(out: str | Path, keep: int, retire_after: float = 0) -> list[Path]:
             if DELTA_RE.match(p.name) and p.resolve() not in protected:
                 p.unlink()
                 removed.append(p)
-            elif SEGMENT_FOLDER_RE.match(p.name) and not any(q.parent == p.resolve() for q in protected):
+            elif ROWS_FOLDER_RE.match(p.name) and not any(q.parent == p.resolve() for q in protected):
                 shutil.rmtree(p)
                 removed.append(p)
     _drop_stale_leases(out)

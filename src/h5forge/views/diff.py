@@ -22,7 +22,7 @@ from h5forge.errors import ReadError, VersionError
 from h5forge.format import markdown
 from h5forge.format.layout import decode_str
 from h5forge.format.mapped import read_all
-from h5forge.format.segments import virtual_sources
+from h5forge.format.row_files import virtual_sources
 from h5forge.format.names import CHECKSUM, IDS, LATEST, SPLITS, Attr, parse_version
 from h5forge.kinds import stored_kinds
 from h5forge.spec import DatasetSpec

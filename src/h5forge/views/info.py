@@ -6,7 +6,6 @@ Everything is returned as plain JSON-ready dicts, so ``h5forge info --json`` pri
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,10 +25,10 @@ from h5forge.format.names import (
     SPLITS,
     Attr,
     column_path,
-    segment_folder_name,
+    ROWS_FOLDER_RE,
     version_name,
 )
-from h5forge.format.segments import counts_of, segments_of
+from h5forge.format.row_files import counts_of, listed_row_files, row_files_of
 from h5forge.format.summary import read_summary
 from h5forge.kinds import FieldKind, stored_kinds
 from h5forge.kinds.statistics import Statistics
@@ -126,7 +125,7 @@ def sizes(path: Path, spec: DatasetSpec) -> dict[str, int]:
     folder = Path(os.path.realpath(path)).parent
     arrays = version_sizes(path, stored_kinds(spec))
     files = {Path(os.path.realpath(path))} | {
-        folder / s["file"] for s in segments_of(path) if (folder / s["file"]).exists()
+        folder / s["file"] for s in row_files_of(path) if (folder / s["file"]).exists()
     }
     return {
         "array_bytes_raw": arrays.raw,
@@ -168,7 +167,8 @@ def lineage(f: h5py.File, path: Path) -> dict[str, Any]:
     """Parent, thin or full (and the files it reads from, each marked present or missing), and the
     chain of ancestors still published beside it."""
     folder = Path(os.path.realpath(path)).parent
-    segments = json.loads(f.attrs[Attr.SEGMENTS]) if Attr.SEGMENTS in f.attrs else []
+    files = listed_row_files(f) or []
+    number = int(f.attrs.get(Attr.VERSION, 0))
     parent = int(f.attrs.get(Attr.PARENT, -1))
     chain: list[dict[str, Any]] = []
     seen: set[int] = set()
@@ -180,20 +180,19 @@ def lineage(f: h5py.File, path: Path) -> dict[str, Any]:
             chain.append({"version": at, "present": False})
             break
         with h5py.File(ancestor, "r") as a:
-            thin = Attr.SEGMENTS in a.attrs
+            thin = listed_row_files(a) is not None
             chain.append({"version": at, "present": True, "kind": "thin" if thin else "full"})
             at = int(a.attrs.get(Attr.PARENT, -1))
     return {
-        "version": int(f.attrs.get(Attr.VERSION, 0)),
+        "version": number,
         "parent": parent if parent > 0 else None,
         "created_at": _plain(f.attrs.get(Attr.CREATED, "")),
         "creator": _plain(f.attrs.get(Attr.CREATOR, "")),
-        "kind": "thin" if segments else "full",
-        # thin from its build (storage.assemble: segments): every file it reads is its workers'
-        "assembled": bool(segments)
-        and all(s["file"].startswith(segment_folder_name(int(f.attrs.get(Attr.VERSION, 0))) + "/") for s in segments),
-        "segments": [
-            {"file": s["file"], "counts": s["counts"], "present": (folder / s["file"]).is_file()} for s in segments
+        "kind": "thin" if files else "full",
+        # mapped (storage.assemble: mapped): every file it reads is in its own rows folder
+        "assembled": bool(files) and all(_in_rows_folder(s["file"], number) for s in files),
+        "row_files": [
+            {"file": s["file"], "counts": s["counts"], "present": (folder / s["file"]).is_file()} for s in files
         ],
         "exported_from": _plain(f.attrs.get(Attr.EXPORTED_FROM)) or None,
         "ancestors": chain,
@@ -246,11 +245,18 @@ def version_info(path: str | Path) -> dict[str, Any]:
         }
 
 
+def _in_rows_folder(file: str, number: int) -> bool:
+    """Whether a listed row file is in the rows folder of version ``number``."""
+    folder, _, rest = file.partition("/")
+    m = ROWS_FOLDER_RE.match(folder)
+    return bool(rest) and m is not None and int(m.group(1)) == number
+
+
 def brief(path: Path) -> dict[str, Any]:
     """One line of a folder listing."""
     with h5py.File(path, "r") as f:
         counts = counts_of(f)
-        segments = json.loads(f.attrs[Attr.SEGMENTS]) if Attr.SEGMENTS in f.attrs else []
+        files = listed_row_files(f) or []
         parent = int(f.attrs.get(Attr.PARENT, -1))
         return {
             "version": int(f.attrs.get(Attr.VERSION, 0)),
@@ -258,7 +264,7 @@ def brief(path: Path) -> dict[str, Any]:
             "samples": sum(counts.values()),
             "counts": counts,
             "file_bytes": path.stat().st_size,
-            "kind": f"thin over {len(segments)} files" if segments else "full",
+            "kind": f"thin over {len(files)} files" if files else "full",
             "created_at": _plain(f.attrs.get(Attr.CREATED, "")),
             "parent": parent if parent > 0 else None,
         }

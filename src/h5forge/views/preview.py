@@ -31,7 +31,7 @@ from h5forge.format.codecs import ensure_filters
 from h5forge.format.layout import decode_str
 from h5forge.format.mapped import read_all, rows_of
 from h5forge.format.names import FORMAT, IDS, REPORTS_DIR, SPEC, SPLITS, Attr, version_tag
-from h5forge.format.segments import virtual_sources
+from h5forge.format.row_files import virtual_sources
 from h5forge.kinds import FieldKind, stored_kinds
 from h5forge.kinds.preview import Preview
 from h5forge.spec import spec_from_json

@@ -117,8 +117,8 @@ def test_export_is_self_contained(example, examples, tmp_path):
     assert verify_file(copy).ok
 
 
-def test_a_version_assembled_from_segments_equals_the_copied_one(example, tmp_path):
-    """``storage.assemble: segments`` (one file per batch of 3, mapped by virtual datasets; a ragged
+def test_a_version_mapped_equals_the_copied_one(example, tmp_path):
+    """``storage.assemble: mapped`` (one file per batch of 3, mapped by virtual datasets; a ragged
     field's values by their element counts): the values, checksums and split digests of the copy
     built in the same batches (floating-point statistics are summed batch by batch)."""
     import h5forge
@@ -127,11 +127,11 @@ def test_a_version_assembled_from_segments_equals_the_copied_one(example, tmp_pa
 
     spec = load_spec(example.spec_path)
     built = {}
-    for how in ("copy", "segments"):
+    for how in ("copy", "mapped"):
         spec = spec.model_copy(update={"storage": spec.storage.model_copy(update={"assemble": how}),
                                        "compute": spec.compute.model_copy(update={"batch_size": 3})})
         built[how] = h5forge.build(spec, output=tmp_path / how).path
-    mapped, copied = built["segments"], built["copy"]
+    mapped, copied = built["mapped"], built["copy"]
     with h5py.File(mapped, "r") as m, h5py.File(copied, "r") as c:
         assert all(m[s][p].is_virtual for s in _splits(mapped) for p in example.paths if example.kinds[p].stored().bulk)
         for split in SPLITS:

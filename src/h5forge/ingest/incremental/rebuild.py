@@ -1,8 +1,8 @@
 """Rebuilds that cost what changed: publish nothing when nothing changed; otherwise take every
 unchanged sample from the latest version (or from what a killed build left) and clean the rest.
 
-``write_samples`` is what ``h5forge.ingest.build.write_version`` runs; a full rebuild with no
-earlier version takes nothing and cleans everything.
+``plan_reuse`` and ``write_samples`` are steps of ``h5forge.ingest.build.write_version``; a full
+rebuild with no earlier version takes nothing and cleans everything.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import h5py
 import numpy as np
@@ -20,14 +20,15 @@ import numpy as np
 from h5forge.format.catalog import input_key
 from h5forge.format.mapped import rows_of
 from h5forge.format.names import RESUMABLE, RESUME_SUFFIX, version_name
-from h5forge.format.segments import segments_of
+from h5forge.format.row_files import row_files_of
 from h5forge.ingest.incremental import hash_cache
 from h5forge.ingest.discover import Inventory
-from h5forge.ingest.parallel import ClusterAhead
 from h5forge.ingest.incremental.inputs import Inputs, fingerprint, rules_hash
 from h5forge.ingest.incremental.resume import Checkpoints, discard_resumable, resumable_source
-from h5forge.ingest.incremental.take_over import TakenOver
-from h5forge.ingest.incremental.reuse import Source, make_plan, runs, usable, write_reusing
+from h5forge.ingest.incremental.take_over import TakenOver, take_over
+from h5forge.ingest.incremental.reuse import Plan, Source, make_plan, runs, usable, write_reusing
+from h5forge.ingest.clean import CleanedBatch
+from h5forge.kinds import stored_kinds
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.spec import DatasetSpec
 from h5forge.store.versions import latest
@@ -73,10 +74,80 @@ def previous_sources(out: Path, rules: str) -> list[Source]:
         return []
     path = Path(out) / version_name(number)
     try:
-        files = [path.parent / seg["file"] for seg in segments_of(path)]
+        files = [path.parent / seg["file"] for seg in row_files_of(path)]
     except OSError:
         return []
     return [Source(p) for p in files if usable(p, rules)]
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """What a build takes from files already written, planned before any row is written: for every
+    sample the stored row it is copied from, or None (``plan``); the files those rows are in
+    (``sources``: a killed build's file first when ``resumed``, then the latest version's); and a
+    killed build's file taken over in place (``taken``), whose samples the plan leaves out."""
+
+    plan: Plan
+    sources: list[Source]
+    taken: TakenOver | None = None
+    resumed: Source | None = None
+
+    @property
+    def resumed_rows(self) -> int:
+        """Rows copied from a killed build's file."""
+        return sum(1 for t in self.plan.taken if t is not None and t.source == 0) if self.resumed else 0
+
+    @property
+    def any(self) -> bool:
+        """Whether any row of the version is not cleaned by this build."""
+        return self.taken is not None or self.plan.reused > 0
+
+    @property
+    def what(self) -> str:
+        """``nothing``, or what is reused: ``take-over``, ``resume``, ``unchanged`` (joined by ``+``)."""
+        named = (
+            ("take-over", self.taken is not None),
+            ("resume", self.resumed_rows > 0),
+            ("unchanged", self.plan.reused > self.resumed_rows),
+        )
+        return "+".join(name for name, on in named if on) or "nothing"
+
+    def close(self) -> None:
+        """The sources closed; a killed build's file the plan read is removed, used or not (when the
+        build failed, whatever went wrong may be in it: the next run starts afresh)."""
+        for src in self.sources:
+            src.close()
+        if self.resumed is not None:
+            discard_resumable(self.resumed.path.parent)
+
+
+def plan_reuse(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, partial: Path, timings: dict) -> Reuse:
+    """Which rows the build at ``partial`` takes from files already written, and which it cleans: a
+    killed build's file taken over in place (``take_over``: it becomes ``partial``), else its
+    durable rows copied (a resume), and the unchanged rows of the latest version."""
+    out = Path(spec.output.dir)
+    t0 = time.perf_counter()
+    taken = take_over(out, inputs, inventory.samples, stored_kinds(spec), partial)
+    samples = inventory.samples
+    if taken is not None:  # its rows and rejections stand: the rest follows them
+        samples = [ref for ref in samples if ref.id not in taken.ids]
+        timings["take_over_seconds"] = round(time.perf_counter() - t0, 3)
+        timings["resumed_in_place"] = taken.rows
+        timings["resumed_damaged_rows"] = taken.damaged
+    t0 = time.perf_counter()
+    resumed = resumable_source(out, inputs)
+    sources = ([resumed] if resumed else []) + previous_sources(out, inputs.rules)
+    try:
+        reuse = Reuse(make_plan(samples, inputs, sources), sources, taken, resumed)
+    except BaseException:
+        Reuse(Plan([], []), sources, taken, resumed).close()
+        raise
+    timings["plan_seconds"] = round(time.perf_counter() - t0, 3)
+    timings["hash_seconds"] = inputs.hash_seconds
+    timings["hashed_files"] = inputs.hashed_files
+    if resumed is not None:
+        timings["resumed_rows"] = reuse.resumed_rows
+    return reuse
 
 
 def write_samples(
@@ -84,63 +155,37 @@ def write_samples(
     inventory: Inventory,
     inputs: Inputs,
     writer: DatasetWriter,
+    reuse: Reuse,
+    cleaned: Iterable[CleanedBatch],
     timings: dict,
     progress: Callable[[int], None] = lambda n: None,
-    status: Callable[[str], None] = lambda text: None,
-    taken: TakenOver | None = None,
-    cluster: ClusterAhead | None = None,
 ) -> Written:
-    """Every sample of the inventory into ``writer``, taking what earlier files already hold.
-    ``taken``: the writer's file is a killed build's, holding the first rows of each split already.
-    ``cluster``: the LocalCluster the run started ahead, cleaned on when it fits."""
-    out = Path(spec.output.dir)
-    t0 = time.perf_counter()
-    resumed = resumable_source(out, inputs)
-    sources = ([resumed] if resumed else []) + previous_sources(out, inputs.rules)
-    checkpoints = Checkpoints(writer, inputs, len(inventory.samples), exact_stats=not sources, raw_root=inventory.root)
+    """Every sample of the inventory into ``writer`` in order: the rows ``reuse`` takes, and the
+    ``cleaned`` batches (the samples the plan cleans, in order); checkpoints as it goes."""
+    taken = reuse.taken
+    checkpoints = Checkpoints(
+        writer, inputs, len(inventory.samples), exact_stats=not reuse.sources, raw_root=inventory.root
+    )
+
+    def advance(n: int) -> None:
+        progress(n)
+        checkpoints.tick(n)
+
     try:
-        samples = inventory.samples
-        if taken is not None:  # its rows and rejections stand: the rest follows them
-            samples = [ref for ref in samples if ref.id not in taken.ids]
-            writer.add_rejections(taken.rejections)
-            timings["resumed_in_place"] = taken.rows
-            timings["resumed_damaged_rows"] = taken.damaged
-        plan = make_plan(samples, inputs, sources)
-        timings["plan_seconds"] = round(time.perf_counter() - t0, 3)
-        timings["hash_seconds"] = inputs.hash_seconds
-        timings["hashed_files"] = inputs.hashed_files
-        if resumed is not None:
-            timings["resumed_rows"] = sum(1 for t in plan.taken if t is not None and t.source == 0)
-
-        def advance(n: int) -> None:
-            progress(n)
-            checkpoints.tick(n)
-
         if taken is not None:
+            writer.add_rejections(taken.rejections)
             advance(len(taken.ids))  # and a checkpoint: the kept rows stay durable if this build is killed
             checkpoints.save()
-
-        written = write_reusing(
-            spec, inventory.root, plan, sources, writer, timings, advance, status, inputs, cluster=cluster
-        )
+        written = write_reusing(spec, inventory.root, reuse.plan, reuse.sources, writer, cleaned, advance, inputs)
         if inputs.deferred:  # every sample's key is known now: the file records the build's input key
             inputs.seal(spec, inventory)
-        cleaned = written.pop("cleaned_rows")
+        cleaned_rows = written.pop("cleaned_rows")
         timings.update(written)
-    except BaseException:
-        checkpoints.discard()
-        if resumed is not None:  # whatever went wrong may be in what it left: the next run starts afresh
-            discard_resumable(out)
-        raise
     finally:
-        for src in sources:
-            src.close()
-    checkpoints.discard()
-    if resumed is not None:
-        discard_resumable(out)
-    copied_unchecked = resumed is not None and any(t is not None and t.source == 0 for t in plan.taken)
-    sampled = (plan.reused or (taken is not None and taken.rows)) and not copied_unchecked
-    return Written(cleaned if plan.reused or taken is not None else None, REUSED_CHECKSUM_SAMPLE if sampled else None)
+        checkpoints.discard()
+    # rows copied from a killed build's file were checked by nothing: verify checks every row then
+    sampled = (reuse.plan.reused or (taken is not None and taken.rows)) and not reuse.resumed_rows
+    return Written(cleaned_rows if reuse.any else None, REUSED_CHECKSUM_SAMPLE if sampled else None)
 
 
 @dataclass(frozen=True)
@@ -173,7 +218,6 @@ def check_cleaned_rows(path: Path, spec: DatasetSpec, rows: dict[str, list[int]]
     from h5forge.errors import VerificationFailed
     from h5forge.format.checksums import stored_checksums
     from h5forge.format.names import CHECKSUM
-    from h5forge.kinds import stored_kinds
 
     kinds = stored_kinds(spec)
     bad = []

@@ -24,11 +24,13 @@ Per-split statistics are additive: a source's totals, minus the rows it holds th
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import h5py
 import numpy as np
@@ -40,7 +42,6 @@ from h5forge.format.mapped import read_all
 from h5forge.format.names import IDS, INDEX, PER_SAMPLE, SPLITS, Attr
 from h5forge.ingest.clean import CleanedBatch
 from h5forge.ingest.incremental.inputs import Inputs
-from h5forge.ingest.parallel import ClusterAhead, clean_all
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.kinds import FieldKind, stored_kinds
 from h5forge.kinds.index import RowIndex
@@ -300,16 +301,13 @@ def write_reusing(
     plan: Plan,
     sources: list[Source],
     writer: DatasetWriter,
-    timings: dict,
+    cleaned: Iterable[CleanedBatch],
     progress: Callable[[int], None] = lambda n: None,
-    status: Callable[[str], None] = lambda text: None,
     inputs: Inputs | None = None,
-    cluster: ClusterAhead | None = None,
 ) -> dict:
     """Write every sample of ``plan`` in order into ``writer``: taken rows copied from their
-    source, the rest cleaned (on dask when there are many: on ``cluster`` when it fits). Returns
-    what was reused and how.
-    A deferred ``inputs`` learns each cleaned sample's key before its row is written."""
+    source, the rest from ``cleaned``, the batches of ``plan.to_clean`` in order. Returns what was
+    reused and how. A deferred ``inputs`` learns each cleaned sample's key before its row is written."""
     kinds = stored_kinds(spec)
     copiers: dict[tuple[int, str], Copier] = {}
     for k, src in enumerate(sources):
@@ -317,30 +315,18 @@ def write_reusing(
             keys = src.file[sample_keys_path(split)]
             copiers[(k, split)] = Copier(src.file[split], kinds, keys, src.descriptor)
     indexed = [p for p, kind in kinds.items() if isinstance(kind, RowIndex)]
-    listed_of: dict[tuple[int, str, str], list[list] | None] = {
-        (k, s, p): None for k in range(len(sources)) for s in SPLITS for p in indexed
-    }
-
+    listed_rows = functools.cache(lambda k, split, p: _listed_rows(sources[k], split, p))
     pending: dict[str, list[Taken]] = {s: [] for s in SPLITS}
     copying = [0.0]  # seconds spent copying taken rows
 
     def emit_pending() -> None:
         t0 = time.perf_counter()
         for split, items in pending.items():
-            start = 0
-            for i in range(1, len(items) + 1):
-                if i == len(items) or items[i].source != items[start].source:
-                    k = items[start].source
-                    rows = np.array([t.row for t in items[start:i]], np.int64)
-                    listed = {}
-                    for p in indexed:
-                        per_row = listed_of[(k, split, p)]
-                        if per_row is None:
-                            per_row = listed_of[(k, split, p)] = _listed_rows(sources[k], split, p)
-                        listed[p] = [per_row[r] for r in rows.tolist()]
-                    writer.add_stored(split, copiers[(k, split)](rows), listed)
-                    progress(len(rows))
-                    start = i
+            for k, group in itertools.groupby(items, key=lambda t: t.source):
+                rows = np.array([t.row for t in group], np.int64)
+                listed = {p: [listed_rows(k, split, p)[r] for r in rows.tolist()] for p in indexed}
+                writer.add_stored(split, copiers[(k, split)](rows), listed)
+                progress(len(rows))
             items.clear()
         copying[0] += time.perf_counter() - t0
 
@@ -348,9 +334,7 @@ def write_reusing(
     position = {ref.id: i for i, ref in enumerate(plan.samples)}
     cursor, done = 0, 0
     cleaned_rows: dict[str, list[int]] = {s: [] for s in SPLITS}
-    # rows taken from earlier files are copied: a version that takes some holds every row itself
-    to = writer.segments_to if not plan.reused else None
-    for batch in clean_all(spec, root, to_clean, timings, status, segments_to=to, cluster=cluster):
+    for batch in cleaned:
         refs = to_clean[done : done + len(batch) + len(batch.rejections)]  # every input is kept or rejected
         done += len(refs)
         if inputs is not None and inputs.deferred:
@@ -358,22 +342,22 @@ def write_reusing(
         writer.add_rejections(batch.rejections)
         batch = dataclasses.replace(batch, rejections=[])
         in_batch = {sid: i for i, sid in enumerate(batch.ids)}
-        segment: list[int] = []
+        run: list[int] = []  # the batch's cleaned samples since the last taken one
         last = position[refs[-1].id]
         while cursor <= last:
             ref, t = plan.samples[cursor], plan.taken[cursor]
             if t is not None:
-                if segment:
-                    _add_segment(writer, kinds, batch, segment, cleaned_rows)
-                    segment = []
+                if run:
+                    _add_cleaned_run(writer, kinds, batch, run, cleaned_rows)
+                    run = []
                 pending[ref.split].append(t)
             elif ref.id in in_batch:
                 if any(pending.values()):
                     emit_pending()
-                segment.append(in_batch[ref.id])
+                run.append(in_batch[ref.id])
             cursor += 1
-        if segment:
-            _add_segment(writer, kinds, batch, segment, cleaned_rows)
+        if run:
+            _add_cleaned_run(writer, kinds, batch, run, cleaned_rows)
         progress(len(refs))
     for ref, t in zip(plan.samples[cursor:], plan.taken[cursor:]):
         if t is not None:
@@ -404,7 +388,7 @@ def write_reusing(
     }
 
 
-def _add_segment(
+def _add_cleaned_run(
     writer: DatasetWriter, kinds: dict[str, FieldKind], batch: CleanedBatch, keep: list[int], rows: dict[str, list[int]]
 ) -> None:
     """Add the cleaned samples ``keep`` of ``batch``, noting the row each one gets."""

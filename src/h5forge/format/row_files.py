@@ -1,7 +1,9 @@
-"""Segments: the files holding a version's real rows. A full version is its own single segment;
-a thin version maps every per-sample dataset onto its segments with HDF5 virtual datasets.
+"""Row files: the files holding a version's real rows. A full version is its own single row file;
+a thin or mapped version maps every per-sample dataset onto its row files with HDF5 virtual
+datasets, and lists them in its ``row_files`` attribute (``segments`` in older files).
 
-A segment is ``{"file": name, "counts": {split: n}}``; names are relative to the version's folder.
+A row file is listed as ``{"file": name, "counts": {split: n}}``; names are relative to the
+version's folder.
 Missing VDS sources read silently as fill values in HDF5, so ``virtual_sources`` is what every
 reader and ``verify`` check first.
 """
@@ -22,11 +24,18 @@ def counts_of(f: h5py.File) -> dict[str, int]:
     return {s: int(f[s].attrs[Attr.COUNT]) for s in SPLITS}
 
 
-def segments_of(path: Path) -> list[dict]:
+def listed_row_files(f: h5py.File) -> list[dict] | None:
+    """The row files a thin or mapped version lists; None for a full version."""
+    for name in (Attr.ROW_FILES, Attr.ROW_FILES_BEFORE):
+        if name in f.attrs:
+            return json.loads(f.attrs[name])
+    return None
+
+
+def row_files_of(path: Path) -> list[dict]:
     with h5py.File(os.path.realpath(path), "r") as f:
-        if Attr.SEGMENTS in f.attrs:
-            return json.loads(f.attrs[Attr.SEGMENTS])
-        return [{"file": Path(os.path.realpath(path)).name, "counts": counts_of(f)}]
+        listed = listed_row_files(f)
+        return listed if listed is not None else [{"file": Path(os.path.realpath(path)).name, "counts": counts_of(f)}]
 
 
 def virtual_sources(f: h5py.File) -> set[str]:
@@ -51,31 +60,31 @@ def virtual_sources(f: h5py.File) -> set[str]:
     return sources
 
 
-def segment_lengths(folder: Path, segments: list[dict], split: str, key: str) -> list[int]:
-    """How long ``<split>/<key>`` is in each segment file (the elements of a ragged field)."""
+def row_file_lengths(folder: Path, files: list[dict], split: str, key: str) -> list[int]:
+    """How long ``<split>/<key>`` is in each row file (the elements of a ragged field)."""
     out = []
-    for seg in segments:
-        with h5py.File(folder / seg["file"], "r") as f:
+    for row_file in files:
+        with h5py.File(folder / row_file["file"], "r") as f:
             out.append(int(f[split][key].shape[0]))
     return out
 
 
 def map_virtual(
-    g: h5py.Group, key: str, like: h5py.Dataset, segments: list[dict], split: str, lengths: list[int] | None = None
+    g: h5py.Group, key: str, like: h5py.Dataset, files: list[dict], split: str, lengths: list[int] | None = None
 ) -> None:
-    """``g[key]``: the rows of every segment's ``<split>/<key>``, in segment order (``lengths``: each
-    segment's length of it, when that is not its row count)."""
+    """``g[key]``: the rows of every row file's ``<split>/<key>``, in their order (``lengths``: each
+    file's length of it, when that is not its row count)."""
     tail = like.shape[1:]
-    sizes = lengths if lengths is not None else [seg["counts"][split] for seg in segments]
+    sizes = lengths if lengths is not None else [row_file["counts"][split] for row_file in files]
     layout = h5py.VirtualLayout(shape=(sum(sizes), *tail), dtype=like.dtype)
     offset, name, rest = 0, f"{split}/{key}".encode(), (0,) * len(tail)
-    for seg, n in zip(segments, sizes):
+    for row_file, n in zip(files, sizes):
         # the mapping's two spaces made directly: h5py's VirtualSource and its slicing build the
         # same two at many times the cost, paid once per batch and split of every version
         if n:
             rows = h5py.h5s.create_simple(layout.shape)
             rows.select_hyperslab((offset, *rest), (n, *tail))
-            layout.dcpl.set_virtual(rows, os.fsencode(seg["file"]), name, h5py.h5s.create_simple((n, *tail)))
+            layout.dcpl.set_virtual(rows, os.fsencode(row_file["file"]), name, h5py.h5s.create_simple((n, *tail)))
         offset += n
     fill = 0 if like.dtype.kind in "biuf" else None
     g.create_virtual_dataset(key, layout, fillvalue=fill)

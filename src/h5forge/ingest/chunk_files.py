@@ -1,5 +1,5 @@
-"""Worker segment files: a cleaning worker writes its batch's compressed chunks to a file of its own
-in the output folder's segments folder and hands back only their places, so the chunks never
+"""Chunk files: a cleaning worker writes its batch's compressed chunks to a file of its own in the
+output folder's chunk folder (``.chunks/``) and hands back only their places, so the chunks never
 travel through the dask connection (pickled, and TLS-encrypted on a LocalCluster) to the writer.
 
 The writer reads a batch's file once, places the chunks as they are (``write_direct_chunk``, in
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from h5forge.format.chunk_codec import EncodedRows
-from h5forge.format.names import FORMAT_VERSION, SEGMENTS_DIR
+from h5forge.format.names import FORMAT_VERSION, CHUNKS_DIR
 from h5forge.ingest.clean import CleanedBatch, clean_batch
 from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
@@ -30,14 +30,14 @@ SUFFIX = ".chunks"
 
 
 @dataclass
-class SegmentRows:
-    """Where a block of encoded rows sits in a segment file: ``sizes[i]`` bytes of row ``i`` from
+class ChunkFileRows:
+    """Where a block of encoded rows sits in a chunk file: ``sizes[i]`` bytes of row ``i`` from
     ``offsets[i]``; what a worker returns in place of ``EncodedRows``."""
 
     codec: str
     shape: tuple[int, ...]
     dtype: np.dtype
-    file: str  # name inside the segments folder
+    file: str  # name inside the chunk folder
     offsets: np.ndarray
     sizes: np.ndarray
 
@@ -45,15 +45,15 @@ class SegmentRows:
         return len(self.sizes)
 
 
-def segments_folder(spec: DatasetSpec) -> Path:
-    return Path(spec.output.dir) / SEGMENTS_DIR
+def chunks_folder(spec: DatasetSpec) -> Path:
+    return Path(spec.output.dir) / CHUNKS_DIR
 
 
 def remove_folder(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def write_segment(batch: CleanedBatch, folder: Path) -> CleanedBatch:
+def write_chunk_file(batch: CleanedBatch, folder: Path) -> CleanedBatch:
     """``batch`` with its encoded rows written to one new file in ``folder`` and replaced by their
     places; the batch unchanged when it has none or the file cannot be written."""
     encoded = {path: block for path, block in batch.arrays.items() if isinstance(block, EncodedRows)}
@@ -61,7 +61,7 @@ def write_segment(batch: CleanedBatch, folder: Path) -> CleanedBatch:
         return batch
     name = uuid.uuid4().hex + SUFFIX
     path = folder / name
-    places: dict[str, SegmentRows] = {}
+    places: dict[str, ChunkFileRows] = {}
     try:
         with open(path, "xb") as fh:
             at = 0
@@ -70,7 +70,7 @@ def write_segment(batch: CleanedBatch, folder: Path) -> CleanedBatch:
                 offsets = at + np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
                 fh.writelines(block.chunks)
                 at += int(sizes.sum())
-                places[key] = SegmentRows(block.codec, block.shape, block.dtype, name, offsets, sizes)
+                places[key] = ChunkFileRows(block.codec, block.shape, block.dtype, name, offsets, sizes)
     except OSError:  # not writable from this worker (full, read-only, not shared): send the chunks
         with contextlib.suppress(OSError):  # a read-only folder refuses the unlink as well
             path.unlink(missing_ok=True)
@@ -78,10 +78,10 @@ def write_segment(batch: CleanedBatch, folder: Path) -> CleanedBatch:
     return replace(batch, arrays={**batch.arrays, **places})
 
 
-def read_segment(batch: CleanedBatch, folder: Path) -> CleanedBatch | None:
-    """``batch`` with the rows of its segment file as ``EncodedRows`` (slices of one read of the
+def read_chunk_file(batch: CleanedBatch, folder: Path) -> CleanedBatch | None:
+    """``batch`` with the rows of its chunk file as ``EncodedRows`` (slices of one read of the
     file, which is then deleted); None when the file is not there whole (written elsewhere)."""
-    placed = {path: block for path, block in batch.arrays.items() if isinstance(block, SegmentRows)}
+    placed = {path: block for path, block in batch.arrays.items() if isinstance(block, ChunkFileRows)}
     if not placed:
         return batch
     (name,) = {block.file for block in placed.values()}
@@ -105,16 +105,16 @@ def read_segment(batch: CleanedBatch, folder: Path) -> CleanedBatch | None:
     return replace(batch, arrays={**batch.arrays, **rows})
 
 
-def clean_to_segment(
+def clean_to_chunk_file(
     spec: DatasetSpec, root: str, refs: list[SampleRef], folder: str, format_version: int = FORMAT_VERSION
 ) -> CleanedBatch:
-    """On a worker: clean ``refs`` and write their encoded rows to a segment file in ``folder``."""
-    return write_segment(clean_batch(spec, root, refs, format_version=format_version), Path(folder))
+    """On a worker: clean ``refs`` and write their encoded rows to a chunk file in ``folder``."""
+    return write_chunk_file(clean_batch(spec, root, refs, format_version=format_version), Path(folder))
 
 
 def make_folder(spec: DatasetSpec) -> Path | None:
-    """The run's segments folder, empty; None when it cannot be made (workers then send chunks)."""
-    folder = segments_folder(spec)
+    """The run's chunk folder, empty; None when it cannot be made (workers then send chunks)."""
+    folder = chunks_folder(spec)
     remove_folder(folder)
     try:
         folder.mkdir(parents=True)
