@@ -1,8 +1,7 @@
 """Nightly rebuilds (unchanged, 1 % changed, resumed after a SIGKILL) against a full build; appends onto
 a large vs a small dataset.
 
-    python -m benchmarks.nightly [--smoke] [--n 3000 --size 224 --rounds 2] [--no-append]
-    python -m benchmarks.nightly --only append --append-small 10000 --append-large 100000   # -> nightly_append
+    python -m benchmarks.nightly [--smoke] [--n 3000 --size 224 --rounds 2] [--no-append] [--only append]
 
 Method: benchmarks/README.md, "nightly".
 """
