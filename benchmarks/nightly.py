@@ -20,8 +20,7 @@ import h5py
 import numpy as np
 import psutil
 
-from benchmarks.common import (CACHE, REPO, built, cli, log, make_spec, med, ratio,
-                               raw_folder, save, timing_runner, write_spec)
+from benchmarks.common import CACHE, REPO, built, cli, log, make_spec, med, ratio, raw_folder, save, timing_runner, write_spec
 
 WORK = CACHE / "nightly"
 SPLITS = ("train", "val", "test")
@@ -123,19 +122,17 @@ def round_trip(raw0: Path, spare: Path, args, r: int) -> dict:
     return res
 
 
-# ---- appends -------------------------------------------------------------------------------------
-
 def base(n: int, size: int) -> tuple[Path, Path]:
     """(raw folder, output folder of one published version built from it), cached."""
     raw = raw_folder(n, size)
     return raw, Path(built(make_spec(raw, WORK / "unused", size), f"append-base-n{n}-{size}")).parent
 
 
-def fill_inbox(src: Path, inbox: Path, start: int, count: int, prefix: str) -> Path:
-    """Samples start..start+count of ``src`` into ``inbox`` with ``<id>.json`` sidecars, backdated."""
+def fill_inbox(src: Path, inbox: Path, count: int) -> Path:
+    """The first ``count`` samples of ``src`` into ``inbox`` as new ids, with ``<id>.json`` sidecars, backdated."""
     shutil.rmtree(inbox, ignore_errors=True)
-    for rec in json.loads((src / "annotations.json").read_text())[start:start + count]:
-        new = prefix + rec["id"]
+    for rec in json.loads((src / "annotations.json").read_text())[:count]:
+        new = "new_" + rec["id"]
         for folder in ("images", "masks"):
             (inbox / folder).mkdir(parents=True, exist_ok=True)
             shutil.copy(src / folder / f"{rec['id']}.png", inbox / folder / f"{new}.png")
@@ -164,7 +161,7 @@ def append_scaling(args) -> dict:
     for r in range(args.append_repeats + 1):
         for key, (raw, out) in bases.items():
             load = os.getloadavg()[0]
-            t = append(raw, link_copy(out, WORK / "trial-out"), fill_inbox(src, WORK / "inbox", 0, args.append_new, "new_"),
+            t = append(raw, link_copy(out, WORK / "trial-out"), fill_inbox(src, WORK / "inbox", args.append_new),
                        64, args.append_new)
             trials[key] += [t | {"load": round(load, 2)}] if r else []
             log(f"append round {r} {key}: {t['seconds']} s {t['steps']}")
@@ -211,8 +208,7 @@ def main() -> None:
             "append onto large / onto small": a["ratio_large_vs_small"],
             "append CPU, large / small": a["cpu_ratio_large_vs_small"],
             "append write-delta (exactly-once lookup inside), large / small": a["step_ratios_large_vs_small"]["write-delta"]})
-    save("nightly_append" if args.only else "nightly", result,
-         args.smoke, module="nightly")
+    save("nightly_append" if args.only else "nightly", result, args.smoke, module="nightly")
     if result.get("identical_to_full_rebuild") is False:
         raise SystemExit("a reused or resumed version differs from a full rebuild; see the results")
 
