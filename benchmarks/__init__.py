@@ -1,1 +1,1 @@
-"""Benchmark commands: ``python -m benchmarks.<build|read|append|orchestration|compare> [--smoke]``."""
+"""Benchmark commands: ``python -m benchmarks.<name> [--smoke]`` (benchmarks/README.md)."""

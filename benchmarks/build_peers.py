@@ -1,7 +1,7 @@
-"""The build against its peers, Prefect's cost, and the build's scaling in workers and samples.
+"""The build against its peers (webdataset's and mosaic-streaming's writers, Pillow's decode alone),
+Prefect's cost, and the build's scaling in workers and samples.
 
-    python -m benchmarks.build_peers [--smoke] [--n 10000 --prefect-n 10000 --n-large 50000]
-                                     [--only peers,prefect,scaling,batch]
+    python -m benchmarks.build_peers [--smoke] [--n 10000 --prefect-n 10000 --n-large 50000] [--only peers,prefect,scaling,batch]
 
 Method: benchmarks/README.md, "build_peers". The peers' venv (build/bench-peers) is made by this command.
 """
@@ -11,9 +11,7 @@ import importlib.util
 import json
 import multiprocessing as mp
 import os
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import (CACHE, REPO, cli, interleaved, loadavg, log, make_spec, med, peers_venv, prefect_env, ratio,
-                               raw_folder, run_sampled, sampled, save, start_prefect_server, stop, tree_cpu, warm,
-                               write_spec)
+from benchmarks.common import (BIN, CACHE, REPO, child_json, cli, folder_bytes, interleaved, loadavg, log, make_spec, med, own_cpu,
+                               peers_venv, prefect_env, ratio, raw_folder, rounds, run_sampled, sampled, save, start_prefect_server,
+                               stop, tree_cpu, warm, write_spec)
 
 PEERS_VENV = REPO / "build" / "bench-peers"
 # the writers only, without their dependencies: mosaic-streaming's package __init__ pulls in
@@ -34,8 +32,6 @@ PEERS_DEPS = ["braceexpand==0.1.7", "brotli==1.2.1", "python-snappy==0.7.3", "tq
               "zstd==1.5.7.2"]
 PEERS = ("mosaic", "webdataset")
 
-
-# ---- the decode bound and the peers (run in their own venv) ------------------------------------
 
 def decode_pairs(pairs: list[tuple[str, str]]) -> float:
     """The bound's work: decode image + mask with Pillow into numpy. Returns its CPU seconds."""
@@ -98,43 +94,41 @@ def peer_child(peer: str, job: Path) -> None:
                                     for i in range(workers)], chunksize=1)
 
 
+def command_speed(cmd: list, n: int, out: Path, pattern: str, **popen) -> dict:
+    """A command writing ``n`` samples into ``out`` (emptied before and after): wall, samples/s, the CPU of its
+    process tree (interpreter start and imports included), and the bytes of the files ``pattern`` names."""
+    shutil.rmtree(out, ignore_errors=True)
+    wall, cpu = run_sampled(cmd, **popen)
+    size = folder_bytes(out, pattern)
+    shutil.rmtree(out, ignore_errors=True)
+    return {"wall_seconds": round(wall, 2), "samples_per_second": round(n / wall, 1), "cpu_seconds": cpu,
+            "cpu_ms_per_sample": round(1000 * cpu / n, 3), "output_bytes": size}
+
+
 def run_peer(py: Path, peer: str, pairs: list, work: Path, workers: int, size: int) -> dict:
-    """The conversion command in the peers' venv (interpreter start and imports included, as for the CLI)."""
+    """The conversion command in the peers' venv."""
     out, job = work / f"peer-{peer}", work / f"job-{peer}.json"
-    shutil.rmtree(out, ignore_errors=True)
     job.write_text(json.dumps({"pairs": pairs, "workers": workers, "size": size, "out": str(out)}))
-    wall, cpu = run_sampled([str(py), "-m", "benchmarks.build_peers", "--peer", peer, "--job", str(job)], cwd=REPO)
-    size_bytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    shutil.rmtree(out, ignore_errors=True)
-    return {"wall_seconds": round(wall, 2), "samples_per_second": round(len(pairs) / wall, 1),
-            "cpu_ms_per_sample": round(1000 * cpu / len(pairs), 3), "output_bytes": size_bytes}
+    res = command_speed([str(py), "-m", "benchmarks.build_peers", "--peer", peer, "--job", str(job)], len(pairs), out, "*",
+                        cwd=REPO)
+    return {k: v for k, v in res.items() if k != "cpu_seconds"}
 
-
-# ---- h5forge ---------------------------------------------------------------------------------
 
 def cli_build(spec, work: Path, api_url: str) -> dict:
     """`h5forge build SPEC --output DIR` against the server at ``api_url``, a fresh PREFECT_HOME."""
-    shutil.rmtree(spec.output.dir, ignore_errors=True)
-    cmd = [str(Path(sys.executable).parent / "h5forge"), "build", str(write_spec(spec, work / "cli-spec.yaml")),
-           "--output", str(spec.output.dir)]
-    wall, cpu = run_sampled(cmd, env=prefect_env(Path(tempfile.mkdtemp(prefix="prefect-", dir=work)), PREFECT_API_URL=api_url))
-    n = len(list(Path(spec.source.root).glob("images/*")))
-    size_bytes = sum(p.stat().st_size for p in Path(spec.output.dir).glob("dataset_v*.h5"))
-    shutil.rmtree(spec.output.dir, ignore_errors=True)
-    return {"wall_seconds": round(wall, 2), "samples_per_second": round(n / wall, 1), "cpu_seconds": cpu,
-            "cpu_ms_per_sample": round(1000 * cpu / n, 3), "output_bytes": size_bytes}
+    cmd = [str(BIN / "h5forge"), "build", str(write_spec(spec, work / "cli-spec.yaml")), "--output", str(spec.output.dir)]
+    env = prefect_env(Path(tempfile.mkdtemp(prefix="prefect-", dir=work)), PREFECT_API_URL=api_url)
+    return command_speed(cmd, len(list(Path(spec.source.root).glob("images/*"))), Path(spec.output.dir), "dataset_v*.h5",
+                         env=env)
 
 
 def peers_part(args, raw: Path, pairs: list, work: Path, url: str, py: Path | None) -> dict:
     spec = make_spec(raw, work / "h5forge-out", args.size,
                      compute={"workers": args.workers, "inline_below": 0})
     keyed = [(Path(i).stem, i, m) for i, m in pairs]
-    rows: dict[str, list] = {"bound": [], "h5forge": [], **({p: [] for p in PEERS} if py else {})}
-    for rep, tool in interleaved(list(rows), args.reps):
-        r = decode_bound(pairs, args.workers) if tool == "bound" else cli_build(spec, work, url) \
-            if tool == "h5forge" else run_peer(py, tool, keyed, work, args.workers, args.size)
-        rows[tool].append(r | {"rep": rep, "loadavg_after": loadavg()[0]})
-        log(f"rep {rep} {tool:10s} {r['samples_per_second']} samples/s, CPU {r['cpu_ms_per_sample']} ms/sample")
+    run = {"bound": lambda: decode_bound(pairs, args.workers), "h5forge": lambda: cli_build(spec, work, url),
+           **{p: lambda p=p: run_peer(py, p, keyed, work, args.workers, args.size) for p in (PEERS if py else ())}}
+    rows = rounds(run, args.reps, lambda tool, rep: run[tool]() | {"rep": rep, "loadavg_after": loadavg()[0]})
     best = {tool: max(rs, key=lambda r: r["samples_per_second"]) for tool, rs in rows.items()}
     table = {tool: {"wall_seconds": r["wall_seconds"], "samples_per_second": r["samples_per_second"],
                     "cpu_ms_per_sample": r["cpu_ms_per_sample"],
@@ -151,34 +145,26 @@ def peers_part(args, raw: Path, pairs: list, work: Path, url: str, py: Path | No
     return out
 
 
-# ---- Prefect's cost: the flow against the same pipeline as plain calls --------------------------
-
-def child(mode: str, spec_path: str, result: Path) -> None:
+def child(mode: str, spec_path: str) -> dict:
     """One build in this fresh interpreter, ``h5forge.build`` or the build-dataset flow, after the imports."""
     t0 = time.perf_counter()
     if mode == "flow":
         from h5forge.flows.build import build_dataset as run
     else:
         from h5forge.pipeline import build as run
-    cpu = lambda: sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (0, -1)))  # self + ended children  # noqa: E731
     out = {"import_seconds": round(time.perf_counter() - t0, 2)}
-    t0, c0 = time.perf_counter(), cpu()
+    t0, c0 = time.perf_counter(), own_cpu()
     res = run(spec_path)
-    out |= {"build_seconds": round(time.perf_counter() - t0, 2), "build_cpu_seconds": round(cpu() - c0, 2),
-            "samples": sum(res.counts.values()), "clean_write_seconds": res.timings["clean_write_seconds"]}
-    result.write_text(json.dumps(out))
+    return out | {"build_seconds": round(time.perf_counter() - t0, 2), "build_cpu_seconds": round(own_cpu() - c0, 2),
+                  "samples": sum(res.counts.values()), "clean_write_seconds": res.timings["clean_write_seconds"]}
 
 
 def run_child(mode: str, spec: Path, env: dict) -> dict:
-    result, t0 = spec.parent / f"result-{mode}.json", time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "benchmarks.build_peers", "--child", mode, str(spec), str(result)], env=env,
-                       capture_output=True, text=True, timeout=3600, cwd=REPO)
-    if r.returncode != 0 or not result.exists():
-        raise RuntimeError(f"child {mode} failed (rc {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")
-    return {**json.loads(result.read_text()), "child_wall_seconds": round(time.perf_counter() - t0, 2)}
+    t0 = time.perf_counter()
+    return child_json("build_peers", "--child", mode, spec, env=env) | {"child_wall_seconds": round(time.perf_counter() - t0, 2)}
 
 
-def prefect_part(args, work: Path, url: str, home: Path, server: subprocess.Popen) -> dict:
+def prefect_part(args, work: Path, url: str, home: Path, server) -> dict:
     raw, runs = raw_folder(args.prefect_n, args.size), []
     for rep, mode in interleaved(["plain", "flow", "cli"], args.prefect_reps):
         d, s0 = work / f"prefect-{rep}-{mode}", tree_cpu(server.pid)
@@ -198,23 +184,21 @@ def prefect_part(args, work: Path, url: str, home: Path, server: subprocess.Pope
             "cli_overhead_seconds": round(min(of("cli", "wall_seconds")) - min(of("plain", "child_wall_seconds")), 2)}
 
 
-# ---- how the build scales --------------------------------------------------
-
 def scaling_part(args, work: Path) -> dict:
     """``h5forge.build`` in this process on 1 and 2 workers, and at --n-large: clean+write speed, peak RSS."""
     import h5forge
     configs = {"n_1worker": (args.n, 1), "n_2workers": (args.n, 2), **({"n_large_2workers": (args.n_large, 2)}
                                                                       if args.n_large else {})}
-    runs: dict[str, list] = {k: [] for k in configs}
-    for rep, name in interleaved(list(configs), args.reps):
+
+    def build(name: str, rep: int) -> dict:
         n, workers = configs[name]
-        spec = make_spec(raw_folder(n, args.size), work / "scale-out", args.size,
-                         compute={"workers": workers, "inline_below": 0})
+        spec = make_spec(raw_folder(n, args.size), work / "scale-out", args.size, compute={"workers": workers, "inline_below": 0})
         shutil.rmtree(work / "scale-out", ignore_errors=True)
         with sampled() as usage:
             res = h5forge.build(spec)
-        runs[name].append({"samples_per_s": round(n / res.timings["clean_write_seconds"], 1), **usage})
-        log(f"rep {rep} {name}: {runs[name][-1]}")
+        return {"samples_per_s": round(n / res.timings["clean_write_seconds"], 1), **usage}
+
+    runs = rounds(configs, args.reps, build)
     best = {k: {"samples_per_s": max(r["samples_per_s"] for r in v), "peak_rss_mib": min(r["peak_rss_mib"] for r in v)}
             for k, v in runs.items()}
     return {"best": best, "runs": runs, "two_over_one_worker": ratio(best["n_2workers"]["samples_per_s"],
@@ -248,7 +232,7 @@ def main() -> None:
     if "--peer" in sys.argv:
         return peer_child(sys.argv[sys.argv.index("--peer") + 1], Path(sys.argv[sys.argv.index("--job") + 1]))
     if sys.argv[1:2] == ["--child"]:
-        return child(sys.argv[2], sys.argv[3], Path(sys.argv[4]))
+        return print(json.dumps(child(sys.argv[2], sys.argv[3])), flush=True)
     args = cli(__doc__, dict(n=64, size=64, prefect_n=64, n_large=128, prefect_reps=1),
                n=10_000, size=224, workers=2, prefect_n=10_000, n_large=50_000, reps=1,
                prefect_reps=2, only="peers,prefect,scaling,batch")

@@ -1,10 +1,9 @@
-"""A real external dask cluster (a `dask scheduler` and 2 or 4 `dask worker` processes on this
-machine, writing segment files to the output folder) against a LocalCluster of 2: samples/s, CPU
-per sample of the calling process, the scheduler and the workers; the versions must be identical.
+"""An external dask cluster (a `dask scheduler` and 2 or 4 `dask worker` processes writing segment files)
+against a LocalCluster of 2: samples/s and CPU per sample of the caller, the scheduler and the workers.
 
     python -m benchmarks.cluster [--smoke] [--n 2000 --size 224 --batch-size 64 --reps 2]
 
-What is measured and how: benchmarks/README.md, section "cluster".
+Method: benchmarks/README.md, "cluster".
 """
 
 import contextlib
@@ -12,14 +11,13 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import time
 
 import psutil
 
-from benchmarks.common import (BIN, CACHE, cli, log, make_spec, ratio, raw_folder, save,
-                               timing_runner, uptime, version_identity, warm)
+from benchmarks.common import (BIN, CACHE, cli, free_port, log, make_spec, med, ratio, raw_folder, save,
+                               timing_runner, version_identity, warm)
 
 WORK = CACHE / "cluster"
 # what h5forge's LocalCluster sets for its workers (parallel.LEAN_WORKERS), as environment variables
@@ -34,8 +32,7 @@ class External:
     def __init__(self, name: str, workers: int):
         self.logs = WORK / "logs" / name
         self.logs.mkdir(parents=True, exist_ok=True)
-        with socket.create_server(("127.0.0.1", 0)) as s:
-            port = s.getsockname()[1]
+        port = free_port()
         self.address = f"tcp://127.0.0.1:{port}"
         self.procs = [self._start([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
                                    "--no-dashboard", "--idle-timeout", "3600"], "scheduler")]
@@ -54,6 +51,7 @@ class External:
                                            "--nthreads", "1", "--no-nanny", "--host", "127.0.0.1",
                                            "--no-dashboard", "--name", f"{name}-w{i}"], f"worker{i}"))
         from distributed import Client
+
         with Client(self.address, timeout="600s") as client:
             client.wait_for_workers(workers, timeout=600)
 
@@ -77,8 +75,7 @@ class External:
 
 
 def build_once(spec, cluster: External | None) -> dict:
-    """One full build into an empty folder; wall and CPU of the calling process, of the cluster's
-    scheduler and workers (a LocalCluster's workers: this process's reaped children)."""
+    """One full build into an empty folder; wall and CPU of the caller, the scheduler and the workers."""
     import h5forge
 
     shutil.rmtree(spec.output.dir, ignore_errors=True)
@@ -103,8 +100,7 @@ def build_once(spec, cluster: External | None) -> dict:
 
 
 def local_start_stop_cpu(workers: int) -> float:
-    """CPU seconds of a LocalCluster's workers that start and stop with no work, as h5forge starts
-    them: what a local build's workers spend besides cleaning."""
+    """CPU seconds of a LocalCluster's workers that start and stop with no work: what a local build's spend besides cleaning."""
     from h5forge.ingest.parallel import dask_client
 
     children0 = sum(os.times()[2:4])
@@ -114,8 +110,7 @@ def local_start_stop_cpu(workers: int) -> float:
 
 
 def best(runs: list[dict], idle_workers_cpu: float | None = None) -> dict:
-    """The fastest run's figures (wall), with CPU per sample of each part (``idle_workers_cpu``: what
-    the workers spend starting and stopping, taken off theirs)."""
+    """The fastest run's figures, CPU per sample of each part (``idle_workers_cpu`` taken off the workers')."""
     r = min(runs, key=lambda r: r["wall"])
     n = r["samples"]
 
@@ -131,6 +126,10 @@ def best(runs: list[dict], idle_workers_cpu: float | None = None) -> dict:
             "batches_via_chunk_files": r["batches_via_chunk_files"],
             "batches_sent_through_dask": r["batches_sent_through_dask"], "steps_seconds": r["steps"],
             "walls_of_reps": [round(x["wall"], 3) for x in runs]}
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def main() -> None:
@@ -164,7 +163,7 @@ def main() -> None:
         for r in runs[arm]:
             if r["batches_sent_through_dask"] or not r["batches_via_chunk_files"]:
                 raise RuntimeError(f"{arm}: the workers sent their chunks through dask instead of segment files")
-    idle_cpu = statistics.median(idle)
+    idle_cpu = med(idle, 9)
     figures = {arm: best(rs, None if arm in clusters else idle_cpu) for arm, rs in runs.items()}
     result.update(same_version=same, local_2_workers_start_stop_cpu_seconds=round(idle_cpu, 3), arms=figures,
                   uptime_end=uptime(), ratios={

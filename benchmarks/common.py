@@ -1,5 +1,5 @@
-"""Shared by the benchmark commands: specs and cached inputs, builds through the pipeline, timing
-helpers, child processes, JSON results and the one Markdown renderer."""
+"""The benchmarks' harness: specs and cached inputs, timing and CPU, child processes, the peers' venvs,
+the command line, and the results files with their one Markdown renderer (benchmarks/README.md)."""
 
 import argparse
 import contextlib
@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import socket
 import statistics
@@ -17,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-
+# Only the standard library up here: the peers' venvs import this module without the project's packages.
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 RESULTS = Path(os.environ.get("H5FORGE_BENCH_RESULTS", BENCH / "results"))  # bench-check re-runs write elsewhere
@@ -39,18 +40,10 @@ def make_spec(raw: Path, out: Path, size: int | None = None, **sections):
 
 
 def write_spec(spec, path: Path) -> Path:
-    """The spec as a YAML file, for the CLI, the flows and child processes."""
     import yaml
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_unset=True), sort_keys=False))
     return path
-
-
-def code_key() -> str:
-    """A hash of the library's source: cached files written by other library code are not reused."""
-    import h5forge
-    files = sorted(Path(h5forge.__file__).parent.rglob("*.py"))
-    return hashlib.sha1(b"".join(p.read_bytes() for p in files)).hexdigest()[:8]
 
 
 def generated(name: str, make) -> Path:
@@ -69,14 +62,17 @@ def raw_folder(n: int, size: int = 224, seed: int = 0, size_range: tuple[int, in
     """``n`` generated samples (PNGs of 150-260 px for a 224 px spec, 40-70 px for small ones), cached."""
     from h5forge.demo import generate
     lo, hi = size_range or ((150, 260) if size >= 150 else (40, 70))
-    return generated(f"raw-n{n}-s{seed}-{lo}-{hi}", lambda root: generate(root, n=n, seed=seed, bad=False,
-                                                                         size_range=(lo, hi), workers=2))
+    return generated(f"raw-n{n}-s{seed}-{lo}-{hi}",
+                     lambda root: generate(root, n=n, seed=seed, bad=False, size_range=(lo, hi), workers=2))
 
 
 def built(spec, name: str) -> Path:
-    """The version ``h5forge.build(spec)`` publishes, cached by ``name``, the library's source and the spec."""
+    """The version ``h5forge.build(spec)`` publishes, cached by ``name``, the spec and the library's source
+    (a cached file written by other library code is not reused)."""
     import h5forge
-    out = CACHE / "built" / f"{name}-{code_key()}-{hashlib.sha1(spec.model_dump_json().encode()).hexdigest()[:8]}"
+    source = b"".join(p.read_bytes() for p in sorted(Path(h5forge.__file__).parent.rglob("*.py")))
+    key = [hashlib.sha1(x).hexdigest()[:8] for x in (source, spec.model_dump_json().encode())]
+    out = CACHE / "built" / "-".join([name, *key])
     if not (out / ".bench-complete").exists():
         shutil.rmtree(out, ignore_errors=True)
         t0 = time.perf_counter()
@@ -86,13 +82,39 @@ def built(spec, name: str) -> Path:
     return Path((out / ".bench-complete").read_text())
 
 
-def prefect_env(home: Path, **extra: str) -> dict:
-    """A Prefect process's environment: its own PREFECT_HOME, no telemetry, no other PREFECT_* variable."""
-    home.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    return {**env, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "240", "PREFECT_TASKS_DEFAULT_NO_CACHE": "true",
-            "DO_NOT_TRACK": "1", **extra}
+def clean_batches(spec, root, refs, **kw) -> list:
+    """``refs`` cleaned in this process, one ``clean_batch(**kw)`` per ``spec.compute.batch_size`` of them."""
+    from h5forge.ingest.clean import clean_batch
+    bs = spec.compute.batch_size
+    return [clean_batch(spec, root, refs[i:i + bs], **kw) for i in range(0, len(refs), bs)]
+
+
+def write_version(path: Path, spec, batches, **kw) -> Path:
+    """The batches written and finished by one ``DatasetWriter(path, spec, version=1, **kw)``."""
+    from h5forge.ingest.writer import DatasetWriter
+    with DatasetWriter(path, spec, version=1, **kw) as w:
+        for b in batches:
+            w.add(b)
+        w.finish()
+    return path
+
+
+def warm(paths) -> None:
+    """Read files (or every file under folders, links followed) once: into the page cache."""
+    subprocess.run(["find", "-L", *map(str, paths), "-type", "f", "-exec", "cat", "{}", "+"],
+                   stdout=subprocess.DEVNULL, check=True)
+
+
+def folder_bytes(path: Path, pattern: str = "*") -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob(pattern) if p.is_file())
+
+
+def version_identity(path) -> dict:
+    """Per split: the ids, the row checksums and the split's digest, to compare two versions by."""
+    import h5py
+    with h5py.File(path, "r") as f:
+        return {s: (f[s]["ids"][()].tolist(), f[s]["checksum"][()].tobytes(), str(f[s].attrs["digest"]))
+                for s in ("train", "val", "test")}
 
 
 def log(msg: str) -> None:
@@ -112,16 +134,6 @@ def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def machine() -> dict:
-    import h5py
-    import psutil  # here and below, not at the top: the peers' venvs import this module without it
-    git = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
-    return {"cpu_count": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "python": platform.python_version(), "h5py": h5py.version.version, "hdf5": h5py.version.hdf5_version,
-            "git": git.stdout.strip(), "loadavg": loadavg(),
-            **({"torch": sys.modules["torch"].__version__} if "torch" in sys.modules else {})}
-
-
 def interleaved(names: list, rounds: int):
     """(round, name) for every name in every round, the order reversed every other round: the machine's
     load drifts, and no name always runs first."""
@@ -129,13 +141,16 @@ def interleaved(names: list, rounds: int):
         yield from ((r, name) for name in (names if r % 2 == 0 else names[::-1]))
 
 
-def warm(paths) -> None:
-    """Read files (or every file under folders, links followed) once: into the page cache."""
-    subprocess.run(["find", "-L", *map(str, paths), "-type", "f", "-exec", "cat", "{}", "+"], stdout=subprocess.DEVNULL, check=True)
+def rounds(names, n: int, run) -> dict[str, list]:
+    """``run(name, round)`` for every name in every round, interleaved: each name's results in round order."""
+    out: dict[str, list] = {name: [] for name in names}
+    for r, name in interleaved(list(names), n):
+        out[name].append(run(name, r))
+        log(f"round {r + 1}/{n} {name}: {out[name][-1]}")
+    return out
 
 
 def latencies_us(get_item, indices) -> list[float]:
-    """µs of each ``get_item(i)``, in the order given."""
     out = []
     for i in indices:
         t = time.perf_counter_ns()
@@ -168,18 +183,6 @@ def least_seconds(fn, reps: int, clock=time.perf_counter) -> float:
     return min(out)
 
 
-def version_identity(path) -> dict:
-    """Per split: the ids, the row checksums and the split's digest, to compare two versions by."""
-    import h5py
-    with h5py.File(path, "r") as f:
-        return {s: (f[s]["ids"][()].tolist(), f[s]["checksum"][()].tobytes(), str(f[s].attrs["digest"]))
-                for s in ("train", "val", "test")}
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
 def timing_runner():
     """A pipeline ``Runner`` that records each step's wall seconds in its ``seconds`` dict."""
     from h5forge.pipeline import Runner
@@ -197,10 +200,22 @@ def timing_runner():
     return Timing()
 
 
-def proc_stat(pid: int) -> tuple[float, int]:
-    """CPU seconds (user + system) and minor page faults of a process so far (Linux /proc)."""
+def own_cpu() -> float:
+    """CPU seconds of this process and of its children that ended (a loader's workers, verify's processes)."""
+    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a process so far (Linux /proc: cheaper than psutil in a timed loop)."""
     f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK"), int(f[7])
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds so far of a process and its live descendants."""
+    import psutil
+    top = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [top, *top.children(recursive=True)])
 
 
 @contextlib.contextmanager
@@ -208,7 +223,6 @@ def sampled(pid: int | None = None, interval: float = 0.1):
     """CPU seconds and summed peak RSS of a process tree, sampled in a thread (children found every 10th
     time: that walks /proc); the dict yielded is filled on exit."""
     import psutil
-
     root, stop_, out, cpu, procs, peak = psutil.Process(pid or os.getpid()), threading.Event(), {}, {}, [], [0]
     start = sum(root.cpu_times()[:2])
 
@@ -246,12 +260,14 @@ def run_sampled(cmd: list[str], **popen) -> tuple[float, float]:
     return wall, usage["cpu_seconds"]
 
 
-def tree_cpu(pid: int) -> float:
-    """CPU seconds so far of a process and its live descendants."""
-    import psutil
-
-    top = psutil.Process(pid)
-    return sum(sum(p.cpu_times()[:2]) for p in [top, *top.children(recursive=True)])
+def child_json(module: str, *args: str, python=sys.executable, env: dict | None = None) -> dict:
+    """``python -m benchmarks.<module> args`` in a fresh process: the JSON of its last such line of output."""
+    env = {**(env or os.environ), "PYTHONPATH": str(REPO)}  # the peers' venvs find this tree's modules
+    proc = subprocess.run([str(python), "-m", f"benchmarks.{module}", *map(str, args)], capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{module} {' '.join(map(str, args))[:300]} failed:\n{proc.stderr[-3000:]}")
+    return next((json.loads(line) for line in reversed(proc.stdout.splitlines()) if line.startswith("{")), {})
 
 
 def stop(proc: subprocess.Popen, timeout: float = 20) -> None:
@@ -265,11 +281,24 @@ def stop(proc: subprocess.Popen, timeout: float = 20) -> None:
     proc.wait()
 
 
+def free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
+
+
+def prefect_env(home: Path, **extra: str) -> dict:
+    """A Prefect process's environment: its own PREFECT_HOME, no telemetry, no other PREFECT_* variable."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    return {**env, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "240", "PREFECT_TASKS_DEFAULT_NO_CACHE": "true",
+            "DO_NOT_TRACK": "1", **extra}
+
+
 def start_prefect_server(home: Path) -> tuple[str, subprocess.Popen, float]:
     """`prefect server start` on a free port; (its API URL, the process, seconds until healthy)."""
     import httpx
-    with socket.create_server(("127.0.0.1", 0)) as s:
-        port = s.getsockname()[1]
+    port = free_port()
     url, t0, logfile = f"http://127.0.0.1:{port}/api", time.perf_counter(), home / "server.log"
     home.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
@@ -296,13 +325,16 @@ def peers_venv(path: Path, install: bool, *pip_args: list[str], pth: bool = Fals
     site = "import site; print(site.getsitepackages()[0])"
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
     if pth:
-        ours = subprocess.run([sys.executable, "-c", site], check=True, capture_output=True, text=True).stdout.strip()
-        theirs = subprocess.run([str(py), "-c", site], check=True, capture_output=True, text=True).stdout.strip()
+        ours, theirs = (subprocess.run([str(p), "-c", site], check=True, capture_output=True, text=True).stdout.strip()
+                        for p in (sys.executable, py))
         Path(theirs, "h5forge-venv.pth").write_text(ours + "\n")
     for args in pip_args:
         subprocess.run([str(py), "-m", "pip", "install", "-q", *args], check=True, timeout=1800)
     (path / ".complete").write_text(json.dumps(pip_args))
     return py
+
+
+_run: dict = {}  # the command's arguments, and its start, as cli() saw them: every results file records them
 
 
 def cli(doc: str, smoke: dict, **defaults) -> argparse.Namespace:
@@ -318,7 +350,14 @@ def cli(doc: str, smoke: dict, **defaults) -> argparse.Namespace:
     return _run["args"]
 
 
-_run: dict = {}  # the command's arguments, and its start, as cli() saw them: every results file records them
+def machine() -> dict:
+    import h5py
+    import psutil
+    git = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
+    return {"cpu_count": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "python": platform.python_version(), "h5py": h5py.version.version, "hdf5": h5py.version.hdf5_version,
+            "git": git.stdout.strip(), "loadavg": loadavg(),
+            **({"torch": sys.modules["torch"].__version__} if "torch" in sys.modules else {})}
 
 
 def save(name: str, result: dict, smoke: bool, module: str | None = None) -> Path:

@@ -1,11 +1,10 @@
-"""The parts of a build and a rebuild that the headline benchmarks only show summed: discovery, the
-exact histograms, the single writer's CPU, copying a stored chunk, and verify's checksums in one
-process against several. One run, on the build_peers corpus.
+"""The parts of a build and a rebuild the headline benchmarks only show summed: discovery, the exact
+histograms, the single writer's CPU, copying a stored chunk, verify's checksums in one process and two.
 
     python -m benchmarks.ingest_parts [--smoke] [--n 10000 --size 224 --clean-n 1000 --copy-n 3000 --reps 3]
-    python -m benchmarks.ingest_parts --only chunk_copy   # the chunk copies alone, --reps rounds -> ingest_parts_copy
+    python -m benchmarks.ingest_parts --only chunk_copy   # the chunk copies alone -> ingest_parts_copy
 
-What is measured and how: benchmarks/README.md, section "ingest_parts".
+Method: benchmarks/README.md, "ingest_parts".
 """
 
 import os
@@ -18,7 +17,8 @@ import numpy as np
 
 from h5forge.read.direct import chunk_index
 
-from benchmarks.common import CACHE, built, cli, least_seconds, log, make_spec, med, ratio, raw_folder, save, warm
+from benchmarks.common import (CACHE, built, clean_batches, cli, least_seconds, log, make_spec, med, ratio, raw_folder,
+                               save, warm, write_version)
 
 WORK = CACHE / "ingest_parts"
 
@@ -28,17 +28,16 @@ def clean_and_write(spec, inventory, n: int) -> tuple[dict, dict]:
     import dataclasses
     import pickle
 
-    from h5forge.ingest.clean import clean_batch, encode_rows
+    from h5forge.ingest.clean import encode_rows
     from h5forge.ingest.incremental.inputs import fingerprint
-    from h5forge.ingest.writer import DatasetWriter
     from h5forge.kinds import stored_kinds
     from h5forge.kinds.pictures import channel_counts
     from h5forge.store.verify import verify_file
     inventory.samples = refs = inventory.samples[:n]
-    n, bs, cpu, t = len(refs), spec.compute.batch_size, time.process_time, {}
+    n, cpu, t = len(refs), time.process_time, {}
     inputs = fingerprint(spec, inventory)  # as the build gives them to the writer
     c0 = cpu()
-    plain = [clean_batch(spec, inventory.root, refs[i:i + bs], encode=False) for i in range(0, n, bs)]
+    plain = clean_batches(spec, inventory.root, refs, encode=False)
     t["clean_batch_without_encode"], c0 = cpu() - c0, cpu()
     encoded = [dataclasses.replace(b, arrays=encode_rows(spec, stored_kinds(spec), b.arrays)) for b in plain]
     t["encode_in_worker"], c0 = cpu() - c0, cpu()
@@ -50,10 +49,7 @@ def clean_and_write(spec, inventory, n: int) -> tuple[dict, dict]:
         for _ in range(2):  # the first pass pays first-write costs (allocator, HDF5 caches)
             (WORK / "w.h5").unlink(missing_ok=True)
             c0 = cpu()
-            with DatasetWriter(WORK / "w.h5", spec, version=1, inputs=inputs) as w:
-                for b in batches:
-                    w.add(b)
-                w.finish()
+            write_version(WORK / "w.h5", spec, batches, inputs=inputs)
             t[key] = cpu() - c0
     c0, report = cpu(), verify_file(WORK / "w.h5")
     t["verify"] = cpu() - c0
@@ -77,13 +73,9 @@ def clean_and_write(spec, inventory, n: int) -> tuple[dict, dict]:
 
 
 def chunk_copy(path: Path, n: int) -> dict:
-    """Per image chunk of the version (its file read into the page cache first): reading it with
-    ``read_direct_chunk`` and with ``os.pread``; copying it into a new file as a rebuild did
-    (``read_direct_chunk`` + ``write_direct_chunk``) and as it does (its bytes read by one ``pread``
-    where the reader's chunk index places them + ``write_direct_chunk``; the index made included), and the same
-    bytes written by one ``os.pwrite`` each (the floor of any write). Each write goes to a new file,
-    synced and deleted after its timing, so none waits for another's dirty pages. Last, the kernel's
-    copy of the whole file (``copy_file_range``), per chunk's worth of its bytes."""
+    """µs per image chunk of the version: read, copied into a new file three ways, written by ``os.pwrite``,
+    and the whole file's ``copy_file_range`` (README). Each write goes to a new file, synced and deleted
+    after its timing, so none waits for another's dirty pages."""
     warm([path])
     out_path = WORK / "copy.h5"
     with h5py.File(path, "r") as f:
@@ -100,7 +92,6 @@ def chunk_copy(path: Path, n: int) -> dict:
             pread_us = (time.perf_counter() - t0) / n * 1e6
 
         def into_new_file(copy) -> float:
-            """µs per chunk of ``copy(write_direct_chunk of a new dataset)``, flushed; synced after."""
             with h5py.File(out_path, "w") as out:
                 space = h5py.h5s.create_simple((n, *d.shape[1:]), (h5py.h5s.UNLIMITED, *d.shape[1:]))
                 dst = h5py.h5d.create(out.id, b"x", d.id.get_type(), space, dcpl=d.id.get_create_plist())

@@ -1,11 +1,9 @@
-"""The kinds beside images: a label's cost in the loader, CT volumes from DICOM (the workers' open
-files, slice reads), slices LZ4 shrinks by different shares under lz4 and none (ct_codec), signals
-from EDF (stored sizes per codec).
+"""The kinds beside images: a label's cost in the loader, CT volumes from DICOM (the workers' open files,
+slice reads), what LZ4 saves on CT slices against what it costs to read one, signals from EDF (stored sizes).
 
-    python -m benchmarks.kinds [--smoke] [--n 5000 --size 128 --cases 36 --recordings 60]
-                               [--parts labels,ct,ct_codec,signals] [--codec-sizes 128,512 --codec-outside 0,0.2,...]
+    python -m benchmarks.kinds [--smoke] [--n 5000 --size 128 --cases 36 --recordings 60] [--parts labels,ct,ct_codec,signals]
 
-Every file is built by ``h5forge.build``. What is measured and how: benchmarks/README.md, "kinds".
+Method: benchmarks/README.md, "kinds".
 """
 
 import os
@@ -17,8 +15,8 @@ import numpy as np
 import psutil
 import torch
 
-from benchmarks.common import (CACHE, DEMO_SPEC, REPO, built, cli, generated, interleaved, latencies_us, log, med, proc_stat,
-                               percentiles, ratio, raw_folder, save, warm)
+from benchmarks.common import (CACHE, DEMO_SPEC, REPO, built, cli, generated, interleaved, latencies_us, log, med, proc_cpu,
+                               percentiles, ratio, raw_folder, rounds, save, warm)
 
 WORK = CACHE / "kinds"
 ARTICLE_LZF_STORED_VS_RAW = round(1 / 3.2, 3)  # the source article: 3.2:1 with LZF
@@ -29,28 +27,26 @@ def parse(data: dict):
     return parse_spec({"output": {"dir": str(WORK / "unused")}, "splits": {"ratios": {"train": 1.0}}, **data}, REPO)
 
 
-def loader_rates(loaders: dict, rounds: int) -> dict:
-    """Each persistent loader's timed epoch after 3 untimed batches, interleaved (order reversed every
-    other round): median samples/s and CPU ms per batch of the main process and of its workers."""
-    runs: dict[str, list] = {k: [] for k in loaders}
-    for r, name in interleaved(list(loaders), rounds):
+def loader_rates(loaders: dict, n_rounds: int) -> dict:
+    """Each persistent loader's timed epoch after 3 untimed batches, interleaved: median samples/s and CPU
+    ms per batch of the main process and of its workers."""
+
+    def epoch(name: str, r: int) -> tuple:
         loader = loaders[name]
         for _ in zip(range(3), loader):
             pass
         it = iter(loader)
         pids = [os.getpid(), *([w.pid for w in loader._iterator._workers] if loader.num_workers else [])]
-        before, n, batches, t = [proc_stat(p)[0] for p in pids], 0, 0, time.perf_counter()
+        before, n, batches, t = [proc_cpu(p) for p in pids], 0, 0, time.perf_counter()
         for b in it:
             n, batches = n + len(b if isinstance(b, torch.Tensor) else b[0]), batches + 1
-        runs[name].append((n / (time.perf_counter() - t), *(1000 * (proc_stat(p)[0] - c) / batches
-                                                             for p, c in zip(pids, before))))
-        log(f"round {r + 1}/{rounds} {name:24s} {runs[name][-1][0]:9.1f} samples/s")
+        return (n / (time.perf_counter() - t), *(1000 * (proc_cpu(p) - c) / batches for p, c in zip(pids, before)))
+
+    runs = rounds(loaders, n_rounds, epoch)
     return {k: {"samples_per_s": med(x[0] for x in v), "main_cpu_ms_per_batch": med(x[1] for x in v),
                 "workers_cpu_ms_per_batch": med(sum(x[2:]) for x in v), "rounds": [round(x[0], 1) for x in v]}
             for k, v in runs.items()}
 
-
-# ---- 1. labels beside images ---------------------------------------------------------------------
 
 def labels_part(args) -> dict:
     import yaml
@@ -78,7 +74,27 @@ def labels_part(args) -> dict:
                                                       for w in (args.workers, 0)}}
 
 
-# ---- 2. CT volumes -------------------------------------------------------------------------------
+def slices_npy(version, name: str):
+    """Every CT slice of ``version`` in a memory-mapped .npy (made once), and its path."""
+    npy = WORK / f"{name}-slices.npy"
+    if not npy.exists():
+        with h5py.File(version, "r") as f:
+            np.save(npy, f["train"]["ct"][()])
+    return np.load(npy, mmap_mode="r"), npy
+
+
+def worker_fds(cases, workers: int, epochs: int) -> list[dict]:
+    """Open descriptors of each persistent loader worker (and those on the dataset file) at each epoch's end."""
+    loader = cases.loader(batch_size=2, num_workers=workers, shuffle=True, persistent_workers=True)
+    out, pids = [], None
+    for e in range(epochs):
+        for k, _ in enumerate(loader):
+            pids = pids or ([w.pid for w in loader._iterator._workers] if k == 1 else None)
+        out.append({"epoch": e + 1, "worker_fds": [psutil.Process(p).num_fds() for p in pids], "dataset_handles": [
+            sum(f.path == cases.real_path for f in psutil.Process(p).open_files()) for p in pids]})
+        log(f"ct epoch {e + 1}: {out[-1]}")
+    return out
+
 
 def ct_part(args) -> dict:
     from h5forge.read.direct import DirectRows
@@ -95,17 +111,7 @@ def ct_part(args) -> dict:
     path = built(spec, f"kinds-{raw.name}")
     plain = built(ct_spec("none"), f"kinds-{raw.name}-none")  # the setting docs/reading.md recommends for slices
     cases = H5Dataset(path, fields=("ct",))
-    # open descriptors of each loader worker after the 2nd batch and at the end of every epoch
-    loader = cases.loader(batch_size=2, num_workers=args.ct_workers, shuffle=True, persistent_workers=True)
-    epochs, pids = [], None
-    for e in range(args.ct_epochs):
-        for k, _ in enumerate(loader):
-            pids = pids or ([w.pid for w in loader._iterator._workers] if k == 1 else None)
-        fds = [psutil.Process(p).num_fds() for p in pids]
-        epochs.append({"epoch": e + 1, "worker_fds": fds, "dataset_handles": [
-            sum(f.path == cases.real_path for f in psutil.Process(p).open_files()) for p in pids]})
-        log(f"ct epoch {e + 1}: {epochs[-1]}")
-    del loader
+    epochs = worker_fds(cases, args.ct_workers, args.ct_epochs)
     # a slice through the reader against a memory-mapped .npy of every slice: 2-D (one slice) and
     # 2.5-D (the slice and --ct-context neighbours each side, clamped to its case), in random order
     # and in a sweep through consecutive slices (a 2.5-D model's validation)
@@ -114,11 +120,7 @@ def ct_part(args) -> dict:
     stack = {f"{codec}_cache{c}": H5Dataset(p, fields=("ct",), unit="slice", context=k, slice_cache=c)
              for codec, p in (("lz4", path), ("none", plain)) for c in ((0, None) if codec == "lz4" else (None,))}
     n = len(ds["lz4"])
-    npy = WORK / f"{raw.name}-slices.npy"
-    if not npy.exists():
-        with h5py.File(path, "r") as f:
-            np.save(npy, f["train"]["ct"][()])
-    mm = np.load(npy, mmap_mode="r")
+    mm, npy = slices_npy(path, raw.name)
     index = stack["lz4_cache0"].slices
     for i in (0, n // 2, n - 1):
         for d in ds.values():
@@ -176,12 +178,9 @@ def ct_part(args) -> dict:
             "slice_p50_vs_npy": vs["slice_lz4_p50_vs_npy"], "slice_none_p50_vs_npy": vs["slice_none_p50_vs_npy"]}
 
 
-# ---- 3. what LZ4 saves on a slice against what it costs to read one --------------------------------
-
 def ct_codec_part(args) -> dict:
-    """Per slice size and share of each slice outside the scanner's field of view (a constant, as
-    scanners write it; inside: noise around soft tissue's values), volumes built with lz4 and with
-    none: what LZ4 saves, and a random slice's p50 against a memory-mapped .npy (README, "kinds")."""
+    """Per slice size and share of each slice outside the scanner's field of view, volumes built with lz4 and
+    with none: what LZ4 saves, and a random slice's p50 against a memory-mapped .npy."""
     import nibabel
 
     from h5forge.read.torch import H5Dataset
@@ -206,12 +205,8 @@ def ct_codec_part(args) -> dict:
         paths = {codec: built(parse({"name": "ctcodec", "source": {"root": str(raw)}, "compute": {"batch_size": 2},
                                      "fields": {"ct": {**field, "codec": codec}}}), f"kinds-{raw.name}-{codec}")
                  for codec in ("lz4", "none")}
-        npy = WORK / f"{raw.name}-slices.npy"
-        if not npy.exists():
-            with h5py.File(paths["none"], "r") as f:
-                np.save(npy, f["train"]["ct"][()])
+        mm, npy = slices_npy(paths["none"], raw.name)
         warm([*paths.values(), npy])
-        mm = np.load(npy, mmap_mode="r")
         ds = {codec: H5Dataset(p, fields=("ct",), unit="slice") for codec, p in paths.items()}
         for d in ds.values():
             assert np.array_equal(d[len(mm) // 2].numpy(), mm[len(mm) // 2])
@@ -239,8 +234,6 @@ def ct_codec_part(args) -> dict:
         within[f"{size}px"] = next((s for k, (s, _) in enumerate(at) if all(x <= 1.5 for _, x in at[k:])), None)
     return {"slices_per_set": args.codec_slices, "sets": rows, "lz4_within_1_5x_npy_from_saving": within}
 
-
-# ---- 4. signals ----------------------------------------------------------------------------------
 
 def signals_part(args) -> dict:
     from h5forge.demo import SIGNAL_CHANNELS, generate_signals

@@ -1,8 +1,7 @@
 """Nightly rebuilds (unchanged, 1 % changed, resumed after a SIGKILL) against a full build; appends onto
 a large vs a small dataset.
 
-    python -m benchmarks.nightly [--smoke] [--n 3000 --size 224 --rounds 2] [--no-append]
-    python -m benchmarks.nightly --only append --append-small 10000 --append-large 100000   # -> nightly_append
+    python -m benchmarks.nightly [--smoke] [--n 3000 --size 224 --rounds 2] [--no-append] [--only append]
 
 Method: benchmarks/README.md, "nightly".
 """
@@ -21,8 +20,7 @@ import h5py
 import numpy as np
 import psutil
 
-from benchmarks.common import (CACHE, REPO, built, cli, log, make_spec, med, ratio,
-                               raw_folder, save, timing_runner, write_spec)
+from benchmarks.common import CACHE, REPO, built, cli, log, make_spec, med, ratio, raw_folder, save, timing_runner, write_spec
 
 WORK = CACHE / "nightly"
 SPLITS = ("train", "val", "test")
@@ -124,19 +122,17 @@ def round_trip(raw0: Path, spare: Path, args, r: int) -> dict:
     return res
 
 
-# ---- appends -------------------------------------------------------------------------------------
-
 def base(n: int, size: int) -> tuple[Path, Path]:
     """(raw folder, output folder of one published version built from it), cached."""
     raw = raw_folder(n, size)
     return raw, Path(built(make_spec(raw, WORK / "unused", size), f"append-base-n{n}-{size}")).parent
 
 
-def fill_inbox(src: Path, inbox: Path, start: int, count: int, prefix: str) -> Path:
-    """Samples start..start+count of ``src`` into ``inbox`` with ``<id>.json`` sidecars, backdated."""
+def fill_inbox(src: Path, inbox: Path, count: int) -> Path:
+    """The first ``count`` samples of ``src`` into ``inbox`` as new ids, with ``<id>.json`` sidecars, backdated."""
     shutil.rmtree(inbox, ignore_errors=True)
-    for rec in json.loads((src / "annotations.json").read_text())[start:start + count]:
-        new = prefix + rec["id"]
+    for rec in json.loads((src / "annotations.json").read_text())[:count]:
+        new = "new_" + rec["id"]
         for folder in ("images", "masks"):
             (inbox / folder).mkdir(parents=True, exist_ok=True)
             shutil.copy(src / folder / f"{rec['id']}.png", inbox / folder / f"{new}.png")
@@ -165,7 +161,7 @@ def append_scaling(args) -> dict:
     for r in range(args.append_repeats + 1):
         for key, (raw, out) in bases.items():
             load = os.getloadavg()[0]
-            t = append(raw, link_copy(out, WORK / "trial-out"), fill_inbox(src, WORK / "inbox", 0, args.append_new, "new_"),
+            t = append(raw, link_copy(out, WORK / "trial-out"), fill_inbox(src, WORK / "inbox", args.append_new),
                        64, args.append_new)
             trials[key] += [t | {"load": round(load, 2)}] if r else []
             log(f"append round {r} {key}: {t['seconds']} s {t['steps']}")

@@ -1,5 +1,5 @@
 """Reads against npy mmap, LMDB, webdataset and mosaic-streaming, and the read path's own machinery
-switched off piece by piece (an A/B in the same run).
+switched off piece by piece (an A/B in the same run); each reader a probe process per round.
 
     python -m benchmarks.read_peers [--smoke] [--n 10000 --size 224 --rounds 3] [--pieces ctypes,mmap,...]
 
@@ -10,8 +10,6 @@ import contextlib
 import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -21,8 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.common import (CACHE, REPO, built, cli, interleaved, log, make_spec, peers_venv, proc_stat,
-                               random_read_latency, ratio, raw_folder, save, warm)
+from benchmarks.common import (CACHE, REPO, built, child_json, cli, make_spec, med, peers_venv,
+                               proc_cpu, random_read_latency, ratio, raw_folder, rounds, save, warm)
 
 PEERS_VENV = REPO / "build" / "peers-venv"
 PEERS = ["webdataset==1.0.2", "mosaicml-streaming==0.13.0", "lmdb==3.0.0"]
@@ -30,8 +28,6 @@ FIELDS = ("images", "masks")
 WARMUP = 5  # batches before the clock starts: workers up, first batches through
 PIECES = ("ctypes", "mmap", "direct", "pool", "thread")
 
-
-# ---- the read path's machinery, each piece with its switch ---------------------------------------
 
 def _unthreaded(self):
     """``_ConvertingLoader.__iter__`` with each batch converted in the caller's thread."""
@@ -70,8 +66,6 @@ def off(*pieces: str):
             setattr(owner, name, value)
 
 
-# ---- the readers (each built in a probe process) ---------------------------------------------------
-
 class NpyItems(Dataset):
     """Memory-mapped .npy, one copied uint8 row per field (opened lazily in each process)."""
 
@@ -100,9 +94,40 @@ class LmdbItems(Dataset):
         import lmdb
         self.env = self.env or lmdb.open(self.path, readonly=True, lock=False, readahead=False, meminit=False)
         cut = int(np.prod(self.shapes[0]))
-        with self.env.begin(buffers=True) as txn:  # copied out inside the read txn
+        with self.env.begin(buffers=True) as txn:
             a = np.frombuffer(txn.get(int(i).to_bytes(8, "big")), np.uint8)
             return tuple(torch.from_numpy(x.reshape(s).copy()) for x, s in zip((a[:cut], a[cut:]), self.shapes))
+
+
+def as_tuples(dataset_class):
+    """A peer's dataset class whose samples (dicts of arrays) come as (image, mask) tensors."""
+    class Tuples(dataset_class):
+        def __getitem__(self, i):
+            s = super().__getitem__(i)
+            return torch.from_numpy(s["images"]), torch.from_numpy(s["masks"])
+    return Tuples
+
+
+def peer_dataset(name: str, where, seed: int, batch: int, cache: str | None = None):
+    """A peer's own shuffled dataset as its documentation shows it: ``webdataset*`` over the shard URLs
+    ``where``, ``mosaic*`` over MDS shards (a local folder, or a remote one cached in ``cache``), ``litdata*``."""
+    if name.startswith("webdataset"):
+        import webdataset as wds
+        return (wds.WebDataset(where, shardshuffle=len(where), seed=seed, empty_check=False).shuffle(1000, seed=seed)
+                .decode().to_tuple("images.npy", "masks.npy").map_tuple(torch.from_numpy, torch.from_numpy))
+    if name.startswith("mosaic"):
+        from streaming import StreamingDataset
+        from streaming.base.util import clean_stale_shared_memory
+        clean_stale_shared_memory()
+        place = {"local": where} if cache is None else {"remote": where, "local": cache}
+        return as_tuples(StreamingDataset)(**place, shuffle=True, shuffle_seed=seed, batch_size=batch)
+    from litdata import StreamingDataset
+    from litdata.streaming import downloader
+    # litdata's obstore chunk path builds its client without allow_http, so it refuses a plain-http
+    # endpoint; its boto3 path (the one it takes without obstore) honours endpoint_url
+    downloader._OBSTORE_AVAILABLE = False
+    return as_tuples(StreamingDataset)(where, cache_dir=cache, shuffle=True, seed=seed,
+                                       storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
 
 
 def reader(name: str, data: Path, args):
@@ -114,27 +139,12 @@ def reader(name: str, data: Path, args):
         return dl(NpyItems(data), shuffle=True)
     if name == "lmdb":
         return dl(LmdbItems(data / "peers" / "lmdb", shapes["n"], shapes["shapes"]), shuffle=True)
-    if name == "webdataset":
-        import webdataset as wds
-        urls = sorted(str(p) for p in (data / "peers" / "wds").glob("*.tar"))
-        return dl(wds.WebDataset(urls, shardshuffle=len(urls), seed=args.seed, empty_check=False)
-                  .shuffle(1000, seed=args.seed).decode().to_tuple("images.npy", "masks.npy")
-                  .map_tuple(torch.from_numpy, torch.from_numpy))
-    if name == "mosaic":
-        from streaming import StreamingDataset
-        from streaming.base.util import clean_stale_shared_memory
-        clean_stale_shared_memory()
-
-        class Tuples(StreamingDataset):
-            def __getitem__(self, i):
-                s = super().__getitem__(i)
-                return torch.from_numpy(s["images"]), torch.from_numpy(s["masks"])
-
-        return dl(Tuples(local=str(data / "peers" / "mds"), shuffle=True, shuffle_seed=args.seed, batch_size=args.batch))
+    if name in ("webdataset", "mosaic"):
+        where = sorted(map(str, (data / "peers" / "wds").glob("*.tar"))) if name == "webdataset" else str(data / "peers" / "mds")
+        return dl(peer_dataset(name, where, args.seed, args.batch))
     from h5forge.read.torch import H5Dataset
     codec, how = name.split("_")[1:3]
-    kw = {"default": {}, "worker": {}, "u8masks": {"mask_dtype": "uint8"}}.get(
-        how, {"image_dtype": "uint8", "mask_dtype": "uint8"})
+    kw = {"default": {}, "worker": {}, "u8masks": {"mask_dtype": "uint8"}}.get(how, {"image_dtype": "uint8", "mask_dtype": "uint8"})
     ds = H5Dataset(data / f"{codec}.h5", "train", FIELDS, **kw)
     if how == "plain":
         return dl(ds, shuffle=True)
@@ -145,11 +155,20 @@ def reader(name: str, data: Path, args):
 def children_cpu() -> float:
     """CPU seconds of this process's live children: the loader's workers."""
     pids = {p for f in Path(f"/proc/{os.getpid()}/task").glob("*/children") for p in f.read_text().split()}
-    return sum(proc_stat(int(pid))[0] for pid in pids if Path(f"/proc/{pid}").exists())
+    return sum(proc_cpu(int(pid)) for pid in pids if Path(f"/proc/{pid}").exists())
 
 
-def probe(args) -> None:
-    """One reader (name: reader[-0workers][-off-piece+piece]), one timed pass; --check: every value summed."""
+def epoch_sums(loader) -> list[int]:
+    """Every value of one epoch summed per field, whatever the order: equal across readers."""
+    sums = [0, 0]
+    for x, m in loader:
+        x = x if x.dtype == torch.uint8 else (x * 255).round().to(torch.int64)
+        sums = [sums[0] + int(x.sum(dtype=torch.int64)), sums[1] + int(m.sum(dtype=torch.int64))]
+    return sums
+
+
+def probe(args) -> dict:
+    """One reader (name: reader[-0workers][-off-piece+piece]), one timed pass after WARMUP batches."""
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", "The given NumPy array is not writable")
     name, _, pieces = args.probe.partition("-off-")
@@ -169,40 +188,38 @@ def probe(args) -> None:
         out = {"samples_per_s": n / (time.perf_counter() - t), "dtypes": [str(v.dtype)[6:] for v in first],
                "main_cpu_ms_per_batch": round((time.process_time() - cpu) / batches * 1000, 2),
                "workers_cpu_ms_per_batch": round((children_cpu() - kids) / batches * 1000, 2)}
-        if args.check:  # every value of one epoch, whatever the order: equal across readers
+        if args.check:
             del it
-            sums = [0, 0]
-            for x, m in loader:
-                x = x if x.dtype == torch.uint8 else (x * 255).round().to(torch.int64)
-                sums = [sums[0] + int(x.sum(dtype=torch.int64)), sums[1] + int(m.sum(dtype=torch.int64))]
-            out["epoch_sums"] = sums
-    print(json.dumps(out), flush=True)
+            out["epoch_sums"] = epoch_sums(loader)
+    return out
 
 
-# ---- data ------------------------------------------------------------------------------------------
+def save_npy(data: Path, version: Path, n: int) -> None:
+    """The version's train arrays as .npy beside it (what the loaders are checked against), and their shapes."""
+    import h5py
+    with h5py.File(version, "r") as f:
+        for k in FIELDS:
+            np.save(data / "tmp.npy", f["train"][k][()])
+            os.replace(data / "tmp.npy", data / f"{k}.npy")
+        shapes = [list(f["train"][k].shape[1:]) for k in FIELDS]
+    (data / "shapes.json").write_text(json.dumps({"n": n, "shapes": shapes}))
+
 
 def prepare(n: int, size: int, codecs=("lz4", "none")) -> Path:
     """Links to the lz4 and none versions ``h5forge.build`` makes, and the same arrays as .npy (cached)."""
-    import h5py
     data = CACHE / "read_peers" / f"n{n}-{size}"
     data.mkdir(parents=True, exist_ok=True)
     raw = raw_folder(n, size)
     for codec in codecs:
         spec = make_spec(raw, data / "unused", size, splits={"ratios": {"train": 1.0}}, storage={"codec": codec})
         assert spec.storage.chunk_rows == 1, spec.storage
-        path = built(spec, f"read-n{n}-{size}-{codec}")
         (data / f"{codec}.h5").unlink(missing_ok=True)
-        (data / f"{codec}.h5").symlink_to(path)
+        (data / f"{codec}.h5").symlink_to(built(spec, f"read-n{n}-{size}-{codec}"))
     made_from = os.path.realpath(data / "lz4.h5")  # the cached arrays are this version's, or made anew
-    stale = (data / "npy_from").read_text() != made_from if (data / "npy_from").exists() else True
-    with h5py.File(data / "lz4.h5", "r") as f:
-        shapes = [list(f["train"][k].shape[1:]) for k in FIELDS]
-        for k in FIELDS:
-            if stale or not (data / f"{k}.npy").exists():
-                np.save(data / "tmp.npy", f["train"][k][()])
-                os.replace(data / "tmp.npy", data / f"{k}.npy")
+    if not (data / "npy_from").exists() or (data / "npy_from").read_text() != made_from \
+            or not all((data / f"{k}.npy").exists() for k in FIELDS):
+        save_npy(data, data / "lz4.h5", n)
     (data / "npy_from").write_text(made_from)
-    (data / "shapes.json").write_text(json.dumps({"n": n, "shapes": shapes}))
     return data
 
 
@@ -234,8 +251,6 @@ def write_peers(data: Path) -> None:
     (root / ".complete").write_text("ok")
 
 
-# ---- in this process: single-sample latency and a worker's CPU per batch --------------------------
-
 def in_process(data: Path, reads: int, batches: int) -> tuple[dict, dict]:
     """(latency, cpu) of h5forge (lz4 with each codec piece off, none) against .npy (README). Each set
     is opened under its switches: a reader's chunk handling is fixed when it first reads."""
@@ -249,12 +264,12 @@ def in_process(data: Path, reads: int, batches: int) -> tuple[dict, dict]:
     for key, codec, pieces in (("lz4", "lz4", ()), *((f"lz4-off-{p}", "lz4", (p,)) for p in ("ctypes", "mmap", "direct")),
                                ("none", "none", ()), ("none-off-direct", "none", ("direct",))):
         with off(*pieces):
-            ds, u8 = (H5Dataset(data / f"{codec}.h5", "train", FIELDS, **kw) for kw in ({}, {"image_dtype": "uint8",
-                                                                                         "mask_dtype": "uint8"}))
+            ds, u8 = (H5Dataset(data / f"{codec}.h5", "train", FIELDS, **kw)
+                      for kw in ({}, {"image_dtype": "uint8", "mask_dtype": "uint8"}))
             ds.reader.read_one(0), u8.reader.read_one(0)
         probes |= {f"h5forge_{key}": (ds.__getitem__, pieces), f"h5forge_{key}_raw": (ds.reader.read_one, pieces)}
         fetch[f"h5forge_{key}"] = (u8.__getitems__, pieces)
-    for r in range(2):
+    for r in range(2):  # the second round kept
         lat = {}
         for k, (fn, pieces) in probes.items():
             with off(*pieces):
@@ -274,37 +289,40 @@ def in_process(data: Path, reads: int, batches: int) -> tuple[dict, dict]:
     return lat, cpu
 
 
-def probe_rounds(pythons: dict, data: Path, args, limit=lambda name: 0) -> tuple[dict, dict, dict]:
-    """Each reader's probe process once a round, rounds interleaved (order reversed every other round), the
-    files in the page cache: samples/s and CPU ms per batch (main + workers) of every round, and each
-    reader's first outputs. The first round sums every value of an epoch (in-process readers apart):
-    readers that disagree end the command."""
+def probe_rounds(pythons: dict, data: Path, args, limit=lambda name: 0) -> dict:
+    """Each reader's probe process once a round, rounds interleaved, the files in the page cache: the
+    median samples/s and loader CPU ms per batch (main + workers), every round's, and each reader's
+    first outputs. The first round sums every value of an epoch: readers that disagree end the command."""
     warm([data])
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    rates, cpus, info = {k: [] for k in pythons}, {k: [] for k in pythons}, {}
-    for r, name in interleaved(list(pythons), args.rounds):
-        check = r == 0 and "-0workers" not in name
-        cmd = [str(pythons[name]), "-m", "benchmarks.read_peers", "--probe", name, "--data", str(data), "--seed", str(r),
-               "--batch", str(args.batch), "--workers", str(args.workers), "--limit", str(limit(name)),
-               *(["--check"] if check else [])]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=1800)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{name} failed:\n{proc.stderr[-3000:]}")
-        res = json.loads(proc.stdout.strip().splitlines()[-1])
-        rates[name].append(res.pop("samples_per_s"))
-        info.setdefault(name, res)
-        cpus[name].append(res["main_cpu_ms_per_batch"] + res["workers_cpu_ms_per_batch"])
-        log(f"round {r + 1}/{args.rounds} {name:36s} {rates[name][-1]:8.0f} samples/s")
+
+    def run(name: str, r: int) -> dict:
+        check = ["--check"] if r == 0 and "-0workers" not in name else []
+        return child_json("read_peers", "--probe", name, "--data", data, "--seed", r, "--batch", args.batch,
+                          "--workers", args.workers, "--limit", limit(name), *check, python=pythons[name])
+
+    runs = rounds(pythons, args.rounds, run)
+    rates = {k: [x.pop("samples_per_s") for x in v] for k, v in runs.items()}
+    cpus = {k: [x["main_cpu_ms_per_batch"] + x["workers_cpu_ms_per_batch"] for x in v] for k, v in runs.items()}
+    info = {k: v[0] for k, v in runs.items()}
     sums = {k: tuple(v["epoch_sums"]) for k, v in info.items() if "epoch_sums" in v}
     if len(set(sums.values())) != 1:
         raise SystemExit(f"readers disagree on the data: {sums}")
-    return rates, cpus, info
+    return {"samples_per_s": {k: round(med(v)) for k, v in rates.items()},
+            "loader_cpu_ms_per_batch": {k: med(v, 2) for k, v in cpus.items()},
+            "all_rounds": {k: [round(x) for x in v] for k, v in rates.items()}, "outputs": info}
 
 
-def medians(rates: dict, cpus: dict) -> tuple[dict, dict]:
-    """Per reader, the median samples/s and loader CPU ms per batch (main + workers) of the rounds."""
-    return ({k: round(statistics.median(v)) for k, v in rates.items()},
-            {k: round(statistics.median(v), 2) for k, v in cpus.items()})
+def machinery_ab(pieces, rate: dict, loader_cpu: dict, lat: dict, cpu: dict) -> dict:
+    """Each piece's gain: the default loader's speed with it on / off and the CPU it saves."""
+    on, ab = "h5forge_lz4_default", {}
+    for p in pieces:
+        ab[p] = {"speed_on_over_off": ratio(rate[on], rate[f"{on}-off-{p}"]),
+                 "loader_cpu_off_over_on": ratio(loader_cpu[f"{on}-off-{p}"], loader_cpu[on])}
+        if f"h5forge_lz4-off-{p}" in cpu:  # the codec pieces, in this process
+            ab[p] |= {"worker_cpu_off_over_on": ratio(cpu[f"h5forge_lz4-off-{p}"], cpu["h5forge_lz4"]),
+                      "latency_p50_off_over_on": ratio(lat[f"h5forge_lz4-off-{p}"]["p50_us"], lat["h5forge_lz4"]["p50_us"]),
+                      "raw_p50_off_over_on": ratio(lat[f"h5forge_lz4-off-{p}_raw"]["p50_us"], lat["h5forge_lz4_raw"]["p50_us"])}
+    return ab
 
 
 def main() -> None:
@@ -312,7 +330,7 @@ def main() -> None:
                n=10_000, size=224, rounds=3, workers=2, batch=32, reads=2_000, cpu_batches=100,
                pieces=",".join(PIECES), probe="", data="", seed=0, limit=0, check=False, write_peers=False)
     if args.probe:
-        return probe(args)
+        return print(json.dumps(probe(args)), flush=True)
     if args.write_peers:
         return write_peers(Path(args.data))
     torch.set_num_threads(1)  # as in the probes: one intra-op thread (2 spin on 2 busy cores)
@@ -324,20 +342,13 @@ def main() -> None:
              *(f"h5forge_lz4_default-off-{p}" for p in pieces), "h5forge_lz4_plain-off-direct"]
     pythons = dict.fromkeys(names, Path(sys.executable))
     if peers_py is not None:
-        subprocess.run([str(peers_py), "-m", "benchmarks.read_peers", "--write-peers", "--data", str(data)],
-                       check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        child_json("read_peers", "--write-peers", "--data", data, python=peers_py)
         pythons |= dict.fromkeys(("lmdb", "webdataset", "mosaic"), peers_py)
-    rates, cpus, info = probe_rounds(pythons, data, args, limit=lambda name: args.n // 2 if "-0workers" in name else 0)
+    got = probe_rounds(pythons, data, args, limit=lambda name: args.n // 2 if "-0workers" in name else 0)
     lat, cpu = in_process(data, args.reads, args.cpu_batches)
-    rate, loader_cpu = medians(rates, cpus)
+    rate, loader_cpu = got["samples_per_s"], got["loader_cpu_ms_per_batch"]
     vs_npy = {k: ratio(v, rate["npy_mmap-0workers" if "-0workers" in k else "npy_mmap"]) for k, v in rate.items()}
-    # A/B: each piece's gain = with it on / with it off (speed), and the CPU it saves
-    ab = {p: {"speed_on_over_off": ratio(rate["h5forge_lz4_default"], rate[f"h5forge_lz4_default-off-{p}"]),
-              "loader_cpu_off_over_on": ratio(loader_cpu[f"h5forge_lz4_default-off-{p}"], loader_cpu["h5forge_lz4_default"]),
-              **({"worker_cpu_off_over_on": ratio(cpu[f"h5forge_lz4-off-{p}"], cpu["h5forge_lz4"]),
-                  "latency_p50_off_over_on": ratio(lat[f"h5forge_lz4-off-{p}"]["p50_us"], lat["h5forge_lz4"]["p50_us"]),
-                  "raw_p50_off_over_on": ratio(lat[f"h5forge_lz4-off-{p}_raw"]["p50_us"], lat["h5forge_lz4_raw"]["p50_us"])}
-                 if f"h5forge_lz4-off-{p}" in cpu else {})} for p in pieces}
+    ab = machinery_ab(pieces, rate, loader_cpu, lat, cpu)
     ratios = {f"{k}_vs_npy": v for k, v in vs_npy.items() if not k.startswith("npy") and "-off-" not in k}
     ratios |= {"default_loader_vs_uint8_plain": ratio(rate["h5forge_lz4_default"], rate["h5forge_lz4_plain"]),
                "cpu_per_batch_default_vs_uint8_plain": ratio(loader_cpu["h5forge_lz4_default"], loader_cpu["h5forge_lz4_plain"]),
@@ -345,11 +356,9 @@ def main() -> None:
                **{f"latency_p50_{c}_vs_npy": lat[f"h5forge_{c}"]["p50_vs_npy"] for c in ("lz4", "none")},
                **{f"{p} on/off speed, off/on loader CPU": [v["speed_on_over_off"], v["loader_cpu_off_over_on"]]
                   for p, v in ab.items()}}
-    result = {"peers": PEERS if peers_py else "not installed (skipped)", "args": vars(args) | {"warmup_batches": WARMUP},
-              "ratios": ratios, "machinery_ab": ab, "samples_per_s": rate, "vs_npy": vs_npy,
-              "all_rounds": {k: [round(x) for x in v] for k, v in rates.items()}, "outputs": info,
-              "loader_cpu_ms_per_batch": loader_cpu, "latency": lat, "cpu_ms_per_batch": cpu}
-    save("read_peers", result, args.smoke)
+    save("read_peers", {"peers": PEERS if peers_py else "not installed (skipped)", "args": vars(args) | {"warmup_batches": WARMUP},
+                        "ratios": ratios, "machinery_ab": ab, "vs_npy": vs_npy, **got, "latency": lat, "cpu_ms_per_batch": cpu},
+         args.smoke)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,10 @@
-"""The publisher's process, three ways the workers' rows reach the version: their compressed chunks
-sent through dask, written to chunk files the publisher copies (``storage.assemble: copy``), and
-written as segment files the version maps (``storage.assemble: segments``). CPU of the publisher per
-sample, the workers' CPU and the bytes each way moves; the projection to many workers; the read
-speed of a segments-assembled version.
+"""Three ways the workers' rows reach the version (sent through dask, chunk files the publisher copies,
+segment files the version maps): the publisher's CPU, the bytes each moves, the projection to many
+workers, the builds, and reading a segments version.
 
     python -m benchmarks.segments [--smoke] [--n 1000 --size 224 --workers 2 --reps 2]
 
-What is measured and how: benchmarks/README.md, section "segments".
+Method: benchmarks/README.md, "segments".
 """
 
 import os
@@ -17,7 +15,7 @@ from pathlib import Path
 
 import h5py
 
-from benchmarks.common import (CACHE, cli, latencies_us, make_spec, med, percentiles, ratio,
+from benchmarks.common import (CACHE, clean_batches, cli, folder_bytes, latencies_us, make_spec, med, percentiles, ratio,
                                raw_folder, save, version_identity, warm)
 
 WORK = CACHE / "segments"
@@ -57,10 +55,6 @@ def build_once(spec, arm: str) -> dict:
             "cpu": spent["cpu"], "wall": spent["wall"], "identity": version_identity(result.path)}
 
 
-def _size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
-
-
 def _arm_once(spec, arm: str, batches: list, repeat: int) -> dict:
     """One pass of an arm: the workers' writes of ``batches`` after cleaning, then the publisher
     taking them ``repeat`` times over (its cost per row does not depend on what the rows hold)."""
@@ -85,7 +79,7 @@ def _arm_once(spec, arm: str, batches: list, repeat: int) -> dict:
     else:
         returned = [pickle.dumps(write_row_file(b, spec, opened.row_files_to), protocol=5) for b in batches]
     worker_write = time.process_time() - c
-    wrote = _size(chunk_folder) if arm == "files" else _size(opened.folder) if arm == "segments" else 0
+    wrote = folder_bytes(chunk_folder) if arm == "files" else folder_bytes(opened.folder) if arm == "segments" else 0
     if arm == "files":  # the publisher deletes each chunk file it reads: one per batch it takes
         extra = chunk_folder / "again"
         extra.mkdir()
@@ -118,20 +112,14 @@ def _best(spec, arm: str, batches: list, repeat: int) -> dict:
 
 
 def publisher_part(spec, n: int) -> dict:
-    """In one process, per arm: the workers' side of each batch after cleaning (writing a chunk file
-    or a segment file, CPU ms per sample), then the publisher's: unpickling what each worker
-    returns, reading the chunk files, adding the batches and finishing the version, taking the
-    ``n`` samples' batches twice and eight times over (each figure the least of three passes). The
-    publisher's CPU per sample is the difference over the difference in rows (what one more row
-    costs it, finishing included); its fixed cost per version is the rest. Bytes per sample:
-    pickled to the publisher, written by the workers, read and written by the publisher."""
-    from h5forge.ingest.clean import clean_batch
+    """In one process, per arm: the workers' side of each batch after cleaning, then the publisher's,
+    taking the ``n`` samples' batches twice and eight times over (README, "in_process")."""
     from h5forge.ingest.discover import discover
 
     inventory = discover(spec)
-    refs, bs = inventory.samples[:n], spec.compute.batch_size
+    refs = inventory.samples[:n]
     c = time.process_time()
-    batches = [clean_batch(spec, inventory.root, refs[i:i + bs]) for i in range(0, len(refs), bs)]
+    batches = clean_batches(spec, inventory.root, refs)
     clean_ms = 1000 * (time.process_time() - c) / len(refs)
     kept = sum(len(b) for b in batches)
     few, many = 2, 8
@@ -156,10 +144,8 @@ def publisher_part(spec, n: int) -> dict:
 
 
 def projection(parts: dict) -> dict:
-    """Samples/s at each number of workers, per arm: the least of what the workers clean
-    (W / worker CPU per sample), what the one publisher takes (1 / its CPU per sample), what the
-    shared storage carries (bandwidth / bytes every sample moves through it) and what the
-    publisher's own link carries (bandwidth / bytes it receives, reads and writes per sample)."""
+    """Samples/s at each number of workers, per arm: the least of the workers', the publisher's, the
+    shared storage's and the publisher's own link's (README, "projection")."""
     out: dict = {"bandwidth_assumed_bytes_per_s": BANDWIDTH_BYTES_PER_S}
     for arm in ARMS:
         p = parts[arm]
@@ -180,8 +166,7 @@ def projection(parts: dict) -> dict:
 
 
 def read_part(paths: dict[str, Path], workers: int, reps: int) -> dict:
-    """A ds.loader() epoch of images and masks (batch 32, shuffled, ``workers`` processes) and the
-    median of 500 random single-sample reads (h5py, images), each version, interleaved."""
+    """A ds.loader() epoch and the median of 500 random single-sample h5py reads, each version, interleaved."""
     import numpy as np
 
     from h5forge.read.torch import H5Dataset
@@ -206,9 +191,8 @@ def read_part(paths: dict[str, Path], workers: int, reps: int) -> dict:
 
 
 def mapping_scaling(counts=(16, 160, 1600), rows: int = 64, reads: int = 500) -> dict:
-    """A random row read (h5py, p50 µs) of a virtual dataset over ``k`` files of ``rows`` rows each
-    against the same rows in one chunked dataset: what a read pays per mapping (HDF5 looks at the
-    mappings for each read). Rows of 3 x 16 x 16 uint8, one per chunk, uncompressed."""
+    """A random row read (h5py, p50 µs) of a virtual dataset over ``k`` files of ``rows`` rows each against
+    the same rows in one chunked dataset: what a read pays per mapping (HDF5 looks at them for each read)."""
     import numpy as np
 
     from h5forge.format.row_files import map_virtual
