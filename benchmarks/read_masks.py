@@ -1,17 +1,21 @@
-"""The loader a user gets out of the box on images + masks against a plain DataLoader over
-memory-mapped uint8 .npy of the same arrays, with masks in the default dtype (int64) and as uint8;
-and (``chunks``) small pictures stored one sample per chunk against several: the build, the
-loader and random reads.
+"""The loader a user gets out of the box on images + masks (uint8 as stored) against a plain DataLoader
+over memory-mapped uint8 .npy of the same arrays, whole epochs with their workers' start, on real
+pictures; beside them the same file through a plain DataLoader (torch's default_collate, and h5forge's
+collate) and through ``ds.loader()`` converting to float32 + int64; and (``chunks``) small pictures
+stored one sample per chunk against several: the build, the loader and random reads.
 
-    python -m benchmarks.read_masks [--smoke] [--n 8000 --size 224 --rounds 3 --workers 2]
-                                    [--only masks,chunks] [--chunk-n 20000 --chunk-size 32 --chunk-rows 1,16]
+    python -m benchmarks.read_masks [--smoke] [--n 10000 --size 224 --rounds 7 --epochs 2 --workers 2]
+                                    [--content photos|generated] [--only masks,chunks]
+                                    [--chunk-n 20000 --chunk-size 32 --chunk-rows 1,16]
 
 Method: benchmarks/README.md, "read_masks" (each reader a probe process of benchmarks.read_peers).
 """
 
+import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 from pathlib import Path
 
@@ -19,22 +23,34 @@ import numpy as np
 
 from benchmarks.common import (CACHE, cli, interleaved, log, make_spec, med, random_read_latency, ratio, raw_folder,
                                sampled, save, warm)
-from benchmarks.read_peers import FIELDS, medians, prepare, probe_rounds
+from benchmarks.read_peers import FIELDS, LOADS, medians, prepare, probe_rounds
 
-READERS = ("npy_mmap", "h5forge_lz4_plain", "h5forge_lz4_default", "h5forge_lz4_u8masks")
+READERS = ("npy_mmap", "h5forge_lz4_plain", "h5forge_lz4_collate", "h5forge_lz4_default", "h5forge_lz4_float")
 
 
 def masks(args) -> dict:
-    data = prepare(args.n, args.size, codecs=("lz4",))
+    """Whole epochs of each reader (README, "read_masks"), ``--rounds`` rounds interleaved: medians, and
+    each ratio's rounds (the two readers of a ratio run next to each other in every round)."""
+    data = prepare(args.n, args.size, codecs=("lz4",), content=args.content)
+    LOADS.clear()
     rates, cpus, outputs = probe_rounds(dict.fromkeys(READERS, Path(sys.executable)), data, args)
     rate, cpu = medians(rates, cpus)
-    ratios = {"default_loader_vs_npy": ratio(rate["h5forge_lz4_default"], rate["npy_mmap"]),
-              "uint8_masks_loader_vs_npy": ratio(rate["h5forge_lz4_u8masks"], rate["npy_mmap"]),
-              "uint8_plain_vs_npy": ratio(rate["h5forge_lz4_plain"], rate["npy_mmap"]),
-              "default_loader_vs_uint8_plain": ratio(rate["h5forge_lz4_default"], rate["h5forge_lz4_plain"]),
-              "cpu_per_batch_uint8_masks_vs_default": ratio(cpu["h5forge_lz4_u8masks"], cpu["h5forge_lz4_default"])}
-    return {"ratios": ratios, "samples_per_s": rate, "loader_cpu_ms_per_batch": cpu,
-            "all_rounds": {k: [round(x) for x in v] for k, v in rates.items()}, "outputs": outputs}
+    pairs = {"default_loader_vs_npy": ("h5forge_lz4_default", "npy_mmap"),
+             "float_loader_vs_npy": ("h5forge_lz4_float", "npy_mmap"),
+             "uint8_plain_vs_npy": ("h5forge_lz4_plain", "npy_mmap"),
+             "default_loader_vs_uint8_plain": ("h5forge_lz4_default", "h5forge_lz4_plain"),
+             "uint8_plain_vs_h5forge_collate": ("h5forge_lz4_plain", "h5forge_lz4_collate"),
+             "float_loader_vs_default": ("h5forge_lz4_float", "h5forge_lz4_default")}
+    rounds = {k: [ratio(x, y) for x, y in zip(rates[a], rates[b])] for k, (a, b) in pairs.items()}
+    ratios = {k: ratio(rate[a], rate[b]) for k, (a, b) in pairs.items()}
+    ratios |= {f"{k} (median of rounds)": round(statistics.median(v), 3) for k, v in rounds.items()}
+    ratios["cpu_per_batch_float_vs_default"] = ratio(cpu["h5forge_lz4_float"], cpu["h5forge_lz4_default"])
+    ratios["cpu_per_batch_uint8_plain_vs_h5forge_collate"] = ratio(cpu["h5forge_lz4_plain"], cpu["h5forge_lz4_collate"])
+    return {"ratios": ratios, "spread": {f"{k} (median of rounds)": [min(v), max(v)] for k, v in rounds.items()},
+            "ratio_rounds": rounds, "samples_per_s": rate,
+            "samples_per_s_spread": {k: [round(min(v)), round(max(v))] for k, v in rates.items()},
+            "loader_cpu_ms_per_batch": cpu, "all_rounds": {k: [round(x) for x in v] for k, v in rates.items()},
+            "loadavg_rounds": [min(LOADS), statistics.median(LOADS), max(LOADS)], "outputs": outputs}
 
 
 def own_cpu() -> float:
@@ -82,8 +98,9 @@ def chunks(args) -> dict:
             np.save(data / f"{name}.npy", f["train"][name][()])
         shapes = [list(f["train"][name].shape[1:]) for name in FIELDS]
     (data / "shapes.json").write_text(json.dumps({"n": n, "shapes": shapes}))
-    names = ["npy_mmap", *(f"h5forge_lz4k{k}_default" for k in ks)]
-    rates, cpus, _ = probe_rounds(dict.fromkeys(names, Path(sys.executable)), data, args)
+    names = ["npy_mmap", *(f"h5forge_lz4k{k}_float" for k in ks)]  # float32 images, int64 masks, converted after
+    steady = argparse.Namespace(**{**vars(args), "epochs": 0})  # one timed pass after the warm-up batches
+    rates, cpus, _ = probe_rounds(dict.fromkeys(names, Path(sys.executable)), data, steady)
     rate, cpu = medians(rates, cpus)
     latency: dict[int, dict] = {}
     for r in range(2):  # random single samples as stored (uint8), the second round kept
@@ -98,8 +115,8 @@ def chunks(args) -> dict:
                  "inline_file_bytes_per_sample": round(runs[k][-1]["inline_file_bytes"] / n, 1),
                  "build_clean_write_samples_per_s": med([x["clean_write_samples_per_s"] for x in runs[k]], 0),
                  "file_bytes_per_sample": round(runs[k][-1]["file_bytes"] / n, 1),
-                 "loader_samples_per_s": rate[f"h5forge_lz4k{k}_default"],
-                 "loader_cpu_ms_per_batch": cpu[f"h5forge_lz4k{k}_default"],
+                 "loader_samples_per_s": rate[f"h5forge_lz4k{k}_float"],
+                 "loader_cpu_ms_per_batch": cpu[f"h5forge_lz4k{k}_float"],
                  "random_read_p50_us": latency[k]["h5forge"]["p50_us"],
                  "random_read_p99_us": latency[k]["h5forge"]["p99_us"],
                  "h5py_random_read_p50_us": latency[k]["h5py"]["p50_us"]}
@@ -115,8 +132,8 @@ def chunks(args) -> dict:
 
 
 def main() -> None:
-    args = cli(__doc__, dict(n=200, size=64, rounds=1, chunk_n=600, chunk_rows="1,16", reads=200),
-               n=8000, size=224, rounds=3, workers=2, batch=32, only="masks,chunks",
+    args = cli(__doc__, dict(n=200, size=64, rounds=1, epochs=1, chunk_n=600, chunk_rows="1,16", reads=200),
+               n=10_000, size=224, rounds=7, epochs=2, content="photos", workers=2, batch=32, only="masks,chunks",
                chunk_n=20_000, chunk_size=32, chunk_rows="1,4,16,64,256", reads=2000)
     parts = args.only.split(",")
     for part, run in (("masks", masks), ("chunks", chunks)):

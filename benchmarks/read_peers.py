@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.common import (CACHE, REPO, built, cli, interleaved, log, make_spec, peers_venv, proc_stat,
-                               random_read_latency, ratio, raw_folder, save, warm)
+from benchmarks.common import (CACHE, REPO, built, cli, interleaved, log, make_spec, peers_venv, photo_folder,
+                               proc_stat, random_read_latency, ratio, raw_folder, save, warm)
 
 PEERS_VENV = REPO / "build" / "peers-venv"
 PEERS = ["webdataset==1.0.2", "mosaicml-streaming==0.13.0", "lmdb==3.0.0"]
@@ -106,9 +106,11 @@ class LmdbItems(Dataset):
 
 
 def reader(name: str, data: Path, args):
-    """npy_mmap, lmdb, webdataset, mosaic, or h5forge_<codec>_<plain|loader|default|worker|u8masks> (README)."""
+    """npy_mmap, lmdb, webdataset, mosaic, or h5forge_<codec>_<plain|collate|loader|default|float|worker|u8masks>
+    (README). With ``--epochs`` the workers are not persistent: each epoch starts its own."""
+    persistent = args.workers > 0 and not args.epochs
     dl = lambda ds, **kw: DataLoader(ds, batch_size=args.batch, num_workers=args.workers,  # noqa: E731
-                                     persistent_workers=args.workers > 0, **kw)
+                                     persistent_workers=persistent, **kw)
     shapes = json.loads((data / "shapes.json").read_text())
     if name == "npy_mmap":
         return dl(NpyItems(data), shuffle=True)
@@ -131,15 +133,25 @@ def reader(name: str, data: Path, args):
                 return torch.from_numpy(s["images"]), torch.from_numpy(s["masks"])
 
         return dl(Tuples(local=str(data / "peers" / "mds"), shuffle=True, shuffle_seed=args.seed, batch_size=args.batch))
-    from h5forge.read.torch import H5Dataset
+    from h5forge.read.torch import H5Dataset, collate
     codec, how = name.split("_")[1:3]
-    kw = {"default": {}, "worker": {}, "u8masks": {"mask_dtype": "uint8"}}.get(
+    as_float = {"image_dtype": "float32", "mask_dtype": "int64"}  # float32 in [0, 1], int64: converted by h5forge
+    kw = {"default": {}, "float": as_float, "worker": as_float, "u8masks": {"image_dtype": "float32"}}.get(
         how, {"image_dtype": "uint8", "mask_dtype": "uint8"})
     ds = H5Dataset(data / f"{codec}.h5", "train", FIELDS, **kw)
-    if how == "plain":
+    if how == "plain":  # torch's default_collate stacks the samples
         return dl(ds, shuffle=True)
+    if how == "collate":  # h5forge's collate takes the batch __getitems__ stacked
+        return dl(ds, shuffle=True, collate_fn=collate)
     return ds.loader(batch_size=args.batch, num_workers=args.workers, shuffle=True, seed=args.seed,
-                     convert="worker" if how == "worker" else "after")
+                     persistent_workers=persistent, convert="worker" if how == "worker" else "after")
+
+
+def ended_children_cpu() -> float:
+    """CPU seconds of this process's children that ended and were waited for (workers of past epochs)."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def children_cpu() -> float:
@@ -157,6 +169,8 @@ def probe(args) -> None:
         name, args.workers = name.removesuffix("-0workers"), 0
     with off(*filter(None, pieces.split("+"))):
         loader = reader(name, Path(args.data), args)
+        if args.epochs:
+            return print(json.dumps(epochs(loader, args)), flush=True)
         it = iter(loader)
         first = next(it)
         for _ in range(WARMUP - 1):
@@ -179,18 +193,49 @@ def probe(args) -> None:
     print(json.dumps(out), flush=True)
 
 
+def epochs(loader, args) -> dict:
+    """``--epochs`` whole epochs, each from a new iterator (its workers started, and stopped at its end,
+    inside the clock), after one short untimed pass (``WARMUP`` batches): samples/s over all of them, and
+    CPU per batch of this process and of the workers (which have ended). --check: then one more epoch,
+    untimed, every value summed."""
+    for k, _ in enumerate(loader):
+        if k + 1 == WARMUP:
+            break
+    n, batches, per_epoch, dtypes = 0, 0, [], []
+    t, cpu, kids = time.perf_counter(), time.process_time(), ended_children_cpu()
+    for _ in range(args.epochs):
+        t0, n0 = time.perf_counter(), n
+        for x, m in loader:  # a new iterator: its workers start here and are joined at its end
+            n, batches = n + x.shape[0], batches + 1
+            dtypes = dtypes or [str(v.dtype)[6:] for v in (x, m)]
+        per_epoch.append(round((n - n0) / (time.perf_counter() - t0)))
+    seconds, main = time.perf_counter() - t, time.process_time() - cpu
+    out = {"samples_per_s": n / seconds, "epoch_samples_per_s": per_epoch, "dtypes": dtypes,
+           "main_cpu_ms_per_batch": round(main / batches * 1000, 2),
+           "workers_cpu_ms_per_batch": round((ended_children_cpu() - kids) / batches * 1000, 2)}
+    if args.check:
+        sums = [0, 0]
+        for x, m in loader:
+            x = x if x.dtype == torch.uint8 else (x * 255).round().to(torch.int64)
+            sums = [sums[0] + int(x.sum(dtype=torch.int64)), sums[1] + int(m.sum(dtype=torch.int64))]
+        out["epoch_sums"] = sums
+    return out
+
+
 # ---- data ------------------------------------------------------------------------------------------
 
-def prepare(n: int, size: int, codecs=("lz4", "none")) -> Path:
-    """Links to the lz4 and none versions ``h5forge.build`` makes, and the same arrays as .npy (cached)."""
+def prepare(n: int, size: int, codecs=("lz4", "none"), content: str = "generated") -> Path:
+    """Links to the lz4 and none versions ``h5forge.build`` makes, and the same arrays as .npy (cached).
+    ``content``: the demo generator's pictures, or ``"photos"`` (common.photo_folder)."""
     import h5py
-    data = CACHE / "read_peers" / f"n{n}-{size}"
+    photos = content == "photos"
+    data = CACHE / "read_peers" / f"{'photos-' if photos else ''}n{n}-{size}"
     data.mkdir(parents=True, exist_ok=True)
-    raw = raw_folder(n, size)
+    raw = photo_folder(n, size) if photos else raw_folder(n, size)
     for codec in codecs:
         spec = make_spec(raw, data / "unused", size, splits={"ratios": {"train": 1.0}}, storage={"codec": codec})
         assert spec.storage.chunk_rows == 1, spec.storage
-        path = built(spec, f"read-n{n}-{size}-{codec}")
+        path = built(spec, f"read-{'photos-' if photos else ''}n{n}-{size}-{codec}")
         (data / f"{codec}.h5").unlink(missing_ok=True)
         (data / f"{codec}.h5").symlink_to(path)
     made_from = os.path.realpath(data / "lz4.h5")  # the cached arrays are this version's, or made anew
@@ -274,6 +319,9 @@ def in_process(data: Path, reads: int, batches: int) -> tuple[dict, dict]:
     return lat, cpu
 
 
+LOADS: list[float] = []  # the 1-minute load average as each probe started
+
+
 def probe_rounds(pythons: dict, data: Path, args, limit=lambda name: 0) -> tuple[dict, dict, dict]:
     """Each reader's probe process once a round, rounds interleaved (order reversed every other round), the
     files in the page cache: samples/s and CPU ms per batch (main + workers) of every round, and each
@@ -286,7 +334,8 @@ def probe_rounds(pythons: dict, data: Path, args, limit=lambda name: 0) -> tuple
         check = r == 0 and "-0workers" not in name
         cmd = [str(pythons[name]), "-m", "benchmarks.read_peers", "--probe", name, "--data", str(data), "--seed", str(r),
                "--batch", str(args.batch), "--workers", str(args.workers), "--limit", str(limit(name)),
-               *(["--check"] if check else [])]
+               "--epochs", str(getattr(args, "epochs", 0)), *(["--check"] if check else [])]
+        LOADS.append(os.getloadavg()[0])
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=1800)
         if proc.returncode != 0:
             raise RuntimeError(f"{name} failed:\n{proc.stderr[-3000:]}")
@@ -310,7 +359,7 @@ def medians(rates: dict, cpus: dict) -> tuple[dict, dict]:
 def main() -> None:
     args = cli(__doc__, dict(n=200, size=64, rounds=1, reads=100, cpu_batches=10),
                n=10_000, size=224, rounds=3, workers=2, batch=32, reads=2_000, cpu_batches=100,
-               pieces=",".join(PIECES), probe="", data="", seed=0, limit=0, check=False, write_peers=False)
+               pieces=",".join(PIECES), probe="", data="", seed=0, limit=0, epochs=0, check=False, write_peers=False)
     if args.probe:
         return probe(args)
     if args.write_peers:

@@ -22,7 +22,6 @@ import math
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from collections.abc import Sequence as SequenceABC
 import copy
 import sys
 import threading
@@ -30,9 +29,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence, cast
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
-from torch.utils.data._utils.collate import collate as torch_collate
-from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate, get_worker_info
 
 from h5forge.errors import ReadError
 from h5forge.kinds import FieldKind, ReadOptions, read_options
@@ -58,16 +55,18 @@ _SCRATCH = threading.local()  # per thread: the stored rows of one sample, befor
 
 
 def _empty_batch(
-    specs: dict[str, tuple[tuple[int, ...], torch.dtype]], pool: "_BlockPool | None" = None
+    specs: dict[str, tuple[tuple[int, ...], torch.dtype]], pool: "_BlockPool | None" = None, shared: bool = False
 ) -> dict[str, torch.Tensor]:
-    """New tensors for one batch. In a DataLoader worker they are views into ONE shared-memory
-    block, so sending the batch to the main process costs no copy and a single segment however
-    many fields it has: a segment per tensor would make every extra field (a label beside the
-    images) cost a transfer of its own (benchmarks/results/kinds_labels.md measures a label's
-    cost with one block). With a ``pool`` (a
-    loader that converts each batch in the main process and then drops it) the block is one the
-    worker wrote before, no longer read by the main process."""
-    if get_worker_info() is None:
+    """New tensors for one batch. In a worker of ``ds.loader()`` (``shared``: the batch is sent as
+    it is read, by :func:`collate`) they are views into ONE shared-memory block, so sending the
+    batch to the main process costs no copy and a single segment however many fields it has: a
+    segment per tensor would make every extra field (a label beside the images) cost a transfer of
+    its own (benchmarks/results/kinds_labels.md measures a label's cost with one block). With a
+    ``pool`` (a loader that converts each batch in the main process and then drops it) the block is
+    one the worker wrote before, no longer read by the main process. Elsewhere (in process, or a
+    plain DataLoader, whose default_collate stacks the samples into shared memory of its own) they
+    are ordinary tensors."""
+    if not shared or get_worker_info() is None:
         # separate tensors: a block over glibc's 32 MiB mmap ceiling would be mapped afresh (and
         # page-faulted) every batch, while smaller ones are reused from the heap
         return {name: torch.empty(shape, dtype=dtype) for name, (shape, dtype) in specs.items()}
@@ -126,43 +125,15 @@ def _row(column: Any, k: int) -> Any:
     return column[k]
 
 
-class _Batch(SequenceABC):
-    """What ``__getitems__`` returns: the sequence of samples torch expects, plus the already
-    stacked batch that :func:`collate` passes through unchanged. The samples (views into the
-    batch tensors, a few microseconds each) are made only if something asks for them, such as
-    torch's default_collate in a plain DataLoader."""
+class _Batch(list):
+    """What ``__getitems__`` returns: the list of samples torch expects (tuples of tensors, or
+    tensors: views into the batch tensors), plus the already stacked batch (``stacked``) that
+    :func:`collate` passes through unchanged. torch's default_collate, in a plain DataLoader,
+    stacks the samples again."""
 
-    def __init__(self, stacked: Any, make_samples: Callable[[], list]):
+    def __init__(self, samples: list, stacked: Any):
+        super().__init__(samples)
         self.stacked = stacked
-        self._make = make_samples
-        self._samples: list | None = None
-
-    def _all(self) -> list:
-        if self._samples is None:
-            self._samples = self._make()
-        return self._samples
-
-    def __len__(self) -> int:
-        return len(self._all())
-
-    def __getitem__(self, k):
-        return self._all()[k]
-
-
-class _Sample(tuple):
-    """A sample of a ``_Batch`` (to its users, a tuple). Its type is registered in torch's
-    ``default_collate_fn_map``, so a plain DataLoader's default_collate hands back the batch that
-    ``__getitems__`` already stacked instead of stacking its samples again (a second copy of every
-    byte, in a new shared-memory block)."""
-
-
-def _collate_samples(batch: Any, *, collate_fn_map: dict | None = None) -> Any:
-    if isinstance(batch, _Batch):
-        return list(batch.stacked)  # what default_collate makes of tuples: a list of stacked fields
-    return torch_collate([tuple(s) for s in batch], collate_fn_map=collate_fn_map)
-
-
-default_collate_fn_map[_Sample] = _collate_samples
 
 
 def collate(batch: Any) -> Any:
@@ -276,6 +247,7 @@ class H5Dataset(Dataset):
         )
         self._ship_stored = False  # True on the copy a loader with convert="after"/None hands to its workers
         self._pool: _BlockPool | None = None  # on the copy a loader with convert="after" hands to its workers
+        self._shared_out = False  # True on the copy ds.loader() hands to its workers: batches read into shared memory
 
     # ---- description -------------------------------------------------------------------------
     path = property(lambda self: self.reader.path)
@@ -374,7 +346,7 @@ class H5Dataset(Dataset):
         }
         if self.return_index:
             dense[INDEX_FIELD] = ((n,), torch.int64)
-        outs = _empty_batch(dense, self._pool if shipped else None)
+        outs = _empty_batch(dense, self._pool if shipped else None, self._shared_out)
         raw_out = {
             name: outs[name].numpy()
             for name, fi in self.reader.fields.items()
@@ -425,24 +397,27 @@ class H5Dataset(Dataset):
         return tuple(cols)
 
     def _batch(self, cols: tuple, n: int) -> _Batch:
-        def rows() -> list:
-            return (
-                [_row(cols[0], k) for k in range(n)]
-                if self._single
-                else [(_Sample if self.batch_transform is None else tuple)(_row(c, k) for c in cols) for k in range(n)]
-            )
+        def rows(columns: Sequence) -> list:
+            per_column = [
+                list(c.unbind(0)) if isinstance(c, torch.Tensor) else [_row(c, k) for k in range(n)] for c in columns
+            ]
+            return per_column[0] if self._single else list(zip(*per_column))
 
         if self.transform is not None:
-            samples = [self.transform(sample) for sample in rows()]
+            samples = [self.transform(sample) for sample in rows(cols)]
             stacked = collate(samples) if n else cols
             if not self._single and isinstance(stacked, list):
                 stacked = tuple(stacked)
-            make = lambda: samples  # noqa: E731
-        else:
-            stacked, make = (cols[0] if self._single else cols), rows
-        if self.batch_transform is not None:
-            stacked = self.batch_transform(stacked)
-        return _Batch(stacked, make)
+            return _Batch(samples, self.batch_transform(stacked) if self.batch_transform is not None else stacked)
+        stacked = cols[0] if self._single else cols
+        if self.batch_transform is None:
+            return _Batch(rows(cols), stacked)
+        stacked = self.batch_transform(stacked)
+        columns = (stacked,) if self._single else stacked
+        batched = isinstance(columns, (tuple, list)) and all(
+            isinstance(c, (torch.Tensor, Padded)) and len(c.values if isinstance(c, Padded) else c) == n for c in columns
+        )
+        return _Batch(rows(columns) if batched else rows(cols), stacked)  # samples of the transformed batch
 
     def convert(self, batch: Any, device: str | torch.device | None = None) -> Any:
         """Model values of a batch whose fixed-size fields arrived as stored (``loader(convert=None)``,
@@ -574,12 +549,16 @@ class H5Dataset(Dataset):
         dataset = self
         # in process (num_workers=0) there is no transfer to spare: "after" converts as it reads,
         # unless the conversion is on a device
-        if self._deferrable and (convert is None or (convert == "after" and (num_workers > 0 or device is not None))):
-            dataset = copy.copy(self)  # shares the reader; only what the workers ship differs
-            dataset._ship_stored = True
-            if convert == "after":  # each batch is dropped once converted: its block can be refilled
+        ship = bool(self._deferrable) and (
+            convert is None or (convert == "after" and (num_workers > 0 or device is not None))
+        )
+        if ship or num_workers > 0:
+            dataset = copy.copy(self)  # shares the reader; only how the workers read and ship differs
+            dataset._shared_out = num_workers > 0  # collate sends each batch as read: read it into shared memory
+            dataset._ship_stored = ship
+            if ship and convert == "after":  # each batch is dropped once converted: its block can be refilled
                 dataset._pool = _BlockPool((2 if prefetch_factor is None else prefetch_factor) + 3)
-        if convert == "after" and (dataset is not self or device is not None):
+        if convert == "after" and (ship or device is not None):
             loader = _ConvertingLoader(
                 dataset,
                 batch_size=batch_size,
