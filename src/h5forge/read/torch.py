@@ -3,16 +3,20 @@
     from h5forge.read.torch import H5Dataset, ChunkShuffleSampler
     ds = H5Dataset("data/demo/dataset_latest.h5", split="train", fields=("images", "masks"))
     loader = ds.loader(batch_size=32, num_workers=2, shuffle=True, seed=0)
-    for images, masks in loader:   # float32 (B,3,H,W) in [0,1], int64 (B,1,H,W)
-        ...
+    for images, masks in loader:   # uint8 (B,3,H,W) and (B,1,H,W), the stored values
+        images = images.cuda().float().div_(255)   # on the device, as torchvision's v2 transforms do
+        masks = masks.cuda().long()
 
-The loader's workers ship the stored uint8 arrays (4-8x fewer bytes between processes than
-float32 images and int64 masks) and each batch is converted in the main process once it has
-arrived (``convert="after"``, the default; the workers refill a few shared-memory blocks in turn and
-the conversion runs on a thread); ``device="cuda"`` converts there instead, and ``convert=None``
-yields the stored dtypes, to convert with ``ds.convert(batch)``. ``ds`` also works in a plain
-``DataLoader(ds, batch_size=32, shuffle=True)`` (same values, converted in the workers; with
-``image_dtype="uint8", mask_dtype="uint8"`` it ships uint8 too).
+Images and masks come as stored (uint8) unless asked otherwise: the workers send the fewest bytes
+and nothing is converted on the CPU. ``image_dtype="float32"`` (float32 in [0, 1]; ``normalize=True``
+standardises) and ``mask_dtype="int64"`` have h5forge convert them: the loader's workers still ship
+the stored uint8 arrays (4-8x fewer bytes between processes) and each batch is converted in the main
+process once it has arrived (``convert="after"``, the default; the workers refill a few
+shared-memory blocks in turn and the conversion runs on a thread); ``device="cuda"`` converts there
+instead, and ``convert=None`` yields the stored dtypes, to convert with ``ds.convert(batch)``. ``ds``
+also works in a plain ``DataLoader(ds, batch_size=32, shuffle=True)`` (same values; torch's
+default_collate stacks the samples, one copy more than ``ds.loader()``, which sends each batch as it
+was read). Nothing in torch is changed by importing this module.
 See docs/reading.md for the guarantees (pinned version, lazy per-worker handles, DDP shards).
 """
 
@@ -148,9 +152,10 @@ class H5Dataset(Dataset):
     """One split of an h5forge version file as a torch map-style Dataset.
 
     Items are tuples in ``fields`` order (a single tensor when one field is asked for), each value
-    as its field's kind returns it: images float32 in [0, 1] (``image_dtype="uint8"`` leaves them
-    as stored, for conversion on the GPU; ``normalize=True`` standardises with the split's
-    per-channel mean/std), masks int64 (``mask_dtype``) of shape (1, H, W), labels int64,
+    as its field's kind returns it: images uint8 as stored, for conversion on the GPU
+    (``image_dtype="float32"``: float32 in [0, 1]; ``normalize=True``: float32 standardised with the
+    split's per-channel mean/std), masks uint8 as stored (``mask_dtype="int64"``, or any integer
+    dtype) of shape (1, H, W), labels int64,
     (``**options``: the options the field kinds declare, ``h5forge.kinds.reader_options()``)
     annotation columns (``"label"`` or ``"meta/label"``) as int64 / float32 / bool tensors, or
     lists of strings. ``return_index=True`` adds each sample's row as a last int64 element, so
@@ -415,14 +420,16 @@ class H5Dataset(Dataset):
         stacked = self.batch_transform(stacked)
         columns = (stacked,) if self._single else stacked
         batched = isinstance(columns, (tuple, list)) and all(
-            isinstance(c, (torch.Tensor, Padded)) and len(c.values if isinstance(c, Padded) else c) == n for c in columns
+            isinstance(c, (torch.Tensor, Padded)) and len(c.values if isinstance(c, Padded) else c) == n
+            for c in columns
         )
         return _Batch(rows(columns) if batched else rows(cols), stacked)  # samples of the transformed batch
 
     def convert(self, batch: Any, device: str | torch.device | None = None) -> Any:
         """Model values of a batch whose fixed-size fields arrived as stored (``loader(convert=None)``,
         or ``convert="after"`` which calls this in the main process): each such column becomes what
-        ``ds[i]`` returns (float32 images, int64 masks, ...), by the same conversion the workers would
+        ``ds[i]`` returns (with ``image_dtype="float32"``, ``mask_dtype="int64"``: float32 images, int64
+        masks, ...), by the same conversion the workers would
         have done; columns already converted are returned as they are.
 
         Without ``device``: CPU tensors, converted by the field's kind (numpy). With ``device`` every
@@ -512,7 +519,9 @@ class H5Dataset(Dataset):
         fetch. ``drop_last`` drops the last incomplete batch; DDP shards are always equal-length.
         The epoch advances on each pass (or call ``loader.sampler.set_epoch(e)``).
 
-        ``convert``: where stored arrays become model values. ``"after"`` (default): the workers
+        ``convert``: where stored arrays become model values, for a dataset asked for other dtypes
+        than the stored ones (``image_dtype="float32"``, ``mask_dtype="int64"``; by default images
+        and masks come as stored and there is nothing to convert). ``"after"`` (default): the workers
         ship the stored dtypes (uint8) and each batch is converted in the main process once it has
         arrived, which moves 4-8x fewer bytes between processes (benchmarks/results/read_peers.md);
         ``"worker"``: converted in the workers; ``None``: batches keep the stored dtypes, for
