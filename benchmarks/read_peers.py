@@ -141,8 +141,7 @@ def reader(name: str, data: Path, args):
     ds = H5Dataset(data / f"{codec}.h5", "train", FIELDS, **kw)
     if how == "plain":  # torch's default_collate stacks the samples
         return dl(ds, shuffle=True)
-    if how == "collate":  # batches read into shared memory and passed through by h5forge's collate, as
-        ds._shared_out = True  # ds.loader() does; what a plain DataLoader did when h5forge registered its samples
+    if how == "collate":  # h5forge's collate: each batch read into shared memory and passed through
         return dl(ds, shuffle=True, collate_fn=collate)
     return ds.loader(batch_size=args.batch, num_workers=args.workers, shuffle=True, seed=args.seed,
                      persistent_workers=persistent, convert="worker" if how == "worker" else "after")

@@ -12,9 +12,9 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
 
-from h5forge.read.torch import H5Dataset
+from h5forge.read.torch import H5Dataset, collate
 from tests.helpers.files import build_file, make_raw
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,6 +61,26 @@ def test_a_plain_dataloader_batches_the_stored_values(path, workers):
     single = H5Dataset(path, fields="images")
     got = torch.cat(list(DataLoader(single, batch_size=8, num_workers=workers)))
     assert got.dtype == torch.uint8 and np.array_equal(got.numpy(), want["images"])
+
+
+def _collate_and_tell(batch):
+    """h5forge's collate, and whether the batch it passed through was read into shared memory."""
+    x, m, rows = collate(batch)
+    assert get_worker_info() is not None
+    return x, m, rows, torch.tensor(x.is_shared())
+
+
+def test_h5forge_collate_in_a_plain_dataloader_sends_batches_as_read(path):
+    want = stored(path)
+    ds = H5Dataset(path, fields=("images", "masks"), return_index=True)
+    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=1, collate_fn=_collate_and_tell)
+    for epoch in range(2):  # a new worker each epoch, its first batch in ordinary memory, the others shared
+        batches = list(loader)
+        check_rows([b[:3] for b in batches], want)
+        assert [bool(b[3]) for b in batches] == [False] + [True] * (len(batches) - 1), epoch
+    assert ds._shared_out is False  # only the workers' copies changed
+    plain = DataLoader(H5Dataset(path, fields=("images", "masks"), return_index=True), batch_size=4, collate_fn=collate)
+    check_rows(plain, want)  # in process: nothing to send
 
 
 def test_standardised_images_are_float32(path):

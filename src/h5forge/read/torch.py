@@ -132,18 +132,26 @@ def _row(column: Any, k: int) -> Any:
 class _Batch(list):
     """What ``__getitems__`` returns: the list of samples torch expects (tuples of tensors, or
     tensors: views into the batch tensors), plus the already stacked batch (``stacked``) that
-    :func:`collate` passes through unchanged. torch's default_collate, in a plain DataLoader,
-    stacks the samples again."""
+    :func:`collate` passes through unchanged, and the dataset that read it (``owner``). torch's
+    default_collate, in a plain DataLoader, stacks the samples again."""
 
-    def __init__(self, samples: list, stacked: Any):
+    def __init__(self, samples: list, stacked: Any, owner: "H5Dataset | None" = None):
         super().__init__(samples)
         self.stacked = stacked
+        self.owner = owner
 
 
 def collate(batch: Any) -> Any:
     """``collate_fn`` for H5Dataset: batches from ``__getitems__`` are returned as they are; anything
-    else goes through torch's default_collate."""
+    else goes through torch's default_collate.
+
+    In a DataLoader worker, the dataset whose batch it passes through reads its later batches
+    straight into shared memory, which is how the worker sends them (torch would copy a batch in
+    ordinary memory there): ``DataLoader(ds, batch_size=32, collate_fn=collate)`` then sends each
+    batch as read, as ``ds.loader()`` does."""
     if isinstance(batch, _Batch):
+        if batch.owner is not None and not batch.owner._shared_out and get_worker_info() is not None:
+            batch.owner._shared_out = True  # this worker's own copy of the dataset
         return batch.stacked
     return default_collate(batch)
 
@@ -413,17 +421,17 @@ class H5Dataset(Dataset):
             stacked = collate(samples) if n else cols
             if not self._single and isinstance(stacked, list):
                 stacked = tuple(stacked)
-            return _Batch(samples, self.batch_transform(stacked) if self.batch_transform is not None else stacked)
+            return _Batch(samples, self.batch_transform(stacked) if self.batch_transform is not None else stacked, self)
         stacked = cols[0] if self._single else cols
         if self.batch_transform is None:
-            return _Batch(rows(cols), stacked)
+            return _Batch(rows(cols), stacked, self)
         stacked = self.batch_transform(stacked)
         columns = (stacked,) if self._single else stacked
         batched = isinstance(columns, (tuple, list)) and all(
             isinstance(c, (torch.Tensor, Padded)) and len(c.values if isinstance(c, Padded) else c) == n
             for c in columns
         )
-        return _Batch(rows(columns) if batched else rows(cols), stacked)  # samples of the transformed batch
+        return _Batch(rows(columns) if batched else rows(cols), stacked, self)  # samples of the transformed batch
 
     def convert(self, batch: Any, device: str | torch.device | None = None) -> Any:
         """Model values of a batch whose fixed-size fields arrived as stored (``loader(convert=None)``,
