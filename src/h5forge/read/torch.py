@@ -16,7 +16,8 @@ shared-memory blocks in turn and the conversion runs on a thread); ``device="cud
 instead, and ``convert=None`` yields the stored dtypes, to convert with ``ds.convert(batch)``. ``ds``
 also works in a plain ``DataLoader(ds, batch_size=32, shuffle=True)`` (same values; torch's
 default_collate stacks the samples, one copy more than ``ds.loader()``, which sends each batch as it
-was read). Nothing in torch is changed by importing this module.
+was read; ``collate_fn=collate`` sends them as read too). Nothing in torch is changed by importing
+this module.
 See docs/reading.md for the guarantees (pinned version, lazy per-worker handles, DDP shards).
 """
 
