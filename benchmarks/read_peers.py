@@ -1,5 +1,5 @@
 """Reads against npy mmap, LMDB, webdataset and mosaic-streaming, and the read path's own machinery
-switched off piece by piece (an A/B in the same run); each reader a probe process per round.
+switched off piece by piece (an A/B in the same run).
 
     python -m benchmarks.read_peers [--smoke] [--n 10000 --size 224 --rounds 3] [--pieces ctypes,mmap,...]
 
@@ -10,6 +10,8 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -19,8 +21,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.common import (CACHE, REPO, built, child_json, cli, make_spec, med, peers_venv,
-                               proc_cpu, random_read_latency, ratio, raw_folder, rounds, save, warm)
+from benchmarks.common import (CACHE, REPO, built, cli, interleaved, log, make_spec, peers_venv, photo_folder,
+                               proc_cpu, random_read_latency, ratio, raw_folder, save, warm)
 
 PEERS_VENV = REPO / "build" / "peers-venv"
 PEERS = ["webdataset==1.0.2", "mosaicml-streaming==0.13.0", "lmdb==3.0.0"]
@@ -28,6 +30,8 @@ FIELDS = ("images", "masks")
 WARMUP = 5  # batches before the clock starts: workers up, first batches through
 PIECES = ("ctypes", "mmap", "direct", "pool", "thread")
 
+
+# ---- the read path's machinery, each piece with its switch ---------------------------------------
 
 def _unthreaded(self):
     """``_ConvertingLoader.__iter__`` with each batch converted in the caller's thread."""
@@ -66,6 +70,8 @@ def off(*pieces: str):
             setattr(owner, name, value)
 
 
+# ---- the readers (each built in a probe process) ---------------------------------------------------
+
 class NpyItems(Dataset):
     """Memory-mapped .npy, one copied uint8 row per field (opened lazily in each process)."""
 
@@ -94,7 +100,7 @@ class LmdbItems(Dataset):
         import lmdb
         self.env = self.env or lmdb.open(self.path, readonly=True, lock=False, readahead=False, meminit=False)
         cut = int(np.prod(self.shapes[0]))
-        with self.env.begin(buffers=True) as txn:
+        with self.env.begin(buffers=True) as txn:  # copied out inside the read txn
             a = np.frombuffer(txn.get(int(i).to_bytes(8, "big")), np.uint8)
             return tuple(torch.from_numpy(x.reshape(s).copy()) for x, s in zip((a[:cut], a[cut:]), self.shapes))
 
@@ -131,25 +137,52 @@ def peer_dataset(name: str, where, seed: int, batch: int, cache: str | None = No
 
 
 def reader(name: str, data: Path, args):
-    """npy_mmap, lmdb, webdataset, mosaic, or h5forge_<codec>_<plain|loader|default|worker|u8masks> (README)."""
+    """npy_mmap, lmdb, webdataset, mosaic, or h5forge_<codec>_<plain|collate|loader|default|float|worker|u8masks>
+    (README). With ``--epochs`` the workers are not persistent: each epoch starts its own."""
+    persistent = args.workers > 0 and not args.epochs
     dl = lambda ds, **kw: DataLoader(ds, batch_size=args.batch, num_workers=args.workers,  # noqa: E731
-                                     persistent_workers=args.workers > 0, **kw)
+                                     persistent_workers=persistent, **kw)
     shapes = json.loads((data / "shapes.json").read_text())
     if name == "npy_mmap":
         return dl(NpyItems(data), shuffle=True)
     if name == "lmdb":
         return dl(LmdbItems(data / "peers" / "lmdb", shapes["n"], shapes["shapes"]), shuffle=True)
-    if name in ("webdataset", "mosaic"):
-        where = sorted(map(str, (data / "peers" / "wds").glob("*.tar"))) if name == "webdataset" else str(data / "peers" / "mds")
-        return dl(peer_dataset(name, where, args.seed, args.batch))
-    from h5forge.read.torch import H5Dataset
+    if name == "webdataset":
+        import webdataset as wds
+        urls = sorted(str(p) for p in (data / "peers" / "wds").glob("*.tar"))
+        return dl(wds.WebDataset(urls, shardshuffle=len(urls), seed=args.seed, empty_check=False)
+                  .shuffle(1000, seed=args.seed).decode().to_tuple("images.npy", "masks.npy")
+                  .map_tuple(torch.from_numpy, torch.from_numpy))
+    if name == "mosaic":
+        from streaming import StreamingDataset
+        from streaming.base.util import clean_stale_shared_memory
+        clean_stale_shared_memory()
+
+        class Tuples(StreamingDataset):
+            def __getitem__(self, i):
+                s = super().__getitem__(i)
+                return torch.from_numpy(s["images"]), torch.from_numpy(s["masks"])
+
+        return dl(Tuples(local=str(data / "peers" / "mds"), shuffle=True, shuffle_seed=args.seed, batch_size=args.batch))
+    from h5forge.read.torch import H5Dataset, collate
     codec, how = name.split("_")[1:3]
-    kw = {"default": {}, "worker": {}, "u8masks": {"mask_dtype": "uint8"}}.get(how, {"image_dtype": "uint8", "mask_dtype": "uint8"})
+    as_float = {"image_dtype": "float32", "mask_dtype": "int64"}  # float32 in [0, 1], int64: converted by h5forge
+    kw = {"default": {}, "float": as_float, "worker": as_float, "u8masks": {"image_dtype": "float32"}}.get(
+        how, {"image_dtype": "uint8", "mask_dtype": "uint8"})
     ds = H5Dataset(data / f"{codec}.h5", "train", FIELDS, **kw)
-    if how == "plain":
+    if how == "plain":  # torch's default_collate stacks the samples
         return dl(ds, shuffle=True)
+    if how == "collate":  # h5forge's collate: each batch read into shared memory and passed through
+        return dl(ds, shuffle=True, collate_fn=collate)
     return ds.loader(batch_size=args.batch, num_workers=args.workers, shuffle=True, seed=args.seed,
-                     convert="worker" if how == "worker" else "after")
+                     persistent_workers=persistent, convert="worker" if how == "worker" else "after")
+
+
+def ended_children_cpu() -> float:
+    """CPU seconds of this process's children that ended and were waited for (workers of past epochs)."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def children_cpu() -> float:
@@ -158,17 +191,8 @@ def children_cpu() -> float:
     return sum(proc_cpu(int(pid)) for pid in pids if Path(f"/proc/{pid}").exists())
 
 
-def epoch_sums(loader) -> list[int]:
-    """Every value of one epoch summed per field, whatever the order: equal across readers."""
-    sums = [0, 0]
-    for x, m in loader:
-        x = x if x.dtype == torch.uint8 else (x * 255).round().to(torch.int64)
-        sums = [sums[0] + int(x.sum(dtype=torch.int64)), sums[1] + int(m.sum(dtype=torch.int64))]
-    return sums
-
-
-def probe(args) -> dict:
-    """One reader (name: reader[-0workers][-off-piece+piece]), one timed pass after WARMUP batches."""
+def probe(args) -> None:
+    """One reader (name: reader[-0workers][-off-piece+piece]), one timed pass; --check: every value summed."""
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", "The given NumPy array is not writable")
     name, _, pieces = args.probe.partition("-off-")
@@ -176,6 +200,8 @@ def probe(args) -> dict:
         name, args.workers = name.removesuffix("-0workers"), 0
     with off(*filter(None, pieces.split("+"))):
         loader = reader(name, Path(args.data), args)
+        if args.epochs:
+            return print(json.dumps(epochs(loader, args)), flush=True)
         it = iter(loader)
         first = next(it)
         for _ in range(WARMUP - 1):
@@ -188,38 +214,71 @@ def probe(args) -> dict:
         out = {"samples_per_s": n / (time.perf_counter() - t), "dtypes": [str(v.dtype)[6:] for v in first],
                "main_cpu_ms_per_batch": round((time.process_time() - cpu) / batches * 1000, 2),
                "workers_cpu_ms_per_batch": round((children_cpu() - kids) / batches * 1000, 2)}
-        if args.check:
+        if args.check:  # every value of one epoch, whatever the order: equal across readers
             del it
-            out["epoch_sums"] = epoch_sums(loader)
+            sums = [0, 0]
+            for x, m in loader:
+                x = x if x.dtype == torch.uint8 else (x * 255).round().to(torch.int64)
+                sums = [sums[0] + int(x.sum(dtype=torch.int64)), sums[1] + int(m.sum(dtype=torch.int64))]
+            out["epoch_sums"] = sums
+    print(json.dumps(out), flush=True)
+
+
+def epochs(loader, args) -> dict:
+    """``--epochs`` whole epochs, each from a new iterator (its workers started, and stopped at its end,
+    inside the clock), after one short untimed pass (``WARMUP`` batches): samples/s over all of them, and
+    CPU per batch of this process and of the workers (which have ended). --check: then one more epoch,
+    untimed, every value summed."""
+    for k, _ in enumerate(loader):
+        if k + 1 == WARMUP:
+            break
+    n, batches, per_epoch, dtypes = 0, 0, [], []
+    t, cpu, kids = time.perf_counter(), time.process_time(), ended_children_cpu()
+    for _ in range(args.epochs):
+        t0, n0 = time.perf_counter(), n
+        for x, m in loader:  # a new iterator: its workers start here and are joined at its end
+            n, batches = n + x.shape[0], batches + 1
+            dtypes = dtypes or [str(v.dtype)[6:] for v in (x, m)]
+        per_epoch.append(round((n - n0) / (time.perf_counter() - t0)))
+    seconds, main = time.perf_counter() - t, time.process_time() - cpu
+    out = {"samples_per_s": n / seconds, "epoch_samples_per_s": per_epoch, "dtypes": dtypes,
+           "main_cpu_ms_per_batch": round(main / batches * 1000, 2),
+           "workers_cpu_ms_per_batch": round((ended_children_cpu() - kids) / batches * 1000, 2)}
+    if args.check:
+        sums = [0, 0]
+        for x, m in loader:
+            x = x if x.dtype == torch.uint8 else (x * 255).round().to(torch.int64)
+            sums = [sums[0] + int(x.sum(dtype=torch.int64)), sums[1] + int(m.sum(dtype=torch.int64))]
+        out["epoch_sums"] = sums
     return out
 
 
-def save_npy(data: Path, version: Path, n: int) -> None:
-    """The version's train arrays as .npy beside it (what the loaders are checked against), and their shapes."""
+# ---- data ------------------------------------------------------------------------------------------
+
+def prepare(n: int, size: int, codecs=("lz4", "none"), content: str = "generated") -> Path:
+    """Links to the lz4 and none versions ``h5forge.build`` makes, and the same arrays as .npy (cached).
+    ``content``: the demo generator's pictures, or ``"photos"`` (common.photo_folder)."""
     import h5py
-    with h5py.File(version, "r") as f:
-        for k in FIELDS:
-            np.save(data / "tmp.npy", f["train"][k][()])
-            os.replace(data / "tmp.npy", data / f"{k}.npy")
-        shapes = [list(f["train"][k].shape[1:]) for k in FIELDS]
-    (data / "shapes.json").write_text(json.dumps({"n": n, "shapes": shapes}))
-
-
-def prepare(n: int, size: int, codecs=("lz4", "none")) -> Path:
-    """Links to the lz4 and none versions ``h5forge.build`` makes, and the same arrays as .npy (cached)."""
-    data = CACHE / "read_peers" / f"n{n}-{size}"
+    photos = content == "photos"
+    data = CACHE / "read_peers" / f"{'photos-' if photos else ''}n{n}-{size}"
     data.mkdir(parents=True, exist_ok=True)
-    raw = raw_folder(n, size)
+    raw = photo_folder(n, size) if photos else raw_folder(n, size)
     for codec in codecs:
         spec = make_spec(raw, data / "unused", size, splits={"ratios": {"train": 1.0}}, storage={"codec": codec})
         assert spec.storage.chunk_rows == 1, spec.storage
+        path = built(spec, f"read-{'photos-' if photos else ''}n{n}-{size}-{codec}")
         (data / f"{codec}.h5").unlink(missing_ok=True)
-        (data / f"{codec}.h5").symlink_to(built(spec, f"read-n{n}-{size}-{codec}"))
+        (data / f"{codec}.h5").symlink_to(path)
     made_from = os.path.realpath(data / "lz4.h5")  # the cached arrays are this version's, or made anew
-    if not (data / "npy_from").exists() or (data / "npy_from").read_text() != made_from \
-            or not all((data / f"{k}.npy").exists() for k in FIELDS):
-        save_npy(data, data / "lz4.h5", n)
+    stale = (data / "npy_from").read_text() != made_from if (data / "npy_from").exists() else True
+    with h5py.File(data / "lz4.h5", "r") as f:
+        shapes = [list(f["train"][k].shape[1:]) for k in FIELDS]
+        for k in FIELDS:
+            if stale or not (data / f"{k}.npy").exists():
+                np.save(data / "tmp.npy", f["train"][k][()])
+                os.replace(data / "tmp.npy", data / f"{k}.npy")
     (data / "npy_from").write_text(made_from)
+    (data / "shapes.json").write_text(json.dumps({"n": n, "shapes": shapes}))
     return data
 
 
@@ -251,6 +310,8 @@ def write_peers(data: Path) -> None:
     (root / ".complete").write_text("ok")
 
 
+# ---- in this process: single-sample latency and a worker's CPU per batch --------------------------
+
 def in_process(data: Path, reads: int, batches: int) -> tuple[dict, dict]:
     """(latency, cpu) of h5forge (lz4 with each codec piece off, none) against .npy (README). Each set
     is opened under its switches: a reader's chunk handling is fixed when it first reads."""
@@ -264,12 +325,13 @@ def in_process(data: Path, reads: int, batches: int) -> tuple[dict, dict]:
     for key, codec, pieces in (("lz4", "lz4", ()), *((f"lz4-off-{p}", "lz4", (p,)) for p in ("ctypes", "mmap", "direct")),
                                ("none", "none", ()), ("none-off-direct", "none", ("direct",))):
         with off(*pieces):
-            ds, u8 = (H5Dataset(data / f"{codec}.h5", "train", FIELDS, **kw)
-                      for kw in ({}, {"image_dtype": "uint8", "mask_dtype": "uint8"}))
+            ds, u8 = (H5Dataset(data / f"{codec}.h5", "train", FIELDS, **kw)  # read + convert, and as stored
+                      for kw in ({"image_dtype": "float32", "mask_dtype": "int64"}, {"image_dtype": "uint8",
+                                                                                  "mask_dtype": "uint8"}))
             ds.reader.read_one(0), u8.reader.read_one(0)
         probes |= {f"h5forge_{key}": (ds.__getitem__, pieces), f"h5forge_{key}_raw": (ds.reader.read_one, pieces)}
         fetch[f"h5forge_{key}"] = (u8.__getitems__, pieces)
-    for r in range(2):  # the second round kept
+    for r in range(2):
         lat = {}
         for k, (fn, pieces) in probes.items():
             with off(*pieces):
@@ -289,76 +351,90 @@ def in_process(data: Path, reads: int, batches: int) -> tuple[dict, dict]:
     return lat, cpu
 
 
-def probe_rounds(pythons: dict, data: Path, args, limit=lambda name: 0) -> dict:
-    """Each reader's probe process once a round, rounds interleaved, the files in the page cache: the
-    median samples/s and loader CPU ms per batch (main + workers), every round's, and each reader's
-    first outputs. The first round sums every value of an epoch: readers that disagree end the command."""
+LOADS: list[float] = []  # the 1-minute load average as each probe started
+
+
+def probe_rounds(pythons: dict, data: Path, args, limit=lambda name: 0) -> tuple[dict, dict, dict]:
+    """Each reader's probe process once a round, rounds interleaved (order reversed every other round), the
+    files in the page cache: samples/s and CPU ms per batch (main + workers) of every round, and each
+    reader's first outputs. The first round sums every value of an epoch (in-process readers apart):
+    readers that disagree end the command."""
     warm([data])
-
-    def run(name: str, r: int) -> dict:
-        check = ["--check"] if r == 0 and "-0workers" not in name else []
-        return child_json("read_peers", "--probe", name, "--data", data, "--seed", r, "--batch", args.batch,
-                          "--workers", args.workers, "--limit", limit(name), *check, python=pythons[name])
-
-    runs = rounds(pythons, args.rounds, run)
-    rates = {k: [x.pop("samples_per_s") for x in v] for k, v in runs.items()}
-    cpus = {k: [x["main_cpu_ms_per_batch"] + x["workers_cpu_ms_per_batch"] for x in v] for k, v in runs.items()}
-    info = {k: v[0] for k, v in runs.items()}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    rates, cpus, info = {k: [] for k in pythons}, {k: [] for k in pythons}, {}
+    for r, name in interleaved(list(pythons), args.rounds):
+        check = r == 0 and "-0workers" not in name
+        cmd = [str(pythons[name]), "-m", "benchmarks.read_peers", "--probe", name, "--data", str(data), "--seed", str(r),
+               "--batch", str(args.batch), "--workers", str(args.workers), "--limit", str(limit(name)),
+               "--epochs", str(getattr(args, "epochs", 0)), *(["--check"] if check else [])]
+        LOADS.append(os.getloadavg()[0])
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{name} failed:\n{proc.stderr[-3000:]}")
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        rates[name].append(res.pop("samples_per_s"))
+        info.setdefault(name, res)
+        cpus[name].append(res["main_cpu_ms_per_batch"] + res["workers_cpu_ms_per_batch"])
+        log(f"round {r + 1}/{args.rounds} {name:36s} {rates[name][-1]:8.0f} samples/s")
     sums = {k: tuple(v["epoch_sums"]) for k, v in info.items() if "epoch_sums" in v}
     if len(set(sums.values())) != 1:
         raise SystemExit(f"readers disagree on the data: {sums}")
-    return {"samples_per_s": {k: round(med(v)) for k, v in rates.items()},
-            "loader_cpu_ms_per_batch": {k: med(v, 2) for k, v in cpus.items()},
-            "all_rounds": {k: [round(x) for x in v] for k, v in rates.items()}, "outputs": info}
+    return rates, cpus, info
 
 
-def machinery_ab(pieces, rate: dict, loader_cpu: dict, lat: dict, cpu: dict) -> dict:
-    """Each piece's gain: the default loader's speed with it on / off and the CPU it saves."""
-    on, ab = "h5forge_lz4_default", {}
-    for p in pieces:
-        ab[p] = {"speed_on_over_off": ratio(rate[on], rate[f"{on}-off-{p}"]),
-                 "loader_cpu_off_over_on": ratio(loader_cpu[f"{on}-off-{p}"], loader_cpu[on])}
-        if f"h5forge_lz4-off-{p}" in cpu:  # the codec pieces, in this process
-            ab[p] |= {"worker_cpu_off_over_on": ratio(cpu[f"h5forge_lz4-off-{p}"], cpu["h5forge_lz4"]),
-                      "latency_p50_off_over_on": ratio(lat[f"h5forge_lz4-off-{p}"]["p50_us"], lat["h5forge_lz4"]["p50_us"]),
-                      "raw_p50_off_over_on": ratio(lat[f"h5forge_lz4-off-{p}_raw"]["p50_us"], lat["h5forge_lz4_raw"]["p50_us"])}
-    return ab
+def medians(rates: dict, cpus: dict) -> tuple[dict, dict]:
+    """Per reader, the median samples/s and loader CPU ms per batch (main + workers) of the rounds."""
+    return ({k: round(statistics.median(v)) for k, v in rates.items()},
+            {k: round(statistics.median(v), 2) for k, v in cpus.items()})
 
 
 def main() -> None:
     args = cli(__doc__, dict(n=200, size=64, rounds=1, reads=100, cpu_batches=10),
                n=10_000, size=224, rounds=3, workers=2, batch=32, reads=2_000, cpu_batches=100,
-               pieces=",".join(PIECES), probe="", data="", seed=0, limit=0, check=False, write_peers=False)
+               pieces=",".join(PIECES), probe="", data="", seed=0, limit=0, epochs=0, check=False, write_peers=False)
     if args.probe:
-        return print(json.dumps(probe(args)), flush=True)
+        return probe(args)
     if args.write_peers:
         return write_peers(Path(args.data))
     torch.set_num_threads(1)  # as in the probes: one intra-op thread (2 spin on 2 busy cores)
     data = prepare(args.n, args.size)
     peers_py = peers_venv(PEERS_VENV, not args.smoke, PEERS)
     pieces = [p for p in args.pieces.split(",") if p]
-    names = ["npy_mmap", "h5forge_lz4_plain", "h5forge_lz4_loader", "h5forge_lz4_default", "h5forge_lz4_worker",
-             "h5forge_none_plain", "npy_mmap-0workers", "h5forge_lz4_plain-0workers", "h5forge_lz4_default-0workers",
-             *(f"h5forge_lz4_default-off-{p}" for p in pieces), "h5forge_lz4_plain-off-direct"]
+    # default: ds.loader() with nothing asked (uint8); float: asked for float32 + int64, converted after the
+    # transfer, where the machinery's pieces (pool, thread) work, so they are switched off there
+    names = ["npy_mmap", "h5forge_lz4_plain", "h5forge_lz4_loader", "h5forge_lz4_default", "h5forge_lz4_float",
+             "h5forge_lz4_worker", "h5forge_none_plain", "npy_mmap-0workers", "h5forge_lz4_plain-0workers",
+             "h5forge_lz4_float-0workers", *(f"h5forge_lz4_float-off-{p}" for p in pieces), "h5forge_lz4_plain-off-direct"]
     pythons = dict.fromkeys(names, Path(sys.executable))
     if peers_py is not None:
-        child_json("read_peers", "--write-peers", "--data", data, python=peers_py)
+        subprocess.run([str(peers_py), "-m", "benchmarks.read_peers", "--write-peers", "--data", str(data)],
+                       check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
         pythons |= dict.fromkeys(("lmdb", "webdataset", "mosaic"), peers_py)
-    got = probe_rounds(pythons, data, args, limit=lambda name: args.n // 2 if "-0workers" in name else 0)
+    rates, cpus, info = probe_rounds(pythons, data, args, limit=lambda name: args.n // 2 if "-0workers" in name else 0)
     lat, cpu = in_process(data, args.reads, args.cpu_batches)
-    rate, loader_cpu = got["samples_per_s"], got["loader_cpu_ms_per_batch"]
+    rate, loader_cpu = medians(rates, cpus)
     vs_npy = {k: ratio(v, rate["npy_mmap-0workers" if "-0workers" in k else "npy_mmap"]) for k, v in rate.items()}
-    ab = machinery_ab(pieces, rate, loader_cpu, lat, cpu)
+    # A/B: each piece's gain = with it on / with it off (speed), and the CPU it saves
+    ab = {p: {"speed_on_over_off": ratio(rate["h5forge_lz4_float"], rate[f"h5forge_lz4_float-off-{p}"]),
+              "loader_cpu_off_over_on": ratio(loader_cpu[f"h5forge_lz4_float-off-{p}"], loader_cpu["h5forge_lz4_float"]),
+              **({"worker_cpu_off_over_on": ratio(cpu[f"h5forge_lz4-off-{p}"], cpu["h5forge_lz4"]),
+                  "latency_p50_off_over_on": ratio(lat[f"h5forge_lz4-off-{p}"]["p50_us"], lat["h5forge_lz4"]["p50_us"]),
+                  "raw_p50_off_over_on": ratio(lat[f"h5forge_lz4-off-{p}_raw"]["p50_us"], lat["h5forge_lz4_raw"]["p50_us"])}
+                 if f"h5forge_lz4-off-{p}" in cpu else {})} for p in pieces}
     ratios = {f"{k}_vs_npy": v for k, v in vs_npy.items() if not k.startswith("npy") and "-off-" not in k}
     ratios |= {"default_loader_vs_uint8_plain": ratio(rate["h5forge_lz4_default"], rate["h5forge_lz4_plain"]),
+               "float_loader_vs_uint8_plain": ratio(rate["h5forge_lz4_float"], rate["h5forge_lz4_plain"]),
+               "cpu_per_batch_float_vs_uint8_plain": ratio(loader_cpu["h5forge_lz4_float"], loader_cpu["h5forge_lz4_plain"]),
                "cpu_per_batch_default_vs_uint8_plain": ratio(loader_cpu["h5forge_lz4_default"], loader_cpu["h5forge_lz4_plain"]),
                "worker_cpu_per_batch_lz4_vs_npy": ratio(cpu["h5forge_lz4"], cpu["npy_mmap"]),
                **{f"latency_p50_{c}_vs_npy": lat[f"h5forge_{c}"]["p50_vs_npy"] for c in ("lz4", "none")},
                **{f"{p} on/off speed, off/on loader CPU": [v["speed_on_over_off"], v["loader_cpu_off_over_on"]]
                   for p, v in ab.items()}}
-    save("read_peers", {"peers": PEERS if peers_py else "not installed (skipped)", "args": vars(args) | {"warmup_batches": WARMUP},
-                        "ratios": ratios, "machinery_ab": ab, "vs_npy": vs_npy, **got, "latency": lat, "cpu_ms_per_batch": cpu},
-         args.smoke)
+    result = {"peers": PEERS if peers_py else "not installed (skipped)", "args": vars(args) | {"warmup_batches": WARMUP},
+              "ratios": ratios, "machinery_ab": ab, "samples_per_s": rate, "vs_npy": vs_npy,
+              "all_rounds": {k: [round(x) for x in v] for k, v in rates.items()}, "outputs": info,
+              "loader_cpu_ms_per_batch": loader_cpu, "latency": lat, "cpu_ms_per_batch": cpu}
+    save("read_peers", result, args.smoke)
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def test_segment_multiclass_demo_builds_three_classes_and_rejects_the_stray_valu
 
     ds = H5Dataset(path, split="train", fields=("images", "masks", "reviewed", "num_cells"))
     image, mask, reviewed, num_cells = ds[0]
-    assert image.dtype == torch.float32 and mask.shape == (1, *spec.fields["images"].size)
+    assert image.dtype == torch.uint8 and mask.shape == (1, *spec.fields["images"].size)
     assert reviewed.dtype == torch.bool and num_cells.dtype == torch.int64 and int(num_cells) >= 2
 
 

@@ -1,5 +1,5 @@
-"""The default loader ships stored uint8 arrays from its workers and converts them after the
-transfer, to exactly the values the workers used to produce (the explicit float32/int64 path)."""
+"""A loader asked for float32 images and int64 masks ships stored uint8 arrays from its workers and
+converts them after the transfer, to exactly the values the workers produce (convert="worker")."""
 
 from __future__ import annotations
 
@@ -17,8 +17,11 @@ def path(tmp_path_factory):
     return build_file(base / "dataset_v0001.h5", make_raw(base / "raw", n=40), codec="lz4")
 
 
+FLOAT = {"image_dtype": "float32", "mask_dtype": "int64"}  # model values h5forge converts (torch's default: uint8)
+
+
 def explicit(path, **kw) -> H5Dataset:
-    return H5Dataset(path, fields=("images", "masks"), image_dtype="float32", mask_dtype="int64", **kw)
+    return H5Dataset(path, fields=("images", "masks"), **FLOAT, **kw)
 
 
 def by_row(loader) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
@@ -30,8 +33,8 @@ def by_row(loader) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
 
 
 @pytest.mark.parametrize("normalize", [False, True])
-def test_default_loader_ships_uint8_and_converts_to_the_same_values(path, normalize):
-    ds = H5Dataset(path, fields=("images", "masks"), return_index=True, normalize=normalize)
+def test_float_loader_ships_uint8_and_converts_to_the_same_values(path, normalize):
+    ds = explicit(path, return_index=True, normalize=normalize)
     loader = ds.loader(batch_size=8, num_workers=2, shuffle=True, seed=3)
     shipped = next(iter(DataLoader.__iter__(loader)))  # what crossed from a worker to this process
     assert shipped[0].dtype == torch.uint8 and shipped[1].dtype == torch.uint8
@@ -46,7 +49,7 @@ def test_default_loader_ships_uint8_and_converts_to_the_same_values(path, normal
 
 
 def test_convert_none_yields_stored_dtypes_and_convert_matches(path):
-    ds = H5Dataset(path, fields=("images", "masks"))
+    ds = explicit(path)
     ref = explicit(path)
     for workers in (0, 2):
         loader = ds.loader(batch_size=16, num_workers=workers, shuffle=False, convert=None)
@@ -56,13 +59,13 @@ def test_convert_none_yields_stored_dtypes_and_convert_matches(path):
         want = ref.__getitems__(list(range(16))).stacked
         assert torch.equal(cx, want[0]) and torch.equal(cm, want[1])
         assert ds.convert((cx, cm))[0] is cx  # already converted: left as it is
-    single = H5Dataset(path, fields="images")
+    single = H5Dataset(path, fields="images", image_dtype="float32")
     x = next(iter(single.loader(batch_size=4, shuffle=False, convert=None)))
     assert torch.equal(single.convert(x), torch.stack([single[i] for i in range(4)]))
 
 
 def test_in_process_and_explicit_dtypes_are_unchanged(path):
-    ds = H5Dataset(path, fields=("images", "masks"))
+    ds = explicit(path)
     loader = ds.loader(batch_size=8, num_workers=0, shuffle=False)
     assert type(loader) is DataLoader and loader.dataset is ds  # nothing to transfer: converted as read
     x, m = next(iter(loader))
@@ -75,15 +78,15 @@ def test_in_process_and_explicit_dtypes_are_unchanged(path):
 
 
 def test_transform_hooks_see_model_values_in_the_workers(path):
-    seen = H5Dataset(path, fields=("images", "masks"), batch_transform=lambda b: (b[0] * 2, b[1]))
+    seen = explicit(path, batch_transform=lambda b: (b[0] * 2, b[1]))
     x, m = next(iter(seen.loader(batch_size=4, num_workers=2, shuffle=False, convert=None)))
     assert x.dtype == torch.float32 and m.dtype == torch.int64
     assert torch.equal(x, explicit(path).__getitems__([0, 1, 2, 3]).stacked[0] * 2)
 
 
-def test_plain_dataloader_takes_the_stacked_batch_as_default_collate_would_stack_it(path):
+def test_plain_dataloader_stacks_the_samples_as_default_collate_stacks_them(path):
     ds = H5Dataset(path, fields=("images", "masks"), image_dtype="uint8", mask_dtype="uint8", return_index=True)
-    ref = H5Dataset(path, fields=("images", "masks"))
+    ref = explicit(path)
     seen = 0
     for batch in DataLoader(ds, batch_size=8, shuffle=True, num_workers=2):
         assert isinstance(batch, list) and len(batch) == 3  # what default_collate makes of tuple samples

@@ -39,6 +39,7 @@ def test_digits_train_a_linear_model_through_the_reader(tmp_path, build_spec):
     model = torch.nn.Linear(size, 10)
     optimiser = torch.optim.Adam(model.parameters(), lr=0.01)
     for images, labels in train.loader(batch_size=32, num_workers=2, shuffle=True, seed=0):
+        images = images.float() / 255  # uint8 as stored: converted where the model runs
         loss = torch.nn.functional.cross_entropy(model(images.reshape(len(images), -1)), labels)
         optimiser.zero_grad()
         loss.backward()
@@ -47,6 +48,7 @@ def test_digits_train_a_linear_model_through_the_reader(tmp_path, build_spec):
     correct = total = 0
     with torch.no_grad():
         for images, labels in val.loader(batch_size=64, num_workers=2, shuffle=True, seed=1):
+            images = images.float() / 255
             correct += int((model(images.reshape(len(images), -1)).argmax(1) == labels).sum())
             total += len(labels)
     assert total == len(val) > 100

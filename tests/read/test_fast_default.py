@@ -1,4 +1,4 @@
-"""The default reading paths at full speed, to exactly the old values: a loader that converts after
+"""The converting reading paths at full speed, to exactly the workers' values: a loader that converts after
 the transfer refills its workers' shared-memory blocks, converts on a device when asked, and ds[i]
 decompresses into a per-thread buffer (LZ4 straight from the mapped file into the row)."""
 
@@ -19,6 +19,8 @@ from h5forge.read.direct import DirectRows
 from h5forge.read.reader import SplitReader
 from h5forge.read.torch import H5Dataset, torch_convert
 from tests.helpers.files import build_file, make_raw
+
+FLOAT = {"image_dtype": "float32", "mask_dtype": "int64"}  # the values h5forge converts to (torch's default: uint8)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,7 @@ def check_epoch(batches, want) -> None:
 
 def test_workers_refill_their_blocks_and_every_batch_keeps_its_values(path):
     want = old_values(path)
-    ds = H5Dataset(path, fields=("images", "masks"), return_index=True)
+    ds = H5Dataset(path, fields=("images", "masks"), **FLOAT, return_index=True)
     loader = ds.loader(batch_size=2, num_workers=2, shuffle=True, seed=1)  # more batches than blocks
     assert loader.dataset._pool.size == 5  # prefetch_factor 2, plus 3
     for epoch in range(2):
@@ -68,7 +70,7 @@ def test_workers_refill_their_blocks_and_every_batch_keeps_its_values(path):
 
 
 def test_a_conversion_error_reaches_the_caller(path):
-    ds = H5Dataset(path, fields=("images", "masks"))
+    ds = H5Dataset(path, fields=("images", "masks"), **FLOAT)
     loader = ds.loader(batch_size=4, num_workers=0, device="cpu")
     loader.dataset.options = None  # what the converter thread reads: its failure must surface here
     with pytest.raises(AttributeError):
@@ -76,7 +78,7 @@ def test_a_conversion_error_reaches_the_caller(path):
 
 
 def test_pass_through_columns_are_copied_out_of_the_refilled_block(path):
-    ds = H5Dataset(path, fields=("images", "masks"), return_index=True)
+    ds = H5Dataset(path, fields=("images", "masks"), **FLOAT, return_index=True)
     assert len(ds) >= 20  # more batches than the two workers' ten blocks
     rows = [b[2] for b in ds.loader(batch_size=2, num_workers=2, shuffle=False)]
     assert torch.cat(rows).tolist() == list(range(len(ds)))  # each still right after every later batch
@@ -84,7 +86,7 @@ def test_pass_through_columns_are_copied_out_of_the_refilled_block(path):
 
 
 def test_plain_dataloader_and_convert_none_use_no_pool(path):
-    ds = H5Dataset(path, fields=("images", "masks"))
+    ds = H5Dataset(path, fields=("images", "masks"), **FLOAT)
     assert ds.loader(batch_size=4, num_workers=2, convert=None).dataset._pool is None
     assert ds.loader(batch_size=4, num_workers=2, convert="worker").dataset._pool is None
     assert ds._pool is None  # the loader's copy has the pool, never the dataset itself
@@ -97,24 +99,24 @@ def test_plain_dataloader_and_convert_none_use_no_pool(path):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_device_conversion_is_bit_equal(path, normalize, workers):
     want = old_values(path, normalize)
-    ds = H5Dataset(path, fields=("images", "masks"), return_index=True, normalize=normalize)
+    ds = H5Dataset(path, fields=("images", "masks"), **FLOAT, return_index=True, normalize=normalize)
     loader = ds.loader(batch_size=8, num_workers=workers, shuffle=True, seed=2, device="cpu")
     assert loader.dataset._ship_stored and loader.pin_memory is False  # pinned only for CUDA
     check_epoch(list(loader), want)
 
 
 def test_device_needs_convert_after(path):
-    ds = H5Dataset(path, fields=("images", "masks"))
+    ds = H5Dataset(path, fields=("images", "masks"), **FLOAT)
     with pytest.raises(ValueError, match="convert='after'"):
         ds.loader(device="cpu", convert="worker")
-    single = H5Dataset(path, fields="images")
+    single = H5Dataset(path, fields="images", image_dtype="float32")
     x = next(iter(single.loader(batch_size=4, shuffle=False, device="cpu")))
     assert bit_equal(x, torch.stack([single[i] for i in range(4)]))
 
 
 @pytest.mark.parametrize("normalize", [False, True])
 def test_torch_conversion_equals_the_kinds_for_every_byte(path, normalize):
-    ds = H5Dataset(path, fields=("images", "masks"), normalize=normalize)
+    ds = H5Dataset(path, fields=("images", "masks"), **FLOAT, normalize=normalize)
     every = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     opts = ReadOptions(normalize=normalize)
     for name, shape in (("images", (1, 3, 256, 1)), ("masks", (1, 1, 256, 1))):
@@ -130,7 +132,7 @@ def test_torch_conversion_equals_the_kinds_for_every_byte(path, normalize):
 
 def test_item_reads_into_a_per_thread_buffer_to_the_same_values(path):
     want = old_values(path)
-    ds = H5Dataset(path, fields=("images", "masks"))
+    ds = H5Dataset(path, fields=("images", "masks"), **FLOAT)
     first = ds[0]
     for i in range(len(ds)):
         x, m = ds[i]
@@ -207,6 +209,6 @@ def test_a_corrupt_lz4_block_is_refused_by_the_direct_call():
 
 def test_refilled_blocks_under_spawn(path):
     want = old_values(path)
-    ds = H5Dataset(path, fields=("images", "masks"), return_index=True)
+    ds = H5Dataset(path, fields=("images", "masks"), **FLOAT, return_index=True)
     loader = ds.loader(batch_size=2, num_workers=1, shuffle=True, seed=4, multiprocessing_context="spawn")
     check_epoch(list(loader), want)  # the worker starts with an empty pool of its own

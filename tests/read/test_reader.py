@@ -52,13 +52,18 @@ def test_items_equal_what_was_written_in_order(data):
     assert len(ds) == len(t["ids"]) > 100
     for i in range(len(ds)):
         x, m = ds[i]
-        assert x.dtype == torch.float32 and m.dtype == torch.int64
-        assert np.array_equal(x.numpy(), as_float(t["images"][i]))
+        assert x.dtype == torch.uint8 and m.dtype == torch.uint8  # torch's default: the stored values
+        assert np.array_equal(x.numpy(), t["images"][i])
         assert np.array_equal(m.numpy(), t["masks"][i])
     x, m = ds[-1]
     assert np.array_equal(m.numpy(), t["masks"][-1])
     assert ds.ids() == list(t["ids"])
-    assert float(ds[0][0].max()) <= 1.0 and set(np.unique(t["masks"])) <= {0, 1, 255}  # 255: padding
+    assert set(np.unique(t["masks"])) <= {0, 1, 255}  # 255: padding
+    as_model = H5Dataset(data["c1"], split="train", fields=("images", "masks"), image_dtype="float32", mask_dtype="int64")
+    for i in (0, 7, -1):
+        x, m = as_model[i]
+        assert x.dtype == torch.float32 and m.dtype == torch.int64
+        assert np.array_equal(x.numpy(), as_float(t["images"][i])) and np.array_equal(m.numpy(), t["masks"][i])
 
 
 @pytest.mark.parametrize("which", ["c1", "c4"])
@@ -77,7 +82,7 @@ def test_getitems_any_order_with_duplicates(data, which):
             continue
         x, m = batch.stacked
         assert x.shape == (len(idx), 3, 64, 64)
-        assert np.array_equal(x.numpy(), as_float(t["images"][want]))
+        assert np.array_equal(x.numpy(), t["images"][want])
         assert np.array_equal(m.numpy(), t["masks"][want])
         # the per-sample list torch's default collate would see holds the same values
         assert torch.equal(batch[0][0], x[0]) and len(batch) == len(idx)
@@ -115,7 +120,7 @@ def test_loader_shuffled_values_exactly_once(data, which, workers):
         order = loader.sampler.indices(epoch)
         assert sorted(order.tolist()) == list(range(len(ds)))  # every sample exactly once
         x, m = epoch_tensors(loader)
-        assert np.array_equal(x.numpy(), as_float(t["images"][order]))
+        assert np.array_equal(x.numpy(), t["images"][order])
         assert np.array_equal(m.numpy(), t["masks"][order])
     assert not np.array_equal(loader.sampler.indices(0), loader.sampler.indices(1))
 
@@ -131,7 +136,7 @@ def test_plain_dataloader_shuffle(data):
     t = truth(data["c4"])
     loader = DataLoader(ds, batch_size=16, shuffle=True, num_workers=2)
     x, m = epoch_tensors(loader)
-    assert x.shape[0] == len(ds) and m.dtype == torch.int64
+    assert x.shape[0] == len(ds) and m.dtype == torch.uint8
     assert _sample_hashes(x.numpy(), m.numpy().astype(np.uint8)) == _sample_hashes(t["images"], t["masks"])
     assert not np.array_equal(x.numpy(), t["images"])  # it did shuffle
 
@@ -224,7 +229,7 @@ def test_worker_start_methods(data, context):
                        persistent_workers=False)
     order = loader.sampler.indices(0)
     x, m = epoch_tensors(loader)
-    assert np.array_equal(x.numpy(), as_float(t["images"][order]))
+    assert np.array_equal(x.numpy(), t["images"][order])
     assert np.array_equal(m.numpy(), t["masks"][order])
 
 
@@ -348,7 +353,7 @@ def test_publish_mid_epoch_keeps_the_pinned_version(data, versions):
                 if epoch == 0 and k == 2:
                     set_latest(versions, 2)  # publish during the epoch
                 got.append(x)
-            assert np.array_equal(torch.cat(got).numpy(), as_float(t["images"][order]))
+            assert np.array_equal(torch.cat(got).numpy(), t["images"][order])
         fresh = H5Dataset(link, split="train", fields=("images",), image_dtype="uint8")
         assert fresh.version == 2
         assert np.array_equal(fresh[0].numpy(), 255 - t["images"][0])
@@ -421,9 +426,9 @@ def test_transform_hook(data):
     t = data["truth"]
     ds = H5Dataset(data["c1"], split="train", fields=("images", "masks"), transform=flip)
     x, m = ds[4]
-    assert np.array_equal(x.numpy(), as_float(t["images"][4])[..., ::-1])
+    assert np.array_equal(x.numpy(), t["images"][4][..., ::-1])
     loader = ds.loader(batch_size=16, num_workers=2, seed=0)
     order = loader.sampler.indices(0)
     xs, ms = epoch_tensors(loader)
-    assert np.array_equal(xs.numpy(), as_float(t["images"][order])[..., ::-1])
+    assert np.array_equal(xs.numpy(), t["images"][order][..., ::-1])
     assert np.array_equal(ms.numpy(), t["masks"][order][..., ::-1])

@@ -214,7 +214,14 @@ class ClassMasks(ClassCounts, RowIndex, Preview, FieldKind[R]):
     its volume): pixels per class and the rows that hold each class, integers for readers, and the
     classes' colours painted over that field's preview."""
 
-    read_options = (ReadOption("mask_dtype", "int64", "the integer dtype masks come as", {"jax": "int32"}),)
+    read_options = (
+        ReadOption(
+            "mask_dtype",
+            "int64",
+            "the integer dtype masks come as (torch: uint8 as stored)",
+            {"jax": "int32", "torch": "uint8"},
+        ),
+    )
     counted = "class_pixels"  # padding is not counted
 
     @property

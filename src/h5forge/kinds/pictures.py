@@ -56,7 +56,13 @@ class Pictures(Reading, Statistics, Preview):
 
     name: str
     read_options = (
-        ReadOption("image_dtype", "float32", "float32 in [0, 1], or uint8 as stored (for conversion on the GPU)"),
+        ReadOption(
+            "image_dtype",
+            "float32",
+            "uint8 as stored, or float32 in [0, 1]; torch returns uint8 unless asked (convert on the GPU), and"
+            " float32 whenever normalize=True",
+            {"torch": "uint8"},
+        ),
         ReadOption("normalize", False, "standardise images with the split's per-channel mean/std"),
     )
 
@@ -94,9 +100,15 @@ class Pictures(Reading, Statistics, Preview):
 
     # ---- reading
     def output_dtype(self, opts: ReadOptions) -> np.dtype:
-        dtype = self.option(opts, "image_dtype")
+        """The reader's default dtype, or the one asked for; standardised values (``normalize``) are
+        float32 whatever the reader's default, and refused as uint8 (they would come back unchanged)."""
+        dtype, normalize = opts.values.get("image_dtype"), self.option(opts, "normalize")
+        if dtype is None:
+            dtype = "float32" if normalize else self.option(opts, "image_dtype")
         if dtype not in IMAGE_DTYPES:
             raise ValueError(f"image_dtype must be one of {IMAGE_DTYPES}, got {dtype!r}")
+        if normalize and dtype != "float32":
+            raise ValueError(f"normalize=True standardises images to float32; image_dtype={dtype!r} cannot hold them")
         return np.dtype(dtype)
 
     def conversion(self, opts: ReadOptions, stats: dict[str, np.ndarray]) -> Conversion:

@@ -3,16 +3,21 @@
     from h5forge.read.torch import H5Dataset, ChunkShuffleSampler
     ds = H5Dataset("data/demo/dataset_latest.h5", split="train", fields=("images", "masks"))
     loader = ds.loader(batch_size=32, num_workers=2, shuffle=True, seed=0)
-    for images, masks in loader:   # float32 (B,3,H,W) in [0,1], int64 (B,1,H,W)
-        ...
+    for images, masks in loader:   # uint8 (B,3,H,W) and (B,1,H,W), the stored values
+        images = images.cuda().float().div_(255)   # on the device, as torchvision's v2 transforms do
+        masks = masks.cuda().long()
 
-The loader's workers ship the stored uint8 arrays (4-8x fewer bytes between processes than
-float32 images and int64 masks) and each batch is converted in the main process once it has
-arrived (``convert="after"``, the default; the workers refill a few shared-memory blocks in turn and
-the conversion runs on a thread); ``device="cuda"`` converts there instead, and ``convert=None``
-yields the stored dtypes, to convert with ``ds.convert(batch)``. ``ds`` also works in a plain
-``DataLoader(ds, batch_size=32, shuffle=True)`` (same values, converted in the workers; with
-``image_dtype="uint8", mask_dtype="uint8"`` it ships uint8 too).
+Images and masks come as stored (uint8) unless asked otherwise: the workers send the fewest bytes
+and nothing is converted on the CPU. ``image_dtype="float32"`` (float32 in [0, 1]; ``normalize=True``
+standardises) and ``mask_dtype="int64"`` have h5forge convert them: the loader's workers still ship
+the stored uint8 arrays (4-8x fewer bytes between processes) and each batch is converted in the main
+process once it has arrived (``convert="after"``, the default; the workers refill a few
+shared-memory blocks in turn and the conversion runs on a thread); ``device="cuda"`` converts there
+instead, and ``convert=None`` yields the stored dtypes, to convert with ``ds.convert(batch)``. ``ds``
+also works in a plain ``DataLoader(ds, batch_size=32, shuffle=True)`` (same values; torch's
+default_collate stacks the samples, one copy more than ``ds.loader()``, which sends each batch as it
+was read; ``collate_fn=collate`` sends them as read too). Nothing in torch is changed by importing
+this module.
 See docs/reading.md for the guarantees (pinned version, lazy per-worker handles, DDP shards).
 """
 
@@ -22,7 +27,6 @@ import math
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from collections.abc import Sequence as SequenceABC
 import copy
 import sys
 import threading
@@ -30,9 +34,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence, cast
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
-from torch.utils.data._utils.collate import collate as torch_collate
-from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate, get_worker_info
 
 from h5forge.errors import ReadError
 from h5forge.kinds import FieldKind, ReadOptions, read_options
@@ -58,16 +60,18 @@ _SCRATCH = threading.local()  # per thread: the stored rows of one sample, befor
 
 
 def _empty_batch(
-    specs: dict[str, tuple[tuple[int, ...], torch.dtype]], pool: "_BlockPool | None" = None
+    specs: dict[str, tuple[tuple[int, ...], torch.dtype]], pool: "_BlockPool | None" = None, shared: bool = False
 ) -> dict[str, torch.Tensor]:
-    """New tensors for one batch. In a DataLoader worker they are views into ONE shared-memory
-    block, so sending the batch to the main process costs no copy and a single transfer however
-    many fields it has: a block per tensor would make every extra field (a label beside the
-    images) cost a transfer of its own (benchmarks/results/kinds_labels.md measures a label's
-    cost with one block). With a ``pool`` (a
-    loader that converts each batch in the main process and then drops it) the block is one the
-    worker wrote before, no longer read by the main process."""
-    if get_worker_info() is None:
+    """New tensors for one batch. In a worker of ``ds.loader()`` (``shared``: the batch is sent as
+    it is read, by :func:`collate`) they are views into ONE shared-memory block, so sending the
+    batch to the main process costs no copy and a single transfer however many fields it has: a
+    block per tensor would make every extra field (a label beside the images) cost a transfer of
+    its own (benchmarks/results/kinds_labels.md measures a label's cost with one block). With a
+    ``pool`` (a loader that converts each batch in the main process and then drops it) the block is
+    one the worker wrote before, no longer read by the main process. Elsewhere (in process, or a
+    plain DataLoader, whose default_collate stacks the samples into shared memory of its own) they
+    are ordinary tensors."""
+    if not shared or get_worker_info() is None:
         # separate tensors: a block over glibc's 32 MiB mmap ceiling would be mapped afresh (and
         # page-faulted) every batch, while smaller ones are reused from the heap
         return {name: torch.empty(shape, dtype=dtype) for name, (shape, dtype) in specs.items()}
@@ -126,49 +130,29 @@ def _row(column: Any, k: int) -> Any:
     return column[k]
 
 
-class _Batch(SequenceABC):
-    """What ``__getitems__`` returns: the sequence of samples torch expects, plus the already
-    stacked batch that :func:`collate` passes through unchanged. The samples (views into the
-    batch tensors, a few microseconds each) are made only if something asks for them, such as
-    torch's default_collate in a plain DataLoader."""
+class _Batch(list):
+    """What ``__getitems__`` returns: the list of samples torch expects (tuples of tensors, or
+    tensors: views into the batch tensors), plus the already stacked batch (``stacked``) that
+    :func:`collate` passes through unchanged, and the dataset that read it (``owner``). torch's
+    default_collate, in a plain DataLoader, stacks the samples again."""
 
-    def __init__(self, stacked: Any, make_samples: Callable[[], list]):
+    def __init__(self, samples: list, stacked: Any, owner: "H5Dataset | None" = None):
+        super().__init__(samples)
         self.stacked = stacked
-        self._make = make_samples
-        self._samples: list | None = None
-
-    def _all(self) -> list:
-        if self._samples is None:
-            self._samples = self._make()
-        return self._samples
-
-    def __len__(self) -> int:
-        return len(self._all())
-
-    def __getitem__(self, k):
-        return self._all()[k]
-
-
-class _Sample(tuple):
-    """A sample of a ``_Batch`` (to its users, a tuple). Its type is registered in torch's
-    ``default_collate_fn_map``, so a plain DataLoader's default_collate hands back the batch that
-    ``__getitems__`` already stacked instead of stacking its samples again (a second copy of every
-    byte, in a new shared-memory block)."""
-
-
-def _collate_samples(batch: Any, *, collate_fn_map: dict | None = None) -> Any:
-    if isinstance(batch, _Batch):
-        return list(batch.stacked)  # what default_collate makes of tuples: a list of stacked fields
-    return torch_collate([tuple(s) for s in batch], collate_fn_map=collate_fn_map)
-
-
-default_collate_fn_map[_Sample] = _collate_samples
+        self.owner = owner
 
 
 def collate(batch: Any) -> Any:
     """``collate_fn`` for H5Dataset: batches from ``__getitems__`` are returned as they are; anything
-    else goes through torch's default_collate."""
+    else goes through torch's default_collate.
+
+    In a DataLoader worker, the dataset whose batch it passes through reads its later batches
+    straight into shared memory, which is how the worker sends them (torch would copy a batch in
+    ordinary memory there): ``DataLoader(ds, batch_size=32, collate_fn=collate)`` then sends each
+    batch as read, as ``ds.loader()`` does."""
     if isinstance(batch, _Batch):
+        if batch.owner is not None and not batch.owner._shared_out and get_worker_info() is not None:
+            batch.owner._shared_out = True  # this worker's own copy of the dataset
         return batch.stacked
     return default_collate(batch)
 
@@ -177,9 +161,10 @@ class H5Dataset(Dataset):
     """One split of an h5forge version file as a torch map-style Dataset.
 
     Items are tuples in ``fields`` order (a single tensor when one field is asked for), each value
-    as its field's kind returns it: images float32 in [0, 1] (``image_dtype="uint8"`` leaves them
-    as stored, for conversion on the GPU; ``normalize=True`` standardises with the split's
-    per-channel mean/std), masks int64 (``mask_dtype``) of shape (1, H, W), labels int64,
+    as its field's kind returns it: images uint8 as stored, for conversion on the GPU
+    (``image_dtype="float32"``: float32 in [0, 1]; ``normalize=True``: float32 standardised with the
+    split's per-channel mean/std), masks uint8 as stored (``mask_dtype="int64"``, or any integer
+    dtype) of shape (1, H, W), labels int64,
     (``**options``: the options the field kinds declare, ``h5forge.kinds.reader_options()``)
     annotation columns (``"label"`` or ``"meta/label"``) as int64 / float32 / bool tensors, or
     lists of strings. ``return_index=True`` adds each sample's row as a last int64 element, so
@@ -276,6 +261,7 @@ class H5Dataset(Dataset):
         )
         self._ship_stored = False  # True on the copy a loader with convert="after"/None hands to its workers
         self._pool: _BlockPool | None = None  # on the copy a loader with convert="after" hands to its workers
+        self._shared_out = False  # True on the copy ds.loader() hands to its workers: batches read into shared memory
 
     # ---- description -------------------------------------------------------------------------
     path = property(lambda self: self.reader.path)
@@ -374,7 +360,7 @@ class H5Dataset(Dataset):
         }
         if self.return_index:
             dense[INDEX_FIELD] = ((n,), torch.int64)
-        outs = _empty_batch(dense, self._pool if shipped else None)
+        outs = _empty_batch(dense, self._pool if shipped else None, self._shared_out)
         raw_out = {
             name: outs[name].numpy()
             for name, fi in self.reader.fields.items()
@@ -425,29 +411,34 @@ class H5Dataset(Dataset):
         return tuple(cols)
 
     def _batch(self, cols: tuple, n: int) -> _Batch:
-        def rows() -> list:
-            return (
-                [_row(cols[0], k) for k in range(n)]
-                if self._single
-                else [(_Sample if self.batch_transform is None else tuple)(_row(c, k) for c in cols) for k in range(n)]
-            )
+        def rows(columns: Sequence) -> list:
+            per_column = [
+                list(c.unbind(0)) if isinstance(c, torch.Tensor) else [_row(c, k) for k in range(n)] for c in columns
+            ]
+            return per_column[0] if self._single else list(zip(*per_column))
 
         if self.transform is not None:
-            samples = [self.transform(sample) for sample in rows()]
+            samples = [self.transform(sample) for sample in rows(cols)]
             stacked = collate(samples) if n else cols
             if not self._single and isinstance(stacked, list):
                 stacked = tuple(stacked)
-            make = lambda: samples  # noqa: E731
-        else:
-            stacked, make = (cols[0] if self._single else cols), rows
-        if self.batch_transform is not None:
-            stacked = self.batch_transform(stacked)
-        return _Batch(stacked, make)
+            return _Batch(samples, self.batch_transform(stacked) if self.batch_transform is not None else stacked, self)
+        stacked = cols[0] if self._single else cols
+        if self.batch_transform is None:
+            return _Batch(rows(cols), stacked, self)
+        stacked = self.batch_transform(stacked)
+        columns = (stacked,) if self._single else stacked
+        batched = isinstance(columns, (tuple, list)) and all(
+            isinstance(c, (torch.Tensor, Padded)) and len(c.values if isinstance(c, Padded) else c) == n
+            for c in columns
+        )
+        return _Batch(rows(columns) if batched else rows(cols), stacked, self)  # samples of the transformed batch
 
     def convert(self, batch: Any, device: str | torch.device | None = None) -> Any:
         """Model values of a batch whose fixed-size fields arrived as stored (``loader(convert=None)``,
         or ``convert="after"`` which calls this in the main process): each such column becomes what
-        ``ds[i]`` returns (float32 images, int64 masks, ...), by the same conversion the workers would
+        ``ds[i]`` returns (with ``image_dtype="float32"``, ``mask_dtype="int64"``: float32 images, int64
+        masks, ...), by the same conversion the workers would
         have done; columns already converted are returned as they are.
 
         Without ``device``: CPU tensors, converted by the field's kind (numpy). With ``device`` every
@@ -537,7 +528,9 @@ class H5Dataset(Dataset):
         fetch. ``drop_last`` drops the last incomplete batch; DDP shards are always equal-length.
         The epoch advances on each pass (or call ``loader.sampler.set_epoch(e)``).
 
-        ``convert``: where stored arrays become model values. ``"after"`` (default): the workers
+        ``convert``: where stored arrays become model values, for a dataset asked for other dtypes
+        than the stored ones (``image_dtype="float32"``, ``mask_dtype="int64"``; by default images
+        and masks come as stored and there is nothing to convert). ``"after"`` (default): the workers
         ship the stored dtypes (uint8) and each batch is converted in the main process once it has
         arrived, which moves 4-8x fewer bytes between processes (benchmarks/results/read_peers.md);
         ``"worker"``: converted in the workers; ``None``: batches keep the stored dtypes, for
@@ -574,12 +567,16 @@ class H5Dataset(Dataset):
         dataset = self
         # in process (num_workers=0) there is no transfer to spare: "after" converts as it reads,
         # unless the conversion is on a device
-        if self._deferrable and (convert is None or (convert == "after" and (num_workers > 0 or device is not None))):
-            dataset = copy.copy(self)  # shares the reader; only what the workers ship differs
-            dataset._ship_stored = True
-            if convert == "after":  # each batch is dropped once converted: its block can be refilled
+        ship = bool(self._deferrable) and (
+            convert is None or (convert == "after" and (num_workers > 0 or device is not None))
+        )
+        if ship or num_workers > 0:
+            dataset = copy.copy(self)  # shares the reader; only how the workers read and ship differs
+            dataset._shared_out = num_workers > 0  # collate sends each batch as read: read it into shared memory
+            dataset._ship_stored = ship
+            if ship and convert == "after":  # each batch is dropped once converted: its block can be refilled
                 dataset._pool = _BlockPool((2 if prefetch_factor is None else prefetch_factor) + 3)
-        if convert == "after" and (dataset is not self or device is not None):
+        if convert == "after" and (ship or device is not None):
             loader = _ConvertingLoader(
                 dataset,
                 batch_size=batch_size,
