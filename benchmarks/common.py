@@ -132,9 +132,10 @@ def built(spec, name: str) -> Path:
 
 
 def clean_batches(spec, root, refs, **kw) -> list:
-    """``refs`` cleaned in this process, one ``clean_batch(**kw)`` per ``spec.compute.batch_size`` of them."""
+    """``refs`` cleaned in this process, one ``clean_batch(**kw)`` per batch the build would make."""
     from h5forge.ingest.clean import clean_batch
-    bs = spec.compute.batch_size
+    from h5forge.ingest.parallel import batch_samples
+    bs = batch_samples(spec, len(refs))
     return [clean_batch(spec, root, refs[i:i + bs], **kw) for i in range(0, len(refs), bs)]
 
 

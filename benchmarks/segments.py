@@ -235,7 +235,7 @@ def main() -> None:
     for _ in range(args.reps):
         for arm in ARMS:  # interleaved: the machine's load changes during the run
             spec = make_spec(raw, WORK / arm, args.size, compute={"workers": args.workers, "inline_below": 0},
-                             storage={"assemble": "segments" if arm == "segments" else "copy"})
+                             storage={"assemble": "mapped" if arm == "segments" else "copy"})
             runs[arm].append(build_once(spec, arm))
     first = runs["sent"][0]
     same = all(r["identity"] == first["identity"] for arm in runs.values() for r in arm)
