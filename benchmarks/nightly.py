@@ -101,10 +101,15 @@ def killed_build(spec_file: Path) -> float:
 
 def round_trip(raw0: Path, spare: Path, args, r: int) -> dict:
     from h5forge.ingest.incremental.hash_cache import RACY_SECONDS
+    from h5forge.init.sections import chunk_rows
+    from h5forge.kinds import sample_bytes
     raw = link_copy(raw0, WORK / "raw")
     time.sleep(RACY_SECONDS)  # a nightly's inputs are older than the racy window (the links moved their ctime)
-    # the 1 % change removes samples too: a nightly of such a folder allows their removal
-    spec_in = lambda name: make_spec(raw, WORK / name, args.size, output={"allow_removals": True})  # noqa: E731
+    # the 1 % change removes samples too: a nightly of such a folder allows their removal; samples per
+    # chunk as `h5forge init` writes them for this size
+    rows = chunk_rows(sample_bytes(make_spec(raw, WORK, args.size)))
+    spec_in = lambda name: make_spec(raw, WORK / name, args.size, output={"allow_removals": True},  # noqa: E731
+                                     storage={"chunk_rows": rows})
     for name in ("out", "reference", "resume"):
         shutil.rmtree(WORK / name, ignore_errors=True)
     res = {"full": build(spec := spec_in("out"))}

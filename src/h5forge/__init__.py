@@ -9,12 +9,29 @@ __version__ = "0.1.0"
 # use (the default lz4 included) without importing anything else.
 import_module("hdf5plugin")
 
-_PIPELINE = ("build", "append")
+# The public API, imported on first use (a training process that only reads never loads the build
+# side: dask, Pillow, decoders), with the readers' modules (h5forge.read.torch, .jax, .tf, .lightning)
+# and the errors (h5forge.errors). Every other module is internal: docs/architecture.md.
+_PUBLIC = {
+    "build": "h5forge.pipeline",
+    "append": "h5forge.pipeline",
+    "verify": "h5forge.pipeline",
+    "BuildResult": "h5forge.pipeline",
+    "AppendResult": "h5forge.pipeline",
+    "DatasetSpec": "h5forge.spec",
+    "load_spec": "h5forge.spec",
+    "H5Dataset": "h5forge.read.torch",
+    "ChunkShuffleSampler": "h5forge.read.torch",
+    "H5forgeError": "h5forge.errors",
+}
+__all__ = [*_PUBLIC, "__version__"]
 
 
 def __getattr__(name: str):
-    """``h5forge.build`` and ``h5forge.append`` (``h5forge.pipeline``), imported on first use: a
-    training process that only reads never loads the build side (dask, Pillow, decoders)."""
-    if name in _PIPELINE:
-        return getattr(import_module("h5forge.pipeline"), name)
+    if name in _PUBLIC:
+        return getattr(import_module(_PUBLIC[name]), name)
     raise AttributeError(f"module 'h5forge' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -164,7 +164,7 @@ class MappedWriter(DatasetWriter):
         self.row_files.append(row_file)
         return super().add(batch)
 
-    def add_stored(self, split, copy, listed) -> None:
+    def add_stored(self, split, values, copy_chunks, listed) -> None:
         raise RuntimeError("a mapped version got rows with their arrays")
 
     def checkpoint(self) -> dict:

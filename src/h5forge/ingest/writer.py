@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import h5py
 import numpy as np
@@ -78,6 +78,10 @@ def _gather(pairs: list[tuple], n: int):
     out = np.empty((n, *first.shape[1:]), first.dtype)
     at = 0
     for block, rows in pairs:
+        if len(rows) and rows[-1] - rows[0] == len(rows) - 1:  # consecutive rows (rows taken from a file): one slice
+            out[at : at + len(rows)] = block[rows[0] : rows[-1] + 1]
+            at += len(rows)
+            continue
         for i in rows:
             out[at] = block[i]
             at += 1
@@ -372,14 +376,27 @@ class DatasetWriter:
             dtype=KEY,
         )
 
-    def add_stored(self, split: str, copy: Callable[[h5py.Group], int], listed: dict[str, list]) -> None:
-        """Rows copied from another file (nightly reuse, resume) by ``copy(split group)``, which
-        appends them to every dataset of the split and returns how many; they follow the rows
-        added so far. Their statistics come through ``add_stats``."""
-        self._flush(split, final=True)
-        self.counts[split] += copy(self.file[split])
+    def add_stored(
+        self, split: str, values: dict[str, Any], copy_chunks: Callable[[h5py.Group], None], listed: dict[str, list]
+    ) -> None:
+        """Rows taken from another file (nightly reuse, resume), after the rows added so far:
+        ``values``, every dataset's rows as stored (buffered as cleaned rows are, so many short runs
+        cost one write per block), but the datasets ``copy_chunks(split group)`` appends to as their
+        compressed chunks, one row each (such a dataset never holds buffered rows). Their
+        statistics come through ``add_stats``."""
+        copy_chunks(self.file[split])
+        n = len(values[IDS])
+        buf = self._buffers[split]
+        every = np.arange(n)
+        for path, block in values.items():
+            buf.setdefault(path, []).append((block, every))
         for path, rows in listed.items():
             self._indexed[split][path].extend(rows)
+        self._buffered[split] += n
+        for path in self._fixed & buf.keys():
+            self._write_fixed(split, path, final=False)
+        if self._buffered[split] >= self._block(split):
+            self._flush(split, final=False)
 
     def next_row(self, split: str) -> int:
         """The row number the next sample of ``split`` will get."""

@@ -164,17 +164,22 @@ def write_samples(
     ``cleaned`` batches (the samples the plan cleans, in order); checkpoints as it goes."""
     taken = reuse.taken
     checkpoints = Checkpoints(
-        writer, inputs, len(inventory.samples), exact_stats=not reuse.sources, raw_root=inventory.root
+        writer,
+        inputs,
+        len(inventory.samples),
+        len(reuse.plan.to_clean),
+        exact_stats=not reuse.sources,
+        raw_root=inventory.root,
     )
 
-    def advance(n: int) -> None:
+    def advance(n: int, cleaned: bool = True) -> None:
         progress(n)
-        checkpoints.tick(n)
+        checkpoints.tick(n, cleaned)
 
     try:
         if taken is not None:
             writer.add_rejections(taken.rejections)
-            advance(len(taken.ids))  # and a checkpoint: the kept rows stay durable if this build is killed
+            advance(len(taken.ids), False)  # and a checkpoint: the kept rows stay durable if this build is killed
             checkpoints.save()
         written = write_reusing(spec, inventory.root, reuse.plan, reuse.sources, writer, cleaned, advance, inputs)
         if inputs.deferred:  # every sample's key is known now: the file records the build's input key

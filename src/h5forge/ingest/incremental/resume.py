@@ -43,12 +43,14 @@ def sidecar(partial: Path) -> Path:
     return partial.with_name(partial.name + RESUME_SUFFIX)
 
 
-CHECKPOINT_SHARE = 0.05  # and after each 5 % of the inputs: a short build loses little more than a long one
+# and after each 5 % of the inputs to clean: a short build loses little more than a long one (rows
+# taken from other files count for nothing: copying them again costs little)
+CHECKPOINT_SHARE = 0.05
 
 
 class Checkpoints:
     """Call ``tick(samples done)`` after each batch: every CHECKPOINT_SECONDS, and after each
-    CHECKPOINT_SHARE of the inputs, the writer's durable state is recorded beside its file. The
+    CHECKPOINT_SHARE of the inputs to clean, the writer's durable state is recorded beside its file. The
     raw-file hashes learnt so far go to the output folder's hash cache at the second kind only,
     each time the samples done have doubled since it was last written (once when the hashes were
     all made up front): the cache is written whole and grows with the inputs, so the doubling keeps
@@ -60,21 +62,30 @@ class Checkpoints:
         writer: DatasetWriter,
         inputs: Inputs,
         total: int,
+        to_clean: int,
         every: float | None = None,
         exact_stats: bool = True,
         raw_root: Path | None = None,
     ):
-        self.writer, self.inputs, self.total, self.exact_stats = writer, inputs, total, exact_stats
+        self.writer, self.inputs, self.total, self.to_clean, self.exact_stats = (
+            writer,
+            inputs,
+            total,
+            to_clean,
+            exact_stats,
+        )
         self.every = float(os.environ.get("H5FORGE_CHECKPOINT_SECONDS", CHECKPOINT_SECONDS)) if every is None else every
         self.path = sidecar(writer.path)
         self.raw_root = raw_root
         self.last = time.monotonic()
-        self.done = self.saved = 0
+        self.done = self.cleaned = self.saved = 0  # samples done, of them cleaned, cleaned at the last save
         self.cached_at = 0  # samples done when this build last saved the hash cache (0: never)
 
-    def tick(self, n: int) -> None:
+    def tick(self, n: int, cleaned: bool = True) -> None:
+        """``n`` more samples done: cleaned, or taken from another file."""
         self.done += n
-        share = self.total and self.done - self.saved >= CHECKPOINT_SHARE * self.total
+        self.cleaned += n if cleaned else 0
+        share = self.to_clean and self.cleaned - self.saved >= CHECKPOINT_SHARE * self.to_clean
         if share or time.monotonic() - self.last >= self.every:
             self.save()
             # a deferred build's hashes grow as it cleans; a build that hashed up front has them all
@@ -88,7 +99,7 @@ class Checkpoints:
             fault_point("build:at-80%")  # the fault tests kill a real build here
 
     def save(self) -> None:
-        self.saved = self.done
+        self.saved = self.cleaned
         state = self.writer.checkpoint()
         state.update(key=self.inputs.key, rules=self.inputs.rules, rejected=self._rejected())
         if not self.exact_stats:  # rows copied from other files carry their statistics only at the end

@@ -12,10 +12,13 @@ How rows are copied, per dataset of the split:
   place the source's chunk index gives (``h5forge.read.direct.chunk_index``, the reader's; no HDF5
   read call) and written with ``write_direct_chunk``;
 - sample arrays with several samples per chunk, and ragged fields (recordings, CT cases, whose
-  chunks hold elements of several samples): the rows are read and written again (decompressed and
-  recompressed; no raw file is decoded);
+  chunks hold elements of several samples): the rows are read (decompressed; no raw file is
+  decoded) and go to the writer as cleaned rows do, which compresses them a whole chunk at a time;
 - the small per-sample columns (ids, provenance, checksums, annotations, sample keys): the rows'
-  values are copied, so a checksum always travels with its sample.
+  values are taken from the columns read once, so a checksum always travels with its sample.
+
+Taken rows are buffered with the cleaned ones, so the short runs between changed samples cost no
+write of their own.
 
 Per-split statistics are additive: a source's totals, minus the rows it holds that are not taken
 (read back and counted), plus the cleaned rows.
@@ -165,8 +168,11 @@ def runs(rows: np.ndarray) -> Iterator[tuple[int, int, int]]:
 class Copier:
     """Copies rows of one source split into the same split of the file being written."""
 
-    def __init__(self, src: h5py.Group, kinds: dict[str, FieldKind], keys: h5py.Dataset, fd: Callable[[], int]):
-        self.src, self.kinds, self.keys, self.fd = src, kinds, keys, fd  # fd(): the source file, open for pread
+    def __init__(
+        self, src: h5py.Group, dst: h5py.Group, kinds: dict[str, FieldKind], keys: h5py.Dataset, fd: Callable[[], int]
+    ):
+        self.src, self.dst, self.kinds, self.keys, self.fd = src, dst, kinds, keys, fd  # fd(): the source, for pread
+        self._same: dict[str, bool] = {}
         self._columns: dict[str, np.ndarray] = {}
         self._readers: dict[str, arrays.RowReader] = {}
         self._indexes: dict[str, Any] = {}  # path -> the source dataset's chunk index (None: HDF5 reads)
@@ -179,22 +185,34 @@ class Copier:
             self._columns[name] = read_all(self.keys if name == "" else self.src[name])
         return self._columns[name]
 
-    def __call__(self, rows: np.ndarray) -> Callable[[h5py.Group], int]:
-        def copy(g: h5py.Group) -> int:
-            for path, kind in self.kinds.items():
-                st = kind.stored()
-                if st.ragged or (st.bulk and not _same_chunks(g[path], self.src[path])):
-                    self._copy_rows(g, path, st, rows)
-                elif st.bulk:
-                    self._copy_chunks(g[path], self.src[path], path, rows)
-                else:
-                    arrays.extend(g, path, self.column(path)[rows])
-            for name in PER_SAMPLE:
-                arrays.extend(g, name, self.column(name)[rows])
-            arrays.extend(g, sample_keys_path(g.name.strip("/")), self.column("")[rows])
-            return len(rows)
+    def __call__(self, rows: np.ndarray) -> tuple[dict[str, Any], Callable[[h5py.Group], None]]:
+        """The ``rows`` as ``DatasetWriter.add_stored`` takes them: every dataset's values, but those
+        of the datasets whose chunks are copied as stored, which the returned call copies."""
+        values: dict[str, Any] = {}
+        chunked: list[str] = []
+        for path, kind in self.kinds.items():
+            if self._chunk_copied(path, kind):
+                chunked.append(path)
+            elif kind.stored().bulk:
+                values[path] = self._rows(path, kind, rows)
+            else:
+                values[path] = self.column(path)[rows]
+        for name in PER_SAMPLE:
+            values[name] = self.column(name)[rows]
+        values[sample_keys_path(self.src.name.strip("/"))] = self.column("")[rows]
 
-        return copy
+        def copy_chunks(g: h5py.Group) -> None:
+            for path in chunked:
+                self._copy_chunks(g[path], self.src[path], path, rows)
+
+        return values, copy_chunks
+
+    def _chunk_copied(self, path: str, kind: FieldKind) -> bool:
+        """Whether the field's rows are copied as stored chunks, asked once per field."""
+        if path not in self._same:
+            st = kind.stored()
+            self._same[path] = st.bulk and not st.ragged and _same_chunks(self.dst[path], self.src[path])
+        return self._same[path]
 
     def _copy_chunks(self, dst: h5py.Dataset, src: h5py.Dataset, path: str, rows: np.ndarray) -> None:
         """Each row is one stored chunk: copied compressed, as it is, read with one ``pread`` where
@@ -222,14 +240,16 @@ class Copier:
             write((start + i, *tail), data, mask)
         self.direct_rows += len(rows)
 
-    def _copy_rows(self, g: h5py.Group, path: str, st, rows: np.ndarray) -> None:
-        """Rows decompressed and written again (several samples share a chunk)."""
+    def _rows(self, path: str, kind: FieldKind, rows: np.ndarray) -> Any:
+        """The rows, decompressed (several samples share a chunk, or a ragged field's elements do)."""
         if path not in self._readers:
-            self._readers[path] = arrays.RowReader(self.src, path, st)
+            self._readers[path] = arrays.RowReader(self.src, path, kind.stored())
         read = self._readers[path]
-        for _, a, b in runs(rows):
-            arrays.extend(g, path, read(a, b))
+        parts = [read(a, b) for _, a, b in runs(rows)]
         self.copied_rows += len(rows)
+        if isinstance(parts[0], arrays.Ragged):
+            return arrays.Ragged.concat(parts)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 # ---- statistics and index values of the taken rows ---------------------------------------------
@@ -302,7 +322,7 @@ def write_reusing(
     sources: list[Source],
     writer: DatasetWriter,
     cleaned: Iterable[CleanedBatch],
-    progress: Callable[[int], None] = lambda n: None,
+    progress: Callable[[int, bool], None] = lambda n, cleaned: None,
     inputs: Inputs | None = None,
 ) -> dict:
     """Write every sample of ``plan`` in order into ``writer``: taken rows copied from their
@@ -313,7 +333,7 @@ def write_reusing(
     for k, src in enumerate(sources):
         for split in SPLITS:
             keys = src.file[sample_keys_path(split)]
-            copiers[(k, split)] = Copier(src.file[split], kinds, keys, src.descriptor)
+            copiers[(k, split)] = Copier(src.file[split], writer.file[split], kinds, keys, src.descriptor)
     indexed = [p for p, kind in kinds.items() if isinstance(kind, RowIndex)]
     listed_rows = functools.cache(lambda k, split, p: _listed_rows(sources[k], split, p))
     pending: dict[str, list[Taken]] = {s: [] for s in SPLITS}
@@ -325,8 +345,8 @@ def write_reusing(
             for k, group in itertools.groupby(items, key=lambda t: t.source):
                 rows = np.array([t.row for t in group], np.int64)
                 listed = {p: [listed_rows(k, split, p)[r] for r in rows.tolist()] for p in indexed}
-                writer.add_stored(split, copiers[(k, split)](rows), listed)
-                progress(len(rows))
+                writer.add_stored(split, *copiers[(k, split)](rows), listed)
+                progress(len(rows), False)
             items.clear()
         copying[0] += time.perf_counter() - t0
 
@@ -358,7 +378,7 @@ def write_reusing(
             cursor += 1
         if run:
             _add_cleaned_run(writer, kinds, batch, run, cleaned_rows)
-        progress(len(refs))
+        progress(len(refs), True)
     for ref, t in zip(plan.samples[cursor:], plan.taken[cursor:]):
         if t is not None:
             pending[ref.split].append(t)
