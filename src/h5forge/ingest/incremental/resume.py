@@ -53,7 +53,7 @@ class Checkpoints:
     CHECKPOINT_SHARE of the inputs to clean, the writer's durable state is recorded beside its file. The
     raw-file hashes learnt so far go to the output folder's hash cache at the second kind only,
     each time the samples done have doubled since it was last written (once when the hashes were
-    all made up front): the cache is written whole and grows with the inputs, so the doubling keeps
+    all made up front, if many files were read): the cache is written whole and grows with the inputs, so the doubling keeps
     its cost within twice the final cache's, and the next build, resuming, reads again at most half
     of the files it takes over."""
 
@@ -88,9 +88,14 @@ class Checkpoints:
         share = self.to_clean and self.cleaned - self.saved >= CHECKPOINT_SHARE * self.to_clean
         if share or time.monotonic() - self.last >= self.every:
             self.save()
-            # a deferred build's hashes grow as it cleans; a build that hashed up front has them all
+            # a deferred build's hashes grow as it cleans; a build that hashed up front has them all,
+            # and saves them once, unless it hashed so few files (a rebuild after a small change)
+            # that hashing them again costs less than writing the whole cache
             grown = self.inputs.deferred and self.done >= 2 * self.cached_at
-            if share and self.raw_root is not None and (not self.cached_at or grown):
+            first = not self.cached_at and (
+                self.inputs.deferred or self.inputs.hashed_files >= CHECKPOINT_SHARE * self.total
+            )
+            if share and self.raw_root is not None and (first or grown):
                 hash_cache.save(
                     self.path.parent, self.raw_root, self.inputs.states, self.inputs.hexes, self.inputs.stated_at_ns
                 )
