@@ -245,18 +245,23 @@ class DatasetWriter:
         keys = batch.keys if batch.keys is not None else self._sample_keys(batch)  # once per batch
         for split in sorted(set(batch.splits)):
             rows = np.flatnonzero(labels == split)
-            buf = self._buffers[split]
-            for path, block in (*batch.arrays.items(), *provenance.items()):
-                buf.setdefault(path, []).append((block, rows))  # copied once, when written
-            buf.setdefault(sample_keys_path(split), []).append((keys, rows))
-            for path, listed in self._indexed[split].items():
-                listed.extend(batch.listed[path][i] for i in rows)
-            self._buffered[split] += rows.size
-            for path in self._fixed & buf.keys():  # whole chunks go now: only the small columns wait
-                self._write_fixed(split, path, final=False)
-            if self._buffered[split] >= self._block(split):
-                self._flush(split, final=False)
+            blocks = {**batch.arrays, **provenance, sample_keys_path(split): keys}
+            self._buffer(split, blocks, rows, {p: [batch.listed[p][i] for i in rows] for p in self._indexed[split]})
         return len(batch)
+
+    def _buffer(self, split: str, blocks: dict[str, Any], rows: np.ndarray, listed: dict[str, list]) -> None:
+        """Buffer ``rows`` of each dataset's block (copied once, when written) and their index values;
+        writes whole chunks of the fixed fields now (only the small columns wait) and whole blocks."""
+        buf = self._buffers[split]
+        for path, block in blocks.items():
+            buf.setdefault(path, []).append((block, rows))
+        for path, values in listed.items():
+            self._indexed[split][path].extend(values)
+        self._buffered[split] += rows.size
+        for path in self._fixed & buf.keys():
+            self._write_fixed(split, path, final=False)
+        if self._buffered[split] >= self._block(split):
+            self._flush(split, final=False)
 
     def provenance_rows(self, batch: CleanedBatch) -> dict[str, np.ndarray]:
         """The batch's ids, source files, their hashes and row checksums, as stored."""
@@ -385,18 +390,7 @@ class DatasetWriter:
         compressed chunks, one row each (such a dataset never holds buffered rows). Their
         statistics come through ``add_stats``."""
         copy_chunks(self.file[split])
-        n = len(values[IDS])
-        buf = self._buffers[split]
-        every = np.arange(n)
-        for path, block in values.items():
-            buf.setdefault(path, []).append((block, every))
-        for path, rows in listed.items():
-            self._indexed[split][path].extend(rows)
-        self._buffered[split] += n
-        for path in self._fixed & buf.keys():
-            self._write_fixed(split, path, final=False)
-        if self._buffered[split] >= self._block(split):
-            self._flush(split, final=False)
+        self._buffer(split, values, np.arange(len(values[IDS])), listed)
 
     def next_row(self, split: str) -> int:
         """The row number the next sample of ``split`` will get."""

@@ -53,9 +53,9 @@ class Checkpoints:
     CHECKPOINT_SHARE of the inputs to clean, the writer's durable state is recorded beside its file. The
     raw-file hashes learnt so far go to the output folder's hash cache at the second kind only,
     each time the samples done have doubled since it was last written (once when the hashes were
-    all made up front, if many files were read): the cache is written whole and grows with the inputs, so the doubling keeps
-    its cost within twice the final cache's, and the next build, resuming, reads again at most half
-    of the files it takes over."""
+    all made up front, if many files were read): the cache is written whole and grows with the
+    inputs, so the doubling keeps its cost within twice the final cache's, and the next build,
+    resuming, reads again at most half of the files it takes over."""
 
     def __init__(
         self,
@@ -67,13 +67,8 @@ class Checkpoints:
         exact_stats: bool = True,
         raw_root: Path | None = None,
     ):
-        self.writer, self.inputs, self.total, self.to_clean, self.exact_stats = (
-            writer,
-            inputs,
-            total,
-            to_clean,
-            exact_stats,
-        )
+        self.writer, self.inputs, self.exact_stats = writer, inputs, exact_stats
+        self.total, self.to_clean = total, to_clean
         self.every = float(os.environ.get("H5FORGE_CHECKPOINT_SECONDS", CHECKPOINT_SECONDS)) if every is None else every
         self.path = sidecar(writer.path)
         self.raw_root = raw_root
