@@ -167,7 +167,10 @@ class Compute(_Strict):
     )
     in_flight: int = Field(0, ge=0, description="batches in flight; 0 means 2 per worker")
     inline_below: int = Field(
-        256, ge=0, description="fewer samples than this are cleaned in-process (starting a cluster costs seconds)"
+        256,
+        ge=0,
+        description="fewer samples than this are cleaned in-process (starting a cluster costs seconds); "
+        "when no field is ragged, also as many as 4 MiB of stored values hold; 0: always on a cluster",
     )
     secure: bool = Field(
         True,

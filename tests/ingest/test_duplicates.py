@@ -128,3 +128,29 @@ def test_the_policy_is_no_field_rule_a_dataset_without_duplicates_is_unchanged_u
     first = h5forge.build(_spec(tmp_path))
     again = h5forge.build(_spec(tmp_path, duplicates="keep_all"))
     assert again.unchanged and again.version == first.version
+
+
+def test_a_rebuild_finds_a_new_copy_of_a_file_it_knows_from_its_hash_cache(tmp_path):
+    """A rebuild compares files it knows (the hash cache) by their digests and reads only the new ones:
+    a new copy of a known file is still a duplicate, whichever name sorts first, and a file changed
+    to another's content is one too."""
+    import time
+
+    from h5forge.ingest.incremental.hash_cache import RACY_SECONDS
+
+    _pictures(tmp_path / "raw", {f"p{k}": k for k in range(6)})
+    time.sleep(RACY_SECONDS)  # settled files: the build records them in the hash cache
+    spec = _spec(tmp_path, output={"dir": "out", "allow_removals": True})
+    first = h5forge.build(spec)
+    assert _ids(first.path) == ["p0", "p1", "p2", "p3", "p4", "p5"]
+    images = tmp_path / "raw" / "images"
+    shutil.copy(images / "p2.bmp", images / "z_copy.bmp")
+    shutil.copy(images / "p4.bmp", images / "a_copy.bmp")
+    (images / "p5.bmp").unlink()
+    shutil.copy(images / "p0.bmp", images / "p5.bmp")  # p5 now holds p0's pixels
+    second = h5forge.build(spec)
+    assert second.timings["reused"] >= 4  # p0 to p3 at least, taken from v1 (their files known by the cache)
+    assert _ids(second.path) == ["a_copy", "p0", "p1", "p2", "p3"]
+    reasons = {r.sample_id: r.reason for r in second.rejections}
+    assert set(reasons) == {"z_copy", "p4", "p5"}
+    assert "as 'p2'" in reasons["z_copy"] and "as 'a_copy'" in reasons["p4"] and "as 'p0'" in reasons["p5"]

@@ -147,13 +147,24 @@ def file_format(f: h5py.File) -> int:
 def stored_checksums(g: h5py.Group, kinds: dict, start: int, stop: int) -> list[str]:
     """Row checksums recomputed from what split group ``g`` holds in rows ``start:stop``, hashed as
     the file's format says."""
-    fmt = file_format(g.file)
-    blocks = [arrays.RowReader(g, path, kind.stored())(start, stop) for path, kind in kinds.items()]
-    ids, files, hashes = (rows_of(g[name])[start:stop] for name in PROVENANCE)
-    return [
-        row_checksum(values_digest((b[i] for b in blocks), fmt), ids[i], files[i], hashes[i], fmt)
-        for i in range(stop - start)
-    ]
+    return RowChecksums(g, kinds)(start, stop)
+
+
+class RowChecksums:
+    """``stored_checksums`` of one split group, its datasets opened once for many runs of rows."""
+
+    def __init__(self, g: h5py.Group, kinds: dict):
+        self.fmt = file_format(g.file)
+        self.readers = [arrays.RowReader(g, path, kind.stored()) for path, kind in kinds.items()]
+        self.provenance = [rows_of(g[name]) for name in PROVENANCE]
+
+    def __call__(self, start: int, stop: int) -> list[str]:
+        fmt, blocks = self.fmt, [read(start, stop) for read in self.readers]
+        ids, files, hashes = (d[start:stop] for d in self.provenance)
+        return [
+            row_checksum(values_digest((b[i] for b in blocks), fmt), ids[i], files[i], hashes[i], fmt)
+            for i in range(stop - start)
+        ]
 
 
 def legacy_checksum(values: Iterable[np.ndarray]) -> str:

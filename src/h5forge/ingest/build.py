@@ -34,7 +34,14 @@ from h5forge.ingest.discover import Inventory
 from h5forge.ingest.incremental import hash_cache
 from h5forge.ingest.incremental.inputs import Inputs
 from h5forge.ingest.incremental.rebuild import Reuse, check_cleaned_rows, inputs_of, plan_reuse, write_samples
-from h5forge.ingest.parallel import ClusterAhead, batch_samples, clean_all, where_to_clean
+from h5forge.ingest.parallel import (
+    INLINE_BYTES,
+    ClusterAhead,
+    batch_samples,
+    clean_all,
+    inline_limit,
+    where_to_clean,
+)
 from h5forge.ingest.writer import DatasetWriter
 from h5forge.spec import DatasetSpec
 from h5forge.store.reports import write_quarantine
@@ -136,7 +143,8 @@ def write_version(
         compute, n = spec.compute, len(reuse.plan.to_clean)
         where = {
             "external": f"on the dask scheduler at {compute.dask_address}",
-            "inline": f"in this process (fewer than compute.inline_below = {compute.inline_below})",
+            "inline": f"in this process (fewer than {inline_limit(spec)}: compute.inline_below, or as many as "
+            f"{INLINE_BYTES >> 20} MiB of stored values hold)",
             "local": f"on a LocalCluster of {compute.workers} processes",
         }[route.where]
         log.info("cleaning %d samples %s, %d per batch", n, where, batch_samples(spec, n))

@@ -7,18 +7,21 @@ and with no window in which a file could change between hashing and decoding).
 from __future__ import annotations
 
 import csv
+import fnmatch
 import io
 import json
 import os
 import re
 import stat
+import time
 import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from h5forge.format.names import INBOX_PROCESSED, INBOX_TEMPORARY
+from h5forge.ingest.incremental.hash_cache import State
 from h5forge.ingest.splits import assign_split, ratio_split
 from h5forge.kinds import FieldKind, field_kinds
 from h5forge.kinds.parts import SampleParts
@@ -36,6 +39,13 @@ class Inventory:
     unclaimed: int = 0  # files under the source root that no glob of the spec takes
     unclaimed_examples: list[str] = field(default_factory=list)  # the first few of them
     duplicate_of: dict[str, str] = field(default_factory=dict)  # a rejected duplicate's id -> the id kept
+    # each sample file's state (``hash_cache.State``) from the stat that found it, and when the
+    # walk began: the hash cache and the duplicate check use it instead of a stat of their own
+    states: dict[str, State] = field(default_factory=dict)
+    stated_at_ns: int = 0
+    # the sha256 of sample files known without reading them again (``hash_cache.known_digests``)
+    # or read once already (the duplicate check), for the input hashes; None: not looked up
+    digests: dict[str, str] | None = None
 
     @property
     def rejected(self) -> int:
@@ -148,13 +158,15 @@ def sample_id(rel: str, pattern: str, ids: str, folder: bool = False) -> str:
 def control_character(sid: str) -> str | None:
     """The first control or line-separator character of an id, if any: such an id would break
     every line-oriented report, log and terminal it is shown in."""
+    if sid.isprintable():  # no control or separator character but the space (most ids, quickly)
+        return None
     return next((c for c in sid if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
 
 
 def match_key(sid: str) -> str:
     """What ids are matched by: NFC, so a name typed on macOS (NFD) pairs with the same name typed
     elsewhere (NFC). Ids are stored as spelled; only the matching is normalised."""
-    return unicodedata.normalize("NFC", sid)
+    return sid if sid.isascii() else unicodedata.normalize("NFC", sid)
 
 
 def _files_below(folder: str):
@@ -162,6 +174,55 @@ def _files_below(folder: str):
     for top, dirs, files in os.walk(folder):
         for name in files + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
             yield os.path.join(top, name)
+
+
+_WILDCARD = re.compile(r"[*?[]")
+
+
+def _matches(root: str, pattern: str) -> Iterator[tuple[str, os.DirEntry | None]]:
+    """The paths ``pattern`` matches below ``root``, as ``Path.glob`` finds them, each with the
+    directory entry that listed it when one did (its type and whether it is a symlink known without
+    a system call). ``**`` and relative components are left to ``Path.glob``."""
+    parts = pattern.split("/")
+    if any(p in ("", ".", "..") or "**" in p for p in parts):
+        yield from ((str(p), None) for p in Path(root).glob(pattern))
+    else:
+        yield from _below(root, parts)
+
+
+def _below(folder: str, parts: list[str]) -> Iterator[tuple[str, os.DirEntry | None]]:
+    part, rest = parts[0], parts[1:]
+    if not _WILDCARD.search(part):  # a literal name, taken when it exists (a folder, when more follows)
+        path = f"{folder}/{part}"
+        if os.path.isdir(path) if rest else os.path.exists(path):
+            yield from _below(path, rest) if rest else [(path, None)]
+        return
+    match = re.compile(fnmatch.translate(part)).fullmatch
+    try:
+        with os.scandir(folder) as listing:
+            entries = [e for e in listing if match(e.name)]
+    except PermissionError:  # as Path.glob: a folder it may not list holds no match
+        return
+    for entry in entries:
+        if not rest:
+            yield entry.path, entry
+        elif _is_dir(entry):
+            yield from _below(entry.path, rest)
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _stat(path: str, entry: os.DirEntry | None) -> os.stat_result | None:
+    """The path's status, symlinks followed; None when it has none (a broken symlink)."""
+    try:
+        return entry.stat() if entry is not None else os.stat(path)
+    except OSError:
+        return None
 
 
 def _not_a_file(path: str, pattern: str) -> str | None:
@@ -191,31 +252,34 @@ def _glob_field(
     allow_outside: bool = False,
     skip: tuple[str, ...] = (),
     id_suffix: str | None = None,
+    states: dict[str, State] | None = None,
 ) -> tuple[dict[str, tuple[str, str]], list[Rejection]]:
     """{match key: (file, id as spelled)} of one field, and the files that cannot be told apart or
     that a symlink takes out of the source folder (unless ``allow_outside``). Nothing under the
     top-level folders named in ``skip`` is taken. ``id_suffix`` ends every stem of the field and
-    is no part of the id; a file without it is rejected."""
+    is no part of the id; a file without it is rejected. ``states`` gets each taken regular file's
+    state (``hash_cache.State``) from the one stat that found it a file."""
     by_stem: dict[str, list[tuple[str, str]]] = defaultdict(list)
     seen: set[str] = set()
     outside: list[Rejection] = []
     leaves = None if allow_outside else Outside(root)
     start = len(str(root).rstrip("/")) + 1
     for pattern in patterns:
-        # str paths in Path's own order, by parts: a string with "/" made the lowest character
-        # sorts as its parts do, and keeps pathlib and a list per file out of the sort
-        for path in sorted(map(str, root.glob(pattern)), key=lambda q: q.replace("/", "\0")):
+        # paths in Path's own order, by parts: a string with "/" made the lowest character sorts as
+        # its parts do, and keeps pathlib and a list per file out of the sort
+        for path, entry in sorted(_matches(str(root), pattern), key=lambda m: m[0].replace("/", "\0")):
             name = path.rsplit("/", 1)[-1]
             if name.startswith(".") or path in seen or (skip and name.endswith(INBOX_TEMPORARY)):
                 continue  # in an inbox, a name being copied under a temporary name waits for its rename
-            is_dir = folders and os.path.isdir(path)
-            if not (is_dir or os.path.isfile(path)):
+            st = _stat(path, entry)
+            is_dir = folders and st is not None and stat.S_ISDIR(st.st_mode)
+            if not (is_dir or (st is not None and stat.S_ISREG(st.st_mode))):
                 rel = path[start:]
                 what = _not_a_file(path, pattern)
                 if what is not None and not (skip and rel.split("/", 1)[0] in skip):
                     seen.add(path)
                     sid = sample_id(rel, pattern, ids, False)
-                    target = None if leaves is None or not os.path.islink(path) else leaves(path)
+                    target = None if leaves is None or not os.path.islink(path) else leaves(path, True)
                     outside.append(
                         Rejection(
                             sid,
@@ -239,7 +303,7 @@ def _glob_field(
                     )
                     continue
                 sid = sid[: -len(id_suffix)]
-            target = None if leaves is None else leaves(path)
+            target = None if leaves is None else leaves(path, entry.is_symlink() if entry is not None else None)
             if target is None and is_dir and leaves is not None:  # every file of a case folder, too
                 target = next(filter(None, map(leaves, _files_below(path))), None)
             if target is not None:
@@ -253,6 +317,8 @@ def _glob_field(
                 )
                 continue
             by_stem[match_key(sid)].append((rel, sid))
+            if not is_dir and st is not None and states is not None:
+                states[rel] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     found, problems = {}, outside
     for entries in by_stem.values():
         paths = tuple(rel for rel, _ in entries)
@@ -348,8 +414,10 @@ def record_key(rec: dict, id_key: str, ids: str = "stem") -> str:
     """The match key of the sample a record names: its ``id_key`` value, which may be a file name
     (the suffix goes, and with ``ids: stem`` the folders)."""
     raw_id = str(rec[id_key])
-    if Path(raw_id).suffix.lower() in _IMAGE_SUFFIXES:
-        raw_id = Path(raw_id).stem if ids == "stem" else raw_id[: -len(Path(raw_id).suffix)]
+    name = raw_id.rsplit("/", 1)[-1]
+    stem = _stem(name)  # PurePath's stem and suffix, without building a path per record
+    if name[len(stem) :].lower() in _IMAGE_SUFFIXES:
+        raw_id = stem if ids == "stem" else raw_id[: len(raw_id) - len(name) + len(stem)]
     return match_key(raw_id)
 
 
@@ -444,7 +512,7 @@ def discover(
         root = Path(spec.source.root)
         extra_roots = processed_roots(spec) if extra_roots is None else extra_roots
     root = Path(root)
-    inv = Inventory(root=root)
+    inv = Inventory(root=root, stated_at_ns=time.time_ns())
     if not root.is_dir():
         inv.rejections.append(Rejection("", (str(root),), "source folder does not exist"))
         return inv
@@ -462,6 +530,7 @@ def discover(
     for r in roots:
         prefix = "" if r == root else os.path.relpath(r, root) + "/"
         for name, pattern in globs.items():
+            states: dict[str, State] = {}
             found, problems = _glob_field(
                 r,
                 pattern,
@@ -470,8 +539,10 @@ def discover(
                 spec.source.allow_symlinks_outside,
                 skip if r == root else (),
                 kinds[name].id_suffix,
+                states,
             )
             inv.rejections.extend(problems)
+            inv.states.update((prefix + rel, st) for rel, st in states.items())
             for stem, (rel, sid) in found.items():
                 if rel in shared.get(name, ()):
                     continue

@@ -14,11 +14,12 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from h5forge.format.catalog import content_digest
 from h5forge.ingest.discover import Inventory
+from h5forge.ingest.incremental.hash_cache import State
 from h5forge.ingest.incremental.inputs import raw_digest
 from h5forge.kinds import FieldKind, field_kinds
 from h5forge.kinds.parts import sample_digest
@@ -36,7 +37,11 @@ def duplicate_reason(kept: str, where: str, note: str = "") -> str:
 
 def drop_duplicates(spec: DatasetSpec, inventory: Inventory) -> int:
     """Move every sample whose raw content is that of an earlier one from ``inventory.samples``
-    to its rejections (``duplicates: keep_first``). Returns how many were moved."""
+    to its rejections (``duplicates: keep_first``). Returns how many were moved.
+
+    Only samples whose files share their sizes with another's are compared: by the digests the
+    inventory knows (the hash cache's), else first by their ends; the digests read here join the
+    inventory's, so the input hashes do not read the files again."""
     if spec.duplicates == "keep_all" or len(inventory.samples) < 2:
         return 0
     kinds = {n: k for n, k in field_kinds(spec).items() if k.files}
@@ -44,8 +49,30 @@ def drop_duplicates(spec: DatasetSpec, inventory: Inventory) -> int:
         return 0
     root = inventory.root
     top = str(root)  # a path joined per file as a string: pathlib would cost more than the stat
-    alike = _alike(root, inventory.samples, kinds, lambda rel, kind: _size(os.path.join(top, rel), kind))
-    alike = _alike(root, alike, kinds, lambda rel, kind: _ends(Path(top, rel), kind))
+    stated = inventory.states  # a file's size as discovery found it, else a stat
+    known = inventory.digests if inventory.digests is not None else {}
+    sizes: dict[int, tuple] = {}
+    for i, ref in enumerate(inventory.samples):
+        try:
+            sizes[i] = tuple(
+                _size(os.path.join(top, ref.files[n]), k, stated.get(ref.files[n])) for n, k in kinds.items()
+            )
+        except OSError:
+            continue  # unreadable: cleaning rejects it with its own reason
+    shared = Counter(sizes.values())
+    same_size = {i: size for i, size in sizes.items() if shared[size] > 1}
+    # a sample whose digests are all known is compared by them; so is every sample of a size one of
+    # those shares (nothing else tells it from them); the rest are first told apart by their ends
+    refs = inventory.samples
+    settled = {size for i, size in same_size.items() if all(refs[i].files[n] in known for n in kinds)}
+    by_ends = _alike(
+        root,
+        [refs[i] for i, size in same_size.items() if size not in settled],
+        kinds,
+        lambda rel, kind: _ends(Path(top, rel), kind),
+    )
+    compared = {id(ref) for ref in by_ends} | {id(refs[i]) for i, size in same_size.items() if size in settled}
+    alike = [ref for ref in refs if id(ref) in compared]  # in the inventory's order
     digests: dict[tuple[str, str], str] = {}
 
     def digest(ref: SampleRef) -> bytes | None:
@@ -53,7 +80,9 @@ def drop_duplicates(spec: DatasetSpec, inventory: Inventory) -> int:
         for name, kind in kinds.items():
             rel = ref.files[name]
             if (rel, name) not in digests:
-                digests[rel, name] = raw_digest(root, rel, kind)
+                digests[rel, name] = known.get(rel) or raw_digest(root, rel, kind)
+                if digests[rel, name] and rel in stated and inventory.digests is not None:
+                    inventory.digests[rel] = digests[rel, name]
             if not digests[rel, name]:
                 return None  # unreadable: cleaning rejects it with its own reason
             hexes.append(sample_digest(kind, digests[rel, name], ref))
@@ -90,9 +119,11 @@ def _alike(root: Path, refs: list[SampleRef], kinds: dict[str, FieldKind], key) 
     return [refs[i] for i in keep]
 
 
-def _size(path: str, kind: FieldKind) -> tuple:
-    """A file's size; a case folder's file sizes, sorted."""
-    if kind.reads_folders and os.path.isdir(path):
+def _size(path: str, kind: FieldKind, state: State | None = None) -> tuple:
+    """A file's size (from its ``state`` when known); a case folder's file sizes, sorted."""
+    if state is not None:
+        sizes: tuple = (state[0],)
+    elif kind.reads_folders and os.path.isdir(path):
         sizes = tuple(sorted(os.stat(os.path.join(top, f)).st_size for top, _, files in os.walk(path) for f in files))
     else:
         sizes = (os.stat(path).st_size,)

@@ -237,7 +237,7 @@ class ClusterAhead:
 def cluster_ahead(spec: DatasetSpec, wanted: Callable[[], bool]) -> Iterator[ClusterAhead | None]:
     """Within the block, the LocalCluster the run will clean on starts in the background, when the
     run cleans on one (no ``compute.dask_address``) and ``wanted()`` says it will have enough samples
-    for one (``compute.inline_below``); the run passes it to the steps that use it (cleaning, verify).
+    for one (``inline_limit``); the run passes it to the steps that use it (cleaning, verify).
     Closed when the block ends."""
     if spec.compute.dask_address or not wanted():
         yield None
@@ -262,8 +262,8 @@ def batch_samples(spec: DatasetSpec, n: int = 0) -> int:
     if spec.compute.batch_size is not None:
         return spec.compute.batch_size
     lo, hi = BATCH_SAMPLES
-    nbytes = sample_bytes(spec)
-    if not nbytes or any(st.bulk and st.ragged for st in (k.stored() for k in stored_kinds(spec).values())):
+    nbytes = _fixed_sample_bytes(spec)
+    if not nbytes:
         return lo
     fits = 1 << max(0, (BATCH_BYTES // nbytes).bit_length() - 1)
     if n:
@@ -275,12 +275,31 @@ def batches(samples: Sequence[SampleRef], size: int) -> list[list[SampleRef]]:
     return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
 
 
+def _fixed_sample_bytes(spec: DatasetSpec) -> int:
+    """A sample's stored bytes, or 0 when a field is ragged (its size is unknown before cleaning)."""
+    if any(st.bulk and st.ragged for st in (k.stored() for k in stored_kinds(spec).values())):
+        return 0
+    return sample_bytes(spec)
+
+
+INLINE_BYTES = 4 << 20  # stored values cleaned in this process whatever their count of samples
+
+
+def inline_limit(spec: DatasetSpec) -> int:
+    """Fewer samples than this are cleaned in this process: ``compute.inline_below``, raised to as
+    many as ``INLINE_BYTES`` of stored values hold when no field is ragged (a thousand pictures of a
+    few KB clean in about the time a LocalCluster takes to start: docs/benchmarks-build.md,
+    "Small pictures"). ``inline_below: 0`` always cleans on a cluster."""
+    below, nbytes = spec.compute.inline_below, _fixed_sample_bytes(spec)
+    return max(below, INLINE_BYTES // nbytes) if below and nbytes else below
+
+
 def where_to_clean(spec: DatasetSpec, n: int) -> str:
     """``external`` (``compute.dask_address``), else ``inline`` (this process) when ``n`` samples are
-    too little work to pay for a cluster (``compute.inline_below``), else ``local`` (a LocalCluster)."""
+    too little work to pay for a cluster (``inline_limit``), else ``local`` (a LocalCluster)."""
     if spec.compute.dask_address:
         return "external"
-    return "inline" if n < spec.compute.inline_below else "local"
+    return "inline" if n < inline_limit(spec) else "local"
 
 
 def clean_all(

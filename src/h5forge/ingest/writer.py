@@ -99,6 +99,10 @@ class Durable:
     listed: dict[str, dict[str, list]]
 
 
+FLUSH_SECONDS = 1.0
+FIXED_WRITE_BYTES = 4 << 20  # a fixed-size field's buffered rows are written once they hold this much
+
+
 class DatasetWriter:
     """Create ``path`` and append cleaned samples to it; ``finish`` writes the summaries.
 
@@ -134,6 +138,7 @@ class DatasetWriter:
         self.started = time.perf_counter()
         self._buffers: dict[str, dict[str, list[tuple]]] = {s: {} for s in SPLITS}  # (block, rows) pairs
         self._buffered = {s: 0 for s in SPLITS}
+        self._flush_due = 0.0  # time.monotonic() of the next block's flush
         self._indexed: dict[str, dict[str, list]] = {
             s: {p: [] for p, k in self.kinds.items() if isinstance(k, RowIndex)} for s in SPLITS
         }
@@ -141,6 +146,8 @@ class DatasetWriter:
         self._direct: dict[tuple, tuple] = {}  # (split, path) -> (dataset, takes workers' chunks; None: not yet asked)
         self._bulk = [path for path, kind in self.kinds.items() if kind.stored().bulk]
         self._fixed = {path for path in self._bulk if not self.kinds[path].stored().ragged}
+        fixed = [self.kinds[path].stored() for path in self._fixed]
+        self._fixed_row_bytes = sum(int(np.prod(st.shape)) * np.dtype(st.dtype).itemsize for st in fixed)
         self.inputs = inputs  # the build's input hashes: each row's sample key, the file's input key
         # freed file space is never reused, so after a SIGKILL every row written before the last
         # checkpoint is still where the flushed metadata says (a resumed build continues after them)
@@ -251,15 +258,18 @@ class DatasetWriter:
 
     def _buffer(self, split: str, blocks: dict[str, Any], rows: np.ndarray, listed: dict[str, list]) -> None:
         """Buffer ``rows`` of each dataset's block (copied once, when written) and their index values;
-        writes whole chunks of the fixed fields now (only the small columns wait) and whole blocks."""
+        writes whole chunks of the fixed fields once they hold ``FIXED_WRITE_BYTES`` (many short runs
+        of small rows make one write) and whole blocks."""
         buf = self._buffers[split]
         for path, block in blocks.items():
             buf.setdefault(path, []).append((block, rows))
         for path, values in listed.items():
             self._indexed[split][path].extend(values)
         self._buffered[split] += rows.size
-        for path in self._fixed & buf.keys():
-            self._write_fixed(split, path, final=False)
+        waiting = self._fixed & buf.keys()
+        if waiting and sum(len(r) for _, r in buf[next(iter(waiting))]) * self._fixed_row_bytes >= FIXED_WRITE_BYTES:
+            for path in waiting:
+                self._write_fixed(split, path, final=False)
         if self._buffered[split] >= self._block(split):
             self._flush(split, final=False)
 
@@ -314,7 +324,9 @@ class DatasetWriter:
             )
         self.counts[split] += take
         self._buffered[split] = n - take
-        self.file.flush()  # a full disk raises here, as an error the run reports
+        if time.monotonic() >= self._flush_due:  # a full disk raises here, as an error the run reports,
+            self.file.flush()  # within FLUSH_SECONDS of the write that met it (each flush writes the metadata)
+            self._flush_due = time.monotonic() + FLUSH_SECONDS
 
     def _write_fixed(self, split: str, path: str, final: bool) -> None:
         """Write the buffered rows of a fixed-size sample field up to the last chunk boundary of
@@ -357,10 +369,11 @@ class DatasetWriter:
             direct = accepts(ds, rows.codec, rows.shape, rows.dtype)
             self._direct[key] = (ds, direct)
         k = ds.chunks[0]
-        if direct and ds.shape[0] % k == 0 and len(rows) % k == 0:
-            append_chunks(ds, rows.joined(k), rows=k)
-        else:
-            arrays.extend(self._groups[split], path, rows.decoded())
+        whole = len(rows) - len(rows) % k if direct and ds.shape[0] % k == 0 else 0
+        if whole:
+            append_chunks(ds, rows[:whole].joined(k), rows=k)
+        if whole < len(rows):  # the rows of a last, partial chunk
+            arrays.extend(self._groups[split], path, rows[whole:].decoded())
 
     def _sample_keys(self, batch: CleanedBatch) -> np.ndarray:
         """Each row's sample key: the build's, or made from what the batch holds (an append)."""
@@ -389,6 +402,8 @@ class DatasetWriter:
         cost one write per block), but the datasets ``copy_chunks(split group)`` appends to as their
         compressed chunks, one row each (such a dataset never holds buffered rows). Their
         statistics come through ``add_stats``."""
+        for path in self._fixed & self._buffers[split].keys():  # the rows before them, first
+            self._write_fixed(split, path, final=False)
         copy_chunks(self.file[split])
         self._buffer(split, values, np.arange(len(values[IDS])), listed)
 

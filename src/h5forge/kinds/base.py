@@ -123,19 +123,26 @@ def read_source(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES, head: 
 
 class Outside:
     """Where a path really is, when a symlink (of the file or a folder above it) leads out of
-    ``root``. Each folder is resolved once: a file costs one lstat, not one per path component."""
+    ``root``. Each folder is resolved once: a file costs one lstat, not one per path component, and
+    none when the caller knows it is no symlink (a directory listing's entry tells)."""
 
     def __init__(self, root: Path):
         self.base = os.path.realpath(root)
         self.inside = self.base.rstrip("/") + "/"
-        self.folders: dict[str, str] = {}
+        self.folders: dict[str, str | None] = {}  # folder -> its real path, None when inside root
 
-    def __call__(self, path: str) -> str | None:
+    def __call__(self, path: str, is_link: bool | None = None) -> str | None:
         folder, name = os.path.split(path)
-        real_folder = self.folders.get(folder)
-        if real_folder is None:
-            real_folder = self.folders[folder] = os.path.realpath(folder)
-        real = os.path.realpath(path) if os.path.islink(path) else os.path.join(real_folder, name)
+        if folder not in self.folders:
+            real = os.path.realpath(folder)
+            self.folders[folder] = None if real == self.base or real.startswith(self.inside) else real
+        real_folder = self.folders[folder]
+        if is_link if is_link is not None else os.path.islink(path):
+            real = os.path.realpath(path)
+        elif real_folder is None:
+            return None
+        else:
+            real = os.path.join(real_folder, name)
         return None if real == self.base or real.startswith(self.inside) else real
 
 

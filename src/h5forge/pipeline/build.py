@@ -19,9 +19,10 @@ from h5forge.format.summary import WriteSummary
 from h5forge.ingest import build as steps, discover as discovery
 from h5forge.ingest.discover import Inventory
 from h5forge.ingest.duplicates import drop_duplicates
+from h5forge.ingest.incremental.hash_cache import known_digests
 from h5forge.ingest.incremental.inputs import Inputs, rules_hash
 from h5forge.ingest.incremental.rebuild import comparable, inputs_of, unchanged_since
-from h5forge.ingest.parallel import ClusterAhead, cluster_ahead
+from h5forge.ingest.parallel import ClusterAhead, cluster_ahead, inline_limit
 from h5forge.ingest.rejected import check_rejected
 from h5forge.ingest.removals import check_removals, named
 from h5forge.pipeline.main_module import leaves_main_alone
@@ -109,8 +110,8 @@ def build(
 def cleans_everything(spec: DatasetSpec) -> bool:
     """Whether the build will clean every input on a LocalCluster: nothing to take rows from (no
     version, nor a killed build's rows, under these field rules) and, by a look ahead of
-    discovery, at least ``compute.inline_below`` inputs (``ingest.parallel`` decides the same way)."""
-    if not discovery.at_least(spec, spec.compute.inline_below):
+    discovery, at least ``parallel.inline_limit`` inputs (``parallel.where_to_clean`` decides the same way)."""
+    if not discovery.at_least(spec, inline_limit(spec)):
         return False
     return not comparable(spec.output.dir, rules_hash(spec))
 
@@ -138,6 +139,7 @@ def resolve_spec(spec: DatasetSpec | str | Path, output, dask_address, inbox=Non
 
 def discover_samples(spec: DatasetSpec) -> Inventory:
     inventory = discovery.discover(spec)
+    inventory.digests = known_digests(spec.output.dir, inventory.root, inventory.states)
     dropped = drop_duplicates(spec, inventory)
     if dropped:
         log.warning("%d sample(s) hold the raw content of an earlier one: rejected as duplicates", dropped)

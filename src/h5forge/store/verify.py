@@ -28,12 +28,12 @@ from h5forge.format import arrays
 from h5forge.format import markdown
 from h5forge.format.checksums import (
     PROVENANCE,
+    RowChecksums,
     UnknownDigestRule,
     canonical,
     file_digest,
     legacy_checksum,
     split_digest,
-    stored_checksums,
 )
 from h5forge.format.catalog import INPUTS, Catalog, catalog_intact, content_digest, id_digest, location, read_catalog
 from h5forge.format.codecs import ensure_filters
@@ -673,6 +673,7 @@ def _checksum_blocks(
     checked = 0
     # format 1 sums the stored bytes of the image-like fields only
     summed = {p: k for p, k in kinds.items() if k.checksummed} if old_format else kinds
+    made: dict[str, RowChecksums] = {}
     for split, start, stop in blocks:
         g = f[split]
         try:
@@ -680,8 +681,8 @@ def _checksum_blocks(
             if old_format:
                 rows = [arrays.RowReader(g, p, k.stored())(start, stop) for p, k in summed.items()]
                 sums = [legacy_checksum(b[i] for b in rows) for i in range(stop - start)]
-            else:
-                sums = stored_checksums(g, summed, start, stop)
+            else:  # each split's datasets opened once
+                sums = (made.get(split) or made.setdefault(split, RowChecksums(g, summed)))(start, stop)
             ids = decode_str(rows_of(g[IDS])[start:stop])
         except Exception as err:  # noqa: BLE001 - a corrupt chunk, heap or string
             bad.extend(_locate_unreadable(g, summed, split, start, stop, err))

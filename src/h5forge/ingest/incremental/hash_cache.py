@@ -77,3 +77,9 @@ def save(out: Path, root: Path, states: dict[str, State], hexes: dict[str, str],
         tmp.unlink(missing_ok=True)
         return 0
     return len(files)
+
+
+def known_digests(out: Path, root: Path, states: dict[str, State]) -> dict[str, str]:
+    """The sha256 of each file whose state (as discovery took it) is the one the cache recorded."""
+    cache = load(out, root)
+    return {rel: h for rel, st in states.items() if (h := cache.hex_for(rel, st)) is not None}

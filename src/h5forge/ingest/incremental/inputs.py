@@ -53,10 +53,11 @@ def _plain(value: Any) -> Any:
 
 def sample_key(sample_id: str, split: str, files: list[str], hexes: list[str], columns: dict[str, Any]) -> bytes:
     """32 bytes naming one sample's inputs: id, split, raw files and their hashes, annotation values."""
-    text = json.dumps(
-        [sample_id, split, list(files), list(hexes), {k: _plain(v) for k, v in columns.items()}], sort_keys=True
-    )
+    text = _ENCODE([sample_id, split, list(files), list(hexes), {k: _plain(v) for k, v in columns.items()}])
     return hashlib.sha256(text.encode()).digest()
+
+
+_ENCODE = json.JSONEncoder(sort_keys=True).encode  # json.dumps(..., sort_keys=True), one encoder for all
 
 
 def raw_digest(root: Path, rel: str, kind: FieldKind) -> str:
@@ -154,25 +155,33 @@ def fingerprint(
     cache: HashCache | None = None,
 ) -> Inputs:
     """Hash every raw file of the inventory (threads: hashlib releases the GIL) into sample keys,
-    taking a file's hash from ``cache`` when its state is the one recorded there.
+    taking a file's hash from the inventory's ``digests``, or from ``cache`` when its state is the
+    one recorded there.
     ``hash_files=False``: leave the hashing to the cleaning workers (``Inputs.deferred``); the
     files' states are taken all the same, for the hash cache the build leaves."""
     import time
 
-    t0, stated_at = time.perf_counter(), time.time_ns()
+    # states discovery took are as old as its walk: the cache trusts files settled before it began
+    t0, stated_at = time.perf_counter(), inventory.stated_at_ns or time.time_ns()
     names, kinds = _file_fields(spec)
     root = inventory.root
     cache = cache or HashCache()
     # a file that holds several samples (the time points of a 4-D volume) is hashed once
     jobs = list(dict.fromkeys((ref.files[n], kinds[n]) for ref in inventory.samples for n in names))
 
-    # each file's state before its bytes are read (see hash_cache), in this thread: a stat is a few
-    # microseconds, less than handing it to a pool; only the files to read go to the threads
-    states = {rel: st for rel, kind in jobs if not kind.reads_folders and (st := state_of(os.path.join(root, rel)))}
+    # each file's state before its bytes are read (see hash_cache): discovery's, or a stat here (a
+    # few microseconds, less than handing it to a pool); only the files to read go to the threads
+    stated = inventory.states
+    states = {
+        rel: st
+        for rel, kind in jobs
+        if not kind.reads_folders and (st := stated.get(rel) or state_of(os.path.join(root, rel)))
+    }
     rules = rules_hash(spec)
     if not hash_files:
         return Inputs(rules, "", deferred=True, states=states, stated_at_ns=stated_at)
-    digests = [cache.hex_for(rel, states.get(rel)) for rel, _ in jobs]
+    known = inventory.digests or {}
+    digests = [known.get(rel) or cache.hex_for(rel, states.get(rel)) for rel, _ in jobs]
     to_read = [i for i, hexed in enumerate(digests) if hexed is None]
     with ThreadPoolExecutor(threads or min(4, os.cpu_count() or 1)) as pool:
         for i, hexed in zip(to_read, pool.map(lambda i: raw_digest(root, *jobs[i]), to_read, chunksize=16)):

@@ -42,6 +42,8 @@ def inputs_of(spec: DatasetSpec, inventory: Inventory) -> Inputs:
     out = Path(spec.output.dir)
     if not comparable(out, rules_hash(spec)):
         return fingerprint(spec, inventory, hash_files=False)
+    if inventory.digests is not None:  # the hash cache, looked up after discovery
+        return fingerprint(spec, inventory)
     return fingerprint(spec, inventory, cache=hash_cache.load(out, inventory.root))
 
 
@@ -221,17 +223,20 @@ def check_cleaned_rows(path: Path, spec: DatasetSpec, rows: dict[str, list[int]]
     each with its checksum, so ``verify`` samples them (``REUSED_CHECKSUM_SAMPLE`` per split);
     the rows made anew are checked here, all of them, as a full build checks its rows."""
     from h5forge.errors import VerificationFailed
-    from h5forge.format.checksums import stored_checksums
+    from h5forge.format.checksums import RowChecksums
     from h5forge.format.names import CHECKSUM
 
     kinds = stored_kinds(spec)
     bad = []
     with h5py.File(path, "r") as f:
         for split, listed in rows.items():
+            if not listed:
+                continue
             g = f[split]
+            made, checksums = RowChecksums(g, kinds), rows_of(g[CHECKSUM])
             for _, a, b in runs(np.array(sorted(listed), np.int64)):
-                stored = rows_of(g[CHECKSUM])[a:b]
-                for i, digest in enumerate(stored_checksums(g, kinds, a, b)):
+                stored = checksums[a:b]
+                for i, digest in enumerate(made(a, b)):
                     if digest.encode() != stored[i]:
                         bad.append(f"{split}[{a + i}]: stored data does not match its checksum")
     if bad:

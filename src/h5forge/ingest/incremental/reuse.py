@@ -54,6 +54,7 @@ from h5forge.samples import SampleRef
 from h5forge.spec import DatasetSpec
 
 COPY_ROWS = 256  # rows read and written at a time when a dataset is copied row by row
+WINDOW_BYTES = 4 << 20  # a fixed-size field's taken rows are read this much at a time
 
 
 @dataclass
@@ -177,6 +178,7 @@ class Copier:
         self._readers: dict[str, arrays.RowReader] = {}
         self._indexes: dict[str, Any] = {}  # path -> the source dataset's chunk index (None: HDF5 reads)
         self._buffer = memoryview(bytearray(0))  # one chunk's bytes at a time
+        self._windows: dict[str, tuple[int, np.ndarray]] = {}  # path -> (first row, rows read at once)
         self.direct_rows = self.copied_rows = 0
 
     def column(self, name: str) -> np.ndarray:
@@ -241,15 +243,31 @@ class Copier:
         self.direct_rows += len(rows)
 
     def _rows(self, path: str, kind: FieldKind, rows: np.ndarray) -> Any:
-        """The rows, decompressed (several samples share a chunk, or a ragged field's elements do)."""
+        """The rows, decompressed (several samples share a chunk, or a ragged field's elements do).
+        A fixed-size field's rows come from a window of ``WINDOW_BYTES`` read at once: the rows
+        between a rebuild's changed samples are taken in short runs, in order."""
         if path not in self._readers:
             self._readers[path] = arrays.RowReader(self.src, path, kind.stored())
         read = self._readers[path]
+        if read.starts is None:
+            read = functools.partial(self._windowed, path, read)
         parts = [read(a, b) for _, a, b in runs(rows)]
         self.copied_rows += len(rows)
         if isinstance(parts[0], arrays.Ragged):
             return arrays.Ragged.concat(parts)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _windowed(self, path: str, read: arrays.RowReader, start: int, stop: int) -> np.ndarray:
+        first, values = self._windows.get(path, (0, None))
+        if values is None or start < first or stop > first + len(values):
+            ds = read.values
+            row_bytes = max(1, ds.dtype.itemsize * int(np.prod(ds.shape[1:])))
+            chunk = ds.chunks[0] if getattr(ds, "chunks", None) else 1
+            first = start - start % chunk
+            end = max(stop, first + WINDOW_BYTES // row_bytes)
+            values = ds[first : min(ds.shape[0], end + (-end) % chunk)]
+            self._windows[path] = (first, values)
+        return values[start - first : stop - first]
 
 
 # ---- statistics and index values of the taken rows ---------------------------------------------
