@@ -5,7 +5,7 @@ changes how the work is cut, never the version."""
 from __future__ import annotations
 
 import h5forge
-from h5forge.ingest.parallel import batch_samples
+from h5forge.ingest.parallel import batch_samples, inline_limit, where_to_clean
 from h5forge.spec import DatasetSpec
 from tests.helpers.data import demo_spec
 from tests.helpers.files import make_raw
@@ -46,3 +46,19 @@ def test_a_version_is_the_same_whatever_the_batch_size(tmp_path):
     small = h5forge.build(sized(demo_spec(raw, tmp_path / "small"), 32, workers=1, inline_below=10**6, batch_size=5))
     assert sum(picked.counts.values()) > 550
     assert identity(picked.path) == identity(small.path)
+
+
+def test_small_samples_clean_in_process_up_to_4_mib_and_inline_below_0_always_starts_a_cluster(tmp_path):
+    """Fewer samples than ``compute.inline_below`` clean in-process; when no field is ragged, so do as
+    many as 4 MiB of stored values hold; ``inline_below: 0`` keeps every build on a cluster."""
+    from tests.kinds.test_signal_bounds import signal_spec
+
+    spec = demo_spec(tmp_path, tmp_path / "out")
+    assert inline_limit(sized(spec, 32)) == 1024  # 4 bytes a pixel: 4 KiB a sample
+    assert inline_limit(sized(spec, 224)) == 256  # compute.inline_below: 4 MiB holds 20
+    assert [where_to_clean(sized(spec, 32), n) for n in (1023, 1024)] == ["inline", "local"]
+    assert inline_limit(sized(spec, 32, inline_below=0)) == 0
+    assert where_to_clean(sized(spec, 32, inline_below=0), 1) == "local"
+    (tmp_path / "raw").mkdir()
+    ragged = DatasetSpec.model_validate(signal_spec(tmp_path / "raw", "rec/*.edf", "ACC"))
+    assert inline_limit(ragged) == ragged.compute.inline_below
