@@ -49,7 +49,8 @@ def id_digest(sample_id: str | bytes) -> bytes:
     """The hash of an id in NFC: ids are matched as discovery matches them, so ``café`` typed on
     macOS (NFD) and elsewhere (NFC) is one id to the exactly-once check."""
     text = sample_id.decode() if isinstance(sample_id, bytes) else sample_id
-    return hashlib.sha256(unicodedata.normalize("NFC", text).encode()).digest()[:16]
+    nfc = text if text.isascii() else unicodedata.normalize("NFC", text)
+    return hashlib.sha256(nfc.encode()).digest()[:16]
 
 
 def location(split: str, row: int) -> int:
@@ -69,7 +70,7 @@ class Catalog:
     ids: np.ndarray  # (M,) S16, sorted
 
     @classmethod
-    def of(cls, contents: list[bytes], at: list[int], ids: list[bytes]) -> "Catalog":
+    def of(cls, contents: list[bytes], at: list[int] | np.ndarray, ids: list[bytes]) -> "Catalog":
         content = np.array(contents, dtype=KEY)
         order = np.argsort(content, kind="stable")
         return cls(content[order], np.asarray(at, np.int64).reshape(-1)[order], np.sort(np.array(ids, dtype=ID_KEY)))
@@ -115,15 +116,21 @@ def catalog_intact(f: h5py.File, catalog: Catalog) -> bool | None:
 
 def catalog_from_rows(f: h5py.File) -> Catalog:
     """The catalog of a self-contained file, from its stored ids and raw-file hashes."""
-    contents, at, ids = [], [], []
-    for split in SPLITS:
+    contents: list[bytes] = []
+    at, ids = [], []
+    for k, split in enumerate(SPLITS):
         g = f[split]
-        hashes = read_all(g[SOURCE_SHA256])
+        hashes = np.asarray(read_all(g[SOURCE_SHA256]))
         split_ids = read_all(g[IDS])
-        contents += [content_digest(row) for row in hashes]
-        at += [location(split, r) for r in range(len(split_ids))]
+        if hashes.size and hashes.dtype == np.dtype("S64") and bool((np.char.str_len(hashes) == 64).all()):
+            # every hash whole: a row's hashes joined are its bytes side by side (content_digest's text)
+            joined = np.ascontiguousarray(hashes).view(f"S{64 * hashes.shape[1]}").reshape(-1)
+            contents += [hashlib.sha256(row).digest() for row in joined.tolist()]
+        else:
+            contents += [content_digest(row) for row in hashes]
+        at.append((k << ROW_BITS) | np.arange(len(split_ids), dtype=np.int64))
         ids += [id_digest(s) for s in split_ids]
-    return Catalog.of(contents, at, ids)
+    return Catalog.of(contents, np.concatenate(at), ids)
 
 
 def read_catalog(f: h5py.File) -> Catalog | None:
