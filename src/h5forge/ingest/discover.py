@@ -138,14 +138,17 @@ def _stem(name: str) -> str:
     return name[:i] if 0 < i < len(name) - 1 else name
 
 
+def _stem_id(name: str) -> str:
+    """The id a file name gives with ``ids: stem``."""
+    return name[: -len(".nii.gz")] if name.lower().endswith(".nii.gz") else _stem(name)
+
+
 def sample_id(rel: str, pattern: str, ids: str, folder: bool = False) -> str:
     """The id a file gives its sample: its stem, or (``ids: path``) its path below the pattern's
     fixed folders, without the suffix (``images/*/*.png`` makes ``images/cat/x.png`` ``cat/x``)."""
     if ids == "stem":
         name = rel.rsplit("/", 1)[-1]
-        if folder:  # a case folder's name is its id, dots and all (DICOM UIDs)
-            return name
-        return name[: -len(".nii.gz")] if name.lower().endswith(".nii.gz") else _stem(name)
+        return name if folder else _stem_id(name)  # a case folder's name is its id, dots and all (DICOM UIDs)
     fixed = 0
     for part in pattern.split("/")[:-1]:
         if _WILDCARD.search(part):
@@ -264,11 +267,12 @@ def _glob_field(
     outside: list[Rejection] = []
     leaves = None if allow_outside else Outside(root)
     start = len(str(root).rstrip("/")) + 1
+    stems = ids == "stem"
     for pattern in patterns:
         # paths in Path's own order, by parts: a string with "/" made the lowest character sorts as
         # its parts do, and keeps pathlib and a list per file out of the sort
         for path, entry in sorted(_matches(str(root), pattern), key=lambda m: m[0].replace("/", "\0")):
-            name = path.rsplit("/", 1)[-1]
+            name = entry.name if entry is not None else path.rsplit("/", 1)[-1]
             if name.startswith(".") or path in seen or (skip and name.endswith(INBOX_TEMPORARY)):
                 continue  # in an inbox, a name being copied under a temporary name waits for its rename
             st = _stat(path, entry)
@@ -295,7 +299,7 @@ def _glob_field(
             rel = path[start:]
             if skip and rel.split("/", 1)[0] in skip:
                 continue
-            sid = sample_id(rel, pattern, ids, is_dir)
+            sid = _stem_id(name) if stems and not is_dir else sample_id(rel, pattern, ids, is_dir)
             if id_suffix:
                 if not sid.endswith(id_suffix) or sid == id_suffix:
                     outside.append(
@@ -303,7 +307,12 @@ def _glob_field(
                     )
                     continue
                 sid = sid[: -len(id_suffix)]
-            target = None if leaves is None else leaves(path, entry.is_symlink() if entry is not None else None)
+            if leaves is None:
+                target = None
+            elif entry is not None and not is_dir and not entry.is_symlink():  # its folder says where it is
+                target = leaves.in_folder(path[: len(path) - len(name) - 1], name)
+            else:
+                target = leaves(path, entry.is_symlink() if entry is not None else None)
             if target is None and is_dir and leaves is not None:  # every file of a case folder, too
                 target = next(filter(None, map(leaves, _files_below(path))), None)
             if target is not None:

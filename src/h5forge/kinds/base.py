@@ -132,18 +132,18 @@ class Outside:
         self.folders: dict[str, str | None] = {}  # folder -> its real path, None when inside root
 
     def __call__(self, path: str, is_link: bool | None = None) -> str | None:
-        folder, name = os.path.split(path)
+        if is_link if is_link is not None else os.path.islink(path):
+            real = os.path.realpath(path)
+            return None if real == self.base or real.startswith(self.inside) else real
+        return self.in_folder(*os.path.split(path))
+
+    def in_folder(self, folder: str, name: str) -> str | None:
+        """Where ``name``, no symlink itself, really is when ``folder`` leads out of ``root``."""
         if folder not in self.folders:
             real = os.path.realpath(folder)
             self.folders[folder] = None if real == self.base or real.startswith(self.inside) else real
         real_folder = self.folders[folder]
-        if is_link if is_link is not None else os.path.islink(path):
-            real = os.path.realpath(path)
-        elif real_folder is None:
-            return None
-        else:
-            real = os.path.join(real_folder, name)
-        return None if real == self.base or real.startswith(self.inside) else real
+        return None if real_folder is None else os.path.join(real_folder, name)
 
 
 def read_bounded(path: Path, max_bytes: int, root: Path | None = None, allow_outside: bool = True) -> bytes:
