@@ -248,9 +248,10 @@ class Copier:
         between a rebuild's changed samples are taken in short runs, in order."""
         if path not in self._readers:
             self._readers[path] = arrays.RowReader(self.src, path, kind.stored())
-        read = self._readers[path]
-        if read.starts is None:
-            read = functools.partial(self._windowed, path, read)
+        reader = self._readers[path]
+        read: Callable[[int, int], Any] = (
+            reader if reader.starts is not None else functools.partial(self._windowed, path, reader)
+        )
         parts = [read(a, b) for _, a, b in runs(rows)]
         self.copied_rows += len(rows)
         if isinstance(parts[0], arrays.Ragged):
