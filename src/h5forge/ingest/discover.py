@@ -179,9 +179,6 @@ def _files_below(folder: str):
             yield os.path.join(top, name)
 
 
-_WILDCARD = re.compile(r"[*?[]")
-
-
 def _matches(root: str, pattern: str) -> Iterator[tuple[str, os.DirEntry | None]]:
     """The paths ``pattern`` matches below ``root``, as ``Path.glob`` finds them, each with the
     directory entry that listed it when one did (its type and whether it is a symlink known without

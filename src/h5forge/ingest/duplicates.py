@@ -50,7 +50,7 @@ def drop_duplicates(spec: DatasetSpec, inventory: Inventory) -> int:
     root = inventory.root
     top = str(root)  # a path joined per file as a string: pathlib would cost more than the stat
     stated = inventory.states  # a file's size as discovery found it, else a stat
-    known = inventory.digests if inventory.digests is not None else {}
+    known = inventory.digests if inventory.digests is not None else {}  # the digests read here join it
     sizes: dict[int, tuple] = {}
     for i, ref in enumerate(inventory.samples):
         try:
@@ -81,8 +81,8 @@ def drop_duplicates(spec: DatasetSpec, inventory: Inventory) -> int:
             rel = ref.files[name]
             if (rel, name) not in digests:
                 digests[rel, name] = known.get(rel) or raw_digest(root, rel, kind)
-                if digests[rel, name] and rel in stated and inventory.digests is not None:
-                    inventory.digests[rel] = digests[rel, name]
+                if digests[rel, name] and rel in stated:
+                    known[rel] = digests[rel, name]
             if not digests[rel, name]:
                 return None  # unreadable: cleaning rejects it with its own reason
             hexes.append(sample_digest(kind, digests[rel, name], ref))

@@ -53,7 +53,7 @@ from h5forge.format.names import (
 from h5forge.format.summary import WriteSummary, write_diagnostics
 from h5forge.ingest.clean import CleanedBatch
 from h5forge.ingest.incremental.inputs import Inputs, sample_key
-from h5forge.kinds import FieldKind, file_fields, stored_kinds
+from h5forge.kinds import FieldKind, file_fields, sample_bytes, stored_kinds
 from h5forge.kinds.index import RowIndex
 from h5forge.kinds.statistics import Statistics
 from h5forge.samples import Rejection
@@ -99,7 +99,7 @@ class Durable:
     listed: dict[str, dict[str, list]]
 
 
-FLUSH_SECONDS = 1.0
+FLUSH_SECONDS = 1.0  # between the file's flushes while rows are written (each writes the metadata)
 FIXED_WRITE_BYTES = 4 << 20  # a fixed-size field's buffered rows are written once they hold this much
 
 
@@ -146,8 +146,7 @@ class DatasetWriter:
         self._direct: dict[tuple, tuple] = {}  # (split, path) -> (dataset, takes workers' chunks; None: not yet asked)
         self._bulk = [path for path, kind in self.kinds.items() if kind.stored().bulk]
         self._fixed = {path for path in self._bulk if not self.kinds[path].stored().ragged}
-        fixed = [self.kinds[path].stored() for path in self._fixed]
-        self._fixed_row_bytes = sum(int(np.prod(st.shape)) * np.dtype(st.dtype).itemsize for st in fixed)
+        self._fixed_row_bytes = sample_bytes(spec)  # the fixed-size fields' stored bytes of one row
         self.inputs = inputs  # the build's input hashes: each row's sample key, the file's input key
         # freed file space is never reused, so after a SIGKILL every row written before the last
         # checkpoint is still where the flushed metadata says (a resumed build continues after them)
@@ -324,8 +323,8 @@ class DatasetWriter:
             )
         self.counts[split] += take
         self._buffered[split] = n - take
-        if time.monotonic() >= self._flush_due:  # a full disk raises here, as an error the run reports,
-            self.file.flush()  # within FLUSH_SECONDS of the write that met it (each flush writes the metadata)
+        if time.monotonic() >= self._flush_due:  # a full disk raises here, as an error the run reports
+            self.file.flush()
             self._flush_due = time.monotonic() + FLUSH_SECONDS
 
     def _write_fixed(self, split: str, path: str, final: bool) -> None:
