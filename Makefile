@@ -118,7 +118,7 @@ format: install-test
 
 # docs/format.md's layout table, from the code
 docs: install
-	$(BIN)/python -m h5forge.kinds.doc docs/format.md
+	$(BIN)/python -m h5forge.kinds._doc docs/format.md
 
 clean:
 	rm -rf data/demo data/raw/demo

@@ -29,8 +29,8 @@ def child(step: str, spec_json: str, refs: str | None = None) -> dict:
     worker given those samples, or (without ``refs``) discovery and cleaning in one process."""
     import pickle
 
-    from h5forge.ingest.clean import clean_batch
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.clean import clean_batch
+    from h5forge._ingest.discover import discover
     from h5forge.spec import parse_spec
     data = json.loads(spec_json)
     spec = parse_spec(data, Path(data["source"]["root"]))

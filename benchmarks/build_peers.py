@@ -151,7 +151,7 @@ def child(mode: str, spec_path: str) -> dict:
     if mode == "flow":
         from h5forge.flows.build import build_dataset as run
     else:
-        from h5forge.pipeline import build as run
+        from h5forge._pipeline import build as run
     out = {"import_seconds": round(time.perf_counter() - t0, 2)}
     t0, c0 = time.perf_counter(), own_cpu()
     res = run(spec_path)
@@ -211,7 +211,7 @@ def batch_part(args, work: Path) -> dict:
     """``h5forge.build`` in this process on ``--workers`` workers, 64 samples a task (the former default)
     against the number the build picks (``batch_samples``): CPU per sample of the process tree, speed."""
     import h5forge
-    from h5forge.ingest.parallel import batch_samples
+    from h5forge._ingest.parallel import batch_samples
     spec = make_spec(raw_folder(args.n, args.size), work / "batch-out", args.size,
                      compute={"workers": args.workers, "inline_below": 0})
     picked = batch_samples(spec, args.n)

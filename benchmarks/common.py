@@ -60,7 +60,7 @@ def generated(name: str, make) -> Path:
 
 def raw_folder(n: int, size: int = 224, seed: int = 0, size_range: tuple[int, int] | None = None) -> Path:
     """``n`` generated samples (PNGs of 150-260 px for a 224 px spec, 40-70 px for small ones), cached."""
-    from h5forge.demo import generate
+    from h5forge._demo import generate
     lo, hi = size_range or ((150, 260) if size >= 150 else (40, 70))
     return generated(f"raw-n{n}-s{seed}-{lo}-{hi}",
                      lambda root: generate(root, n=n, seed=seed, bad=False, size_range=(lo, hi), workers=2))
@@ -133,15 +133,15 @@ def built(spec, name: str) -> Path:
 
 def clean_batches(spec, root, refs, **kw) -> list:
     """``refs`` cleaned in this process, one ``clean_batch(**kw)`` per batch the build would make."""
-    from h5forge.ingest.clean import clean_batch
-    from h5forge.ingest.parallel import batch_samples
+    from h5forge._ingest.clean import clean_batch
+    from h5forge._ingest.parallel import batch_samples
     bs = batch_samples(spec, len(refs))
     return [clean_batch(spec, root, refs[i:i + bs], **kw) for i in range(0, len(refs), bs)]
 
 
 def write_version(path: Path, spec, batches, **kw) -> Path:
     """The batches written and finished by one ``DatasetWriter(path, spec, version=1, **kw)``."""
-    from h5forge.ingest.writer import DatasetWriter
+    from h5forge._ingest.writer import DatasetWriter
     with DatasetWriter(path, spec, version=1, **kw) as w:
         for b in batches:
             w.add(b)
@@ -235,7 +235,7 @@ def least_seconds(fn, reps: int, clock=time.perf_counter) -> float:
 
 def timing_runner():
     """A pipeline ``Runner`` that records each step's wall seconds in its ``seconds`` dict."""
-    from h5forge.pipeline import Runner
+    from h5forge._pipeline import Runner
 
     class Timing(Runner):
         def __init__(self):

@@ -54,7 +54,7 @@ def least_cpu_ms(fn, reps: int, per: int) -> dict[str, float]:
 
 def main() -> None:
     args = cli(__doc__, dict(n=20, digits=50, reps=1), n=1000, digits=1797, reps=5)
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.discover import discover
     from h5forge.kinds import image
     warm([raw := raw_folder(args.n, 224)])
     per_file, fast_share = {}, {}

@@ -15,7 +15,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from h5forge.read.direct import chunk_index
+from h5forge.read._direct import chunk_index
 
 from benchmarks.common import (CACHE, built, clean_batches, cli, least_seconds, log, make_spec, med, ratio, raw_folder,
                                save, warm, write_version)
@@ -28,11 +28,11 @@ def clean_and_write(spec, inventory, n: int) -> tuple[dict, dict]:
     import dataclasses
     import pickle
 
-    from h5forge.ingest.clean import encode_rows
-    from h5forge.ingest.incremental.inputs import fingerprint
+    from h5forge._ingest.clean import encode_rows
+    from h5forge._ingest.incremental.inputs import fingerprint
     from h5forge.kinds import stored_kinds
-    from h5forge.kinds.pictures import channel_counts
-    from h5forge.store.verify import verify_file
+    from h5forge.kinds._pictures import channel_counts
+    from h5forge._store.verify import verify_file
     inventory.samples = refs = inventory.samples[:n]
     n, cpu, t = len(refs), time.process_time, {}
     inputs = fingerprint(spec, inventory)  # as the build gives them to the writer
@@ -149,7 +149,7 @@ def sync_and_remove(path: Path) -> None:
 
 
 def verify_processes(path: Path) -> dict:
-    from h5forge.store import verify
+    from h5forge._store import verify
 
     saved, verify.PARALLEL_ROWS = verify.PARALLEL_ROWS, 1
     try:
@@ -169,7 +169,7 @@ def verify_processes(path: Path) -> dict:
 def main() -> None:
     args = cli(__doc__, dict(n=120, size=64, clean_n=64, copy_n=100, reps=1),
                n=10_000, size=224, clean_n=1000, copy_n=3000, reps=3, only="")
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.discover import discover
 
     if args.only not in ("", "chunk_copy"):
         raise SystemExit(f"--only {args.only!r}: the only part that runs alone is 'chunk_copy'")

@@ -51,8 +51,8 @@ def loader_rates(loaders: dict, n_rounds: int) -> dict:
 def labels_part(args) -> dict:
     import yaml
 
-    from h5forge.demo import LABELS
-    from h5forge.format.layout import decode_str
+    from h5forge._demo import LABELS
+    from h5forge._format.layout import decode_str
     from h5forge.read.torch import H5Dataset
     raw = raw_folder(args.n, args.size, size_range=(args.size * 3 // 4, args.size * 5 // 4))
     data = yaml.safe_load(DEMO_SPEC.read_text())
@@ -97,9 +97,9 @@ def worker_fds(cases, workers: int, epochs: int) -> list[dict]:
 
 
 def ct_part(args) -> dict:
-    from h5forge.read.direct import DirectRows
+    from h5forge.read._direct import DirectRows
     from h5forge.read.torch import H5Dataset
-    from h5forge.demo import generate_ct
+    from h5forge._demo import generate_ct
     raw = generated(f"kinds-ct-{args.cases}-{args.depth_min}-{args.depth_max}", lambda root: generate_ct(
         root, n=args.cases, seed=0, bad=False, depth_range=(args.depth_min, args.depth_max)))  # 128² int16 DICOM
 
@@ -236,8 +236,8 @@ def ct_codec_part(args) -> dict:
 
 
 def signals_part(args) -> dict:
-    from h5forge.demo import SIGNAL_CHANNELS, generate_signals
-    from h5forge.format.codecs import CODECS
+    from h5forge._demo import SIGNAL_CHANNELS, generate_signals
+    from h5forge._format.codecs import CODECS
     root = generated(f"kinds-edf-{args.recordings}-{args.seconds_min}-{args.seconds_max}", lambda root: generate_signals(
         root, n=args.recordings, seed=0, bad=False, seconds_range=(args.seconds_min, args.seconds_max)))
     ch = {label.lower(): (label, float(s[0])) for label, s in SIGNAL_CHANNELS.items()}

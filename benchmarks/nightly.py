@@ -100,8 +100,8 @@ def killed_build(spec_file: Path) -> float:
 
 
 def round_trip(raw0: Path, spare: Path, args, r: int) -> dict:
-    from h5forge.ingest.incremental.hash_cache import RACY_SECONDS
-    from h5forge.init.sections import chunk_rows
+    from h5forge._ingest.incremental.hash_cache import RACY_SECONDS
+    from h5forge._init.sections import chunk_rows
     from h5forge.kinds import sample_bytes
     raw = link_copy(raw0, WORK / "raw")
     time.sleep(RACY_SECONDS)  # a nightly's inputs are older than the racy window (the links moved their ctime)

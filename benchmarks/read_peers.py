@@ -46,8 +46,8 @@ def _unthreaded(self):
 
 def _switches() -> dict[str, tuple]:
     """piece -> (owner, attribute, what turns it off)."""
-    from h5forge.format import chunk_codec
-    from h5forge.read import direct, torch as h5torch
+    from h5forge._format import chunk_codec
+    from h5forge.read import _direct as direct, torch as h5torch
     return {"ctypes": (chunk_codec, "_LZ4_SAFE", None),  # LZ4 blocks through lz4.block.decompress + a copy
             "mmap": (direct._ChunkIndex, "of", classmethod(lambda cls, *args, **kwargs: None)),  # chunks by read_direct_chunk
             "direct": (direct.DirectRows, "of", classmethod(lambda cls, *args, **kwargs: None)),  # every row through h5py's filters

@@ -76,7 +76,7 @@ def counted(url: str) -> dict:
     """(In a fresh process.) Requests and bytes of one shuffled pass in this process (the reader's counters)."""
     import numpy as np
 
-    from h5forge.read.remote import RemoteSplitReader
+    from h5forge.read._remote import RemoteSplitReader
     reader = RemoteSplitReader(url, "train", FIELDS)
     stored = sum(int(t.sizes.sum()) for t in reader._tables.values())
     order = np.random.default_rng(0).permutation(len(reader))
@@ -87,7 +87,7 @@ def counted(url: str) -> dict:
 
 
 def opened(url: str) -> dict:
-    from h5forge.read.remote import RemoteSplitReader
+    from h5forge.read._remote import RemoteSplitReader
     t0 = time.perf_counter()
     RemoteSplitReader(url, "train", FIELDS)
     return {"seconds": round(time.perf_counter() - t0, 4)}
@@ -170,7 +170,7 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     from tests.helpers.object_servers import Nginx, S3Server, served_folder
 
-    from h5forge.store.remote import push
+    from h5forge._store.remote import push
     data = prepare(args.n, args.size, codecs=("lz4",))
     version, www = Path(os.path.realpath(data / "lz4.h5")), served_folder()
     push(version.parent, f"file://{www}")  # the layout a bucket gets: the version, its chunk index, the pointer

@@ -18,8 +18,8 @@ WORK = CACHE / "row_hash"
 
 def format_cpu(spec, batches: list, values: list, provenance: list, fmt: int, reps: int) -> dict:
     """CPU seconds of the values digests, the row checksums and verify's checksum pass in format ``fmt``."""
-    from h5forge.format.checksums import row_checksum, values_digest
-    from h5forge.store.verify import verify_file
+    from h5forge._format.checksums import row_checksum, values_digest
+    from h5forge._store.verify import verify_file
     cpu = lambda fn: least_seconds(fn, reps, time.process_time)  # noqa: E731
     digests = [values_digest(v, fmt) for v in values]
     assert digests == [d for b in batches for d in b.digests]  # what the workers computed
@@ -33,7 +33,7 @@ def format_cpu(spec, batches: list, values: list, provenance: list, fmt: int, re
 
 def main() -> None:
     args = cli(__doc__, dict(n=96, size=64, reps=1), n=2000, size=224, reps=3)
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.discover import discover
     from h5forge.kinds import stored_kinds
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)

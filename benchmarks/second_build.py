@@ -1,5 +1,5 @@
 """Two `h5forge build` commands in a row with nothing running before the first, as a user types them:
-the first starts the local Prefect server (h5forge/cli/local_server.py), the second reuses it.
+the first starts the local Prefect server (h5forge/_cli/local_server.py), the second reuses it.
 
     python -m benchmarks.second_build [--smoke] [--n 100]
 
@@ -59,7 +59,7 @@ def run_build(spec: Path, home: Path, **env: str) -> dict:
 
 def import_seconds() -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import h5forge.cli, h5forge.flows.build"], check=True)
+    subprocess.run([sys.executable, "-c", "import h5forge._cli, h5forge.flows.build"], check=True)
     return round(time.perf_counter() - t0, 2)
 
 

@@ -29,7 +29,7 @@ BANDWIDTH_BYTES_PER_S = 1.25e9
 def build_once(spec, arm: str) -> dict:
     """One build; the calling process's CPU and wall time in the clean-and-write step."""
     import h5forge
-    from h5forge.ingest import build, parallel
+    from h5forge._ingest import build, parallel
 
     shutil.rmtree(spec.output.dir, ignore_errors=True)
     spent: dict = {}
@@ -58,9 +58,9 @@ def build_once(spec, arm: str) -> dict:
 def _arm_once(spec, arm: str, batches: list, repeat: int) -> dict:
     """One pass of an arm: the workers' writes of ``batches`` after cleaning, then the publisher
     taking them ``repeat`` times over (its cost per row does not depend on what the rows hold)."""
-    from h5forge.ingest.assemble import MappedWriter, write_row_file
-    from h5forge.ingest.chunk_files import read_chunk_file, write_chunk_file
-    from h5forge.ingest.writer import DatasetWriter
+    from h5forge._ingest.assemble import MappedWriter, write_row_file
+    from h5forge._ingest.chunk_files import read_chunk_file, write_chunk_file
+    from h5forge._ingest.writer import DatasetWriter
 
     chunk_folder = WORK / "chunk-files"
     shutil.rmtree(WORK / "publisher", ignore_errors=True)
@@ -100,7 +100,7 @@ def _arm_once(spec, arm: str, batches: list, repeat: int) -> dict:
 
 
 def _file_of(batch) -> str:
-    from h5forge.ingest.chunk_files import ChunkFileRows
+    from h5forge._ingest.chunk_files import ChunkFileRows
 
     return next(b.file for b in batch.arrays.values() if isinstance(b, ChunkFileRows))
 
@@ -114,7 +114,7 @@ def _best(spec, arm: str, batches: list, repeat: int) -> dict:
 def publisher_part(spec, n: int) -> dict:
     """In one process, per arm: the workers' side of each batch after cleaning, then the publisher's,
     taking the ``n`` samples' batches twice and eight times over (README, "in_process")."""
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.discover import discover
 
     inventory = discover(spec)
     refs = inventory.samples[:n]
@@ -195,7 +195,7 @@ def mapping_scaling(counts=(16, 160, 1600), rows: int = 64, reads: int = 500) ->
     the same rows in one chunked dataset: what a read pays per mapping (HDF5 looks at them for each read)."""
     import numpy as np
 
-    from h5forge.format.row_files import map_virtual
+    from h5forge._format.row_files import map_virtual
 
     out = {}
     folder = WORK / "mappings"

@@ -1,11 +1,11 @@
-"""append-samples: the pipeline's append (``h5forge.pipeline.append``), each step a Prefect task."""
+"""append-samples: the pipeline's append (``h5forge._pipeline.append``), each step a Prefect task."""
 
 from __future__ import annotations
 
 from prefect import flow
 
-from h5forge.pipeline import append
-from h5forge.pipeline.results import AppendResult
+from h5forge._pipeline import append
+from h5forge._pipeline.results import AppendResult
 from h5forge.tasks import PrefectRunner
 
 

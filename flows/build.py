@@ -1,11 +1,11 @@
-"""build-dataset: the pipeline's build (``h5forge.pipeline.build``), each step a Prefect task."""
+"""build-dataset: the pipeline's build (``h5forge._pipeline.build``), each step a Prefect task."""
 
 from __future__ import annotations
 
 from prefect import flow
 
-from h5forge.pipeline import build
-from h5forge.pipeline.results import BuildResult
+from h5forge._pipeline import build
+from h5forge._pipeline.results import BuildResult
 from h5forge.tasks import PrefectRunner
 
 

@@ -1,12 +1,12 @@
-"""verify-dataset: full verification of the latest version (``h5forge.pipeline.verify``)."""
+"""verify-dataset: full verification of the latest version (``h5forge._pipeline.verify``)."""
 
 from __future__ import annotations
 
 from prefect import flow
 
-from h5forge.pipeline import verify
+from h5forge._pipeline import verify
 from h5forge.spec import load_spec
-from h5forge.store.verify import HealthReport
+from h5forge._store.verify import HealthReport
 from h5forge.tasks import PrefectRunner
 
 

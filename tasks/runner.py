@@ -13,7 +13,7 @@ from prefect.cache_policies import NONE
 from prefect.exceptions import MissingContextError
 from prefect.utilities.annotations import quote
 
-from h5forge.pipeline.runner import Display, Runner
+from h5forge._pipeline.runner import Display, Runner
 from h5forge.tasks.progress import SHOWN_LIVE, progress
 
 T = TypeVar("T")

@@ -56,7 +56,7 @@ def no_prefect_server_outside_flows(request):
 @pytest.fixture(scope="session")
 def raw_demo(tmp_path_factory) -> Path:
     """A raw folder of 40 good samples plus every kind of defect the demo knows."""
-    from h5forge.demo import generate
+    from h5forge._demo import generate
 
     root = tmp_path_factory.mktemp("raw") / "demo"
     generate(root, n=40, seed=1, bad=True, workers=1)
@@ -73,7 +73,7 @@ def raw_copy(raw_demo, tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def raw_new(tmp_path_factory):
     """72 more good samples (other seed) to drop into an inbox."""
-    from h5forge.demo import generate
+    from h5forge._demo import generate
 
     root = tmp_path_factory.mktemp("rawnew") / "new"
     generate(root, n=72, seed=7, bad=False, workers=1)
@@ -83,7 +83,7 @@ def raw_new(tmp_path_factory):
 @pytest.fixture(scope="module")
 def small_inventory(raw_demo, tmp_path_factory):
     """The first 6 good samples of ``raw_demo``, discovered with the demo spec."""
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.discover import discover
 
     spec = demo_spec(raw_demo, tmp_path_factory.mktemp("o"))
     inv = discover(spec)

@@ -14,7 +14,7 @@ import yaml
 
 import h5forge
 from h5forge.spec import load_spec
-from h5forge.store.versions import latest
+from h5forge._store.versions import latest
 from tests.helpers.data import demo_spec
 
 H5FORGE = str(Path(sys.executable).parent / "h5forge")

@@ -12,7 +12,7 @@ import h5py
 import hdf5plugin
 import pytest
 
-from h5forge.ingest.splits import assign_split
+from h5forge._ingest.splits import assign_split
 from tests.helpers.data import REPO, demo_spec
 from tests.test_cli import build_without_prefect
 
@@ -119,7 +119,7 @@ def test_doctor_reports_the_machine(built):
 
 
 UNREGISTERED = ("import sys, h5py, h5forge; h5py.h5z.unregister_filter(32015); "
-                "from h5forge.cli import main; sys.argv = ['h5forge', *sys.argv[1:]]; main()")
+                "from h5forge._cli import main; sys.argv = ['h5forge', *sys.argv[1:]]; main()")
 
 
 def test_doctor_exits_1_when_a_file_or_spec_needs_a_filter_this_hdf5_lacks(built, tmp_path):
@@ -174,7 +174,7 @@ def test_version_imports_no_command_module_and_flags_show_no_type():
     loaded = set(r.stderr.split())
     assert "h5forge" in loaded  # the report is of this run
     assert loaded.isdisjoint({"typer", "click", "rich", "pydantic", "yaml", "prefect", "dask", "PIL",
-                              "h5forge.cli.dataset", "h5forge.cli.app", "h5forge.spec"})
+                              "h5forge._cli.dataset", "h5forge._cli.app", "h5forge.spec"})
     for args in (["--help"], ["build", "--help"], ["verify", "--help"]):
         shown = run(*args).stdout
         assert "--help" in shown and "<bool>" not in shown

@@ -171,7 +171,7 @@ def repo_paths() -> set[str]:
 
 def path_exists(text: str) -> bool:
     """A file or folder of the repository, by its path (``tests/...``), its path in the package
-    (``read/direct.py``) or the end of its path (``detect.py``); ``file.py::name`` defines name."""
+    (``read/_direct.py``) or the end of its path (``detect.py``); ``file.py::name`` defines name."""
     path, _, name = text.partition("::")
     path = path.rstrip("/")
     hits = [p for p in repo_paths() if p == path or (not path.startswith(ROOTS) and p.endswith("/" + path))]
@@ -224,7 +224,7 @@ def cli() -> dict[str, set[str]]:
     """Every command of the CLI (``server status`` as one) and its options."""
     import typer.main
 
-    from h5forge.cli import app
+    from h5forge._cli import app
 
     found: dict[str, set[str]] = {}
 
@@ -271,12 +271,12 @@ def test_the_docs_and_the_source_cite_no_issue():
 
 
 def test_the_checks_catch_what_they_guard_against():
-    assert unresolved("h5forge.read.reader.SplitReader") is False
-    assert unresolved("h5forge.read.reader.SplitReaderX") is True
-    assert unresolved("store.thin.export") is False and unresolved("store.thin.exports") is True
+    assert unresolved("h5forge.read._reader.SplitReader") is False
+    assert unresolved("h5forge.read._reader.SplitReaderX") is True
+    assert unresolved("_store.thin.export") is False and unresolved("_store.thin.exports") is True
     assert unresolved("Decoded.sha256") is False and unresolved("Decoded.sha") is True
     assert unresolved("compute.inline_below") is False and unresolved("compute.inline_above") is True
-    assert unresolved("read/direct.py") is False and unresolved("read/indirect.py") is True
+    assert unresolved("read/_direct.py") is False and unresolved("read/indirect.py") is True
     assert unresolved("tests/test_docs.py::test_the_checks_catch_what_they_guard_against") is False
     assert unresolved("tests/test_docs.py::test_nothing") is True
     assert unresolved("os.path.realpath") is False and unresolved("ds.loader()") is False

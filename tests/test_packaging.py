@@ -21,7 +21,7 @@ def test_install_holds_one_top_level_package(tmp_path):
                     "--target", str(tmp_path), str(REPO)], check=True, capture_output=True)
     top = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".dist-info") and p.name != "bin")
     assert top == ["h5forge"]
-    for sub in ("flows", "tasks", "deployments", "format", "kinds", "ingest", "store", "read"):
+    for sub in ("flows", "tasks", "deployments", "_format", "kinds", "_ingest", "_store", "read"):
         assert (tmp_path / "h5forge" / sub / "__init__.py").is_file(), sub
 
 
@@ -45,8 +45,8 @@ def test_the_reader_installs_and_reads_without_the_build_extra(tmp_path, raw_dem
 
     read = isolated("import importlib.util\n"
                     "print([m for m in ('prefect', 'dask', 'distributed', 'PIL') if importlib.util.find_spec(m)])\n"
-                    "from h5forge.read.reader import SplitReader\n"
-                    "import h5forge.read.sampler, h5forge.read.collate\n"
+                    "from h5forge.read._reader import SplitReader\n"
+                    "import h5forge.read._sampler, h5forge.read._collate\n"
                     f"row = SplitReader({str(version)!r}, split='val').read_one(1)\n"
                     "print(int(row['images'].astype('int64').sum()), int(row['masks'].sum()))")
     assert read.returncode == 0, read.stderr
@@ -54,7 +54,7 @@ def test_the_reader_installs_and_reads_without_the_build_extra(tmp_path, raw_dem
     assert missing == "[]"
     with h5py.File(version, "r") as f:
         assert sums == f"{int(f['val/images'][1].astype(np.int64).sum())} {int(f['val/masks'][1].sum())}"
-    cli = "from h5forge.cli import app; sys.argv = ['h5forge', *sys.argv[1:]]; app()"
+    cli = "from h5forge._cli import app; sys.argv = ['h5forge', *sys.argv[1:]]; app()"
     copy = isolated(cli, "export", str(version), str(tmp_path / "copy.h5"), "--codec", "gzip-1")
     assert copy.returncode == 0, copy.stderr
     with h5py.File(tmp_path / "copy.h5", "r") as c, h5py.File(version, "r") as f:
@@ -85,9 +85,9 @@ def test_python_run_beside_a_clone_named_h5forge_imports_the_package(tmp_path, r
         "import h5forge\n"
         "print(h5forge.__file__)\n"
         f"result = h5forge.build({str(spec)!r})\n"
-        "from h5forge.pipeline import verify\n"
+        "from h5forge import verify\n"
         f"verify({str(tmp_path / 'out')!r})\n"
-        "from h5forge.read.reader import SplitReader\n"
+        "from h5forge.read import SplitReader\n"
         f"batch = SplitReader({str(tmp_path / 'out' / 'dataset_latest.h5')!r}, 'train').read([0, 1, 2, 3])\n"
         "print(result.version, batch['images'].shape[0])\n"
     )

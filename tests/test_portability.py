@@ -20,7 +20,7 @@ import hdf5plugin
 import numpy as np
 import pytest
 
-from h5forge.read.reader import SplitReader
+from h5forge.read._reader import SplitReader
 from tests.helpers.files import build_file
 from tests.test_cli import run
 

@@ -11,13 +11,14 @@ import_module("hdf5plugin")
 
 # The public API, imported on first use (a training process that only reads never loads the build
 # side: dask, Pillow, decoders), with the readers' modules (h5forge.read.torch, .jax, .tf, .lightning)
-# and the errors (h5forge.errors). Every other module is internal: docs/architecture.md.
+# and the errors (h5forge.errors). Every other module is internal, and its name or its package's starts
+# with an underscore (h5forge._pipeline, h5forge.read._reader): docs/architecture.md, "The public API".
 _PUBLIC = {
-    "build": "h5forge.pipeline",
-    "append": "h5forge.pipeline",
-    "verify": "h5forge.pipeline",
-    "BuildResult": "h5forge.pipeline",
-    "AppendResult": "h5forge.pipeline",
+    "build": "h5forge._pipeline",
+    "append": "h5forge._pipeline",
+    "verify": "h5forge._pipeline",
+    "BuildResult": "h5forge._pipeline",
+    "AppendResult": "h5forge._pipeline",
     "DatasetSpec": "h5forge.spec",
     "load_spec": "h5forge.spec",
     "H5Dataset": "h5forge.read.torch",

@@ -26,8 +26,8 @@ from pydantic import (
 from pydantic_core import CoreSchema
 
 from h5forge.errors import SpecError
-from h5forge.format.codecs import CodecName
-from h5forge.format.names import RESERVED
+from h5forge._format.codecs import CodecName
+from h5forge._format.names import RESERVED
 from h5forge.kinds import REGISTRY
 from h5forge.kinds.base import STORED, FieldModel
 from h5forge.kinds.base import StrictModel as _Strict

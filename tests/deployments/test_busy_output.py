@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from h5forge.deployments.definitions import dataset_deployments
-from h5forge.store.versions import output_lock
+from h5forge._store.versions import output_lock
 from tests.helpers.data import REPO, write_spec_file
 
 BUSY = ("wait_for_lock", "skip_if_busy")

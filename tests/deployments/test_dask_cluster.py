@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from h5forge.store.verify import verify_file
-from h5forge.store.versions import LATEST, latest
+from h5forge._store.verify import verify_file
+from h5forge._store.versions import LATEST, latest
 from tests.helpers.data import write_spec_file
 
 pytestmark = pytest.mark.e2e

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from h5forge.store.verify import verify_file
-from h5forge.store.versions import latest
+from h5forge._store.verify import verify_file
+from h5forge._store.versions import latest
 from tests.helpers.data import age_files, drop_samples, write_spec_file
 from tests.helpers.files import all_ids
 

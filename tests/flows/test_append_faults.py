@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from h5forge.store.verify import verify_file
-from h5forge.store.versions import latest, published
+from h5forge._store.verify import verify_file
+from h5forge._store.versions import latest, published
 from tests.helpers.data import age_files, drop_samples, write_spec_file
 from tests.helpers.files import all_ids, strays
 

@@ -105,7 +105,7 @@ def test_weekly_verification_names_the_version_it_checked(runs):
 
 
 def test_the_rebuild_publishes_the_diff_against_the_previous_version(runs):
-    *_, diff = runs  # the ids and names in it are text, escaped (h5forge.format.markdown)
+    *_, diff = runs  # the ids and names in it are text, escaped (h5forge._format.markdown)
     assert diff is not None and diff.type == "markdown"  # the rebuild's (v0002 -> v0003); v1 had none
     assert diff.data.startswith("# Changes: v0002 → v0003")
     assert "| labels/columns changed | 1 |" in diff.data and "| cell\\_000007 | meta/label |" in diff.data
@@ -116,7 +116,7 @@ def test_the_rejections_artifact_of_a_build_is_bounded(prefect_server, tmp_path)
     """1,500 images without masks and 5 complete samples: the Prefect table lists the first rows
     and counts the rest."""
     from h5forge.flows.build import build_dataset
-    from h5forge.format.summary import TABLE_ROWS
+    from h5forge._format.summary import TABLE_ROWS
     from tests.ingest.test_inputs_trust import make_pairs, spec_data, write_spec
 
     raw = tmp_path / "raw"

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from prefect.artifacts import Artifact
 
-from h5forge.ingest.clean import clean_sample
-from h5forge.ingest.discover import SampleRef
-from h5forge.format.layout import decode_str, index_rows
-from h5forge.ingest.splits import assign_split
-from h5forge.store.versions import LATEST, latest, output_lock
+from h5forge._ingest.clean import clean_sample
+from h5forge._ingest.discover import SampleRef
+from h5forge._format.layout import decode_str, index_rows
+from h5forge._ingest.splits import assign_split
+from h5forge._store.versions import LATEST, latest, output_lock
 from tests.helpers.data import demo_spec, write_spec_file
 
 pytestmark = pytest.mark.e2e  # the session's real Prefect server

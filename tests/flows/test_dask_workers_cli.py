@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from h5forge.store.versions import latest
+from h5forge._store.versions import latest
 from tests.helpers.dask_procs import DaskProcesses
 from tests.helpers.data import write_spec_file
 from tests.helpers.files import make_raw

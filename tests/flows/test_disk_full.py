@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from h5forge.store.versions import latest, published
+from h5forge._store.versions import latest, published
 from tests.helpers.data import age_files, drop_samples, write_spec_file
 from tests.helpers.files import strays
 from tests.helpers.tmpfs import mounted_tmpfs

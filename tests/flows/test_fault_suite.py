@@ -30,9 +30,9 @@ import h5py
 import pytest
 import yaml
 
-from h5forge.format.names import RESUME_SUFFIX
-from h5forge.store.verify import verify_file
-from h5forge.store.versions import latest, published
+from h5forge._format.names import RESUME_SUFFIX
+from h5forge._store.verify import verify_file
+from h5forge._store.versions import latest, published
 from tests.helpers.code_on_disk import require_unchanged
 from tests.helpers.data import age_files, drop_samples, write_spec_file
 from tests.helpers.files import all_ids, make_raw, strays
@@ -227,7 +227,7 @@ def killed_build_base(api_url, build_base, tmp_path_factory) -> tuple[Path, dict
 
 def takes_over_in_place(t: Trial) -> None:
     """The undisturbed run kept the killed build's durable rows where they were and cleaned the rest."""
-    from h5forge.format.summary import read_summary
+    from h5forge._format.summary import read_summary
 
     with h5py.File(t.out / "dataset_v0002.h5", "r") as f:
         timings = read_summary(f)["timings"]

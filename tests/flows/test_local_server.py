@@ -1,5 +1,5 @@
 """The local Prefect server that `h5forge build` starts when no server is configured, and that the
-next command reuses (h5forge/cli/local_server.py): real servers, each under a PREFECT_HOME of its own,
+next command reuses (h5forge/_cli/local_server.py): real servers, each under a PREFECT_HOME of its own,
 every server a test started stopped at its end. Waits are for events (a process gone, a file
 appended), bounded generously."""
 
@@ -21,8 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from h5forge.cli import local_server
-from h5forge.store.versions import latest
+from h5forge._cli import local_server
+from h5forge._store.versions import latest
 from tests.helpers.data import REPO, drop_samples, write_spec_file
 from tests.helpers.files import all_ids
 
@@ -218,6 +218,34 @@ def test_a_fake_server_answering_health_is_not_trusted_and_gets_no_request(home,
         assert local_server.stop() is None
         assert fake.poll() is None  # not signalled
         assert seen.read_text() == ""  # nothing sent to it, the secret least of all
+    finally:
+        fake.kill()
+        fake.wait()
+
+
+def test_a_server_started_before_the_rename_is_still_ours_to_stop(home, tmp_path):
+    """An h5forge from before its internal modules had a leading underscore started its server as
+    ``python -m`` with the module in the package's earlier name, ``cli``: after an upgrade,
+    ``h5forge server stop`` stops it."""
+    earlier = tmp_path / "earlier"
+    (earlier / "h5forge" / "cli").mkdir(parents=True)
+    (earlier / "h5forge" / "__init__.py").write_text("")
+    (earlier / "h5forge" / "cli" / "__init__.py").write_text("")
+    (earlier / "h5forge" / "cli" / "local_server.py").write_text(FAKE_SERVER)
+    seen = tmp_path / "requests.log"
+    command = local_server.SERVER_COMMANDS[-1]  # -m, the module in the package's earlier name
+    assert command != local_server.SERVER_COMMAND
+    fake = subprocess.Popen([sys.executable, *command, str(seen)], cwd=earlier, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(earlier)})
+    try:
+        port = int(fake.stdout.readline())
+        assert psutil.Process(fake.pid).cmdline()[1:3] == command
+        record(home / "h5forge-server", pid=fake.pid, started=psutil.Process(fake.pid).create_time(), port=port,
+               prefect=local_server.version("prefect"), home=str(home), secret="s")
+        server = local_server.recorded(home / "h5forge-server")
+        assert local_server.owned_process(server) is not None
+        assert local_server.stop() == server
+        assert fake.wait(GONE_WITHIN) is not None
     finally:
         fake.kill()
         fake.wait()

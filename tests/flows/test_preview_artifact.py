@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from prefect.artifacts import Artifact
 
-from h5forge.format import markdown
+from h5forge._format import markdown
 from tests.helpers.data import write_spec_file
 
 pytestmark = pytest.mark.e2e  # the session's real Prefect server

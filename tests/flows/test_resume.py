@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from h5forge.format.names import RESUMABLE, RESUME_SUFFIX
-from h5forge.store.versions import latest, published
+from h5forge._format.names import RESUMABLE, RESUME_SUFFIX
+from h5forge._store.versions import latest, published
 from tests.helpers.data import write_spec_file
 from tests.helpers.files import make_raw, strays
 from tests.ingest.incremental.test_rebuild import assert_same
@@ -69,7 +69,7 @@ def test_a_short_build_checkpoints_by_progress_and_leaves_its_hashes(api_url, tm
     import time
 
     from h5forge.flows.build import build_dataset
-    from h5forge.ingest.incremental.hash_cache import RACY_SECONDS
+    from h5forge._ingest.incremental.hash_cache import RACY_SECONDS
 
     raw = make_raw(tmp_path / "raw", n=120, seed=4)
     time.sleep(RACY_SECONDS)  # the inputs are older than the racy window, as a nightly's are

@@ -148,6 +148,6 @@ def test_no_telemetry_notice_on_a_first_run(prefect_server, tmp_path):
     # h5forge, first run on a terminal, under a new PREFECT_HOME: it does not
     code, _, screen = in_terminal([H5FORGE, "verify", tmp_path / "missing.h5"], env)
     assert code == 1 and NOTICE not in "\n".join(screen)
-    code, _, screen = in_terminal([sys.executable, "-c", "import h5forge.cli, h5forge.flows.build"], env)
+    code, _, screen = in_terminal([sys.executable, "-c", "import h5forge._cli, h5forge.flows.build"], env)
     assert code == 0 and screen == []
     assert not (tmp_path / "home" / ".sdk_telemetry" / "notice_shown").exists()

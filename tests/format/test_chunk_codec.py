@@ -4,9 +4,9 @@ import h5py
 import numpy as np
 import pytest
 
-from h5forge.format.chunk_codec import (EncodedRows, accepts, append_chunks, decode, encodable, encode, lz4_at,
+from h5forge._format.chunk_codec import (EncodedRows, accepts, append_chunks, decode, encodable, encode, lz4_at,
                                         lz4_into, pipeline, row_at)
-from h5forge.format.codecs import codec_options, ensure_filters
+from h5forge._format.codecs import codec_options, ensure_filters
 
 ROWS = {
     "noise": np.random.default_rng(0).integers(0, 256, (3, 32, 32), dtype=np.uint8),  # LZ4 cannot shrink it

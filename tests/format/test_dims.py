@@ -11,9 +11,9 @@ import numpy as np
 import xarray as xr
 
 import h5forge
-from h5forge.format.names import SPLITS  # importing h5forge registers the filters h5netcdf's reads need
+from h5forge._format.names import SPLITS  # importing h5forge registers the filters h5netcdf's reads need
 from h5forge.spec import DatasetSpec
-from h5forge.store.thin import export
+from h5forge._store.thin import export
 from tests.helpers.data import age_files, demo_spec, drop_samples
 
 

@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from h5forge.format.leases import acquire, lease_path, prepare, release
+from h5forge._format.leases import acquire, lease_path, prepare, release
 
 
 def _mode(path) -> int:

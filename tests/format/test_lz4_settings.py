@@ -8,9 +8,9 @@ import hdf5plugin
 import numpy as np
 import pytest
 
-from h5forge.format import chunk_codec
-from h5forge.format.chunk_codec import LZ4_DEFAULT_BLOCK, lz4_frame, lz4_into
-from h5forge.read.direct import DirectRows
+from h5forge._format import chunk_codec
+from h5forge._format.chunk_codec import LZ4_DEFAULT_BLOCK, lz4_frame, lz4_into
+from h5forge.read._direct import DirectRows
 
 SHAPE = (3, 20, 30)
 ROW = int(np.prod(SHAPE))  # bytes of a uint8 row: one chunk

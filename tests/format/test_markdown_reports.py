@@ -8,11 +8,11 @@ import re
 
 from markdown_it import MarkdownIt
 
-from h5forge.format import markdown
-from h5forge.samples import Rejection
-from h5forge.store.reports import write_quarantine
-from h5forge.store.verify import HealthReport
-from h5forge.views.diff import VersionDiff
+from h5forge._format import markdown
+from h5forge._samples import Rejection
+from h5forge._store.reports import write_quarantine
+from h5forge._store.verify import HealthReport
+from h5forge._views.diff import VersionDiff
 
 HOSTILE = ['<img src=x onerror="alert(1)">', "a|b|c", "line\nbreak", "cr\rinside", "sep\u2028arated",
            "[click](javascript:alert(1))", "![i](http://example.invalid/p.png)", "`code` *em* _u_", "back\\slash|"]

@@ -4,7 +4,7 @@ bytes as hashing each value alone, whatever NULs the values end with."""
 import numpy as np
 import pytest
 
-from h5forge.format.checksums import PACK_STRINGS_FROM, _string, canonical
+from h5forge._format.checksums import PACK_STRINGS_FROM, _string, canonical
 
 
 def _one_by_one(arr: np.ndarray) -> bytes:

@@ -26,7 +26,7 @@ def spec_for(raw: Path, out: Path, size=(64, 64), **storage):
 
 
 def make_raw(root: Path, n: int = 200, seed: int = 0, prefix: str = "cell_") -> Path:
-    from h5forge.demo import generate
+    from h5forge._demo import generate
 
     generate(root, n=n, seed=seed, bad=False, size_range=(64, 96), workers=1, prefix=prefix)
     return root
@@ -34,8 +34,8 @@ def make_raw(root: Path, n: int = 200, seed: int = 0, prefix: str = "cell_") -> 
 
 @lru_cache(maxsize=8)
 def _cleaned(raw: str, size: tuple[int, int]):
-    from h5forge.ingest.clean import clean_batch
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.clean import clean_batch
+    from h5forge._ingest.discover import discover
 
     spec = spec_for(Path(raw), Path(raw).parent / "unused", size)
     inv = discover(spec)
@@ -45,7 +45,7 @@ def _cleaned(raw: str, size: tuple[int, int]):
 def build_file(path: Path, raw: Path, *, version: int = 1, size=(64, 64), chunk_rows: int = 1,
                codec: str = "zstd") -> Path:
     """Write one version file at ``path`` from the raw folder (cleaning is cached per raw folder)."""
-    from h5forge.ingest.writer import DatasetWriter
+    from h5forge._ingest.writer import DatasetWriter
 
     path.parent.mkdir(parents=True, exist_ok=True)
     spec = spec_for(raw, path.parent, size, chunk_rows=chunk_rows, codec=codec)
@@ -58,9 +58,9 @@ def build_file(path: Path, raw: Path, *, version: int = 1, size=(64, 64), chunk_
 
 def make_version(out: Path, inv, raw) -> int:
     """Stage, write and publish one version of ``inv`` in ``out`` with the demo spec; its number."""
-    from h5forge.ingest.clean import clean_batch
-    from h5forge.ingest.writer import DatasetWriter
-    from h5forge.store.versions import publish, stage
+    from h5forge._ingest.clean import clean_batch
+    from h5forge._ingest.writer import DatasetWriter
+    from h5forge._store.versions import publish, stage
 
     spec = demo_spec(raw, out)
     candidate = stage(out)
@@ -73,7 +73,7 @@ def make_version(out: Path, inv, raw) -> int:
 
 def truth(path: Path, split: str = "train") -> dict[str, np.ndarray]:
     """Everything the file holds for ``split``, read plainly (the ground truth)."""
-    from h5forge.format.codecs import ensure_filters
+    from h5forge._format.codecs import ensure_filters
 
     ensure_filters()
     with h5py.File(os.path.realpath(path), "r") as f:
@@ -84,7 +84,7 @@ def truth(path: Path, split: str = "train") -> dict[str, np.ndarray]:
 
 def all_ids(path):
     """The sample ids of each split of the version file (or link) at ``path``."""
-    from h5forge.format.layout import decode_str
+    from h5forge._format.layout import decode_str
 
     with h5py.File(os.path.realpath(path), "r") as f:
         return {s: decode_str(f[s]["ids"][()]) for s in ("train", "val", "test")}
@@ -97,6 +97,6 @@ def n_fds() -> int:
 def strays(out: Path) -> list[str]:
     """Hidden files a run left in an output folder besides the lock and the raw-file hash cache
     (a killed or failed run must leave none: no partial file, no journal, no resumable rows)."""
-    from h5forge.format.names import HASH_CACHE, LOCK
+    from h5forge._format.names import HASH_CACHE, LOCK
 
     return sorted(p.name for p in Path(out).iterdir() if p.name.startswith(".") and p.name not in (LOCK, HASH_CACHE))

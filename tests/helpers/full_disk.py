@@ -44,11 +44,11 @@ def outcome(out: Path, inbox: Path) -> dict:
     """What a run left: the version latest names, its health and rows, and every file's name."""
     import h5py
 
-    from h5forge.format.names import SPLITS, Attr
-    from h5forge.format.names import IDS
-    from h5forge.format.layout import decode_str
-    from h5forge.store.verify import verify_file
-    from h5forge.store.versions import latest
+    from h5forge._format.names import SPLITS, Attr
+    from h5forge._format.names import IDS
+    from h5forge._format.layout import decode_str
+    from h5forge._store.verify import verify_file
+    from h5forge._store.versions import latest
     from tests.helpers.files import strays
 
     number = latest(out)
@@ -84,7 +84,7 @@ class _Warnings(logging.Handler):
 
 def _run(mode: str, spec: Path, runner=None):
     import h5forge
-    from h5forge.pipeline.runner import PLAIN
+    from h5forge._pipeline.runner import PLAIN
 
     return (h5forge.build if mode == "build" else h5forge.append)(spec, runner=runner or PLAIN)
 
@@ -92,7 +92,7 @@ def _run(mode: str, spec: Path, runner=None):
 def measure(mode: str, spec: Path, mnt: Path) -> dict:
     """Bytes used before each file opened for writing (first open of each path) and before and
     after each step of an undisturbed run."""
-    from h5forge.pipeline.runner import Runner
+    from h5forge._pipeline.runner import Runner
 
     start = free_bytes(mnt)
     opens: dict[str, int] = {}

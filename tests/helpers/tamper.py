@@ -29,9 +29,9 @@ def raw_pair(root: Path) -> tuple[Path, Path]:
 def small_version(path: Path, raw: Path, *, size=(16, 16), codec: str = "zstd", chunk_rows: int = 1,
                   version: int = 1):
     """A small version file written by the real cleaner and writer (no Prefect); its write summary."""
-    from h5forge.ingest.clean import clean_batch
-    from h5forge.ingest.discover import discover
-    from h5forge.ingest.writer import DatasetWriter
+    from h5forge._ingest.clean import clean_batch
+    from h5forge._ingest.discover import discover
+    from h5forge._ingest.writer import DatasetWriter
 
     path.parent.mkdir(parents=True, exist_ok=True)
     spec = spec_for(raw, path.parent, size, chunk_rows=chunk_rows, codec=codec)
@@ -44,7 +44,7 @@ def small_version(path: Path, raw: Path, *, size=(16, 16), codec: str = "zstd", 
 def thin_version(folder: Path, raw: Path, raw_new: Path) -> Path:
     """dataset_v0002.h5: a thin version over dataset_v0001.h5 (from ``raw``) and a delta (``raw_new``)."""
     from h5forge.spec import spec_from_json
-    from h5forge.store.thin import write_thin
+    from h5forge._store.thin import write_thin
 
     parent, delta = folder / "dataset_v0001.h5", folder / "dataset_v0002.delta.h5"
     small_version(parent, raw, version=1)
@@ -126,11 +126,11 @@ def reader_view(path: Path) -> object:
     """Every value ``h5forge.read`` returns for the file: each split's fields and annotation columns
     (raw and as model values), ids, statistics and row indexes, plus the provenance columns.
     A read that fails is part of the view (as its error), never an exception."""
-    from h5forge.format.codecs import ensure_filters
-    from h5forge.format.layout import index_parts
-    from h5forge.format.names import INDEX, SOURCE_FILES, SOURCE_SHA256, SPLITS
+    from h5forge._format.codecs import ensure_filters
+    from h5forge._format.layout import index_parts
+    from h5forge._format.names import INDEX, SOURCE_FILES, SOURCE_SHA256, SPLITS
     from h5forge.kinds import ReadOptions, stored_kinds
-    from h5forge.read.reader import SplitReader, model_batch
+    from h5forge.read._reader import SplitReader, model_batch
     from h5forge.spec import spec_from_json
 
     ensure_filters()
@@ -184,7 +184,7 @@ def metadata_regions(path: Path) -> dict[str, list[tuple[int, int]]]:
     group's attributes (its header and the heap blocks that hold them), /inputs and /diagnostics
     (headers and values), /meta/spec (its header and the heap object holding its text), the
     attributes of each split's groups and datasets (their headers), and the row checksums."""
-    from h5forge.format.names import DIAGNOSTICS, SPLITS
+    from h5forge._format.names import DIAGNOSTICS, SPLITS
 
     data = path.read_bytes()
     parts: dict[str, list[tuple[int, int]]] = {k: [] for k in (
@@ -219,7 +219,7 @@ def file_view(path: Path) -> object:
     """What ``reader_view`` returns, plus every attribute of every object (but the dimension-scale
     references) and every value under /inputs, /diagnostics and /meta: all a user can see of the
     file besides its stored rows' bytes. A read that fails is part of the view (as its error)."""
-    from h5forge.format.codecs import ensure_filters
+    from h5forge._format.codecs import ensure_filters
 
     ensure_filters()
     seen: dict[str, object] = {}

@@ -5,7 +5,7 @@ built (the output folder and compute settings in the stored spec, the creation t
 
 ``identity(path)`` keeps the parts a failed comparison should name apart: ids, row checksums and
 split digests per split, the data definition of the stored spec, then every other dataset and
-attribute as a sha256 of its canonical bytes (h5forge.format.checksums.canonical) and, for a
+attribute as a sha256 of its canonical bytes (h5forge._format.checksums.canonical) and, for a
 chunked dataset of fixed-size values, of its stored chunks in order (variable-length strings' chunks
 hold addresses in the file's heap, so those compare by value).
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import h5py
 
-from h5forge.format.checksums import canonical, data_definition
-from h5forge.format.names import CHECKSUM, DIAGNOSTICS, IDS, SPEC, SPLITS, Attr
+from h5forge._format.checksums import canonical, data_definition
+from h5forge._format.names import CHECKSUM, DIAGNOSTICS, IDS, SPEC, SPLITS, Attr
 
 # where, when and how a version was built: the same inputs built elsewhere differ here only
 BUILD_CIRCUMSTANCES = {"/": {Attr.CREATED, Attr.FILE_DIGEST}, f"/{DIAGNOSTICS}": {"summary"}}

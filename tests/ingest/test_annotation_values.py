@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from h5forge.errors import SpecError
-from h5forge.ingest.discover import discover
+from h5forge._ingest.discover import discover
 from h5forge.spec import parse_spec
 from tests.helpers.data import demo_spec
 
@@ -75,14 +75,14 @@ def test_split_ratios_must_be_finite(tmp_path, bad):
 def test_the_discovery_log_counts_every_rejected_input(raw_demo, tmp_path, caplog):
     import logging
 
-    from h5forge.pipeline.build import discover_samples
+    from h5forge._pipeline.build import discover_samples
 
     root = tmp_path / "raw"
     _images_only(raw_demo, root, IDS)
     orphans = [f"gone_{k:03d}" for k in range(100)]  # more than discovery lists one by one
     (root / "labels.json").write_text(json.dumps([{"id": sid, "n": 1} for sid in IDS + orphans]))
     spec = _spec(root, tmp_path / "out", "labels.json", {"n": "int"})
-    with caplog.at_level(logging.INFO, logger="h5forge.pipeline"):
+    with caplog.at_level(logging.INFO, logger="h5forge._pipeline"):
         inv = discover_samples(spec)
     assert "4 complete samples" in caplog.text and "100 input(s) rejected at discovery" in caplog.text
     assert len(inv.rejections) < 100 and inv.rejected == 100

@@ -7,10 +7,10 @@ import h5py
 import numpy as np
 
 import h5forge
-from h5forge.format.layout import decode_str
-from h5forge.ingest.splits import assign_split
-from h5forge.store.verify import verify_file
-from h5forge.store.versions import latest
+from h5forge._format.layout import decode_str
+from h5forge._ingest.splits import assign_split
+from h5forge._store.verify import verify_file
+from h5forge._store.versions import latest
 from tests.helpers.data import age_files, demo_spec, drop_samples, write_spec_file
 from tests.helpers.files import all_ids
 

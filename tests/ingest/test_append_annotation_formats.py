@@ -8,8 +8,8 @@ import json
 import shutil
 
 import h5forge
-from h5forge.ingest import append
-from h5forge.ingest.discover import discover
+from h5forge._ingest import append
+from h5forge._ingest.discover import discover
 from h5forge.spec import DatasetSpec
 from tests.helpers.data import age_files
 
@@ -79,7 +79,7 @@ def _file_keyed_spec(tmp_path, **output):
 def _stored_ids(path):
     import h5py
 
-    from h5forge.format.layout import decode_str
+    from h5forge._format.layout import decode_str
 
     with h5py.File(path, "r") as f:
         return sorted(decode_str(f["train"]["ids"][()]))
@@ -110,7 +110,7 @@ def test_a_rebuild_that_would_drop_published_samples_names_them_and_publishes_on
 
     import h5forge
     from h5forge.errors import SamplesRemoved
-    from h5forge.store.versions import latest
+    from h5forge._store.versions import latest
 
     names = [f"r{k:02d}.png" for k in range(12)]
     _labelled_pngs(tmp_path / "raw", names, ["a", "b"])

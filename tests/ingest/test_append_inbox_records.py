@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import h5forge
-from h5forge.ingest import append
+from h5forge._ingest import append
 from h5forge.spec import DatasetSpec, parse_spec
 from tests.helpers.data import age_files
 
@@ -92,7 +92,7 @@ def coco_spec(tmp_path: Path, boxes: dict | None = None, **extra):
 
 
 def stored(path) -> dict[str, np.ndarray]:
-    from h5forge.read.reader import SplitReader
+    from h5forge.read._reader import SplitReader
 
     with SplitReader(path, "train", fields=["boxes"]) as r:
         values = r.read(range(len(r)))
@@ -357,7 +357,7 @@ def test_a_refused_coco_picture_takes_its_entry_to_quarantine(tmp_path):
 def test_a_rebuild_gives_each_processed_picture_only_its_part_of_the_coco_file_beside_it(tmp_path):
     """Discovery parses the COCO file of processed/vNNNN once and hands each of its pictures its
     own entry, as it does for the source's file."""
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.discover import discover
     from h5forge.kinds.boxes.sources import CocoIndex
 
     write_coco(tmp_path / "raw", ["astronaut", "coffee"], "annotations/instances_train.json")
@@ -385,9 +385,9 @@ def test_a_processed_coco_file_is_read_bounded_and_within_its_folder(tmp_path, h
     import shutil
 
     from h5forge.errors import SamplesRemoved
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.discover import discover
     from h5forge.kinds.boxes.sources import CocoIndex
-    from h5forge.store.versions import latest
+    from h5forge._store.versions import latest
 
     write_coco(tmp_path / "raw", ["astronaut", "coffee", "chelsea", "rocket"], "annotations/instances_train.json")
     spec = coco_spec(tmp_path, boxes={"max_bytes": 4000}, max_rejected=0.5)

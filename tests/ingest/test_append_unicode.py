@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 
 import h5forge
-from h5forge.format.layout import decode_str
+from h5forge._format.layout import decode_str
 from h5forge.spec import parse_spec
 from tests.helpers.data import age_files
 

@@ -17,16 +17,16 @@ import yaml
 from distributed import LocalCluster
 
 import h5forge
-from h5forge.format.catalog import sample_keys
-from h5forge.format.names import SPLITS, Attr, rows_folder_name
-from h5forge.format.row_files import row_files_of, virtual_sources
-from h5forge.ingest.assemble import MappedWriter, clean_to_file
-from h5forge.ingest.discover import discover
+from h5forge._format.catalog import sample_keys
+from h5forge._format.names import SPLITS, Attr, rows_folder_name
+from h5forge._format.row_files import row_files_of, virtual_sources
+from h5forge._ingest.assemble import MappedWriter, clean_to_file
+from h5forge._ingest.discover import discover
 from h5forge.spec import DatasetSpec
-from h5forge.store.thin import export
-from h5forge.store.verify import verify_file
-from h5forge.store.versions import output_lock, published, retain, set_latest
-from h5forge.views.info import lineage
+from h5forge._store.thin import export
+from h5forge._store.verify import verify_file
+from h5forge._store.versions import output_lock, published, retain, set_latest
+from h5forge._views.info import lineage
 from tests.helpers.data import age_files, demo_spec, drop_samples, write_spec_file
 
 

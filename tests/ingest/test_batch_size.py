@@ -5,7 +5,7 @@ changes how the work is cut, never the version."""
 from __future__ import annotations
 
 import h5forge
-from h5forge.ingest.parallel import batch_samples, inline_limit, where_to_clean
+from h5forge._ingest.parallel import batch_samples, inline_limit, where_to_clean
 from h5forge.spec import DatasetSpec
 from tests.helpers.data import demo_spec
 from tests.helpers.files import make_raw

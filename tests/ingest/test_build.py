@@ -8,10 +8,10 @@ import pytest
 
 import h5forge
 from h5forge.errors import VerificationFailed
-from h5forge.ingest.build import write_version
-from h5forge.ingest.discover import discover
-from h5forge.pipeline.build import publish_version, verify_candidate
-from h5forge.store.versions import latest, published, stage
+from h5forge._ingest.build import write_version
+from h5forge._ingest.discover import discover
+from h5forge._pipeline.build import publish_version, verify_candidate
+from h5forge._store.versions import latest, published, stage
 from tests.helpers.data import demo_spec
 from tests.helpers.files import make_version
 
@@ -46,7 +46,7 @@ def _flip_a_stored_byte(path: Path) -> None:
 
 
 def test_a_source_without_any_good_sample_publishes_nothing(tmp_path):
-    from h5forge.ingest.build import NothingToBuild
+    from h5forge._ingest.build import NothingToBuild
 
     raw = tmp_path / "raw"
     (raw / "images").mkdir(parents=True)

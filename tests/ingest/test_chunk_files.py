@@ -9,12 +9,12 @@ import numpy as np
 from distributed import LocalCluster
 
 import h5forge
-from h5forge.format.chunk_codec import EncodedRows
-from h5forge.format.names import CHUNKS_DIR
-from h5forge.format.summary import read_summary
-from h5forge.ingest.clean import clean_batch
-from h5forge.ingest.discover import discover
-from h5forge.ingest.chunk_files import ChunkFileRows, read_chunk_file, write_chunk_file
+from h5forge._format.chunk_codec import EncodedRows
+from h5forge._format.names import CHUNKS_DIR
+from h5forge._format.summary import read_summary
+from h5forge._ingest.clean import clean_batch
+from h5forge._ingest.discover import discover
+from h5forge._ingest.chunk_files import ChunkFileRows, read_chunk_file, write_chunk_file
 from h5forge.spec import DatasetSpec
 from tests.helpers.data import demo_spec
 from tests.helpers.version_identity import stored_fingerprint
@@ -79,7 +79,7 @@ def test_a_build_on_dask_writes_through_chunk_files_and_equals_one_cleaned_in_pr
 
 
 def test_the_chunk_files_a_killed_run_left_are_removed_when_the_next_run_takes_the_folder(tmp_path):
-    from h5forge.store.versions import output_lock
+    from h5forge._store.versions import output_lock
 
     out = tmp_path / "out"
     left = out / CHUNKS_DIR

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from h5forge.ingest.clean import Reject, clean_batch, clean_sample
+from h5forge._ingest.clean import Reject, clean_batch, clean_sample
 from h5forge.kinds.image import plan_geometry
-from h5forge.demo.pictures import bomb_png
-from h5forge.ingest.discover import SampleRef
+from h5forge._demo.pictures import bomb_png
+from h5forge._ingest.discover import SampleRef
 from tests.helpers.data import demo_spec
 
 
@@ -210,7 +210,7 @@ def test_geometry_plan_pads_and_crops_per_axis():
 @pytest.mark.parametrize("shape", [(5, 3, 31, 17), (4, 1, 8, 8), (0, 3, 4, 4), (2, 3, 1, 1)])
 def test_channel_counts_equal_a_bincount_per_channel(shape):
     """Counted two pixels at a time, odd sizes included: exactly numpy's bincount per channel."""
-    from h5forge.kinds.pictures import channel_counts
+    from h5forge.kinds._pictures import channel_counts
 
     rng = np.random.default_rng(sum(shape))
     block = rng.integers(0, 256, shape, dtype=np.uint8)
@@ -232,7 +232,7 @@ def test_binary_masks_take_the_quick_checks_with_the_same_values(values, stored)
 @pytest.mark.parametrize("values", [[0, 128], [1, 255], [0, 1, 255], [2]])
 def test_binary_masks_with_other_values_are_still_rejected_by_name(values):
     from h5forge.kinds.mask import binary_array
-    from h5forge.samples import Reject
+    from h5forge._samples import Reject
 
     with pytest.raises(Reject, match=r"mask values \[.*\] not allowed"):
         binary_array(np.array(values * 4, np.uint8), "m.png")

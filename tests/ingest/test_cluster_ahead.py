@@ -9,10 +9,10 @@ import json
 
 
 import h5forge
-from h5forge.ingest.discover import at_least
-from h5forge.pipeline.build import cleans_everything
+from h5forge._ingest.discover import at_least
+from h5forge._pipeline.build import cleans_everything
 from h5forge.spec import DatasetSpec
-from h5forge.store import verify
+from h5forge._store import verify
 from tests.helpers.data import demo_spec
 from tests.helpers.version_identity import stored_fingerprint
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from h5forge.errors import SpecError
-from h5forge.ingest.parallel import dask_client
+from h5forge._ingest.parallel import dask_client
 from h5forge.spec import DatasetSpec, parse_spec, workers_this_machine_holds
 from tests.helpers.data import demo_spec
 

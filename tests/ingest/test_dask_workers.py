@@ -11,7 +11,7 @@ import pytest
 
 import h5forge
 from h5forge.errors import DaskWorkersLost, H5forgeError, NoDaskWorkers
-from h5forge.store.versions import latest
+from h5forge._store.versions import latest
 from tests.helpers.dask_procs import DaskProcesses
 from tests.helpers.data import demo_spec
 from tests.helpers.files import make_raw

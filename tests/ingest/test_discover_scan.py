@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from h5forge.ingest.discover import _matches
-from h5forge.ingest.incremental.hash_cache import state_of
+from h5forge._ingest.discover import _matches
+from h5forge._ingest.incremental.hash_cache import state_of
 
 PATTERNS = [
     "images/*.png",

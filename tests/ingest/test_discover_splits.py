@@ -3,8 +3,8 @@ from collections import Counter
 
 import yaml
 
-from h5forge.ingest.discover import discover
-from h5forge.ingest.splits import assign_split
+from h5forge._ingest.discover import discover
+from h5forge._ingest.splits import assign_split
 from h5forge.spec import Splits, load_spec
 from tests.helpers.data import REPO, demo_spec
 

@@ -42,7 +42,7 @@ def _spec(tmp_path: Path, **extra):
 
 
 def _ids(path) -> list[str]:
-    from h5forge.read.reader import SplitReader
+    from h5forge.read._reader import SplitReader
 
     with SplitReader(path, "train", fields=["images"]) as r:
         return sorted(r.ids())
@@ -121,7 +121,7 @@ def test_copies_of_a_bad_input_count_as_bad_inputs_each_with_its_reason(tmp_path
 
 
 def test_the_policy_is_no_field_rule_a_dataset_without_duplicates_is_unchanged_under_either(tmp_path):
-    from h5forge.ingest.incremental.inputs import rules_hash
+    from h5forge._ingest.incremental.inputs import rules_hash
 
     _pictures(tmp_path / "raw", {f"p{k}": k for k in range(4)})
     assert rules_hash(_spec(tmp_path)) == rules_hash(_spec(tmp_path, duplicates="keep_all"))
@@ -136,7 +136,7 @@ def test_a_rebuild_finds_a_new_copy_of_a_file_it_knows_from_its_hash_cache(tmp_p
     to another's content is one too."""
     import time
 
-    from h5forge.ingest.incremental.hash_cache import RACY_SECONDS
+    from h5forge._ingest.incremental.hash_cache import RACY_SECONDS
 
     _pictures(tmp_path / "raw", {f"p{k}": k for k in range(6)})
     time.sleep(RACY_SECONDS)  # settled files: the build records them in the hash cache

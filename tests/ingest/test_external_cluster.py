@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 
 import h5forge
-from h5forge.format.names import CHUNKS_DIR
-from h5forge.ingest.discover import discover
-from h5forge.ingest.parallel import batches
-from h5forge.store.verify import verify_file
-from h5forge.views.info import version_info
+from h5forge._format.names import CHUNKS_DIR
+from h5forge._ingest.discover import discover
+from h5forge._ingest.parallel import batches
+from h5forge._store.verify import verify_file
+from h5forge._views.info import version_info
 from tests.helpers.dask_procs import DaskProcesses
 from tests.helpers.data import demo_spec
 from tests.helpers.files import make_raw

@@ -7,7 +7,7 @@ import json
 import os
 
 import h5forge
-from h5forge.format.names import QUARANTINE_DIR
+from h5forge._format.names import QUARANTINE_DIR
 from tests.helpers.data import age_files, demo_spec, drop_samples
 from tests.helpers.files import all_ids
 
@@ -75,7 +75,7 @@ def test_an_id_with_a_control_character_is_refused_at_discovery_and_the_rest_pub
 
 
 def test_a_hash_cache_nested_too_deep_is_no_cache(raw_copy, tmp_path):
-    from h5forge.format.names import HASH_CACHE
+    from h5forge._format.names import HASH_CACHE
 
     out = tmp_path / "out"
     first = h5forge.build(_spec(raw_copy, out))

@@ -22,7 +22,7 @@ from PIL import Image
 
 import h5forge
 from h5forge.errors import SourceMissing, SpecError, TooManyRejected
-from h5forge.format.names import JOURNAL, REJECTIONS
+from h5forge._format.names import JOURNAL, REJECTIONS
 from h5forge.spec import DatasetSpec, parse_spec
 from tests.helpers.data import REPO
 
@@ -135,7 +135,7 @@ def test_limit_is_inclusive_and_counts_every_input_seen(tmp_path):
 
 def test_the_demo_data_stays_under_the_default_limit(tmp_path):
     """``h5forge demo-data`` writes defects on purpose; at its default sizes every kind builds."""
-    from h5forge.demo import KINDS
+    from h5forge._demo import KINDS
 
     for kind, (generate, n) in KINDS.items():
         defects = generate(tmp_path / kind, n=3, seed=0, bad=True)  # how many defects each kind writes
@@ -174,7 +174,7 @@ NFC, NFD = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "
 
 
 def test_a_pair_spelled_in_two_normal_forms_is_one_sample_stored_as_given(tmp_path):
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.discover import discover
 
     raw = tmp_path / "raw"
     picture(raw / "images" / f"{NFD}.png", 1)
@@ -192,7 +192,7 @@ def test_a_pair_spelled_in_two_normal_forms_is_one_sample_stored_as_given(tmp_pa
 
 
 def test_two_files_whose_names_differ_only_by_normalisation_are_ambiguous(tmp_path):
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.discover import discover
 
     raw = tmp_path / "raw"
     picture(raw / "images" / f"{NFD}.png", 1)
@@ -209,8 +209,8 @@ def test_two_files_whose_names_differ_only_by_normalisation_are_ambiguous(tmp_pa
 # ---- 16: orphan annotation records, bounded reports ---------------------------------------------
 
 def test_orphan_records_are_counted_not_listed_and_reports_stay_small(tmp_path):
-    from h5forge.ingest.discover import ORPHANS_LISTED, discover
-    from h5forge.store.reports import write_quarantine
+    from h5forge._ingest.discover import ORPHANS_LISTED, discover
+    from h5forge._store.reports import write_quarantine
 
     raw = tmp_path / "raw"
     make_pairs(raw, [f"k{i}" for i in range(5)])
@@ -247,9 +247,9 @@ def test_orphan_records_are_counted_not_listed_and_reports_stay_small(tmp_path):
 def test_rejection_tables_are_bounded_with_the_rest_counted(tmp_path):
     """5,000 rejected files: the quarantine JSON lists each, the Markdown report, the table in the
     version file and the Prefect artifact show the first rows and count the rest."""
-    from h5forge.format.summary import TABLE_ROWS
-    from h5forge.samples import Rejection
-    from h5forge.store.reports import bounded_rows, write_quarantine
+    from h5forge._format.summary import TABLE_ROWS
+    from h5forge._samples import Rejection
+    from h5forge._store.reports import bounded_rows, write_quarantine
 
     rejections = [Rejection(f"bad{i}", (f"images/bad{i}.png",), "not an image") for i in range(5000)]
     rows = bounded_rows(rejections, TABLE_ROWS)
@@ -299,7 +299,7 @@ def inbox_dataset(tmp_path):
 
 
 def assert_completed(out: Path, inbox: Path):
-    from h5forge.store.versions import latest
+    from h5forge._store.versions import latest
 
     assert latest(out) == 2 and not (out / JOURNAL).exists()
     assert sorted(stored_ids(out / "dataset_latest.h5")) == ["new0", "new1", *[f"old{i}" for i in range(6)]]

@@ -8,8 +8,8 @@ import pytest
 from PIL import Image
 
 from h5forge.errors import TooManyRejected
-from h5forge.ingest.rejected import common_reasons, reason_kind
-from h5forge.samples import Rejection
+from h5forge._ingest.rejected import common_reasons, reason_kind
+from h5forge._samples import Rejection
 from h5forge.spec import parse_spec
 from tests.ingest.test_inputs_trust import library_build, make_pairs, spec_data
 

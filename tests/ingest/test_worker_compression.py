@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import h5forge
-from h5forge.format.chunk_codec import EncodedRows, encode
-from h5forge.ingest.clean import clean_batch
-from h5forge.ingest.discover import discover
-from h5forge.ingest.parallel import batches
-from h5forge.ingest.writer import DatasetWriter
+from h5forge._format.chunk_codec import EncodedRows, encode
+from h5forge._ingest.clean import clean_batch
+from h5forge._ingest.discover import discover
+from h5forge._ingest.parallel import batches
+from h5forge._ingest.writer import DatasetWriter
 from h5forge.kinds import stored_kinds
 from tests.helpers.data import demo_spec
 

@@ -21,11 +21,11 @@ import pytest
 from distributed import LocalCluster
 
 import h5forge
-from h5forge.ingest.build import ASSEMBLY, RETURNS, WHERE, Route, RouteRefused
-from h5forge.ingest.incremental.rebuild import Reuse
-from h5forge.ingest.incremental.reuse import Plan, Source, Taken
-from h5forge.samples import SampleRef
-from h5forge.store.verify import verify_file
+from h5forge._ingest.build import ASSEMBLY, RETURNS, WHERE, Route, RouteRefused
+from h5forge._ingest.incremental.rebuild import Reuse
+from h5forge._ingest.incremental.reuse import Plan, Source, Taken
+from h5forge._samples import SampleRef
+from h5forge._store.verify import verify_file
 from tests.helpers.files import make_raw, spec_for
 from tests.ingest.incremental.test_rebuild import assert_same
 

@@ -8,10 +8,10 @@ import h5py
 import numpy as np
 import pytest
 
-from h5forge.ingest import writer as writer_module
-from h5forge.ingest.clean import clean_batch
-from h5forge.ingest.discover import discover
-from h5forge.ingest.writer import DatasetWriter
+from h5forge._ingest import writer as writer_module
+from h5forge._ingest.clean import clean_batch
+from h5forge._ingest.discover import discover
+from h5forge._ingest.writer import DatasetWriter
 from tests.helpers.files import make_raw, spec_for
 
 

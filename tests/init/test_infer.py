@@ -21,9 +21,9 @@ from PIL import Image
 from skimage import data, filters
 
 import h5forge
-from h5forge.format.layout import decode_str
-from h5forge.ingest.discover import discover
-from h5forge.init import infer_spec
+from h5forge._format.layout import decode_str
+from h5forge._ingest.discover import discover
+from h5forge._init import infer_spec
 from h5forge.read.torch import H5Dataset
 from h5forge.spec import load_spec, parse_spec
 

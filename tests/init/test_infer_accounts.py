@@ -12,8 +12,8 @@ import numpy as np
 from PIL import Image
 
 import h5forge
-from h5forge.format.layout import decode_str
-from h5forge.pipeline.build import discover_samples
+from h5forge._format.layout import decode_str
+from h5forge._pipeline.build import discover_samples
 from h5forge.spec import override, parse_spec
 from tests.init.test_infer import SPLITS, build, infer, photo
 
@@ -82,7 +82,7 @@ def test_the_build_says_how_many_files_no_glob_takes(tmp_path, caplog):
     (raw / "images" / "notes.txt").write_text("x")
     spec = parse_spec({"name": "g", "source": {"root": str(raw)}, "output": {"dir": str(tmp_path / "out")},
                        "fields": {"images": {"kind": "image", "files": "images/*.png", "size": [32, 32]}}}, tmp_path)
-    with caplog.at_level(logging.INFO, logger="h5forge.pipeline"):
+    with caplog.at_level(logging.INFO, logger="h5forge._pipeline"):
         inv = discover_samples(spec)
     assert len(inv.samples) == 4 and inv.unclaimed == 5
     assert ("5 file(s) under" in caplog.text and "are taken by no glob of the spec (e.g. images/notes.txt, "

@@ -13,8 +13,8 @@ import soundfile
 import yaml
 
 import h5forge
-from h5forge.format.layout import decode_str
-from h5forge.init import infer_spec
+from h5forge._format.layout import decode_str
+from h5forge._init import infer_spec
 from h5forge.read.torch import H5Dataset
 from h5forge.spec import override, parse_spec
 from tests.kinds.test_signal_audio import chirp

@@ -8,8 +8,8 @@ import h5py
 import numpy as np
 
 import h5forge
-from h5forge.format.layout import decode_str
-from h5forge.init import infer_spec
+from h5forge._format.layout import decode_str
+from h5forge._init import infer_spec
 from h5forge.spec import load_spec
 from tests.kinds.test_volume_multiframe import ct_slices, enhanced_ct
 from tests.kinds.test_volume_seg import by_position, two_regions, write_seg

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pydicom
 
 import h5forge
-from h5forge.init import infer_spec
+from h5forge._init import infer_spec
 from h5forge.spec import load_spec
 from tests.kinds.test_volume import write_series
 

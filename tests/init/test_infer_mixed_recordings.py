@@ -19,9 +19,9 @@ from PIL import Image
 
 import h5forge
 from h5forge.errors import UsageError
-from h5forge.format.layout import decode_str
-from h5forge.init import infer_spec
-from h5forge.read.reader import SplitReader
+from h5forge._format.layout import decode_str
+from h5forge._init import infer_spec
+from h5forge.read._reader import SplitReader
 from h5forge.spec import override, parse_spec
 from tests.kinds.test_signal_audio import chirp
 
@@ -36,7 +36,7 @@ def inferred_spec(raw: Path, tmp: Path):
     return parse_spec(yaml.safe_load(inferred.text), tmp), " | ".join(inferred.notes)
 
 
-def published(spec, out: Path) -> tuple[h5forge.pipeline.BuildResult, dict[str, tuple[str, int]]]:
+def published(spec, out: Path) -> tuple[h5forge._pipeline.BuildResult, dict[str, tuple[str, int]]]:
     """The written spec built as it is: every recording must be published."""
     result = h5forge.build(override(spec, output=out))
     assert result.rejected == 0, result.rejections

@@ -16,15 +16,15 @@ from nibabel.testing import data_path as nibabel_data
 from PIL import Image
 
 import h5forge
-from h5forge.format.mapped import MappedDataset
-from h5forge.demo import generate_ct
-from h5forge.init import infer_spec
-from h5forge.init.sections import CHUNK_BYTES
-from h5forge.init.volumes import LZ4_WORTH
-from h5forge.read.direct import DirectRows
+from h5forge._format.mapped import MappedDataset
+from h5forge._demo import generate_ct
+from h5forge._init import infer_spec
+from h5forge._init.sections import CHUNK_BYTES
+from h5forge._init.volumes import LZ4_WORTH
+from h5forge.read._direct import DirectRows
 from h5forge.read.torch import ChunkShuffleSampler, H5Dataset
 from h5forge.spec import load_spec
-from h5forge.store.verify import verify_file
+from h5forge._store.verify import verify_file
 from tests.helpers.data import age_files
 
 SPLITS = ("train", "val", "test")

@@ -25,9 +25,9 @@ from PIL import Image
 from pydicom.data import get_testdata_file
 
 import h5forge
-from h5forge.demo import CT_SPACING, CT_SPHERE_HU, SIGNAL_CHANNELS, generate_ct
-from h5forge.format.layout import decode_str
-from h5forge.init import infer_spec
+from h5forge._demo import CT_SPACING, CT_SPHERE_HU, SIGNAL_CHANNELS, generate_ct
+from h5forge._format.layout import decode_str
+from h5forge._init import infer_spec
 from h5forge.read.torch import H5Dataset
 from h5forge.spec import load_spec, override, parse_spec
 
@@ -330,7 +330,7 @@ def test_signals_demo_inits_builds_and_reads_back(tmp_path):
     for name, (label, (rate, *_)) in zip(spec.fields, SIGNAL_CHANNELS.items()):
         f = spec.fields[name]
         assert (f.kind, f.files, f.channel, f.rate) == ("signal", "*.edf", label, rate)
-    assert spec.compute.batch_size is None  # unset: the build picks it (ingest.parallel.batch_samples)
+    assert spec.compute.batch_size is None  # unset: the build picks it (_ingest.parallel.batch_samples)
     assert "rec_truncated.edf" in stdout and "truncated?" in stdout
     assert "'ACC' is at 500 Hz in 1 of 10 sampled files (rec_bad_rate.edf)" in stdout
     assert "'TEMP' is missing in 1 of 10 sampled files (rec_no_temp.edf)" in stdout

@@ -16,11 +16,11 @@ import pytest
 from PIL import Image, ImageOps
 from skimage import data, filters
 
-from h5forge.demo.pictures import bomb_png
-from h5forge.ingest.clean import clean_batch
-from h5forge.ingest.discover import discover
+from h5forge._demo.pictures import bomb_png
+from h5forge._ingest.clean import clean_batch
+from h5forge._ingest.discover import discover
 from h5forge.kinds import image
-from h5forge.samples import Reject
+from h5forge._samples import Reject
 from h5forge.spec import parse_spec
 from tests.kinds.test_paired import spec_data as sr_spec
 from tests.kinds.test_paired import write_pairs

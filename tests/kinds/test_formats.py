@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 from skimage import data, filters
 
-from h5forge.format.layout import decode_str
+from h5forge._format.layout import decode_str
 
 PHOTOS = {"astronaut": "png", "coffee": "jpg", "chelsea": "webp", "rocket": "bmp", "immunohistochemistry": "tif",
           "camera": "tiff", "coins": "jpeg", "moon": "png"}

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import h5forge
-from h5forge.demo import LABELS
-from h5forge.format.names import column_path
+from h5forge._demo import LABELS
+from h5forge._format.names import column_path
 from h5forge.kinds.label import LabelField
 from h5forge.read.torch import H5Dataset
 from tests.helpers.data import age_files, demo_spec, drop_samples

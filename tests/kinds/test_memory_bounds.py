@@ -24,8 +24,8 @@ CLEAN = textwrap.dedent("""
     from pathlib import Path
     import psutil
     import yaml
-    from h5forge.ingest.clean import clean_batch
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.clean import clean_batch
+    from h5forge._ingest.discover import discover
     from h5forge.spec import parse_spec
 
     def peak():  # VmHWM: this process image's own peak (getrusage would count the forking parent's)

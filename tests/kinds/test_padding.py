@@ -21,8 +21,8 @@ from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 
 import h5forge
-from h5forge.format import arrays
-from h5forge.format.layout import decode_str
+from h5forge._format import arrays
+from h5forge._format.layout import decode_str
 from h5forge.spec import DatasetSpec
 from tests.helpers.files import make_raw
 
@@ -86,7 +86,7 @@ def test_a_pad_value_that_is_a_class_is_refused(tmp_path):
 
 
 def test_init_writes_the_pad_value(tmp_path):
-    from h5forge.init import infer_spec
+    from h5forge._init import infer_spec
 
     raw = make_raw(tmp_path / "raw", n=6, seed=2)
     inferred = infer_spec(raw, tmp_path / "spec.yaml")

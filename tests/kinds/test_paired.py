@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 from skimage import data
 
-from h5forge.format.layout import decode_str
+from h5forge._format.layout import decode_str
 from h5forge.read.torch import H5Dataset
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")

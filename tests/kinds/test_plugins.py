@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from h5forge.format.names import SPLITS
+from h5forge._format.names import SPLITS
 from h5forge.kinds import REGISTRY
 from tests.helpers.data import REPO
 
@@ -39,7 +39,7 @@ def test_the_kind_comes_from_its_own_package_and_h5forge_never_names_it(vector):
 
 def test_a_spec_with_the_kind_builds_and_reads_back(vector, tmp_path):
     import h5forge
-    from h5forge.read.reader import SplitReader
+    from h5forge.read._reader import SplitReader
     from h5forge.read.torch import H5Dataset
 
     folder = tmp_path / "raw" / "emb"

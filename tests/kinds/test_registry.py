@@ -16,9 +16,9 @@ import pytest
 
 from h5forge.errors import KindRegistryError
 from h5forge.kinds import REGISTRY, KindNotLoaded, ReadOptions, decode_order, field_kinds, stored_kinds
-from h5forge.kinds.column import ColumnKind
-from h5forge.kinds.doc import with_table
-from h5forge.kinds.registry import Registry
+from h5forge.kinds._column import ColumnKind
+from h5forge.kinds._doc import with_table
+from h5forge.kinds._registry import Registry
 from tests.helpers.data import REPO, demo_spec
 
 PACKAGE = REPO / "src" / "h5forge"

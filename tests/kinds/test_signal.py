@@ -15,8 +15,8 @@ import pyedflib.data
 import pytest
 import torch
 
-from h5forge.format import arrays
-from h5forge.format.layout import decode_str
+from h5forge._format import arrays
+from h5forge._format.layout import decode_str
 from h5forge.read.torch import H5Dataset
 
 RATES = {"ACC": 1000, "VOLT": 100, "TEMP": 1}
@@ -153,8 +153,8 @@ def test_signal_spec_needs_a_channel_for_edf(tmp_path):
 
 
 def test_append_and_export_keep_ragged_rows(tmp_path, build_spec):
-    from h5forge.store.thin import export
-    from h5forge.store.verify import verify_file
+    from h5forge._store.thin import export
+    from h5forge._store.verify import verify_file
 
     new, spec, result = appended_recordings(tmp_path, build_spec)
     assert result.counts["train"] == 4

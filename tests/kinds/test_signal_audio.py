@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from h5forge.format import arrays
-from h5forge.format.layout import decode_str
+from h5forge._format import arrays
+from h5forge._format.layout import decode_str
 from h5forge.read.torch import H5Dataset
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pyedflib
 import soundfile
 
-from h5forge.format import arrays
-from h5forge.format.layout import decode_str
+from h5forge._format import arrays
+from h5forge._format.layout import decode_str
 
 EDF_RATES = {"AT": 1000, "NEAR": 999, "FAR": 975}  # samples per 1-second record
 

@@ -18,8 +18,8 @@ from PIL import Image
 from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 
-from h5forge.format import arrays
-from h5forge.format.layout import decode_str
+from h5forge._format import arrays
+from h5forge._format.layout import decode_str
 from h5forge.read.torch import H5Dataset
 
 SIZE = [128, 128]
@@ -124,9 +124,9 @@ def test_series_picked_by_uid_or_by_a_header_value_when_descriptions_tie(tmp_pat
         with h5py.File(path, "r") as f:
             assert decode_str(f["train"]["ct_series"][()]) == [uid]
             assert f["train"]["ct_spacing"][0][0] == pytest.approx(5.0)
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.discover import discover
     from h5forge.kinds import field_kinds
-    from h5forge.samples import Reject
+    from h5forge._samples import Reject
     from h5forge.spec import DatasetSpec
 
     spec = DatasetSpec.model_validate(spec_data(root, tmp_path / "out9", series={"SeriesNumber": "^9$"}))
@@ -247,7 +247,7 @@ def test_a_zero_rescale_slope_and_a_nan_slice_position_are_refused(tmp_path, bui
 
 def test_ct_slices_are_read_as_whole_chunks_from_the_mapped_file(tmp_path, build_spec):
     """One slice is one LZ4 chunk: a slice read takes its bytes from the mapped file and decompresses
-    them in process (h5forge.read.direct), to exactly what h5py reads."""
+    them in process (h5forge.read._direct), to exactly what h5py reads."""
     root = tmp_path / "raw"
     (root / "cases").mkdir(parents=True)
     rng = np.random.default_rng(2)

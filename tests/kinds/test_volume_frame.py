@@ -22,8 +22,8 @@ from nibabel.testing import data_path
 from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 
-from h5forge.format.layout import decode_str
-from h5forge.format.names import SPEC
+from h5forge._format.layout import decode_str
+from h5forge._format.names import SPEC
 
 
 def rotation(ax: float, ay: float, az: float) -> np.ndarray:
@@ -158,7 +158,7 @@ def test_a_version_written_before_the_one_frame_still_reads_and_is_rebuilt_befor
     read; the spec read from it says its frame is 'as-read'; an append to it asks for a rebuild."""
     import h5forge
     from h5forge.errors import ReadError, VersionError
-    from h5forge.read.reader import SplitReader
+    from h5forge.read._reader import SplitReader
     from h5forge.spec import DatasetSpec, spec_from_json
 
     root = tmp_path / "raw"

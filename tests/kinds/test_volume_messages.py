@@ -15,8 +15,8 @@ from tests.kinds.test_volume import spec_data, write_series
 
 
 def clean(root, **volume):
-    from h5forge.ingest.clean import clean_batch
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.clean import clean_batch
+    from h5forge._ingest.discover import discover
     from h5forge.spec import DatasetSpec
 
     spec = DatasetSpec.model_validate({"max_rejected": 1.0, **spec_data(root, root.parent / "out", **volume)})

@@ -17,7 +17,7 @@ import pytest
 from pydicom.data import get_testdata_file
 from pydicom.uid import generate_uid
 
-from h5forge.format.layout import decode_str
+from h5forge._format.layout import decode_str
 from h5forge.read.torch import H5Dataset
 from tests.kinds.test_volume import SIZE, spec_data, write_series
 

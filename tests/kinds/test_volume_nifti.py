@@ -15,7 +15,7 @@ import pytest
 import torch
 from nibabel.testing import data_path
 
-from h5forge.format.layout import decode_str
+from h5forge._format.layout import decode_str
 from h5forge.kinds import field_kinds
 from h5forge.read.torch import H5Dataset
 from h5forge.spec import DatasetSpec
@@ -194,7 +194,7 @@ def test_fourth_axis_and_channels_come_together(tmp_path):
 
 def test_a_4d_case_appended_from_the_inbox_reads_back_and_verifies(tmp_path, build_spec):
     import h5forge
-    from h5forge.pipeline.verify import verify
+    from h5forge._pipeline.verify import verify
     from tests.helpers.data import age_files
 
     root, inbox = tmp_path / "raw", tmp_path / "inbox"
@@ -259,7 +259,7 @@ def by_id(path, field="ct") -> dict[str, tuple[str, np.ndarray]]:
 
 def test_fourth_axis_time_makes_each_time_point_a_sample_with_nibabels_values(tmp_path, build_spec):
     import h5forge
-    from h5forge.store.verify import verify_file
+    from h5forge._store.verify import verify_file
 
     root = tmp_path / "raw"
     (root / "cases").mkdir(parents=True)
@@ -305,7 +305,7 @@ def test_fourth_axis_time_makes_each_time_point_a_sample_with_nibabels_values(tm
 def test_the_time_points_of_a_case_share_its_split_and_a_changed_file_replaces_them_all(tmp_path, build_spec):
     import h5forge
     from h5forge.errors import SamplesRemoved
-    from h5forge.ingest.splits import ratio_split
+    from h5forge._ingest.splits import ratio_split
 
     root = tmp_path / "raw"
     (root / "cases").mkdir(parents=True)
@@ -342,7 +342,7 @@ def test_the_time_points_of_a_case_share_its_split_and_a_changed_file_replaces_t
 
 def test_4d_time_points_appended_from_the_inbox_are_taken_once_and_verify(tmp_path, build_spec):
     import h5forge
-    from h5forge.pipeline.verify import verify
+    from h5forge._pipeline.verify import verify
     from tests.helpers.data import age_files
 
     root, inbox = tmp_path / "raw", tmp_path / "inbox"

@@ -14,7 +14,7 @@ import numpy as np
 import pydicom
 from pydicom.sr.codedict import codes
 
-from h5forge.format.layout import decode_str
+from h5forge._format.layout import decode_str
 from h5forge.read.torch import H5Dataset
 from tests.kinds.test_volume import spec_data, write_series
 from tests.kinds.test_volume_multiframe import enhanced_ct, ct_slices

@@ -41,16 +41,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import h5forge
 from h5forge.errors import SamplesRemoved
-from h5forge.format.layout import decode_str
-from h5forge.format.names import DELTA_RE, LATEST, ROWS_FOLDER_RE, VERSION_RE, version_name
-from h5forge.init import infer_spec
-from h5forge.pipeline import verify
-from h5forge.pipeline.watch import watch_inbox
+from h5forge._format.layout import decode_str
+from h5forge._format.names import DELTA_RE, LATEST, ROWS_FOLDER_RE, VERSION_RE, version_name
+from h5forge._init import infer_spec
+from h5forge._pipeline import verify
+from h5forge._pipeline.watch import watch_inbox
 from h5forge.spec import load_spec
-from h5forge.store.thin import export
-from h5forge.store.verify import verify_file
-from h5forge.store.versions import latest, output_lock, published, retain, set_latest
-from h5forge.views.diff import diff_versions
+from h5forge._store.thin import export
+from h5forge._store.verify import verify_file
+from h5forge._store.versions import latest, output_lock, published, retain, set_latest
+from h5forge._views.diff import diff_versions
 from tests.helpers.lifecycle import HOSTILE, LAYOUTS, Draw, Layout, Sample
 
 SPLITS = ("train", "val", "test")

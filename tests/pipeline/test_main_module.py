@@ -27,7 +27,7 @@ UNGUARDED = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def raw_twenty(tmp_path_factory) -> Path:
-    from h5forge.demo import generate
+    from h5forge._demo import generate
 
     root = tmp_path_factory.mktemp("raw20") / "demo"
     generate(root, n=20, seed=3, bad=False, workers=1)
@@ -56,13 +56,13 @@ def test_an_unguarded_script_builds_on_worker_processes(raw_twenty, tmp_path, ho
 
 def test_the_script_keeps_its_main_module(tmp_path):
     # within a run the script's own code still sees its globals, and after it __main__ is its own again
-    from h5forge.pipeline.main_module import main_module_hidden
+    from h5forge._pipeline.main_module import main_module_hidden
 
     (tmp_path / "probe.py").write_text(
         textwrap.dedent(
             """\
             import multiprocessing, sys
-            from h5forge.pipeline.main_module import main_module_hidden
+            from h5forge._pipeline.main_module import main_module_hidden
 
             print("imported as", __name__, flush=True)
 

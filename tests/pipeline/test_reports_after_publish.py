@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 import h5forge
-from h5forge.store.versions import latest
+from h5forge._store.versions import latest
 from tests.helpers.data import demo_spec
 
 

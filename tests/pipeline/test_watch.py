@@ -11,9 +11,9 @@ import shutil
 import threading
 
 import h5forge
-from h5forge.pipeline.watch import watch_inbox
+from h5forge._pipeline.watch import watch_inbox
 from h5forge.spec import DatasetSpec
-from h5forge.store.versions import latest
+from h5forge._store.versions import latest
 from tests.helpers.data import age_files
 from tests.helpers.files import all_ids
 
@@ -132,7 +132,7 @@ def test_watch_appends_once_per_drop_and_never_reads_its_own_folders(raw_demo, t
 def test_watch_does_not_take_its_own_rewrite_of_a_coco_file_for_news(tmp_path):
     """The COCO file keeps the entry of a picture not yet there: the append rewrites it, and the
     watcher runs no append for that; the picture's arrival is one append."""
-    from h5forge.ingest.append import rewritten_by_append
+    from h5forge._ingest.append import rewritten_by_append
     from tests.ingest.test_append_inbox_records import _save_photo, coco_spec, write_coco
 
     write_coco(tmp_path / "raw", ["astronaut", "coffee"], "annotations/instances_train.json")

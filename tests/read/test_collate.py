@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from h5forge.read.collate import Padded, VarlenCollate, pad_batch, varlen_collate
+from h5forge.read._collate import Padded, VarlenCollate, pad_batch, varlen_collate
 
 
 def test_pad_batch_numpy_and_torch():

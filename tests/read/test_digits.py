@@ -11,7 +11,7 @@ import yaml
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from h5forge.init import infer_spec
+from h5forge._init import infer_spec
 from h5forge.read.torch import H5Dataset
 from h5forge.spec import parse_spec
 

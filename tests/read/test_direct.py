@@ -7,10 +7,10 @@ import hdf5plugin
 import numpy as np
 import pytest
 
-from h5forge.format import arrays
-from h5forge.format.chunk_codec import EncodedRows, append_chunks
-from h5forge.read.direct import DirectRows, reads_rows_alone
-from h5forge.read.reader import SplitReader
+from h5forge._format import arrays
+from h5forge._format.chunk_codec import EncodedRows, append_chunks
+from h5forge.read._direct import DirectRows, reads_rows_alone
+from h5forge.read._reader import SplitReader
 from tests.helpers.files import build_file, make_raw, truth
 
 SHAPE = (3, 20, 30)
@@ -172,7 +172,7 @@ def test_the_chunk_index_gives_each_stored_chunk_as_hdf5_does(tmp_path):
     chunk never written."""
     import os
 
-    from h5forge.read.direct import chunk_index
+    from h5forge.read._direct import chunk_index
 
     values = rows()
     d = dataset(tmp_path / "c.h5", dict(hdf5plugin.LZ4()), values, maxshape=(None, *SHAPE))

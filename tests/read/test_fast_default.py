@@ -14,9 +14,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from h5forge.kinds import ReadOptions
-from h5forge.format import chunk_codec
-from h5forge.read.direct import DirectRows
-from h5forge.read.reader import SplitReader
+from h5forge._format import chunk_codec
+from h5forge.read._direct import DirectRows
+from h5forge.read._reader import SplitReader
 from h5forge.read.torch import H5Dataset, torch_convert
 from tests.helpers.files import build_file, make_raw
 

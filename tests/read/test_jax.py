@@ -37,7 +37,7 @@ def data(tmp_path_factory):
 
 def test_jax_source_and_batches(data):
     from h5forge.read.jax import Source, batches
-    from h5forge.read.sampler import epoch_order, shard
+    from h5forge.read._sampler import epoch_order, shard
 
     t = data["truth"]
     src = Source(data["path"], split="train", fields=("images", "masks"))

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import h5forge
-from h5forge.format.row_files import row_files_of
-from h5forge.store.thin import export
+from h5forge._format.row_files import row_files_of
+from h5forge._store.thin import export
 from tests.helpers.data import age_files, demo_spec, drop_samples, write_spec_file
 
 LIMIT = 32
@@ -35,7 +35,7 @@ resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, resource.getrlimit(resource
 
 READ_ALL = """
 import numpy as np
-from h5forge.read.reader import SplitReader
+from h5forge.read._reader import SplitReader
 from h5forge.read.torch import H5Dataset
 version, copy = sys.argv[1], sys.argv[2]
 splits = ("train", "val", "test")
@@ -67,14 +67,14 @@ print(json.dumps({"rows": rows, "wrong": int(wrong)}))
 """
 
 VERIFY = """
-from h5forge.store.verify import verify_file
+from h5forge._store.verify import verify_file
 report = verify_file(sys.argv[1], resample=0, latency_reads=5, workers=1)
 print(json.dumps({"ok": report.ok, "errors": report.errors}))
 """
 
 READ_ONE_SPLIT = """
 from h5forge.errors import ReadError
-from h5forge.read.reader import SplitReader
+from h5forge.read._reader import SplitReader
 r = SplitReader(sys.argv[1], sys.argv[2])
 try:
     values = r.read(range(len(r)))
@@ -96,7 +96,7 @@ def _child(body: str, *args: str | Path) -> dict:
 @pytest.fixture(scope="module")
 def mapped_version(tmp_path_factory) -> tuple[Path, Path]:
     """A mapped version built one sample per worker file, and its exported copy."""
-    from h5forge.demo import generate
+    from h5forge._demo import generate
 
     root = tmp_path_factory.mktemp("mapped")
     generate(root / "raw", n=MAPPED_SAMPLES, seed=3, bad=False, workers=1)
@@ -171,7 +171,7 @@ def test_a_thin_version_after_many_one_sample_appends_reads_as_its_copy_under_a_
 
 
 def test_mapped_reads_keep_at_most_their_budget_of_files_open(mapped_version):
-    from h5forge.format.mapped import MappedDataset, SourceFiles
+    from h5forge._format.mapped import MappedDataset, SourceFiles
 
     version, copy = mapped_version
 
@@ -189,8 +189,8 @@ def test_mapped_reads_keep_at_most_their_budget_of_files_open(mapped_version):
 def test_verify_gives_back_every_mapped_file_it_read(mapped_version):
     """A long-lived process (a watch folder's) verifies each version it publishes: a mapped file that
     verify left open, its read-latency check's included, would hold its disk space once deleted."""
-    from h5forge.format.mapped import SOURCES
-    from h5forge.store.verify import verify_file
+    from h5forge._format.mapped import SOURCES
+    from h5forge._store.verify import verify_file
 
     version, _ = mapped_version
     SOURCES.close_all()

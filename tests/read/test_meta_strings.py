@@ -8,7 +8,7 @@ import json
 import h5py
 
 import h5forge
-from h5forge.format.layout import decode_str
+from h5forge._format.layout import decode_str
 from h5forge.read.torch import H5Dataset
 from h5forge.spec import DatasetSpec
 from tests.helpers.files import make_raw

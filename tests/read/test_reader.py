@@ -16,11 +16,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from h5forge.read.reader import ReadError, SplitReader, coalesce
-from h5forge.read.direct import DirectRows
-from h5forge.read.sampler import epoch_order, shard
+from h5forge.read._reader import ReadError, SplitReader, coalesce
+from h5forge.read._direct import DirectRows
+from h5forge.read._sampler import epoch_order, shard
 from h5forge.read.torch import ChunkShuffleSampler, H5Dataset
-from h5forge.store.versions import LATEST, set_latest, version_name
+from h5forge._store.versions import LATEST, set_latest, version_name
 from tests.helpers.files import build_file, make_raw, n_fds, truth
 
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from h5forge.errors import ReadError
-from h5forge.format.objects import RemoteChanged, RemoteMissing, Retry, pointer_bytes
-from h5forge.read.remote import RemoteSplitReader, plan_spans
-from h5forge.read.reader import SplitReader
+from h5forge._format.objects import RemoteChanged, RemoteMissing, Retry, pointer_bytes
+from h5forge.read._remote import RemoteSplitReader, plan_spans
+from h5forge.read._reader import SplitReader
 from h5forge.read.torch import H5Dataset
 from tests.helpers.files import build_file, make_raw
 from tests.helpers.object_servers import FaultProxy, Nginx, S3Server, nginx_binary, served_folder
@@ -130,7 +130,7 @@ def test_a_flipped_byte_is_an_error_naming_the_row(served):
         remote.read([4, 6])
     unchecked = RemoteSplitReader(f"{server.url}/{bad}", "train", retry=FAST)
     unchecked.read([6])  # without verify_rows the damage is read: verify_rows is what catches it
-    from h5forge.store.remote import verify_remote
+    from h5forge._store.remote import verify_remote
 
     report = verify_remote(f"{server.url}/{bad}")
     assert not report.ok and any("train[6]" in e for e in report.errors)
@@ -308,7 +308,7 @@ def test_a_forked_process_opens_its_own_connections(served):
 
 HANG_PROBE = """
 import gc, sys, threading, time, h5py
-from h5forge.read.remote import RemoteSplitReader
+from h5forge.read._remote import RemoteSplitReader
 url, local = sys.argv[1], sys.argv[2]
 held = h5py.File(local, "r")
 stop = threading.Event()

@@ -14,7 +14,7 @@ import pytest
 import torch
 from pydicom.data import get_testdata_file
 
-from h5forge.format.layout import decode_str
+from h5forge._format.layout import decode_str
 from h5forge.read.torch import H5Dataset
 
 PAD = 8  # in-plane padding each side, with AIR

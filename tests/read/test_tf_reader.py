@@ -55,7 +55,7 @@ def tf_checks(path: str) -> None:
     import tensorflow as tf
 
     import h5forge.read.tf
-    from h5forge.read.sampler import epoch_order
+    from h5forge.read._sampler import epoch_order
 
     t = truth(path)
     ds = h5forge.read.tf.dataset(path, split="train", fields=("images", "masks"), batch_size=16,
@@ -91,7 +91,7 @@ def int_column_checks(path: str) -> None:
     import tensorflow as tf
 
     import h5forge.read.tf
-    from h5forge.read.sampler import epoch_order
+    from h5forge.read._sampler import epoch_order
 
     t = truth(path)
     num_cells = meta(path, "num_cells")

@@ -16,11 +16,11 @@ import pytest
 
 import h5forge
 from h5forge.errors import ReadError, VersionError
-from h5forge.read.reader import SplitReader
-from h5forge.format.objects import RemoteMissing, Retry
-from h5forge.read.remote import RemoteSplitReader
-from h5forge.store.remote import latest_of, listed, push, retain, rollback, verify_remote
-from h5forge.store.versions import set_latest
+from h5forge.read._reader import SplitReader
+from h5forge._format.objects import RemoteMissing, Retry
+from h5forge.read._remote import RemoteSplitReader
+from h5forge._store.remote import latest_of, listed, push, retain, rollback, verify_remote
+from h5forge._store.versions import set_latest
 from tests.helpers.data import age_files, drop_samples
 from tests.helpers.files import build_file, make_raw
 from tests.helpers.object_servers import S3Server, nginx_binary
@@ -196,7 +196,7 @@ def test_the_chunk_index_object_makes_the_open_a_few_requests(tmp_path_factory):
         rows_equal(indexed, out / "dataset_v0001.h5")
         # an index made for another object (here: another file's digest) is never used
         (www / "cells" / "aside.npz").rename(www / "cells" / "dataset_v0001.h5.chunks.npz")
-        from h5forge.format.objects import parse_chunk_index
+        from h5forge._format.objects import parse_chunk_index
 
         data = (www / "cells" / "dataset_v0001.h5.chunks.npz").read_bytes()
         assert parse_chunk_index(data, indexed.obj, "another-digest") is None

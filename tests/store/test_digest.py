@@ -15,9 +15,9 @@ import pytest
 from distributed import LocalCluster
 
 import h5forge
-from h5forge.format.names import SPLITS
+from h5forge._format.names import SPLITS
 from h5forge.spec import DatasetSpec
-from h5forge.store.verify import verify_file
+from h5forge._store.verify import verify_file
 from tests.helpers.files import make_raw
 
 QUICK = dict(resample=0, latency_reads=0)

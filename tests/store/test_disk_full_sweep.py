@@ -187,7 +187,7 @@ def test_a_thin_version_is_built_in_memory_and_written_once(tmp_path):
     """Nothing is at the thin version's path while HDF5 builds it; the file appears whole at the end."""
     import h5py
 
-    from h5forge.store.thin import built_in_memory
+    from h5forge._store.thin import built_in_memory
 
     target = tmp_path / ".dataset_v0002.h5.partial"
     with built_in_memory(target) as f:

@@ -13,10 +13,10 @@ import h5py
 import yaml
 
 import h5forge
-from h5forge.format.names import SPLITS
-from h5forge.store.thin import export, row_files_of
-from h5forge.store.verify import verify_file
-from h5forge.views.info import version_info
+from h5forge._format.names import SPLITS
+from h5forge._store.thin import export, row_files_of
+from h5forge._store.verify import verify_file
+from h5forge._views.info import version_info
 from tests.helpers.data import REPO, age_files, drop_samples
 from tests.helpers.files import make_raw
 

@@ -10,8 +10,8 @@ import h5py
 import numpy as np
 import pytest
 
-from h5forge.format.names import DIAGNOSTICS, Attr
-from h5forge.store.verify import verify_file
+from h5forge._format.names import DIAGNOSTICS, Attr
+from h5forge._store.verify import verify_file
 from tests.helpers.tamper import copy_writable, raw_pair, small_version, thin_version
 
 QUICK = {"resample": 0, "latency_reads": 0}
@@ -71,7 +71,7 @@ def test_a_changed_file_attribute_diagnostic_or_catalog_entry_is_detected(good, 
 
 
 def test_a_thin_version_and_an_export_carry_their_own_digest(raws, tmp_path):
-    from h5forge.store.thin import export
+    from h5forge._store.thin import export
 
     thin = thin_version(tmp_path / "out", *raws)
     assert verify_file(thin, **QUICK).checks["file digest"] == "ok"

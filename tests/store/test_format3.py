@@ -14,11 +14,11 @@ import numpy as np
 import yaml
 
 import h5forge
-from h5forge.format.checksums import canonical, stored_checksums
-from h5forge.format.names import SPLITS
+from h5forge._format.checksums import canonical, stored_checksums
+from h5forge._format.names import SPLITS
 from h5forge.kinds import stored_kinds
 from h5forge.spec import spec_from_json
-from h5forge.store.verify import verify_file
+from h5forge._store.verify import verify_file
 from tests.helpers.data import age_files, drop_samples, write_spec_file
 from tests.helpers.files import make_raw
 
@@ -115,7 +115,7 @@ def test_a_format_2_version_verifies_takes_an_append_in_format_2_and_is_rebuilt_
 
 
 def test_the_same_values_hash_the_same_in_memory_and_from_the_file_in_both_formats():
-    from h5forge.format.checksums import values_digest
+    from h5forge._format.checksums import values_digest
 
     value = np.arange(12, dtype=">u2").reshape(3, 4)  # big-endian: hashed as little-endian bytes
     for fmt, hasher in ((2, hashlib.sha256), (3, blake3.blake3)):

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from h5forge.store.verify import verify_file
+from h5forge._store.verify import verify_file
 from tests.helpers.tamper import (
     copy_writable,
     data_regions,

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 import h5forge
-from h5forge.format.catalog import id_digest
-from h5forge.format.layout import decode_str
-from h5forge.format.names import SPLITS
-from h5forge.store.verify import verify_file
+from h5forge._format.catalog import id_digest
+from h5forge._format.layout import decode_str
+from h5forge._format.names import SPLITS
+from h5forge._store.verify import verify_file
 from tests.helpers.data import REPO, age_files, drop_samples
 from tests.helpers.files import make_raw
 from tests.store.test_verify_trust import resign

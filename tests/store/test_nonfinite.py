@@ -17,9 +17,9 @@ import pyedflib.data
 import pytest
 
 import h5forge
-from h5forge.format import arrays
+from h5forge._format import arrays
 from h5forge.spec import DatasetSpec
-from h5forge.store.verify import verify_file
+from h5forge._store.verify import verify_file
 
 NIFTI = Path(nibabel.testing.data_path) / "resampled_anat_moved.nii"
 
@@ -51,7 +51,7 @@ def test_an_int16_volume_with_nan_voxels_is_rejected_with_the_reason(tmp_path):
     (tmp_path / "raw" / "cases").mkdir(parents=True)
     shutil.copy(NIFTI, tmp_path / "raw" / "cases" / "anat.nii")
     from h5forge.kinds import stored_kinds
-    from h5forge.samples import Reject, SampleRef
+    from h5forge._samples import Reject, SampleRef
 
     spec = DatasetSpec.model_validate({
         "name": "mr", "source": {"root": str(tmp_path / "raw")}, "output": {"dir": str(tmp_path / "out")},

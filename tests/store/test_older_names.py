@@ -16,12 +16,12 @@ import pytest
 import yaml
 
 import h5forge
-from h5forge.demo import generate
-from h5forge.format.names import SPLITS, Attr
-from h5forge.format.row_files import row_files_of, virtual_sources
-from h5forge.store.thin import export
-from h5forge.store.verify import verify_file
-from h5forge.views.info import lineage
+from h5forge._demo import generate
+from h5forge._format.names import SPLITS, Attr
+from h5forge._format.row_files import row_files_of, virtual_sources
+from h5forge._store.thin import export
+from h5forge._store.verify import verify_file
+from h5forge._views.info import lineage
 from tests.helpers.data import age_files, drop_samples
 
 FIXTURE = Path(__file__).parent / "data" / "mapped_before_row_files.tar.xz"

@@ -16,8 +16,8 @@ import yaml
 
 import h5forge
 from h5forge.errors import LatestBroken, OutputTaken, SpecError
-from h5forge.format.names import LATEST
-from h5forge.store.versions import latest, published
+from h5forge._format.names import LATEST
+from h5forge._store.versions import latest, published
 from tests.helpers.data import REPO
 from tests.ingest.test_inputs_trust import library_build, make_pairs, spec_data, write_spec
 
@@ -66,8 +66,8 @@ def repoint(out: Path, target: str) -> None:
     ("dataset_v0002.delta.h5", "is not a published version"),
 ])
 def test_latest_outside_the_folder_or_dangling_is_refused_everywhere(two_folders, target, why):
-    from h5forge.ingest.append import stage_append
-    from h5forge.store.versions import stage
+    from h5forge._ingest.append import stage_append
+    from h5forge._store.versions import stage
 
     tmp, here, elsewhere = two_folders
     if target.endswith("delta.h5"):
@@ -124,7 +124,7 @@ def test_a_second_dataset_cannot_take_over_an_output_folder(two_folders):
 def test_the_owner_is_recorded_even_before_a_version_survives(tmp_path):
     """A folder whose versions were all deleted still belongs to its dataset (the marker file)."""
     from h5forge.spec import parse_spec
-    from h5forge.store.output import OWNER_FILE, claim_output
+    from h5forge._store.output import OWNER_FILE, claim_output
 
     raw = tmp_path / "raw"
     make_pairs(raw, ["a"])
@@ -160,7 +160,7 @@ def test_an_output_folder_in_the_sources_is_refused(tmp_path, where):
 
 def test_an_output_folder_reached_through_a_symlink_into_the_source_is_refused(tmp_path):
     from h5forge.spec import parse_spec
-    from h5forge.store.output import check_folders
+    from h5forge._store.output import check_folders
 
     raw = tmp_path / "raw"
     make_pairs(raw, ["a"])

@@ -12,9 +12,9 @@ import sys
 import yaml
 
 import h5forge
-from h5forge.store.thin import row_files_of
-from h5forge.store.verify import verify_file
-from h5forge.store.versions import latest, published
+from h5forge._store.thin import row_files_of
+from h5forge._store.verify import verify_file
+from h5forge._store.versions import latest, published
 from tests.helpers.data import REPO, age_files, drop_samples
 from tests.helpers.files import make_raw
 

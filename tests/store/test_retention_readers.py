@@ -16,8 +16,8 @@ import time
 import pytest
 
 from h5forge.errors import ReadError
-from h5forge.format.leases import lease_path
-from h5forge.store.versions import published, retain
+from h5forge._format.leases import lease_path
+from h5forge._store.versions import published, retain
 from tests.helpers.files import make_version
 
 READER = textwrap.dedent("""
@@ -54,7 +54,7 @@ def start_reader(path) -> subprocess.Popen:
 
 def test_a_version_pinned_by_a_reader_process_survives_retention_until_the_reader_is_gone(four_versions):
     out = four_versions
-    from h5forge.read.reader import SplitReader
+    from h5forge.read._reader import SplitReader
 
     train_rows = len(SplitReader(out / "dataset_v0001.h5", "train"))
     reader = start_reader(out / "dataset_v0001.h5")

@@ -7,10 +7,10 @@ import h5py
 import numpy as np
 
 import h5forge
-from h5forge.format.layout import decode_str
-from h5forge.store.thin import row_files_of
-from h5forge.store.verify import verify_file
-from h5forge.store.versions import published, retain
+from h5forge._format.layout import decode_str
+from h5forge._store.thin import row_files_of
+from h5forge._store.verify import verify_file
+from h5forge._store.versions import published, retain
 from tests.helpers.data import age_files, drop_samples
 
 def test_retention_keeps_what_kept_versions_read_and_export_is_self_contained(dataset, raw_new, tmp_path):
@@ -28,7 +28,7 @@ def test_retention_keeps_what_kept_versions_read_and_export_is_self_contained(da
     assert verify_file(out / "dataset_latest.h5").ok
     copy = tmp_path / "elsewhere" / "copy.h5"
     copy.parent.mkdir()
-    from h5forge.store.thin import export
+    from h5forge._store.thin import export
 
     export(out / "dataset_latest.h5", copy)
     with h5py.File(copy, "r") as c, h5py.File(out / "dataset_v0004.h5", "r") as f:
@@ -53,7 +53,7 @@ def test_a_missing_delta_is_an_error_never_silent_zeros(dataset, raw_new, tmp_pa
 
 
 def test_an_append_past_the_documented_chain_length_says_what_to_run(dataset, raw_new, monkeypatch, caplog):
-    from h5forge.store import thin
+    from h5forge._store import thin
 
     monkeypatch.setattr(thin, "MAX_THIN_CHAIN", 2)
     spec_file, out, inbox = dataset

@@ -10,9 +10,9 @@ from pathlib import Path
 import h5py
 import pytest
 
-from h5forge.format.names import SPLITS
-from h5forge.store import verify
-from h5forge.store.verify import verify_file
+from h5forge._format.names import SPLITS
+from h5forge._store import verify
+from h5forge._store.verify import verify_file
 from tests.helpers.files import make_raw
 from tests.helpers.tamper import copy_writable, raw_pair, small_version, thin_version
 

@@ -17,8 +17,8 @@ import h5py
 import numpy as np
 import pytest
 
-from h5forge.format.names import FORMAT_VERSION, SPLITS
-from h5forge.store.verify import verify_file
+from h5forge._format.names import FORMAT_VERSION, SPLITS
+from h5forge._store.verify import verify_file
 from tests.helpers.tamper import copy_writable, flip, raw_pair, reader_view, small_version, thin_version
 
 H5FORGE = str(Path(sys.executable).parent / "h5forge")
@@ -45,7 +45,7 @@ def copy(good, tmp_path) -> Path:
 
 def resign(path: Path) -> None:
     """Recompute every checksum and digest: a tamperer who knows the format."""
-    from h5forge.format.checksums import stored_checksums, write_digests, write_file_digest
+    from h5forge._format.checksums import stored_checksums, write_digests, write_file_digest
     from h5forge.kinds import stored_kinds
     from h5forge.spec import spec_from_json
 
@@ -195,7 +195,7 @@ def test_an_old_format_file_says_what_its_checksums_cover(copy):
 def test_an_append_onto_a_format_1_version_asks_for_a_rebuild(raws, tmp_path):
     import h5forge
     from h5forge.errors import VersionError
-    from h5forge.store.output import OWNER_FILE
+    from h5forge._store.output import OWNER_FILE
     from tests.helpers.data import age_files, drop_samples
     from tests.helpers.files import spec_for, strays
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from h5forge.store.versions import LATEST, OutputBusy, latest, output_lock, published, retain, set_latest, stage
+from h5forge._store.versions import LATEST, OutputBusy, latest, output_lock, published, retain, set_latest, stage
 from tests.helpers.files import make_version
 
 
@@ -81,7 +81,7 @@ def test_published_versions_are_read_only(tmp_path, small_inventory, raw_demo):
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from h5forge.store.versions import output_lock
+    from h5forge._store.versions import output_lock
     with output_lock(sys.argv[1], what="test-holder"):
         open(sys.argv[1] + "/.dataset_v0009.h5.partial", "w").write("half")
         print("held", flush=True)

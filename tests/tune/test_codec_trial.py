@@ -14,11 +14,11 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from h5forge.cli import app
+from h5forge._cli import app
 from h5forge.errors import UsageError
-from h5forge.format.codecs import CODECS
-from h5forge.format.layout import decode_str
-from h5forge.tune.codec_trial import CodecResult, recommend, spec_for, trial, with_codec
+from h5forge._format.codecs import CODECS
+from h5forge._format.layout import decode_str
+from h5forge._tune.codec_trial import CodecResult, recommend, spec_for, trial, with_codec
 from tests.helpers.data import REPO
 from tests.helpers.demo_build import build_demo
 
@@ -131,11 +131,11 @@ def measured_rows(output):
 def test_codecs_command_recommends_what_its_table_implies_for_each_goal(tmp_path, monkeypatch):
     """A segmentation folder (3-class masks): the printed recommendation under each --for is the
     rule applied to the printed numbers, and the other goals' picks are stated too."""
-    from h5forge.demo import generate_segment_multiclass
+    from h5forge._demo import generate_segment_multiclass
 
     # the CLI's console took its width when first imported (COLUMNS then, or 80): wide enough here
     # that no line of the table wraps, however long tmp_path is
-    monkeypatch.setattr(sys.modules["h5forge.cli.app"].out, "width", 400)
+    monkeypatch.setattr(sys.modules["h5forge._cli.app"].out, "width", 400)
 
     raw = tmp_path / "seg"
     generate_segment_multiclass(raw, n=24, seed=0, bad=False)
@@ -157,7 +157,7 @@ def test_codecs_command_recommends_what_its_table_implies_for_each_goal(tmp_path
 
 
 def test_a_field_kind_with_its_own_codec_is_measured_with_the_trial_codec(tmp_path):
-    from h5forge.demo import generate_signals
+    from h5forge._demo import generate_signals
     from h5forge.kinds import stored_kinds
 
     raw = tmp_path / "raw"

@@ -13,7 +13,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from h5forge.format.names import SPEC, Attr
+from h5forge._format.names import SPEC, Attr
 from tests.helpers.tamper import raw_pair, thin_version
 
 H5FORGE = str(Path(sys.executable).parent / "h5forge")
@@ -113,7 +113,7 @@ def test_a_truncated_earlier_version_is_listed_as_unreadable(versions, tmp_path)
 def test_retention_with_a_damaged_kept_version_deletes_nothing_and_does_not_fail(versions, tmp_path):
     """What a damaged kept version reads is unknown: retention keeps every file this time (an
     append that has published must not fail in it)."""
-    from h5forge.store.versions import retain
+    from h5forge._store.versions import retain
 
     out = tmp_path / "out"
     shutil.copytree(versions, out)

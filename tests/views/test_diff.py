@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 import h5forge
-from h5forge.ingest.splits import assign_split
+from h5forge._ingest.splits import assign_split
 from h5forge.spec import load_spec
-from h5forge.views.diff import diff_versions
+from h5forge._views.diff import diff_versions
 from tests.helpers.data import age_files, drop_samples, write_spec_file
 from tests.helpers.files import all_ids
 

@@ -3,10 +3,10 @@
 import json
 from collections import Counter
 
-from h5forge.demo import LABELS
-from h5forge.ingest.splits import assign_split
-from h5forge.views.diff import diff_versions
-from h5forge.views.info import version_info
+from h5forge._demo import LABELS
+from h5forge._ingest.splits import assign_split
+from h5forge._views.diff import diff_versions
+from h5forge._views.info import version_info
 from tests.kinds.test_label import build, label_spec
 
 

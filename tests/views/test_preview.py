@@ -13,14 +13,14 @@ import yaml
 from PIL import Image
 from typer.testing import CliRunner
 
-from h5forge.cli import app
+from h5forge._cli import app
 from h5forge.errors import UsageError
-from h5forge.format.layout import decode_str
-from h5forge.demo import CT_SPHERE_HU, generate_ct, generate_signals
-from h5forge.init import infer_spec
+from h5forge._format.layout import decode_str
+from h5forge._demo import CT_SPHERE_HU, generate_ct, generate_signals
+from h5forge._init import infer_spec
 from h5forge.kinds.mask import OVERLAY
 from h5forge.kinds.signal import PLOT_INK, PLOT_SIZE, trace_plot
-from h5forge.views.preview import artifact_data_uri, load_samples, write_preview
+from h5forge._views.preview import artifact_data_uri, load_samples, write_preview
 from tests.helpers.demo_build import build_demo
 
 GREEN = OVERLAY[0].astype(np.uint16)  # class 1
@@ -265,7 +265,7 @@ def test_a_ct_case_is_drawn_at_its_physical_aspect_with_its_spacing_and_window(t
 
 
 def test_a_multiclass_mask_gets_a_legend_in_its_overlay_colours(tmp_path, build_spec):
-    from h5forge.demo import generate_segment_multiclass
+    from h5forge._demo import generate_segment_multiclass
 
     raw = tmp_path / "raw"
     generate_segment_multiclass(raw, n=12, seed=0, bad=False)

@@ -1,7 +1,7 @@
 """The field-kind registry: a kind is one module, registered by its ``kind`` name.
 
 ``REGISTRY`` holds every installed kind, h5forge's own and those of other packages alike: each is
-an entry point of the group ``h5forge.kinds`` (``kinds.registry``), loaded when the registry is
+an entry point of the group ``h5forge.kinds`` (``kinds._registry``), loaded when the registry is
 first asked, so a kind from another package needs no edit here and nothing else in h5forge names a
 kind. The layers above ask this registry: ``init`` for the detectors (``detectors()``),
 ``demo-data`` for the demo folders (``demos()``), the readers for their options
@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from h5forge.errors import KindRegistryError
-from h5forge.format.arrays import Stored
+from h5forge._format.arrays import Stored
 from h5forge.kinds.base import Decoded, FieldKind, warnings_logged
-from h5forge.kinds.column import ColumnKind
+from h5forge.kinds._column import ColumnKind
 from h5forge.kinds.plugins import Demo, Detector, Layout, load_ref
 from h5forge.kinds.reading import Conversion, ReadOption, ReadOptions
-from h5forge.kinds.registry import KindNotLoaded, Registry
-from h5forge.samples import SampleRef
+from h5forge.kinds._registry import KindNotLoaded, Registry
+from h5forge._samples import SampleRef
 
 if TYPE_CHECKING:
     from h5forge.spec import DatasetSpec
@@ -97,7 +97,7 @@ def format_table() -> str:
     """The file layout as a Markdown table: the format's names, then one row per field kind of
     h5forge's own (another package documents its kinds). docs/format.md embeds it (``make docs``
     rewrites it; a test keeps them equal)."""
-    from h5forge.format.names import render_layout
+    from h5forge._format.names import render_layout
 
     own = [k for k in REGISTRY.values() if k.__module__.startswith("h5forge.")]
     kinds: tuple[type[FieldKind], ...] = (*own, ColumnKind)

@@ -32,9 +32,9 @@ import h5py
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from h5forge.format.arrays import Ragged, Stored
+from h5forge._format.arrays import Ragged, Stored
 from h5forge.kinds.reading import Reading
-from h5forge.samples import Reject, SampleRef
+from h5forge._samples import Reject, SampleRef
 
 if TYPE_CHECKING:
     from h5forge.spec import DatasetSpec

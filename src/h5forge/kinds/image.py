@@ -26,9 +26,9 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from h5forge.kinds.base import DEFAULT_MAX_BYTES, Decoded, FieldKind, FieldModel, Globs, Stored, read_source
-from h5forge.kinds.pictures import Pictures
+from h5forge.kinds._pictures import Pictures
 from h5forge.kinds.plugins import Demo, Detector, Plugins
-from h5forge.samples import Reject, SampleRef
+from h5forge._samples import Reject, SampleRef
 
 DEFAULT_MAX_DECODED = 256 << 20  # bytes of a decoded picture (Pillow keeps RGB as 4 bytes a pixel)
 REDUCE_ABOVE = 4  # a picture this many times larger than its target is reduced while decoding
@@ -405,11 +405,11 @@ def apply_geometry(arr: np.ndarray, g: Geometry, fill: int, nearest: bool) -> np
 class ImageKind(Plugins, Pictures, FieldKind[ImageField]):
     kind = "image"
     Spec = ImageField
-    detectors = (Detector("h5forge.init.segment:detect", 20, "images/ (+ masks/)"),)
+    detectors = (Detector("h5forge._init.segment:detect", 20, "images/ (+ masks/)"),)
     demos = (
         Demo(
             "cells",
-            "h5forge.demo.cells:generate",
+            "h5forge._demo.cells:generate",
             600,
             "micrographs + binary masks + annotations.json",
             marker="annotations.json",

@@ -23,7 +23,7 @@ from h5forge.kinds.base import Decoded, FieldKind, FieldModel, Stored
 from h5forge.kinds.plugins import Demo, Detector, Plugins
 from h5forge.kinds.preview import Preview
 from h5forge.kinds.statistics import ClassCounts
-from h5forge.samples import Reject, SampleRef
+from h5forge._samples import Reject, SampleRef
 
 
 class LabelField(FieldModel):
@@ -44,11 +44,11 @@ class LabelField(FieldModel):
 class LabelKind(Plugins, ClassCounts, Preview, FieldKind[LabelField]):
     kind = "label"
     Spec = LabelField
-    detectors = (Detector("h5forge.init.classes:detect", 30, "class folders <class>/*.jpg or <split>/<class>/*.jpg"),)
+    detectors = (Detector("h5forge._init.classes:detect", 30, "class folders <class>/*.jpg or <split>/<class>/*.jpg"),)
     demos = (
         Demo(
             "classify",
-            "h5forge.demo.classify:generate_classify",
+            "h5forge._demo.classify:generate_classify",
             240,
             "class folders, mixed formats",
             noun="classify samples",

@@ -30,7 +30,7 @@ from h5forge.kinds.plugins import Demo, Plugins
 from h5forge.kinds.preview import Preview
 from h5forge.kinds.reading import ReadOption, ReadOptions
 from h5forge.kinds.statistics import ClassCounts
-from h5forge.samples import Reject, SampleRef
+from h5forge._samples import Reject, SampleRef
 
 # preview colours of classes 1, 2, ...: green first, as stained tissue is mostly pink and purple
 OVERLAY = np.array(
@@ -271,7 +271,7 @@ class MaskKind(Plugins, ClassMasks[MaskField]):
     demos = (
         Demo(
             "segment-multiclass",
-            "h5forge.demo.segment_multiclass:generate_segment_multiclass",
+            "h5forge._demo.segment_multiclass:generate_segment_multiclass",
             120,
             "3-class masks + annotations.csv",
             noun="segment-multiclass samples",

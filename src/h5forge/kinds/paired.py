@@ -21,9 +21,9 @@ from pydantic import Field
 
 from h5forge.kinds.base import Decoded, FieldKind, FieldModel, Globs, Stored, field_of, read_source
 from h5forge.kinds.image import ImageField, apply_geometry, decode_picture, to_pixels
-from h5forge.kinds.pictures import Pictures
+from h5forge.kinds._pictures import Pictures
 from h5forge.kinds.plugins import Demo, Detector, Plugins
-from h5forge.samples import Reject, SampleRef
+from h5forge._samples import Reject, SampleRef
 
 
 class PairedField(FieldModel):
@@ -39,8 +39,8 @@ class PairedField(FieldModel):
 class PairedKind(Plugins, Pictures, FieldKind[PairedField]):
     kind = "paired"
     Spec = PairedField
-    detectors = (Detector("h5forge.init.pairs:detect", 10, "lr/ + hr/ super-resolution pairs"),)
-    demos = (Demo("sr", "h5forge.demo.sr:generate_sr", 100, "lr/ + hr/ pairs", noun="sr samples"),)
+    detectors = (Detector("h5forge._init.pairs:detect", 10, "lr/ + hr/ super-resolution pairs"),)
+    demos = (Demo("sr", "h5forge._demo.sr:generate_sr", 100, "lr/ + hr/ pairs", noun="sr samples"),)
     layout_doc = "(N, C, scale*H, scale*W) uint8, aligned with its `like` image field; statistics as an image"
 
     @classmethod

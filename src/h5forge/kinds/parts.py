@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from h5forge.samples import SampleRef
+from h5forge._samples import SampleRef
 
 
 class SampleParts(ABC):

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Mapping, Protocol
 import h5py
 import numpy as np
 
-from h5forge.format.arrays import Stored
+from h5forge._format.arrays import Stored
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Mapping
 
-from h5forge.samples import SampleRef
+from h5forge._samples import SampleRef
 
 
 class SharedInputs(ABC):

@@ -10,7 +10,7 @@ rate its header's), a CSV with a time column (``channel`` is the column; the rat
 the time column), a ``.npy`` holding the one channel (the rate is the spec's, or the ``rate``
 of a ``<stem>.json`` beside it), or a WAV/FLAC/Ogg file (soundfile; ``channel`` is an index, 0 the
 first or left one, optional for a mono file; integer PCM is read as float in [-1, 1): see
-signal_audio.py). One rule for every format: a recording is at the declared ``rate`` when its own
+_signal_audio.py). One rule for every format: a recording is at the declared ``rate`` when its own
 rate is within one part per million of it (``RATE_TOLERANCE``: what rounding leaves in a rate
 computed from an EDF record duration or measured over a CSV time column's span, never a real
 difference). A recording at any other rate is resampled (linear) with ``resample: true``, and
@@ -37,15 +37,15 @@ import h5py
 import numpy as np
 from pydantic import Field
 
-from h5forge.format.arrays import LENGTHS, Ragged, Stored
-from h5forge.format.codecs import CodecName
+from h5forge._format.arrays import LENGTHS, Ragged, Stored
+from h5forge._format.codecs import CodecName
 from h5forge.kinds.base import DEFAULT_MAX_BYTES, Decoded, FieldKind, FieldModel, Globs, read_source
 from h5forge.kinds.plugins import Demo, Detector, Plugins
 from h5forge.kinds.preview import Preview
 from h5forge.kinds.reading import ReadOption, ReadOptions
-from h5forge.kinds.signal_audio import AUDIO_SUFFIXES, from_audio
+from h5forge.kinds._signal_audio import AUDIO_SUFFIXES, from_audio
 from h5forge.kinds.statistics import Statistics
-from h5forge.samples import Reject, SampleRef
+from h5forge._samples import Reject, SampleRef
 
 RATE_TOLERANCE = 1e-6  # relative: a rate this close to the declared one is that rate (rounding only)
 UNEVEN_STEP = 0.5  # a CSV time step this far (relative) from the mean step is a gap
@@ -334,14 +334,14 @@ class SignalKind(Plugins, Statistics, Preview, FieldKind[SignalField]):
     kind = "signal"
     Spec = SignalField
     detectors = (
-        Detector("h5forge.init.edf:detect", 50, "recordings *.edf"),
-        Detector("h5forge.init.csv_recordings:detect", 51, "*.csv with a time column"),
-        Detector("h5forge.init.npy_channels:detect", 52, "<channel>/*.npy"),
-        Detector("h5forge.init.audio:detect", 53, "recordings *.wav, *.flac, *.ogg"),
+        Detector("h5forge._init.edf:detect", 50, "recordings *.edf"),
+        Detector("h5forge._init.csv_recordings:detect", 51, "*.csv with a time column"),
+        Detector("h5forge._init.npy_channels:detect", 52, "<channel>/*.npy"),
+        Detector("h5forge._init.audio:detect", 53, "recordings *.wav, *.flac, *.ogg"),
     )
     demos = (
         Demo(
-            "signals", "h5forge.demo.signals:generate_signals", 30, "multi-rate EDF recordings", noun="signals samples"
+            "signals", "h5forge._demo.signals:generate_signals", 30, "multi-rate EDF recordings", noun="signals samples"
         ),
     )
     read_options = (

@@ -15,7 +15,7 @@ handler decodes (the transfer syntax is named). Values are pixel_array x Rescale
 RescaleIntercept (HU for CT), stored int16 (``dtype: float32`` for non-integral values).
 A case may be one multi-frame file (in a folder, or matched itself: ``cases/*`` finds
 ``cases/<case>.dcm``): each frame is a slice, placed by its functional groups (enhanced) or by one
-ImagePositionPatient and the frame offsets (legacy); see ``h5forge.kinds.volume_frames``. A DICOM
+ImagePositionPatient and the frame offsets (legacy); see ``h5forge.kinds._volume_frames``. A DICOM
 SEG among the files is no slice: it is read by a ``volume_mask`` field (``volume_seg``).
 NIfTI-1 and NIfTI-2 (nibabel, ``.nii`` or ``.nii.gz``): slices along the third axis, spacing and
 affine from the header. A 4-D NIfTI file (multi-contrast MR such as FLAIR/T1/T1c/T2, or a fixed
@@ -58,9 +58,9 @@ import h5py
 import numpy as np
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from h5forge.format.arrays import Stored
-from h5forge.format.codecs import CodecName
-from h5forge.format.layout import STR
+from h5forge._format.arrays import Stored
+from h5forge._format.codecs import CodecName
+from h5forge._format.layout import STR
 from h5forge.kinds.base import (
     DEFAULT_MAX_BYTES,
     STORED,
@@ -76,8 +76,8 @@ from h5forge.kinds.parts import SampleParts
 from h5forge.kinds.plugins import Demo, Detector, Plugins
 from h5forge.kinds.preview import Preview
 from h5forge.kinds.statistics import Statistics
-from h5forge.kinds.volume_frames import frame_count, frame_pixels, frames_of, is_segmentation, rescale_of
-from h5forge.samples import Reject, SampleRef
+from h5forge.kinds._volume_frames import frame_count, frame_pixels, frames_of, is_segmentation, rescale_of
+from h5forge._samples import Reject, SampleRef
 
 DEFAULT_MAX_DECODED_VOLUME = 2 << 30  # e.g. 1,024 slices of 512 x 512, at 8 bytes a voxel while decoded
 DEFAULT_MAX_TIME_POINTS = 10_000  # samples one 4-D file may make (long fMRI runs hold a few thousand)
@@ -868,12 +868,16 @@ class VolumeKind(Plugins, SampleParts, Statistics, Preview, FieldKind[VolumeFiel
     Spec = VolumeField
     reads_folders = True
     detectors = (
-        Detector("h5forge.init.dicom:detect", 40, "DICOM case folders <case>/*.dcm"),
-        Detector("h5forge.init.nifti:detect", 41, "*.nii.gz volumes (+ masks/)"),
+        Detector("h5forge._init.dicom:detect", 40, "DICOM case folders <case>/*.dcm"),
+        Detector("h5forge._init.nifti:detect", 41, "*.nii.gz volumes (+ masks/)"),
     )
     demos = (
         Demo(
-            "ct", "h5forge.demo.ct:generate_ct", 30, "DICOM series per case folder + per-slice masks", noun="ct samples"
+            "ct",
+            "h5forge._demo.ct:generate_ct",
+            30,
+            "DICOM series per case folder + per-slice masks",
+            noun="ct samples",
         ),
     )
     layout_doc = (

@@ -9,7 +9,7 @@ name: ``0.png`` ... or ``slice_017.png``), a NIfTI label volume (``masks/<case>.
 or NIfTI-2; 3-D, also when its volume has channels), or a DICOM SEG of a DICOM case
 (``masks/<case>.dcm``, a folder holding one, or the case folder itself when the SEG sits beside its
 slices): segment k is class k, mapped to the volume's slices by position (see
-``h5forge.kinds.volume_seg``). It must have the volume's depth and in-plane size, and values by the mask rules (binary {0,1} /
+``h5forge.kinds._volume_seg``). It must have the volume's depth and in-plane size, and values by the mask rules (binary {0,1} /
 {0,255}, or ``classes`` with an optional ``ignore_value``); it is cropped and padded exactly like
 the volume. Stored ragged like the volume, uint8, with pixel counts per class and a per-class row
 index, as for 2-D masks.
@@ -24,13 +24,13 @@ from typing import Any, Literal, Mapping
 import numpy as np
 from pydantic import Field, model_validator
 
-from h5forge.format.arrays import Ragged, Stored
+from h5forge._format.arrays import Ragged, Stored
 from h5forge.kinds.base import Decoded, FieldModel, Globs, field_of
 from h5forge.kinds.image import open_picture
 from h5forge.kinds.mask import PAD_DOC, ClassMasks, binary_array, check_pad, class_array, class_pixels, pad_of
 from h5forge.kinds.volume import VolumeField, crop_or_pad, is_dicom, load_case, physical_planes, read_case
-from h5forge.kinds.volume_seg import seg_labels
-from h5forge.samples import Reject, SampleRef
+from h5forge.kinds._volume_seg import seg_labels
+from h5forge._samples import Reject, SampleRef
 
 
 class VolumeMaskField(FieldModel):

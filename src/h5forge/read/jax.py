@@ -24,8 +24,15 @@ import numpy as np
 
 from h5forge.errors import ReadError
 from h5forge.kinds import read_options
-from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SplitReader, model_batch, output_dtypes, sample_value
-from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
+from h5forge.read._reader import (
+    DEFAULT_CACHE_CHUNKS,
+    INDEX_FIELD,
+    SplitReader,
+    model_batch,
+    output_dtypes,
+    sample_value,
+)
+from h5forge.read._sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["Source", "batches", "ReadError"]
 

@@ -27,7 +27,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader
 
-from h5forge.read.remote import version_of
+from h5forge.read._remote import version_of
 from h5forge.read.torch import H5Dataset
 
 __all__ = ["H5DataModule"]

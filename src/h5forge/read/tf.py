@@ -20,8 +20,8 @@ import tensorflow as tf
 
 from h5forge.errors import ReadError
 from h5forge.kinds import read_options
-from h5forge.read.reader import DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SplitReader, model_batch, output_dtypes
-from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
+from h5forge.read._reader import DEFAULT_CACHE_CHUNKS, INDEX_FIELD, SplitReader, model_batch, output_dtypes
+from h5forge.read._sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["dataset"]
 

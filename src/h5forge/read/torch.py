@@ -38,8 +38,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_co
 
 from h5forge.errors import ReadError
 from h5forge.kinds import FieldKind, ReadOptions, read_options
-from h5forge.read.collate import Padded
-from h5forge.read.reader import (
+from h5forge.read._collate import Padded
+from h5forge.read._reader import (
     DEFAULT_CACHE_CHUNKS,
     INDEX_FIELD,
     SliceIndex,
@@ -49,8 +49,8 @@ from h5forge.read.reader import (
     sample_value,
     slice_cache_default,
 )
-from h5forge.read.remote import open_split
-from h5forge.read.sampler import DEFAULT_WINDOW, ChunkOrder
+from h5forge.read._remote import open_split
+from h5forge.read._sampler import DEFAULT_WINDOW, ChunkOrder
 
 __all__ = ["H5Dataset", "ChunkShuffleSampler", "ReadError", "ShardedTwice", "collate"]
 
@@ -702,7 +702,7 @@ class ShardedTwice(ReadError):
 
 
 class ChunkShuffleSampler(DistributedSampler):
-    """Chunk-aware shuffling sampler (h5forge.read.sampler explains the order).
+    """Chunk-aware shuffling sampler (h5forge.read._sampler explains the order).
 
     ``ChunkShuffleSampler(dataset_or_length, chunk_rows=None, shuffle=True, seed=0, window=8,
     num_replicas=None, rank=None, drop_last=True)``. ``chunk_rows`` defaults to the dataset's

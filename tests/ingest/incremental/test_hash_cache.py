@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageOps
 
-from h5forge.format.names import HASH_CACHE
-from h5forge.ingest.incremental import hash_cache
-from h5forge.ingest.discover import discover
-from h5forge.ingest.incremental.inputs import fingerprint
-from h5forge.ingest.incremental.rebuild import inputs_of, unchanged_since
+from h5forge._format.names import HASH_CACHE
+from h5forge._ingest.incremental import hash_cache
+from h5forge._ingest.discover import discover
+from h5forge._ingest.incremental.inputs import fingerprint
+from h5forge._ingest.incremental.rebuild import inputs_of, unchanged_since
 from tests.helpers.files import make_raw, spec_for
 from tests.ingest.incremental.test_rebuild import build
 

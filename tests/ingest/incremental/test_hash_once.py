@@ -11,13 +11,13 @@ import h5py
 import numpy as np
 import pytest
 
-from h5forge.format.catalog import input_key, sample_keys
-from h5forge.format.names import SPLITS
-from h5forge.demo import KINDS
-from h5forge.ingest.discover import discover
-from h5forge.init import infer_spec
-from h5forge.ingest.incremental.inputs import fingerprint, rules_hash
-from h5forge.ingest.incremental.rebuild import inputs_of, unchanged_since
+from h5forge._format.catalog import input_key, sample_keys
+from h5forge._format.names import SPLITS
+from h5forge._demo import KINDS
+from h5forge._ingest.discover import discover
+from h5forge._init import infer_spec
+from h5forge._ingest.incremental.inputs import fingerprint, rules_hash
+from h5forge._ingest.incremental.rebuild import inputs_of, unchanged_since
 from h5forge.spec import load_spec, override
 from tests.ingest.incremental.test_rebuild import build
 

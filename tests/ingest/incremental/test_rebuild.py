@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from h5forge.format.catalog import catalog_from_rows, read_catalog
-from h5forge.format.names import SPLITS
+from h5forge._format.catalog import catalog_from_rows, read_catalog
+from h5forge._format.names import SPLITS
 from tests.helpers.files import make_raw, spec_for
 
 
@@ -74,9 +74,9 @@ def change_one_percent(raw: Path, spare: Path) -> dict[str, str]:
 
 
 def test_unchanged_inputs_are_recognised(raw, tmp_path):
-    from h5forge.ingest.discover import discover
-    from h5forge.ingest.incremental.inputs import fingerprint
-    from h5forge.ingest.incremental.rebuild import unchanged_since
+    from h5forge._ingest.discover import discover
+    from h5forge._ingest.incremental.inputs import fingerprint
+    from h5forge._ingest.incremental.rebuild import unchanged_since
 
     spec = spec_for(raw, tmp_path / "out")
     build(spec)
@@ -159,7 +159,7 @@ def test_a_killed_nightly_rebuild_resumes_with_exact_statistics(raw, tmp_path):
     import subprocess
     import sys
 
-    from h5forge.format.names import RESUMABLE
+    from h5forge._format.names import RESUMABLE
 
     spec = nightly_spec(raw, tmp_path / "out")
     build(spec)
@@ -187,7 +187,7 @@ def test_a_killed_nightly_rebuild_resumes_with_exact_statistics(raw, tmp_path):
 
 def test_the_rows_a_rebuild_cleaned_are_checked_in_full(raw, tmp_path):
     from h5forge.errors import VerificationFailed
-    from h5forge.ingest.incremental.rebuild import check_cleaned_rows
+    from h5forge._ingest.incremental.rebuild import check_cleaned_rows
 
     spec = spec_for(raw, tmp_path / "out")
     path, _ = build(spec)
@@ -229,9 +229,9 @@ def test_ragged_signals_are_copied_row_by_row_and_equal_a_full_rebuild(tmp_path)
 
 
 def test_an_unreadable_leftover_of_a_killed_build_is_discarded(raw, tmp_path):
-    from h5forge.format.names import HASH_CACHE, LOCK, RESUME_SUFFIX
-    from h5forge.ingest.discover import discover
-    from h5forge.ingest.incremental.inputs import fingerprint
+    from h5forge._format.names import HASH_CACHE, LOCK, RESUME_SUFFIX
+    from h5forge._ingest.discover import discover
+    from h5forge._ingest.incremental.inputs import fingerprint
 
     spec = spec_for(raw, tmp_path / "out")
     out = Path(spec.output.dir)

@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from h5forge.format.names import RESUMABLE, RESUME_SUFFIX, SPEC
+from h5forge._format.names import RESUMABLE, RESUME_SUFFIX, SPEC
 from tests.helpers.files import make_raw, strays
 from tests.ingest.incremental.test_rebuild import assert_same, build, nightly_spec
 
@@ -83,8 +83,8 @@ def test_a_killed_build_of_several_samples_per_chunk_is_taken_over_in_place(raw,
     """Four samples per chunk, a checkpoint after every batch of 2: the durable rows end inside a
     chunk, which the take-over cuts and the next rows complete. The version equals an uninterrupted
     build's, verifies in full, and its readers give h5py's values."""
-    from h5forge.read.reader import SplitReader
-    from h5forge.store.verify import verify_file
+    from h5forge.read._reader import SplitReader
+    from h5forge._store.verify import verify_file
 
     out = tmp_path / "out"
     partial = killed_build(raw, out, chunk_rows=4)
@@ -135,7 +135,7 @@ def test_a_kept_row_damaged_after_the_kill_is_cleaned_again(raw, tmp_path, how):
     """Anything may write into a killed build's file before the next build takes it over: every
     kept row is checked against its checksum first, and the rows from the first damaged one on are
     cleaned again. The version equals an uninterrupted build's and verifies in full."""
-    from h5forge.store.verify import verify_file
+    from h5forge._store.verify import verify_file
 
     out = tmp_path / "out"
     partial = killed_build(raw, out)
@@ -157,8 +157,8 @@ def test_a_kept_row_damaged_after_the_kill_is_cleaned_again(raw, tmp_path, how):
 def test_a_killed_builds_file_whose_first_rows_are_all_damaged_is_not_taken(raw, tmp_path):
     """Row 0 of every split no longer matches its checksum: nothing of the file is kept, nor copied
     (the rows after a damaged one are not trusted either); the build cleans everything."""
-    from h5forge.format.names import RESUMABLE
-    from h5forge.store.verify import verify_file
+    from h5forge._format.names import RESUMABLE
+    from h5forge._store.verify import verify_file
 
     out = tmp_path / "out"
     partial = killed_build(raw, out)

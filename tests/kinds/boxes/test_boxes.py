@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 import h5forge
-from h5forge.format.names import SPLITS
-from h5forge.read.reader import SplitReader
+from h5forge._format.names import SPLITS
+from h5forge.read._reader import SplitReader
 
 SIZE = 256
 CLASSES = ("person", "cup", "cat")
@@ -151,7 +151,7 @@ def test_yolo_labels_give_the_same_boxes(coco_folder, tmp_path):
 
 
 def test_init_recognises_coco_and_yolo_folders(coco_folder, tmp_path):
-    from h5forge.init import infer_spec
+    from h5forge._init import infer_spec
 
     found = infer_spec(coco_folder, tmp_path / "coco.yaml")
     fields = yaml.safe_load(found.text)["fields"]
@@ -168,7 +168,7 @@ def test_init_recognises_coco_and_yolo_folders(coco_folder, tmp_path):
 
 
 def _decode_one(raw: Path, tmp_path: Path, boxes: dict, picture: str):
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.discover import discover
     from h5forge.kinds import decode_sample, stored_kinds
     from h5forge.spec import DatasetSpec
 
@@ -178,7 +178,7 @@ def _decode_one(raw: Path, tmp_path: Path, boxes: dict, picture: str):
 
 
 def test_bad_boxes_reject_the_picture_with_the_reason(coco_folder, tmp_path):
-    from h5forge.samples import Reject
+    from h5forge._samples import Reject
 
     raw = _yolo_folder(coco_folder, tmp_path)
     (raw / "labels" / "chelsea.txt").write_text("2 0.5 0.5 -0.1 0.2\n")
@@ -199,7 +199,7 @@ def test_bad_boxes_reject_the_picture_with_the_reason(coco_folder, tmp_path):
 
 
 def _decode_with_classes(raw: Path, tmp_path: Path):
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.discover import discover
     from h5forge.kinds import decode_sample, stored_kinds
     from h5forge.spec import DatasetSpec
 
@@ -237,8 +237,8 @@ def test_a_changed_coco_entry_changes_only_its_samples_input_key(coco_folder, tm
     boxes changed (its input key), and that the others did not."""
     import shutil
 
-    from h5forge.ingest.discover import discover
-    from h5forge.ingest.incremental.inputs import fingerprint
+    from h5forge._ingest.discover import discover
+    from h5forge._ingest.incremental.inputs import fingerprint
     from h5forge.spec import DatasetSpec
 
     raw = tmp_path / "raw"
@@ -256,7 +256,7 @@ def test_a_changed_coco_entry_changes_only_its_samples_input_key(coco_folder, tm
 def test_batches_are_padded_with_counts(coco_folder, tmp_path):
     from torch.utils.data import DataLoader
 
-    from h5forge.read.collate import Padded
+    from h5forge.read._collate import Padded
     from h5forge.read.jax import Source
     from h5forge.read.torch import H5Dataset, collate
 
@@ -278,7 +278,7 @@ def test_batches_are_padded_with_counts(coco_folder, tmp_path):
 
 
 def test_preview_outlines_the_boxes_over_the_picture(coco_folder, tmp_path):
-    from h5forge.views.preview import load_samples
+    from h5forge._views.preview import load_samples
 
     spec = _spec(coco_folder, tmp_path / "out", {"coco": "annotations/instances_val.json"})
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 import h5forge
-from h5forge.samples import Reject
+from h5forge._samples import Reject
 from tests.helpers.data import REPO
 from tests.kinds.boxes.test_boxes import PICTURES, _decode_one, _masks_of, _spec, _yolo_folder, coco_folder  # noqa: F401
 
@@ -168,7 +168,7 @@ def test_a_short_rle_is_rejected_and_the_other_pictures_are_published(coco_folde
                 [top:top + 256, left:left + 256] for a in ann["annotations"] if a["image_id"] == i and not a["iscrowd"]]
         want = [m for m in want if m.any(axis=0).sum() >= 1 and m.any(axis=1).sum() >= 1]
         assert len(got[name][1]) == len(want) and all(np.array_equal(a, b) for a, b in zip(got[name][1], want)), name
-    from h5forge.pipeline.verify import verify
+    from h5forge._pipeline.verify import verify
 
     assert verify(tmp_path / "out").ok
 
@@ -193,8 +193,8 @@ def test_a_coco_bbox_with_a_non_finite_coordinate_is_rejected(coco_folder, tmp_p
 FRESH = textwrap.dedent("""
     import json, resource, sys
     from pathlib import Path
-    from h5forge.ingest.clean import clean_batch
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.clean import clean_batch
+    from h5forge._ingest.discover import discover
     from h5forge.spec import parse_spec
 
     data = json.loads(sys.argv[1])
@@ -210,7 +210,7 @@ FRESH = textwrap.dedent("""
 
 
 def test_a_coco_file_that_cannot_be_parsed_is_parsed_once_for_all_its_pictures(coco_folder, tmp_path):
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.discover import discover
     from h5forge.kinds.boxes import sources
     from h5forge.spec import DatasetSpec
 
@@ -292,8 +292,8 @@ def test_a_coco_file_linked_from_outside_is_taken_when_the_spec_allows_it(coco_f
 def test_each_worker_is_handed_only_its_pictures_part_of_the_coco_file(coco_folder, tmp_path):
     """Discovery parses the COCO file once; a sample carries its picture's entry, annotations and
     their categories only, and cleaning needs nothing more (the file may be gone by then)."""
-    from h5forge.ingest.clean import clean_batch
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.clean import clean_batch
+    from h5forge._ingest.discover import discover
     from h5forge.kinds.boxes.sources import CocoIndex
     from h5forge.spec import DatasetSpec
 
@@ -390,7 +390,7 @@ def test_a_yolo_file_with_too_many_objects_or_vertices_is_rejected(coco_folder, 
 def test_yolo_classes_file_is_the_datasets_not_an_unused_file(coco_folder, tmp_path, where):
     """``init`` names the classes from classes.txt; the build then counts the file as the
     dataset's: no warning of a file taken by no glob, no sample made of it."""
-    from h5forge.init import infer_spec
+    from h5forge._init import infer_spec
 
     raw = _yolo_folder(coco_folder, tmp_path)
     if where != "classes.txt":
@@ -408,7 +408,7 @@ def test_yolo_classes_file_is_the_datasets_not_an_unused_file(coco_folder, tmp_p
 INIT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from h5forge.init import infer_spec
+    from h5forge._init import infer_spec
 
     found = infer_spec(Path(sys.argv[1]), Path(sys.argv[2]))
     print(json.dumps({"layout": found.layout, "notes": found.notes, "text": found.text}))

@@ -51,7 +51,7 @@ class Examples:
 
     def _inferred(self, demo: str) -> tuple[Path, Path, set[str]]:
         if demo not in self._specs:
-            from h5forge.init import infer_spec
+            from h5forge._init import infer_spec
             from h5forge.spec import load_spec
 
             raw = self.root / demo / "raw"

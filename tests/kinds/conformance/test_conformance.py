@@ -15,10 +15,10 @@ import h5py
 import numpy as np
 import pytest
 
-from h5forge.format.names import SPLITS
+from h5forge._format.names import SPLITS
 from h5forge.kinds import REGISTRY, FieldKind, ReadOptions, decode_sample, demos, read_options, reader_options
 from h5forge.kinds.parts import sample_digest
-from h5forge.read.reader import SplitReader, model_batch
+from h5forge.read._reader import SplitReader, model_batch
 from tests.helpers.tamper import copy_writable
 from tests.kinds.conformance.examples import GOOD, NEW
 
@@ -73,7 +73,7 @@ def test_unknown_reader_options_are_refused():
 def test_round_trip(example):
     """Each stored value is what the kind decodes from the sample's source, and each source's
     digest is the one the kind's ``source_digest`` gives (what incremental builds compare)."""
-    from h5forge.ingest.discover import discover
+    from h5forge._ingest.discover import discover
     from h5forge.spec import load_spec
 
     spec = load_spec(example.spec_path)
@@ -92,7 +92,7 @@ def test_round_trip(example):
 
 
 def test_append_makes_a_thin_version(example, examples):
-    from h5forge.store.verify import verify_file
+    from h5forge._store.verify import verify_file
 
     second = examples.appended(example.kind)
     before, after = _by_id(example.version, example.paths), _by_id(second, example.paths)
@@ -105,8 +105,8 @@ def test_append_makes_a_thin_version(example, examples):
 
 
 def test_export_is_self_contained(example, examples, tmp_path):
-    from h5forge.store.thin import export
-    from h5forge.store.verify import verify_file
+    from h5forge._store.thin import export
+    from h5forge._store.verify import verify_file
 
     second = examples.appended(example.kind)
     copy = export(second, tmp_path / "exported.h5")
@@ -123,7 +123,7 @@ def test_a_version_mapped_equals_the_copied_one(example, tmp_path):
     built in the same batches (floating-point statistics are summed batch by batch)."""
     import h5forge
     from h5forge.spec import load_spec
-    from h5forge.store.verify import verify_file
+    from h5forge._store.verify import verify_file
 
     spec = load_spec(example.spec_path)
     built = {}
@@ -155,7 +155,7 @@ def _changed(value: np.ndarray) -> np.ndarray:
 def test_verify_catches_a_flipped_value(example, tmp_path):
     """One value of one stored sample of each of the kind's datasets, changed through HDF5 (the
     file stays well-formed): only the checksums can tell, and they must."""
-    from h5forge.store.verify import verify_file
+    from h5forge._store.verify import verify_file
 
     assert verify_file(example.version, resample=0, latency_reads=0).ok
     for path in example.paths:
@@ -173,7 +173,7 @@ def test_verify_catches_a_flipped_value(example, tmp_path):
 # ---- preview -----------------------------------------------------------------------------------
 
 def test_preview_draws_it(example):
-    from h5forge.views.preview import compose, load_samples
+    from h5forge._views.preview import compose, load_samples
 
     drawn = load_samples(example.version, n=GOOD)
     assert drawn

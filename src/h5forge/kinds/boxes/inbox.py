@@ -16,7 +16,7 @@ import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from h5forge.format.names import INBOX_MANAGED
+from h5forge._format.names import INBOX_MANAGED
 from h5forge.kinds.base import DEFAULT_MAX_BYTES
 
 LOADED_FILES = 4  # an inbox holds a few COCO files, each read many times while an append sorts its pictures

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from h5forge.kinds.boxes.sources import Limits, Objects, finite
-from h5forge.samples import Reject
+from h5forge._samples import Reject
 
 RLE_ALPHABET = 64  # COCO's compressed counts: characters 48 ('0') .. 111 ('o'), 5 bits and a continuation bit
 RLE_GROUP_CHARS = 7  # 35 bits: more than any picture's run length needs

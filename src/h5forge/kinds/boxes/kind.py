@@ -27,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from h5forge.format.arrays import Ragged, Stored
+from h5forge._format.arrays import Ragged, Stored
 from h5forge.kinds.base import DEFAULT_MAX_BYTES, Decoded, FieldKind, FieldModel, Globs, field_of, read_source
 from h5forge.kinds.boxes.geometry import place
 from h5forge.kinds.boxes.inbox import coco_files_in, coco_subset
@@ -48,7 +48,7 @@ from h5forge.kinds.plugins import Demo, Detector, Plugins
 from h5forge.kinds.preview import Preview
 from h5forge.kinds.shared import SharedInputs
 from h5forge.kinds.statistics import ClassCounts
-from h5forge.samples import Reject, SampleRef
+from h5forge._samples import Reject, SampleRef
 
 COLUMNS = ("x0", "y0", "x1", "y1", "class")
 DEFAULT_MAX_OBJECTS = 1_000  # ten times what the busiest COCO pictures hold

@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from h5forge.kinds.base import read_bounded
-from h5forge.samples import Reject
+from h5forge._samples import Reject
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,64 @@
+"""How the pipeline runs its steps.
+
+``build`` and ``append`` (this package) state the order of the steps once. Each step goes through
+a ``Runner``: this one calls it plainly (notebooks, tests, benchmarks); the Prefect flows in
+``flows/`` pass ``h5forge.tasks.PrefectRunner``, which runs each step as a task of the same name
+and shows the reports as artifacts. Steps log to the ``h5forge`` logger.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Protocol, TypeVar
+
+T = TypeVar("T")
+
+log = logging.getLogger("h5forge._pipeline")
+
+
+class Display(Protocol):
+    """Progress of a long step: ``status`` while it prepares, ``advance`` as inputs are settled."""
+
+    def status(self, text: str) -> None: ...
+
+    def advance(self, n: int) -> None: ...
+
+
+class LogDisplay:
+    """The status, then a log line every 10 %."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.label, self.done, self._next = total, label, 0, 0.1
+
+    def status(self, text: str) -> None:
+        log.info(text)
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if self.total and self.done / self.total >= self._next:
+            log.info("%s: %d/%d (%d %%)", self.label, self.done, self.total, 100 * self.done // self.total)
+            while self._next <= self.done / self.total:
+                self._next += 0.1
+
+
+class Runner:
+    """Runs each step as a plain call; reports go to the output folder's files only."""
+
+    shows_artifacts = False  # a runner that shows reports elsewhere (Prefect artifacts) says so
+
+    def step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return fn(*args, **kwargs)
+
+    @contextmanager
+    def progress(self, total: int, label: str) -> Iterator[Display]:
+        yield LogDisplay(total, label)
+
+    def markdown(self, key: str, markdown: str, description: str) -> None:
+        """A Markdown report of the run (a plain run keeps its reports in files)."""
+
+    def table(self, key: str, rows: list[dict], description: str) -> None:
+        """A table report of the run."""
+
+
+PLAIN = Runner()
