@@ -110,7 +110,7 @@ def test_a_worker_killed_mid_build_has_its_batches_run_again_and_its_files_remov
     chunk files and while it runs a batch; then SIGKILLed."""
     from distributed import Client
 
-    raw = make_raw(tmp_path / "raw", n=120)
+    raw = make_raw(tmp_path / "raw", n=240)  # batches enough that the victim is caught holding one, on a loaded machine too
     local = h5forge.build(_spec(raw, tmp_path / "local"))
     out = tmp_path / "out"
     with DaskProcesses(tmp_path / "logs") as dask:
@@ -130,17 +130,23 @@ def test_a_worker_killed_mid_build_has_its_batches_run_again_and_its_files_remov
             victim, group = names["w1"], dask.worker_procs[1].pid
             runner.start()
             deadline = time.monotonic() + 300
-            while True:
+            running: list = []
+            while not running:
                 assert time.monotonic() < deadline and runner.is_alive(), outcome
                 done = client.run(lambda dask_worker: dask_worker.state.executed_count, workers=[victim])[victim]
                 if done >= 2:  # its chunk files are written
+                    # stopped, it still looks free to the scheduler, which may hand it the next batch
+                    # the build submits; if none comes soon, it runs on and is stopped again later
                     os.killpg(group, signal.SIGSTOP)
-                    running = client.run_on_scheduler(
-                        lambda dask_scheduler, w=victim: [ts.key for ts in dask_scheduler.workers[w].processing]
-                    )
-                    if running:
-                        break
-                    os.killpg(group, signal.SIGCONT)
+                    for _ in range(25):
+                        running = client.run_on_scheduler(
+                            lambda dask_scheduler, w=victim: [ts.key for ts in dask_scheduler.workers[w].processing]
+                        )
+                        if running or not runner.is_alive():
+                            break
+                        time.sleep(0.02)
+                    if not running:
+                        os.killpg(group, signal.SIGCONT)
                 time.sleep(0.02)
             killed_at = time.time()
             dask.kill_worker(1)

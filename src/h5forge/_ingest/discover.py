@@ -108,6 +108,11 @@ def _json_kind(value: Any) -> str:
 def _coerce(value: Any, kind: str, text: bool = False) -> Any:
     """A record's value as the column's type. A JSON value of another type is refused, never
     converted (``true`` is no float, ``5`` no string): the file says what its values are."""
+    if not text and type(value) is _COERCE.get(kind):  # a value of the column's own type (most, quickly)
+        if kind == "int":
+            return _in_range(value, kind)
+        if not isinstance(value, str) or "\x00" not in value:
+            return value
     if value is None:
         raise ValueError("missing")
     if kind == "str" and "\x00" in str(value):

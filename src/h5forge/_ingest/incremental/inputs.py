@@ -180,8 +180,8 @@ def fingerprint(
     rules = rules_hash(spec)
     if not hash_files:
         return Inputs(rules, "", deferred=True, states=states, stated_at_ns=stated_at)
-    known = inventory.digests or {}
-    digests = [known.get(rel) or cache.hex_for(rel, states.get(rel)) for rel, _ in jobs]
+    known = inventory.digests if inventory.digests is not None else cache.known(states)
+    digests = [known.get(rel) for rel, _ in jobs]
     to_read = [i for i, hexed in enumerate(digests) if hexed is None]
     with ThreadPoolExecutor(threads or min(4, os.cpu_count() or 1)) as pool:
         for i, hexed in zip(to_read, pool.map(lambda i: raw_digest(root, *jobs[i]), to_read, chunksize=16)):
