@@ -104,7 +104,9 @@ def test_the_cache_round_trips_any_file_name_and_state(tmp_path):
     states["far.png"] = (7, 2**64 - 5, -(10**9), 2**63 + 3)
     hexes = {rel: f"{i:064x}" for i, rel in enumerate(names)}
     late = {**states, "late.png": (1, 2, 10**19, 4)}  # changed after the states were taken
+    (tmp_path / ".h5forge-hashes.json").write_text("{}")  # the cache's earlier form: replaced
     assert hash_cache.save(tmp_path, tmp_path / "raw", late, {**hexes, "late.png": "f" * 64}, 10**18) == len(names)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [HASH_CACHE]
     cache = hash_cache.load(tmp_path, tmp_path / "raw")
     assert cache.known(states) == hexes
     assert cache.known({"late.png": late["late.png"]}) == {}

@@ -112,6 +112,7 @@ def save(out: Path, root: Path, states: dict[str, State], hexes: dict[str, str],
                 hexes=np.array([h for _, _, h in kept], "S64"),
             )
         os.replace(tmp, path)
+        path.with_suffix(".json").unlink(missing_ok=True)  # the cache's earlier form, which this replaces
     except OSError:  # a cache: the next build hashes everything instead
         tmp.unlink(missing_ok=True)
         return 0
