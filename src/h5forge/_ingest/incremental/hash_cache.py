@@ -70,7 +70,7 @@ def _table(states: list[State]) -> np.ndarray:
 
 
 # Arrays, not JSON: every rebuild reads and writes the whole cache however little changed, and a first
-# build's checkpoints write it several times; arrays skip a Python object per value (benchmarks-build.md).
+# build's checkpoints write it several times; arrays skip a Python object per value.
 # Paths are joined by NUL, the one byte no path holds; undecodable bytes round-trip (surrogateescape).
 def load(out: Path, root: Path) -> HashCache:
     """The output folder's cache for raw files under ``root`` (empty when missing, unreadable or
