@@ -73,9 +73,11 @@ def test_the_read_packages_names_and_the_samples_a_kind_imports():
     import h5forge.read
     import h5forge.samples
     from h5forge import _samples
+    from h5forge._format import layout
     from h5forge.read import _collate, _reader
 
     assert h5forge.read.SplitReader is _reader.SplitReader
+    assert h5forge.read.index_rows is layout.index_rows
     assert {n: getattr(h5forge.read, n) for n in ("VarlenCollate", "Padded", "pad_batch")} == {
         n: getattr(_collate, n) for n in ("VarlenCollate", "Padded", "pad_batch")}
     assert set(h5forge.read.__all__) <= set(dir(h5forge.read))

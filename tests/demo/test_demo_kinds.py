@@ -18,7 +18,8 @@ from PIL import Image
 import h5forge
 from h5forge._demo import (CLASSIFY_CLASSES, KINDS, generate_classify, generate_segment_multiclass,
                                  generate_sr)
-from h5forge._format.layout import decode_str, index_rows
+from h5forge._format.layout import decode_str
+from h5forge.read import index_rows
 from h5forge._init import infer_spec
 from h5forge.read.torch import H5Dataset
 from h5forge.spec import load_spec, override

@@ -10,7 +10,8 @@ from prefect.artifacts import Artifact
 
 from h5forge._ingest.clean import clean_sample
 from h5forge._ingest.discover import SampleRef
-from h5forge._format.layout import decode_str, index_rows
+from h5forge._format.layout import decode_str
+from h5forge.read import index_rows
 from h5forge._ingest.splits import assign_split
 from h5forge._store.versions import LATEST, latest, output_lock
 from tests.helpers.data import demo_spec, write_spec_file

@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 from skimage import data, filters
 
-from h5forge._format.layout import decode_str, index_rows
+from h5forge._format.layout import decode_str
+from h5forge.read import index_rows
 
 PHOTOS = ("camera", "coins", "moon", "page", "text", "clock")
 

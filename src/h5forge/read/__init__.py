@@ -3,7 +3,8 @@ Importing it loads neither Pillow, dask nor Prefect (a training process needs no
 
 The readers are the modules ``h5forge.read.torch``, ``.jax``, ``.tf`` and ``.lightning``. The names
 here (the framework-free ``SplitReader``; ``VarlenCollate``, ``Padded`` and ``pad_batch`` for fields
-whose length varies) are imported on first use; the modules with a leading underscore are internal."""
+whose length varies; ``index_rows``, the rows an annotation index lists for a value) are imported on
+first use; the modules with a leading underscore are internal."""
 
 from importlib import import_module
 
@@ -12,8 +13,9 @@ _PUBLIC = {
     "VarlenCollate": "h5forge.read._collate",
     "Padded": "h5forge.read._collate",
     "pad_batch": "h5forge.read._collate",
+    "index_rows": "h5forge._format.layout",
 }
-__all__ = ["SplitReader", "VarlenCollate", "Padded", "pad_batch"]
+__all__ = ["SplitReader", "VarlenCollate", "Padded", "pad_batch", "index_rows"]
 
 
 def __getattr__(name: str):
