@@ -65,9 +65,26 @@ def _string(value: str | bytes) -> bytes:
     return b"s" + struct.pack("<Q", len(data)) + data
 
 
+_SCALAR_HEADS: dict[np.dtype, tuple[np.dtype, bytes]] = {}
+
+
+def _scalar(value: np.generic) -> bytes:
+    """``canonical`` of a numeric numpy scalar (an annotation column's value in a row), made without
+    the array round trip: its dtype's little-endian form and head are looked up once per dtype."""
+    dt = value.dtype
+    if (known := _SCALAR_HEADS.get(dt)) is None:
+        little = dt.newbyteorder("<")
+        known = _SCALAR_HEADS[dt] = (little, b"n" + little.str.encode() + struct.pack("<B", 0))
+    little, head = known
+    return head + (value.tobytes() if dt == little else np.asarray(value, little).tobytes())
+
+
 def _parts(value: Any) -> Iterator[bytes | memoryview]:
     if isinstance(value, (str, bytes)):
         yield _string(value)
+        return
+    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+        yield _scalar(value)
         return
     arr = np.asarray(value)
     head = struct.pack("<B", arr.ndim) + struct.pack(f"<{arr.ndim}Q", *arr.shape)

@@ -26,7 +26,7 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Generic, Iterator, TypeVar
 
 import h5py
 import numpy as np
@@ -103,7 +103,7 @@ def read_source(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES, head: 
     ``head``: only the first ``head`` bytes (where a header is), and no hash."""
     try:
         # O_NONBLOCK: opening a FIFO waits for a writer that may never come; a regular file ignores it
-        with os.fdopen(os.open(root / rel, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
+        with os.fdopen(os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
             st = os.fstat(fh.fileno())
             if not stat.S_ISREG(st.st_mode):
                 raise Reject(rel, "not a regular file (a device, pipe or socket)")
@@ -111,7 +111,7 @@ def read_source(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES, head: 
                 raise Reject(
                     rel, f"file is {st.st_size:,} bytes, larger than the field's limit of {max_bytes:,} (max_bytes)"
                 )
-            data = fh.read(max_bytes + 1 if head is None else head)  # bounded even if the file grows
+            data = read_at_most(fh, st.st_size, max_bytes) if head is None else fh.read(head)
     except OSError as err:
         raise Reject(rel, f"cannot read file: {err.strerror or err}") from None
     if head is not None:
@@ -119,6 +119,17 @@ def read_source(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES, head: 
     if len(data) > max_bytes:
         raise Reject(rel, f"file grew past the field's limit of {max_bytes:,} bytes (max_bytes) while being read")
     return data, hashlib.sha256(data).hexdigest()
+
+
+def read_at_most(fh: BinaryIO, size: int, max_bytes: int) -> bytes:
+    """At most ``max_bytes + 1`` bytes of ``fh``, whose ``fstat`` gave ``size``: bounded even if the
+    file grows or reports no size (procfs). The first request is for ``size + 1`` bytes because a
+    buffered read allocates what it is asked for: a request of the whole limit maps and unmaps that
+    much memory for every small file."""
+    data = fh.read(min(size, max_bytes) + 1)
+    if len(data) > size:
+        data += fh.read(max_bytes + 1 - len(data))
+    return data
 
 
 class Outside:
@@ -163,7 +174,7 @@ def read_bounded(path: Path, max_bytes: int, root: Path | None = None, allow_out
     with os.fdopen(fd, "rb") as fh:
         if st.st_size > max_bytes:
             raise ValueError(f"{st.st_size:,} bytes, larger than the limit of {max_bytes:,}")
-        data = fh.read(max_bytes + 1)
+        data = read_at_most(fh, st.st_size, max_bytes)
     if len(data) > max_bytes:
         raise ValueError(f"grew past the limit of {max_bytes:,} bytes while being read")
     return data
