@@ -64,8 +64,8 @@ def test_a_killed_build_resumes_and_equals_an_uninterrupted_one(api_url, tmp_pat
 
 def test_a_short_build_checkpoints_by_progress_and_leaves_its_hashes(api_url, tmp_path):
     """No checkpoint by time (an hour apart): the ones after each 5 % of the inputs make the rows
-    durable, and the raw-file hashes learnt until the last doubling of the samples done spare the
-    next build from reading those files again."""
+    durable, and log the raw-file hashes learnt since the last, which spare the next build from
+    reading those files again."""
     import time
 
     from h5forge.flows.build import build_dataset
@@ -83,8 +83,8 @@ def test_a_short_build_checkpoints_by_progress_and_leaves_its_hashes(api_url, tm
     resumed = build_dataset(str(spec_file))
     # 5 % of 120 inputs is less than a batch of 8: a checkpoint after every batch, 96 rows durable
     assert resumed.timings["resumed_in_place"] == 96 and resumed.timings["cleaned"] == 24
-    # the hash cache was written after 8, 16, 32 and 64 samples (each time their count doubled):
-    # the image and mask of the 56 samples after those are the only raw files read before cleaning
-    assert resumed.timings["hashed_files"] == 2 * (120 - 64)
+    # the hashes of the 96 samples done were logged at their checkpoints: the image and mask of
+    # the 24 others are the only raw files read before cleaning
+    assert resumed.timings["hashed_files"] == 2 * (120 - 96)
     fresh = build_dataset(str(write_spec_file(raw, tmp_path / "fresh", tmp_path / "fresh.yaml", batch_size=8)))
     assert_same(Path(resumed.path), Path(fresh.path))

@@ -95,8 +95,8 @@ def n_fds() -> int:
 
 
 def strays(out: Path) -> list[str]:
-    """Hidden files a run left in an output folder besides the lock and the raw-file hash cache
+    """Hidden files a run left in an output folder besides the lock, the raw-file hash cache and its log
     (a killed or failed run must leave none: no partial file, no journal, no resumable rows)."""
-    from h5forge._format.names import HASH_CACHE, LOCK
+    from h5forge._format.names import HASH_CACHE, HASH_LOG, LOCK
 
-    return sorted(p.name for p in Path(out).iterdir() if p.name.startswith(".") and p.name not in (LOCK, HASH_CACHE))
+    return sorted(p.name for p in Path(out).iterdir() if p.name.startswith(".") and p.name not in (LOCK, HASH_CACHE, HASH_LOG))

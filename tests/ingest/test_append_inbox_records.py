@@ -191,6 +191,40 @@ def test_a_sample_refused_while_cleaning_keeps_its_record_in_quarantine(raw_new,
     assert json.loads((inbox / "annotations.json").read_text()) == [records[fresh]]  # waiting: stays
 
 
+def test_records_a_user_adds_while_an_append_runs_stay_in_the_inbox(raw_new, dataset, monkeypatch):
+    """The append prunes the records it took from the inbox's annotation list as the file is when it
+    writes it: a record a user added meanwhile (a new copy renamed over the file) stays, and the
+    user's own copy in progress under the usual temporary name (.annotations.json.tmp) is not touched."""
+    import os
+
+    spec_file, out, inbox = dataset
+    good = sorted(p.stem for p in (raw_new / "images").glob("cell_*.png"))
+    records = _demo_inbox(raw_new, inbox, good[:3])
+    first, second, late = sorted(records)
+    for sub in ("images", "masks"):  # the late sample's files come later: only its record now
+        (inbox / sub / f"{late}.png").unlink()
+    (inbox / "annotations.json").write_text(json.dumps([records[first], records[second]]))
+    age_files(inbox)
+    user_tmp = inbox / ".annotations.json.tmp"
+    real = append.checkpoint
+
+    def meanwhile(name: str) -> None:
+        if name == "append:reasons":  # the version is published, the inbox's list not yet pruned
+            user_tmp.write_text("a copy in progress")
+            copy = inbox / ".annotations.json.mine"
+            copy.write_text(json.dumps([records[first], records[second], records[late]]))
+            os.replace(copy, inbox / "annotations.json")
+        real(name)
+
+    monkeypatch.setattr(append, "checkpoint", meanwhile)
+    added = h5forge.append(spec_file)
+    assert added.added == 2, added
+    assert json.loads((inbox / "annotations.json").read_text()) == [records[late]]
+    assert user_tmp.read_text() == "a copy in progress"
+    processed = append.processed_dir(inbox, added.version)
+    assert json.loads((processed / "annotations.json").read_text()) == [records[first], records[second]]
+
+
 def test_several_records_for_one_sample_quarantine_only_that_sample_s_records_named(raw_demo, tmp_path, build_spec):
     import csv
     import shutil

@@ -22,6 +22,7 @@ JOURNAL = ".append-journal.json"
 RESUMABLE = ".build-resumable.h5"  # what a killed build wrote, kept for the next build to take over
 RESUME_SUFFIX = ".resume"  # beside a partial version file: how far it is durable (rows, statistics)
 HASH_CACHE = ".h5forge-hashes.npz"  # raw-file states and hashes the last build saw (_ingest/incremental/hash_cache.py)
+HASH_LOG = ".h5forge-hashes.log"  # the hashes a build learnt since the cache was last written whole
 QUARANTINE_DIR = "quarantine"
 REPORTS_DIR = "reports"
 

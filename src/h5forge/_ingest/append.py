@@ -68,7 +68,7 @@ from h5forge._store.reports import write_health
 from h5forge._store.thin import require_current_format, write_thin
 from h5forge._store.verify import HealthReport, verify_file
 from h5forge._store.versions import Candidate, fsync_dir, latest, publish, published, seal, set_latest
-from h5forge._store.whole_files import replace_file
+from h5forge._store.whole_files import replace_file, temporary_name
 
 log = logging.getLogger("h5forge._ingest.append")
 
@@ -380,6 +380,7 @@ class MovePlan:
     reasons: list[tuple[str, str]] = field(default_factory=list)  # (reason file, text)
     processed_records: tuple[str | None, list[dict]] = (None, [])  # annotations of the taken samples
     inbox_records: tuple[str, list[dict]] | None = None  # what stays in the inbox's annotation list
+    inbox_taken: list[dict] = field(default_factory=list)  # what leaves it (none in older journals)
     # records written beside their samples: the refused samples' in quarantine/, the taken
     # samples' part of a shared file (COCO) in processed/
     records: list[tuple[str, list[dict]]] = field(default_factory=list)  # (file, records in its format)
@@ -514,6 +515,7 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
         )
     if spec.annotations.file and p.inbox_records:
         plan.inbox_records = (str(inbox / spec.annotations.file), remaining)
+        plan.inbox_taken = [r for r in p.inbox_records if p.key(r) in taken]
     return plan
 
 
@@ -585,7 +587,31 @@ def _read_list(path: Path) -> list[dict]:
         return []
 
 
-def _write_records(path: Path, records: list[dict]) -> None:
+def _prune_inbox_records(path: Path, remaining: list[dict], taken: list[dict]) -> None:
+    """The inbox's annotation list without the records the append took. The file is read again
+    first, so records a user added while the append ran (a new copy renamed over it) stay; one
+    that cannot be read now is left as it is (the next append reports it). It is written through
+    a temporary name of this process's own: the user's copy may be under ``.<name>.tmp``."""
+    if taken:
+        try:
+            current = [r for r in read_annotation_file(path) if isinstance(r, dict)]
+        except FileNotFoundError:
+            current = []
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError, csv.Error):
+            return
+        gone = {_record_text(r) for r in taken}
+        remaining = [r for r in current if _record_text(r) not in gone]
+    if remaining:
+        _write_records(path, remaining, temporary_name(path, f"h5forge-{os.getpid()}"))
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _record_text(record: dict) -> str:
+    return json.dumps(record, sort_keys=True, default=str)
+
+
+def _write_records(path: Path, records: list[dict], tmp: Path | None = None) -> None:
     """Records written atomically in the format the file's suffix names (JSON list, JSON Lines, CSV)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [{k: v for k, v in r.items() if k != TEXT_FORMAT} for r in records]
@@ -595,11 +621,11 @@ def _write_records(path: Path, records: list[dict]) -> None:
         writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         writer.writeheader()
         writer.writerows(rows)
-        replace_file(path, text.getvalue())
+        replace_file(path, text.getvalue(), tmp)
     elif suffix == ".jsonl":
-        replace_file(path, "".join(json.dumps(r) + "\n" for r in rows))
+        replace_file(path, "".join(json.dumps(r) + "\n" for r in rows), tmp)
     else:
-        replace_file(path, json.dumps(rows, indent=1))
+        replace_file(path, json.dumps(rows, indent=1), tmp)
 
 
 def write_journal(out: Path, plan: MovePlan) -> None:
@@ -644,14 +670,10 @@ def apply_moves(plan: MovePlan) -> None:
             "fix that and rerun append to finish"
         )
     if plan.inbox_records:
-        path, remaining = plan.inbox_records
-        if remaining:
-            _write_records(Path(path), remaining)
-        else:
-            Path(path).unlink(missing_ok=True)
+        _prune_inbox_records(Path(plan.inbox_records[0]), plan.inbox_records[1], plan.inbox_taken)
     for where, rest in plan.inbox_rewrites:
-        if rest is not None:
-            replace_file(Path(where), rest)
+        if rest is not None:  # through a temporary name of its own, as the annotation list is
+            replace_file(Path(where), rest, temporary_name(Path(where), f"h5forge-{os.getpid()}"))
         else:
             Path(where).unlink(missing_ok=True)
 

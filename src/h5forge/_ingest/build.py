@@ -22,6 +22,7 @@ choice a run may revise, to the same version.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -110,6 +111,19 @@ class Route:
         return clean_all(spec, root, samples, timings, status, FORMAT_VERSION, to, cluster, self.where, chunk_files)
 
 
+def _running_workers(spec: DatasetSpec, cluster: ClusterAhead | None) -> tuple[Executor, int] | None:
+    """The workers of the LocalCluster the run started ahead, once they are up (cleaning would wait
+    for them next), to share the take-over's check of a killed build's rows; None without one, or
+    when it failed to start (cleaning then says why)."""
+    if cluster is None or not cluster.fits(spec.compute.workers, spec.compute.secure):
+        return None
+    try:
+        cluster.client()
+    except Exception:  # noqa: BLE001 - raised again where cleaning asks for it
+        return None
+    return cluster.executor()
+
+
 def write_version(
     spec: DatasetSpec,
     inventory: Inventory,
@@ -136,7 +150,7 @@ def write_version(
         )
     timings: dict = {}
     inputs = inputs_of(spec, inventory) if inputs is None else inputs
-    reuse = plan_reuse(spec, inventory, inputs, candidate.partial, timings)
+    reuse = plan_reuse(spec, inventory, inputs, candidate.partial, timings, _running_workers(spec, cluster))
     try:
         route = Route.choose(spec, reuse)
         timings["route"] = str(route)

@@ -21,7 +21,7 @@ from h5forge._ingest.discover import Inventory
 from h5forge._ingest.duplicates import drop_duplicates
 from h5forge._ingest.incremental.hash_cache import known_digests
 from h5forge._ingest.incremental.inputs import Inputs, rules_hash
-from h5forge._ingest.incremental.rebuild import comparable, inputs_of, unchanged_since
+from h5forge._ingest.incremental.rebuild import inputs_of, killed_build_rows, previous_sources, unchanged_since
 from h5forge._ingest.parallel import ClusterAhead, cluster_ahead, inline_limit
 from h5forge._ingest.rejected import check_rejected
 from h5forge._ingest.removals import check_removals, named
@@ -67,8 +67,8 @@ def build(
             log.warning("skipped: %s", busy)
             return BuildResult(spec.name, skipped=busy)
         claim_output(spec.output.dir, spec.name)
-        # a full build starts its dask workers now, while it discovers, and verifies on them
-        with cluster_ahead(spec, lambda: cleans_everything(spec)) as ahead:
+        # a build that will clean on a cluster starts its dask workers now, while it discovers, and verifies on them
+        with cluster_ahead(spec, lambda: cleans_on_a_cluster(spec)) as ahead:
             inventory = run("discover", discover_samples, spec)
             inputs = run("fingerprint", fingerprint_inputs, spec, inventory)
             same = run("unchanged", unchanged_version, spec, inputs)
@@ -107,13 +107,16 @@ def build(
     )
 
 
-def cleans_everything(spec: DatasetSpec) -> bool:
-    """Whether the build will clean every input on a LocalCluster: nothing to take rows from (no
-    version, nor a killed build's rows, under these field rules) and, by a look ahead of
-    discovery, at least ``parallel.inline_limit`` inputs (``parallel.where_to_clean`` decides the same way)."""
-    if not discovery.at_least(spec, inline_limit(spec)):
+def cleans_on_a_cluster(spec: DatasetSpec) -> bool:
+    """Whether the build will clean at least ``parallel.inline_limit`` inputs on a LocalCluster
+    (``parallel.where_to_clean`` decides the same way), known before discovery: no version under
+    these field rules to take rows from (a rebuild learns what changed only from the hashes), and
+    beyond the rows a killed build made durable, if one did, that many inputs, counted by a look
+    ahead of discovery."""
+    rules = rules_hash(spec)
+    if previous_sources(spec.output.dir, rules):
         return False
-    return not comparable(spec.output.dir, rules_hash(spec))
+    return discovery.at_least(spec, (killed_build_rows(spec.output.dir, rules) or 0) + inline_limit(spec))
 
 
 def reported(what: str, show: Callable[..., Any], *args: Any) -> Any:

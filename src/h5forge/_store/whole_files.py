@@ -36,12 +36,14 @@ def write_new(path: Path, data: bytes, durable: bool = True) -> None:
         raise _named(err, path) from None
 
 
-def temporary_name(path: Path) -> Path:
-    """``.<name>.tmp`` beside ``path``, or ``.<digest of the name>.tmp`` when that would exceed
-    NAME_MAX (a name that just fits, such as a shortened reason file's, still gets one)."""
-    name = f".{path.name}.tmp"
+def temporary_name(path: Path, owner: str = "") -> Path:
+    """``.<name>.tmp`` beside ``path`` (``.<name>.<owner>.tmp`` with an ``owner``), or
+    ``.<digest of the name>.tmp`` when that would exceed NAME_MAX (a name that just fits, such as
+    a shortened reason file's, still gets one)."""
+    tail = f".{owner}.tmp" if owner else ".tmp"
+    name = f".{path.name}{tail}"
     if len(os.fsencode(name)) > NAME_MAX:
-        name = f".{hashlib.sha256(os.fsencode(path.name)).hexdigest()[:24]}.tmp"
+        name = f".{hashlib.sha256(os.fsencode(path.name)).hexdigest()[:24]}{tail}"
     return path.with_name(name)
 
 

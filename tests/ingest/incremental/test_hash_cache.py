@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from h5forge._format.names import HASH_CACHE
+from h5forge._format.names import HASH_CACHE, HASH_LOG
 from h5forge._ingest.incremental import hash_cache
 from h5forge._ingest.discover import discover
 from h5forge._ingest.incremental.inputs import fingerprint
@@ -110,8 +110,82 @@ def test_the_cache_round_trips_any_file_name_and_state(tmp_path):
     cache = hash_cache.load(tmp_path, tmp_path / "raw")
     assert cache.known(states) == hexes
     assert cache.known({"late.png": late["late.png"]}) == {}
-    moved = {"images/a.png": (1, 10, 20, 31), "far.png": (7, 2**64 - 5, -(10**9), 3), "x/new\nline.png": (3, 12, 22, 32)}
+    moved = {
+        "images/a.png": (1, 10, 20, 31),
+        "far.png": (7, 2**64 - 5, -(10**9), 3),
+        "x/new\nline.png": (3, 12, 22, 32),
+    }
     assert cache.known(moved) == {"x/new\nline.png": hexes["x/new\nline.png"]}  # another inode: another file
     assert hash_cache.load(tmp_path, tmp_path / "other").paths == []
     assert hash_cache.save(tmp_path, tmp_path / "raw", {}, {}, 10**18) == 0
     assert hash_cache.load(tmp_path, tmp_path / "raw").known(states) == {}
+
+
+def _log_entries(n: int, start: int = 0, names: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    rels = list(names) or [f"images/{i}.png" for i in range(start, start + n)]
+    return {rel: (i + 1, 10 + i, 20 + i, 30 + i) for i, rel in enumerate(rels, start)}, {
+        rel: f"{i:064x}" for i, rel in enumerate(rels, start)
+    }
+
+
+def test_the_log_adds_what_a_build_learnt_after_the_cache_and_goes_when_it_is_written_whole(tmp_path):
+    """Blocks appended to the log are read after the cache (an entry in both: the log's), with any
+    name and state the cache takes; writing the cache whole removes the log."""
+    raw = tmp_path / "raw"
+    states, hexes = _log_entries(10)
+    assert hash_cache.save(tmp_path, raw, states, hexes, 10**18) == 10
+    odd = ("b\udcff.png", "new\nline.png", "far.png")
+    more_states, more_hexes = _log_entries(0, 100, odd)
+    more_states["far.png"] = (7, 2**64 - 5, -(10**9), 2**63 + 3)
+    assert hash_cache.append(tmp_path, raw, more_states, more_hexes, 10**18, list(odd)) == 3
+    states["images/0.png"] = (99, 99, 99, 99)  # the file changed and was hashed again
+    hexes["images/0.png"] = "e" * 64
+    assert hash_cache.append(tmp_path, raw, states, hexes, 10**18, ["images/0.png"]) == 1
+    cache = hash_cache.load(tmp_path, raw)
+    assert cache.known({**states, **more_states}) == {**hexes, **more_hexes}
+    assert hash_cache.load(tmp_path, tmp_path / "other").paths == []  # another source folder's log
+    assert hash_cache.save(tmp_path, raw, states, hexes, 10**18) == 10
+    assert not (tmp_path / HASH_LOG).exists()
+    assert hash_cache.load(tmp_path, raw).known(more_states) == {}
+
+
+@pytest.mark.parametrize("damage", ["torn", "flipped byte", "not hex", "other root"])
+def test_a_torn_or_damaged_log_block_ends_the_log(tmp_path, damage):
+    """Blocks before a damaged one are kept; it and every block after it are not (a torn last
+    block: a build killed while appending); a log of another source folder is started again."""
+    raw = tmp_path / "raw"
+    first, second = _log_entries(5), _log_entries(5, 5)
+    hash_cache.append(tmp_path, raw, first[0], first[1], 10**18, list(first[0]))
+    size = (tmp_path / HASH_LOG).stat().st_size
+    if damage == "other root":
+        hash_cache.append(tmp_path, tmp_path / "elsewhere", second[0], second[1], 10**18, list(second[0]))
+        assert hash_cache.load(tmp_path, raw).known({**first[0], **second[0]}) == {}
+        assert hash_cache.load(tmp_path, tmp_path / "elsewhere").known({**first[0], **second[0]}) == second[1]
+        return
+    hash_cache.append(tmp_path, raw, second[0], second[1], 10**18, list(second[0]))
+    data = bytearray((tmp_path / HASH_LOG).read_bytes())
+    if damage == "torn":
+        data = data[:-3]
+    elif damage == "flipped byte":
+        data[size + 20] ^= 1
+    else:  # a right checksum over digits that are not hex
+        import struct
+        import zlib
+
+        body = data[size:-4].replace(b"0" * 60, b"z" * 60, 1)
+        data = data[:size] + body + struct.pack("<I", zlib.crc32(body))
+    (tmp_path / HASH_LOG).write_bytes(bytes(data))
+    assert hash_cache.load(tmp_path, raw).known({**first[0], **second[0]}) == first[1]
+    third = _log_entries(5, 10)
+    hash_cache.append(tmp_path, raw, third[0], third[1], 10**18, list(third[0]))
+    # the next build's block is read: after a torn block it takes that block's place
+    expected = {**first[1], **third[1]} if damage == "torn" else first[1]
+    assert hash_cache.load(tmp_path, raw).known({**first[0], **second[0], **third[0]}) == expected
+
+
+def test_a_racy_file_is_not_logged(tmp_path):
+    states, hexes = _log_entries(3)
+    states["images/2.png"] = (1, 2, 10**19, 4)  # changed after the states were taken
+    assert hash_cache.append(tmp_path, tmp_path / "raw", states, hexes, 10**18, list(states)) == 2
+    assert list(hash_cache.load(tmp_path, tmp_path / "raw").known(states)) == ["images/0.png", "images/1.png"]
+    assert hash_cache.append(tmp_path, tmp_path / "raw", states, hexes, 10**18, []) == 0

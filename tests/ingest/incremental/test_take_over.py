@@ -130,11 +130,18 @@ def _damage(path: Path, row: int, how: str) -> None:
             fh.write(b"\0" * 64)
 
 
-@pytest.mark.parametrize("how", ["one flipped bit", "64 zero bytes", "another id", "another checksum"])
-def test_a_kept_row_damaged_after_the_kill_is_cleaned_again(raw, tmp_path, how):
+@pytest.mark.parametrize(
+    "how, checked_by",
+    [("one flipped bit", 1), ("64 zero bytes", 1), ("another id", 1), ("another checksum", 1),
+     ("one flipped bit", 2), ("another checksum", 2)],
+)
+def test_a_kept_row_damaged_after_the_kill_is_cleaned_again(raw, tmp_path, monkeypatch, how, checked_by):
     """Anything may write into a killed build's file before the next build takes it over: every
-    kept row is checked against its checksum first, and the rows from the first damaged one on are
-    cleaned again. The version equals an uninterrupted build's and verifies in full."""
+    kept row is checked against its checksum first, in the build's process or shared among the
+    workers of the cluster it started ahead, and the rows from the first damaged one on are cleaned
+    again. The version equals an uninterrupted build's and verifies in full."""
+    from h5forge._ingest import parallel
+    from h5forge._ingest.incremental import take_over
     from h5forge._store.verify import verify_file
 
     out = tmp_path / "out"
@@ -143,7 +150,13 @@ def test_a_kept_row_damaged_after_the_kill_is_cleaned_again(raw, tmp_path, how):
     assert counts["train"] > 5
     _damage(partial, 5, how)
 
-    path, result = build(nightly_spec(raw, out))
+    spec = nightly_spec(raw, out)
+    if checked_by == 2:  # a cluster started ahead (24 inputs left, more than 10), which checks every row
+        monkeypatch.setattr(parallel, "INLINE_BYTES", 0)
+        monkeypatch.setattr(take_over, "WORKER_ROWS", 1)
+        spec = spec.model_copy(update={"compute": spec.compute.model_copy(update={"inline_below": 10})})
+    path, result = build(spec)
+    assert result.timings["take_over_processes"] == checked_by
     report = verify_file(path, resample=0, latency_reads=0)  # every row's checksum
     assert report.ok and report.checks["checksums"] == "ok (120 samples)", report.errors
     fresh, _ = build(nightly_spec(raw, tmp_path / "fresh"))

@@ -8,19 +8,28 @@ the same timestamp tick as the change its state shows would look unchanged, so a
 change was less than ``RACY_SECONDS`` before its state was taken is not trusted (git's "racy
 clean" rule). Case folders (DICOM series) are always hashed: a folder's own state does not follow
 its files' contents.
+
+A build writes the cache whole when it ends. While it runs, each checkpoint appends the hashes it
+learnt since the last one to a log beside it (``.h5forge-hashes.log``): appending costs what was
+learnt, where writing the whole cache costs all of it, so a killed build's successor hashes again
+only the files read after its last checkpoint. The log is read with the cache, its entries over
+the cache's, and removed once the cache is written whole; a torn or damaged block ends it.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import struct
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
-from h5forge._format.names import HASH_CACHE
+from h5forge._format.names import HASH_CACHE, HASH_LOG
 
 RACY_SECONDS = 2.0
 State = tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode
@@ -74,7 +83,21 @@ def _table(states: list[State]) -> np.ndarray:
 # Paths are joined by NUL, the one byte no path holds; undecodable bytes round-trip (surrogateescape).
 def load(out: Path, root: Path) -> HashCache:
     """The output folder's cache for raw files under ``root`` (empty when missing, unreadable or
-    made for another source folder)."""
+    made for another source folder), with its log's entries after its own."""
+    base = _load_whole(out, root)
+    logged = _read_log(Path(out) / HASH_LOG, root)
+    if not logged:
+        return base
+    paths, states, digits = zip(*logged)
+    return HashCache(
+        str(root),
+        base.paths + [p for part in paths for p in part],
+        np.concatenate([base.states, *states]),
+        base.digits + "".join(digits),
+    )
+
+
+def _load_whole(out: Path, root: Path) -> HashCache:
     try:
         with np.load(Path(out) / HASH_CACHE, allow_pickle=False) as saved:
             if str(saved["root"]) != str(root):
@@ -113,10 +136,86 @@ def save(out: Path, root: Path, states: dict[str, State], hexes: dict[str, str],
             )
         os.replace(tmp, path)
         path.with_suffix(".json").unlink(missing_ok=True)  # the cache's earlier form, which this replaces
+        path.with_name(HASH_LOG).unlink(missing_ok=True)  # every entry it held is in the cache now
     except OSError:  # a cache: the next build hashes everything instead
         tmp.unlink(missing_ok=True)
         return 0
     return len(kept)
+
+
+_LOG_MAGIC = b"h5forge hash log 1\n"
+_BLOCK = struct.Struct("<4sII")  # b"HASH", entries, bytes of their paths joined by NUL; then states,
+# 64 hex digits each, and the CRC-32 of the block up to it
+
+
+def append(
+    out: Path, root: Path, states: dict[str, State], hexes: dict[str, str], stated_at_ns: int, rels: list[str]
+) -> int:
+    """Record the hashes of ``rels`` (among ``states`` and ``hexes``, as ``save`` would) at the end of
+    the output folder's log, in one block; returns how many were recorded."""
+    settled = stated_at_ns - int(RACY_SECONDS * 1e9)
+    kept = [(rel, st, h) for rel in rels if (st := states.get(rel)) and (h := hexes.get(rel)) and st[2] < settled]
+    if not kept:
+        return 0
+    paths = "\0".join(rel for rel, _, _ in kept).encode("utf-8", "surrogateescape")
+    body = (
+        _BLOCK.pack(b"HASH", len(kept), len(paths))
+        + paths
+        + _table([st for _, st, _ in kept]).astype("<i8").tobytes()
+        + "".join(h for _, _, h in kept).encode("ascii")
+    )
+    head = _LOG_MAGIC + struct.pack("<I", len(rb := str(root).encode("utf-8", "surrogateescape"))) + rb
+    path = Path(out) / HASH_LOG
+    try:
+        with open(path, "a+b") as f:  # every write goes to the end
+            f.seek(0)
+            if f.read(len(head)) != head:  # new, or another source folder's: started again
+                f.truncate(0)
+                f.write(head)
+            else:  # after the last whole block: a block torn by a kill would hide the ones after it
+                f.truncate(_end_of_blocks(f, len(head)))
+            f.write(body + struct.pack("<I", zlib.crc32(body)))
+    except OSError:  # a cache: the next build hashes these files again instead
+        return 0
+    return len(kept)
+
+
+def _end_of_blocks(f: BinaryIO, at: int) -> int:
+    """Where the log's last block that is all there ends (its blocks' heads read, not their bodies)."""
+    size = f.seek(0, os.SEEK_END)
+    while at + _BLOCK.size <= size:
+        f.seek(at)
+        tag, n, nbytes = _BLOCK.unpack(f.read(_BLOCK.size))
+        end = at + _BLOCK.size + nbytes + 96 * n + 4
+        if tag != b"HASH" or end > size:
+            break
+        at = end
+    return at
+
+
+def _read_log(path: Path, root: Path) -> list[tuple[list[str], np.ndarray, str]]:
+    """The log's blocks for ``root``, in order, up to the first torn or damaged one."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return []
+    head = _LOG_MAGIC + struct.pack("<I", len(rb := str(root).encode("utf-8", "surrogateescape"))) + rb
+    if not data.startswith(head):
+        return []
+    blocks, at = [], len(head)
+    while at + _BLOCK.size <= len(data):
+        tag, n, nbytes = _BLOCK.unpack_from(data, at)
+        end = at + _BLOCK.size + nbytes + 32 * n + 64 * n
+        if tag != b"HASH" or end + 4 > len(data) or zlib.crc32(data[at:end]) != struct.unpack_from("<I", data, end)[0]:
+            break
+        paths = data[at + _BLOCK.size : at + _BLOCK.size + nbytes].decode("utf-8", "surrogateescape").split("\0")
+        states = np.frombuffer(data, "<i8", 4 * n, at + _BLOCK.size + nbytes).reshape(n, 4).astype(np.int64)
+        digits = data[end - 64 * n : end]
+        if len(paths) != n or digits.translate(None, b"0123456789abcdef"):
+            break
+        blocks.append((paths, states, digits.decode("ascii")))
+        at = end + 4
+    return blocks
 
 
 def known_digests(out: Path, root: Path, states: dict[str, State]) -> dict[str, str]:

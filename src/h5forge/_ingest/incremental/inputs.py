@@ -85,6 +85,7 @@ class Inputs:
     hexes: dict[str, str] = field(default_factory=dict)
     stated_at_ns: int = 0
     hashed_files: int = 0  # files read and hashed up front (the others' hashes came from the cache)
+    learnt: list[str] = field(default_factory=list)  # the files of ``hexes`` the hash cache lacked, in order
 
     def key_of(self, ref: SampleRef) -> bytes:
         return self.samples[ref.id]
@@ -104,7 +105,10 @@ class Inputs:
                 hexes = [sample_digest(kinds[n], raw_digest(root, ref.files[n], kinds[n]), ref) for n in names]
             self.samples[ref.id] = _key(ref, names, hexes, _shared_inputs(shared, root, ref))
             # the hash cache keeps files' digests: a sample's own digest of a part of its file is none
-            self.hexes.update((ref.files[n], h) for n, h in zip(names, hexes) if _whole_files(kinds[n]))
+            for n, h in zip(names, hexes):
+                if _whole_files(kinds[n]) and self.hexes.get(rel := ref.files[n]) != h:
+                    self.hexes[rel] = h
+                    self.learnt.append(rel)
 
     def seal(self, spec: DatasetSpec, inventory: Inventory) -> None:
         """The input key of a deferred build, once every sample's key is known."""
@@ -207,4 +211,5 @@ def fingerprint(
         hexes={rel: h for (rel, _), h in zip(jobs, hexes)},
         stated_at_ns=stated_at,
         hashed_files=len(to_read),
+        learnt=[jobs[i][0] for i in to_read],
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -49,12 +50,19 @@ def inputs_of(spec: DatasetSpec, inventory: Inventory) -> Inputs:
 
 def comparable(out: Path, rules: str) -> bool:
     """Whether the latest version, or rows a killed build left, were written under ``rules``."""
+    return killed_build_rows(out, rules) is not None or bool(previous_sources(out, rules))
+
+
+def killed_build_rows(out: Path, rules: str) -> int | None:
+    """The rows a killed build written under ``rules`` made durable, as its last checkpoint counts
+    them (before the take-over checks them); None when there is no such build."""
     try:
-        if json.loads((out / (RESUMABLE + RESUME_SUFFIX)).read_text()).get("rules") == rules:
-            return True
-    except (OSError, ValueError, AttributeError):
+        saved = json.loads((out / (RESUMABLE + RESUME_SUFFIX)).read_text())
+        if saved.get("rules") == rules:
+            return sum(int(n) for n in saved.get("counts", {}).values())
+    except (OSError, ValueError, AttributeError, TypeError):
         pass
-    return bool(previous_sources(out, rules))
+    return None
 
 
 def unchanged_since(out: Path, inputs: Inputs) -> int | None:
@@ -123,19 +131,28 @@ class Reuse:
             discard_resumable(self.resumed.path.parent)
 
 
-def plan_reuse(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, partial: Path, timings: dict) -> Reuse:
+def plan_reuse(
+    spec: DatasetSpec,
+    inventory: Inventory,
+    inputs: Inputs,
+    partial: Path,
+    timings: dict,
+    workers: tuple[Executor, int] | None = None,
+) -> Reuse:
     """Which rows the build at ``partial`` takes from files already written, and which it cleans: a
-    killed build's file taken over in place (``take_over``: it becomes ``partial``), else its
-    durable rows copied (a resume), and the unchanged rows of the latest version."""
+    killed build's file taken over in place (``take_over``: it becomes ``partial``; ``workers``
+    check its rows), else its durable rows copied (a resume), and the unchanged rows of the latest
+    version."""
     out = Path(spec.output.dir)
     t0 = time.perf_counter()
-    taken = take_over(out, inputs, inventory.samples, stored_kinds(spec), partial)
+    taken = take_over(out, inputs, inventory.samples, stored_kinds(spec), partial, workers)
     samples = inventory.samples
     if taken is not None:  # its rows and rejections stand: the rest follows them
         samples = [ref for ref in samples if ref.id not in taken.ids]
         timings["take_over_seconds"] = round(time.perf_counter() - t0, 3)
         timings["resumed_in_place"] = taken.rows
         timings["resumed_damaged_rows"] = taken.damaged
+        timings["take_over_processes"] = taken.processes
     t0 = time.perf_counter()
     resumed = resumable_source(out, inputs)
     sources = ([resumed] if resumed else []) + previous_sources(out, inputs.rules)

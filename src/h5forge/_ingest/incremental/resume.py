@@ -50,12 +50,10 @@ CHECKPOINT_SHARE = 0.05
 
 class Checkpoints:
     """Call ``tick(samples done)`` after each batch: every CHECKPOINT_SECONDS, and after each
-    CHECKPOINT_SHARE of the inputs to clean, the writer's durable state is recorded beside its file. The
-    raw-file hashes learnt so far go to the output folder's hash cache at the second kind only,
-    each time the samples done have doubled since it was last written (once when the hashes were
-    all made up front, if many files were read): the cache is written whole and grows with the
-    inputs, so the doubling keeps its cost within twice the final cache's, and the next build,
-    resuming, reads again at most half of the files it takes over."""
+    CHECKPOINT_SHARE of the inputs to clean, the writer's durable state is recorded beside its file,
+    and the raw-file hashes learnt since the last checkpoint are appended to the output folder's
+    hash cache log (``hash_cache.append``): the next build, resuming, reads again only the files
+    read after it."""
 
     def __init__(
         self,
@@ -74,7 +72,7 @@ class Checkpoints:
         self.raw_root = raw_root
         self.last = time.monotonic()
         self.done = self.cleaned = self.saved = 0  # samples done, of them cleaned, cleaned at the last save
-        self.cached_at = 0  # samples done when this build last saved the hash cache (0: never)
+        self.logged = 0  # how many of the inputs' learnt hashes are in the hash cache's log
 
     def tick(self, n: int, cleaned: bool = True) -> None:
         """``n`` more samples done: cleaned, or taken from another file."""
@@ -83,18 +81,13 @@ class Checkpoints:
         share = self.to_clean and self.cleaned - self.saved >= CHECKPOINT_SHARE * self.to_clean
         if share or time.monotonic() - self.last >= self.every:
             self.save()
-            # a deferred build's hashes grow as it cleans; a build that hashed up front has them all,
-            # and saves them once, unless it hashed so few files (a rebuild after a small change)
-            # that hashing them again costs less than writing the whole cache
-            grown = self.inputs.deferred and self.done >= 2 * self.cached_at
-            first = not self.cached_at and (
-                self.inputs.deferred or self.inputs.hashed_files >= CHECKPOINT_SHARE * self.total
-            )
-            if share and self.raw_root is not None and (first or grown):
-                hash_cache.save(
-                    self.path.parent, self.raw_root, self.inputs.states, self.inputs.hexes, self.inputs.stated_at_ns
+            learnt = self.inputs.learnt
+            if self.raw_root is not None and self.logged < len(learnt):
+                i = self.inputs
+                hash_cache.append(
+                    self.path.parent, self.raw_root, i.states, i.hexes, i.stated_at_ns, learnt[self.logged :]
                 )
-                self.cached_at = self.done
+                self.logged = len(learnt)
         if self.total and self.done >= 0.8 * self.total:
             fault_point("build:at-80%")  # the fault tests kill a real build here
 

@@ -11,13 +11,15 @@ checkpoint counted it, but the file lay unguarded after the kill (a restart of t
 lose pages the kernel had not written; anything can write into it). So the file's chunk index
 must list every kept row inside the file, and every kept row's checksum is recomputed from its
 stored bytes, all of them, before the file is changed: the rows from the first one that does not
-match (or cannot be read) on are cut off with the rest and cleaned again.
+match (or cannot be read) on are cut off with the rest and cleaned again. A build whose cluster
+started ahead (``_ingest.parallel.ClusterAhead``) shares that check among its workers.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,29 +29,34 @@ import numpy as np
 from h5forge._format import arrays
 from h5forge._format.catalog import KEY, sample_keys, sample_keys_path
 from h5forge._format.checksums import stored_checksums
-from h5forge._format.names import CHECKSUM, IDS, PER_SAMPLE, SPLITS, block_rows
+from h5forge._format.codecs import ensure_filters
+from h5forge._format.names import CHECKSUM, IDS, PER_SAMPLE, SPEC, SPLITS, block_rows
 from h5forge._ingest.incremental.inputs import Inputs
 from h5forge._ingest.incremental.resume import checkpoint_of, discard_resumable
 from h5forge._ingest.incremental.reuse import count_rows
 from h5forge._ingest.writer import Durable
-from h5forge.kinds import FieldKind
+from h5forge.kinds import FieldKind, stored_kinds
+from h5forge.spec import spec_from_json
 from h5forge._samples import Rejection, SampleRef
 
 log = logging.getLogger(__name__)
 
 MAX_CHECK_ROWS = 256  # rows checksummed per read, whatever the chunks of the killed build's file
+WORKER_ROWS = 1024  # kept rows from which the check is shared among a cluster's workers
 
 
 @dataclass
 class TakenOver:
     """A killed build's file taken over in place: the rows kept (``durable``), every one checked
-    against its checksum; the samples they and the carried rejections stand for (``ids``); and how
-    many durable rows were cut off from the first one that failed that check (``damaged``)."""
+    against its checksum (by ``processes``); the samples they and the carried rejections stand for
+    (``ids``); and how many durable rows were cut off from the first one that failed that check
+    (``damaged``)."""
 
     durable: Durable
     ids: set[str]
     rejections: list[Rejection]
     damaged: int = 0
+    processes: int = 1  # that checked the rows: a cluster's workers, or this one
 
     @property
     def rows(self) -> int:
@@ -57,12 +64,18 @@ class TakenOver:
 
 
 def take_over(
-    out: Path, inputs: Inputs, samples: list[SampleRef], kinds: dict[str, FieldKind], partial: Path
+    out: Path,
+    inputs: Inputs,
+    samples: list[SampleRef],
+    kinds: dict[str, FieldKind],
+    partial: Path,
+    workers: tuple[Executor, int] | None = None,
 ) -> TakenOver | None:
     """Make what a killed build left in ``out`` the file at ``partial``, cut back to the durable
     rows this build would write first in each split and that match their checksums; None (the file
     left as it is) when its rows are not such a prefix, or its chunk index does not list every one
-    of them."""
+    of them. ``workers``: a running cluster's executor and its number of workers, which check the
+    rows from ``WORKER_ROWS`` on."""
     try:
         found = checkpoint_of(out)
         if found is None or found[2].get("rules") != inputs.rules:
@@ -72,7 +85,8 @@ def take_over(
             keep, ids, rejections = _prefix(f, saved, inputs, samples)
             if not any(keep.values()) or not all(_listed(f, split, m, kinds) for split, m in keep.items()):
                 return None
-            intact = {split: _intact(f[split], m, kinds) for split, m in keep.items()}
+            shared = _intact_on(workers, f, keep, kinds) if workers and sum(keep.values()) >= WORKER_ROWS else None
+            intact = shared or {split: _intact(f[split], m, kinds) for split, m in keep.items()}
             damaged = sum(keep.values()) - sum(intact.values())
             if damaged:
                 keep, ids, rejections = _prefix(f, saved, inputs, samples, limit=intact)
@@ -93,29 +107,73 @@ def take_over(
         partial.unlink(missing_ok=True)
         return None
     listed = {s: {p: list(v[: keep[s]]) for p, v in per.items()} for s, per in saved["listed"].items()}
-    return TakenOver(Durable(keep, stats, listed), ids, rejections, damaged)
+    return TakenOver(Durable(keep, stats, listed), ids, rejections, damaged, workers[1] if shared and workers else 1)
 
 
 def _intact(g: h5py.Group, n: int, kinds: dict[str, FieldKind]) -> int:
     """How many of the first ``n`` rows of the split group ``g``, counted from its first, hash to
     the checksums stored beside them: the first row that does not, or cannot be read, ends them."""
-    fixed = [g[path].chunks[0] for path, kind in kinds.items() if not kind.stored().ragged and g[path].chunks]
-    step = min(block_rows(max(fixed, default=1)), MAX_CHECK_ROWS)
+    step = _check_step(g, kinds)
     for a in range(0, n, step):
-        b = min(n, a + step)
-        bad = _first_mismatch(g, kinds, a, b)
-        if bad is None:  # a block that cannot be read: its rows one by one
-            bad = next((r for r in range(a, b) if _first_mismatch(g, kinds, r, r + 1) != r + 1), b)
-        if bad < b:
-            log.warning(
-                "%s[%d] of a killed build's file does not match its checksum: it and the %d durable row(s) "
-                "after it are cleaned again",
-                g.name.strip("/"),
-                bad,
-                n - bad - 1,
-            )
-            return bad
+        bad = _first_bad(g, kinds, a, min(n, a + step))
+        if bad < min(n, a + step):
+            return _warned(g.name, bad, n)
     return n
+
+
+def _check_step(g: h5py.Group, kinds: dict[str, FieldKind]) -> int:
+    """Rows checked per read: whole chunks of the file, at most ``MAX_CHECK_ROWS``."""
+    fixed = [g[path].chunks[0] for path, kind in kinds.items() if not kind.stored().ragged and g[path].chunks]
+    return min(block_rows(max(fixed, default=1)), MAX_CHECK_ROWS)
+
+
+def _first_bad(g: h5py.Group, kinds: dict[str, FieldKind], a: int, b: int) -> int:
+    """The first of rows ``a:b`` that does not hash to its checksum or cannot be read; ``b`` when none."""
+    bad = _first_mismatch(g, kinds, a, b)
+    if bad is None:  # a block that cannot be read: its rows one by one
+        bad = next((r for r in range(a, b) if _first_mismatch(g, kinds, r, r + 1) != r + 1), b)
+    return bad
+
+
+def _warned(split: str, bad: int, n: int) -> int:
+    log.warning(
+        "%s[%d] of a killed build's file does not match its checksum: it and the %d durable row(s) "
+        "after it are cleaned again",
+        split.strip("/"),
+        bad,
+        n - bad - 1,
+    )
+    return bad
+
+
+def _intact_on(
+    workers: tuple[Executor, int], f: h5py.File, keep: dict[str, int], kinds: dict[str, FieldKind]
+) -> dict[str, int] | None:
+    """``_intact`` of each split, its blocks of rows shared among the workers (every worker's
+    n-th block); None when the workers fail to check them (the caller checks them itself)."""
+    executor, n = workers
+    steps = {s: _check_step(f[s], kinds) for s in keep}
+    blocks = [(s, a, min(m, a + steps[s])) for s, m in keep.items() for a in range(0, m, steps[s])]
+    try:
+        futures = [executor.submit(_first_bad_of, f.filename, blocks[i::n]) for i in range(n)]
+        firsts = [future.result() for future in futures]
+    except Exception:  # noqa: BLE001 - e.g. a worker lost: checked in this process instead
+        return None
+    first_bad = {block: bad for i in range(n) for block, bad in zip(blocks[i::n], firsts[i])}
+    intact = dict(keep)
+    for s, a, b in blocks:  # in order: the first bad row of a split ends it
+        if intact[s] == keep[s] and first_bad[s, a, b] < b:
+            intact[s] = _warned(s, first_bad[s, a, b], keep[s])
+    return intact
+
+
+def _first_bad_of(path: str, blocks: list[tuple[str, int, int]]) -> list[int]:
+    """``_first_bad`` of each block of the file at ``path``, as its stored spec's kinds hash them: a
+    cluster worker's share of the check."""
+    ensure_filters()
+    with h5py.File(path, "r") as f:
+        kinds = stored_kinds(spec_from_json(f[SPEC][()].decode()))
+        return [_first_bad(f[s], kinds, a, b) for s, a, b in blocks]
 
 
 def _first_mismatch(g: h5py.Group, kinds: dict[str, FieldKind], a: int, b: int) -> int | None:
