@@ -123,8 +123,11 @@ def cli_build(spec, work: Path, api_url: str) -> dict:
 
 
 def peers_part(args, raw: Path, pairs: list, work: Path, url: str, py: Path | None) -> dict:
-    spec = make_spec(raw, work / "h5forge-out", args.size,
-                     compute={"workers": args.workers, "inline_below": 0})
+    from h5forge._init.sections import chunk_rows
+    from h5forge.kinds import sample_bytes
+    spec = make_spec(raw, work / "h5forge-out", args.size, compute={"workers": args.workers, "inline_below": 0})
+    # the samples per chunk `h5forge init` writes for pictures of this size (1 at 224², 16 at 32²)
+    spec = spec.model_copy(update={"storage": spec.storage.model_copy(update={"chunk_rows": chunk_rows(sample_bytes(spec))})})
     keyed = [(Path(i).stem, i, m) for i, m in pairs]
     run = {"bound": lambda: decode_bound(pairs, args.workers), "h5forge": lambda: cli_build(spec, work, url),
            **{p: lambda p=p: run_peer(py, p, keyed, work, args.workers, args.size) for p in (PEERS if py else ())}}
