@@ -146,6 +146,9 @@ def _state(reuse: str, raws: dict[str, Path], root: Path) -> Path | None:
 
 @pytest.mark.parametrize("reuse", REUSE)
 def test_every_route_publishes_the_same_version(reuse, raws, reference, external, tmp_path, monkeypatch):
+    from h5forge._ingest.incremental import take_over
+
+    monkeypatch.setattr(take_over, "WORKER_ROWS", 1)  # a take-over with a cluster started ahead checks on it
     state = _state(reuse, raws, tmp_path)
     chosen = Route.choose
     ran = []
@@ -168,6 +171,8 @@ def test_every_route_publishes_the_same_version(reuse, raws, reference, external
         if returns != "row_files" and where != "inline":
             assert (t["batches_via_chunk_files"] > 0) == (returns == "chunk_files"), route
             assert (t["batches_sent_through_dask"] > 0) == (returns == "rows"), route
+        if reuse == "take-over":  # the LocalCluster started ahead checks the kept rows; else this process
+            assert t["take_over_processes"] == (2 if where == "local" else 1), route
         assert_same(Path(result.path), reference)
         report = verify_file(result.path)
         assert report.ok, (route, report.errors)  # HEALTHY
