@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import stat
+import threading
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -63,6 +64,31 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextmanager
+def flushing(paths: list[Path]) -> Iterator[None]:
+    """Within the block, the data of ``paths`` is written to the disk in a background thread
+    (``fdatasync``), which the block's end waits for: the ``seal`` that publishes them then finds
+    little left to write. A failure here is left to ``seal``, which reports it."""
+
+    def flush() -> None:
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=flush, name="h5forge-flush", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 def seal(path: Path) -> None:
