@@ -164,7 +164,7 @@ def append(
         + _table([st for _, st, _ in kept]).astype("<i8").tobytes()
         + "".join(h for _, _, h in kept).encode("ascii")
     )
-    head = _LOG_MAGIC + struct.pack("<I", len(rb := str(root).encode("utf-8", "surrogateescape"))) + rb
+    head = _log_head(root)
     path = Path(out) / HASH_LOG
     try:
         with open(path, "a+b") as f:  # every write goes to the end
@@ -180,13 +180,24 @@ def append(
     return len(kept)
 
 
+def _log_head(root: Path) -> bytes:
+    """What a log for raw files under ``root`` starts with: its format, then the root."""
+    named = str(root).encode("utf-8", "surrogateescape")
+    return _LOG_MAGIC + struct.pack("<I", len(named)) + named
+
+
+def _block_end(at: int, n: int, nbytes: int) -> int:
+    """Where the block at ``at`` of ``n`` entries, their paths ``nbytes``, ends, before its CRC-32."""
+    return at + _BLOCK.size + nbytes + 32 * n + 64 * n
+
+
 def _end_of_blocks(f: BinaryIO, at: int) -> int:
     """Where the log's last block that is all there ends (its blocks' heads read, not their bodies)."""
     size = f.seek(0, os.SEEK_END)
     while at + _BLOCK.size <= size:
         f.seek(at)
         tag, n, nbytes = _BLOCK.unpack(f.read(_BLOCK.size))
-        end = at + _BLOCK.size + nbytes + 96 * n + 4
+        end = _block_end(at, n, nbytes) + 4
         if tag != b"HASH" or end > size:
             break
         at = end
@@ -199,13 +210,13 @@ def _read_log(path: Path, root: Path) -> list[tuple[list[str], np.ndarray, str]]
         data = path.read_bytes()
     except OSError:
         return []
-    head = _LOG_MAGIC + struct.pack("<I", len(rb := str(root).encode("utf-8", "surrogateescape"))) + rb
+    head = _log_head(root)
     if not data.startswith(head):
         return []
     blocks, at = [], len(head)
     while at + _BLOCK.size <= len(data):
         tag, n, nbytes = _BLOCK.unpack_from(data, at)
-        end = at + _BLOCK.size + nbytes + 32 * n + 64 * n
+        end = _block_end(at, n, nbytes)
         if tag != b"HASH" or end + 4 > len(data) or zlib.crc32(data[at:end]) != struct.unpack_from("<I", data, end)[0]:
             break
         paths = data[at + _BLOCK.size : at + _BLOCK.size + nbytes].decode("utf-8", "surrogateescape").split("\0")
