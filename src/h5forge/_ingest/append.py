@@ -591,7 +591,7 @@ def _prune_inbox_records(path: Path, remaining: list[dict], taken: list[dict]) -
     """The inbox's annotation list without the records the append took. The file is read again
     first, so records a user added while the append ran (a new copy renamed over it) stay; one
     that cannot be read now is left as it is (the next append reports it). It is written through
-    a temporary name of this process's own: the user's copy may be under ``.<name>.tmp``."""
+    a temporary name of its own (``_own_temporary``)."""
     if taken:
         try:
             current = [r for r in read_annotation_file(path) if isinstance(r, dict)]
@@ -602,9 +602,14 @@ def _prune_inbox_records(path: Path, remaining: list[dict], taken: list[dict]) -
         gone = {_record_text(r) for r in taken}
         remaining = [r for r in current if _record_text(r) not in gone]
     if remaining:
-        _write_records(path, remaining, temporary_name(path, f"h5forge-{os.getpid()}"))
+        _write_records(path, remaining, _own_temporary(path))
     else:
         path.unlink(missing_ok=True)
+
+
+def _own_temporary(path: Path) -> Path:
+    """A temporary name for rewriting an inbox file that no user's copy takes (``.<name>.tmp`` may be one)."""
+    return temporary_name(path, f"h5forge-{os.getpid()}")
 
 
 def _record_text(record: dict) -> str:
@@ -672,8 +677,8 @@ def apply_moves(plan: MovePlan) -> None:
     if plan.inbox_records:
         _prune_inbox_records(Path(plan.inbox_records[0]), plan.inbox_records[1], plan.inbox_taken)
     for where, rest in plan.inbox_rewrites:
-        if rest is not None:  # through a temporary name of its own, as the annotation list is
-            replace_file(Path(where), rest, temporary_name(Path(where), f"h5forge-{os.getpid()}"))
+        if rest is not None:
+            replace_file(Path(where), rest, _own_temporary(Path(where)))
         else:
             Path(where).unlink(missing_ok=True)
 
