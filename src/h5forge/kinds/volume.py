@@ -4,44 +4,20 @@
       ct: {kind: volume, files: "cases/*", size: [512, 512]}      # a folder of .dcm per case
       ct: {kind: volume, files: "cases/*.nii.gz", size: [256, 256]}
 
-DICOM rules: the files of a case folder are grouped by SeriesInstanceUID; a folder holding more
-than one series is rejected as ambiguous unless ``series`` picks one (``largest``, a regular
-expression matched against SeriesDescription, or header rules such as ``{uid: 1.2.826...}`` or
-``{SeriesNumber: "^3$"}``, which the one series picked must all match). Slices are ordered by their position along the
-slice normal (ImagePositionPatient . (row x column direction)), never by file name or
-InstanceNumber. Rejected with the reason: a missing slice (a gap in the positions), duplicate
-positions, uneven spacing, differing orientation or slice size, and pixel data no installed
-handler decodes (the transfer syntax is named). Values are pixel_array x RescaleSlope +
-RescaleIntercept (HU for CT), stored int16 (``dtype: float32`` for non-integral values).
-A case may be one multi-frame file (in a folder, or matched itself: ``cases/*`` finds
-``cases/<case>.dcm``): each frame is a slice, placed by its functional groups (enhanced) or by one
-ImagePositionPatient and the frame offsets (legacy); see ``h5forge.kinds._volume_frames``. A DICOM
-SEG among the files is no slice: it is read by a ``volume_mask`` field (``volume_seg``).
-NIfTI-1 and NIfTI-2 (nibabel, ``.nii`` or ``.nii.gz``): slices along the third axis, spacing and
-affine from the header. A 4-D NIfTI file (multi-contrast MR such as FLAIR/T1/T1c/T2, or a fixed
-number of time points) is read only when the field says what its fourth axis is:
-``fourth_axis: channels`` with ``channels: C`` keeps it as C channels of every slice, stored
-(D, C, H, W) per case like an image's (C, H, W), each channel padded with its own background; a
-file with another count, or a 4-D file without the option, is rejected with its shape.
-``fourth_axis: time`` makes each time point a sample of its own, ``<case>@t0000``, ... (D, H, W):
-discovery counts them from the header (``samples_in``), decoding reads just its time point (a
-gzipped file is decompressed up to it, never held whole; ``max_decoded_bytes`` is per time point),
-every time point takes the split of the case's id, and each has its own raw digest (the file's
-sha256 with the time point: ``sample_digest``), so exactly-once and rebuilds tell them apart. A
-3-D file or a DICOM series is one time point; a 3-D label volume labels every time point. Trailing
-axes of length 1 (x, y, z, 1) are dropped; 5-D and higher files are rejected.
-In-plane, slices are centre-cropped / padded to ``size`` like images (no resampling); the depth
-is kept. Each case records its voxel spacing (slice, row, column, mm), origin, direction matrix,
-orientation, modality and series UID in companion columns ``<field>_spacing`` etc. Every
-volume's geometry is in one frame, LPS (DICOM's patient coordinates, as ITK and SimpleITK use),
-NIfTI's RAS included, for the voxels in their stored (D, H, W) order: the stored voxel (d, h, w)
-lies at origin + d·spacing[0]·direction[0] + h·spacing[1]·direction[1] + w·spacing[2]·direction[2],
-the origin being that of the first voxel stored (after the crop or pad).
-Stored ragged, one slice per chunk: reading a case is one contiguous range, reading a slice one
-chunk. Readers return (D, H, W) per case ((D, C, H, W) with channels), batched as padded values +
-depths. ``codec`` sets the field's own codec (default: storage.codec); ``none`` suits 2-D and 2.5-D
-slice training, where a slice is then copied straight from the memory-mapped file instead of
-decompressed (docs/reading.md, "CT slices").
+DICOM: a case folder's files are grouped by SeriesInstanceUID (``series`` picks one of several).
+Slices are ordered by their position along the slice normal, never by file name or
+InstanceNumber; a gap, duplicate positions, uneven spacing, differing orientation or size, and
+pixel data no installed handler decodes reject the case with the reason. Values are pixel_array x
+RescaleSlope + RescaleIntercept (HU for CT). A multi-frame file is a case of its own frames
+(``h5forge.kinds._volume_frames``); a DICOM SEG is no slice but a ``volume_mask``'s mask.
+NIfTI-1/-2: slices along the third axis. A 4-D file is read only with ``fourth_axis``:
+``channels`` stores (D, C, H, W), ``time`` makes each time point a sample ``<case>@t0000`` with a
+raw digest of its own (``sample_digest``), decoded alone without holding the whole file.
+In-plane, slices are centre-cropped / padded to ``size`` (no resampling); the depth is kept.
+Geometry companions (``<field>_spacing``, ...) are in LPS for the stored (D, H, W) order: voxel
+(d, h, w) lies at origin + d·spacing[0]·direction[0] + h·spacing[1]·direction[1] +
+w·spacing[2]·direction[2], the origin being that of the first voxel stored. Stored ragged, one
+slice per chunk (docs/format.md; docs/reading.md, "CT slices").
 """
 
 from __future__ import annotations
@@ -193,9 +169,8 @@ class VolumeField(FieldModel):
 def read_case(
     root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES, max_total: int = DEFAULT_MAX_DECODED_VOLUME
 ) -> tuple[list[tuple[str, bytes]], str]:
-    """The files of a case (a folder's files by name, or one file) and one sha256 over them all.
-    Each file is read as ``read_source`` reads a picture (regular files only, at most
-    ``max_bytes``), and the case holds at most ``max_total`` bytes."""
+    """The files of a case (a folder's files by name, or one file), each read by ``read_source``,
+    and one sha256 over them all; at most ``max_total`` bytes in all."""
     path = root / rel
     try:
         files = (
@@ -220,14 +195,12 @@ def read_case(
 
 
 def _matches(ds, uid: str, rule: dict[str, str | list[str]]) -> bool:
-    """Whether a series (its first slice's header) meets every rule: its UID is the one (or one of
-    those) named, and each keyword's value matches its regex (or one of them)."""
+    """Whether a series (its first slice's header) meets every rule: the UID is one named, each
+    keyword's value matches one of its regexes."""
     for key, want in rule.items():
         wanted = [want] if isinstance(want, str) else want
-        if key == "uid":
-            if uid not in wanted:
-                return False
-        elif not any(re.search(p, str(ds.get(key, ""))) for p in wanted):
+        hit = uid in wanted if key == "uid" else any(re.search(p, str(ds.get(key, ""))) for p in wanted)
+        if not hit:
             return False
     return True
 
@@ -408,9 +381,8 @@ RAS_TO_LPS = np.diag([-1.0, -1.0, 1.0])  # NIfTI's frame to DICOM's: x and y cha
 
 
 def geometry(origin: np.ndarray, axes: np.ndarray) -> dict[str, np.ndarray]:
-    """A case's origin and directions as stored: ``axes`` holds, row by row, the LPS unit vector
-    along which the slice, row and column index grow (the (D, H, W) order of the voxels);
-    ``orientation`` is DICOM's ImageOrientationPatient (along a row, then down a column)."""
+    """A case's origin and directions as stored: ``axes`` rows are the LPS unit vectors along the
+    slice, row and column index; ``orientation`` is DICOM's ImageOrientationPatient."""
     axes = np.asarray(axes, np.float64)
     return {
         "origin": np.asarray(origin, np.float64),
@@ -420,26 +392,24 @@ def geometry(origin: np.ndarray, axes: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def nifti_geometry(affine: np.ndarray) -> dict[str, np.ndarray]:
-    """Origin and directions of a NIfTI image, whose affine maps voxel (i, j, k) to RAS mm, in
-    LPS for the stored (k, j, i) order."""
+    """``geometry`` of a NIfTI affine (voxel (i, j, k) to RAS mm) for the stored (k, j, i) order."""
     lps = RAS_TO_LPS @ np.asarray(affine, np.float64)[:3]
     columns = lps[:, :3] / np.maximum(np.linalg.norm(lps[:, :3], axis=0), 1e-12)
     return geometry(lps[:, 3], columns.T[::-1])
 
 
 def moved_origin(meta: dict, rows: int, columns: int) -> np.ndarray:
-    """The origin of a case whose first stored row and column are ``rows`` and ``columns`` of
-    the slices as read (negative when padded)."""
+    """The origin once the first stored row and column are ``rows`` and ``columns`` of the slices
+    as read (negative when padded)."""
     row_mm, column_mm = np.asarray(meta["spacing"], np.float64)[1:]
     axes = np.asarray(meta["direction"], np.float64)
     return meta["origin"] + rows * row_mm * axes[1] + columns * column_mm * axes[2]
 
 
 def _no_slice_lost(imageless: list[tuple[str, Any, int, list[str]]], series: set[str], rel: str) -> None:
-    """Rejects the case for a file without pixel data that is a slice all the same: pydicom read
-    nothing of its data set, warned while reading it (a copy cut short reads as a data set
-    without its last elements), its header describes an image, or it belongs to a series of the
-    case's slices. Skipping it would store the volume a slice short."""
+    """Rejects the case for a file without pixel data that looks like a slice all the same (an
+    empty data set, a header describing an image, a series of the case's, pydicom's warnings: a
+    copy cut short), which skipping would leave a slice short."""
     for name, ds, size, warned in imageless:
         uid = str(ds.get("SeriesInstanceUID", ""))
         if len(ds) == 0:
@@ -465,8 +435,7 @@ NIFTI_HEADER_SIZES = {348: "Nifti1Image", 540: "Nifti2Image"}  # sizeof_hdr of N
 
 
 def _nifti_class(raw: bytes, rel: str):
-    """nibabel's image class for the header's version, from its first field (sizeof_hdr, in either
-    byte order): NIfTI-1 headers are 348 bytes, NIfTI-2 headers 540 (with 64-bit dimensions)."""
+    """nibabel's image class for the header's first field, sizeof_hdr (in either byte order)."""
     import nibabel
 
     if len(raw) >= 4:
@@ -484,8 +453,7 @@ def _nifti_class(raw: bytes, rel: str):
 
 
 def _three_or_four(shape: tuple[int, ...], rel: str) -> tuple[tuple[int, ...], str]:
-    """A header's shape without trailing axes of length 1, and the shape as text; rejects what has
-    fewer than 3 or more than 4 axes."""
+    """A header's shape without trailing axes of length 1 (3 or 4 axes), and the shape as text."""
     dims = tuple(int(n) for n in shape)
     while len(dims) > 3 and dims[-1] == 1:
         dims = dims[:-1]  # (x, y, z, 1) is a 3-D volume written with a time axis of one
@@ -502,8 +470,7 @@ def _three_or_four(shape: tuple[int, ...], rel: str) -> tuple[tuple[int, ...], s
 
 
 def time_dims(shape: tuple[int, ...], rel: str) -> tuple[int, int, int, int]:
-    """(x, y, z, time points) of a NIfTI header's shape, with ``fourth_axis: time``: a 3-D file is
-    one time point."""
+    """(x, y, z, time points) of a NIfTI header's shape; a 3-D file is one time point."""
     (x, y, z, *time), text = _three_or_four(shape, rel)
     if time == [0]:
         raise Reject(rel, f"a 4-D NIfTI file ({text}) holds no time point")
@@ -511,8 +478,8 @@ def time_dims(shape: tuple[int, ...], rel: str) -> tuple[int, int, int, int]:
 
 
 def nifti_dims(shape: tuple[int, ...], channels: int | None, rel: str, labels: bool = False) -> tuple[int, ...]:
-    """The (x, y, z) or, with ``channels``, (x, y, z, c) a NIfTI file's header shape is read as;
-    rejects what the field cannot store, naming the shape and the option that would read it."""
+    """The (x, y, z) or, with ``channels``, (x, y, z, c) a NIfTI header's shape is read as; what the
+    field cannot store is rejected naming the option that would read it."""
     dims, text = _three_or_four(shape, rel)
     if labels:
         if len(dims) == 4:
@@ -539,8 +506,8 @@ def nifti_dims(shape: tuple[int, ...], channels: int | None, rel: str, labels: b
 def _from_nifti(
     parts: list[tuple[str, bytes]], rel: str, max_decoded: int, channels: int | None = None, labels: bool = False
 ) -> tuple[np.ndarray, dict]:
-    """(D, H, W), or (D, C, H, W) with ``channels``, from a NIfTI-1 or NIfTI-2 file: its size is
-    checked from the header before any voxel is decoded."""
+    """(D, H, W), or (D, C, H, W) with ``channels``, from a NIfTI file, sized from its header
+    before any voxel is decoded."""
     from nibabel.filebasedimages import ImageFileError
     from nibabel.spatialimages import HeaderDataError
 
@@ -594,8 +561,8 @@ def time_index(sample_id: str, rel: str) -> int:
 
 
 class _Stream:
-    """A file's bytes in order, decompressed while read when it is gzipped: what comes before the
-    part wanted is skipped, never held, and nothing after it is decompressed."""
+    """A file's bytes in order, decompressed while read when gzipped: what is skipped is never
+    held, and nothing after the part read is decompressed."""
 
     def __init__(self, data: bytes, rel: str):
         self.rel, self.data, self.at = rel, data, 0
@@ -645,10 +612,9 @@ def _nifti_header(stream: _Stream, rel: str):
 
 
 def nifti_time_points(root: Path, rel: str, max_bytes: int, max_time_points: int = DEFAULT_MAX_TIME_POINTS) -> int:
-    """How many time points of a NIfTI file become samples: those its header declares, bounded by
-    those its size can hold (a gzipped file's at most ``MAX_DEFLATE_RATIO`` times it) plus one,
-    whose cleaning then says where the file ends; more than ``max_time_points`` rejects the file.
-    The header alone is never trusted with the count: ids are made for each."""
+    """How many time points of a NIfTI file become samples: those its header declares, but at most
+    one more than its size can hold (that one's decoding says where the file ends): ids are made
+    for each, so the header alone is not trusted. More than ``max_time_points`` rejects the file."""
     head, _ = read_source(root, rel, max_bytes, head=NIFTI_HEAD_READ)
     header, _ = _nifti_header(_Stream(head, rel), rel)
     x, y, z, n = time_dims(header.get_data_shape(), rel)
@@ -669,9 +635,8 @@ def nifti_time_points(root: Path, rel: str, max_bytes: int, max_time_points: int
 
 
 def _nifti_time_point(data: bytes, rel: str, t: int, max_decoded: int) -> bytes:
-    """A 3-D NIfTI file of time point ``t`` of a NIfTI file's bytes: its header with three
-    dimensions, its extensions, and that time point's voxels. A gzipped file is decompressed up to
-    the end of the time point, one step at a time, holding no more than the time point."""
+    """Time point ``t`` of a 4-D NIfTI file as a 3-D one: the header, extensions and that time
+    point's voxels, decompressing no further than its end."""
     stream = _Stream(data, rel)
     header, block = _nifti_header(stream, rel)
     x, y, z, n = time_dims(header.get_data_shape(), rel)
@@ -696,8 +661,7 @@ def _nifti_time_point(data: bytes, rel: str, t: int, max_decoded: int) -> bytes:
 
 
 def _gunzipped(data: bytes, limit: int, rel: str) -> bytes:
-    """A gzip file's content, decompressed no further than ``limit`` bytes (a small file can
-    expand to any size)."""
+    """A gzip file's content, decompressed no further than ``limit`` bytes."""
     if data[:2] != b"\x1f\x8b":
         return data
     inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -732,8 +696,8 @@ def load_case(
     time: int | None = None,
 ) -> tuple[np.ndarray, dict, str]:
     """(D, H, W) values in slice order ((D, C, H, W) with ``channels``), the case's geometry, and
-    the digest of its files. ``labels``: a label volume, which has no fourth axis. ``time``: the
-    volume of that time point of a 4-D NIfTI file (a 3-D file or DICOM series is time point 0)."""
+    the digest of its files. ``labels``: a label volume (3-D); ``time``: that time point of a 4-D
+    NIfTI file."""
     parts, digest = read_case(root, rel, max_bytes, max_decoded)
     if not parts:
         raise Reject(rel, "empty case folder")
@@ -760,9 +724,8 @@ AIR_HU = -1024
 
 
 def background(values: np.ndarray, meta: dict) -> float:
-    """What a case is padded with when the spec gives no fill: air (-1024 HU) for CT, 0 for another
-    DICOM modality (MR, PT, ...) or NIfTI data of an unsigned dtype, else the case's lowest finite
-    value (NIfTI has no modality: a CT in HU has air there, an MR scan its dark background)."""
+    """The default fill: air (-1024 HU) for CT, 0 for another DICOM modality or unsigned NIfTI
+    data, else the case's lowest finite value (NIfTI has no modality)."""
     modality = meta.get("modality", "")
     if modality:
         return AIR_HU if modality.upper() == "CT" else 0
@@ -773,8 +736,7 @@ def background(values: np.ndarray, meta: dict) -> float:
 
 
 def crop_or_pad(values: np.ndarray, size: tuple[int, int], larger: str, fill: float, rel: str) -> np.ndarray:
-    """(D, [C,] H, W) brought to (D, [C,] *size) in-plane: centre crop, even pad (the odd pixel
-    bottom/right)."""
+    """(D, [C,] H, W) brought to (D, [C,] *size) in-plane by ``plan_geometry``."""
     g = plan_geometry(values.shape[-2], values.shape[-1], size[0], size[1], larger, rel)
     top, left, ch, cw = g.crop
     pt, pb, pl, pr = g.pad
@@ -800,11 +762,9 @@ def _mm(spacing: Any) -> tuple[float, float, float] | None:
 
 
 def plane_layout(shape: tuple[int, ...], spacing: Any) -> tuple[tuple[int, int], dict[str, tuple[int, int, int, int]]]:
-    """Where the middle axial (rows x columns), coronal (slices x columns) and sagittal (slices x
-    rows) planes of a (D, H, W) volume go in its preview: side by side, top-aligned, each at its
-    physical aspect ratio (one pixel is the finest spacing, or coarser to keep every side within
-    MAX_PLANE_SIDE; unknown spacing draws voxels square). Returns ((height, width), boxes by plane
-    name as (left, top, width, height))."""
+    """Where the middle axial, coronal and sagittal planes of a (D, H, W) volume go in its preview:
+    side by side, top-aligned, each at its physical aspect ratio (unknown spacing: square voxels).
+    Returns ((height, width), (left, top, width, height) by plane name)."""
     d, h, w = (max(1, int(n)) for n in shape)
     dz, dy, dx = _mm(spacing) or (1.0, 1.0, 1.0)
     pixel = max(min(dz, dy, dx), max(d * dz, h * dy, w * dx) / MAX_PLANE_SIDE)
@@ -825,9 +785,7 @@ def plane_layout(shape: tuple[int, ...], spacing: Any) -> tuple[tuple[int, int],
 
 def physical_planes(v: np.ndarray, spacing: Any) -> np.ndarray:
     """(D, H, W) -> one 2-D picture of its three middle planes laid out by ``plane_layout``, each
-    resampled by nearest neighbour (a thick slice shows as a band: nothing between slices is
-    invented); blank space is 0. A volume and its label volume come out the same shape, so one
-    overlays the other."""
+    resampled by nearest neighbour (nothing between slices is invented); blank space is 0."""
     d, h, w = v.shape
     (height, width), boxes = plane_layout(v.shape, spacing)
     planes = {"axial": v[d // 2], "coronal": v[:, h // 2, :], "sagittal": v[:, :, w // 2]}
@@ -842,8 +800,7 @@ def physical_planes(v: np.ndarray, spacing: Any) -> np.ndarray:
 
 def display_window(v: np.ndarray, modality: str) -> tuple[float, float, str]:
     """(lowest, highest) value drawn black to white, and how it was chosen: the modality's
-    standard window when there is one (CT soft tissue: W 400 / L 40 HU), else the 1st..99th
-    percentile of the finite voxels (MR and others have no absolute scale)."""
+    standard window (``WINDOWS``), else the 1st..99th percentile of the finite voxels."""
     if modality in WINDOWS:
         width, level, name = WINDOWS[modality]
         return level - width / 2, level + width / 2, f"W/L {width:g}/{level:g} ({name})"
@@ -914,8 +871,7 @@ class VolumeKind(Plugins, SampleParts, Statistics, Preview, FieldKind[VolumeFiel
         return read_case(root, rel)[1]
 
     def samples_in(self, root: Path, rel: str) -> tuple[str, ...] | None:
-        """With ``fourth_axis: time``, a sample per time point (from the NIfTI header alone); a 3-D
-        file or a DICOM series is one time point."""
+        """With ``fourth_axis: time``, a sample per time point (from the NIfTI header)."""
         if self.spec.fourth_axis != "time":
             return None
         count = nifti_time_points(root, rel, self.spec.max_bytes, self.spec.max_time_points) if is_nifti(rel) else 1
@@ -987,8 +943,7 @@ class VolumeKind(Plugins, SampleParts, Statistics, Preview, FieldKind[VolumeFiel
         return values.get(f"{self.name}_spacing"), _text(values.get(f"{self.name}_modality"))
 
     def preview(self, value: Any) -> np.ndarray:
-        """The three middle planes (of the first channel) with voxels drawn square (no spacing
-        known), in the 1st..99th percentile window."""
+        """The three middle planes of the first channel, voxels square, in the percentile window."""
         return self._draw(value, None, "")
 
     def preview_of(self, values: Mapping[str, Any]) -> np.ndarray:

@@ -1,24 +1,15 @@
 """PyTorch reader: a map-style Dataset with a batched fast path and a chunk-aware sampler.
 
-    from h5forge.read.torch import H5Dataset, ChunkShuffleSampler
+    from h5forge.read.torch import H5Dataset
     ds = H5Dataset("data/demo/dataset_latest.h5", split="train", fields=("images", "masks"))
-    loader = ds.loader(batch_size=32, num_workers=2, shuffle=True, seed=0)
-    for images, masks in loader:   # uint8 (B,3,H,W) and (B,1,H,W), the stored values
-        images = images.cuda().float().div_(255)   # on the device, as torchvision's v2 transforms do
-        masks = masks.cuda().long()
+    for images, masks in ds.loader(batch_size=32, num_workers=2, shuffle=True, seed=0):
+        images = images.cuda().float().div_(255)   # uint8 as stored: converted on the device
 
-Images and masks come as stored (uint8) unless asked otherwise: the workers send the fewest bytes
-and nothing is converted on the CPU. ``image_dtype="float32"`` (float32 in [0, 1]; ``normalize=True``
-standardises) and ``mask_dtype="int64"`` have h5forge convert them: the loader's workers still ship
-the stored uint8 arrays (4-8x fewer bytes between processes) and each batch is converted in the main
-process once it has arrived (``convert="after"``, the default; the workers refill a few
-shared-memory blocks in turn and the conversion runs on a thread); ``device="cuda"`` converts there
-instead, and ``convert=None`` yields the stored dtypes, to convert with ``ds.convert(batch)``. ``ds``
-also works in a plain ``DataLoader(ds, batch_size=32, shuffle=True)`` (same values; torch's
-default_collate stacks the samples, one copy more than ``ds.loader()``, which sends each batch as it
-was read; ``collate_fn=collate`` sends them as read too). Nothing in torch is changed by importing
-this module.
-See docs/reading.md for the guarantees (pinned version, lazy per-worker handles, DDP shards).
+Values come as stored unless asked otherwise (``image_dtype="float32"``, ``mask_dtype="int64"``);
+``H5Dataset.loader`` says where they are then converted. ``ds`` also works in a plain
+``DataLoader`` (``collate_fn=collate`` sends each batch as read, as ``ds.loader()`` does).
+Importing this module changes nothing in torch. docs/reading.md has the guarantees (pinned
+version, lazy per-worker handles, DDP shards).
 """
 
 from __future__ import annotations
@@ -62,15 +53,9 @@ _SCRATCH = threading.local()  # per thread: the stored rows of one sample, befor
 def _empty_batch(
     specs: dict[str, tuple[tuple[int, ...], torch.dtype]], pool: "_BlockPool | None" = None, shared: bool = False
 ) -> dict[str, torch.Tensor]:
-    """New tensors for one batch. In a worker of ``ds.loader()`` (``shared``: the batch is sent as
-    it is read, by :func:`collate`) they are views into ONE shared-memory block, so sending the
-    batch to the main process costs no copy and a single transfer however many fields it has: a
-    block per tensor would make every extra field (a label beside the images) cost a transfer of
-    its own (benchmarks/results/kinds_labels.md measures a label's cost with one block). With a
-    ``pool`` (a loader that converts each batch in the main process and then drops it) the block is
-    one the worker wrote before, no longer read by the main process. Elsewhere (in process, or a
-    plain DataLoader, whose default_collate stacks the samples into shared memory of its own) they
-    are ordinary tensors."""
+    """New tensors for one batch. In a loader worker (``shared``) they are views into ONE
+    shared-memory block (from ``pool`` when given), so the batch crosses to the main process in a
+    single transfer however many fields it has; elsewhere they are ordinary tensors."""
     if not shared or get_worker_info() is None:
         # separate tensors: a block over glibc's 32 MiB mmap ceiling would be mapped afresh (and
         # page-faulted) every batch, while smaller ones are reused from the heap
@@ -92,16 +77,12 @@ def _shared_block(nbytes: int) -> torch.Tensor:
 
 
 class _BlockPool:
-    """The shared-memory blocks one loader worker writes its batches into, in turn.
+    """The shared-memory blocks one loader worker writes its batches into, in turn: refilling a
+    mapped block costs no page faults, where a new one faults every page.
 
-    A new block per batch costs the worker a page fault per 4 KiB page (the kernel zero-fills each one),
-    where refilling a block already mapped costs none; the main process, too, maps a block it has
-    seen before at no cost (torch keeps one mapping per shared file). Only a loader that converts
-    each batch in the main process and drops it (``convert="after"``) uses a pool, and it is safe
-    there because a worker is at most ``prefetch_factor`` batches ahead of the main process: when
-    the worker starts its batch j, the main process has converted the worker's batches before j -
-    prefetch_factor - 1 (it converts one batch while receiving the next), so the block of batch j -
-    ``size`` (size = prefetch_factor + 3, one more than needed) is free."""
+    Only ``convert="after"`` uses a pool, which drops each batch once converted. A worker is at
+    most ``prefetch_factor`` batches ahead and the main process converts one batch while receiving
+    the next, so with ``size`` = prefetch_factor + 3 the block being refilled is no longer read."""
 
     def __init__(self, size: int):
         self.size = size
@@ -131,10 +112,9 @@ def _row(column: Any, k: int) -> Any:
 
 
 class _Batch(list):
-    """What ``__getitems__`` returns: the list of samples torch expects (tuples of tensors, or
-    tensors: views into the batch tensors), plus the already stacked batch (``stacked``) that
-    :func:`collate` passes through unchanged, and the dataset that read it (``owner``). torch's
-    default_collate, in a plain DataLoader, stacks the samples again."""
+    """What ``__getitems__`` returns: the samples torch expects (views into the batch tensors),
+    plus the batch already stacked, which :func:`collate` passes through, and the dataset that
+    read it (``owner``)."""
 
     def __init__(self, samples: list, stacked: Any, owner: "H5Dataset | None" = None):
         super().__init__(samples)
@@ -143,13 +123,9 @@ class _Batch(list):
 
 
 def collate(batch: Any) -> Any:
-    """``collate_fn`` for H5Dataset: batches from ``__getitems__`` are returned as they are; anything
-    else goes through torch's default_collate.
-
-    In a DataLoader worker, the dataset whose batch it passes through reads its later batches
-    straight into shared memory, which is how the worker sends them (torch would copy a batch in
-    ordinary memory there): ``DataLoader(ds, batch_size=32, collate_fn=collate)`` then sends each
-    batch as read, as ``ds.loader()`` does."""
+    """``collate_fn`` for H5Dataset: a batch from ``__getitems__`` as it is, anything else through
+    torch's default_collate. In a worker, the dataset then reads its later batches straight into
+    shared memory, so they are sent without a copy."""
     if isinstance(batch, _Batch):
         if batch.owner is not None and not batch.owner._shared_out and get_worker_info() is not None:
             batch.owner._shared_out = True  # this worker's own copy of the dataset
@@ -160,33 +136,22 @@ def collate(batch: Any) -> Any:
 class H5Dataset(Dataset):
     """One split of an h5forge version file as a torch map-style Dataset.
 
-    Items are tuples in ``fields`` order (a single tensor when one field is asked for), each value
-    as its field's kind returns it: images uint8 as stored, for conversion on the GPU
-    (``image_dtype="float32"``: float32 in [0, 1]; ``normalize=True``: float32 standardised with the
-    split's per-channel mean/std), masks uint8 as stored (``mask_dtype="int64"``, or any integer
-    dtype) of shape (1, H, W), labels int64,
-    (``**options``: the options the field kinds declare, ``h5forge.kinds.reader_options()``)
-    annotation columns (``"label"`` or ``"meta/label"``) as int64 / float32 / bool tensors, or
-    lists of strings. ``return_index=True`` adds each sample's row as a last int64 element, so
-    shuffled batches can be matched to ``ids()`` and ``meta()``. A ragged field (a signal, a CT
-    case) comes per sample at its own length, and batched as ``Padded(values, lengths)``.
+    Items are tuples in ``fields`` order (a single tensor for one field), each value as its
+    field's kind returns it: images and masks uint8 as stored unless ``**options`` (the kinds'
+    options, ``h5forge.kinds.reader_options()``: ``image_dtype="float32"``, ``normalize=True``,
+    ``mask_dtype="int64"``, ``window=seconds``, ...) ask otherwise; labels int64; annotation
+    columns (``"label"`` or ``"meta/label"``) as tensors or lists of strings. A ragged field (a
+    signal, a CT case) comes at its own length, batched as ``Padded(values, lengths)``.
+    ``return_index=True`` adds each sample's row last, to match shuffled batches to ``ids()``.
 
-    ``window=seconds`` (from ``window_offset``) cuts or zero-pads every time series to the same
-    duration, aligned in time across rates: fixed-size tensors for fixed-size models.
+    ``unit="slice"`` serves the slices of the volume fields one by one for 2-D training ((H, W), or
+    (2k+1, H, W) with ``context=k``); other fields give their case's value, ``return_index`` its row.
 
-    ``unit="slice"`` serves the slices of the volume fields one by one for 2-D training (each
-    (H, W), or with ``context=k`` its k neighbours on each side as (2k+1, H, W)); other fields give
-    their case's value, and ``return_index`` the case's row.
-
-    ``transform(sample) -> sample`` runs on each sample (augmentation); ``batch_transform(batch) ->
-    batch`` on each batch in the worker. ``locking=False`` opens without HDF5 file locks (network
-    filesystems). ``cache_chunks`` decompressed chunks per field are cached per worker (keep it at
-    least the sampler's window); ``rdcc_nbytes`` sets the cache size in bytes directly.
-
-    ``path`` may be a URL (``https://…``, ``s3://…``, ``gs://…``; docs/reading.md, "From a bucket"):
-    rows are then fetched by ranged requests; ``verify_rows=True`` checks each row read against its
-    stored checksum, ``storage_options`` go to the store's fsspec filesystem, ``cache_dir`` keeps
-    the fetched chunks on a local disk for later epochs.
+    ``transform`` runs on each sample, ``batch_transform`` on each batch in the worker.
+    ``locking=False`` opens without HDF5 file locks; ``cache_chunks`` (keep it at least the
+    sampler's window) or ``rdcc_nbytes`` size the per-worker chunk cache. ``path`` may be a URL
+    (docs/reading.md, "From a bucket"), read with ``verify_rows``, ``storage_options`` and
+    ``cache_dir``.
     """
 
     def __init__(
@@ -229,9 +194,7 @@ class H5Dataset(Dataset):
         self.slices = SliceIndex(self.reader, context) if unit == "slice" else None
         self.options = read_options("torch", options)
         self._dtypes = output_dtypes(self.reader, self.options)  # refuses unknown dtypes here, not in a worker
-        self._tensor_dtypes = {
-            name: torch.from_numpy(np.zeros(0, d)).dtype for name, d in self._dtypes.items() if d is not None
-        }
+        self._tensor_dtypes = {name: _torch_dtype(d) for name, d in self._dtypes.items() if d is not None}
         self.transform, self.batch_transform = transform, batch_transform
         self.return_index = return_index
         self._single = len(self.reader.fields) == 1 and not return_index
@@ -303,9 +266,7 @@ class H5Dataset(Dataset):
     def _scratch(self) -> dict[str, np.ndarray]:
         """This thread's buffers for the stored rows of the fields ``ds[i]`` converts: read there,
         then converted into the new tensor, so a sample allocates only what it returns."""
-        bufs = getattr(_SCRATCH, "bufs", None)
-        if bufs is None:
-            bufs = _SCRATCH.bufs = {}
+        bufs = _SCRATCH.__dict__.setdefault("bufs", {})
         out = {}
         for name in self._converted_rows:
             fi = self.reader.fields[name]
@@ -435,17 +396,11 @@ class H5Dataset(Dataset):
         return _Batch(rows(columns) if batched else rows(cols), stacked, self)  # samples of the transformed batch
 
     def convert(self, batch: Any, device: str | torch.device | None = None) -> Any:
-        """Model values of a batch whose fixed-size fields arrived as stored (``loader(convert=None)``,
-        or ``convert="after"`` which calls this in the main process): each such column becomes what
-        ``ds[i]`` returns (with ``image_dtype="float32"``, ``mask_dtype="int64"``: float32 images, int64
-        masks, ...), by the same conversion the workers would
-        have done; columns already converted are returned as they are.
-
-        Without ``device``: CPU tensors, converted by the field's kind (numpy). With ``device`` every
-        tensor column is moved there (``non_blocking``: from pinned memory the copy overlaps) and the
-        stored columns are converted there by torch kernels to the same values: images are widened
-        to float32 and divided by 255 (then standardised with ``normalize``), masks widened; a kind
-        with another conversion is converted on the CPU, then moved."""
+        """Model values of a batch whose fixed-size fields arrived as stored (``loader(convert=None)``;
+        ``convert="after"`` calls this in the main process): each stored column becomes what ``ds[i]``
+        returns, columns already converted stay as they are. With ``device`` every tensor column is
+        moved there and the stored ones are converted there by torch kernels (``torch_convert``), to
+        the same values."""
         target = None if device is None else torch.device(device)
         return self._convert(batch, target, self._targets(batch) if target is None else {})
 
@@ -524,27 +479,16 @@ class H5Dataset(Dataset):
         sampler: Any = None,
         **kwargs: Any,
     ) -> DataLoader:
-        """A DataLoader with the chunk-aware sampler (sharded by rank under DDP) and the batched
-        fetch. ``drop_last`` drops the last incomplete batch; DDP shards are always equal-length.
-        The epoch advances on each pass (or call ``loader.sampler.set_epoch(e)``).
+        """A DataLoader with the chunk-aware sampler (sharded by rank under DDP; equal-length
+        shards) and the batched fetch; the epoch advances on each pass.
 
-        ``convert``: where stored arrays become model values, for a dataset asked for other dtypes
-        than the stored ones (``image_dtype="float32"``, ``mask_dtype="int64"``; by default images
-        and masks come as stored and there is nothing to convert). ``"after"`` (default): the workers
-        ship the stored dtypes (uint8) and each batch is converted in the main process once it has
-        arrived, which moves 4-8x fewer bytes between processes (benchmarks/results/read_peers.md);
-        ``"worker"``: converted in the workers; ``None``: batches keep the stored dtypes, for
-        conversion on the GPU (or call ``ds.convert(batch)``). With a ``transform`` or
-        ``batch_transform`` the workers always convert (the hooks see model values).
-
-        ``device`` (with ``convert="after"``): each batch is moved to the device as stored (uint8:
-        a quarter of float32's bytes over the bus) and converted there by torch kernels, to the
-        same values (``H5Dataset.convert``); every tensor of the batch arrives on the device. For a
-        CUDA device the batches are pinned first (``pin_memory`` defaults to True) so the copy is
-        asynchronous.
-
-        ``sampler``: an order of your own in place of the chunk-aware sampler (``shuffle``, ``seed``,
-        ``window``, ``num_replicas`` and ``rank`` then do nothing)."""
+        ``convert``, for a dataset asked for other dtypes than the stored ones: ``"after"`` (default)
+        ships the stored dtypes from the workers, 4-8x fewer bytes, and converts each batch in the
+        main process; ``"worker"`` converts in the workers; ``None`` keeps the stored dtypes (see
+        ``ds.convert``). With a ``transform`` or ``batch_transform`` the workers always convert.
+        ``device`` (with ``"after"``) moves each batch there as stored and converts it there
+        (``pin_memory`` defaults to True for CUDA). ``sampler`` replaces the chunk-aware one
+        (``shuffle``, ``seed``, ``window``, ``num_replicas`` and ``rank`` then do nothing)."""
         if convert not in ("after", "worker", None):
             raise ValueError(f"convert must be 'after', 'worker' or None, got {convert!r}")
         if device is not None:
@@ -555,11 +499,9 @@ class H5Dataset(Dataset):
             pin_memory = device is not None and device.type == "cuda"
         if sampler is None:
             sampler = self.sampler(shuffle=shuffle, seed=seed, window=window, num_replicas=num_replicas, rank=rank)
-        if persistent_workers is None:
-            persistent_workers = num_workers > 0
         extra: dict[str, Any] = {}
         if num_workers > 0:
-            extra["persistent_workers"] = persistent_workers
+            extra["persistent_workers"] = True if persistent_workers is None else persistent_workers
             if prefetch_factor is not None:
                 extra["prefetch_factor"] = prefetch_factor
             if multiprocessing_context is not None:
@@ -576,21 +518,8 @@ class H5Dataset(Dataset):
             dataset._ship_stored = ship
             if ship and convert == "after":  # each batch is dropped once converted: its block can be refilled
                 dataset._pool = _BlockPool((2 if prefetch_factor is None else prefetch_factor) + 3)
-        if convert == "after" and (ship or device is not None):
-            loader = _ConvertingLoader(
-                dataset,
-                batch_size=batch_size,
-                sampler=sampler,
-                num_workers=num_workers,
-                collate_fn=collate,
-                drop_last=drop_last,
-                pin_memory=pin_memory,
-                **extra,
-                **kwargs,
-            )
-            loader.device = device
-            return loader
-        return DataLoader(
+        converting = convert == "after" and (ship or device is not None)
+        loader = (_ConvertingLoader if converting else DataLoader)(
             dataset,
             batch_size=batch_size,
             sampler=sampler,
@@ -601,6 +530,9 @@ class H5Dataset(Dataset):
             **extra,
             **kwargs,
         )
+        if converting:
+            cast(_ConvertingLoader, loader).device = device
+        return loader
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -623,13 +555,10 @@ def torch_convert(
     stats: dict[str, np.ndarray],
     axis: int = 1,
 ) -> torch.Tensor:
-    """What ``kind.convert`` makes of the stored rows ``raw``, computed by torch kernels on
-    ``raw``'s device (a GPU: only the stored bytes cross the bus), following the kind's
-    ``conversion`` steps (cast, divide by the scale, subtract the mean, divide by the std): every
-    step is one IEEE operation per value, so the result is bit-equal to the kind's numpy
-    ``convert``. The divisors are tensors, not Python numbers: CUDA multiplies by the reciprocal
-    of a Python-number divisor, which differs in the last bit for some values. A kind without
-    such steps is converted by its own ``convert`` on the CPU."""
+    """What ``kind.convert`` makes of the stored rows ``raw``, by torch kernels on ``raw``'s device,
+    following the kind's ``conversion`` steps: each is one IEEE operation per value, so the result
+    is bit-equal to numpy's. The divisors are tensors because CUDA multiplies by the reciprocal of a
+    Python-number divisor, off in the last bit. A kind without such steps converts on the CPU."""
     c = kind.conversion(opts, stats)
     if c is not None and (dtype.is_floating_point or (c.scale is None and c.mean is None)):
         out = raw.to(dtype)
@@ -657,8 +586,7 @@ class _ConvertingLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # yields batches, as a DataLoader's iterator does
         """Batch k+1 is converted on a thread while batch k is with the caller and the next one is
-        received (numpy and torch release the GIL while they convert): the main thread's own work
-        per batch is then receiving it."""
+        received (numpy and torch release the GIL while they convert)."""
         dataset, device = cast(H5Dataset, self.dataset), self.device
         # the last received batches stay referenced, so a block a worker sends again is found in
         # torch's mapping cache instead of being mapped (and page-faulted) afresh
@@ -704,17 +632,14 @@ class ShardedTwice(ReadError):
 class ChunkShuffleSampler(DistributedSampler):
     """Chunk-aware shuffling sampler (h5forge.read._sampler explains the order).
 
-    ``ChunkShuffleSampler(dataset_or_length, chunk_rows=None, shuffle=True, seed=0, window=8,
-    num_replicas=None, rank=None, drop_last=True)``. ``chunk_rows`` defaults to the dataset's
-    layout. Under torch.distributed, ``num_replicas``/``rank`` default to the world size and rank:
-    each rank gets an equal-length, disjoint shard of the same epoch order (``drop_last=False``
-    pads by wrapping instead of dropping the ``n % world`` leftover samples). ``set_epoch(e)``
-    works as with DistributedSampler; without it each pass advances the epoch.
+    ``chunk_rows`` defaults to the dataset's layout. Under torch.distributed, ``num_replicas`` and
+    ``rank`` default to the world size and rank: each rank gets an equal-length, disjoint shard of
+    the same epoch order (``drop_last=False`` pads by wrapping). Without ``set_epoch(e)`` each pass
+    advances the epoch.
 
-    It is a ``DistributedSampler``: frameworks that shard a loader's sampler for DDP unless it is
-    one (Lightning's ``use_distributed_sampler=True``, the default) leave it as it is. One that
-    shards it anyway (Lightning's ``trainer.predict``, a DistributedSampler built over it) would
-    give each rank a 1/world part of its shard: iterating it that way raises ``ShardedTwice``.
+    It is a ``DistributedSampler`` so that frameworks leave it unsharded (Lightning's
+    ``use_distributed_sampler``); one that shards it anyway would give each rank 1/world of its
+    shard, and iterating it that way raises ``ShardedTwice``.
     """
 
     def __init__(
