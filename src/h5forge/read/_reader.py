@@ -1,22 +1,16 @@
 """Framework-free reading of one split of a version file: the core under the torch/TF/JAX readers.
 
 What it guarantees (docs/reading.md):
-- **Pinned version.** The path is resolved once, at construction (``os.path.realpath``): opening
-  ``dataset_latest.h5`` pins the version it points to *now*; a publish during training never mixes
-  two versions, and HDF5 never sees a link that is swapped while it opens it.
-- **Worker safe.** The HDF5 handle is opened lazily in the process that reads (and reopened after a
-  fork); pickling carries the path and the layout, never a handle, so it works with the fork, spawn
-  and forkserver start methods. Read-only opens need no SWMR; ``locking=False`` is for network
-  filesystems that do not support file locks.
-- **Dependencies checked.** A version built from virtual datasets reads other files; every one must
-  exist when the version is opened (HDF5 would silently return zeros for a missing one).
-- **Fast batched reads.** ``read(indices)`` sorts and de-duplicates the indices, coalesces runs of
-  consecutive rows into one slice read each (h5py reads a list of indices as one selection of single
-  rows, which is many times slower on chunked data), and returns rows in the requested order. The
-  chunk cache is sized from the layout so a chunk shared by several requested rows is decompressed
-  once. With the ``none`` or ``lz4`` codec, rows are read as whole chunks and decompressed in
-  process (h5forge.read._direct), which skips HDF5's per-call filter overhead; with several samples
-  per chunk the last ``cache_chunks`` decoded chunks of each field are kept there.
+- **Pinned version.** The path is resolved once, at construction: opening ``dataset_latest.h5``
+  pins the version it points to now, so a publish during training never mixes two versions.
+- **Worker safe.** The HDF5 handle is opened lazily in the process that reads (again after a
+  fork); pickling carries the path and the layout, never a handle.
+- **Dependencies checked.** Every file a thin version maps must exist when it is opened (HDF5
+  would silently return zeros for a missing one).
+- **Fast batched reads.** ``read(indices)`` reads each run of consecutive rows in one call (h5py
+  reads an index list row by row) and returns rows in the order asked; the chunk cache is sized
+  so a chunk is decompressed once. With the ``none`` or ``lz4`` codec whole chunks are read and
+  decoded in process (h5forge.read._direct), skipping HDF5's filter pipeline.
 """
 
 from __future__ import annotations
@@ -58,9 +52,8 @@ OPEN_RETRIES = 3
 
 
 def slice_cache_default(context: int) -> int:
-    """Decompressed slices a ``unit="slice"`` reader keeps per volume field by default: with
-    ``context`` k, one stack's 2k+1 (the next slice's stack shares 2k of them); without context
-    none (a random 2-D slice is seldom read again soon: keeping it would only cost a copy)."""
+    """Decompressed slices a ``unit="slice"`` reader keeps per volume field by default: one stack's
+    2k+1 with ``context`` k (the next stack shares 2k of them), else none (seldom read again)."""
     return 2 * context + 1 if context > 0 else 0
 
 
@@ -117,9 +110,9 @@ def _next_prime(n: int) -> int:
 
 
 def _read_runs(d: h5py.Dataset, target: np.ndarray, runs: list[tuple[int, int, int]], positions: np.ndarray) -> None:
-    """Read each run of file rows straight into its place in ``target`` (low-level hyperslab
-    reads: no intermediate array, no reordering copy). ``positions[k]`` is where the k-th unique
-    row goes. A run whose rows go to scattered places is read once into a block and scattered."""
+    """Read each run of file rows straight into its place in ``target`` by hyperslab reads
+    (``positions[k]``: where the k-th unique row goes); a run going to scattered places is read
+    once and scattered."""
     tail = (0,) * (target.ndim - 1)
     fspace = d.id.get_space()
     mspace = h5py.h5s.create_simple(target.shape)
@@ -132,6 +125,33 @@ def _read_runs(d: h5py.Dataset, target: np.ndarray, runs: list[tuple[int, int, i
             d.id.read(mspace, fspace, target)
         else:
             target[dest] = d[start:stop]
+
+
+def gather(source: Any, idx: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """``target`` filled with rows ``idx`` of ``source`` (in any order, repeats allowed): the sorted
+    unique rows are read once, by runs from an h5py dataset or by the chunk reader's ``read_rows``."""
+    order = np.argsort(idx, kind="stable")
+    uniq, first = np.unique(idx[order], return_index=True)
+    if idx.size:
+        if isinstance(source, h5py.Dataset):
+            _read_runs(source, target, coalesce(uniq), order[first])
+        else:
+            source.read_rows(uniq, target, order[first])
+    for k in np.flatnonzero(np.diff(idx[order]) == 0) + 1:  # a row asked for twice: copy it
+        target[order[k]] = target[order[k - 1]]
+    return target
+
+
+def checked_rows(indices: Iterable[int], count: int, what: str) -> np.ndarray:
+    """``indices`` as int64 rows in 0..count-1 (negative ones count from the end); IndexError naming
+    the first out of range."""
+    if isinstance(indices, range):
+        indices = np.arange(indices.start, indices.stop, indices.step)
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if idx.size and (idx.min() < -count or idx.max() >= count):
+        bad = int(idx[(idx < -count) | (idx >= count)][0])
+        raise IndexError(f"index {bad} out of range for {what} ({count} samples)")
+    return np.where(idx < 0, idx + count, idx)
 
 
 def _rows_reader(d: Any, cache_rows: int = 0, cache_chunks: int = 0) -> "DirectRows | MappedDataset | None":
@@ -156,14 +176,11 @@ def coalesce(sorted_unique: np.ndarray) -> list[tuple[int, int, int]]:
 
 
 class SplitReader:
-    """Random and batched access to the arrays of one split, as uint8 numpy arrays.
+    """Random and batched access to the stored arrays of one split.
 
-    ``SplitReader(path, split="train", fields=("images", "masks"))``. ``fields=None`` reads every
-    field the file lists. ``cache_chunks`` is how many decompressed chunks per field are kept (at
-    least one; by h5forge.read._direct, else by HDF5's chunk cache); ``rdcc_nbytes`` overrides the
-    size of HDF5's. ``slice_cache`` is how
-    many decompressed elements (CT slices) of each ragged field read as whole chunks this process
-    keeps for a next read (h5forge.read._direct; 0: none).
+    ``fields=None`` reads every field the file lists. ``cache_chunks``: decompressed chunks kept
+    per field (by h5forge.read._direct, else by HDF5's chunk cache, whose size ``rdcc_nbytes``
+    overrides); ``slice_cache``: decompressed elements (CT slices) kept per ragged field.
     """
 
     def __init__(
@@ -290,8 +307,8 @@ class SplitReader:
     @property
     def chunk_rows(self) -> int:
         """The samples a random read decodes together, for chunk-aware sampling: a chunk's, or 1
-        where a row is read alone from its chunk (h5forge.read._direct), so a shuffle need not keep
-        a chunk's rows near each other (a ragged field's chunks hold elements, not rows)."""
+        where a row is read alone from its chunk (h5forge.read._direct; a ragged field's chunks
+        hold elements)."""
         return max(self._read_together.values(), default=1)
 
     def __len__(self) -> int:
@@ -396,19 +413,19 @@ class SplitReader:
     # ---- reads -------------------------------------------------------------------------------
     def row(self, i) -> int:
         """The row of index ``i`` (negative counts from the end); IndexError when out of range."""
-        j = int(i)
-        if j < 0:
-            j += self.count
+        j = int(i) + self.count if int(i) < 0 else int(i)
         if not 0 <= j < self.count:
             raise IndexError(
                 f"index {int(i)} out of range for split {self.split!r} of {self.path} ({self.count} samples)"
             )
         return j
 
+    def checked(self, indices: Iterable[int]) -> np.ndarray:
+        return checked_rows(indices, self.count, f"split {self.split!r} of {self.path}")
+
     def read_one(self, i: int, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Sample ``i`` of every field. ``out`` may hold arrays (one row, C order, the stored dtype)
-        for fixed-size fields read as whole chunks (h5forge.read._direct) to be read into; a field
-        read through h5py comes back as a new array (h5py's own row read is the faster one there)."""
+        """Sample ``i`` of every field. ``out`` may hold arrays (one row, the stored dtype) to read
+        fixed-size fields into when they are read as whole chunks; through h5py a row is a new array."""
         j = self.row(i)
         self._handles()
         return {
@@ -436,46 +453,26 @@ class SplitReader:
 
         ``out`` may hold preallocated arrays to fill (e.g. shared-memory buffers).
         """
-        idx = np.asarray(
-            indices if not isinstance(indices, range) else np.arange(indices.start, indices.stop, indices.step),
-            dtype=np.int64,
-        ).reshape(-1)
-        if idx.size and (idx.min() < -self.count or idx.max() >= self.count):
-            bad = int(idx[(idx < -self.count) | (idx >= self.count)][0])
-            raise IndexError(f"index {bad} out of range for split {self.split!r} of {self.path} ({self.count} samples)")
-        idx = np.where(idx < 0, idx + self.count, idx)
-        order = np.argsort(idx, kind="stable")
-        rows_sorted = idx[order]
-        uniq, first = np.unique(rows_sorted, return_index=True)
-        runs = coalesce(uniq)
-        dups = np.flatnonzero(np.diff(rows_sorted) == 0) + 1
-        result: dict[str, Any] = {}  # arrays; a ragged field's rows are a list of arrays
+        idx = self.checked(indices)
         dsets = self._handles()
+        result: dict[str, Any] = {}  # arrays; a ragged field's rows are a list of arrays
         for name, fi in self.fields.items():
             if fields is not None and name not in fields:
                 continue
             if not fi.bulk:
                 result[name] = self._columns[name][idx]
-                continue
-            if fi.ragged:
-                result[name] = self._read_ragged(name, idx, runs)
-                continue
-            target = out[name] if out is not None and name in out else np.empty((idx.size, *fi.shape), dtype=fi.dtype)
-            if idx.size:
+            elif fi.ragged:
+                result[name] = self._read_ragged(name, idx)
+            else:
+                target = out[name] if out is not None and name in out else np.empty((idx.size, *fi.shape), fi.dtype)
                 direct = self._direct.get(name)
-                if direct is not None:  # one sample per chunk: the chunks, decoded here
-                    direct.read_rows(uniq, target, order[first])
-                else:
-                    _read_runs(dsets[name], target, runs, order[first])
-                for k in dups:  # a row asked for twice: copy it
-                    target[order[k]] = target[order[k - 1]]
-            result[name] = target
+                result[name] = gather(dsets[name] if direct is None else direct, idx, target)
         return result
 
-    def _read_ragged(self, name: str, idx: np.ndarray, runs: list[tuple[int, int, int]]) -> list[np.ndarray]:
+    def _read_ragged(self, name: str, idx: np.ndarray) -> list[np.ndarray]:
         """The rows ``idx`` of a ragged field, in that order; each run of rows is one read."""
         got: dict[int, np.ndarray] = {}
-        for start, stop, _ in runs:
+        for start, stop, _ in coalesce(np.unique(idx)):
             block = self._ragged[name](start, stop)
             got.update((start + j, block[j]) for j in range(stop - start))
         return [got[int(i)] for i in idx]
@@ -501,15 +498,7 @@ class SplitReader:
         elements = np.asarray(elements, dtype=np.int64)
         if elements.size == 1:  # one slice: one read, no run planning
             return values[int(elements[0])][None]
-        order = np.argsort(elements, kind="stable")
-        uniq, first = np.unique(elements[order], return_index=True)
-        target = np.empty((elements.size, *values.shape[1:]), dtype=values.dtype)
-        if elements.size:
-            _read_runs(values, target, coalesce(uniq), order[first])
-            dups = np.flatnonzero(np.diff(elements[order]) == 0) + 1
-            for k in dups:
-                target[order[k]] = target[order[k - 1]]
-        return target
+        return gather(values, elements, np.empty((elements.size, *values.shape[1:]), dtype=values.dtype))
 
     def lengths(self, name: str) -> np.ndarray:
         """Each row's length in a ragged field (a CT case's depth)."""
@@ -522,8 +511,7 @@ class SplitReader:
             return decode_str(read_all(f[self.split][IDS]))
 
     def meta(self, column: str) -> np.ndarray:
-        """A whole annotation column in row order; a text column as ``str`` values (as ``ds[i]``
-        and the loader return them), not the bytes HDF5 stores."""
+        """A whole annotation column in row order; text as ``str``, as ``ds[i]`` returns it."""
         with self._open_plain() as f:
             g = f[self.split]
             if column_path(column) not in g:
@@ -572,8 +560,8 @@ class SliceIndex:
         return np.clip(wanted, self.first[slices][:, None], self.last[slices][:, None])
 
     def one(self, reader: SplitReader, i: int) -> dict[str, Any]:
-        """Slice ``i`` alone: {field: its ([2k+1,] H, W) stored values, or for the other fields a
-        batch of one, the case's value}. What ``read(reader, [i])`` gives, without planning a batch."""
+        """What ``read(reader, [i])`` gives, without planning a batch: {field: slice ``i``'s ([2k+1,]
+        H, W) stored values, or for the other fields the case's value as a batch of one}."""
         out: dict[str, Any] = {name: self.stack(reader, name, i) for name in self.ragged}
         if len(out) < len(reader.fields):
             others = [name for name in reader.fields if name not in out]
@@ -583,16 +571,13 @@ class SliceIndex:
     def position(self, i: int) -> int:
         """Slice ``i``'s position across the split (negative counts from the end); IndexError out of range."""
         n = len(self.case)
-        j = int(i)
-        if j < 0:
-            j += n
+        j = int(i) + n if int(i) < 0 else int(i)
         if not 0 <= j < n:
             raise IndexError(f"slice index {int(i)} out of range ({n} slices)")
         return j
 
     def stack(self, reader: SplitReader, name: str, i: int) -> np.ndarray:
-        """Slice ``i`` of the ragged field ``name``, (H, W), or with context its (2k+1, H, W) stack:
-        a random 2-D slice read costs its copy (or decompression) and little else."""
+        """Slice ``i`` of the ragged field ``name``, (H, W), or with context its (2k+1, H, W) stack."""
         j, k = self.position(i), self.context
         if not k:
             return reader.read_element(name, j)

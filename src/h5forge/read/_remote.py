@@ -1,19 +1,15 @@
 """Version files in object storage (``https://``, ``s3://``, ``gs://``), read by ranged requests.
 
-What training needs on top of the store's objects (h5forge._format.objects; docs/reading.md,
-"From a bucket"):
+On top of the store's objects (h5forge._format.objects; docs/reading.md, "From a bucket"):
 
-- **One open, then ranged reads.** Opening a version reads its metadata once through h5py over an
-  fsspec file with a block cache (layout, the small columns) and each row's chunk offset and size
-  from the chunk index object ``push`` writes beside it (else from HDF5's chunk index); a batch is
-  then the byte ranges of its rows' chunks, sorted, merged where the gap between two is small,
-  fetched concurrently, and decoded in process with h5forge's chunk codec. No HDF5 call is made
-  per sample.
-- **Pinned version.** A pointer (``dataset_latest.h5`` on a bucket) is followed once, at the open;
-  the version object is pinned to its size and ETag, so a replaced object stops the epoch.
+- **One open, then ranged reads.** The open reads the metadata once through h5py over fsspec,
+  and each row's chunk offset and size from the chunk index object ``push`` writes (else from
+  HDF5's chunk index); a batch is then its rows' byte ranges, merged where close, fetched
+  concurrently and decoded in process. No HDF5 call is made per sample.
+- **Pinned version.** A pointer is followed once, at the open; the version object is pinned to
+  its size and ETag, so a replaced object stops the epoch.
 - **Verified rows.** ``verify_rows`` checks each row read against its stored checksum.
-- **Worker safe.** Pickling carries the address and the chunk tables; each worker opens its own
-  connections after the fork.
+- **Worker safe.** Pickling carries the address and the chunk tables, never a connection.
 """
 
 from __future__ import annotations
@@ -46,7 +42,7 @@ from h5forge._format.objects import (
     sibling,
 )
 from h5forge.kinds import stored_kinds
-from h5forge.read._reader import DEFAULT_CACHE_CHUNKS, SplitReader, _read_runs, coalesce
+from h5forge.read._reader import DEFAULT_CACHE_CHUNKS, SplitReader, gather
 from h5forge.spec import spec_from_json
 
 MERGE_GAP = 4096  # two ranges closer than this are fetched as one (the gap is fetched and dropped)
@@ -71,8 +67,8 @@ class ChunkTable:
     @classmethod
     def of(cls, d: h5py.Dataset, index: dict[str, np.ndarray] | None = None) -> "ChunkTable | None":
         """The table of a dataset stored one row per chunk with a codec decoded here; else None.
-        ``index``: its offsets, sizes and masks from a chunk index object (``chunk_index_bytes``),
-        which saves walking HDF5's chunk index (a request per node of it, spread over the file)."""
+        ``index``: its offsets, sizes and masks from a chunk index object, which saves walking
+        HDF5's chunk index (a request per node)."""
         dcpl = d.id.get_create_plist()
         if (
             dcpl.get_layout() != h5py.h5d.CHUNKED
@@ -145,11 +141,10 @@ def plan_spans(
 
 
 class ChunkCache:
-    """Stored chunks kept on a local disk (opt-in), so a second epoch reads no network: one file
-    per chunk under a folder per pinned object (its address, size and ETag), written under a
-    temporary name and renamed, so a worker never reads another's half-written chunk. The bytes
-    kept never exceed ``limit``: each worker reserves a chunk's size in a shared count under a file
-    lock before writing it, and once the count is full nothing more is kept (nothing is evicted)."""
+    """Stored chunks kept on a local disk (opt-in), so a second epoch reads no network: a file per
+    chunk under a folder per pinned object, renamed into place whole. The bytes kept never exceed
+    ``limit``: each worker reserves a chunk's size in a shared count under a file lock first, and
+    once it is full nothing more is kept (nothing is evicted)."""
 
     USAGE = ".usage"
 
@@ -199,14 +194,11 @@ class ChunkCache:
 
 
 class RemoteSplitReader(SplitReader):
-    """``SplitReader`` over a version object in a store (a URL): same values, same interface; rows
-    of fields stored one per chunk (with the ``none``, ``lz4`` or ``gzip-N`` codec) are fetched by
-    ranged requests and decoded here, other fields are read by h5py over the fsspec file.
-    ``verify_rows``: check each row read against its stored checksum (every value of the row is
-    fetched, so a reader of one field pays for the others); a mismatch is a ``ReadError`` naming
-    the row. ``storage_options`` go to the fsspec filesystem; ``retry`` bounds the retries.
-    ``cache_dir``: keep fetched chunks there, at most ``cache_bytes`` (``ChunkCache``), for later
-    epochs and other workers; the chunks are decoded and checked the same way when read back."""
+    """``SplitReader`` over a version object in a store (a URL): same values, same interface. Rows
+    of fields stored one per chunk (``none``, ``lz4`` or ``gzip-N``) are fetched by ranged requests
+    and decoded here, other fields are read by h5py over the fsspec file. ``verify_rows`` checks
+    each row read against its stored checksum (fetching every value of the row); ``cache_dir``
+    keeps fetched chunks there, at most ``cache_bytes`` (``ChunkCache``)."""
 
     def __init__(
         self,
@@ -379,14 +371,7 @@ class RemoteSplitReader(SplitReader):
     def read(
         self, indices: Iterable[int], out: dict[str, np.ndarray] | None = None, fields: Sequence[str] | None = None
     ) -> dict[str, Any]:
-        idx = np.asarray(
-            indices if not isinstance(indices, range) else np.arange(indices.start, indices.stop, indices.step),
-            dtype=np.int64,
-        ).reshape(-1)
-        if idx.size and (idx.min() < -self.count or idx.max() >= self.count):
-            bad = int(idx[(idx < -self.count) | (idx >= self.count)][0])
-            raise IndexError(f"index {bad} out of range for split {self.split!r} of {self.path} ({self.count} samples)")
-        idx = np.where(idx < 0, idx + self.count, idx)
+        idx = self.checked(indices)
         self._handles()
         uniq = np.unique(idx)
         fetched = self._fetch_rows(uniq)  # {path: {row: row array}} of every field with a chunk table
@@ -448,14 +433,8 @@ class RemoteSplitReader(SplitReader):
         fi = self.fields[name]
         if fi.ragged:
             return [self._ragged[name].row(int(i)) for i in idx]
-        order = np.argsort(idx, kind="stable")
-        uniq, first = np.unique(idx[order], return_index=True)
         target = out[name] if out is not None and name in out else np.empty((idx.size, *fi.shape), fi.dtype)
-        _read_runs(self._dsets[name], target, coalesce(uniq), order[first])
-        dups = np.flatnonzero(np.diff(idx[order]) == 0) + 1
-        for k in dups:
-            target[order[k]] = target[order[k - 1]]
-        return target
+        return gather(self._dsets[name], idx, target)
 
     def _verify(self, uniq: np.ndarray, fetched: dict[str, dict[int, np.ndarray]]) -> None:
         """Each row's values, hashed as the file's format says, against its stored checksum."""
@@ -496,9 +475,8 @@ class RemoteSplitReader(SplitReader):
 def open_split(
     path: Any, split: str = "train", fields: Sequence[str] | str | None = None, **kwargs: Any
 ) -> SplitReader:
-    """A ``SplitReader`` for a local path, a ``RemoteSplitReader`` for a URL (``https://``, ``s3://``).
-    ``verify_rows``, ``storage_options`` and ``retry`` apply to URLs; ``verify_rows`` is refused
-    for a local path (``h5forge verify`` checks a local version whole)."""
+    """A ``SplitReader`` for a local path, a ``RemoteSplitReader`` for a URL; the options only a
+    URL takes are refused for a local path."""
     remote_only = {
         k: kwargs.pop(k) for k in ("verify_rows", "storage_options", "retry", "cache_dir", "cache_bytes") if k in kwargs
     }
