@@ -19,11 +19,9 @@ IMAGE_DTYPES = ("float32", "uint8")
 
 
 def channel_counts(block: np.ndarray) -> np.ndarray:
-    """(C, 256) exact counts of each 8-bit value per channel of a (n, C, ...) uint8 block.
-
-    Counted two pixels at a time: each pair of bytes read as one uint16 is a bin of 65,536, and
-    the two bytes' counts are that table's row and column sums, which halves bincount's work
-    (its cost is per element: benchmarks/results/ingest_parts.md, "histograms")."""
+    """(C, 256) exact counts of each 8-bit value per channel of a (n, C, ...) uint8 block, counted
+    two pixels at a time (a pair of bytes is one uint16 bin, whose table's row and column sums are
+    the two bytes' counts), which halves bincount's work."""
     n, channels = block.shape[:2]
     out = np.zeros((channels, 256), np.int64)
     if n == 0:

@@ -1,18 +1,13 @@
 """The field kinds installed, by name: the entry points of the group ``h5forge.kinds``.
 
-Every kind, h5forge's own included (pyproject.toml, ``[project.entry-points."h5forge.kinds"]``), is
-an entry point ``<kind> = "package.module:KindClass"`` whose name is the class's ``kind``, so a
-package that declares one adds a kind without an edit to h5forge. As in zarr-python's codec
-registry, the entry points are read and their classes imported once, when the registry is first
-asked: importing h5forge's readers imports no kind.
+Every kind, h5forge's own included (pyproject.toml), is an entry point ``<kind> =
+"package.module:KindClass"``, so a package adds a kind without an edit to h5forge. They are
+loaded once, when the registry is first asked: importing the readers imports no kind.
 
-An entry point that does not give a complete kind (its module fails to import, or its class is not
-a concrete ``FieldKind`` with the entry point's name and a ``Spec`` that says it) is left out with a
-``KindNotLoaded`` warning naming its distribution, and a spec that uses the kind is refused with
-the same reason: a broken package stops only the datasets that need it. A program that wants it
-to stop everything makes the warning an error (``warnings.simplefilter("error", KindNotLoaded)``,
-pytest's ``-W error::h5forge.kinds.KindNotLoaded``), which carries the import's traceback. Two
-entry points of one name are an error naming both, as neither can be chosen over the other.
+An entry point that gives no complete kind is left out with a ``KindNotLoaded`` warning naming its
+distribution, and a spec using it is refused with the same reason: a broken package stops only
+the datasets that need it (make the warning an error to stop everything). Two entry points of one
+name are an error naming both.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The signal kind's audio recordings: WAV, FLAC and Ogg files read with soundfile (libsndfile).
 
-A file's channels have no names, so ``channel`` is an index (0 is the first, left in a stereo
-file); without one the file must be mono. Samples are read as float32: integer PCM is scaled to
-[-1, 1) by libsndfile (a 16-bit value ``v`` becomes ``v / 32768``), float files keep their values.
-Before any sample is decoded, a WAV whose header declares more sample bytes than the file holds is
-rejected (libsndfile would quietly read the part that is there), and so are a file whose frames x
-channels x 4 bytes, as its header declares them, exceed the field's ``max_decoded_bytes``, and a
-FLAC whose header gives no length. An Ogg stream records no length in its header: one cut short is
-read up to where it ends (or rejected when nothing of it is left).
+``channel`` is an index (0 is the first, left in stereo); without one the file must be mono.
+Samples are read as float32, integer PCM scaled to [-1, 1) by libsndfile. Before any sample is
+decoded, a WAV declaring more bytes than it holds (libsndfile would quietly read the rest), a file
+over ``max_decoded_bytes`` as its header declares it, and a FLAC without a length are rejected;
+an Ogg stream cut short is read up to where it ends.
 """
 
 from __future__ import annotations

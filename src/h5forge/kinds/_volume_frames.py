@@ -1,15 +1,11 @@
 """The frames of a DICOM file as slices of a ``volume``: one per single-frame file, NumberOfFrames
 per multi-frame file, each with its own geometry and rescale.
 
-Enhanced and legacy converted enhanced files (CT, MR, ...) give each frame's geometry in their
-functional groups: PlanePositionSequence.ImagePositionPatient, PlaneOrientationSequence
-.ImageOrientationPatient, PixelMeasuresSequence.PixelSpacing/SliceThickness and
-PixelValueTransformationSequence.RescaleSlope/Intercept, read from the frame's item of
-PerFrameFunctionalGroupsSequence, else from SharedFunctionalGroupsSequence, else from the top
-level. A legacy multi-frame file (no functional groups) has one ImagePositionPatient for its first
-frame; the others lie along the slice normal at GridFrameOffsetVector (RT Dose), else at
-SpacingBetweenSlices, else at SliceThickness (contiguous slices). A multi-frame file without that
-geometry (ultrasound cine, a plain secondary capture) is rejected: its frames cannot be placed.
+Enhanced files give each frame's position, orientation, spacing and rescale in their functional
+groups (the frame's item of PerFrameFunctionalGroupsSequence, else the shared one, else the top
+level). A legacy multi-frame file places its first frame at ImagePositionPatient and the others
+along the slice normal at GridFrameOffsetVector, else SpacingBetweenSlices, else SliceThickness.
+A multi-frame file without such geometry (ultrasound cine) is rejected: its frames cannot be placed.
 """
 
 from __future__ import annotations

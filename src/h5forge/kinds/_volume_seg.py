@@ -1,14 +1,10 @@
 """A DICOM SEG (Segmentation Storage) file as the label volume of a DICOM ``volume`` case.
 
-Each frame of the SEG is one segment on one plane. A frame goes to the volume slice at its
-ImagePositionPatient (PlanePositionSequence, per frame or shared), within SEG_POSITION_TOLERANCE in
-3-D; a SEG without plane positions is mapped by the slice each frame was derived from
-(DerivationImageSequence: ReferencedSOPInstanceUID, and ReferencedFrameNumber in a multi-frame
-source). Segment number k becomes class value k; voxels in no segment and slices without a frame
-are 0. A BINARY frame holds one segment (ReferencedSegmentNumber); a FRACTIONAL one too,
-thresholded: a voxel whose fraction is at least one half is in the segment; a LABELMAP frame holds
-segment numbers. Overlapping segments are rejected (a voxel holds one class). Checked against the volume: same FrameOfReferenceUID (when
-both give one), Rows x Columns, PixelSpacing and orientation; every frame on a slice of the volume.
+Each frame goes to the volume slice at its ImagePositionPatient (within SEG_POSITION_TOLERANCE),
+else to the slice it was derived from (DerivationImageSequence). Segment k becomes class k,
+anything else 0; a FRACTIONAL frame is thresholded at one half, a LABELMAP frame holds segment
+numbers, and overlapping segments are rejected. The SEG must match the volume's frame of
+reference, size, spacing and orientation, every frame on one of its slices.
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """The core of a field kind: everything kind-specific about one field lives in its kind.
 
-The writer, thin versions, verify, export, the readers and preview go through a kind's methods
-and never name a kind. A kind module defines its spec model (a pydantic ``FieldModel``, strict,
-with a ``kind`` literal) and a ``FieldKind`` subclass; ``h5forge.kinds`` registers it. Decoding
-may import heavy libraries (Pillow, ...) inside ``decode`` only, so that the read side never
-loads them.
+The writer, verify, export, the readers and preview go through a kind's methods and never name a
+kind. A kind module defines its spec model (a strict pydantic ``FieldModel`` with a ``kind``
+literal) and a ``FieldKind`` subclass; heavy decoders (Pillow, ...) are imported inside ``decode``
+only, so the read side never loads them.
 
-``FieldKind`` is the small core every kind implements: its spec, its raw files, decode, its stored
-layout and stacking. It reads as ``Reading`` says (every field is read). What only some kinds do
-is a capability in a module of its own, which a kind opts into by inheriting it and which the
-generic code asks for with ``isinstance``: ``statistics`` (``Statistics``, ``ClassCounts``),
-``index`` (``RowIndex``), ``preview`` (``Preview``), ``shared`` (``SharedInputs``), ``parts``
-(``SampleParts``) and ``plugins`` (``Plugins``: the ``init`` detectors and demo folders the layers
-above load by name).
+``FieldKind`` is the core every kind implements: spec, raw files, decode, stored layout, stacking,
+and reading as ``Reading`` says. What only some kinds do is a capability class a kind inherits and
+the generic code asks for with ``isinstance``: ``Statistics``/``ClassCounts`` (statistics),
+``RowIndex`` (index), ``Preview`` (preview), ``SharedInputs`` (shared), ``SampleParts`` (parts),
+``Plugins`` (plugins: ``init`` detectors and demo folders).
 """
 
 from __future__ import annotations
@@ -45,9 +42,8 @@ log = logging.getLogger("h5forge.kinds")
 
 @contextmanager
 def warnings_logged(where: str) -> Iterator[list[warnings.WarningMessage]]:
-    """The warnings a decoding library raises inside the block (pydicom, nibabel, Pillow ...), sent
-    to the log with the input they concern instead of printed on the terminal; the block may read
-    them (the list it is given) to say in a rejection what the library found."""
+    """The warnings a decoding library raises inside the block, logged with the input they concern
+    instead of printed; the block may read them (the list it is given) for a rejection's reason."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield caught
@@ -122,10 +118,9 @@ def read_source(root: Path, rel: str, max_bytes: int = DEFAULT_MAX_BYTES, head: 
 
 
 def read_at_most(fh: BinaryIO, size: int, max_bytes: int) -> bytes:
-    """At most ``max_bytes + 1`` bytes of ``fh``, whose ``fstat`` gave ``size``: bounded even if the
-    file grows or reports no size (procfs). The first request is for ``size + 1`` bytes because a
-    buffered read allocates what it is asked for: a request of the whole limit maps and unmaps that
-    much memory for every small file."""
+    """At most ``max_bytes + 1`` bytes of ``fh``, whose ``fstat`` gave ``size``, even if it grows or
+    reports no size (procfs). The first request is ``size + 1`` bytes: a buffered read allocates
+    what it is asked for."""
     data = fh.read(min(size, max_bytes) + 1)
     if len(data) > size:
         data += fh.read(max_bytes + 1 - len(data))
@@ -134,8 +129,7 @@ def read_at_most(fh: BinaryIO, size: int, max_bytes: int) -> bytes:
 
 class Outside:
     """Where a path really is, when a symlink (of the file or a folder above it) leads out of
-    ``root``. Each folder is resolved once: a file costs one lstat, not one per path component, and
-    none when the caller knows it is no symlink (a directory listing's entry tells)."""
+    ``root``; each folder is resolved once, so a file costs at most one lstat."""
 
     def __init__(self, root: Path):
         self.base = os.path.realpath(root)
@@ -158,10 +152,9 @@ class Outside:
 
 
 def read_bounded(path: Path, max_bytes: int, root: Path | None = None, allow_outside: bool = True) -> bytes:
-    """The bytes of an annotation file or sidecar, read the way pictures are: a regular file only
-    (a folder, FIFO or device is refused without waiting or reading), at most ``max_bytes``, and
-    (``root``, unless ``allow_outside``) not through a symlink out of the source folder.
-    FileNotFoundError when it is missing; ValueError saying why it is refused."""
+    """The bytes of an annotation file or sidecar, read as ``read_source`` reads pictures (a regular
+    file, at most ``max_bytes``) and, with ``root`` unless ``allow_outside``, not through a symlink
+    out of the source folder. FileNotFoundError when missing; ValueError saying why it is refused."""
     if root is not None and not allow_outside and (target := Outside(root)(str(path))) is not None:
         raise ValueError(
             f"symlink leads outside the source folder (to {target}); set source.allow_symlinks_outside: true to take it"
@@ -270,3 +263,19 @@ class FieldKind(Reading, ABC, Generic[S]):
             while chunk := fh.read(1 << 20):
                 h.update(chunk)
         return h.hexdigest()
+
+
+class Companion(FieldKind[S]):
+    """A column a field writes beside itself (not declared by users): ``<field>_<key>``, the value
+    its ``decode`` left in ``Decoded.context[key]``."""
+
+    def __init__(self, owner: FieldKind, key: str, spec: S):
+        super().__init__(f"{owner.name}_{key}", spec, owner.dataset)
+        self.owner, self.key = owner.name, key
+
+    @property
+    def after(self) -> tuple[str, ...]:
+        return (self.owner,)
+
+    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
+        return Decoded(done[self.owner].context[self.key])

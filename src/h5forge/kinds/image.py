@@ -1,15 +1,10 @@
 """``kind: image``: an RGB (or grey) picture, stored uint8 CHW at a fixed size.
 
-Cleaning rules (docs/spec.md, "Cleaning rules"):
-- colour: RGB kept; grey replicated to 3 channels; palette expanded; alpha composited over the
-  field's fill value; 16-bit scaled linearly to 8 bits (v * 255 / 65535, rounded), never clipped
-  or wrapped; CMYK/YCbCr converted by Pillow; float images rejected; ``channels: 1`` is ITU-R 601
-  luma.
-- geometry: smaller sides padded evenly with the fill value, the odd pixel going to the bottom /
-  right; larger sides centre-cropped, or the picture shrunk keeping its aspect ratio then padded,
-  or rejected, as the field's ``larger`` policy says. Never stretched.
-Statistics: exact per-channel histograms (C, 256) per split, from which mean/std of value/255
-follow; appends add histograms. Readers get float32 in [0, 1] (or uint8 as stored).
+Cleaning rules (docs/spec.md, "Cleaning rules"): colour made RGB (grey replicated, alpha composited
+over ``fill``, 16-bit scaled to 8 bits, never clipped; float rejected; ``channels: 1`` is ITU-R 601
+luma); smaller sides padded evenly, the odd pixel bottom / right, larger ones handled by ``larger``
+(crop, shrink keeping the aspect ratio, reject), never stretched. Statistics: exact per-channel
+histograms per split (``h5forge.kinds._pictures``).
 """
 
 from __future__ import annotations
@@ -40,21 +35,14 @@ class ImageField(FieldModel):
     kind: Literal["image"] = "image"
     files: Globs = Field(description="glob(s) relative to source.root, e.g. images/*.png")
     id_suffix: str | None = Field(
-        None,
-        min_length=1,
-        description="an end of this field's file stems that "
-        "is not part of the sample id (x4: DIV2K's LR 0001x4.png is sample 0001)",
+        None, min_length=1, description="an end of the file stems not part of the id (x4: 0001x4.png is 0001)"
     )
     size: tuple[int, int] = Field(description="target (height, width)")
     channels: Literal[1, 3] = 3
     larger: Literal["crop", "shrink", "reject"] = "crop"
     fill: int = Field(0, ge=0, le=255)
     max_pixels: int = Field(64_000_000, gt=0, description="larger headers are decompression bombs")
-    max_decoded_bytes: int = Field(
-        DEFAULT_MAX_DECODED,
-        gt=0,
-        description="a picture whose decoded form would take more memory than this is rejected before it is decoded",
-    )
+    max_decoded_bytes: int = Field(DEFAULT_MAX_DECODED, gt=0, description="a picture larger decoded is rejected")
     max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a file larger than this is rejected unread")
 
     @field_validator("size")
@@ -71,8 +59,8 @@ _PILLOW_LIMIT = threading.Lock()
 
 
 def _open_unchecked(data: bytes):
-    """Image.open without Pillow's own size guard, which would answer before ``max_pixels`` does;
-    the guard is put back at once, so nothing else in the process runs without it."""
+    """Image.open without Pillow's own size guard, which would answer before ``max_pixels`` does
+    (put back at once)."""
     from PIL import Image
 
     with _PILLOW_LIMIT:
@@ -97,12 +85,10 @@ def decode_picture(
     max_decoded: int = DEFAULT_MAX_DECODED,
     draft_to: tuple[int, int] | None = None,
 ):
-    """The picture decoded and upright: a Pillow image, or the HW / HWC uint8 array of an upright 8-bit
-    grey, RGB or RGBA picture that a faster decoder gave with Pillow's values (``_fast_pixels``; its
-    mode is read from its shape, as Image.fromarray does: ``mode_of``). Pillow reads the header first:
-    a bomb, an empty, truncated or unknown file rejects the sample. ``draft_to`` (width, height): a JPEG
-    is decoded at the smallest 1/2, 1/4 or 1/8 scale at least that large (a fraction of the memory and
-    time)."""
+    """The picture decoded and upright: a Pillow image, or the HW / HWC uint8 array a faster decoder
+    gave with Pillow's values (``_fast_pixels``; its mode: ``mode_of``). The header is checked first:
+    a bomb, an empty, truncated or unknown file rejects the sample. ``draft_to`` (width, height): a
+    JPEG is decoded at the smallest 1/2, 1/4 or 1/8 scale at least that large."""
     from PIL import Image, UnidentifiedImageError
 
     if not data:
@@ -169,17 +155,14 @@ class PngHeader:
 
 
 # Chunks before the pixels that change neither the values Pillow decodes nor their orientation, with
-# the shortest body Pillow's open reads without an error (it skips the last three); any other (text
-# and eXIf, which may hold an EXIF orientation, iCCP, which Pillow decompresses, tRNS, palettes,
-# animation, unknown ones) leaves the header to Pillow.
+# the shortest body Pillow's open reads without an error; any other leaves the header to Pillow.
 _PLAIN_CHUNKS = {b"pHYs": 9, b"sRGB": 1, b"gAMA": 4, b"cHRM": 32, b"bKGD": 0, b"sBIT": 0, b"tIME": 0}
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def plain_png(data: bytes) -> PngHeader | None:
     """The header of an 8-bit grey, RGB or RGBA PNG whose chunks before its pixels are all plain ones
-    with right CRCs (what Pillow's open checks), without opening it in Pillow; None for any other file,
-    which Pillow then opens."""
+    with right CRCs (what Pillow's open checks); None for any other file, which Pillow then opens."""
     if not data.startswith(_PNG_SIGNATURE):
         return None
     at, header = 8, None
@@ -230,10 +213,9 @@ SPNG_MODES = {(8, 0): "L", (8, 2): "RGB", (8, 6): "RGBA"}
 
 def _fast_pixels(data: bytes, img, max_decoded: int) -> np.ndarray | None:
     """The pixels of an 8-bit grey, RGB or RGBA PNG from libspng, or of a grey or RGB JPEG from
-    libjpeg-turbo (simplejpeg), both faster than Pillow at the same values (docs/spec.md, "Decoders").
-    None leaves the picture to Pillow: another format or mode, a PNG with chunks after its pixels, a
-    picture too large to hold twice, or a file the faster decoder refuses (both are strict: a truncated
-    file, a bad checksum), whose verdict is then Pillow's."""
+    simplejpeg, both faster than Pillow at the same values (docs/spec.md, "Decoders"). None leaves
+    the picture to Pillow, whose verdict then counts: another format or mode, chunks after the
+    pixels, a picture too large to hold twice, a file the faster decoder refuses."""
     if 2 * decoded_bytes(img) > max_decoded:  # an array turned upright or made a Pillow image is held twice
         return None
     png = img.format == "PNG" and SPNG_MODES.get((data[24], data[25])) == img.mode and _pixels_last(data)
@@ -254,9 +236,8 @@ def _fast_pixels(data: bytes, img, max_decoded: int) -> np.ndarray | None:
 
 
 def _pixels_last(png: bytes) -> bool:
-    """Whether only IDAT chunks and IEND follow a PNG's first IDAT, and it is no animation: Pillow reads
-    the chunks after the pixels (text, an EXIF orientation) as it decodes them, so a picture another
-    decoder takes must have none."""
+    """Whether only IDAT chunks and IEND follow a PNG's first IDAT, and it is no animation (Pillow
+    reads chunks after the pixels, an EXIF orientation say, as it decodes them)."""
     at, pixels = 8, False
     while at + 8 <= len(png):
         length, kind = struct.unpack_from(">I4s", png, at)
@@ -359,11 +340,9 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
 
 
 def _cut_early(img, g: Geometry):
-    """Shrink or crop the decoded picture *before* its pixels are converted (the conversions make
-    full-size copies, some of them 16 bytes a pixel), and the plan that finishes the job.
-
-    A picture cropped to its target is cut to the crop box; one shrunk to a much smaller target is
-    first reduced by an integer factor (box average) to at least twice the final size."""
+    """Crop the decoded picture, or reduce one shrunk to a much smaller target by an integer factor
+    (to at least twice the final size), *before* its pixels are converted into full-size copies;
+    and the plan that finishes the job."""
     import dataclasses
 
     from PIL import Image
@@ -384,8 +363,8 @@ def _cut_early(img, g: Geometry):
 
 
 def apply_geometry(arr: np.ndarray, g: Geometry, fill: int, nearest: bool) -> np.ndarray:
-    """``arr`` is HWC; returns the target-size picture as a contiguous CHW array (the stored
-    layout), cropped, padded and transposed in one copy."""
+    """The HWC ``arr`` at the target size as a contiguous CHW array, cropped, padded and
+    transposed in one copy."""
     if g.scaled is not None:
         from PIL import Image
 
@@ -440,8 +419,8 @@ class ImageKind(Plugins, Pictures, FieldKind[ImageField]):
         return Decoded(apply_geometry(pixels, local, f.fill, nearest=False), digest, geometry)
 
     def _draft_size(self, data: bytes) -> tuple[int, int] | None:
-        """(w, h) a JPEG may be decoded at: with ``larger: shrink`` and a picture much larger than
-        the target, twice the size it is shrunk to (then resized exactly like a full decode)."""
+        """(w, h) a JPEG much larger than the target may be drafted at with ``larger: shrink``:
+        twice the size it is shrunk to."""
         size = _jpeg_size(data) if self.spec.larger == "shrink" else None
         if size is None:
             return None

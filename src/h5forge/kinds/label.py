@@ -3,11 +3,9 @@
     fields:
       label: {kind: label, column: diagnosis, classes: [healthy, infected, dividing]}
 
-A ``str`` column is mapped to the index of its value in ``classes`` (a value outside them rejects
-the sample, naming the value and the classes); an ``int`` column is taken as the index itself
-(``classes`` then only names them). The class names are the dataset's ``classes`` attribute, and
-each split records how many samples each class has (``<field>_class_counts``): the balance a loss
-weighting needs. Readers return int64.
+A ``str`` column is mapped to its value's index in ``classes`` (another value rejects the
+sample); an ``int`` column is the index itself. Each split counts its samples per class
+(``<field>_class_counts``). Readers return int64.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """``kind: mask``: a label mask that follows an image field.
 
-Binary (the default): values must be a subset of {0,1} or {0,255}, stored {0,1}; anything else,
-such as 128, rejects the sample, since it would otherwise become a silent NaN loss.
-Multi-class (``classes: K``): values 0..K-1, plus ``ignore_value`` if declared (255 by the VOC /
-Cityscapes convention), stored as they are. A palette PNG is read by its palette index; an RGB
-mask goes through ``palette`` (class -> [r, g, b]); a grey mask is read by value. A value or colour outside the declared ones
-rejects the sample, naming what was found.
-Three equal channels count as one. A mask has its image's raw size and is cropped, shrunk
-(nearest) and padded exactly like it, with ``pad_value``: 255 unless the spec says otherwise
-(``ignore_value`` when one is declared), never a class. Padding is no labelled pixel, so it is
-not counted: give the loss ``ignore_index=255`` (the pad value) and it is not trained on either.
-Statistics: pixels per class per split, padding left out (the class balance loss weights need), and
-``/index/<split>/<field>`` lists the rows that contain each class.
-Readers get integers (int64 by default), shape (1, H, W).
+Binary (the default): values {0,1} or {0,255}, stored {0,1}; anything else (128 would become a
+silent NaN loss) rejects the sample. Multi-class (``classes: K``): values 0..K-1 and the
+``ignore_value``, read by palette index, through ``palette`` (RGB) or by value; a value or colour
+outside them rejects the sample. A mask has its image's raw size and follows its geometry
+(nearest), padded with ``pad_value``, never a class and never counted (the loss's
+``ignore_index``). Statistics: pixels per class per split and the rows holding each class.
 """
 
 from __future__ import annotations
@@ -197,8 +190,7 @@ R = TypeVar("R", bound=MaskRules)
 
 
 def class_pixels(block: np.ndarray, n_classes: int) -> np.ndarray:
-    """(n, K) pixels of each class per row of ``block``, computed once for both the pixel counts and
-    the class index: one vectorised comparison per class (a bincount per row for many classes)."""
+    """(n, K) pixels of each class per row of ``block``, for the pixel counts and the class index."""
     if len(block) == 0:
         return np.zeros((0, n_classes), np.int64)
     flat = block.reshape(len(block), -1)
@@ -210,9 +202,8 @@ def class_pixels(block: np.ndarray, n_classes: int) -> np.ndarray:
 
 
 class ClassMasks(ClassCounts, RowIndex, Preview, FieldKind[R]):
-    """Class labels that follow another field, pixel for pixel (a mask its image, a label volume
-    its volume): pixels per class and the rows that hold each class, integers for readers, and the
-    classes' colours painted over that field's preview."""
+    """Class labels that follow another field pixel for pixel (a mask its image, a label volume its
+    volume): class counts and index, integers for readers, colours over that field's preview."""
 
     read_options = (
         ReadOption(
@@ -285,8 +276,7 @@ class MaskKind(Plugins, ClassMasks[MaskField]):
 
     @classmethod
     def check_spec(cls, name: str, spec: MaskField, dataset: Any) -> None:
-        target = dataset.fields.get(spec.like)
-        if getattr(target, "kind", None) != "image":
+        if getattr(dataset.fields.get(spec.like), "kind", None) != "image":
             raise ValueError(f"fields.{name}.like: {spec.like!r} is not an image field")
 
     def stored(self) -> Stored:

@@ -4,11 +4,9 @@
       low_res:  {kind: image, files: lr/*.png, size: [64, 64]}
       high_res: {kind: paired, files: hr/*.png, like: low_res, scale: 4}
 
-Before any padding or cropping, each HR picture must be exactly ``scale`` times its LR partner in
-both sides; a pair that is not is rejected with both sizes. The HR picture is then shrunk, cropped
-and padded with the LR plan multiplied by ``scale``, so HR's offset is always ``scale`` times LR's
-and the pair stays aligned pixel for pixel. Stored, read and summarised like an image (it has the
-LR field's channels and fill); a reader asks for both fields and gets the pair in one lookup.
+Each HR picture must be exactly ``scale`` times its LR partner (else the pair is rejected with
+both sizes), and goes through the LR plan times ``scale``, so the pair stays aligned pixel for
+pixel. Stored, read and summarised like an image, with the LR field's channels and fill.
 """
 
 from __future__ import annotations

@@ -18,11 +18,9 @@ class SampleParts(ABC):
 
     @abstractmethod
     def samples_in(self, root: Path, rel: str) -> tuple[str, ...] | None:
-        """The samples one raw input of the field holds, as the ends of their ids (``@t0000``,
-        ``@t0001``, ...), or None: the input is one sample. Discovery asks it of every input, so it
-        reads no more than it takes to count them (a header), and raises Reject for an input it
-        cannot count. The samples of one input take the split of the input's own id: the parts
-        of a case never straddle train and test."""
+        """The samples one raw input holds, as the ends of their ids (``@t0000``, ...), or None: the
+        input is one sample. Asked of every input at discovery, so it reads no more than a header;
+        Reject for an input it cannot count."""
 
     @abstractmethod
     def sample_digest(self, file_digest: str, ref: SampleRef) -> str:

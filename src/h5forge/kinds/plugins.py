@@ -1,10 +1,8 @@
 """What a kind declares for the layers above it: the ``init`` layouts that recognise it in a raw
 folder (``detectors``) and the demo folders that show it (``demos``).
 
-``kinds/`` sits below ``_init/`` and ``_demo/`` and may not import them, so detectors and demo
-generators are named by ``"module:function"`` and loaded by ``init`` and ``demo-data`` when they
-run: the dependency points from those layers to the kind, never back. The registry lists the
-declarations of each class itself (``vars``): a subclass does not inherit its parent's.
+``kinds/`` may not import ``_init/`` or ``_demo/``, so detectors and generators are named by
+``"module:function"`` and loaded when they run. Only a class's own declarations count (``vars``).
 """
 
 from __future__ import annotations

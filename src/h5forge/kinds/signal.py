@@ -4,24 +4,14 @@
       acc:  {kind: signal, files: "recordings/*.edf", channel: ACC, rate: 10000}
       temp: {kind: signal, files: "recordings/*.edf", channel: TEMP, rate: 1}
 
-Channels at different rates are different fields (they pair up by the file's stem, so several
-fields may read the same file). Sources: an EDF/BDF file (pyedflib; ``channel`` is its label, the
-rate its header's), a CSV with a time column (``channel`` is the column; the rate is measured from
-the time column), a ``.npy`` holding the one channel (the rate is the spec's, or the ``rate``
-of a ``<stem>.json`` beside it), or a WAV/FLAC/Ogg file (soundfile; ``channel`` is an index, 0 the
-first or left one, optional for a mono file; integer PCM is read as float in [-1, 1): see
-_signal_audio.py). One rule for every format: a recording is at the declared ``rate`` when its own
-rate is within one part per million of it (``RATE_TOLERANCE``: what rounding leaves in a rate
-computed from an EDF record duration or measured over a CSV time column's span, never a real
-difference). A recording at any other rate is resampled (linear) with ``resample: true``, and
-rejected with its rate without it; one that lacks the channel is rejected with the channels found.
-A CSV's rate is its samples over its time column's span, so its timestamps must be evenly spaced (a
-step off the mean by half of it or more is a gap and rejects it). NaN/inf values are counted and
-reject the sample unless ``nonfinite: keep``.
-Stored ragged: the samples of every recording of a split end to end (float32 by default), plus
-each recording's length; the rate and channel are dataset attributes. Statistics: count, mean
-and std of the values per split. Readers return a 1-D array per sample, batched as padded values
-plus lengths.
+Channels at different rates are different fields, paired by the file's stem. Sources: EDF/BDF
+(``channel`` is a label), a CSV with a time column (``channel`` is a column; the rate is measured
+from evenly spaced timestamps), a ``.npy`` of the one channel (the rate is the spec's, or that of
+a ``<stem>.json`` beside it), WAV/FLAC/Ogg (``channel`` is an index; _signal_audio.py). A
+recording is at the declared ``rate`` when its own is within ``RATE_TOLERANCE`` of it (rounding
+only); any other rate is resampled with ``resample: true``, else rejected. NaN/inf values reject
+the sample unless ``nonfinite: keep``. Stored ragged, the rate and channel as dataset attributes;
+readers return a 1-D array per sample, batched as padded values plus lengths.
 """
 
 from __future__ import annotations
@@ -62,27 +52,14 @@ class SignalField(FieldModel):
     kind: Literal["signal"] = "signal"
     files: Globs
     rate: float = Field(gt=0, description="samples per second the recording must have")
-    channel: str | int | None = Field(
-        None,
-        description="EDF label or CSV column; for WAV/FLAC/Ogg the index (0 is the first, left in stereo), "
-        "optional for mono files; a .npy file holds one channel",
-    )
+    channel: str | int | None = Field(None, description="EDF label, CSV column or audio channel index (0: left)")
     dtype: Literal["float32", "float64", "int16", "int32"] = "float32"
     nonfinite: Literal["reject", "keep"] = "reject"
-    resample: bool = Field(
-        False,
-        description="resample (linear) every recording whose rate is not rate (within one part per million) "
-        "instead of rejecting it",
-    )
+    resample: bool = Field(False, description="resample (linear) a recording at another rate instead of rejecting it")
     max_samples: int = Field(500_000_000, gt=0, description="longer recordings are rejected before reading")
     max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a larger file is rejected unread")
     max_decoded_bytes: int = Field(
-        DEFAULT_MAX_DECODED_SIGNAL,
-        gt=0,
-        description="a recording whose channel, as its header declares it (EDF/BDF, .npy) or as it is "
-        "parsed (CSV), would take more memory than this decoded (8 bytes a sample), or an audio file whose "
-        "frames x channels x 4 bytes (every channel is decoded as float32) exceed it, is rejected before "
-        "its samples are decoded",
+        DEFAULT_MAX_DECODED_SIGNAL, gt=0, description="a channel larger decoded (8 bytes a sample) is rejected unread"
     )
     max_columns: int = Field(
         DEFAULT_MAX_COLUMNS, gt=0, description="a CSV recording with more columns (header or any line) is rejected"
@@ -104,9 +81,8 @@ def _too_large(rel: str, declared: str, samples: int, max_decoded: int) -> Rejec
 
 
 def _from_npy(data: bytes, rel: str, max_decoded: int) -> np.ndarray:
-    """The channel of a .npy file, its header checked before any value is read: one row of
-    numbers, within ``max_decoded`` bytes decoded, and no more values than the file holds. The
-    values are a view of the file's bytes, never a copy."""
+    """The channel of a .npy file (a view of its bytes), its header checked before any value is
+    read: one row of numbers, within ``max_decoded`` bytes, no more values than the file holds."""
     fh = io.BytesIO(data)
     try:
         version = np.lib.format.read_magic(fh)
@@ -131,8 +107,7 @@ def _from_npy(data: bytes, rel: str, max_decoded: int) -> np.ndarray:
 
 
 def _sidecar_rate(root: Path, rel: str, max_bytes: int) -> float | None:
-    """The ``rate`` of the ``<stem>.json`` beside a .npy channel, read as the channel is (a regular
-    file within ``max_bytes``), or None when there is none."""
+    """The ``rate`` of the ``<stem>.json`` beside a .npy channel (read as the channel is), or None."""
     side = Path(rel).with_suffix(".json").as_posix()
     if not (root / side).is_symlink() and not (root / side).exists():
         return None
@@ -154,10 +129,8 @@ def _shown(value: str) -> str:
 def _from_csv(
     data: bytes, rel: str, channel: str | int | None, max_columns: int, max_decoded: int
 ) -> tuple[np.ndarray, float]:
-    """The channel and the rate (the median step of the time column) of a CSV recording, parsed
-    as a stream: a line at a time, two numbers kept per line (16 bytes), so the memory it takes is
-    the file's bytes plus at most about their size again. A header or line with more than
-    ``max_columns`` values is rejected before it is split into values."""
+    """The channel and the rate of a CSV recording, parsed a line at a time keeping two numbers
+    per line; a line of more than ``max_columns`` values is rejected before it is split."""
     end = data.find(b"\n")
     columns = data.count(b",", 0, len(data) if end < 0 else end) + 1
     if columns > max_columns:
@@ -211,9 +184,8 @@ def _from_csv(
 
 
 def _csv_rate(times: np.ndarray, rel: str) -> float:
-    """Samples per second over the time column's span (rounding of each timestamp then weighs
-    as little as one step in the whole recording), once the timestamps are known to be evenly
-    spaced: a gap or a repeated time would make any one rate wrong."""
+    """Samples per second over the time column's span (a timestamp's rounding then weighs little),
+    once the timestamps are known to be evenly spaced."""
     steps = np.diff(times)
     if (steps <= 0).any():
         raise Reject(rel, "CSV time column does not increase")
@@ -233,8 +205,8 @@ EDF_SIGNAL_FIELDS = 216  # bytes of a signal's header fields before its samples 
 
 
 def _check_edf_header(data: bytes, rel: str, channel: str | int | None, max_decoded: int) -> None:
-    """Reject an EDF/BDF file whose header declares more samples of ``channel`` than
-    ``max_decoded`` allows, or more data records than the file holds, before pyedflib reads it."""
+    """Before pyedflib reads it, reject an EDF/BDF file whose header declares more samples of
+    ``channel`` than ``max_decoded`` allows, or more data records than the file holds."""
 
     def number(at: int, width: int, what: str) -> int:
         raw = data[at : at + width]
@@ -298,11 +270,9 @@ PLOT_FRAME = np.array([190, 190, 190], np.uint8)
 
 
 def trace_plot(values: np.ndarray, size: tuple[int, int] = PLOT_SIZE) -> np.ndarray:
-    """(H, W, 3) line plot of a channel on white, inside a 1-pixel grey frame, scaled to its
-    finite min..max (NaN/inf values are left out). A recording longer than the plot is wide is
-    drawn as a min/max envelope per pixel column, each column also taking the first value of the
-    next so the trace is connected: every sample shows, as in a waveform viewer. A shorter one is
-    a polyline through its values, spread over the width."""
+    """(H, W, 3) line plot of a channel's finite values, framed, scaled to their min..max: a
+    connected min/max envelope per pixel column when there are more samples than columns (every
+    sample shows), else a polyline spread over the width."""
     h, w = size
     img = np.full((h, w, 3), 255, np.uint8)
     img[[0, -1], :] = PLOT_FRAME
@@ -451,8 +421,7 @@ class SignalKind(Plugins, Statistics, Preview, FieldKind[SignalField]):
         return int(group[self.name + LENGTHS][()].sum()) - int(group.attrs[f"{self.name}_count"])
 
     def windowed(self, row: np.ndarray, opts: ReadOptions) -> np.ndarray:
-        """``window`` seconds from ``window_offset``, zero-padded: every channel covers the same span
-        of time, whatever its rate."""
+        """``window`` seconds from ``window_offset``, zero-padded, whatever the channel's rate."""
         window, offset = self.option(opts, "window"), self.option(opts, "window_offset")
         if window is None:
             return row

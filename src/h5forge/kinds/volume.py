@@ -41,6 +41,7 @@ from h5forge.kinds.base import (
     DEFAULT_MAX_BYTES,
     STORED,
     Decoded,
+    Companion,
     FieldKind,
     FieldModel,
     Globs,
@@ -70,10 +71,7 @@ class VolumeField(FieldModel):
     files: Globs = Field(description="case folders of DICOM files (e.g. cases/*), or NIfTI files (*.nii.gz)")
     size: tuple[int, int] = Field(description="in-plane target (rows, columns): centre crop / even pad")
     series: str | dict[str, str | list[str]] | None = Field(
-        None,
-        description="which series of a folder: 'largest', a SeriesDescription regex, or header rules: "
-        "{uid: <SeriesInstanceUID> or a list of them} and/or {<DICOM keyword>: <regex>} (e.g. SeriesNumber: '^3$'), "
-        "all of which the series must match",
+        None, description="'largest', a SeriesDescription regex, or rules {uid: [...], <DICOM keyword>: <regex>}"
     )
 
     @field_validator("series")
@@ -94,41 +92,24 @@ class VolumeField(FieldModel):
 
     dtype: Literal["int16", "float32"] = "int16"
     larger: Literal["crop", "reject"] = "crop"
-    fill: int | None = Field(
-        None,
-        description="padding value; default: the background of the modality or "
-        "dtype (-1024, air in HU, for CT; 0 for other DICOM modalities and unsigned NIfTI "
-        "data; the case's lowest value for other NIfTI data, per channel with fourth_axis: channels)",
-    )
+    fill: int | None = Field(None, description="padding value; default: the case's background (air for CT)")
     max_slices: int = Field(4096, gt=0)
     max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a file of a case larger than this is rejected unread")
     max_decoded_bytes: int = Field(
-        DEFAULT_MAX_DECODED_VOLUME,
-        gt=0,
-        description="a case whose voxels, as its headers "
-        "declare them, would take more memory than this while decoded is rejected "
-        "before any pixel is decoded (8 bytes a voxel: values are rescaled in float64)",
+        DEFAULT_MAX_DECODED_VOLUME, gt=0, description="a case larger decoded (8 bytes a voxel) is rejected unread"
     )
     fourth_axis: Literal["channels", "time"] | None = Field(
-        None,
-        description="what the fourth axis of a 4-D NIfTI file is: 'channels' stores it as the C "
-        "channels of each slice, (D, C, H, W) per case; 'time' makes each time point a sample "
-        "<case>@t0000, <case>@t0001, ... (D, H, W), all in the case's split; without it a 4-D file is rejected",
+        None, description="a 4-D NIfTI file's fourth axis: channels of each slice, or a sample per time point"
     )
     max_time_points: int = Field(
-        DEFAULT_MAX_TIME_POINTS,
-        gt=0,
-        description="with fourth_axis: time, a file declaring more time points than this (or more than "
-        "its size can hold) is rejected at discovery, before any id is made",
+        DEFAULT_MAX_TIME_POINTS, gt=0, description="with fourth_axis: time, a file with more is rejected"
     )
     channels: int | None = Field(
         None, ge=1, le=1024, description="with fourth_axis: channels, how many the fourth axis holds (every case)"
     )
     codec: CodecName | None = Field(
         None,
-        description="this field's codec (default: storage.codec); 'none' for 2-D slice training: a "
-        "slice is then copied straight from the memory-mapped file, where an LZ4 slice must be "
-        "decompressed first (docs/reading.md, 'CT slices')",
+        description="this field's codec (default: storage.codec); 'none' for 2-D slice training",
         # unset, it is left out of the stored spec: a file's spec and its field rules stay what they
         # were without the option, so earlier h5forge versions read the file and rebuilds reuse rows
         exclude_if=lambda v: v is None,
@@ -136,10 +117,8 @@ class VolumeField(FieldModel):
 
     frame: Literal["LPS", "as-read"] = Field(
         "LPS",
-        description="the patient coordinates of <field>_origin, _orientation and _direction: LPS, "
-        "as DICOM, ITK and SimpleITK use (x to the patient's left, y to the back, z to the head); a "
-        "build always writes LPS. 'as-read' marks a version written by an earlier h5forge (NIfTI cases "
-        "in RAS, DICOM cases in LPS, no _direction column), which is still read",
+        description="the frame of the geometry columns: a build writes LPS; 'as-read' marks an earlier "
+        "version's (NIfTI in RAS, no _direction column), which is still read",
     )
 
     @model_validator(mode="before")
@@ -977,22 +956,11 @@ class VolumeKind(Plugins, SampleParts, Statistics, Preview, FieldKind[VolumeFiel
         return f"{where}; {display_window(v, modality)[2] if v.size else 'empty'}"
 
 
-class CaseMeta(FieldKind[Stored]):
-    """A per-case geometry column that a volume field writes beside itself (not declared by users)."""
+class CaseMeta(Companion[Stored]):
+    """A per-case geometry column of a volume field."""
 
     kind = "case-meta"
     checksummed = False
 
-    def __init__(self, volume: VolumeKind, key: str, stored: Stored):
-        super().__init__(f"{volume.name}_{key}", stored, volume.dataset)
-        self.volume, self.key = volume.name, key
-
-    @property
-    def after(self) -> tuple[str, ...]:
-        return (self.volume,)
-
     def stored(self) -> Stored:
         return self.spec
-
-    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
-        return Decoded(done[self.volume].context[self.key])

@@ -4,15 +4,11 @@
       ct:   {kind: volume, files: "cases/*", size: [512, 512]}
       ct_mask: {kind: volume_mask, files: "masks/*", like: ct, classes: 3}
 
-A case's mask is a folder of one PNG per slice, numbered in slice order (the number in the file
-name: ``0.png`` ... or ``slice_017.png``), a NIfTI label volume (``masks/<case>.nii.gz``, NIfTI-1
-or NIfTI-2; 3-D, also when its volume has channels), or a DICOM SEG of a DICOM case
-(``masks/<case>.dcm``, a folder holding one, or the case folder itself when the SEG sits beside its
-slices): segment k is class k, mapped to the volume's slices by position (see
-``h5forge.kinds._volume_seg``). It must have the volume's depth and in-plane size, and values by the mask rules (binary {0,1} /
-{0,255}, or ``classes`` with an optional ``ignore_value``); it is cropped and padded exactly like
-the volume. Stored ragged like the volume, uint8, with pixel counts per class and a per-class row
-index, as for 2-D masks.
+A case's mask is a folder of one PNG per slice (numbered in slice order: ``0.png`` or
+``slice_017.png``), a 3-D NIfTI label volume, or a DICOM SEG of a DICOM case (alone, in a folder,
+or beside its slices; ``h5forge.kinds._volume_seg``). It must have the volume's depth and size
+and values by the mask rules; it is cropped and padded like the volume, and stored ragged like
+it, with class counts and index as for 2-D masks.
 """
 
 from __future__ import annotations

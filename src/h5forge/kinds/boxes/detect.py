@@ -1,12 +1,10 @@
 """``h5forge init`` for object detection folders: the ``boxes`` layout.
 
-COCO: an ``instances_*.json`` (in the folder or in ``annotations/``) whose images are pictures of a
-sub-folder (``images/``, ``train2017/``, ...): an image field over that folder, its size the most
-common of the COCO entries' sizes (``larger: shrink``, so no object is cut away by a crop), and a
-boxes field over the COCO file(s), the classes its categories in id order. YOLO: ``labels/*.txt``
-beside ``images/`` with the same stems: the classes from ``classes.txt`` (one name a line) or the
-``names`` of a ``data.yaml``, else ``class_0`` ... up to the largest index in the sampled labels
-(noted). Nothing here imports ``init``: the ``SpecText`` it writes into is passed in.
+COCO: an ``instances_*.json`` whose images are pictures of a sub-folder, giving an image field
+there (the most common size, ``larger: shrink`` so no object is cropped away) and a boxes field
+with its categories as classes. YOLO: ``labels/*.txt`` beside ``images/``, the classes from
+``classes.txt`` or ``data.yaml``, else ``class_0`` ... (noted). Nothing here imports ``init``: the
+``SpecText`` it writes into is passed in.
 """
 
 from __future__ import annotations

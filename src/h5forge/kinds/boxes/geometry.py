@@ -1,11 +1,9 @@
 """Boxes through an image's crop/pad/scale plan (``kinds.image.Geometry``), and the frame rules.
 
-Boxes are ``(n, 4)`` pixel corners ``x0, y0, x1, y1`` (x right, y down, the picture's top-left
-corner at 0, 0) in the raw picture. The plan scales them by the shrink factors, moves them by the
-crop offset, keeps what lies inside the cropped frame and moves that by the padding: the boxes
-stay on the same pixels as the image. A box that leaves the frame is clipped to it
-(``outside: clip``) or dropped (``outside: drop``); a box with no area left inside it (narrower
-or lower than ``min_size`` pixels) is dropped either way. The counts say how many of each.
+Boxes are ``(n, 4)`` pixel corners ``x0, y0, x1, y1`` (x right, y down) of the raw picture, and
+go through the image's plan so they stay on the same pixels. A box leaving the frame is clipped
+(``outside: clip``) or dropped (``outside: drop``); one narrower or lower than ``min_size``
+inside it is dropped either way.
 """
 
 from __future__ import annotations

@@ -3,13 +3,10 @@
 picture's size, then cropped, shrunk (nearest) and padded with the picture's plan. A box without
 a segmentation is its own mask.
 
-Every segmentation of a picture is checked before any is decoded: an RLE's size must be the
-picture's and its run lengths (read here, compressed or not) must cover its h x w pixels exactly;
-a polygon needs at least 3 vertices, an even number of finite coordinates, at most
-``max_vertices`` vertices, and the picture's polygons at most ``max_outline`` pixels of outline.
-Anything else rejects the picture with the reason. An RLE's mask is made from its checked run
-lengths here; polygons are rasterised by pycocotools (the format's reference code), whose memory
-grows with the outline (about 40 bytes a pixel of it).
+Every segmentation of a picture is checked before any is decoded (an RLE's size and run lengths,
+a polygon's vertices within ``max_vertices`` and the outline within ``max_outline``), else the
+picture is rejected with the reason. RLE masks are made here from the checked run lengths;
+polygons are rasterised by pycocotools, whose memory grows with the outline.
 """
 
 from __future__ import annotations
@@ -47,10 +44,8 @@ class Polygons:
 
 
 def instance_masks(objects: Objects, kept: np.ndarray, geometry, size: tuple[int, int], where: str, limits: Limits):
-    """(n, H, W) uint8 {0, 1}: the masks of the ``kept`` objects through the picture's plan. Every
-    object's segmentation is checked before the first is decoded (a malformed one rejects the
-    picture whether or not its box is kept); each kept one is decoded and placed in turn, so one
-    raw mask at a time is held."""
+    """(n, H, W) uint8 {0, 1}: the masks of the ``kept`` objects through the picture's plan, once
+    every object's segmentation is checked; one raw mask at a time is held."""
     h, w = geometry.raw
     every = [
         _plan(seg, objects.corners[i], (h, w), where, objects.names[i], limits)
@@ -123,11 +118,9 @@ def _list_counts(counts, raw: tuple[int, int], where: str, what: str) -> np.ndar
 
 
 def _string_counts(counts: str | bytes, raw: tuple[int, int], where: str, what: str) -> np.ndarray:
-    """A compressed RLE's run lengths, decoded as pycocotools' ``rleFrString`` reads them (each
-    number in groups of 5 bits with a continuation bit, the sign in the last group's top bit,
-    from the third on a difference to the one two before), but checked: a string longer than any
-    RLE of the picture, a character outside the alphabet, a number cut off at the end or a
-    negative run rejects the picture. Memory: the string's bytes plus a few int64 per number."""
+    """A compressed RLE's run lengths, decoded as pycocotools' ``rleFrString`` reads them, but
+    checked: a string too long for the picture, a character outside the alphabet, a number cut
+    off or a negative run rejects the picture."""
     data = counts.encode() if isinstance(counts, str) else counts
     # a number takes one character, and one more only for a difference of 16 or more pixels (each
     # run is in two differences), so an RLE of h x w pixels is shorter than 2 h w characters and

@@ -5,16 +5,11 @@
       boxes:  {kind: boxes, like: images, coco: annotations/instances_train.json, classes: [cat, dog]}
       boxes:  {kind: boxes, like: images, files: labels/*.txt, classes: [cat, dog]}      # YOLO
 
-The boxes follow their picture (``like``): they are shrunk, cropped and padded with the image's
-plan, so they stay on the same pixels. A box that leaves the frame is clipped to it (``outside:
-clip``, the default) or dropped (``outside: drop``); one with less than ``min_size`` pixels of
-width or height left inside is dropped either way. Each picture records how many of its boxes
-were clipped and dropped (``<field>_clipped``, ``<field>_dropped``). Sources: ``sources``.
-Stored ragged: a picture's boxes as rows ``x0, y0, x1, y1, class`` (float32, pixels of the stored
-image, x right, y down), any number per picture (none included). Statistics: boxes per class per
-split, and ``/index/<split>/<field>`` lists the pictures that hold each class. Readers return a
-picture's (n, 5) rows, batched as ``Padded(values (B, n_max, 5), lengths)``. ``masks: true`` also
-stores each kept box's instance mask (``instances``) as ``<field>_masks``, (n, H, W) per picture.
+The boxes follow their picture's geometry (``like``; the frame rules: ``geometry``), and each
+picture records how many were clipped and dropped. Sources: ``sources``. Stored ragged, rows
+``x0, y0, x1, y1, class`` in pixels of the stored image, any number per picture; statistics:
+boxes per class and the pictures holding each class. Readers return a picture's (n, 5) rows,
+batched as ``Padded``. ``masks: true`` also stores each kept box's instance mask (``instances``).
 """
 
 from __future__ import annotations
@@ -28,7 +23,16 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from h5forge._format.arrays import Ragged, Stored
-from h5forge.kinds.base import DEFAULT_MAX_BYTES, Decoded, FieldKind, FieldModel, Globs, field_of, read_source
+from h5forge.kinds.base import (
+    DEFAULT_MAX_BYTES,
+    Companion,
+    Decoded,
+    FieldKind,
+    FieldModel,
+    Globs,
+    field_of,
+    read_source,
+)
 from h5forge.kinds.boxes.geometry import place
 from h5forge.kinds.boxes.inbox import coco_files_in, coco_subset
 from h5forge.kinds.boxes.instances import instance_masks
@@ -65,29 +69,16 @@ class BoxesField(FieldModel):
     classes: tuple[str, ...] = Field(description="class names, in index order (COCO categories by name)")
     coco: str | tuple[str, ...] | None = Field(None, description="COCO instances JSON file(s), relative to source.root")
     files: Globs | None = Field(None, description="YOLO label files, one <stem>.txt per picture")
-    outside: Literal["clip", "drop"] = Field(
-        "clip", description="a box that leaves the frame: clipped to it, or dropped"
-    )
+    outside: Literal["clip", "drop"] = Field("clip", description="a box that leaves the frame: clipped, or dropped")
     min_size: float = Field(1.0, ge=0, description="a box narrower or lower than this (pixels) is dropped")
-    masks: bool = Field(
-        False,
-        description="also store each box's instance mask (COCO polygons or RLE, YOLO "
-        "segmentation polygons; pycocotools decodes them)",
-    )
-    max_bytes: int = Field(
-        DEFAULT_MAX_BYTES, gt=0, description="a larger COCO file or YOLO label file is refused unread"
-    )
+    masks: bool = Field(False, description="also store each box's instance mask (COCO or YOLO segmentation)")
+    max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a larger COCO or YOLO label file is refused unread")
     max_objects: int = Field(
         DEFAULT_MAX_OBJECTS, gt=0, description="a picture with more annotations (YOLO: label lines) is rejected"
     )
-    max_vertices: int = Field(
-        DEFAULT_MAX_VERTICES, ge=3, description="a picture with a polygon of more vertices is rejected"
-    )
+    max_vertices: int = Field(DEFAULT_MAX_VERTICES, ge=3, description="a polygon of more vertices is rejected")
     max_outline: int = Field(
-        DEFAULT_MAX_OUTLINE,
-        gt=0,
-        description="masks: a picture whose polygons have more pixels of outline is rejected "
-        "(rasterising takes about 40 bytes a pixel of it)",
+        DEFAULT_MAX_OUTLINE, gt=0, description="masks: polygons with more pixels of outline are rejected"
     )
 
     @model_validator(mode="after")
@@ -183,7 +174,9 @@ class BoxesKind(Plugins, SharedInputs, ClassCounts, RowIndex, Preview, FieldKind
         return {"classes": list(self.spec.classes), "columns": list(COLUMNS)}
 
     def companions(self) -> dict[str, FieldKind]:
-        out: dict[str, FieldKind] = {f"{self.name}_{what}": BoxCount(self, what) for what in ("clipped", "dropped")}
+        out: dict[str, FieldKind] = {
+            f"{self.name}_{what}": BoxCount(self, what, None) for what in ("clipped", "dropped")
+        }
         if self.spec.masks:
             out[f"{self.name}_masks"] = BoxMasks(self)
         return out
@@ -195,10 +188,9 @@ class BoxesKind(Plugins, SharedInputs, ClassCounts, RowIndex, Preview, FieldKind
         return coco_index(root, rel, self.spec.max_bytes, self.dataset.source.allow_symlinks_outside, within)
 
     def _coco(self, root: Path, picture: str) -> CocoIndex:
-        """The index of the COCO file that lists ``picture``: the first of ``coco`` that does, looked
-        for beside the picture's own source folder first (a folder an append took, with its own
-        COCO file at the same path), then under the root. A file beside the picture that cannot be
-        read is the reason when no other file lists the picture."""
+        """The index of the COCO file that lists ``picture``: the first of ``coco`` that does, beside
+        the picture's own source folder first (an append's folder with its own COCO file), then under
+        the root; an unreadable file beside the picture is the reason when none lists it."""
         unreadable: Reject | None = None
         for rel in self.coco_files:
             near = _nearest_listing(root, rel, picture, self._index)
@@ -304,11 +296,9 @@ class BoxesKind(Plugins, SharedInputs, ClassCounts, RowIndex, Preview, FieldKind
 def _nearest_listing(
     root: Path, rel: str, picture: str, index_of: Callable[[Path, str, Path], CocoIndex]
 ) -> CocoIndex | Reject | None:
-    """The index of the COCO file at ``rel`` below the nearest folder above ``picture`` (below the
-    root) that has one and lists the picture; else why the nearest such file could not be read, or
-    None. ``index_of`` reads a file as the field reads every COCO file (bounded, symlink rule). A
-    picture of another source folder (``../inbox/processed/vNNNN/...``) has its COCO file kept
-    inside the folder it is looked for in; one of the root, inside the root."""
+    """The index of the COCO file at ``rel`` below the nearest folder above ``picture`` that has one
+    listing it; else why the nearest such file could not be read, or None. ``index_of`` reads it
+    bounded, within the picture's own source folder (``../inbox/processed/vNNNN/...``) or the root."""
     if PurePosixPath(rel).is_absolute():
         return None  # the one file the spec names, wherever the picture is
     unreadable: Reject | None = None
@@ -329,39 +319,24 @@ def _nearest_listing(
     return unreadable
 
 
-class BoxCount(FieldKind[None]):
-    """How many of a picture's boxes the frame clipped or dropped (written beside the boxes)."""
+class BoxCount(Companion[None]):
+    """How many of a picture's boxes the frame clipped or dropped."""
 
     kind = "box-count"
     checksummed = False
 
-    def __init__(self, boxes: BoxesKind, what: str):
-        super().__init__(f"{boxes.name}_{what}", None, boxes.dataset)
-        self.boxes, self.what = boxes.name, what
-
-    @property
-    def after(self) -> tuple[str, ...]:
-        return (self.boxes,)
-
     def stored(self) -> Stored:
         return Stored((), np.int64, bulk=False)
 
-    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
-        return Decoded(done[self.boxes].context[self.what])
 
-
-class BoxMasks(Preview, FieldKind[None]):
+class BoxMasks(Preview, Companion[None]):
     """Each kept box's instance mask, in box order, at the stored picture's size (``masks: true``)."""
 
     kind = "box-masks"
 
     def __init__(self, boxes: BoxesKind):
-        super().__init__(f"{boxes.name}_masks", None, boxes.dataset)
-        self.boxes, self.like = boxes.name, boxes.spec.like
-
-    @property
-    def after(self) -> tuple[str, ...]:
-        return (self.boxes,)
+        super().__init__(boxes, "masks", None)
+        self.like = boxes.spec.like
 
     @property
     def image(self) -> ImageField:
@@ -371,10 +346,7 @@ class BoxMasks(Preview, FieldKind[None]):
         return Stored(self.image.size, np.uint8, bulk=True, ragged=True, chunk_elements=1)
 
     def dataset_attrs(self) -> dict[str, Any]:
-        return {"boxes": self.boxes}
-
-    def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
-        return Decoded(done[self.boxes].context["masks"])
+        return {"boxes": self.owner}
 
     @property
     def overlay_on(self) -> str:

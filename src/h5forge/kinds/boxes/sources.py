@@ -3,18 +3,12 @@
 ``x0, y0, x1, y1`` in its raw pixels, ``(n,)`` class indices into the field's ``classes``, and each
 box's segmentation (COCO's as given, a YOLO polygon in pixels, or None) for instance masks.
 
-COCO: ``bbox`` is ``[x, y, width, height]`` in pixels; a picture is found by its ``file_name``
-(the last path component: pictures in several folders may share an annotation file), and its
-``width``/``height`` must be the picture's; ``iscrowd`` regions are not objects and are left out;
-a category is matched by its name. YOLO: each line is ``class cx cy w h`` relative to the
-picture's width and height (``class x1 y1 x2 y2 ...``, a polygon of YOLO segmentation labels,
-gives its bounding box); an empty file is a picture without objects. Every coordinate must be a
-finite number, and a picture may hold at most ``max_objects`` objects (``Limits``).
-
-A COCO file is read as every annotation file is (``read_bounded``: a regular file, at most
-``max_bytes``, not through a symlink out of the source folder) and parsed once per process. The
-build parses it in discovery and gives each sample only its picture's part (``CocoIndex.part``), so
-a cleaning worker never holds the whole file.
+COCO: ``bbox`` is ``[x, y, width, height]``; a picture is found by the last component of its
+``file_name`` and must have its ``width``/``height``; ``iscrowd`` regions are left out; categories
+match by name. YOLO: each line is ``class cx cy w h`` relative to the picture's size (a
+segmentation polygon gives its bounding box). Coordinates must be finite, and a picture holds at
+most ``max_objects`` objects (``Limits``). A COCO file is read by ``read_bounded`` and parsed once
+per process, in discovery: each sample gets only its picture's part (``CocoIndex.part``).
 """
 
 from __future__ import annotations
@@ -78,10 +72,9 @@ _LOCK = threading.Lock()
 def coco_index(
     root: Path, rel: str, max_bytes: int, allow_outside: bool = True, within: Path | None = None
 ) -> CocoIndex:
-    """The index of ``root/rel``, parsed once per process while the file stays the same. A
-    relative ``rel`` may not lead out of ``within`` (the source folder it belongs to: ``root``
-    unless said) through a symlink unless ``allow_outside``; an absolute one is the file the spec
-    names."""
+    """The index of ``root/rel``, parsed once per process while the file stays the same; a relative
+    ``rel`` may not lead out of ``within`` (default ``root``) through a symlink unless
+    ``allow_outside``."""
     path = root / rel
     try:
         st = os.stat(path)
