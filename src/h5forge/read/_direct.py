@@ -1,19 +1,13 @@
 """Rows of a fixed-size field read as whole chunks and decompressed in process.
 
-With one sample per chunk a row is a chunk, so the reader can fetch the chunk's stored bytes
-(``read_direct_chunk``) and undo the codec itself, skipping HDF5's per-call machinery (dataspace
-selection, chunk cache, the filter pipeline and its buffer allocations). With several samples per
-chunk a row is decoded alone where the writer joined the rows' own chunks (``none``, or ``lz4``
-with a block per row: ``chunk_codec.row_at``); a chunk compressed whole (by HDF5) is decoded whole
-and kept (the last few), so its rows, which the chunk-aware sampler asks for close together, cost
-one decode. Two codecs are handled:
-``none`` (the bytes are the row; they are read straight into their place in the batch) and
-hdf5plugin's LZ4 filter (32004), whose chunk framing is a big-endian 8-byte original size and
-4-byte block size, then per block a 4-byte compressed size and an LZ4 block (a block whose
-compressed size equals its plain size is stored as is). Anything else — another codec or
-pipeline, a chunk the writer stored unfiltered (filter mask), a chunk never written, a framing
-that does not add up, virtual or contiguous storage, a non-native byte order — is read by h5py,
-so the result is always exactly what h5py returns.
+With one sample per chunk a row is a chunk: its stored bytes are read (from the mapped file, or
+``read_direct_chunk``) and decoded here, skipping HDF5's per-call machinery. With several samples
+per chunk a row is decoded alone where the writer joined the rows' own chunks
+(``chunk_codec.row_at``); a chunk HDF5 compressed whole is decoded whole and the last few are
+kept, as the chunk-aware sampler asks for its rows close together. The codecs handled are
+``none`` and hdf5plugin's LZ4 filter (``chunk_codec``); anything else (another pipeline, a chunk
+never written, a framing that does not add up, virtual or contiguous storage, a non-native byte
+order) is read by h5py, so the result is always exactly what h5py returns.
 """
 
 from __future__ import annotations
@@ -89,11 +83,7 @@ class DirectRows:
             mask, chunk = self.d.id.read_direct_chunk((row, *self.tail))
         except (OSError, ValueError, RuntimeError, KeyError):  # e.g. a chunk never written (fill value)
             return self._by_h5py(row, out)
-        if mask & 1:  # the writer stored this chunk without the filter
-            if len(chunk) != self.nbytes:
-                return self._by_h5py(row, out)
-            flat[:] = np.frombuffer(chunk, np.uint8)
-        elif not _lz4_into(chunk, flat):
+        if not decode_chunk(chunk, flat, self.codec, mask):
             self._by_h5py(row, out)
 
     def _chunk_index(self) -> "_ChunkIndex | Literal[False]":
@@ -132,10 +122,8 @@ class DirectRows:
         return self.read_list([row])[0]
 
     def read_list(self, rows: list[int]) -> np.ndarray:
-        """A new array of ``len(rows)`` rows, row ``rows[k]`` at k. The per-row work is an index
-        look-up and the copy or decompression itself: the destination's address is taken once per
-        call, a row asked for twice is read once, and a decompressed row the cache holds is copied
-        from there."""
+        """A new array of ``len(rows)`` rows, row ``rows[k]`` at k: per row an index look-up and the
+        copy or decompression itself (a row asked for twice is read once, a cached one copied)."""
         index = self._chunk_index()
         nb, codec, cache = self.nbytes, self.codec, self.cache
         flat = np.empty(len(rows) * nb, np.uint8)
@@ -175,10 +163,9 @@ class DirectRows:
 
 
 def reads_rows_alone(d: h5py.Dataset) -> bool:
-    """Whether ``DirectRows`` reads any row of ``d`` without decoding the rest of its chunk: one row
+    """Whether ``DirectRows`` reads a row of ``d`` without decoding the rest of its chunk: one row
     per chunk, rows stored unfiltered, or LZ4 chunks the writer joined from the rows' own (judged
-    by the first and the middle whole chunk; a chunk HDF5 compressed whole among them is only
-    decoded whole, and kept)."""
+    by the first and the middle whole chunk)."""
     direct = DirectRows.of(d, cache_chunks=1)
     if direct is None:
         return False
@@ -197,11 +184,9 @@ def reads_rows_alone(d: h5py.Dataset) -> bool:
 
 
 class _ChunkIndex:
-    """Where each chunk lies in the file (byte offset, stored size, filter mask: one pass over
-    HDF5's chunk index), by chunk number (the row's, with one row per chunk), and the file mapped
-    read-only, so a chunk is a slice of the map with no HDF5 call at all. A published version never
-    changes, so the addresses hold for the reader's life. Built only when a chunk read through the
-    map equals HDF5's own ``read_direct_chunk`` of it."""
+    """Where each chunk lies in the file (``chunk_places``) and the file mapped read-only, so a chunk
+    is a slice of the map with no HDF5 call (a published version never changes). Built only when a
+    chunk read through the map equals HDF5's own ``read_direct_chunk`` of it."""
 
     def __init__(self, offsets: np.ndarray, sizes: np.ndarray, masks: np.ndarray, view: memoryview, rows: int = 1):
         self.offsets, self.sizes, self.masks, self.view, self.rows = offsets, sizes, masks, view, rows
@@ -210,15 +195,8 @@ class _ChunkIndex:
     @classmethod
     def of(cls, d: h5py.Dataset) -> "_ChunkIndex | None":
         rows = int(d.chunks[0]) if d.chunks else 1
-        n = -(-d.shape[0] // rows)
-        offsets, sizes, masks = np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint32)
-
-        def visit(info) -> None:
-            c = info.chunk_offset[0] // rows
-            offsets[c], sizes[c], masks[c] = info.byte_offset, info.size, info.filter_mask
-
         try:
-            d.id.chunk_iter(visit)
+            offsets, sizes, masks = chunk_places(d, rows)
             with open(d.file.filename, "rb") as fh:
                 if os.fstat(fh.fileno()).st_size == 0:
                     return None
@@ -247,15 +225,8 @@ class _ChunkIndex:
         """Chunk ``row`` decoded into ``flat``; False when it is not for the map (never written, or
         a framing the caller should hand to HDF5)."""
         o = int(self.offsets[row])
-        if o < 0:
-            return False
-        chunk = self.view[o : o + int(self.sizes[row])]  # no copy: lz4_into decompresses from the map
-        if codec == "none" or self.masks[row] & 1:
-            if len(chunk) != flat.size:
-                return False
-            flat[:] = np.frombuffer(chunk, np.uint8)
-            return True
-        return _lz4_into(chunk, flat)
+        # no copy: lz4_into decompresses from the map
+        return o >= 0 and decode_chunk(self.view[o : o + int(self.sizes[row])], flat, codec, int(self.masks[row]))
 
     def read_row(self, chunk: int, at: int, out: np.ndarray, codec: str) -> bool:
         """Row ``at`` of chunk ``chunk`` into ``out`` (one row, C-contiguous) without decoding the
@@ -279,6 +250,31 @@ class _ChunkIndex:
             ctypes.memmove(addr, self.base + o, n)
             return True
         return lz4_at(self.view[o : o + z], self.base + o, addr, n)
+
+
+def chunk_places(d: h5py.Dataset, rows: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(byte offset, -1 where never written; stored size; filter mask) of each chunk of ``d`` by
+    chunk number, ``rows`` rows a chunk, from one pass over HDF5's chunk index."""
+    n = -(-d.shape[0] // rows)
+    offsets, sizes, masks = np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint32)
+
+    def visit(info) -> None:
+        c = info.chunk_offset[0] // rows
+        offsets[c], sizes[c], masks[c] = info.byte_offset, info.size, info.filter_mask
+
+    d.id.chunk_iter(visit)
+    return offsets, sizes, masks
+
+
+def decode_chunk(chunk: bytes | memoryview, flat: np.ndarray, codec: str, mask: int) -> bool:
+    """A stored chunk into ``flat`` (its plain bytes): copied when ``codec`` is none or the writer
+    stored it unfiltered (bit 0 of ``mask``), else LZ4-decoded; False when it does not add up."""
+    if codec == "none" or mask & 1:
+        if len(chunk) != flat.size:
+            return False
+        flat[:] = np.frombuffer(chunk, np.uint8)
+        return True
+    return _lz4_into(chunk, flat)
 
 
 class _RowCache:
@@ -305,7 +301,7 @@ class _RowCache:
 
 def _address(a: np.ndarray) -> int:
     """The address of a writable, C-contiguous, non-empty array's first byte (a fifth of the cost
-    of ``a.ctypes.data``, which a single-slice read would pay on every call)."""
+    of ``a.ctypes.data``)."""
     return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]  # an ndarray is a buffer
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from h5forge.errors import ReadError
 from h5forge._format import arrays
 from h5forge._format.checksums import PROVENANCE, file_format, row_checksum, values_digest
-from h5forge._format.chunk_codec import DEFLATE_FILTER, LZ4_FILTER, lz4_into
+from h5forge._format.chunk_codec import DEFLATE_FILTER, LZ4_FILTER
 from h5forge._format.codecs import ensure_filters
 from h5forge._format.names import CHECKSUM, SPEC, Attr
 from h5forge._format.objects import (
@@ -42,6 +42,7 @@ from h5forge._format.objects import (
     sibling,
 )
 from h5forge.kinds import stored_kinds
+from h5forge.read._direct import chunk_places, decode_chunk
 from h5forge.read._reader import DEFAULT_CACHE_CHUNKS, SplitReader, gather
 from h5forge.spec import spec_from_json
 
@@ -88,14 +89,8 @@ class ChunkTable:
         shape = tuple(int(s) for s in d.shape[1:])
         if index is not None and all(index[k].shape == (n,) for k in ("offsets", "sizes", "masks")):
             return cls(index["offsets"], index["sizes"], index["masks"].astype(np.uint32), codec, shape, d.dtype)
-        offsets, sizes, masks = np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint32)
-
-        def visit(info) -> None:
-            row = info.chunk_offset[0]
-            offsets[row], sizes[row], masks[row] = info.byte_offset, info.size, info.filter_mask
-
         try:
-            d.id.chunk_iter(visit)
+            offsets, sizes, masks = chunk_places(d)
         except (OSError, ValueError, RuntimeError, AttributeError):
             return None
         return cls(offsets, sizes, masks, codec, shape, d.dtype)
@@ -103,12 +98,9 @@ class ChunkTable:
     def decode(self, chunk: bytes | memoryview, row: int, flat: np.ndarray) -> None:
         """Chunk bytes of ``row`` into ``flat`` (the row's bytes); a framing that does not add up is
         an error naming the row: never a row of zeros or of another row's bytes."""
-        if self.codec == "none" or self.masks.item(row) & 1:
-            ok = len(chunk) == flat.size
-            if ok:
-                flat[:] = np.frombuffer(chunk, np.uint8)
-        elif self.codec == "lz4":
-            ok = lz4_into(chunk, flat)
+        mask = self.masks.item(row)
+        if self.codec != "gzip" or mask & 1:
+            ok = decode_chunk(chunk, flat, self.codec, mask)
         else:
             try:
                 plain = zlib.decompress(chunk)
