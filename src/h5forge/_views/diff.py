@@ -1,16 +1,15 @@
-"""Sample-level changes between two versions: ids added and removed, samples whose stored content
-(checksum) or whose labels / columns changed, samples that moved split, and count changes per split
-and per label value.
+"""Sample-level changes between two versions: ids added and removed, samples whose content
+(checksum) or labels / columns changed or that moved split, and count changes per split and label.
 
-Only the per-sample columns are read (ids, checksums, labels, annotation columns), never the sample
-arrays: a sample's ``checksum`` already covers every value a reader can return for it, so a sample
-whose label changed is listed both as changed content and with its old and new label.
+Only the per-sample columns are read, never the sample arrays: a sample's ``checksum`` covers every
+value a reader can return for it (so a changed label is also changed content).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from h5forge._format.row_files import virtual_sources
 from h5forge._format.names import CHECKSUM, IDS, LATEST, SPLITS, Attr, parse_version
 from h5forge.kinds import stored_kinds
 from h5forge.spec import DatasetSpec
-from h5forge._views.info import open_version
+from h5forge._views.info import open_version, plain
 from h5forge._store.versions import latest, published
 
 LISTED = 20  # ids shown per list in the text and Markdown renderings (the JSON has them all)
@@ -162,16 +161,6 @@ def _listed(ids: list[str]) -> str:
     return ": " + ", ".join(ids[:LISTED]) + more
 
 
-def _value(v: Any) -> Any:
-    if isinstance(v, bytes):
-        return v.decode()
-    if isinstance(v, np.ndarray):
-        return [_value(x) for x in v.tolist()]
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
-
-
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
@@ -187,7 +176,7 @@ def _compared(spec: DatasetSpec, f: h5py.File) -> dict[str, list[str] | None]:
         if kind.stored().bulk or path not in train:
             continue
         classes = train[path].attrs.get("classes")
-        out[path] = [str(c) for c in _value(np.asarray(classes))] if classes is not None and np.ndim(classes) else None
+        out[path] = [str(c) for c in plain(np.asarray(classes))] if classes is not None and np.ndim(classes) else None
     return out
 
 
@@ -199,7 +188,7 @@ def read_rows(f: h5py.File, columns: dict[str, list[str] | None]) -> dict[str, R
         checksums = decode_str(read_all(g[CHECKSUM]))
         values = {}
         for path, names in columns.items():
-            col = [_value(v) for v in g[path][()]]
+            col = [plain(v) for v in g[path][()]]
             values[path] = [names[v] if names and isinstance(v, int) and 0 <= v < len(names) else v for v in col]
         for i, sid in enumerate(ids):
             rows[sid] = Row(split, checksums[i], {p: values[p][i] for p in columns})
@@ -262,16 +251,8 @@ def diff_versions(old: str | Path, new: str | Path) -> VersionDiff:
         f"meta/{c}" for c in spec_b.annotations.index_by if f"meta/{c}" in common and f"meta/{c}" not in labelled
     ]
     for p in labelled:
-        d.labels[p] = _count_change(_tally(a, p), _tally(b, p))
+        d.labels[p] = _count_change(*(Counter(r.columns[p] for r in rows.values()) for rows in (a, b)))
     return d
-
-
-def _tally(rows: dict[str, Row], column: str) -> dict:
-    out: dict = {}
-    for r in rows.values():
-        v = r.columns[column]
-        out[v] = out.get(v, 0) + 1
-    return out
 
 
 def resolve_version(folder: str | Path, text: str) -> Path:

@@ -61,10 +61,10 @@ def open_version(path: str | Path) -> Iterator[tuple[h5py.File, DatasetSpec]]:
         f.close()
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """numpy values as JSON-ready Python values."""
     if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value.tolist()] if value.dtype.kind in "OSU" else value.tolist()
+        return [plain(v) for v in value.tolist()] if value.dtype.kind in "OSU" else value.tolist()
     if isinstance(value, bytes):
         return value.decode()
     if isinstance(value, np.generic):
@@ -79,7 +79,7 @@ def _class_names(ds: h5py.Dataset) -> list[str] | None:
         return None
     if np.ndim(classes) == 0:
         return [str(i) for i in range(int(classes))]
-    return [str(c) for c in _plain(np.asarray(classes))]
+    return [str(c) for c in plain(np.asarray(classes))]
 
 
 def split_stats(g: h5py.Group, kinds: dict[str, FieldKind]) -> dict[str, Any]:
@@ -97,9 +97,9 @@ def split_stats(g: h5py.Group, kinds: dict[str, FieldKind]) -> dict[str, Any]:
             if value.ndim >= 2:
                 continue
             if names is not None and value.ndim == 1 and len(value) == len(names):
-                stats[attr] = dict(zip(names, _plain(value)))
+                stats[attr] = dict(zip(names, plain(value)))
             else:
-                stats[attr] = _plain(value)
+                stats[attr] = plain(value)
     return stats
 
 
@@ -186,17 +186,17 @@ def lineage(f: h5py.File, path: Path) -> dict[str, Any]:
     return {
         "version": number,
         "parent": parent if parent > 0 else None,
-        "created_at": _plain(f.attrs.get(Attr.CREATED, "")),
-        "creator": _plain(f.attrs.get(Attr.CREATOR, "")),
+        "created_at": plain(f.attrs.get(Attr.CREATED, "")),
+        "creator": plain(f.attrs.get(Attr.CREATOR, "")),
         "kind": "thin" if files else "full",
         # mapped (storage.assemble: mapped): every file it reads is in its own rows folder
         "assembled": bool(files) and all(_in_rows_folder(s["file"], number) for s in files),
         "row_files": [
             {"file": s["file"], "counts": s["counts"], "present": (folder / s["file"]).is_file()} for s in files
         ],
-        "exported_from": _plain(f.attrs.get(Attr.EXPORTED_FROM)) or None,
+        "exported_from": plain(f.attrs.get(Attr.EXPORTED_FROM)) or None,
         "ancestors": chain,
-        "written_with": {k: _plain(f.attrs.get(f"{k}_version", "")) for k in ("h5forge", "h5py", "hdf5")},
+        "written_with": {k: plain(f.attrs.get(f"{k}_version", "")) for k in ("h5forge", "h5py", "hdf5")},
     }
 
 
@@ -231,12 +231,12 @@ def version_info(path: str | Path) -> dict[str, Any]:
         return {
             "path": str(path),
             "file": Path(os.path.realpath(path)).name,
-            "name": _plain(f.attrs.get(Attr.NAME, spec.name)),
+            "name": plain(f.attrs.get(Attr.NAME, spec.name)),
             "samples": sum(counts.values()),
             "counts": counts,
             "splits": splits,
-            "codec": _plain(f.attrs.get(Attr.CODEC, spec.storage.codec)),
-            "codec_needs": _plain(f.attrs.get(Attr.CODEC_NEEDS, "")),
+            "codec": plain(f.attrs.get(Attr.CODEC, spec.storage.codec)),
+            "codec_needs": plain(f.attrs.get(Attr.CODEC_NEEDS, "")),
             "sizes": sizes(path, spec),
             "spec": spec_summary(spec),
             "lineage": lineage(f, path),
@@ -265,7 +265,7 @@ def brief(path: Path) -> dict[str, Any]:
             "counts": counts,
             "file_bytes": path.stat().st_size,
             "kind": f"thin over {len(files)} files" if files else "full",
-            "created_at": _plain(f.attrs.get(Attr.CREATED, "")),
+            "created_at": plain(f.attrs.get(Attr.CREATED, "")),
             "parent": parent if parent > 0 else None,
         }
 

@@ -1,15 +1,10 @@
 """A contact sheet of a version's samples: one cell per sample, drawn by its field kinds.
 
-Each field kind shown on the sheet (a ``Preview``) draws its own stored value (``preview_of``,
-given the whole sample so a volume can read its spacing): an image as it is stored, a volume as its
-three middle planes at their physical aspect ratio, a signal channel as a small line plot. A
-picture is fitted into a box one tile high and ``preview_tiles`` tiles wide. A kind with
-``overlay_on`` (a mask) is painted half-transparent over the picture of that field. Every caption a
-kind gives (``caption_of``: the label, annotation columns, a recording's length, a volume's spacing
-and window) goes under the cell, after the sample id; every colour a kind names (``legend``: a
-multi-class mask's classes) goes under the samples. Nothing here names a kind.
-
-Samples are picked at random with a seed (the same seed draws the same samples) or by id.
+Each field kind that is a ``Preview`` draws its own stored value (``preview_of``, given the whole
+sample), fitted into a box one tile high and ``preview_tiles`` tiles wide; a kind with
+``overlay_on`` (a mask) is painted half-transparent over that field's picture. The kinds' captions
+go under the cell after the sample id, the colours they name (``legend``) under the samples.
+Nothing here names a kind. Samples are picked at random with a seed, or by id.
 """
 
 from __future__ import annotations
@@ -49,7 +44,7 @@ ARTIFACT_QUALITY = 85  # JPEG quality of that copy
 @dataclass(frozen=True)
 class Drawn:
     """One sample as the sheet draws it: its pictures (field path -> (H, W, 3)), the overlays to
-    paint on each (they are scaled apart from it, so no label colour is smeared), its captions."""
+    paint on each (scaled apart, so no label colour is smeared), its captions."""
 
     split: str
     row: int
@@ -109,9 +104,9 @@ def _count(f: h5py.File, split: str) -> int:
 
 
 def choose(f: h5py.File, split: str | None, n: int, seed: int, ids: Sequence[str] | None) -> list[tuple[str, int, str]]:
-    """(split, row, id) of the samples to draw: ``ids`` in the order given (looked up in
-    ``split``, or in every split), else ``n`` random rows of ``split`` (default: train, or the
-    first split with samples), in row order, the same for the same ``seed``."""
+    """(split, row, id) of the samples to draw: ``ids`` in the order given (in ``split``, or in any),
+    else ``n`` rows of ``split`` (default: train, or the first split with samples) drawn with ``seed``,
+    in row order."""
     splits = [split] if split else [s for s in SPLITS if _count(f, s)]
     for s in splits:
         if s not in SPLITS:
@@ -139,8 +134,8 @@ def choose(f: h5py.File, split: str | None, n: int, seed: int, ids: Sequence[str
 def draw_sample(
     kinds: dict[str, FieldKind], values: Mapping[str, object], split: str, row: int, sample_id: str
 ) -> Drawn:
-    """The pictures of one sample, the overlays of each (an overlay whose target draws nothing,
-    or that does not have its shape, is left out), and its captions."""
+    """The pictures of one sample, the overlays of each (one that does not fit its target is left
+    out), and its captions."""
     pictures: dict[str, np.ndarray] = {}
     overlays: list[tuple[str, np.ndarray]] = []
     captions: list[str] = []
@@ -196,10 +191,8 @@ def _columns(n: int) -> int:
 
 def compose(samples: list[Drawn], tile: int = 192, columns: int | None = None) -> Sheet:
     """The contact sheet: cells in ``columns`` columns (about square by default), each as wide as
-    the widest picture box (``tile`` pixels times the kind's ``preview_tiles``). In a cell, each
-    picture is fitted into a box ``tile`` high and that wide (its overlays scaled with nearest
-    neighbour, then painted on it), one under the other, then the captions: the id (and split),
-    then the kinds' captions. Under the cells, the legend of the colours the kinds name."""
+    the widest picture box; in a cell the pictures one under the other with their overlays, then
+    the id (and split) and the kinds' captions. Under the cells, the legend."""
     if not samples:
         raise UsageError("no samples to draw")
     cols = columns or _columns(len(samples))
@@ -301,11 +294,8 @@ def write_preview(
     tile: int = 192,
     compress_level: int = 6,
 ) -> Sheet:
-    """Draw the chosen samples of ``path`` and save the sheet as a PNG at ``out``.
-
-    ``compress_level``: zlib's, 0-9. PNG's filters do little for a sheet of photographs, so a
-    higher level buys few bytes for much more time; a build, which writes one sheet with every
-    version, uses level 1."""
+    """Draw the chosen samples of ``path`` and save the sheet as a PNG at ``out``. ``compress_level``
+    is zlib's: a higher one buys few bytes of a sheet of photographs for much more time."""
     sheet = compose(load_samples(path, split, n, seed, ids), tile)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -316,12 +306,9 @@ def write_preview(
 
 
 def artifact_data_uri(image: Image.Image, max_side: int = ARTIFACT_SIDE, quality: int = ARTIFACT_QUALITY) -> str:
-    """A ``data:image/jpeg;base64,...`` URI of a drawn sheet, shrunk to ``max_side`` pixels at most
-    (a Markdown artifact carries the picture inside itself: the Prefect UI shows no local file).
-
-    JPEG, not PNG: the artifact is for looking at (the PNG on disk keeps every pixel), and a sheet
-    of photographs is several times smaller as JPEG and quicker to encode, which the Prefect
-    server, storing one with every build, and the build itself both feel."""
+    """A ``data:image/jpeg;base64,...`` URI of a drawn sheet at most ``max_side`` pixels (a Markdown
+    artifact carries its picture: the Prefect UI shows no local file). JPEG, as the artifact is
+    only looked at (the PNG on disk keeps every pixel), and several times smaller."""
     image = image.convert("RGB")
     scale = max_side / max(image.size)
     if scale < 1:
