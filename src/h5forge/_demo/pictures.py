@@ -18,9 +18,7 @@ def save_picture(img: Image.Image, path: Path, rotate_exif: bool = False) -> Non
         exif = Image.Exif()
         exif[0x0112] = 6  # "rotate 90 degrees clockwise to view"
         img.transpose(Image.Transpose.ROTATE_90).save(path, fmt, quality=90, exif=exif.tobytes())
-    elif fmt == "JPEG":
-        img.save(path, fmt, quality=90)
-    elif fmt == "WEBP":
+    elif fmt in ("JPEG", "WEBP"):
         img.save(path, fmt, quality=90)
     else:
         img.save(path, fmt)

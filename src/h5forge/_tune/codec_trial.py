@@ -1,29 +1,16 @@
 """The codec table measured on the user's own raw data (``h5forge codecs RAW``).
 
-A sample of the raw inputs is cleaned once by the spec's field kinds (exactly as a build would),
-then written with each codec by the real writer into a scratch folder, and read back by the real
-reader. Per codec:
+A sample of the raw inputs is cleaned once by the spec's field kinds, then written with each codec
+by the real writer and read back by the real reader, measuring per codec: stored/raw of the
+sample arrays, the writer's CPU per sample, the median time of one random read (page cache warm)
+and the reader's CPU per random batch.
 
-- ``stored/raw``: the sample arrays' bytes on disk over their uncompressed bytes (the bulk fields
-  only: small columns such as ids are the same for every codec);
-- ``write ms/sample``: CPU time of the writer (compression included) per sample, from the
-  created empty file to the closed one;
-- ``read p50 ms``: median wall time of reading one random sample (every field), file in the page
-  cache: the decompression cost a data loader's random access pays;
-- ``batch CPU ms``: CPU time of reading a batch of random samples, as the reader does.
-
-Recommendation (``recommend``), by what the user is short of (``GOALS``); each rule reads only the
-measured stored/raw and reader CPU per batch (the cost every epoch pays; writes happen once):
-
-- ``disk``: the smallest stored/raw;
-- ``read``: the smallest stored/raw among the codecs whose reader CPU per batch is within
-  ``READ_NOISE`` of the lowest (closer than that is measurement noise);
-- ``balanced`` (the default): the smallest stored/raw among the codecs whose reader CPU per batch
-  is within ``BALANCED_SLACK`` of the lowest, or adds at most ``BALANCED_EXTRA_MS`` per sample to
-  it (when the lowest is tiny, twice it is still nothing a data loader feels: one core decoding
-  with 0.05 ms more per sample still feeds 20,000 samples a second).
-
-Under every goal, ``none`` unless the pick saves at least ``MIN_SAVING`` of the raw bytes.
+The recommendation (``recommend``) weighs only stored/raw against reader CPU per batch (every
+epoch pays it; a file is written once), by what the user is short of (``GOALS``): ``disk`` picks
+the smallest; ``read`` the smallest of those within ``READ_NOISE`` of the lowest reader CPU;
+``balanced`` the smallest of those within ``BALANCED_SLACK`` of it or ``BALANCED_EXTRA_MS`` per
+sample above it (twice a tiny cost is still nothing a data loader feels). Under every goal,
+``none`` unless the pick saves at least ``MIN_SAVING`` of the raw bytes (docs/codecs.md).
 """
 
 from __future__ import annotations
@@ -133,8 +120,7 @@ def cleaned_sample(spec: DatasetSpec, n: int, seed: int = 0) -> tuple[list[Clean
 
 
 def _write(spec: DatasetSpec, batches: list[CleanedBatch], path: Path) -> tuple[float, int, int]:
-    """Write the batches; (CPU seconds, raw bytes, stored bytes) of the sample arrays. The CPU is
-    counted from the created, empty file on (creating it costs the same whatever the codec)."""
+    """Write the batches; (CPU seconds from the created, empty file on, raw bytes, stored bytes)."""
     with DatasetWriter(path, spec, version=1) as writer:
         cpu = time.process_time()
         for b in batches:
