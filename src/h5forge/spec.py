@@ -55,16 +55,9 @@ class Annotations(_Strict):
     required: bool = Field(True, description="a sample without a record is rejected")
     index_by: list[str] = Field(default_factory=list, description="columns to build index arrays for")
     folders: dict[str, int] = Field(
-        default_factory=dict,
-        description="columns taken from the folders of a "
-        "sample's file: -1 its folder, -2 the one above (class-folder layouts)",
+        default_factory=dict, description="columns from a sample's folders: -1 its own, -2 the one above"
     )
-    max_bytes: int = Field(
-        256 << 20,
-        gt=0,
-        description="a larger annotation file is refused unread "
-        "(parsing takes a few times its size in memory: docs/security.md)",
-    )
+    max_bytes: int = Field(256 << 20, gt=0, description="a larger annotation file is refused unread")
 
     @model_validator(mode="after")
     def _index_columns_exist(self) -> "Annotations":
@@ -81,13 +74,9 @@ class Source(_Strict):
     root: Path
     inbox: Path | None = Field(None, description="folder new samples are dropped into (append/watch)")
     ids: Literal["stem", "path"] = Field(
-        "stem",
-        description="a sample's id: its files' stem, or their path "
-        "below the glob's fixed folders without the suffix (class folders)",
+        "stem", description="a sample's id: its files' stem, or their path below the glob's fixed folders"
     )
-    allow_symlinks_outside: bool = Field(
-        False, description="take files that symlinks in the source folder lead to outside it (rejected by default)"
-    )
+    allow_symlinks_outside: bool = Field(False, description="take files symlinks lead to outside the source folder")
 
 
 class Append(_Strict):
@@ -101,11 +90,7 @@ DEFAULT_RATIOS: dict[Literal["train", "val", "test"], float] = {"train": 0.8, "v
 
 class Splits(_Strict):
     ratios: dict[Literal["train", "val", "test"], float] = Field(default_factory=lambda: dict(DEFAULT_RATIOS))
-    seed: str = Field(
-        "h5forge",
-        description="changing it reshuffles every sample's split (text or a "
-        'whole number: 0 and "0" are the same seed)',
-    )
+    seed: str = Field("h5forge", description='changing it reshuffles every split (0 and "0" are one seed)')
     column: str | None = Field(None, description="take the split from this annotation column")
 
     @field_validator("seed", mode="before")
@@ -130,10 +115,7 @@ class Storage(_Strict):
     codec: CodecName = "lz4"
     chunk_rows: int = Field(1, ge=1, le=4096)
     assemble: Literal["copy", "mapped"] = Field(
-        "copy",
-        description="copy: the cleaning workers' chunks are copied into one self-contained version "
-        "file; mapped: the version maps its sample arrays onto the workers' own row files, kept in "
-        "its rows folder beside it (docs/spec.md); segments: the same as mapped",
+        "copy", description="copy into one self-contained file, or map the workers' row files (docs/spec.md)"
     )
 
     @field_validator("assemble", mode="before")
@@ -145,38 +127,21 @@ class Storage(_Strict):
 class Output(_Strict):
     dir: Path
     keep: int = Field(5, ge=1, description="published versions to keep")
-    allow_removals: bool = Field(
-        False,
-        description="a build may publish a version without samples latest "
-        "holds (their raw files deleted, or now rejected); the run lists them either way",
-    )
+    allow_removals: bool = Field(False, description="a build may publish a version without samples latest holds")
     retire_after_seconds: float = Field(
-        600,
-        ge=0,
-        description="retention deletes a version only this long after "
-        "a newer one was published (readers on hosts whose file locks are not "
-        "shared: docs/reading.md); live local and NFS readers are kept regardless",
+        600, ge=0, description="retention deletes a version only this long after a newer one (docs/reading.md)"
     )
 
 
 class Compute(_Strict):
     dask_address: str | None = Field(None, description="tcp://host:port of an existing scheduler")
     workers: int = Field(2, ge=1, description="LocalCluster worker processes")
-    batch_size: int | None = Field(
-        None, ge=1, description="samples per dask task; unset: as many as 2 MiB of stored values hold, 64 to 1024"
-    )
+    batch_size: int | None = Field(None, ge=1, description="samples per dask task; unset: 2 MiB of them, 64 to 1024")
     in_flight: int = Field(0, ge=0, description="batches in flight; 0 means 2 per worker")
     inline_below: int = Field(
-        256,
-        ge=0,
-        description="fewer samples than this are cleaned in-process (starting a cluster costs seconds); "
-        "when no field is ragged, also as many as 4 MiB of stored values hold; 0: always on a cluster",
+        256, ge=0, description="fewer samples (or, no field ragged, 4 MiB of them) are cleaned in-process"
     )
-    secure: bool = Field(
-        True,
-        description="the LocalCluster h5forge starts talks TLS with temporary credentials, "
-        "so no other local process can reach its scheduler (docs/security.md)",
-    )
+    secure: bool = Field(True, description="the LocalCluster talks TLS with temporary credentials (docs/security.md)")
 
     @field_validator("workers")
     @classmethod
@@ -219,16 +184,12 @@ def rejected_limit_value(v):
     if isinstance(v, str):
         text = v.strip()
         try:
-            if text.endswith("%"):
-                v = float(text[:-1]) / 100
-                if not 0 <= v <= 1:
-                    raise ValueError("a percentage must be between 0 % and 100 %")
-                return v
-            return rejected_limit_value(int(text) if text.isdigit() else float(text))
-        except ValueError as err:
-            if "between" in str(err):
-                raise
+            number = float(text[:-1]) / 100 if text.endswith("%") else int(text) if text.isdigit() else float(text)
+        except ValueError:
             raise ValueError(f"{v!r} is neither a count (12), a fraction (0.1) nor a percentage ('10%')") from None
+        if text.endswith("%") and not 0 <= number <= 1:
+            raise ValueError("a percentage must be between 0 % and 100 %")
+        v = number
     if isinstance(v, int):
         if v < 0:
             raise ValueError("must be a count >= 0, a fraction (0.1) or a percentage ('10%')")
@@ -255,15 +216,10 @@ class DatasetSpec(_Strict):
     verify: Verification = Verification()
     append: Append = Append()
     duplicates: Literal["keep_first", "keep_all"] = Field(
-        "keep_first",
-        description="samples with identical raw content under other names: keep the first "
-        "(in id order; for an append, what latest holds) and reject the others, or keep all",
+        "keep_first", description="samples of identical raw content: keep the first (in id order), or all"
     )
     max_rejected: float | int = Field(
-        0.1,
-        description="the most rejected inputs a build may have and still "
-        "publish: a fraction (0.1) or percentage ('10%') of the inputs it saw, "
-        "or a count (12)",
+        0.1, description="rejected inputs a build may publish with: a fraction (0.1), '10%' or a count (12)"
     )
 
     @field_validator("max_rejected", mode="before")
@@ -372,9 +328,8 @@ def override(
 
 
 def spec_from_json(text: str) -> DatasetSpec:
-    """Rebuild a spec stored in a dataset file (paths there are already absolute). The context
-    tells the fields' models the spec was stored by a build (a field may read what earlier
-    versions of h5forge stored, which a new spec may not ask for)."""
+    """Rebuild a spec stored in a dataset file (paths there are already absolute); the context tells
+    the fields' models it was stored by a build (which may hold what a new spec may not ask for)."""
     try:
         return DatasetSpec.model_validate(json.loads(text), context={STORED: True})
     except ValidationError as err:  # a kind not installed here, or one that did not load
