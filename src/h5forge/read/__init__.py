@@ -1,10 +1,8 @@
 """The read side: framework-free reader and sampler, and the torch / TF / JAX adapters.
 Importing it loads neither Pillow, dask nor Prefect (a training process needs none of them).
 
-The readers are the modules ``h5forge.read.torch``, ``.jax``, ``.tf`` and ``.lightning``. The names
-here (the framework-free ``SplitReader``; ``VarlenCollate``, ``Padded`` and ``pad_batch`` for fields
-whose length varies; ``index_rows``, the rows an annotation index lists for a value) are imported on
-first use; the modules with a leading underscore are internal."""
+The readers are the modules ``h5forge.read.torch``, ``.jax``, ``.tf`` and ``.lightning``; the names
+here are imported on first use, and the modules with a leading underscore are internal."""
 
 from importlib import import_module
 

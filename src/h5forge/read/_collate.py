@@ -28,37 +28,28 @@ def pad_batch(arrays: Sequence[Any], pad_value: float = 0, axis: int = 0, dtype:
     """Stack arrays that differ in length along ``axis`` into one padded array plus lengths."""
     if len(arrays) == 0:
         raise ValueError("pad_batch needs at least one array")
-    if _is_torch(arrays[0]):
+    torch_in = _is_torch(arrays[0])
+    if torch_in:
         import torch
 
-        ts = [a if dtype is None else a.to(dtype) for a in arrays]
-        nd = ts[0].dim()
-        ax = axis % max(nd, 1)
-        lengths = torch.tensor([t.shape[ax] for t in ts], dtype=torch.int64)
-        other = {tuple(s for k, s in enumerate(t.shape) if k != ax) for t in ts}
-        if len(other) != 1:
-            raise ValueError(f"arrays differ in more than axis {axis}: shapes {[tuple(t.shape) for t in ts]}")
-        shape = list(ts[0].shape)
-        shape[ax] = int(lengths.max()) if len(ts) else 0
-        out = torch.full((len(ts), *shape), pad_value, dtype=ts[0].dtype)
-        for i, t in enumerate(ts):
-            out[i].narrow(ax, 0, t.shape[ax]).copy_(t)
-        return Padded(out, lengths)
-    arrs = [np.asarray(a) if dtype is None else np.asarray(a, dtype=dtype) for a in arrays]
+        arrs = [a if dtype is None else a.to(dtype) for a in arrays]
+    else:
+        arrs = [np.asarray(a) if dtype is None else np.asarray(a, dtype=dtype) for a in arrays]
     nd = arrs[0].ndim
     ax = axis % max(nd, 1)
-    lens = np.array([a.shape[ax] for a in arrs], dtype=np.int64)
-    other = {tuple(s for k, s in enumerate(a.shape) if k != ax) for a in arrs}
-    if len(other) != 1 or any(a.ndim != nd for a in arrs):
-        raise ValueError(f"arrays differ in more than axis {axis}: shapes {[a.shape for a in arrs]}")
-    shape = list(arrs[0].shape)
-    shape[ax] = int(lens.max())
-    padded = np.full((len(arrs), *shape), pad_value, dtype=np.result_type(*arrs))
+    lengths = [a.shape[ax] for a in arrs]
+    if len({tuple(s for k, s in enumerate(a.shape) if k != ax) for a in arrs}) != 1 or any(a.ndim != nd for a in arrs):
+        raise ValueError(f"arrays differ in more than axis {axis}: shapes {[tuple(a.shape) for a in arrs]}")
+    shape = (len(arrs), *arrs[0].shape[:ax], max(lengths), *arrs[0].shape[ax + 1 :])
+    if torch_in:
+        out = torch.full(shape, pad_value, dtype=arrs[0].dtype)
+        for i, t in enumerate(arrs):
+            out[i].narrow(ax, 0, t.shape[ax]).copy_(t)
+        return Padded(out, torch.tensor(lengths, dtype=torch.int64))
+    padded = np.full(shape, pad_value, dtype=np.result_type(*arrs))
     for i, a in enumerate(arrs):
-        sl: list[Any] = [slice(None)] * nd
-        sl[ax] = slice(0, a.shape[ax])
-        padded[(i, *sl)] = a
-    return Padded(padded, lens)
+        padded[i][(slice(None),) * ax + (slice(0, a.shape[ax]),)] = a
+    return Padded(padded, np.array(lengths, dtype=np.int64))
 
 
 def _stack(items: Sequence[Any]) -> Any:

@@ -1,16 +1,11 @@
 """Chunk-aware, seeded, shardable sample orders (framework-free; torch wraps it as a Sampler).
 
-An epoch's order: permute the chunks, cut the permuted chunk list into windows of ``window``
-chunks, and permute the samples inside each window. Every chunk is then needed only while its
-window is being read, so a chunk cache of ``window`` chunks per field decompresses each chunk once
-per epoch. With one sample per chunk (the default layout) this is a plain uniform shuffle.
-
-Seeded by ``(seed, epoch)``: the same seed and epoch give the same order on every rank and every
-run. For DDP the epoch order is cut into ``num_replicas`` contiguous, equal-length shards (contiguous
-so each rank reads whole windows; equal so no rank runs out early): with ``drop_last=True`` the
-``n % num_replicas`` last samples of the epoch's order are left out (shards are disjoint, and which
-samples are left out changes every epoch); with ``drop_last=False`` the order wraps around to pad
-the last shard (every sample is read, at most ``num_replicas - 1`` of them twice).
+An epoch's order permutes the chunks, cuts them into windows of ``window`` chunks and permutes the
+samples inside each window, so a chunk cache of ``window`` chunks decompresses each chunk once per
+epoch (with one sample per chunk: a plain shuffle). Seeded by ``(seed, epoch)``, the same on every
+rank. For DDP the order is cut into ``num_replicas`` contiguous, equal-length shards: with
+``drop_last=True`` the ``n % num_replicas`` last samples are left out, else the order wraps around
+to pad the last shard.
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@
     source = Source("data/demo/dataset_latest.h5", split="train")   # grain.MapDataset.source(source)
     len(source); source[7] -> {"images": (3,H,W) float32, "masks": (1,H,W) int32}
 
-Masks default to int32 because JAX truncates int64 unless ``jax_enable_x64`` is set. The source is
-picklable (it carries the path, never a handle) and pins the version its path resolves to at
-construction, like the torch reader (docs/reading.md). jax itself is imported only for
+Masks default to int32, as JAX truncates int64 unless ``jax_enable_x64`` is set. The source pins
+its version and pickles without a handle, like the torch reader; jax itself is imported only for
 ``as_jax=True``.
 """
 

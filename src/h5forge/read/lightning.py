@@ -6,16 +6,10 @@ under DDP (optional extra ``lightning``).
     trainer = lightning.pytorch.Trainer(strategy="ddp", devices=2)
     trainer.fit(model, datamodule=dm)
 
-Each loader is the reader's own (``H5Dataset.loader``): under DDP its chunk-aware sampler gives
-every rank an equal, disjoint share of the epoch, and as a ``DistributedSampler`` Lightning leaves
-it alone (its default ``use_distributed_sampler=True`` would otherwise shard each share again, so
-that every epoch trained on half the data with two ranks). The predict loader gives each rank
-every world-th sample, so each is predicted once.
-
-Every rank reads the same version: the path is resolved on rank 0 and broadcast in ``setup``, so a
-version published while the ranks start does not split them between two files.
-
-Importing Lightning loads Pillow (Lightning's own imports): this module is only imported when asked for.
+Each loader is the reader's own (``H5Dataset.loader``), whose sampler gives every rank an equal,
+disjoint share and which Lightning does not shard again; the predict loader gives each rank every
+world-th sample, so each is predicted once. Every rank reads the version rank 0 resolved in
+``setup``. Importing Lightning loads Pillow: this module is only imported when asked for.
 """
 
 from __future__ import annotations
@@ -36,12 +30,9 @@ __all__ = ["H5DataModule"]
 class H5DataModule(pl.LightningDataModule):
     """Loaders for the splits of ``path`` (a version file or ``dataset_latest.h5``).
 
-    ``fields`` and ``dataset_options`` (``image_dtype``, ``normalize``, ``return_index``,
-    ``transform``, ...) go to every ``H5Dataset``; ``loader_options`` (``convert``, ``device``,
-    ``window``, ``persistent_workers``, ...) to every ``H5Dataset.loader``. Training batches are
-    shuffled chunk-aware with ``seed`` (the epoch advances with Lightning's ``set_epoch``);
-    validation and test batches come in stored order within each rank's share (equal shares: the
-    ``n % world`` last samples are left out under DDP), and each sample of ``predict_split`` is
+    ``fields`` and ``dataset_options`` go to every ``H5Dataset``, ``loader_options`` to every
+    ``H5Dataset.loader``. Training batches are shuffled with ``seed``; validation and test batches
+    come in stored order within each rank's equal share; each sample of ``predict_split`` is
     predicted once.
     """
 

@@ -6,9 +6,7 @@
         ...
     model.fit(ds, epochs=10)   # each pass over ds is a new epoch (new chunk-aware order)
 
-Channels last by default (Keras' convention; ``channels_last=False`` keeps the stored (C,H,W)).
-Batches are read with the coalesced batched path and the chunk-aware order (seeded by
-(seed, epoch)); the version is pinned when ``dataset`` is called (docs/reading.md).
+Channels last by default (Keras' convention); the version is pinned when ``dataset`` is called.
 """
 
 from __future__ import annotations
@@ -45,10 +43,9 @@ def dataset(
     return_index: bool = False,
     **options: Any,
 ) -> tf.data.Dataset:
-    """A tf.data.Dataset of tuples in ``fields`` order (a single tensor for one field); batched
-    when ``batch_size`` is given (much faster than per-sample generators), else one sample per
-    element. ``num_replicas``/``rank`` give this worker's equal-length shard. Text columns come as
-    tf.string; ``return_index`` adds each sample's row (int64) as the last element."""
+    """A tf.data.Dataset of tuples in ``fields`` order (a single tensor for one field), batched
+    when ``batch_size`` is given; ``num_replicas``/``rank`` give this worker's shard, text columns
+    come as tf.string, ``return_index`` adds each sample's row last."""
     reader = SplitReader(path, split, fields, locking=locking, cache_chunks=cache_chunks)
     ragged = [name for name, fi in reader.fields.items() if fi.ragged]
     if ragged:

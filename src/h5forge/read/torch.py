@@ -207,21 +207,12 @@ class H5Dataset(Dataset):
         )
         # fields a loader may ship as stored and convert after the transfer (unless a transform needs
         # model values in the worker)
-        self._deferrable = (
-            frozenset()
-            if transform is not None or batch_transform is not None or unit != "sample"
-            else self._converted_rows
-        )
+        hooks = transform is not None or batch_transform is not None
+        self._deferrable = frozenset() if hooks or unit != "sample" else self._converted_rows
         # unit="slice" over one volume field returned as stored: ds[i] is the slice read, as a tensor
-        self._plain_slice = (
-            next(iter(self.reader.fields))
-            if self.slices is not None
-            and self._single
-            and transform is None
-            and batch_transform is None
-            and all(fi.ragged and self._dtypes[n] == fi.dtype for n, fi in self.reader.fields.items())
-            else None
-        )
+        stored = all(fi.ragged and self._dtypes[n] == fi.dtype for n, fi in self.reader.fields.items())
+        plain = self.slices is not None and self._single and not hooks and stored
+        self._plain_slice = next(iter(self.reader.fields)) if plain else None
         self._ship_stored = False  # True on the copy a loader with convert="after"/None hands to its workers
         self._pool: _BlockPool | None = None  # on the copy a loader with convert="after" hands to its workers
         self._shared_out = False  # True on the copy ds.loader() hands to its workers: batches read into shared memory
@@ -408,17 +399,8 @@ class H5Dataset(Dataset):
         """(name, column, whether it is stored and converts) for each column of a batch."""
         cols = (batch,) if self._single else tuple(batch)
         for name, col in zip([*self.reader.fields, INDEX_FIELD], cols):
-            fi = self.reader.fields.get(name)
-            yield (
-                name,
-                col,
-                (
-                    fi is not None
-                    and name in self._deferrable
-                    and isinstance(col, torch.Tensor)
-                    and col.dtype == _torch_dtype(fi.dtype)
-                ),
-            )
+            fi = self.reader.fields[name] if name in self._deferrable else None
+            yield name, col, fi is not None and isinstance(col, torch.Tensor) and col.dtype == _torch_dtype(fi.dtype)
 
     def _targets(self, batch: Any) -> dict[str, torch.Tensor]:
         """New CPU tensors for the model values of the batch's stored columns."""
