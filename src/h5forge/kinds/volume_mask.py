@@ -92,16 +92,10 @@ class VolumeMaskKind(ClassMasks[VolumeMaskField]):
             parts = sorted(parts, key=lambda p: _slice_number(p[0]))
         except ValueError as err:
             raise Reject(f"{rel}/{err}", "a slice mask's file name has no slice number") from None
-        return (
-            np.stack(
-                [
-                    np.asarray(open_picture(data, f"{rel}/{name}", self.spec.max_pixels).convert("L"))
-                    for name, data in parts
-                ]
-            )
-            if parts
-            else np.zeros((0, 0, 0), np.uint8)
-        )
+        slices = [
+            np.asarray(open_picture(data, f"{rel}/{name}", self.spec.max_pixels).convert("L")) for name, data in parts
+        ]
+        return np.stack(slices) if slices else np.zeros((0, 0, 0), np.uint8)
 
     def source_digest(self, root: Path, rel: str) -> str:
         return read_case(root, rel)[1]

@@ -2,11 +2,8 @@
 
     ROOT/images/<prefix><nnnn>.png   ROOT/annotations/instances_default.json
 
-Each picture (96-160 px a side, a noisy background) holds 0-4 objects of three classes (``square``,
-``disc``, ``bar``), some of them at the border so that a centre crop clips them. With ``bad=True``
-it also writes a truncated PNG, an annotation of a category the spec does not list and a box of
-negative width, each of which the build quarantines with its reason. Seeded: the same arguments
-write the same bytes.
+Each picture holds 0-4 objects of three classes, some at the border so a centre crop clips them.
+``bad=True`` adds a truncated PNG, an unlisted category and a box of negative width. Seeded.
 """
 
 from __future__ import annotations

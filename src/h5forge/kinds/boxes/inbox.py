@@ -2,10 +2,9 @@
 entry travels with it (to ``processed/``, to ``quarantine/``) and the entries of pictures still
 waiting stay in the inbox.
 
-A COCO file of the inbox is a JSON object with ``images`` and ``categories`` lists, at the spec's
-path or in a folder the spec's COCO files lie in, or at the top of the inbox. A subset keeps the
-entries, annotations and categories exactly as written, so a picture's entry digest (what the
-exactly-once check and the incremental build compare) is the same before and after the move.
+A COCO file of the inbox is a JSON object with ``images`` and ``categories`` lists where the spec's
+COCO files lie, or at the top of the inbox. A subset keeps what it holds exactly as written, so a
+picture's entry digest is the same before and after the move.
 """
 
 from __future__ import annotations

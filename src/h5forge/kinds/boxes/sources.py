@@ -19,6 +19,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import numpy as np
 
@@ -194,10 +195,7 @@ def coco_boxes(index: CocoIndex, picture: str, raw: tuple[int, int], classes: tu
         raise Reject(
             picture, f"{index.rel} says the picture is {entry.get('width')}x{entry.get('height')} (WxH); it is {w}x{h}"
         )
-    corners: list[list[float]] = []
-    labels: list[int] = []
-    segments: list = []
-    names: list[str] = []
+    found: list[tuple[list[float], int, Any, str]] = []  # corners, class index, segmentation, name
     for a in anns:
         if a.get("iscrowd"):
             continue
@@ -214,11 +212,17 @@ def coco_boxes(index: CocoIndex, picture: str, raw: tuple[int, int], classes: tu
         if (xywh := finite(bbox)) is None:
             raise Reject(picture, f"{what}: a coordinate is not a finite number")
         x, y, bw, bh = xywh.tolist()
-        corners.append(_checked([x, y, x + bw, y + bh], picture, what))
-        labels.append(classes.index(name))
-        segments.append(a.get("segmentation"))
-        names.append(what)
-    return Objects(np.array(corners, np.float64).reshape(-1, 4), np.array(labels, np.int64), segments, names)
+        found.append(
+            (_checked([x, y, x + bw, y + bh], picture, what), classes.index(name), a.get("segmentation"), what)
+        )
+    return _objects(found)
+
+
+def _objects(found: list[tuple[list[float], int, Any, str]]) -> Objects:
+    corners, labels, segments, names = zip(*found) if found else ((), (), (), ())
+    return Objects(
+        np.array(corners, np.float64).reshape(-1, 4), np.array(labels, np.int64), list(segments), list(names)
+    )
 
 
 def _is_number(value) -> bool:
@@ -240,10 +244,7 @@ def finite(values: list) -> np.ndarray | None:
 def yolo_boxes(data: bytes, rel: str, raw: tuple[int, int], n_classes: int, limits: Limits):
     """The objects of a YOLO label file for a picture of size ``raw`` (h, w)."""
     h, w = raw
-    corners: list[list[float]] = []
-    labels: list[int] = []
-    segments: list = []
-    names: list[str] = []
+    found: list[tuple[list[float], int, Any, str]] = []
     lines = [(n, line) for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1) if line.split()]
     _count_objects(len(lines), rel, limits.max_objects)
     for number, line in lines:
@@ -263,7 +264,7 @@ def yolo_boxes(data: bytes, rel: str, raw: tuple[int, int], n_classes: int, limi
             box = [cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2]
             if bw < 0 or bh < 0:
                 raise Reject(rel, f"line {number}: negative width or height")
-            segments.append(None)
+            segment: Any = None
         elif len(values) >= 6 and len(values) % 2 == 0:
             if len(values) // 2 > limits.max_vertices:
                 raise Reject(
@@ -273,13 +274,12 @@ def yolo_boxes(data: bytes, rel: str, raw: tuple[int, int], n_classes: int, limi
                 )
             xs, ys = values[0::2], values[1::2]
             box = [min(xs), min(ys), max(xs), max(ys)]
-            segments.append([[v * (w if k % 2 == 0 else h) for k, v in enumerate(values)]])
+            segment = [[v * (w if k % 2 == 0 else h) for k, v in enumerate(values)]]
         else:
             raise Reject(rel, f"line {number}: expected class cx cy w h (or a polygon), found {len(values)} numbers")
-        corners.append(_checked([box[0] * w, box[1] * h, box[2] * w, box[3] * h], rel, f"line {number}"))
-        labels.append(cls)
-        names.append(f"line {number}")
-    return Objects(np.array(corners, np.float64).reshape(-1, 4), np.array(labels, np.int64), segments, names)
+        corners = _checked([box[0] * w, box[1] * h, box[2] * w, box[3] * h], rel, f"line {number}")
+        found.append((corners, cls, segment, f"line {number}"))
+    return _objects(found)
 
 
 def _checked(box: list[float], where: str, what: str) -> list[float]:
