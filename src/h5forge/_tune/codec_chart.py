@@ -31,18 +31,12 @@ def draw_chart(result: CodecTrial, out: str | Path) -> Path:
     height = title_h + 2 * (panel_h + PAD) + PAD
     image = Image.new("RGB", (width, height), drawing.BACKGROUND)
     draw = ImageDraw.Draw(image)
-    draw.text(
-        (PAD, PAD // 2),
-        f"codecs measured on {len(result.ids)} samples of {result.spec_name}",
-        font=drawing.font(),
-        fill=drawing.TEXT,
+    title = (
+        (f"codecs measured on {len(result.ids)} samples of {result.spec_name}", drawing.TEXT),
+        (f"recommended for {result.goal}: {result.recommended}", PICKED),
     )
-    draw.text(
-        (PAD, PAD // 2 + drawing.LINE_HEIGHT),
-        f"recommended for {result.goal}: {result.recommended}",
-        font=drawing.font(),
-        fill=PICKED,
-    )
+    for k, (text, colour) in enumerate(title):
+        draw.text((PAD, PAD // 2 + k * drawing.LINE_HEIGHT), text, font=drawing.font(), fill=colour)
     for k, (attr, label, fmt) in enumerate(MEASURES):
         left = PAD + (k % 2) * (panel_w + PAD)
         top = title_h + (k // 2) * (panel_h + PAD)

@@ -251,7 +251,8 @@ def diff_versions(old: str | Path, new: str | Path) -> VersionDiff:
         f"meta/{c}" for c in spec_b.annotations.index_by if f"meta/{c}" in common and f"meta/{c}" not in labelled
     ]
     for p in labelled:
-        d.labels[p] = _count_change(*(Counter(r.columns[p] for r in rows.values()) for rows in (a, b)))
+        before, after = (Counter(r.columns[p] for r in rows.values()) for rows in (a, b))
+        d.labels[p] = _count_change(before, after)
     return d
 
 

@@ -246,12 +246,8 @@ def compose(samples: list[Drawn], tile: int = 192, columns: int | None = None) -
                     boxes[f"{p}/{name}"] = (x + pl, y + pt, pw, ph)
                 y += h + PICTURE_GAP
             for k, line in enumerate(lines):
-                draw.text(
-                    (left, y + k * drawing.LINE_HEIGHT),
-                    line,
-                    font=drawing.font(),
-                    fill=drawing.TEXT if k == 0 else drawing.DIM_TEXT,
-                )
+                colour = drawing.TEXT if k == 0 else drawing.DIM_TEXT  # the id line, then the captions
+                draw.text((left, y + k * drawing.LINE_HEIGHT), line, font=drawing.font(), fill=colour)
         top += row_heights[r] + GAP
     for k, row in enumerate(legend_rows):
         y = top + k * drawing.LINE_HEIGHT
