@@ -223,14 +223,8 @@ class DatasetWriter:
                 ds = arrays.create(g, path, st, st.chunk(chunk, self.small_rows or SMALL_ROWS), options)
                 ds.attrs.update({Attr.KIND: kind.kind, **kind.dataset_attrs()})
             for key, (shape, dtype) in self._provenance().items():
-                g.create_dataset(
-                    key,
-                    shape=(0, *shape),
-                    maxshape=(None, *shape),
-                    dtype=dtype,
-                    chunks=(self.small_rows or SMALL_ROWS, *shape),
-                    **small_options(dtype),
-                )
+                rows = (self.small_rows or SMALL_ROWS, *shape)
+                g.create_dataset(key, (0, *shape), dtype, maxshape=(None, *shape), chunks=rows, **small_options(dtype))
             g[SOURCE_SHA256].attrs[Attr.FIELDS] = self.file_fields
         create_sample_keys(f, *((self.small_rows,) if self.small_rows else ()))
 
@@ -378,20 +372,12 @@ class DatasetWriter:
         """Each row's sample key: the build's, or made from what the batch holds (an append)."""
         known = self.inputs.samples if self.inputs is not None else {}
         columns = {k.annotation_column: p for p, k in self.kinds.items() if k.annotation_column}
-        return np.array(
-            [
-                known.get(sid)
-                or sample_key(
-                    sid,
-                    batch.splits[i],
-                    batch.files[i],
-                    batch.source_sha256[i],
-                    {c: batch.arrays[p][i] for c, p in columns.items()},
-                )
-                for i, sid in enumerate(batch.ids)
-            ],
-            dtype=KEY,
-        )
+
+        def made(i: int, sid: str):
+            values = {c: batch.arrays[p][i] for c, p in columns.items()}
+            return sample_key(sid, batch.splits[i], batch.files[i], batch.source_sha256[i], values)
+
+        return np.array([known.get(sid) or made(i, sid) for i, sid in enumerate(batch.ids)], dtype=KEY)
 
     def add_stored(
         self, split: str, values: dict[str, Any], copy_chunks: Callable[[h5py.Group], None], listed: dict[str, list]
@@ -470,10 +456,7 @@ class DatasetWriter:
         return WriteSummary(
             counts=dict(self.counts),
             samples=sum(self.counts.values()),
-            array_bytes_raw=sizes.raw,
-            array_bytes_stored=sizes.stored,
-            split_bytes=sizes.split_stored,
-            compression_ratio=sizes.ratio,
+            **sizes.summary(),
             codec=self.spec.storage.codec,
             chunk_rows=self.spec.storage.chunk_rows,
             timings={**timings, "write_seconds": round(time.perf_counter() - self.started, 3)},

@@ -21,31 +21,9 @@ from h5forge._init.text import SpecText, files_value
 if TYPE_CHECKING:
     from h5forge.spec import DatasetSpec
 
-CASE_DIRS = (
-    "cases",
-    "volumes",
-    "scans",
-    "series",
-    "studies",
-    "patients",
-    "subjects",
-    "dicom",
-    "images",
-    "imagestr",
-    "ct",
-    "mr",
-)
-VOLUME_MASK_DIRS = (
-    "masks",
-    "mask",
-    "labels",
-    "labelstr",
-    "segmentations",
-    "segmentation",
-    "seg",
-    "gt",
-    "ground_truth",
-    "groundtruth",
+CASE_DIRS = tuple("cases volumes scans series studies patients subjects dicom images imagestr ct mr".split())
+VOLUME_MASK_DIRS = tuple(
+    "masks mask labels labelstr segmentations segmentation seg gt ground_truth groundtruth".split()
 )
 CASE_SAMPLE, LABEL_SAMPLE = 20, 5
 SLICES_MEASURED, CASES_MEASURED = 8, 2  # slices LZ4 compresses at init, spread through the first cases
