@@ -88,6 +88,13 @@ def _gather(pairs: list[tuple], n: int):
     return out
 
 
+def _rest(data: Any, take: int, n: int) -> list[tuple]:
+    """The buffer of rows ``take:n`` of ``data`` once the first ``take`` are written (an array's
+    copied, so the blocks they came from are freed)."""
+    rest = data[take:]
+    return [(rest.copy() if isinstance(rest, np.ndarray) else rest, np.arange(n - take))] if take < n else []
+
+
 @dataclass
 class Durable:
     """The rows of each split a killed build's file at the writer's path holds, durable, that the
@@ -237,9 +244,8 @@ class DatasetWriter:
         """Buffer a cleaned batch; writes whole blocks as they fill. Returns samples accepted."""
         self.rejections.extend(batch.rejections)
         for path, per_split in batch.stats.items():
-            acc = self.stats.setdefault(path, {})
             for split, counts in per_split.items():
-                acc[split] = acc[split] + counts if split in acc else counts
+                self.add_stats(path, split, counts)
         labels = np.asarray(batch.splits)
         provenance = self.provenance_rows(batch)
         keys = batch.keys if batch.keys is not None else self._sample_keys(batch)  # once per batch
@@ -279,10 +285,8 @@ class DatasetWriter:
             return provenance
         # completed here, with the provenance as stored (an append rewrites source paths after cleaning)
         ids, files, hashes = provenance[IDS], provenance[SOURCE_FILES], provenance[SOURCE_SHA256]
-        provenance[CHECKSUM] = np.asarray(
-            [row_checksum(d, ids[i], files[i], hashes[i], self.format_version) for i, d in enumerate(batch.digests)],
-            dtype="S64",
-        )
+        sums = [row_checksum(d, ids[i], files[i], hashes[i], self.format_version) for i, d in enumerate(batch.digests)]
+        provenance[CHECKSUM] = np.asarray(sums, dtype="S64")
         return provenance
 
     def _block(self, split: str) -> int:
@@ -311,10 +315,7 @@ class DatasetWriter:
                 continue
             data = _gather(pairs, n)
             arrays.extend(g, path, data[:take])
-            rest = data[take:]
-            buf[path] = (
-                [(rest.copy() if isinstance(rest, np.ndarray) else rest, np.arange(n - take))] if take < n else []
-            )
+            buf[path] = _rest(data, take, n)
         self.counts[split] += take
         self._buffered[split] = n - take
         if time.monotonic() >= self._flush_due:  # a full disk raises here, as an error the run reports
@@ -338,10 +339,7 @@ class DatasetWriter:
             self._write_chunks(split, path, data[:take])
         else:
             arrays.extend(self._groups[split], path, data[:take])
-        rest = data[take:]
-        self._buffers[split][path] = (
-            [(rest.copy() if isinstance(rest, np.ndarray) else rest, np.arange(n - take))] if take < n else []
-        )
+        self._buffers[split][path] = _rest(data, take, n)
 
     def _dataset(self, split: str, path: str) -> h5py.Dataset:
         """A sample dataset, and whether it takes the workers' chunks as they are (``_write_chunks``),

@@ -126,17 +126,13 @@ def volume_masks(raw: Path, base: Path, ids: set[str], notes: list[str]) -> Volu
             mask = VolumeMask([f"{d.name}/*.dcm"], "a DICOM SEG per case, segment k as class k", seg_classes(segs))
         elif nifti:
             mask_ids = {nifti_id(p) for p in nifti}
-            mask = VolumeMask(
-                nifti_globs(f"{d.name}/", nifti), "label volumes (NIfTI)", _label_volume_classes(nifti, notes)
-            )
+            classes = _label_volume_classes(nifti, notes)
+            mask = VolumeMask(nifti_globs(f"{d.name}/", nifti), "label volumes (NIfTI)", classes)
         elif folders:
             mask_ids = {c.name for c in folders}
             slices = [p for c in sample(folders, CASE_SAMPLE) for p in pictures_in(c)]
-            mask = VolumeMask(
-                [f"{d.name}/*"],
-                "a folder of per-slice pictures per case, numbered in slice order",
-                mask_classes(slices, notes),
-            )
+            what = "a folder of per-slice pictures per case, numbered in slice order"
+            mask = VolumeMask([f"{d.name}/*"], what, mask_classes(slices, notes))
         else:
             continue
         if ids - mask_ids:
