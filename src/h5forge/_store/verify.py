@@ -213,8 +213,8 @@ def verify_file(
             _guarded(report, "inputs catalog", _check_catalog, f, report, rows if checksums else {})
             if checksums:
                 n_workers = verify_workers() if workers is None else workers
-                args = (f, spec, kinds, report, rows, old_format, n_workers, executor)
-                _guarded(report, "checksums", _check_checksums, *args)
+                checked = (f, spec, kinds, report, rows, old_format, n_workers, executor)
+                _guarded(report, "checksums", _check_checksums, *checked)
             n_resample = _count(report, "resample", spec.verify.resample, resample)
             if n_resample:
                 roots = [
@@ -229,8 +229,8 @@ def verify_file(
                     )
                     report.checks["sources"] = "skipped (no build extra)"
                 else:
-                    args = (f, kinds, roots, n_resample, seed, report, max_source_bytes)
-                    _guarded(report, "sources", _check_against_sources, *args)
+                    compared = (f, kinds, roots, n_resample, seed, report, max_source_bytes)
+                    _guarded(report, "sources", _check_against_sources, *compared)
             reads = _count(report, "latency_reads", spec.verify.latency_reads, latency_reads)
             _guarded(report, "figures", _figures, f, path, kinds, report)
             _guarded(report, "non-finite values", _count_nonfinite, f, kinds, report)

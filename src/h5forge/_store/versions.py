@@ -129,8 +129,8 @@ def output_lock(out: str | Path, what: str = "build", wait: float = 0) -> Iterat
                     "wait for it to finish, or stop it, then retry"
                 ) from None
         os.ftruncate(fd, 0)
-        holder = {"pid": os.getpid(), "what": what, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        mine = {"pid": os.getpid(), "what": what, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.pwrite(fd, json.dumps(mine).encode(), 0)
         _remove_partials(out)
         try:
             yield out
