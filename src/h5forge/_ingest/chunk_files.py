@@ -95,7 +95,9 @@ def read_chunk_file(batch: CleanedBatch, folder: Path) -> CleanedBatch | None:
     path.unlink(missing_ok=True)
 
     def rows_of(block: ChunkFileRows) -> EncodedRows:
-        chunks = [data[o : o + s] for o, s in zip(block.offsets.tolist(), block.sizes.tolist())]
+        chunks: list[bytes | memoryview] = [
+            data[o : o + s] for o, s in zip(block.offsets.tolist(), block.sizes.tolist())
+        ]
         return EncodedRows(block.codec, block.shape, block.dtype, chunks)
 
     return replace(batch, arrays={**batch.arrays, **{key: rows_of(block) for key, block in placed.items()}})
