@@ -14,22 +14,7 @@ from h5forge.errors import H5forgeError
 
 # modules of the [build] extra (pyproject.toml): a reader-only install lacks them
 BUILD_MODULES = frozenset(
-    {
-        "prefect",
-        "prefect_dask",
-        "dask",
-        "distributed",
-        "PIL",
-        "watchfiles",
-        "psutil",
-        "pyedflib",
-        "pydicom",
-        "nibabel",
-        "pylibjpeg",
-        "libjpeg",
-        "openjpeg",
-        "rle",
-    }
+    "prefect prefect_dask dask distributed PIL watchfiles psutil pyedflib pydicom nibabel pylibjpeg libjpeg openjpeg rle".split()
 )
 
 

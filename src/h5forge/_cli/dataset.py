@@ -72,10 +72,8 @@ def build(
         from h5forge.flows.build import build_dataset
         from h5forge.flows.foreground import foreground_run
 
-        with (
-            _flow_server(),
-            foreground_run(settings.debug),
-        ):  # no heartbeat thread to wait for at the end (flows/foreground.py)
+        # no heartbeat thread to wait for at the end (flows/foreground.py)
+        with _flow_server(), foreground_run(settings.debug):
             result = build_dataset(str(spec), str(output) if output else None, dask_address)
     _print_build(result)
 

@@ -59,11 +59,9 @@ def check_filters(c: Checkup) -> None:
         ensure_filters()
     except ImportError:
         pass
-    known = known_filters()
-    ok = [f"{name} {fid}" for fid, (name, _) in sorted(known.items()) if available(fid)]
-    missing = [f"{name} {fid}" for fid, (name, _) in sorted(known.items()) if not available(fid)]
-    c.line("filters available", ", ".join(ok))
-    c.line("filters absent", ", ".join(missing) or "none")
+    known = sorted(known_filters().items())
+    c.line("filters available", ", ".join(f"{name} {fid}" for fid, (name, _) in known if available(fid)))
+    c.line("filters absent", ", ".join(f"{name} {fid}" for fid, (name, _) in known if not available(fid)) or "none")
 
 
 def check_plugin_path(c: Checkup) -> None:
@@ -244,10 +242,8 @@ def check_spec(c: Checkup, spec_path: Path, dask_address: str | None = None) -> 
         c.problem("spec source", f"{root}: no such folder (source.root)")
     target = _existing(Path(spec.output.dir))
     if os.access(target, os.W_OK):
-        c.line(
-            "spec output",
-            f"{spec.output.dir} ({'exists' if Path(spec.output.dir).exists() else 'created on build'}, writable)",
-        )
+        made = "exists" if Path(spec.output.dir).exists() else "created on build"
+        c.line("spec output", f"{spec.output.dir} ({made}, writable)")
     else:
         c.problem("spec output", f"{spec.output.dir}: {target} is not writable")
     if spec.compute.dask_address:

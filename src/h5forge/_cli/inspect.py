@@ -69,10 +69,8 @@ def _print_info(info: dict[str, Any]) -> None:
         how = "mapped onto its workers' row files" if lin["assembled"] else "thin"
         t.add_row("kind", f"{how}: reads {len(lin['row_files'])} files: {files}")
     else:
-        t.add_row(
-            "kind",
-            "full (self-contained)" + (f", exported from {lin['exported_from']}" if lin["exported_from"] else ""),
-        )
+        exported = f", exported from {lin['exported_from']}" if lin["exported_from"] else ""
+        t.add_row("kind", f"full (self-contained){exported}")
     chain = " <- ".join(
         [f"v{lin['version']:04d}"]
         + [

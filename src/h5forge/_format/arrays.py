@@ -90,19 +90,10 @@ class Ragged:
 
 def create(g: h5py.Group, path: str, st: Stored, chunks: tuple[int, ...], options: dict) -> h5py.Dataset:
     """The empty, resizable dataset(s) of a field; returns the values dataset."""
-    ds = g.create_dataset(
-        path, shape=(0, *st.shape), maxshape=(None, *st.shape), dtype=st.dtype, chunks=chunks, **options
-    )
+    ds = g.create_dataset(path, (0, *st.shape), st.dtype, maxshape=(None, *st.shape), chunks=chunks, **options)
     if st.ragged:
-        g.create_dataset(
-            path + LENGTHS,
-            shape=(0,),
-            maxshape=(None,),
-            dtype=np.int64,
-            chunks=(4096,),
-            compression="gzip",
-            compression_opts=1,
-        )
+        lengths = {"maxshape": (None,), "chunks": (4096,), "compression": "gzip", "compression_opts": 1}
+        g.create_dataset(path + LENGTHS, (0,), np.int64, **lengths)
     return ds
 
 

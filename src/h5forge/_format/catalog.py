@@ -1,16 +1,7 @@
-"""The inputs catalog every version carries (``/inputs``): what it was built from, findable without
-reading its rows.
-
-- ``/inputs`` attrs ``key`` (the build's input key: a hash of the field rules and of every input;
-  empty when the version was not built from a whole source folder, e.g. an append) and ``rules``
-  (the hash of the field rules);
-- ``/inputs/<split>/sample`` (N,) 32-byte sample keys in row order (a hash of the sample's id,
-  split, raw files, raw-file hashes and annotation values): a nightly rebuild or a resumed build
-  takes a stored row wherever its key is unchanged;
-- ``/inputs/content`` (M,) sorted sha256 of each sample's raw-file hashes, ``/inputs/content_at``
-  its (split, row) as ``split_index << 40 | row``, ``/inputs/ids`` (M,) sorted 16-byte hashes of
-  the ids in NFC: an append tests its new samples against these (binary search) instead of reading every
-  id and raw-file hash of the parent.
+"""The inputs catalog every version carries (``/inputs``, laid out in ``names.LAYOUT``): what it
+was built from, findable without reading its rows. A nightly rebuild or a resumed build takes a
+stored row wherever its sample key is unchanged; an append tests its new samples against the sorted
+content and id hashes (binary search) instead of reading every id and raw-file hash of the parent.
 """
 
 from __future__ import annotations

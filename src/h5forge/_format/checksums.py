@@ -36,6 +36,7 @@ import h5py
 import numpy as np
 
 from h5forge._format import arrays
+from h5forge._format.dims import SCALE_ATTRS, datasets_below
 from h5forge._format.mapped import rows_of
 from h5forge._format.names import (
     BLAKE3_CHECKSUMS,
@@ -55,9 +56,7 @@ from h5forge._format.names import (
 PROVENANCE = (IDS, SOURCE_FILES, SOURCE_SHA256)  # after the fields, in this order
 # dimension-scale bookkeeping (object references and ids, different in every copy of a file): it
 # names axes and changes no value a reader returns
-_SKIPPED_ATTRS = frozenset(
-    {"DIMENSION_LIST", "REFERENCE_LIST", "CLASS", "NAME", "_Netcdf4Dimid", "_Netcdf4Coordinates", Attr.DIGEST}
-)
+_SKIPPED_ATTRS = SCALE_ATTRS | {Attr.DIGEST}
 
 
 def _string(value: str | bytes) -> bytes:
@@ -242,17 +241,11 @@ def split_digest(f: h5py.File, split: str) -> str:
             f"/{split} has {Attr.DIGEST_RULE} {rule}, not one this h5forge knows (1 to {DIGEST_RULE}); {NEWER}"
         )
     h.update(_attrs(g))
-    datasets: list[tuple[str, h5py.Dataset]] = []
-    g.visititems(lambda name, obj: datasets.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
-    for name, ds in sorted(datasets, key=lambda item: item[0]):
+    for name, ds in sorted(datasets_below(g).items()):  # names are unique: sorted by name
         h.update(_string(name) + _attrs(ds))
-    index: list[tuple[str, h5py.Dataset]] = []
     if f"{INDEX}/{split}" in f:
-        f[f"{INDEX}/{split}"].visititems(
-            lambda name, obj: index.append((name, obj)) if isinstance(obj, h5py.Dataset) else None
-        )
-    for name, ds in sorted(index, key=lambda item: item[0]):
-        h.update(_string(name) + canonical(ds[()]))
+        for name, ds in sorted(datasets_below(f[f"{INDEX}/{split}"]).items()):
+            h.update(_string(name) + canonical(ds[()]))
     spec = f[SPEC][()]
     h.update(canonical(spec if rule == 1 else data_definition(spec)))
     return h.hexdigest()
@@ -275,10 +268,8 @@ def file_digest(f: h5py.File) -> str:
     /diagnostics and /inputs, and (``file_digest_rule`` 2) of the stored spec as it is."""
     rule = int(f.attrs.get(Attr.FILE_DIGEST_RULE, 1))
     if rule not in (1, FILE_DIGEST_RULE):
-        raise UnknownDigestRule(
-            f"the file has {Attr.FILE_DIGEST_RULE} {rule}, not one this h5forge knows (1 to {FILE_DIGEST_RULE}); "
-            f"{NEWER}"
-        )
+        known = f"not one this h5forge knows (1 to {FILE_DIGEST_RULE})"
+        raise UnknownDigestRule(f"the file has {Attr.FILE_DIGEST_RULE} {rule}, {known}; {NEWER}")
     h = hashlib.sha256()
     names = sorted(k for k in f.attrs.keys() if k not in _SKIPPED_ATTRS and k != Attr.FILE_DIGEST)
     h.update(b"".join(_string(k) + canonical(f.attrs[k]) for k in names))
@@ -287,11 +278,7 @@ def file_digest(f: h5py.File) -> str:
             continue
         g = f[part]
         h.update(_string(part) + _attrs(g))
-        datasets: list[tuple[str, h5py.Dataset]] = []
-        g.visititems(
-            lambda name, obj, found=datasets: found.append((name, obj)) if isinstance(obj, h5py.Dataset) else None
-        )
-        for name, ds in sorted(datasets, key=lambda item: item[0]):
+        for name, ds in sorted(datasets_below(g).items()):  # names are unique: sorted by name
             h.update(_string(name) + _attrs(ds) + canonical(ds[()]))
     if rule >= 2 and SPEC in f:
         h.update(_string(SPEC) + canonical(f[SPEC][()]))

@@ -41,7 +41,8 @@ def _axis_names(name: str, ds: h5py.Dataset, ragged: bool) -> list[str]:
     return [first, *(f"{stem}_axis{k}" for k in range(1, ds.ndim))]
 
 
-def _datasets(g: h5py.Group) -> dict[str, h5py.Dataset]:
+def datasets_below(g: h5py.Group) -> dict[str, h5py.Dataset]:
+    """Every dataset below ``g``, by its name relative to ``g``."""
     found: dict[str, h5py.Dataset] = {}
 
     def visit(name: str, obj) -> None:  # returning a value would stop the walk
@@ -59,7 +60,7 @@ def name_axes(g: h5py.Group, rows: int) -> None:
 
     netCDF readers take all of a dataset's axes named or none (h5netcdf refuses a mix), so a dataset
     whose name would collide with an existing non-scale dataset is left without names at all."""
-    datasets = _datasets(g)
+    datasets = datasets_below(g)
     scales: dict[str, h5py.Dataset] = {}
     for name, ds in datasets.items():
         dims = _axis_names(name, ds, (name + LENGTHS) in datasets)
@@ -80,7 +81,7 @@ def scale_problems(g: h5py.Group) -> list[str]:
     length), float32, no storage, so that its values are the fill value, zero. Anything written
     into a scale allocates its storage."""
     problems = []
-    for name, ds in _datasets(g).items():
+    for name, ds in datasets_below(g).items():
         if "CLASS" not in ds.attrs:
             continue
         where = f"/{g.name.strip('/')}/{name}"

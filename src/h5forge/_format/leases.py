@@ -147,12 +147,10 @@ def unclaimed(version_file: str | os.PathLike) -> Iterator[bool]:
     try:
         fd = os.open(lease, os.O_RDWR | os.O_NOFOLLOW)
     except FileNotFoundError:
-        fd = None  # never leased: nobody can be reading it through h5forge
+        yield True  # never leased: nobody can be reading it through h5forge
+        return
     except OSError:
         yield False  # cannot tell: keep it
-        return
-    if fd is None:
-        yield True
         return
     try:
         try:

@@ -300,10 +300,8 @@ class MappedDataset:
         self.of_source = [p.source for p in pieces]
         self.version_file = own
         self._chunks: dict[int, _Chunks | None] = {}  # per source, listed on its first row read
-        self.row_shape, self.row_nbytes = (
-            self.shape[1:],
-            int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize,
-        )
+        self.row_shape = self.shape[1:]
+        self.row_nbytes = int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
 
     def __len__(self) -> int:
         return self.shape[0]

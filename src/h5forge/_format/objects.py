@@ -349,9 +349,8 @@ class RemoteObject:
     async def _get_s3(self, start: int, stop: int) -> bytes:
         bucket, key, _ = self.fs.split_path(self.url)
         extra = {"IfMatch": self.etag} if self.etag else {}
-        answer = await self.fs._call_s3(
-            "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{stop - 1}", **extra
-        )
+        extra["Range"] = f"bytes={start}-{stop - 1}"
+        answer = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, **extra)
         total = str(answer.get("ContentRange", "")).rpartition("/")[2]
         if total.isdigit() and int(total) != self.size:
             raise self.changed()
@@ -516,10 +515,8 @@ def _cause(err: BaseException | None) -> str:
 # ---- pointers: latest on a bucket -----------------------------------------------------------------
 def pointer_bytes(version_object: str, number: int, size: int) -> bytes:
     """The pointer object that makes ``dataset_latest.h5`` name ``version_object`` (a sibling's name)."""
-    return (
-        json.dumps({"format": POINTER_FORMAT, "version": number, "object": version_object, "size": size}, indent=1)
-        + "\n"
-    ).encode()
+    doc = {"format": POINTER_FORMAT, "version": number, "object": version_object, "size": size}
+    return (json.dumps(doc, indent=1) + "\n").encode()
 
 
 def parse_pointer(data: bytes) -> dict | None:

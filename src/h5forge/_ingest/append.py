@@ -132,9 +132,8 @@ def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> Inbo
         # a file still being written may not show what it is yet (a header cut short): it waits
         fresh = [p for p in r.paths if "#" not in p and _changed_since(inbox / p, now - settle)]
         if fresh and not r.waitable:
-            r = Rejection(
-                r.sample_id, (fresh[0],), f"still being written (changed less than {settle:g} s ago)", waitable=True
-            )
+            why = f"still being written (changed less than {settle:g} s ago)"
+            r = Rejection(r.sample_id, (fresh[0],), why, waitable=True)
         (scan.waiting if r.waitable else scan.rejections).append(r)
     return scan
 
@@ -230,10 +229,6 @@ class KnownSamples:
         self.new_ids.add(id_digest(sid))
 
 
-def known_samples(path: Path) -> KnownSamples:
-    return KnownSamples(path)
-
-
 def _dedupe(
     batch: CleanedBatch, kinds: dict[str, FieldKind], known: KnownSamples, parent: str, keep_all: bool = False
 ) -> CleanedBatch:
@@ -251,16 +246,8 @@ def _dedupe(
             )
             dropped.append(Rejection(sid, path, reason, stage="append"))
         elif known.has_id(sid):
-            dropped.append(
-                Rejection(
-                    sid,
-                    path,
-                    f"id {sid!r} is already in the dataset with other content; "
-                    "rename the new sample, or replace the old one in the raw "
-                    "folder and rebuild",
-                    stage="append",
-                )
-            )
+            why = f"id {sid!r} is already in the dataset with other content; rename the new sample, or replace"
+            dropped.append(Rejection(sid, path, f"{why} the old one in the raw folder and rebuild", stage="append"))
         else:
             keep.append(i)
             known.take(sid, batch.source_sha256[i])
@@ -311,7 +298,7 @@ def write_delta(
     ``progress`` hears how many samples each batch settled, ``status`` what happens before the first."""
     parent_path = cand.out / version_name(cand.parent)
     fmt = require_current_format(parent_path, cand.parent, spec)  # before any cleaning
-    known = known_samples(parent_path)
+    known = KnownSamples(parent_path)
     kinds = stored_kinds(spec)
     final_dir = processed_dir(scan.inbox, cand.number)
     checkpoint("append:before-write")
@@ -336,16 +323,8 @@ def write_delta(
 def write_thin_version(spec: DatasetSpec, cand: AppendCandidate, summary: WriteSummary) -> WriteSummary:
     os.replace(cand.delta_partial, cand.delta)  # not referenced by any published version yet
     parent = cand.out / version_name(cand.parent)
-    return write_thin(
-        cand.version.partial,
-        parent,
-        cand.delta,
-        spec,
-        cand.number,
-        cand.parent,
-        summary,
-        extra=lambda f: write_thin_catalog(f, parent, cand.delta),
-    )
+    args = (cand.version.partial, parent, cand.delta, spec, cand.number, cand.parent, summary)
+    return write_thin(*args, extra=lambda f: write_thin_catalog(f, parent, cand.delta))
 
 
 def write_thin_catalog(f: h5py.File, parent: Path, delta: Path) -> None:
@@ -423,7 +402,7 @@ class _Plan:
 
     def reason(self, rel: str, reason: str) -> None:
         name = Path(rel).name
-        short = reason_file_name(name)
+        short = shortened(name, ".reason")
         text = reason if short == f"{name}.reason" else f"{reason}\nfile: {name}"  # a shortened name says whose
         self.plan.reasons.append((str(self.inbox / INBOX_QUARANTINE / Path(rel).parent / short), text))
 
@@ -509,10 +488,8 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
     _plan_shared(spec, scan, p, moved, refused_inputs)
     remaining = [r for r in p.inbox_records if p.key(r) not in taken]
     if number is not None:
-        plan.processed_records = (
-            str(processed_dir(inbox, number) / (spec.annotations.file or "annotations.json")),
-            records,
-        )
+        name = spec.annotations.file or "annotations.json"
+        plan.processed_records = (str(processed_dir(inbox, number) / name), records)
     if spec.annotations.file and p.inbox_records:
         plan.inbox_records = (str(inbox / spec.annotations.file), remaining)
         plan.inbox_taken = [r for r in p.inbox_records if p.key(r) in taken]
@@ -520,11 +497,7 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
 
 
 def _plan_shared(
-    spec: DatasetSpec,
-    scan: InboxScan,
-    p: _Plan,
-    moved: dict[str, None],
-    refused: dict[str, tuple[list[str], str]],
+    spec: DatasetSpec, scan: InboxScan, p: _Plan, moved: dict[str, None], refused: dict[str, tuple[list[str], str]]
 ) -> None:
     """The entries of shared files (a COCO file's pictures) follow their samples: the taken ones'
     into processed/ under the spec's name, each refused one's beside it in quarantine/; what the
@@ -551,23 +524,17 @@ def _plan_shared(
                 p.reason(rel, f"the entry of sample {sid!r} in {', '.join(here)}, refused: {reason}")
         for rel in here:
             if kind.shared_subset(inbox, (rel,), gone) is not None:  # a file none of them left stays as it is
-                p.plan.inbox_rewrites.append(
-                    (str(inbox / rel), kind.shared_subset(inbox, (rel,), gone, complement=True))
-                )
+                rest = kind.shared_subset(inbox, (rel,), gone, complement=True)
+                p.plan.inbox_rewrites.append((str(inbox / rel), rest))
 
 
 NAME_MAX = 255  # bytes in one file name, on every filesystem h5forge writes to
 
 
-def reason_file_name(name: str) -> str:
-    """``<name>.reason``, or when that is too long for a file name, the name cut on a character
-    boundary plus a hash of the whole name: always fits, and never collides with another file's."""
-    return shortened(name, ".reason")
-
-
 def shortened(name: str, suffix: str = "") -> str:
     """``name + suffix``, or when that is too long for a file name, the name cut on a character
-    boundary plus a hash of the whole name and the suffix."""
+    boundary plus a hash of the whole name and the suffix: always fits, and never collides with
+    another file's."""
     full = f"{name}{suffix}"
     if len(os.fsencode(full)) <= NAME_MAX:
         return full
@@ -667,7 +634,7 @@ def apply_moves(plan: MovePlan) -> None:
             checkpoint("append:mid-move")
     checkpoint("append:reasons")
     for reason_path, reason in plan.reasons:
-        attempt(reason_path, lambda p=reason_path, r=reason: _write_reason(Path(p), r))
+        attempt(reason_path, lambda p=reason_path, r=reason: _write_text(Path(p), r + "\n"))
     if failed:
         done = f"{version_name(plan.version)} is published, but " if plan.version is not None else ""
         raise InboxMoveFailed(
@@ -691,11 +658,6 @@ def _write_text(path: Path, text: str) -> None:
 def _move(src: str, dst: str) -> None:
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
     os.replace(src, dst)
-
-
-def _write_reason(path: Path, reason: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_file(path, reason + "\n")
 
 
 def recover(out: Path) -> str | None:

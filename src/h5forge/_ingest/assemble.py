@@ -228,13 +228,7 @@ class MappedWriter(DatasetWriter):
         sizes = ArraySizes(0, 0, {s: 0 for s in SPLITS})
         for s in self.row_files:
             sizes = sizes + ArraySizes(s["raw"], sum(s["stored"].values()), s["stored"])
-        return summary.with_(
-            row_files=len(self.row_files),
-            array_bytes_raw=sizes.raw,
-            array_bytes_stored=sizes.stored,
-            split_bytes=sizes.split_stored,
-            compression_ratio=sizes.ratio,
-        )
+        return summary.with_(row_files=len(self.row_files), **sizes.summary())
 
     def _remove_unreferenced(self) -> None:
         """Files no row of the version is in: a killed worker's, a batch all of whose samples

@@ -35,14 +35,7 @@ from h5forge._ingest.discover import Inventory
 from h5forge._ingest.incremental import hash_cache
 from h5forge._ingest.incremental.inputs import Inputs
 from h5forge._ingest.incremental.rebuild import Reuse, check_cleaned_rows, inputs_of, plan_reuse, write_samples
-from h5forge._ingest.parallel import (
-    INLINE_BYTES,
-    ClusterAhead,
-    batch_samples,
-    clean_all,
-    inline_limit,
-    where_to_clean,
-)
+from h5forge._ingest.parallel import INLINE_BYTES, ClusterAhead, batch_samples, clean_all, inline_limit, where_to_clean
 from h5forge._ingest.writer import DatasetWriter
 from h5forge.spec import DatasetSpec
 from h5forge._store.reports import write_quarantine

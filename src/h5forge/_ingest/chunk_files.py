@@ -93,16 +93,14 @@ def read_chunk_file(batch: CleanedBatch, folder: Path) -> CleanedBatch | None:
     if len(data) != sum(int(block.sizes.sum()) for block in placed.values()):
         return None
     path.unlink(missing_ok=True)
-    rows = {
-        key: EncodedRows(
-            block.codec,
-            block.shape,
-            block.dtype,
-            [data[o : o + s] for o, s in zip(block.offsets.tolist(), block.sizes.tolist())],
-        )
-        for key, block in placed.items()
-    }
-    return replace(batch, arrays={**batch.arrays, **rows})
+
+    def rows_of(block: ChunkFileRows) -> EncodedRows:
+        chunks: list[bytes | memoryview] = [
+            data[o : o + s] for o, s in zip(block.offsets.tolist(), block.sizes.tolist())
+        ]
+        return EncodedRows(block.codec, block.shape, block.dtype, chunks)
+
+    return replace(batch, arrays={**batch.arrays, **{key: rows_of(block) for key, block in placed.items()}})
 
 
 def clean_to_chunk_file(

@@ -286,16 +286,8 @@ def _glob_field(
                     seen.add(path)
                     sid = sample_id(rel, pattern, ids, False)
                     target = None if leaves is None or not os.path.islink(path) else leaves(path, True)
-                    outside.append(
-                        Rejection(
-                            sid,
-                            (rel,),
-                            f"symlink leads outside the source folder (to {target}); "
-                            "set source.allow_symlinks_outside: true to take it"
-                            if target is not None
-                            else f"not a regular file: {what}",
-                        )
-                    )
+                    why = f"not a regular file: {what}" if target is None else _leads_outside(target)
+                    outside.append(Rejection(sid, (rel,), why))
                 continue
             seen.add(path)
             rel = path[start:]
@@ -304,9 +296,8 @@ def _glob_field(
             sid = _stem_id(name) if stems and not is_dir else sample_id(rel, pattern, ids, is_dir)
             if id_suffix:
                 if not sid.endswith(id_suffix) or sid == id_suffix:
-                    outside.append(
-                        Rejection(sid, (rel,), f"the file name does not end in {id_suffix!r} (the field's id_suffix)")
-                    )
+                    why = f"the file name does not end in {id_suffix!r} (the field's id_suffix)"
+                    outside.append(Rejection(sid, (rel,), why))
                     continue
                 sid = sid[: -len(id_suffix)]
             if leaves is None:
@@ -318,14 +309,7 @@ def _glob_field(
             if target is None and is_dir and leaves is not None:  # every file of a case folder, too
                 target = next(filter(None, map(leaves, _files_below(path))), None)
             if target is not None:
-                outside.append(
-                    Rejection(
-                        sid,
-                        (rel,),
-                        f"symlink leads outside the source folder (to {target}); "
-                        "set source.allow_symlinks_outside: true to take it",
-                    )
-                )
+                outside.append(Rejection(sid, (rel,), _leads_outside(target)))
                 continue
             by_stem[match_key(sid)].append((rel, sid))
             if not is_dir and st is not None and states is not None:
@@ -334,18 +318,17 @@ def _glob_field(
     for entries in by_stem.values():
         paths = tuple(rel for rel, _ in entries)
         if len({sid for _, sid in entries}) > 1:
-            problems.append(
-                Rejection(
-                    entries[0][1],
-                    paths,
-                    f"ambiguous: {len(paths)} file names differ only by Unicode normalisation (NFC/NFD)",
-                )
-            )
+            why = f"ambiguous: {len(paths)} file names differ only by Unicode normalisation (NFC/NFD)"
+            problems.append(Rejection(entries[0][1], paths, why))
         elif len(paths) > 1:
             problems.append(Rejection(entries[0][1], paths, f"ambiguous: {len(paths)} files share the stem"))
         else:
             found[match_key(entries[0][1])] = entries[0]
     return found, problems
+
+
+def _leads_outside(target: str) -> str:
+    return f"symlink leads outside the source folder (to {target}); set source.allow_symlinks_outside: true to take it"
 
 
 TEXT_FORMAT = "_text"  # marks a record whose values are all text (CSV): parsed per column type
@@ -432,23 +415,7 @@ def record_key(rec: dict, id_key: str, ids: str = "stem") -> str:
     return match_key(raw_id)
 
 
-_IMAGE_SUFFIXES = {
-    ".png",
-    ".jpg",
-    ".jpeg",
-    ".tif",
-    ".tiff",
-    ".bmp",
-    ".gif",
-    ".webp",
-    ".dcm",
-    ".npy",
-    ".csv",
-    ".nii",
-    ".gz",
-    ".edf",
-    ".bdf",
-}
+_IMAGE_SUFFIXES = set(".png .jpg .jpeg .tif .tiff .bmp .gif .webp .dcm .npy .csv .nii .gz .edf .bdf".split())
 
 
 def load_sidecars(
@@ -542,29 +509,17 @@ def discover(
         prefix = "" if r == root else os.path.relpath(r, root) + "/"
         for name, pattern in globs.items():
             states: dict[str, State] = {}
-            found, problems = _glob_field(
-                r,
-                pattern,
-                ids,
-                kinds[name].reads_folders,
-                spec.source.allow_symlinks_outside,
-                skip if r == root else (),
-                kinds[name].id_suffix,
-                states,
-            )
+            kind, outside = kinds[name], spec.source.allow_symlinks_outside
+            args = (kind.reads_folders, outside, skip if r == root else (), kind.id_suffix, states)
+            found, problems = _glob_field(r, pattern, ids, *args)
             inv.rejections.extend(problems)
             inv.states.update((prefix + rel, st) for rel, st in states.items())
             for stem, (rel, sid) in found.items():
                 if rel in shared.get(name, ()):
                     continue
                 if stem in per_field[name]:
-                    inv.rejections.append(
-                        Rejection(
-                            sid,
-                            (per_field[name][stem], prefix + rel),
-                            "ambiguous: the same sample id in two source folders",
-                        )
-                    )
+                    both = (per_field[name][stem], prefix + rel)
+                    inv.rejections.append(Rejection(sid, both, "ambiguous: the same sample id in two source folders"))
                 per_field[name][stem] = prefix + rel
                 spelled.setdefault(stem, sid)
         found_records: dict[str, dict] = {}
@@ -602,13 +557,8 @@ def discover(
         sid = spelled[key]
         files = {name: found[key] for name, found in per_field.items() if key in found}
         if (bad := control_character(sid)) is not None:
-            inv.rejections.append(
-                Rejection(
-                    sid,
-                    tuple(files.values()),
-                    f"the sample id {sid!r} holds a control character (U+{ord(bad):04X}); rename its files",
-                )
-            )
+            why = f"the sample id {sid!r} holds a control character (U+{ord(bad):04X}); rename its files"
+            inv.rejections.append(Rejection(sid, tuple(files.values()), why))
             continue
         missing = [name for name in globs if name not in files]
         if missing:
@@ -722,14 +672,8 @@ def by_bare_name(
             paths = sorted(next(f[k] for f in per_field.values() if k in f) for k in found)
             where = record_file.pop(bare)
             del records[bare]
-            problems.append(
-                Rejection(
-                    bare,
-                    (f"{where}#{bare}", *paths),
-                    f"the annotation record names a file found in {len(paths)} folders "
-                    f"({', '.join(paths)}); name it by its path below the root",
-                )
-            )
+            why = f"the annotation record names a file found in {len(paths)} folders ({', '.join(paths)})"
+            problems.append(Rejection(bare, (f"{where}#{bare}", *paths), f"{why}; name it by its path below the root"))
     return records, record_file, problems
 
 

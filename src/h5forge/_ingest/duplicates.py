@@ -65,12 +65,8 @@ def drop_duplicates(spec: DatasetSpec, inventory: Inventory) -> int:
     # those shares (nothing else tells it from them); the rest are first told apart by their ends
     refs = inventory.samples
     settled = {size for i, size in same_size.items() if all(refs[i].files[n] in known for n in kinds)}
-    by_ends = _alike(
-        root,
-        [refs[i] for i, size in same_size.items() if size not in settled],
-        kinds,
-        lambda rel, kind: _ends(Path(top, rel), kind),
-    )
+    unsettled = [refs[i] for i, size in same_size.items() if size not in settled]
+    by_ends = _alike(unsettled, kinds, lambda rel, kind: _ends(Path(top, rel), kind))
     compared = {id(ref) for ref in by_ends} | {id(refs[i]) for i, size in same_size.items() if size in settled}
     alike = [ref for ref in refs if id(ref) in compared]  # in the inventory's order
     digests: dict[tuple[str, str], str] = {}
@@ -107,7 +103,7 @@ def drop_duplicates(spec: DatasetSpec, inventory: Inventory) -> int:
     return len(dropped)
 
 
-def _alike(root: Path, refs: list[SampleRef], kinds: dict[str, FieldKind], key) -> list[SampleRef]:
+def _alike(refs: list[SampleRef], kinds: dict[str, FieldKind], key) -> list[SampleRef]:
     """The samples that share ``key`` (of every file) with another, in their order."""
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, ref in enumerate(refs):

@@ -88,6 +88,13 @@ def _gather(pairs: list[tuple], n: int):
     return out
 
 
+def _rest(data: Any, take: int, n: int) -> list[tuple]:
+    """The buffer of rows ``take:n`` of ``data`` once the first ``take`` are written (an array's
+    copied, so the blocks they came from are freed)."""
+    rest = data[take:]
+    return [(rest.copy() if isinstance(rest, np.ndarray) else rest, np.arange(n - take))] if take < n else []
+
+
 @dataclass
 class Durable:
     """The rows of each split a killed build's file at the writer's path holds, durable, that the
@@ -223,14 +230,8 @@ class DatasetWriter:
                 ds = arrays.create(g, path, st, st.chunk(chunk, self.small_rows or SMALL_ROWS), options)
                 ds.attrs.update({Attr.KIND: kind.kind, **kind.dataset_attrs()})
             for key, (shape, dtype) in self._provenance().items():
-                g.create_dataset(
-                    key,
-                    shape=(0, *shape),
-                    maxshape=(None, *shape),
-                    dtype=dtype,
-                    chunks=(self.small_rows or SMALL_ROWS, *shape),
-                    **small_options(dtype),
-                )
+                rows = (self.small_rows or SMALL_ROWS, *shape)
+                g.create_dataset(key, (0, *shape), dtype, maxshape=(None, *shape), chunks=rows, **small_options(dtype))
             g[SOURCE_SHA256].attrs[Attr.FIELDS] = self.file_fields
         create_sample_keys(f, *((self.small_rows,) if self.small_rows else ()))
 
@@ -243,9 +244,8 @@ class DatasetWriter:
         """Buffer a cleaned batch; writes whole blocks as they fill. Returns samples accepted."""
         self.rejections.extend(batch.rejections)
         for path, per_split in batch.stats.items():
-            acc = self.stats.setdefault(path, {})
             for split, counts in per_split.items():
-                acc[split] = acc[split] + counts if split in acc else counts
+                self.add_stats(path, split, counts)
         labels = np.asarray(batch.splits)
         provenance = self.provenance_rows(batch)
         keys = batch.keys if batch.keys is not None else self._sample_keys(batch)  # once per batch
@@ -285,10 +285,8 @@ class DatasetWriter:
             return provenance
         # completed here, with the provenance as stored (an append rewrites source paths after cleaning)
         ids, files, hashes = provenance[IDS], provenance[SOURCE_FILES], provenance[SOURCE_SHA256]
-        provenance[CHECKSUM] = np.asarray(
-            [row_checksum(d, ids[i], files[i], hashes[i], self.format_version) for i, d in enumerate(batch.digests)],
-            dtype="S64",
-        )
+        sums = [row_checksum(d, ids[i], files[i], hashes[i], self.format_version) for i, d in enumerate(batch.digests)]
+        provenance[CHECKSUM] = np.asarray(sums, dtype="S64")
         return provenance
 
     def _block(self, split: str) -> int:
@@ -317,10 +315,7 @@ class DatasetWriter:
                 continue
             data = _gather(pairs, n)
             arrays.extend(g, path, data[:take])
-            rest = data[take:]
-            buf[path] = (
-                [(rest.copy() if isinstance(rest, np.ndarray) else rest, np.arange(n - take))] if take < n else []
-            )
+            buf[path] = _rest(data, take, n)
         self.counts[split] += take
         self._buffered[split] = n - take
         if time.monotonic() >= self._flush_due:  # a full disk raises here, as an error the run reports
@@ -344,10 +339,7 @@ class DatasetWriter:
             self._write_chunks(split, path, data[:take])
         else:
             arrays.extend(self._groups[split], path, data[:take])
-        rest = data[take:]
-        self._buffers[split][path] = (
-            [(rest.copy() if isinstance(rest, np.ndarray) else rest, np.arange(n - take))] if take < n else []
-        )
+        self._buffers[split][path] = _rest(data, take, n)
 
     def _dataset(self, split: str, path: str) -> h5py.Dataset:
         """A sample dataset, and whether it takes the workers' chunks as they are (``_write_chunks``),
@@ -378,20 +370,12 @@ class DatasetWriter:
         """Each row's sample key: the build's, or made from what the batch holds (an append)."""
         known = self.inputs.samples if self.inputs is not None else {}
         columns = {k.annotation_column: p for p, k in self.kinds.items() if k.annotation_column}
-        return np.array(
-            [
-                known.get(sid)
-                or sample_key(
-                    sid,
-                    batch.splits[i],
-                    batch.files[i],
-                    batch.source_sha256[i],
-                    {c: batch.arrays[p][i] for c, p in columns.items()},
-                )
-                for i, sid in enumerate(batch.ids)
-            ],
-            dtype=KEY,
-        )
+
+        def made(i: int, sid: str):
+            values = {c: batch.arrays[p][i] for c, p in columns.items()}
+            return sample_key(sid, batch.splits[i], batch.files[i], batch.source_sha256[i], values)
+
+        return np.array([known.get(sid) or made(i, sid) for i, sid in enumerate(batch.ids)], dtype=KEY)
 
     def add_stored(
         self, split: str, values: dict[str, Any], copy_chunks: Callable[[h5py.Group], None], listed: dict[str, list]
@@ -470,10 +454,7 @@ class DatasetWriter:
         return WriteSummary(
             counts=dict(self.counts),
             samples=sum(self.counts.values()),
-            array_bytes_raw=sizes.raw,
-            array_bytes_stored=sizes.stored,
-            split_bytes=sizes.split_stored,
-            compression_ratio=sizes.ratio,
+            **sizes.summary(),
             codec=self.spec.storage.codec,
             chunk_rows=self.spec.storage.chunk_rows,
             timings={**timings, "write_seconds": round(time.perf_counter() - self.started, 3)},

@@ -140,13 +140,8 @@ def classify_body(raw: Path, tree: ClassTree, notes: list[str]):
         t(2, "kind: label")
         t(2, "column: label", "the class folder's name (annotations.folders)")
         t(2, f"classes: {flow(tree.classes)}", f"sorted folder names; pictures: {counts}")
-        annotation_lines(
-            t,
-            ann,
-            folders=folders,
-            folder_columns=folder_columns,
-            index_by=["label"] if len(tree.classes) <= 50 else [],
-        )
+        index_by = ["label"] if len(tree.classes) <= 50 else []
+        annotation_lines(t, ann, folders=folders, folder_columns=folder_columns, index_by=index_by)
 
     return body
 

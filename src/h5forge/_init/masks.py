@@ -122,11 +122,8 @@ def class_lines(t: SpecText, mc: MaskClasses, ignored: str) -> None:
 def pad_line(t: SpecText, mc: MaskClasses) -> None:
     """The pad value, unless the ignore value is the padding already."""
     if mc.ignore_value is None:
-        t(
-            2,
-            "pad_value: 255",
-            "where a mask is padded to its image's size: not a class, not counted; give the loss ignore_index=255",
-        )
+        why = "where a mask is padded to its image's size: not a class, not counted; give the loss ignore_index=255"
+        t(2, "pad_value: 255", why)
 
 
 def mask_field(t: SpecText, globs: list[str], mc: MaskClasses) -> None:

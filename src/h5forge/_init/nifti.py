@@ -156,19 +156,9 @@ def _nifti_volumes_body(
 
     def body(t: SpecText) -> None:
         t(0, "fields:")
-        volume_field(
-            t,
-            "volume",
-            nifti_globs(prefix, files),
-            size,
-            sum(sizes.values()),
-            what,
-            False,
-            fractional,
-            fourth_axis,
-            "its path below the case folders, <case>/<file>" if ids == "path" else "its name",
-            saving,
-        )
+        named_by = "its path below the case folders, <case>/<file>" if ids == "path" else "its name"
+        globs, sampled = nifti_globs(prefix, files), sum(sizes.values())
+        volume_field(t, "volume", globs, size, sampled, what, False, fractional, fourth_axis, named_by, saving)
         if mask is not None:
             volume_mask_field(t, "volume_mask", "volume", mask)
 

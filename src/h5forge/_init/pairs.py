@@ -144,21 +144,12 @@ def sr_body(raw: Path, pairs, notes: list[str]):
 
     def body(t: SpecText) -> None:
         t(0, "fields:")
-        image_field(
-            t,
-            "low_res",
-            picture_globs(f"{lr_rel}/", lr_files),
-            size,
-            "crop",
-            "bigger LR pictures are centre-cropped, their HR partner with them",
-        )
+        why = "bigger LR pictures are centre-cropped, their HR partner with them"
+        image_field(t, "low_res", picture_globs(f"{lr_rel}/", lr_files), size, "crop", why)
         if id_suffix:
-            t(
-                2,
-                f"id_suffix: {id_suffix}",
-                f"the LR names end in {id_suffix} ({lr[sorted(lr)[0]].name}): "
-                "the sample id leaves it out, to pair with the HR name",
-            )
+            example = lr[sorted(lr)[0]].name
+            why = f"the LR names end in {id_suffix} ({example}): the sample id leaves it out, to pair with the HR name"
+            t(2, f"id_suffix: {id_suffix}", why)
         t(1, "high_res:")
         if scale:
             t(2, "kind: paired", "the HR partner: exactly scale x its LR picture, checked per pair")
@@ -166,11 +157,8 @@ def sr_body(raw: Path, pairs, notes: list[str]):
             t(2, "like: low_res", "cropped and padded with the LR plan times scale: pairs stay aligned")
             t(2, f"scale: {scale}", f"HR/LR size ratio of {measured} sampled pairs")
         else:
-            t(
-                2,
-                "kind: image",
-                "the scale is unknown (see the notes); once known: kind: paired, like: low_res, scale: k",
-            )
+            why = "the scale is unknown (see the notes); once known: kind: paired, like: low_res, scale: k"
+            t(2, "kind: image", why)
             t(2, f"files: {files_value(picture_globs(f'{hr_rel}/', hr_files))}")
             assert hr_size is not None  # measured when the scale is unknown
             t(2, f"size: [{hr_size.height}, {hr_size.width}]")

@@ -12,16 +12,8 @@ from h5forge._init.masks import mask_classes, mask_field
 from h5forge._init.pictures import IMAGE_DIRS, image_field, larger_choice, picture_globs, pictures_in, target_size
 from h5forge._init.text import SpecText
 
-MASK_DIRS = (
-    "masks",
-    "mask",
-    "labels",
-    "annotations_masks",
-    "segmentationclass",
-    "segmentations",
-    "groundtruth",
-    "ground_truth",
-    "gt",
+MASK_DIRS = tuple(
+    "masks mask labels annotations_masks segmentationclass segmentations groundtruth ground_truth gt".split()
 )
 
 

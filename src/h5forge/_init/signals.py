@@ -207,9 +207,8 @@ class Survey:
             t(0, "fields:")
             t.comment(1, comment)
             for label, ch in self.channels.items():
-                signal_field(
-                    t, names[label], globs, channels[label], ch.rate(), f"Hz, {source} of {ch.files} sampled files"
-                )
+                why = f"Hz, {source} of {ch.files} sampled files"
+                signal_field(t, names[label], globs, channels[label], ch.rate(), why)
 
         return "signals", body
 

@@ -21,31 +21,9 @@ from h5forge._init.text import SpecText, files_value
 if TYPE_CHECKING:
     from h5forge.spec import DatasetSpec
 
-CASE_DIRS = (
-    "cases",
-    "volumes",
-    "scans",
-    "series",
-    "studies",
-    "patients",
-    "subjects",
-    "dicom",
-    "images",
-    "imagestr",
-    "ct",
-    "mr",
-)
-VOLUME_MASK_DIRS = (
-    "masks",
-    "mask",
-    "labels",
-    "labelstr",
-    "segmentations",
-    "segmentation",
-    "seg",
-    "gt",
-    "ground_truth",
-    "groundtruth",
+CASE_DIRS = tuple("cases volumes scans series studies patients subjects dicom images imagestr ct mr".split())
+VOLUME_MASK_DIRS = tuple(
+    "masks mask labels labelstr segmentations segmentation seg gt ground_truth groundtruth".split()
 )
 CASE_SAMPLE, LABEL_SAMPLE = 20, 5
 SLICES_MEASURED, CASES_MEASURED = 8, 2  # slices LZ4 compresses at init, spread through the first cases
@@ -148,17 +126,13 @@ def volume_masks(raw: Path, base: Path, ids: set[str], notes: list[str]) -> Volu
             mask = VolumeMask([f"{d.name}/*.dcm"], "a DICOM SEG per case, segment k as class k", seg_classes(segs))
         elif nifti:
             mask_ids = {nifti_id(p) for p in nifti}
-            mask = VolumeMask(
-                nifti_globs(f"{d.name}/", nifti), "label volumes (NIfTI)", _label_volume_classes(nifti, notes)
-            )
+            classes = _label_volume_classes(nifti, notes)
+            mask = VolumeMask(nifti_globs(f"{d.name}/", nifti), "label volumes (NIfTI)", classes)
         elif folders:
             mask_ids = {c.name for c in folders}
             slices = [p for c in sample(folders, CASE_SAMPLE) for p in pictures_in(c)]
-            mask = VolumeMask(
-                [f"{d.name}/*"],
-                "a folder of per-slice pictures per case, numbered in slice order",
-                mask_classes(slices, notes),
-            )
+            what = "a folder of per-slice pictures per case, numbered in slice order"
+            mask = VolumeMask([f"{d.name}/*"], what, mask_classes(slices, notes))
         else:
             continue
         if ids - mask_ids:

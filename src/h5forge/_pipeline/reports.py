@@ -76,16 +76,9 @@ def show_diff(runner: Runner, name: str, candidate: Candidate) -> str | None:
         return None
     key = artifact_key(name, "diff")
     runner.markdown(key, changes.to_markdown(), f"changes from v{candidate.parent:04d} to v{candidate.number:04d}")
-    log.info(
-        "diff v%04d -> v%04d: %d added, %d removed, %d changed, %d relabelled, %d moved split",
-        candidate.parent,
-        candidate.number,
-        len(changes.added),
-        len(changes.removed),
-        len(changes.content_changed),
-        len(changes.columns_changed),
-        len(changes.moved_split),
-    )
+    counted = (changes.added, changes.removed, changes.content_changed, changes.columns_changed, changes.moved_split)
+    what = "%d added, %d removed, %d changed, %d relabelled, %d moved split"
+    log.info("diff v%04d -> v%04d: " + what, candidate.parent, candidate.number, *map(len, counted))
     return key
 
 

@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 
 from watchfiles import Change, DefaultFilter, watch
 
-from h5forge._format.names import INBOX_MANAGED
+from h5forge._format.names import INBOX_MANAGED, INBOX_TEMPORARY
 
 log = logging.getLogger("h5forge._pipeline.watch")
 
@@ -37,7 +37,7 @@ class InboxFilter(DefaultFilter):
             and change != Change.deleted
             and rel.split("/", 1)[0] not in INBOX_MANAGED
             and not name.startswith(".")
-            and not name.endswith((".tmp", ".partial"))
+            and not name.endswith(INBOX_TEMPORARY)
         )
 
 

@@ -6,6 +6,7 @@ theirs together; an export's is its own recompressed copy's."""
 from __future__ import annotations
 
 import os
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,15 @@ class ArraySizes:
     @property
     def ratio(self) -> float:
         return round(self.stored / self.raw, 4) if self.raw else 1.0
+
+    def summary(self) -> dict[str, Any]:
+        """The fields of a ``WriteSummary`` these sizes give."""
+        return {
+            "array_bytes_raw": self.raw,
+            "array_bytes_stored": self.stored,
+            "split_bytes": self.split_stored,
+            "compression_ratio": self.ratio,
+        }
 
     def __add__(self, other: "ArraySizes") -> "ArraySizes":
         return ArraySizes(

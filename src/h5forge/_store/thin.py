@@ -144,9 +144,8 @@ def write_thin(
             for key, kind in kinds.items():
                 st = kind.stored()
                 for name in st.datasets(key):
-                    lengths = (
-                        row_file_lengths(path.parent, row_files, split, key) if st.ragged and name == key else None
-                    )
+                    ragged = st.ragged and name == key
+                    lengths = row_file_lengths(path.parent, row_files, split, key) if ragged else None
                     map_virtual(g, name, d[split][name], row_files, split, lengths)
             g.attrs.update(dict(d[split].attrs))
             g.attrs[Attr.COUNT] = sum(s["counts"][split] for s in row_files)
@@ -162,15 +161,7 @@ def write_thin(
         write_digests(f)  # over the merged statistics and indexes
         counts = counts_of(f)
         sizes = row_files_sizes(path.parent, row_files, kinds)  # every row's, not the delta's alone
-        merged = summary.with_(
-            counts=counts,
-            samples=sum(counts.values()),
-            row_files=len(row_files),
-            array_bytes_raw=sizes.raw,
-            array_bytes_stored=sizes.stored,
-            split_bytes=sizes.split_stored,
-            compression_ratio=sizes.ratio,
-        )
+        merged = summary.with_(counts=counts, samples=sum(counts.values()), row_files=len(row_files), **sizes.summary())
         write_diagnostics(f, merged)
         extra(f)
         write_file_digest(f)
@@ -227,17 +218,9 @@ def _export(src_path: Path, tmp: Path, codec: str | None) -> None:
                     if st.ragged
                     else [row_file["counts"][split] for row_file in row_files]
                 )
-                _copy_bulk(
-                    src_path.parent,
-                    row_files,
-                    sizes,
-                    split,
-                    path,
-                    g,
-                    g_src[path],
-                    st.chunk(spec.storage.chunk_rows, SMALL_ROWS),
-                    codec or st.codec_of(spec.storage.codec),
-                )
+                chunks = st.chunk(spec.storage.chunk_rows, SMALL_ROWS)
+                target = (g, g_src[path], chunks, codec or st.codec_of(spec.storage.codec))
+                _copy_bulk(src_path.parent, row_files, sizes, split, path, *target)
             name_axes(g, int(g_src.attrs[Attr.COUNT]))
         if int(out.attrs[Attr.FORMAT_VERSION]) >= CHECKSUMS_COVER_ALL:
             write_digests(out)  # same values as the source's; recomputed over the copy's own layout
@@ -255,15 +238,7 @@ def _describe_copy(out: h5py.File, kinds: dict, codec: str | None) -> None:
     summary = read_summary(out)
     sizes = own_sizes(out, kinds)
     counts = counts_of(out)
-    summary.update(
-        counts=counts,
-        samples=sum(counts.values()),
-        row_files=1,
-        array_bytes_raw=sizes.raw,
-        array_bytes_stored=sizes.stored,
-        split_bytes=sizes.split_stored,
-        compression_ratio=sizes.ratio,
-    )
+    summary.update(counts=counts, samples=sum(counts.values()), row_files=1, **sizes.summary())
     if codec is not None:
         summary["codec"] = codec
     out[DIAGNOSTICS].attrs[Attr.SUMMARY] = json.dumps(summary)

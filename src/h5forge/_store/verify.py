@@ -212,19 +212,9 @@ def verify_file(
             rows = None if checksum_sample is None else _sampled_rows(f, checksum_sample, seed)
             _guarded(report, "inputs catalog", _check_catalog, f, report, rows if checksums else {})
             if checksums:
-                _guarded(
-                    report,
-                    "checksums",
-                    _check_checksums,
-                    f,
-                    spec,
-                    kinds,
-                    report,
-                    rows,
-                    old_format,
-                    verify_workers() if workers is None else workers,
-                    executor,
-                )
+                n_workers = verify_workers() if workers is None else workers
+                checked = (f, spec, kinds, report, rows, old_format, n_workers, executor)
+                _guarded(report, "checksums", _check_checksums, *checked)
             n_resample = _count(report, "resample", spec.verify.resample, resample)
             if n_resample:
                 roots = [
@@ -239,18 +229,8 @@ def verify_file(
                     )
                     report.checks["sources"] = "skipped (no build extra)"
                 else:
-                    _guarded(
-                        report,
-                        "sources",
-                        _check_against_sources,
-                        f,
-                        kinds,
-                        roots,
-                        n_resample,
-                        seed,
-                        report,
-                        max_source_bytes,
-                    )
+                    compared = (f, kinds, roots, n_resample, seed, report, max_source_bytes)
+                    _guarded(report, "sources", _check_against_sources, *compared)
             reads = _count(report, "latency_reads", spec.verify.latency_reads, latency_reads)
             _guarded(report, "figures", _figures, f, path, kinds, report)
             _guarded(report, "non-finite values", _count_nonfinite, f, kinds, report)
@@ -696,10 +676,8 @@ def _checksum_blocks(
     return bad, checked
 
 
-# Below this many rows a file is checksummed in the calling process, where starting a checking
-# process costs more than it saves; a 10k-row version's pass takes about half as long in two
-# processes (benchmarks/results/ingest_parts.md, "verify"). The threshold errs on the side of one
-# process for the sizes in between.
+# Below this many rows a file is checksummed in the calling process: starting a checking process
+# costs more than it saves (benchmarks/results/ingest_parts.md, "verify").
 PARALLEL_ROWS = 8192
 # Processes that are running already (a build's dask workers) cost no start: from this many rows
 # the checksums are shared among them.
@@ -756,13 +734,8 @@ def _checksums_in_processes(
                 more, n = future.result()
             except BrokenProcessPool:  # the HDF5 library crashed on a part of the file
                 split, start, _ = part[0]
-                more, n = (
-                    [
-                        f"{split}[{start}:] cannot be read: the HDF5 library crashed while checking "
-                        "these rows; the file is corrupt"
-                    ],
-                    0,
-                )
+                crash = f"{split}[{start}:] cannot be read: the HDF5 library crashed while checking these rows"
+                more, n = [f"{crash}; the file is corrupt"], 0
             bad += more
             checked += n
     return bad, checked

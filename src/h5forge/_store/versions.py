@@ -59,9 +59,13 @@ def version_number(text: str | int) -> int:
 
 def fsync_dir(path: Path) -> None:
     """Make a rename or a new file in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    _sync(path, os.fsync, os.O_DIRECTORY)
+
+
+def _sync(path: Path, sync, flags: int = 0) -> None:
+    fd = os.open(path, os.O_RDONLY | flags)
     try:
-        os.fsync(fd)
+        sync(fd)
     finally:
         os.close(fd)
 
@@ -75,11 +79,7 @@ def flushing(paths: list[Path]) -> Iterator[None]:
     def flush() -> None:
         for path in paths:
             try:
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fdatasync(fd)
-                finally:
-                    os.close(fd)
+                _sync(path, os.fdatasync)
             except OSError:
                 pass
 
@@ -93,11 +93,7 @@ def flushing(paths: list[Path]) -> Iterator[None]:
 
 def seal(path: Path) -> None:
     """A finished file made durable and read-only (0444): what a published version reads never changes."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _sync(path, os.fsync)
     os.chmod(path, 0o444)
 
 
@@ -133,11 +129,8 @@ def output_lock(out: str | Path, what: str = "build", wait: float = 0) -> Iterat
                     "wait for it to finish, or stop it, then retry"
                 ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(
-            fd,
-            json.dumps({"pid": os.getpid(), "what": what, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode(),
-            0,
-        )
+        mine = {"pid": os.getpid(), "what": what, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.pwrite(fd, json.dumps(mine).encode(), 0)
         _remove_partials(out)
         try:
             yield out
@@ -175,10 +168,7 @@ def _remove_partials(out: Path) -> None:
             os.replace(p, out / RESUMABLE)
         elif PARTIAL_RE.match(p.name) or p.name.startswith(f".{LATEST}."):
             p.unlink(missing_ok=True)
-        elif p.name in (
-            CHUNKS_DIR,
-            CHUNKS_DIR_BEFORE,
-        ):  # the workers' chunk files of a killed run: none is complete data
+        elif p.name in (CHUNKS_DIR, CHUNKS_DIR_BEFORE):  # the workers' chunk files of a killed run: none is complete
             shutil.rmtree(p, ignore_errors=True)
     versions = published(out)
     # a delta no published version reads: its append was killed before publishing. A delta whose

@@ -87,9 +87,6 @@ class Inputs:
     hashed_files: int = 0  # files read and hashed up front (the others' hashes came from the cache)
     learnt: list[str] = field(default_factory=list)  # the files of ``hexes`` the hash cache lacked, in order
 
-    def key_of(self, ref: SampleRef) -> bytes:
-        return self.samples[ref.id]
-
     def learn(
         self, spec: DatasetSpec, root: Path, refs: list[SampleRef], ids: list[str], hashes: list[list[str]]
     ) -> None:
@@ -193,14 +190,12 @@ def fingerprint(
     hexes = cast(list[str], digests)  # every file the cache did not know was read just above
     of_job = dict(zip(jobs, hexes))
     shared = sharing(field_kinds(spec)).values()
+
+    def digests_of(ref: SampleRef) -> list[str]:
+        return [sample_digest(kinds[n], of_job[ref.files[n], kinds[n]], ref) for n in names]
+
     samples = {
-        ref.id: _key(
-            ref,
-            names,
-            [sample_digest(kinds[n], of_job[ref.files[n], kinds[n]], ref) for n in names],
-            _shared_inputs(shared, root, ref),
-        )
-        for ref in inventory.samples
+        ref.id: _key(ref, names, digests_of(ref), _shared_inputs(shared, root, ref)) for ref in inventory.samples
     }
     return Inputs(
         rules,

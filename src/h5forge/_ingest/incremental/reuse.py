@@ -404,16 +404,13 @@ def write_reusing(
     emit_pending()
     # the statistics of everything taken, added once every row is written (a checkpoint before
     # that records the cleaned rows' statistics only, and says so)
+    taken: dict[tuple[int, str], list[int]] = {}  # (source, split) -> the rows taken from it
+    for ref, t in zip(plan.samples, plan.taken):
+        if t is not None:
+            taken.setdefault((t.source, ref.split), []).append(t.row)
     for k, src in enumerate(sources):
         for split in SPLITS:
-            rows = np.array(
-                sorted(
-                    t.row
-                    for ref, t in zip(plan.samples, plan.taken)
-                    if t is not None and t.source == k and ref.split == split
-                ),
-                np.int64,
-            )
+            rows = np.array(sorted(taken.get((k, split), [])), np.int64)
             if src.rows[split]:
                 for path, counts in taken_stats(src, split, rows, kinds).items():
                     writer.add_stats(path, split, counts)
