@@ -250,9 +250,11 @@ def timing_runner():
     return Timing()
 
 
-def own_cpu() -> float:
-    """CPU seconds of this process and of its children that ended (a loader's workers, verify's processes)."""
-    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+def own_cpu(children: bool = False) -> float:
+    """CPU seconds of this process and of its children that ended (a loader's workers, verify's processes);
+    ``children``: theirs alone."""
+    who = (resource.RUSAGE_CHILDREN,) if children else (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, who))
 
 
 def proc_cpu(pid: int) -> float:
