@@ -1,9 +1,6 @@
 """The build against its peers (webdataset's and mosaic-streaming's writers, Pillow's decode alone),
-Prefect's cost, and the build's scaling in workers and samples.
-
-    python -m benchmarks.build_peers [--smoke] [--n 10000 --prefect-n 10000 --n-large 50000] [--only peers,prefect,scaling,batch]
-
-Method: benchmarks/README.md, "build_peers". The peers' venv (build/bench-peers) is made by this command.
+Prefect's cost, and the build's scaling in workers and samples. Method: benchmarks/README.md,
+"build_peers"; the peers' venv (build/bench-peers) is made by this command.
 """
 
 import importlib

@@ -1,10 +1,6 @@
 """The parts of a build and a rebuild the headline benchmarks only show summed: discovery, the exact
-histograms, the single writer's CPU, copying a stored chunk, verify's checksums in one process and two.
-
-    python -m benchmarks.ingest_parts [--smoke] [--n 10000 --size 224 --clean-n 1000 --copy-n 3000 --reps 3]
-    python -m benchmarks.ingest_parts --only chunk_copy   # the chunk copies alone -> ingest_parts_copy
-
-Method: benchmarks/README.md, "ingest_parts".
+histograms, the single writer's CPU, copying a stored chunk (alone with ``--only chunk_copy``), verify's
+checksums in one process and two. Method: benchmarks/README.md, "ingest_parts".
 """
 
 import os

@@ -1,10 +1,6 @@
 """Three ways the workers' rows reach the version (sent through dask, chunk files the publisher copies,
 segment files the version maps): the publisher's CPU, the bytes each moves, the projection to many
-workers, the builds, and reading a segments version.
-
-    python -m benchmarks.segments [--smoke] [--n 1000 --size 224 --workers 2 --reps 2]
-
-Method: benchmarks/README.md, "segments".
+workers, the builds, and reading a segments version. Method: benchmarks/README.md, "segments".
 """
 
 import os
