@@ -155,6 +155,13 @@ def warm(paths) -> None:
                    stdout=subprocess.DEVNULL, check=True)
 
 
+def fresh(path: Path) -> Path:
+    """An empty folder at ``path`` (what was there removed)."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
 def folder_bytes(path: Path, pattern: str = "*") -> int:
     return sum(p.stat().st_size for p in Path(path).rglob(pattern) if p.is_file())
 

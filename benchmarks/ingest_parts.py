@@ -13,8 +13,8 @@ import numpy as np
 
 from h5forge.read._direct import chunk_index
 
-from benchmarks.common import (CACHE, built, clean_batches, cli, least_seconds, log, make_spec, med, ratio, raw_folder,
-                               save, warm, write_version)
+from benchmarks.common import (CACHE, built, clean_batches, cli, fresh, least_seconds, log, make_spec, med, ratio,
+                               raw_folder, save, warm, write_version)
 
 WORK = CACHE / "ingest_parts"
 
@@ -169,8 +169,7 @@ def main() -> None:
 
     if args.only not in ("", "chunk_copy"):
         raise SystemExit(f"--only {args.only!r}: the only part that runs alone is 'chunk_copy'")
-    shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
+    fresh(WORK)
     raw = raw_folder(args.n, args.size)
     warm([raw])
     spec = make_spec(raw, WORK / "out", args.size)

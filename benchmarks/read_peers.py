@@ -6,7 +6,6 @@ peers' venv (build/peers-venv) is made by this command.
 import contextlib
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -17,8 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.common import (CACHE, REPO, built, child_json, cli, interleaved, log, make_spec, own_cpu, peers_venv,
-                               photo_folder, proc_cpu, random_read_latency, ratio, raw_folder, save, warm)
+from benchmarks.common import (CACHE, REPO, built, child_json, cli, fresh, interleaved, log, make_spec, own_cpu,
+                               peers_venv, photo_folder, proc_cpu, random_read_latency, ratio, raw_folder, save, warm)
 
 PEERS_VENV = REPO / "build" / "peers-venv"
 PEERS = ["webdataset==1.0.2", "mosaicml-streaming==0.13.0", "lmdb==3.0.0"]
@@ -264,8 +263,7 @@ def write_peers(data: Path) -> None:
     n, root = imgs.shape[0], data / "peers"
     if (root / ".complete").exists():
         return
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)  # lmdb makes its own folder, not the ones above it
+    fresh(root)  # lmdb makes its own folder, not the ones above it
     import lmdb
     import webdataset as wds
     from streaming import MDSWriter
