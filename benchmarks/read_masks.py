@@ -7,18 +7,16 @@ benchmarks/README.md, "read_masks" (each reader a probe process of benchmarks.re
 """
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
 
 from benchmarks.common import (CACHE, cli, interleaved, log, make_spec, med, own_cpu, random_read_latency, ratio,
                                raw_folder, sampled, save, warm)
-from benchmarks.read_peers import FIELDS, LOADS, medians, prepare, probe_rounds
+from benchmarks.read_peers import FIELDS, LOADS, medians, prepare, probe_rounds, write_npy
 
 READERS = ("npy_mmap", "h5forge_lz4_plain", "h5forge_lz4_collate", "h5forge_lz4_default", "h5forge_lz4_float")
 
@@ -81,16 +79,12 @@ def chunks(args) -> dict:
         os.replace(out, data / f"k{k}")  # the last round's version is the one read
         (data / f"lz4k{k}.h5").unlink(missing_ok=True)
         (data / f"lz4k{k}.h5").symlink_to(data / f"k{k}" / Path(res.path).name)
-    import h5py
-    with h5py.File(data / f"lz4k{ks[0]}.h5", "r") as f:  # the .npy the loaders are checked against
-        for name in FIELDS:
-            np.save(data / f"{name}.npy", f["train"][name][()])
-        shapes = [list(f["train"][name].shape[1:]) for name in FIELDS]
-    (data / "shapes.json").write_text(json.dumps({"n": n, "shapes": shapes}))
+    write_npy(data, data / f"lz4k{ks[0]}.h5", n)  # the .npy the loaders are checked against
     names = ["npy_mmap", *(f"h5forge_lz4k{k}_float" for k in ks)]  # float32 images, int64 masks, converted after
     steady = argparse.Namespace(**{**vars(args), "epochs": 0})  # one timed pass after the warm-up batches
     rates, cpus, _ = probe_rounds(dict.fromkeys(names, Path(sys.executable)), data, steady)
     rate, cpu = medians(rates, cpus)
+    import h5py
     latency: dict[int, dict] = {}
     for r in range(2):  # random single samples as stored (uint8), the second round kept
         for k in (ks if r % 2 == 0 else ks[::-1]):

@@ -233,7 +233,6 @@ def epochs(loader, args) -> dict:
 def prepare(n: int, size: int, codecs=("lz4", "none"), content: str = "generated") -> Path:
     """Links to the lz4 and none versions ``h5forge.build`` makes, and the same arrays as .npy (cached).
     ``content``: the demo generator's pictures, or ``"photos"`` (common.photo_folder)."""
-    import h5py
     photos = content == "photos"
     data = CACHE / "read_peers" / f"{'photos-' if photos else ''}n{n}-{size}"
     data.mkdir(parents=True, exist_ok=True)
@@ -246,15 +245,22 @@ def prepare(n: int, size: int, codecs=("lz4", "none"), content: str = "generated
         (data / f"{codec}.h5").symlink_to(path)
     made_from = os.path.realpath(data / "lz4.h5")  # the cached arrays are this version's, or made anew
     stale = (data / "npy_from").read_text() != made_from if (data / "npy_from").exists() else True
-    with h5py.File(data / "lz4.h5", "r") as f:
-        shapes = [list(f["train"][k].shape[1:]) for k in FIELDS]
+    write_npy(data, data / "lz4.h5", n, stale)
+    (data / "npy_from").write_text(made_from)
+    return data
+
+
+def write_npy(data: Path, version: Path, n: int, stale: bool = True) -> None:
+    """The version's train images and masks as ``data/<field>.npy`` (missing or ``stale`` ones written),
+    their shapes in ``data/shapes.json``: what the probes' .npy and peer readers read."""
+    import h5py
+    with h5py.File(version, "r") as f:
         for k in FIELDS:
             if stale or not (data / f"{k}.npy").exists():
                 np.save(data / "tmp.npy", f["train"][k][()])
                 os.replace(data / "tmp.npy", data / f"{k}.npy")
-    (data / "npy_from").write_text(made_from)
+        shapes = [list(f["train"][k].shape[1:]) for k in FIELDS]
     (data / "shapes.json").write_text(json.dumps({"n": n, "shapes": shapes}))
-    return data
 
 
 def write_peers(data: Path) -> None:
