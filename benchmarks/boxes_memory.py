@@ -1,12 +1,8 @@
 """Peak memory of the ``boxes`` kind on a large COCO file (a cleaning worker) and on hostile ones
-(20,000 objects on a picture, a polygon of 2 x 10^6 vertices), each case in a fresh process.
-
-    python -m benchmarks.boxes_memory [--smoke] [--annotations 1000000 --pictures 20000] [--label after]
-
-Method: benchmarks/README.md, "boxes_memory".
+(20,000 objects on a picture, a polygon of 2 x 10^6 vertices), each case in a fresh process. Method:
+benchmarks/README.md, "boxes_memory".
 """
 
-import argparse
 import json
 import shutil
 import sys
@@ -107,25 +103,21 @@ def long_polygon(root: Path, n: int) -> str:
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         return print(json.dumps(child(*sys.argv[2:])))
-    from benchmarks.common import CACHE, RESULTS
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--annotations", type=int, default=1_000_000)
-    ap.add_argument("--pictures", type=int, default=20_000)
-    ap.add_argument("--only", nargs="*", default=["worker", "objects", "polygon"])
-    ap.add_argument("--label", default="", help="a name for this tree's figures (e.g. before, after)")
-    args = ap.parse_args()
-    scale, work, figures = 100 if args.smoke else 1, CACHE / "boxes_memory", {}
+    from benchmarks.common import CACHE, RESULTS, cli
+    # --label names the results file (before, after: the command run in two trees)
+    args = cli(__doc__, dict(annotations=10_000, pictures=200, objects=200, vertices=20_000), annotations=1_000_000,
+               pictures=20_000, objects=20_000, vertices=2_000_000, only="worker,objects,polygon", label="")
+    work, figures, only = CACHE / "boxes_memory", {}, args.only.split(",")
     shutil.rmtree(work, ignore_errors=True)
-    if "worker" in args.only:
-        spec = large_file(work / "large" / "raw", args.annotations // scale, args.pictures // scale)
+    if "worker" in only:
+        spec = large_file(work / "large" / "raw", args.annotations, args.pictures)
         figures["worker"] = {"coco_bytes": (work / "large" / "raw" / "instances.json").stat().st_size,
                              "parent": in_child("discover", spec, str(work / "refs.pkl")),
                              "worker": in_child("clean", spec, str(work / "refs.pkl"))}
-    if "objects" in args.only:
-        figures["objects"] = in_child("clean", many_objects(work / "objects" / "raw", 20_000 // scale))
-    if "polygon" in args.only:
-        figures["polygon"] = in_child("clean", long_polygon(work / "polygon" / "raw", 2_000_000 // scale))
+    if "objects" in only:
+        figures["objects"] = in_child("clean", many_objects(work / "objects" / "raw", args.objects))
+    if "polygon" in only:
+        figures["polygon"] = in_child("clean", long_polygon(work / "polygon" / "raw", args.vertices))
     out = RESULTS / ("smoke" if args.smoke else "") / f"boxes_memory{'_' + args.label if args.label else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(figures, indent=1))

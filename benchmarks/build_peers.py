@@ -1,9 +1,6 @@
 """The build against its peers (webdataset's and mosaic-streaming's writers, Pillow's decode alone),
-Prefect's cost, and the build's scaling in workers and samples.
-
-    python -m benchmarks.build_peers [--smoke] [--n 10000 --prefect-n 10000 --n-large 50000] [--only peers,prefect,scaling,batch]
-
-Method: benchmarks/README.md, "build_peers". The peers' venv (build/bench-peers) is made by this command.
+Prefect's cost, and the build's scaling in workers and samples. Method: benchmarks/README.md,
+"build_peers"; the peers' venv (build/bench-peers) is made by this command.
 """
 
 import importlib
@@ -218,14 +215,15 @@ def batch_part(args, work: Path) -> dict:
     spec = make_spec(raw_folder(args.n, args.size), work / "batch-out", args.size,
                      compute={"workers": args.workers, "inline_below": 0})
     picked = batch_samples(spec, args.n)
-    runs: dict[int, list] = {64: [], picked: []}
-    for rep, size in interleaved(list(runs), args.reps):
+
+    def build(size: int, rep: int) -> dict:
         shutil.rmtree(work / "batch-out", ignore_errors=True)
         with sampled() as usage:
             res = h5forge.build(spec.model_copy(update={"compute": spec.compute.model_copy(update={"batch_size": size})}))
-        runs[size].append({"cpu_ms_per_sample": round(1000 * usage["cpu_seconds"] / args.n, 3),
-                           "samples_per_s": round(args.n / res.timings["clean_write_seconds"], 1)})
-        log(f"rep {rep} batch {size}: {runs[size][-1]}")
+        return {"cpu_ms_per_sample": round(1000 * usage["cpu_seconds"] / args.n, 3),
+                "samples_per_s": round(args.n / res.timings["clean_write_seconds"], 1)}
+
+    runs = rounds(dict.fromkeys([64, picked]), args.reps, build)
     cpu = {size: med(r["cpu_ms_per_sample"] for r in rs) for size, rs in runs.items()}
     return {"picked": picked, "runs": {str(k): v for k, v in runs.items()},
             "cpu_ms_per_sample_median": {str(k): v for k, v in cpu.items()}, "cpu_picked_over_64": ratio(cpu[picked], cpu[64])}

@@ -1,8 +1,5 @@
 """An external dask cluster (a `dask scheduler` and 2 or 4 `dask worker` processes writing segment files)
 against a LocalCluster of 2: samples/s and CPU per sample of the caller, the scheduler and the workers.
-
-    python -m benchmarks.cluster [--smoke] [--n 2000 --size 224 --batch-size 64 --reps 2]
-
 Method: benchmarks/README.md, "cluster".
 """
 
@@ -14,9 +11,7 @@ import socket
 import subprocess
 import time
 
-import psutil
-
-from benchmarks.common import (BIN, CACHE, cli, free_port, log, make_spec, med, ratio, raw_folder, save,
+from benchmarks.common import (BIN, CACHE, cli, free_port, log, make_spec, med, proc_cpu, ratio, raw_folder, save,
                                timing_runner, version_identity, warm)
 
 WORK = CACHE / "cluster"
@@ -62,10 +57,7 @@ class External:
 
     def cpu(self) -> tuple[float, float]:
         """CPU seconds so far of the scheduler and of the workers."""
-        def of(p: subprocess.Popen) -> float:
-            t = psutil.Process(p.pid).cpu_times()
-            return t.user + t.system
-        return of(self.procs[0]), sum(of(p) for p in self.procs[1:])
+        return proc_cpu(self.procs[0].pid), sum(proc_cpu(p.pid) for p in self.procs[1:])
 
     def stop(self) -> None:
         for p in self.procs:
@@ -113,9 +105,7 @@ def best(runs: list[dict], idle_workers_cpu: float | None = None) -> dict:
     """The fastest run's figures, CPU per sample of each part (``idle_workers_cpu`` taken off the workers')."""
     r = min(runs, key=lambda r: r["wall"])
     n = r["samples"]
-
-    def ms(x):
-        return None if x is None else round(1000 * x / n, 3)
+    ms = lambda x: None if x is None else round(1000 * x / n, 3)  # noqa: E731
     return {"samples": n, "wall_seconds": round(r["wall"], 3), "samples_per_s": round(n / r["wall"], 1),
             "clean_write_seconds": r["clean_write_seconds"],
             "clean_write_samples_per_s": round(n / r["clean_write_seconds"], 1),
@@ -165,17 +155,13 @@ def main() -> None:
                 raise RuntimeError(f"{arm}: the workers sent their chunks through dask instead of segment files")
     idle_cpu = med(idle, 9)
     figures = {arm: best(rs, None if arm in clusters else idle_cpu) for arm, rs in runs.items()}
+    over = lambda a, b, key: ratio(figures[a][key], figures[b][key])  # noqa: E731
     result.update(same_version=same, local_2_workers_start_stop_cpu_seconds=round(idle_cpu, 3), arms=figures,
                   uptime_end=uptime(), ratios={
-        "external_2_over_local_2_samples_per_s": ratio(figures["external_2"]["samples_per_s"],
-                                                       figures["local_2"]["samples_per_s"]),
-        "external_4_over_external_2_samples_per_s": ratio(figures["external_4"]["samples_per_s"],
-                                                          figures["external_2"]["samples_per_s"]),
-        "external_2_over_local_2_clean_write_samples_per_s": ratio(
-            figures["external_2"]["clean_write_samples_per_s"], figures["local_2"]["clean_write_samples_per_s"]),
-        "caller_cpu_external_2_over_local_2": ratio(figures["external_2"]["caller_cpu_ms_per_sample"],
-                                                    figures["local_2"]["caller_cpu_ms_per_sample"]),
-    })
+                      **{f"{a}_over_{b}_{key}": over(a, b, key) for a, b, key in (
+                          ("external_2", "local_2", "samples_per_s"), ("external_4", "external_2", "samples_per_s"),
+                          ("external_2", "local_2", "clean_write_samples_per_s"))},
+                      "caller_cpu_external_2_over_local_2": over("external_2", "local_2", "caller_cpu_ms_per_sample")})
     save("cluster", result, args.smoke)
 
 

@@ -155,6 +155,13 @@ def warm(paths) -> None:
                    stdout=subprocess.DEVNULL, check=True)
 
 
+def fresh(path: Path) -> Path:
+    """An empty folder at ``path`` (what was there removed)."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
 def folder_bytes(path: Path, pattern: str = "*") -> int:
     return sum(p.stat().st_size for p in Path(path).rglob(pattern) if p.is_file())
 
@@ -250,9 +257,11 @@ def timing_runner():
     return Timing()
 
 
-def own_cpu() -> float:
-    """CPU seconds of this process and of its children that ended (a loader's workers, verify's processes)."""
-    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+def own_cpu(children: bool = False) -> float:
+    """CPU seconds of this process and of its children that ended (a loader's workers, verify's processes);
+    ``children``: theirs alone."""
+    who = (resource.RUSAGE_CHILDREN,) if children else (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, who))
 
 
 def proc_cpu(pid: int) -> float:

@@ -1,9 +1,6 @@
 """CPU per picture of decoding with Pillow alone against the faster decoders h5forge routes to (libspng,
-libjpeg-turbo), every value compared; and cleaning the demo corpus both ways.
-
-    python -m benchmarks.decode [--smoke] [--n 1000 --digits 1797 --reps 5]
-
-Method: benchmarks/README.md, "decode".
+libjpeg-turbo), every value compared; and cleaning the demo corpus both ways. Method:
+benchmarks/README.md, "decode".
 """
 
 import contextlib

@@ -1,10 +1,6 @@
 """The parts of a build and a rebuild the headline benchmarks only show summed: discovery, the exact
-histograms, the single writer's CPU, copying a stored chunk, verify's checksums in one process and two.
-
-    python -m benchmarks.ingest_parts [--smoke] [--n 10000 --size 224 --clean-n 1000 --copy-n 3000 --reps 3]
-    python -m benchmarks.ingest_parts --only chunk_copy   # the chunk copies alone -> ingest_parts_copy
-
-Method: benchmarks/README.md, "ingest_parts".
+histograms, the single writer's CPU, copying a stored chunk (alone with ``--only chunk_copy``), verify's
+checksums in one process and two. Method: benchmarks/README.md, "ingest_parts".
 """
 
 import os
@@ -17,8 +13,8 @@ import numpy as np
 
 from h5forge.read._direct import chunk_index
 
-from benchmarks.common import (CACHE, built, clean_batches, cli, least_seconds, log, make_spec, med, ratio, raw_folder,
-                               save, warm, write_version)
+from benchmarks.common import (CACHE, built, clean_batches, cli, fresh, least_seconds, log, make_spec, med, ratio,
+                               raw_folder, save, warm, write_version)
 
 WORK = CACHE / "ingest_parts"
 
@@ -173,8 +169,7 @@ def main() -> None:
 
     if args.only not in ("", "chunk_copy"):
         raise SystemExit(f"--only {args.only!r}: the only part that runs alone is 'chunk_copy'")
-    shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
+    fresh(WORK)
     raw = raw_folder(args.n, args.size)
     warm([raw])
     spec = make_spec(raw, WORK / "out", args.size)

@@ -1,9 +1,6 @@
 """The kinds beside images: a label's cost in the loader, CT volumes from DICOM (the workers' open files,
-slice reads), what LZ4 saves on CT slices against what it costs to read one, signals from EDF (stored sizes).
-
-    python -m benchmarks.kinds [--smoke] [--n 5000 --size 128 --cases 36 --recordings 60] [--parts labels,ct,ct_codec,signals]
-
-Method: benchmarks/README.md, "kinds".
+slice reads), what LZ4 saves on CT slices against what it costs to read one, signals from EDF (stored
+sizes). Method: benchmarks/README.md, "kinds".
 """
 
 import os

@@ -1,9 +1,5 @@
 """Nightly rebuilds (unchanged, 1 % changed, resumed after a SIGKILL) against a full build; appends onto
-a large vs a small dataset.
-
-    python -m benchmarks.nightly [--smoke] [--n 3000 --size 224 --rounds 2] [--no-append] [--only append]
-
-Method: benchmarks/README.md, "nightly".
+a large vs a small dataset. Method: benchmarks/README.md, "nightly".
 """
 
 import contextlib

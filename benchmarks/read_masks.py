@@ -1,29 +1,22 @@
 """The loader a user gets out of the box on images + masks (uint8 as stored) against a plain DataLoader
 over memory-mapped uint8 .npy of the same arrays, whole epochs with their workers' start, on real
 pictures; beside them the same file through a plain DataLoader (torch's default_collate, and h5forge's
-collate) and through ``ds.loader()`` converting to float32 + int64; and (``chunks``) small pictures
-stored one sample per chunk against several: the build, the loader and random reads.
-
-    python -m benchmarks.read_masks [--smoke] [--n 10000 --size 224 --rounds 7 --epochs 2 --workers 2]
-                                    [--content photos|generated] [--only masks,chunks]
-                                    [--chunk-n 20000 --chunk-size 32 --chunk-rows 1,16]
-
-Method: benchmarks/README.md, "read_masks" (each reader a probe process of benchmarks.read_peers).
+collate) and through ``ds.loader()`` converting to float32 + int64; and (``--only chunks``) small pictures
+stored one sample per chunk against several: the build, the loader and random reads. Method:
+benchmarks/README.md, "read_masks" (each reader a probe process of benchmarks.read_peers).
 """
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
 
-from benchmarks.common import (CACHE, cli, interleaved, log, make_spec, med, random_read_latency, ratio, raw_folder,
-                               sampled, save, warm)
-from benchmarks.read_peers import FIELDS, LOADS, medians, prepare, probe_rounds
+from benchmarks.common import (CACHE, cli, interleaved, log, make_spec, med, own_cpu, random_read_latency, ratio,
+                               raw_folder, sampled, save, warm)
+from benchmarks.read_peers import FIELDS, LOADS, medians, prepare, probe_rounds, write_npy
 
 READERS = ("npy_mmap", "h5forge_lz4_plain", "h5forge_lz4_collate", "h5forge_lz4_default", "h5forge_lz4_float")
 
@@ -51,12 +44,6 @@ def masks(args) -> dict:
             "samples_per_s_spread": {k: [round(min(v)), round(max(v))] for k, v in rates.items()},
             "loader_cpu_ms_per_batch": cpu, "all_rounds": {k: [round(x) for x in v] for k, v in rates.items()},
             "loadavg_rounds": [min(LOADS), statistics.median(LOADS), max(LOADS)], "outputs": outputs}
-
-
-def own_cpu() -> float:
-    """CPU seconds of this process and its children that ended (verify's checksum processes)."""
-    import resource
-    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 
 
 def chunks(args) -> dict:
@@ -92,16 +79,12 @@ def chunks(args) -> dict:
         os.replace(out, data / f"k{k}")  # the last round's version is the one read
         (data / f"lz4k{k}.h5").unlink(missing_ok=True)
         (data / f"lz4k{k}.h5").symlink_to(data / f"k{k}" / Path(res.path).name)
-    import h5py
-    with h5py.File(data / f"lz4k{ks[0]}.h5", "r") as f:  # the .npy the loaders are checked against
-        for name in FIELDS:
-            np.save(data / f"{name}.npy", f["train"][name][()])
-        shapes = [list(f["train"][name].shape[1:]) for name in FIELDS]
-    (data / "shapes.json").write_text(json.dumps({"n": n, "shapes": shapes}))
+    write_npy(data, data / f"lz4k{ks[0]}.h5", n)  # the .npy the loaders are checked against
     names = ["npy_mmap", *(f"h5forge_lz4k{k}_float" for k in ks)]  # float32 images, int64 masks, converted after
     steady = argparse.Namespace(**{**vars(args), "epochs": 0})  # one timed pass after the warm-up batches
     rates, cpus, _ = probe_rounds(dict.fromkeys(names, Path(sys.executable)), data, steady)
     rate, cpu = medians(rates, cpus)
+    import h5py
     latency: dict[int, dict] = {}
     for r in range(2):  # random single samples as stored (uint8), the second round kept
         for k in (ks if r % 2 == 0 else ks[::-1]):

@@ -1,17 +1,12 @@
 """Reads against npy mmap, LMDB, webdataset and mosaic-streaming, and the read path's own machinery
-switched off piece by piece (an A/B in the same run).
-
-    python -m benchmarks.read_peers [--smoke] [--n 10000 --size 224 --rounds 3] [--pieces ctypes,mmap,...]
-
-Method: benchmarks/README.md, "read_peers". The peers' venv (build/peers-venv) is made by this command.
+switched off piece by piece (an A/B in the same run). Method: benchmarks/README.md, "read_peers"; the
+peers' venv (build/peers-venv) is made by this command.
 """
 
 import contextlib
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -21,8 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.common import (CACHE, REPO, built, cli, interleaved, log, make_spec, peers_venv, photo_folder,
-                               proc_cpu, random_read_latency, ratio, raw_folder, save, warm)
+from benchmarks.common import (CACHE, REPO, built, child_json, cli, fresh, interleaved, log, make_spec, own_cpu,
+                               peers_venv, photo_folder, proc_cpu, random_read_latency, ratio, raw_folder, save, warm)
 
 PEERS_VENV = REPO / "build" / "peers-venv"
 PEERS = ["webdataset==1.0.2", "mosaicml-streaming==0.13.0", "lmdb==3.0.0"]
@@ -137,7 +132,7 @@ def peer_dataset(name: str, where, seed: int, batch: int, cache: str | None = No
 
 
 def reader(name: str, data: Path, args):
-    """npy_mmap, lmdb, webdataset, mosaic, or h5forge_<codec>_<plain|collate|loader|default|float|worker|u8masks>
+    """npy_mmap, lmdb, webdataset, mosaic, or h5forge_<codec>_<plain|collate|loader|default|float|worker>
     (README). With ``--epochs`` the workers are not persistent: each epoch starts its own."""
     persistent = args.workers > 0 and not args.epochs
     dl = lambda ds, **kw: DataLoader(ds, batch_size=args.batch, num_workers=args.workers,  # noqa: E731
@@ -148,27 +143,13 @@ def reader(name: str, data: Path, args):
     if name == "lmdb":
         return dl(LmdbItems(data / "peers" / "lmdb", shapes["n"], shapes["shapes"]), shuffle=True)
     if name == "webdataset":
-        import webdataset as wds
-        urls = sorted(str(p) for p in (data / "peers" / "wds").glob("*.tar"))
-        return dl(wds.WebDataset(urls, shardshuffle=len(urls), seed=args.seed, empty_check=False)
-                  .shuffle(1000, seed=args.seed).decode().to_tuple("images.npy", "masks.npy")
-                  .map_tuple(torch.from_numpy, torch.from_numpy))
+        return dl(peer_dataset(name, sorted(str(p) for p in (data / "peers" / "wds").glob("*.tar")), args.seed, args.batch))
     if name == "mosaic":
-        from streaming import StreamingDataset
-        from streaming.base.util import clean_stale_shared_memory
-        clean_stale_shared_memory()
-
-        class Tuples(StreamingDataset):
-            def __getitem__(self, i):
-                s = super().__getitem__(i)
-                return torch.from_numpy(s["images"]), torch.from_numpy(s["masks"])
-
-        return dl(Tuples(local=str(data / "peers" / "mds"), shuffle=True, shuffle_seed=args.seed, batch_size=args.batch))
+        return dl(peer_dataset(name, str(data / "peers" / "mds"), args.seed, args.batch))
     from h5forge.read.torch import H5Dataset, collate
     codec, how = name.split("_")[1:3]
     as_float = {"image_dtype": "float32", "mask_dtype": "int64"}  # float32 in [0, 1], int64: converted by h5forge
-    kw = {"default": {}, "float": as_float, "worker": as_float, "u8masks": {"image_dtype": "float32"}}.get(
-        how, {"image_dtype": "uint8", "mask_dtype": "uint8"})
+    kw = {"default": {}, "float": as_float, "worker": as_float}.get(how, {"image_dtype": "uint8", "mask_dtype": "uint8"})
     ds = H5Dataset(data / f"{codec}.h5", "train", FIELDS, **kw)
     if how == "plain":  # torch's default_collate stacks the samples
         return dl(ds, shuffle=True)
@@ -176,13 +157,6 @@ def reader(name: str, data: Path, args):
         return dl(ds, shuffle=True, collate_fn=collate)
     return ds.loader(batch_size=args.batch, num_workers=args.workers, shuffle=True, seed=args.seed,
                      persistent_workers=persistent, convert="worker" if how == "worker" else "after")
-
-
-def ended_children_cpu() -> float:
-    """CPU seconds of this process's children that ended and were waited for (workers of past epochs)."""
-    import resource
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def children_cpu() -> float:
@@ -214,14 +188,19 @@ def probe(args) -> None:
         out = {"samples_per_s": n / (time.perf_counter() - t), "dtypes": [str(v.dtype)[6:] for v in first],
                "main_cpu_ms_per_batch": round((time.process_time() - cpu) / batches * 1000, 2),
                "workers_cpu_ms_per_batch": round((children_cpu() - kids) / batches * 1000, 2)}
-        if args.check:  # every value of one epoch, whatever the order: equal across readers
+        if args.check:
             del it
-            sums = [0, 0]
-            for x, m in loader:
-                x = x if x.dtype == torch.uint8 else (x * 255).round().to(torch.int64)
-                sums = [sums[0] + int(x.sum(dtype=torch.int64)), sums[1] + int(m.sum(dtype=torch.int64))]
-            out["epoch_sums"] = sums
+            out["epoch_sums"] = epoch_sums(loader)
     print(json.dumps(out), flush=True)
+
+
+def epoch_sums(loader) -> list[int]:
+    """Every value of one epoch summed per field, whatever the order: equal across readers."""
+    sums = [0, 0]
+    for x, m in loader:
+        x = x if x.dtype == torch.uint8 else (x * 255).round().to(torch.int64)
+        sums = [sums[0] + int(x.sum(dtype=torch.int64)), sums[1] + int(m.sum(dtype=torch.int64))]
+    return sums
 
 
 def epochs(loader, args) -> dict:
@@ -233,7 +212,7 @@ def epochs(loader, args) -> dict:
         if k + 1 == WARMUP:
             break
     n, batches, per_epoch, dtypes = 0, 0, [], []
-    t, cpu, kids = time.perf_counter(), time.process_time(), ended_children_cpu()
+    t, cpu, kids = time.perf_counter(), time.process_time(), own_cpu(children=True)
     for _ in range(args.epochs):
         t0, n0 = time.perf_counter(), n
         for x, m in loader:  # a new iterator: its workers start here and are joined at its end
@@ -243,13 +222,9 @@ def epochs(loader, args) -> dict:
     seconds, main = time.perf_counter() - t, time.process_time() - cpu
     out = {"samples_per_s": n / seconds, "epoch_samples_per_s": per_epoch, "dtypes": dtypes,
            "main_cpu_ms_per_batch": round(main / batches * 1000, 2),
-           "workers_cpu_ms_per_batch": round((ended_children_cpu() - kids) / batches * 1000, 2)}
+           "workers_cpu_ms_per_batch": round((own_cpu(children=True) - kids) / batches * 1000, 2)}
     if args.check:
-        sums = [0, 0]
-        for x, m in loader:
-            x = x if x.dtype == torch.uint8 else (x * 255).round().to(torch.int64)
-            sums = [sums[0] + int(x.sum(dtype=torch.int64)), sums[1] + int(m.sum(dtype=torch.int64))]
-        out["epoch_sums"] = sums
+        out["epoch_sums"] = epoch_sums(loader)
     return out
 
 
@@ -258,7 +233,6 @@ def epochs(loader, args) -> dict:
 def prepare(n: int, size: int, codecs=("lz4", "none"), content: str = "generated") -> Path:
     """Links to the lz4 and none versions ``h5forge.build`` makes, and the same arrays as .npy (cached).
     ``content``: the demo generator's pictures, or ``"photos"`` (common.photo_folder)."""
-    import h5py
     photos = content == "photos"
     data = CACHE / "read_peers" / f"{'photos-' if photos else ''}n{n}-{size}"
     data.mkdir(parents=True, exist_ok=True)
@@ -271,15 +245,22 @@ def prepare(n: int, size: int, codecs=("lz4", "none"), content: str = "generated
         (data / f"{codec}.h5").symlink_to(path)
     made_from = os.path.realpath(data / "lz4.h5")  # the cached arrays are this version's, or made anew
     stale = (data / "npy_from").read_text() != made_from if (data / "npy_from").exists() else True
-    with h5py.File(data / "lz4.h5", "r") as f:
-        shapes = [list(f["train"][k].shape[1:]) for k in FIELDS]
+    write_npy(data, data / "lz4.h5", n, stale)
+    (data / "npy_from").write_text(made_from)
+    return data
+
+
+def write_npy(data: Path, version: Path, n: int, stale: bool = True) -> None:
+    """The version's train images and masks as ``data/<field>.npy`` (missing or ``stale`` ones written),
+    their shapes in ``data/shapes.json``: what the probes' .npy and peer readers read."""
+    import h5py
+    with h5py.File(version, "r") as f:
         for k in FIELDS:
             if stale or not (data / f"{k}.npy").exists():
                 np.save(data / "tmp.npy", f["train"][k][()])
                 os.replace(data / "tmp.npy", data / f"{k}.npy")
-    (data / "npy_from").write_text(made_from)
+        shapes = [list(f["train"][k].shape[1:]) for k in FIELDS]
     (data / "shapes.json").write_text(json.dumps({"n": n, "shapes": shapes}))
-    return data
 
 
 def write_peers(data: Path) -> None:
@@ -288,8 +269,7 @@ def write_peers(data: Path) -> None:
     n, root = imgs.shape[0], data / "peers"
     if (root / ".complete").exists():
         return
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)  # lmdb makes its own folder, not the ones above it
+    fresh(root)  # lmdb makes its own folder, not the ones above it
     import lmdb
     import webdataset as wds
     from streaming import MDSWriter
@@ -360,18 +340,13 @@ def probe_rounds(pythons: dict, data: Path, args, limit=lambda name: 0) -> tuple
     reader's first outputs. The first round sums every value of an epoch (in-process readers apart):
     readers that disagree end the command."""
     warm([data])
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     rates, cpus, info = {k: [] for k in pythons}, {k: [] for k in pythons}, {}
     for r, name in interleaved(list(pythons), args.rounds):
         check = r == 0 and "-0workers" not in name
-        cmd = [str(pythons[name]), "-m", "benchmarks.read_peers", "--probe", name, "--data", str(data), "--seed", str(r),
-               "--batch", str(args.batch), "--workers", str(args.workers), "--limit", str(limit(name)),
-               "--epochs", str(getattr(args, "epochs", 0)), *(["--check"] if check else [])]
         LOADS.append(os.getloadavg()[0])
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=1800)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{name} failed:\n{proc.stderr[-3000:]}")
-        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        res = child_json("read_peers", "--probe", name, "--data", data, "--seed", r, "--batch", args.batch, "--workers",
+                         args.workers, "--limit", limit(name), "--epochs", getattr(args, "epochs", 0),
+                         *(["--check"] if check else []), python=pythons[name])
         rates[name].append(res.pop("samples_per_s"))
         info.setdefault(name, res)
         cpus[name].append(res["main_cpu_ms_per_batch"] + res["workers_cpu_ms_per_batch"])
@@ -407,8 +382,7 @@ def main() -> None:
              "h5forge_lz4_float-0workers", *(f"h5forge_lz4_float-off-{p}" for p in pieces), "h5forge_lz4_plain-off-direct"]
     pythons = dict.fromkeys(names, Path(sys.executable))
     if peers_py is not None:
-        subprocess.run([str(peers_py), "-m", "benchmarks.read_peers", "--write-peers", "--data", str(data)],
-                       check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        child_json("read_peers", "--write-peers", "--data", data, python=peers_py)
         pythons |= dict.fromkeys(("lmdb", "webdataset", "mosaic"), peers_py)
     rates, cpus, info = probe_rounds(pythons, data, args, limit=lambda name: args.n // 2 if "-0workers" in name else 0)
     lat, cpu = in_process(data, args.reads, args.cpu_batches)

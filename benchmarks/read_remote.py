@@ -1,10 +1,6 @@
 """Training from a server: one shuffled epoch of the loader over loopback HTTP (nginx) and S3 (moto's
 server) against the same version read locally; in the same rounds, webdataset, mosaic-streaming and
 litdata streaming their own formats of the same samples from the same servers (in the peers' venv).
-
-    python -m benchmarks.read_remote [--smoke] [--n 2000 --size 224 --rounds 1 --workers 2,4 --s3-max-mb 64]
-    python -m benchmarks.read_remote --n 500 --rounds 3 --workers 2 --results read_remote_peers
-
 Method: benchmarks/README.md, "read_remote".
 """
 

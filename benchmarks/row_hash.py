@@ -1,9 +1,6 @@
 """What hashing costs per sample, format 2 (sha256) against format 3 (BLAKE3): the workers' value digests,
-the writer's row checksums and verify's checksum pass; the raw files' sha256 for scale.
-
-    python -m benchmarks.row_hash [--smoke] [--n 2000 --size 224 --reps 3]
-
-Method: benchmarks/README.md, "row_hash".
+the writer's row checksums and verify's checksum pass; the raw files' sha256 for scale. Method:
+benchmarks/README.md, "row_hash".
 """
 
 import hashlib

@@ -1,8 +1,5 @@
 """Two `h5forge build` commands in a row with nothing running before the first, as a user types them:
 the first starts the local Prefect server (h5forge/_cli/local_server.py), the second reuses it.
-
-    python -m benchmarks.second_build [--smoke] [--n 100]
-
 Method: benchmarks/README.md, "second_build".
 """
 

@@ -1,10 +1,6 @@
 """Three ways the workers' rows reach the version (sent through dask, chunk files the publisher copies,
 segment files the version maps): the publisher's CPU, the bytes each moves, the projection to many
-workers, the builds, and reading a segments version.
-
-    python -m benchmarks.segments [--smoke] [--n 1000 --size 224 --workers 2 --reps 2]
-
-Method: benchmarks/README.md, "segments".
+workers, the builds, and reading a segments version. Method: benchmarks/README.md, "segments".
 """
 
 import os
@@ -15,8 +11,8 @@ from pathlib import Path
 
 import h5py
 
-from benchmarks.common import (CACHE, clean_batches, cli, folder_bytes, latencies_us, make_spec, med, percentiles, ratio,
-                               raw_folder, save, version_identity, warm)
+from benchmarks.common import (CACHE, clean_batches, cli, folder_bytes, fresh, latencies_us, make_spec, med, percentiles,
+                               ratio, raw_folder, save, version_identity, warm)
 
 WORK = CACHE / "segments"
 ARMS = ("sent", "files", "segments")
@@ -62,12 +58,7 @@ def _arm_once(spec, arm: str, batches: list, repeat: int) -> dict:
     from h5forge._ingest.chunk_files import read_chunk_file, write_chunk_file
     from h5forge._ingest.writer import DatasetWriter
 
-    chunk_folder = WORK / "chunk-files"
-    shutil.rmtree(WORK / "publisher", ignore_errors=True)
-    shutil.rmtree(chunk_folder, ignore_errors=True)
-    (WORK / "publisher").mkdir(parents=True)
-    chunk_folder.mkdir(parents=True)
-    path = WORK / "publisher" / "dataset_v0001.h5"
+    chunk_folder, path = fresh(WORK / "chunk-files"), fresh(WORK / "publisher") / "dataset_v0001.h5"
     c = time.process_time()
     opened = MappedWriter(path, spec, version=1) if arm == "segments" else None
     t_open = time.process_time() - c
@@ -197,11 +188,9 @@ def mapping_scaling(counts=(16, 160, 1600), rows: int = 64, reads: int = 500) ->
 
     from h5forge._format.row_files import map_virtual
 
-    out = {}
-    folder = WORK / "mappings"
+    out, folder = {}, WORK / "mappings"
     for k in counts:
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
+        fresh(folder)
         data = np.random.default_rng(k).integers(0, 255, (k * rows, 3, 16, 16), dtype=np.uint8)
         for i in range(k):
             with h5py.File(folder / f"s{i}.h5", "w") as f:
