@@ -120,7 +120,7 @@ def main() -> None:
         figures["polygon"] = in_child("clean", long_polygon(work / "polygon" / "raw", args.vertices))
     out = RESULTS / ("smoke" if args.smoke else "") / f"boxes_memory{'_' + args.label if args.label else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=1))
+    out.write_text(json.dumps({"command": " ".join(["python -m benchmarks.boxes_memory", *sys.argv[1:]]), **figures}, indent=1))
     for name, f in figures.items():
         print(name, json.dumps(f)[:600])
     shutil.rmtree(work, ignore_errors=True)

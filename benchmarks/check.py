@@ -6,15 +6,19 @@ Which benchmarks, and why: benchmarks/README.md, section "check".
 """
 
 import argparse
+import contextlib
+import importlib
+import io
 import json
 import os
 import shlex
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 from pathlib import Path
 
-from benchmarks.common import CACHE, REPO, RESULTS, log
+from benchmarks.common import CACHE, PARSE_ONLY, REPO, RESULTS, log
 
 # Each finishes in a few minutes on 2 cores at the size its committed results file was run at.
 SHORT = ("second_build", "kinds_ct", "row_hash", "segments", "decode")
@@ -59,12 +63,31 @@ def rerun(name: str, out: Path) -> dict:
     return json.loads((out / f"{name}.json").read_text())
 
 
+def stale_commands() -> list[str]:
+    """The committed results whose command today's benchmark refuses: figures nobody can re-run.
+    Each benchmark's ``main`` parses the command's flags here and stops (``common.PARSE_ONLY``)."""
+    stale = []
+    for path in sorted(RESULTS.glob("*.json")):
+        command = json.loads(path.read_text())["command"]
+        _, _, module, *flags = shlex.split(command)  # python -m benchmarks.x --flag ...
+        said, code = io.StringIO(), 0
+        with mock.patch.dict(os.environ, {PARSE_ONLY: "1"}), mock.patch.object(sys, "argv", [module, *flags]):
+            try:
+                with contextlib.redirect_stderr(said):
+                    importlib.import_module(module).main()
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+        if code:
+            stale.append(f"{path.name}: {command}: {(said.getvalue().strip().splitlines() or [f'exit {code}'])[-1]}")
+    return stale
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=",".join(SHORT))
     ap.add_argument("--tolerance", type=float, default=0.25)
     args = ap.parse_args()
-    out, off = Path(tempfile.mkdtemp(prefix="check-", dir=CACHE)), []
+    out, off, stale = Path(tempfile.mkdtemp(prefix="check-", dir=CACHE)), [], stale_commands()
     lines = []
     for name in args.only.split(","):
         committed = json.loads((RESULTS / f"{name}.json").read_text())
@@ -74,8 +97,10 @@ def main() -> None:
             rows = [{"figure": "(the command)", "committed": "exit 0", "rerun": f"exit {e.returncode}", "verdict": "off"}]
         lines += [line(name, r) for r in rows]
         off += [line(name, r) for r in rows if r["verdict"] == "off"]
-    print("\n".join(["", *lines, "", f"{len(off)} of {len(lines)} figures off by more than {args.tolerance:.0%}"]))
-    sys.exit(1 if off else 0)
+    print("\n".join(["", *lines, *(f"no longer runs: {s}" for s in stale), "",
+                     f"{len(off)} of {len(lines)} figures off by more than {args.tolerance:.0%}; "
+                     f"{len(stale)} committed commands no longer run"]))
+    sys.exit(1 if off or stale else 0)
 
 
 if __name__ == "__main__":
