@@ -26,18 +26,20 @@ class Display(Protocol):
 
 
 class LogDisplay:
-    """The status, then a log line every 10 %."""
+    """The status, then a log line every 10 %, on ``logger`` with ``extra`` on each record."""
 
-    def __init__(self, total: int, label: str) -> None:
+    def __init__(self, total: int, label: str, logger: logging.Logger = log, extra: dict | None = None) -> None:
         self.total, self.label, self.done, self._next = total, label, 0, 0.1
+        self.logger, self.extra = logger, extra
 
     def status(self, text: str) -> None:
-        log.info(text)
+        self.logger.info(text, extra=self.extra)
 
     def advance(self, n: int) -> None:
         self.done += n
         if self.total and self.done / self.total >= self._next:
-            log.info("%s: %d/%d (%d %%)", self.label, self.done, self.total, 100 * self.done // self.total)
+            percent = 100 * self.done // self.total
+            self.logger.info("%s: %d/%d (%d %%)", self.label, self.done, self.total, percent, extra=self.extra)
             while self._next <= self.done / self.total:
                 self._next += 0.1
 
