@@ -9,8 +9,8 @@ and shows the reports as artifacts. Steps log to the ``h5forge`` logger.
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Protocol, TypeVar
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Callable, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -52,9 +52,8 @@ class Runner:
     def step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return fn(*args, **kwargs)
 
-    @contextmanager
-    def progress(self, total: int, label: str) -> Iterator[Display]:
-        yield LogDisplay(total, label)
+    def progress(self, total: int, label: str) -> AbstractContextManager[Display]:
+        return nullcontext(LogDisplay(total, label))
 
     def markdown(self, key: str, markdown: str, description: str) -> None:
         """A Markdown report of the run (a plain run keeps its reports in files)."""
