@@ -3,7 +3,6 @@ versions, rollback, demo-data (verify, versions and rollback hand a bucket addre
 
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Optional
@@ -231,11 +230,10 @@ def serve(
     Needs a Prefect server: PREFECT_API_URL (e.g. http://127.0.0.1:4200/api after `prefect server start`).
     """
     _check_spec(spec, output, dask_address)
-    if not os.environ.get("PREFECT_API_URL"):
-        from prefect.settings import PREFECT_API_URL
+    from h5forge._cli.local_server import configured
 
-        if not PREFECT_API_URL.value():
-            _fail("serve needs a Prefect server: start one (`prefect server start`) and set PREFECT_API_URL")
+    if not configured():
+        _fail("serve needs a Prefect server: start one (`prefect server start`) and set PREFECT_API_URL")
     from prefect import serve as prefect_serve
 
     from h5forge.deployments.definitions import dataset_deployments
