@@ -19,6 +19,8 @@ from prefect.logging.handlers import PrefectConsoleHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeRemainingColumn
 from rich.theme import Theme
 
+from h5forge._pipeline.runner import LogDisplay
+
 SHOWN_LIVE = "h5forge_shown_live"  # log record attribute: the live line already shows this
 
 
@@ -29,43 +31,30 @@ class _NotShownLive(logging.Filter):
 
 def terminal_log_handler() -> PrefectConsoleHandler | None:
     """Prefect's console handler when it writes to a terminal (it sits on the root logger)."""
-    for handler in logging.getLogger().handlers:
-        if (
-            isinstance(handler, PrefectConsoleHandler)
-            and handler.console.is_terminal
-            and not handler.console.is_dumb_terminal
-        ):
-            return handler
-    return None
+    consoles = (h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler))
+    return next((h for h in consoles if h.console.is_terminal and not h.console.is_dumb_terminal), None)
 
 
-class StepDisplay:
-    """``status(text)`` while the step prepares, ``advance(n)`` as items are done."""
+class StepDisplay(LogDisplay):
+    """``status(text)`` while the step prepares, ``advance(n)`` as items are done: on the live line
+    when there is one, and as log lines."""
 
     def __init__(self, total: int, label: str, logger, live: Progress | None) -> None:
-        self.total, self.label, self.logger, self.live = total, label, logger, live
-        self.done = 0
-        self._next_log = 0.1
+        super().__init__(total, label, logger, {SHOWN_LIVE: live is not None})
+        self.live = live
         self._bar = live.add_task(label, total=total) if live is not None else None
-        self._extra = {SHOWN_LIVE: live is not None}
 
     def status(self, text: str) -> None:
-        self.logger.info(text, extra=self._extra)
+        super().status(text)
         if self.live is not None and self._bar is not None:
             # drawn now: a status that lasts less than the live line's refresh period (workers
             # started ahead are ready at once) is otherwise never seen
             self.live.update(self._bar, description=text, refresh=True)
 
     def advance(self, n: int) -> None:
-        self.done += n
         if self.live is not None and self._bar is not None:
-            self.live.update(self._bar, completed=self.done, description=self.label)
-        if self.total and self.done / self.total >= self._next_log:
-            self.logger.info(
-                f"{self.label}: {self.done}/{self.total} ({100 * self.done // self.total} %)", extra=self._extra
-            )
-            while self._next_log <= self.done / self.total:
-                self._next_log += 0.1
+            self.live.update(self._bar, completed=self.done + n, description=self.label)
+        super().advance(n)
 
 
 @contextmanager

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from functools import lru_cache
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, TypeVar
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -60,10 +60,8 @@ class PrefectRunner(Runner):
         # quote: Prefect would otherwise walk every sample of an inventory looking for futures
         return _task(name, fn)(*(quote(a) for a in args), **{k: quote(v) for k, v in kwargs.items()})
 
-    @contextmanager
-    def progress(self, total: int, label: str) -> Iterator[Display]:
-        with progress(total, label, logging.getLogger(LIBRARY_LOGGER)) as display:
-            yield display
+    def progress(self, total: int, label: str) -> AbstractContextManager[Display]:
+        return progress(total, label, logging.getLogger(LIBRARY_LOGGER))
 
     def markdown(self, key: str, markdown: str, description: str) -> None:
         create_markdown_artifact(key=key, markdown=markdown, description=description)

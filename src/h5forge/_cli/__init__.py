@@ -19,11 +19,7 @@ __all__ = ["app", "main"]
 
 
 def _app():
-    from h5forge._cli import dataset  # noqa: F401  (registers its commands)
-    from h5forge._cli import views  # noqa: F401  (preview, codecs)
-    from h5forge._cli import doctor, inspect  # noqa: F401  (register their commands)
-    from h5forge._cli import server  # noqa: F401  (server status, server stop)
-    from h5forge._cli import bucket  # noqa: F401  (push)
+    from h5forge._cli import dataset, views, doctor, inspect, server, bucket  # noqa: F401  (register their commands)
     from h5forge._cli.app import app
 
     # importing the submodule h5forge._cli.app bound its name here; the name means the Typer app

@@ -83,6 +83,11 @@ def _prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_TASKS_DEFAULT_NO_CACHE", "true")
 
 
+def say(text: str, console: Console = out) -> None:
+    """A line as it is: no rich markup or highlighting in the paths, ids and reasons it holds."""
+    console.print(text, highlight=False, markup=False)
+
+
 def _fail(message: str, code: int = 2) -> None:
     err.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)

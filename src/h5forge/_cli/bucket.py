@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from h5forge._cli.app import _fail, _reported, app, err, out
+from h5forge._cli.app import _fail, _reported, app, err, out, say
 
 
 @app.command()
@@ -25,11 +25,11 @@ def push(
     if not is_remote(prefix):
         _fail(f"{prefix}: not a bucket address (s3://…, gs://…)")
     with _reported():
-        done = push_version(folder, prefix, keep=keep, progress=lambda line: err.print(line, highlight=False))
+        done = push_version(folder, prefix, keep=keep, progress=lambda line: say(line, err))
     what = "uploaded" if done.uploaded else "already there"
-    out.print(f"v{done.version:04d} {what}: {done.object}; dataset_latest.h5 -> v{done.version:04d}", highlight=False)
+    say(f"v{done.version:04d} {what}: {done.object}; dataset_latest.h5 -> v{done.version:04d}")
     for gone in done.removed:
-        out.print(f"removed {gone}", highlight=False)
+        say(f"removed {gone}")
 
 
 def verify_url(url: str, quick: bool, as_json: bool) -> None:

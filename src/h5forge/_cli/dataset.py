@@ -3,7 +3,6 @@ versions, rollback, demo-data (verify, versions and rollback hand a bucket addre
 
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Optional
@@ -12,7 +11,7 @@ import typer
 from rich.table import Table
 
 from h5forge.errors import H5forgeError
-from h5forge._cli.app import _fail, _prefect_defaults, _reported, app, err, out, settings
+from h5forge._cli.app import _fail, _prefect_defaults, _reported, app, err, out, say, settings
 from h5forge.kinds import demos, detectors
 
 
@@ -40,7 +39,7 @@ def init(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(inferred.text)
     for note in inferred.notes:
-        out.print(f"note: {one_line(note)}", highlight=False, markup=False)
+        say(f"note: {one_line(note)}")
     if inferred.todo:
         _fail(
             f"wrote {out_path} ({inferred.layout} layout), but it is incomplete: fill in "
@@ -53,11 +52,7 @@ def init(
             f"{out_path}",
             1,
         )
-    out.print(
-        f"wrote {out_path} ({inferred.layout} layout); review it, then run: h5forge build {out_path}",
-        highlight=False,
-        markup=False,
-    )
+    say(f"wrote {out_path} ({inferred.layout} layout); review it, then run: h5forge build {out_path}")
 
 
 @app.command()
@@ -80,10 +75,7 @@ def build(
 
 def _print_build(result) -> None:
     if result.unchanged:
-        out.print(
-            f"{result.name}: unchanged since v{result.version:04d} (same raw inputs and spec); nothing published",
-            highlight=False,
-        )
+        say(f"{result.name}: unchanged since v{result.version:04d} (same raw inputs and spec); nothing published")
         return
     t = Table(title=f"{result.name}: published v{result.version:04d}", show_header=False)
     t.add_row("file", result.path)
@@ -117,10 +109,10 @@ def _flow_server():
     from h5forge._cli import local_server
 
     def started(server) -> None:
-        err.print(
+        say(
             f"started a local Prefect server at {server.url} for this and later commands; it stops after "
             f"{local_server.idle_minutes():g} min unused (`h5forge server stop` stops it now)",
-            highlight=False,
+            err,
         )
 
     return local_server.for_flow_run(started)
@@ -158,14 +150,14 @@ def _print_append(result, spec: Path | None = None) -> None:
     else:
         out.print("nothing appended")
     for r in result.rejections:
-        out.print(f"  rejected {r.sample_id} ({r.path}): {r.reason}", highlight=False)
+        say(f"  rejected {r.sample_id} ({r.path}): {r.reason}")
     if result.waiting:
         out.print(f"  {result.waiting} sample(s) wait for a missing part or for their files to settle")
     from h5forge._store.thin import compact_advice
 
     advice = compact_advice(result.version, result.chain, str(spec or "SPEC")) if result.version else None
     if advice:
-        err.print(f"warning: {advice}", highlight=False)
+        say(f"warning: {advice}", err)
 
 
 @app.command()
@@ -238,11 +230,10 @@ def serve(
     Needs a Prefect server: PREFECT_API_URL (e.g. http://127.0.0.1:4200/api after `prefect server start`).
     """
     _check_spec(spec, output, dask_address)
-    if not os.environ.get("PREFECT_API_URL"):
-        from prefect.settings import PREFECT_API_URL
+    from h5forge._cli.local_server import configured
 
-        if not PREFECT_API_URL.value():
-            _fail("serve needs a Prefect server: start one (`prefect server start`) and set PREFECT_API_URL")
+    if not configured():
+        _fail("serve needs a Prefect server: start one (`prefect server start`) and set PREFECT_API_URL")
     from prefect import serve as prefect_serve
 
     from h5forge.deployments.definitions import dataset_deployments

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import os
 import shutil
+from importlib.metadata import version
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from h5forge._cli.app import _reported, app, out
+from h5forge._cli.app import _reported, app, say
 from h5forge._figures import size as size_text
+from h5forge.errors import ReadError, SchedulerUnreachable, SourceMissing, UsageError
 
 HEALTH_TIMEOUT = 3.0  # seconds for the Prefect API to answer /health
 
@@ -24,7 +26,7 @@ class Checkup:
         self.problems: list[str] = []
 
     def line(self, label: str, text: str) -> None:
-        out.print(f"{label + ':' if label else '':<20} {text}", highlight=False, markup=False)
+        say(f"{label + ':' if label else '':<20} {text}")
 
     def problem(self, label: str, text: str) -> None:
         self.problems.append(f"{label}: {text}")
@@ -37,7 +39,6 @@ def _filter_name(fid: int, known: dict[int, tuple[str, str]]) -> str:
 
 
 def check_versions(c: Checkup) -> None:
-    from importlib.metadata import version
     import platform
 
     import h5py
@@ -156,8 +157,6 @@ def check_prefect(c: Checkup) -> None:
 
 
 def check_compute(c: Checkup) -> None:
-    from importlib.metadata import version
-
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     c.line("dask", f"dask {version('dask')}, distributed {version('distributed')}")
     c.line("CPUs", f"{os.cpu_count()} ({usable} usable by this process)")
@@ -182,18 +181,12 @@ def check_file(c: Checkup, path: Path) -> None:
 
     with _reported():
         if path.is_dir():
-            from h5forge.errors import UsageError
-
             raise UsageError(f"{path} is a folder; doctor checks one file (e.g. its dataset_latest.h5)")
         if not path.is_file():
-            from h5forge.errors import SourceMissing
-
             raise SourceMissing(f"{path}: no such file")
         try:
             used = filters_used(path)
         except OSError as err:
-            from h5forge.errors import ReadError
-
             raise ReadError(f"{path}: not an HDF5 file ({err})") from None
     known = known_filters()
     import h5py
@@ -253,7 +246,6 @@ def check_spec(c: Checkup, spec_path: Path, dask_address: str | None = None) -> 
 
 def check_scheduler(c: Checkup, address: str, label: str = "dask scheduler") -> None:
     """Reachable, and how many workers it has: a scheduler without workers cleans nothing."""
-    from h5forge.errors import SchedulerUnreachable
     from h5forge._ingest.parallel import check_reachable
 
     try:

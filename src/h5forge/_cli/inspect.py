@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from h5forge._cli.app import _fail, _reported, app, out, settings
+from h5forge._cli.app import _fail, _reported, app, out, say, settings
 from h5forge._figures import size as size_text
 
 
@@ -17,7 +17,7 @@ def _print_version(value: bool) -> None:
     if value:
         from importlib.metadata import version
 
-        out.print(f"h5forge {version('h5forge')}", highlight=False)
+        say(f"h5forge {version('h5forge')}")
         raise typer.Exit(0)
 
 
@@ -107,10 +107,10 @@ def _print_info(info: dict[str, Any]) -> None:
     out.print(stats)
     rej = info["rejected"]
     run = "the append that wrote it" if lin["kind"] == "thin" and not lin["assembled"] else "the build"
-    out.print(f"rejected inputs ({run}): {rej['total']}", highlight=False)
+    say(f"rejected inputs ({run}): {rej['total']}")
     for r in rej["by_reason"]:
         ids = ", ".join(i["path"] for i in r["inputs"][:5]) + (" ..." if r["count"] > 5 else "")
-        out.print(f"  {r['count']} x [{r['stage']}] {r['reason']}: {ids}", highlight=False, markup=False)
+        say(f"  {r['count']} x [{r['stage']}] {r['reason']}: {ids}")
 
 
 @app.command()
@@ -174,7 +174,7 @@ def diff(
         print(json.dumps(result.to_dict(), indent=2))
         return
     for line in result.lines():
-        out.print(line, highlight=False, markup=False)
+        say(line)
 
 
 def _values_text(values: Any) -> tuple[str, str, str]:
@@ -226,4 +226,4 @@ def read_batch(
     for name, values in batch.items():
         t.add_row(name, *_values_text(values))
     out.print(t)
-    out.print("ids: " + ", ".join(ids), highlight=False, markup=False)
+    say("ids: " + ", ".join(ids))

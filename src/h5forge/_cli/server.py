@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from h5forge._cli.app import _Command, _Group, _reported, app, out
+from h5forge._cli.app import _Command, _Group, _reported, app, say
 
 server_app = typer.Typer(cls=_Group, no_args_is_help=True, help="The local Prefect server build and append reuse.")
 app.add_typer(server_app, name="server")
@@ -21,13 +21,12 @@ def status() -> None:
     folder = local_server.state_dir()
     server = local_server.recorded(folder)
     if server is None or local_server.owned_process(server) is None:
-        out.print(f"no local Prefect server runs (state in {folder})", highlight=False)
+        say(f"no local Prefect server runs (state in {folder})")
         return
     answers = "answers" if local_server.answers(server) else "does not answer"
-    out.print(
+    say(
         f"local Prefect server: pid {server.pid}, {server.url}, Prefect {server.prefect} ({answers}); it stops "
-        f"after {minutes:g} min without a command, or on `h5forge server stop`; log: {folder / 'server.log'}",
-        highlight=False,
+        f"after {minutes:g} min without a command, or on `h5forge server stop`; log: {folder / 'server.log'}"
     )
 
 
@@ -38,6 +37,6 @@ def stop() -> None:
 
     server = local_server.stop()
     if server is None:
-        out.print("no local Prefect server was running", highlight=False)
+        say("no local Prefect server was running")
     else:
-        out.print(f"stopped the local Prefect server (pid {server.pid}, {server.url})", highlight=False)
+        say(f"stopped the local Prefect server (pid {server.pid}, {server.url})")

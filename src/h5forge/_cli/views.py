@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from h5forge._cli.app import _reported, app, out
+from h5forge._cli.app import _reported, app, out, say
 
 
 def _ids(values: Optional[List[str]]) -> list[str] | None:
@@ -42,11 +42,7 @@ def preview(
     with _reported():
         sheet = in_child(write_preview, file, out_path, split, n, seed, _ids(ids), tile, what=f"preview {file}")
     shown = ", ".join(sheet.ids[:8]) + (f" and {len(sheet.ids) - 8} more" if len(sheet.ids) > 8 else "")
-    out.print(
-        f"wrote {out_path} ({sheet.image.width}x{sheet.image.height} px): {len(sheet.ids)} samples: {shown}",
-        highlight=False,
-        markup=False,
-    )
+    say(f"wrote {out_path} ({sheet.image.width}x{sheet.image.height} px): {len(sheet.ids)} samples: {shown}")
 
 
 @app.command()
@@ -97,12 +93,10 @@ def codecs(
             style=style,
         )
     out.print(t)
-    out.print(f"recommended for {result.goal}: {result.recommended} ({result.reason})", highlight=False, markup=False)
+    say(f"recommended for {result.goal}: {result.recommended} ({result.reason})")
     others = ", ".join(f"{g}: {recommend(result.results, g, result.batch)[0]}" for g in GOALS if g != result.goal)
-    out.print(f"other constraints (--for) would pick {others}", highlight=False, markup=False)
-    out.print(
+    say(f"other constraints (--for) would pick {others}")
+    say(
         f"a reader needs: {CODECS[result.recommended].needs}; set it in the spec as "
-        f"storage: {{codec: {result.recommended}}}; chart: {chart}",
-        highlight=False,
-        markup=False,
+        f"storage: {{codec: {result.recommended}}}; chart: {chart}"
     )

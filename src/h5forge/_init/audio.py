@@ -34,9 +34,10 @@ def _field_names(channels: int) -> list[str]:
     return [f"ch_{i}" for i in range(channels)]
 
 
-def audio_body(raw: Path, notes: list[str], kind):
-    """The body of a spec for the audio recordings of ``raw`` or its first sub-folder holding
-    some (the others noted), or None if there are none."""
+def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+    """The ``signals`` layout of the audio recordings of ``raw`` or its first sub-folder holding
+    some (the others noted), or None if there are none; ``kind`` gives the rate tolerance and the
+    audio suffixes."""
     found = first_folder_with(raw, kind.audio_suffixes, notes)
     if found is None:
         return None
@@ -58,7 +59,7 @@ def audio_body(raw: Path, notes: list[str], kind):
     survey.keep_shared("channel", notes)  # before naming: a mono and stereo folder keeps channel 0, named audio
     names = _field_names(len(survey.channels))
     indexed = {label: (names[k], int(label)) for k, label in enumerate(sorted(survey.channels, key=int))}
-    found = survey.layout(
+    layout = survey.layout(
         "channel",
         notes,
         f"one field per channel of the {len(survey.files)} recordings in {survey.prefix or './'} "
@@ -68,10 +69,4 @@ def audio_body(raw: Path, notes: list[str], kind):
     )
     if any(ch.off_rate() for ch in survey.channels.values()):
         notes.append("resample: true in a field converts a recording at another rate instead of rejecting it")
-    return found
-
-
-def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
-    """The ``signals`` layout; ``kind`` gives the rate tolerance and the audio suffixes."""
-    found = audio_body(raw, notes, kind)
-    return None if found is None else Layout(*found)
+    return layout

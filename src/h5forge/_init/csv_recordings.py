@@ -63,16 +63,17 @@ def _csv_recording(path: Path, time_columns: tuple[str, ...]) -> _CsvRecording:
     return rec
 
 
-def csv_body(raw: Path, notes: list[str], kind):
-    """The body of a spec for the CSV recordings of ``raw`` or its first sub-folder whose first CSV
-    has a time column, or None if there is none (a CSV without one is an annotation file)."""
+def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+    """The ``signals`` layout of the CSV recordings of ``raw`` or its first sub-folder whose first
+    CSV has a time column, or None if there is none (a CSV without one is an annotation file);
+    ``kind`` gives the rate tolerance and the time column names."""
     for base, files in folders_with(raw, (".csv",)):
         if _csv_recording(files[0], kind.time_columns).time is not None:
             return _csv_recordings_body(Survey(raw, base, files, kind.rate_tolerance), notes, kind.time_columns)
     return None
 
 
-def _csv_recordings_body(survey: Survey, notes: list[str], time_columns: tuple[str, ...]):
+def _csv_recordings_body(survey: Survey, notes: list[str], time_columns: tuple[str, ...]) -> Layout:
     text_columns: Counter[str] = Counter()
     for p in survey.sampled:
         rec = _csv_recording(p, time_columns)
@@ -97,9 +98,3 @@ def _csv_recordings_body(survey: Survey, notes: list[str], time_columns: tuple[s
         f"{survey.prefix or './'} (the time column gives the rate)",
         "measured from the time column",
     )
-
-
-def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
-    """The ``signals`` layout; ``kind`` gives the rate tolerance and the time column names."""
-    found = csv_body(raw, notes, kind)
-    return None if found is None else Layout(*found)

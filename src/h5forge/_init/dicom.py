@@ -173,8 +173,9 @@ def _case_glob(raw: Path, base: Path, cases: list[Path], notes: list[str]) -> st
     return glob
 
 
-def dicom_body(raw: Path, notes: list[str]):
-    """The body of a spec for DICOM case folders, or None if ``raw`` holds none."""
+def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+    """The ``volume`` layout of DICOM case folders, or None if ``raw`` holds none: two cases per
+    task, as cases are large."""
     found = _dicom_cases(raw)
     if found is None:
         return None
@@ -224,7 +225,7 @@ def dicom_body(raw: Path, notes: list[str]):
         if mask is not None:
             volume_mask_field(t, f"{name}_mask", name, mask)
 
-    return "volume", body
+    return Layout("volume", body, batch_size=2)
 
 
 def _field_name(modalities: Counter, sampled: int, notes: list[str]) -> tuple[str, str]:
@@ -242,12 +243,3 @@ def _field_name(modalities: Counter, sampled: int, notes: list[str]) -> tuple[st
         )
         return "mixed: " + "/".join(m for m, _ in modalities.most_common()), "volume"
     return "", "volume"
-
-
-def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
-    """The ``volume`` layout (DICOM): two cases per task, as cases are large."""
-    found = dicom_body(raw, notes)
-    if found is None:
-        return None
-    name, body = found
-    return Layout(name, body, batch_size=2)

@@ -53,9 +53,9 @@ def _edf_channels(path: Path) -> list[tuple[str, float]] | str:
         reader.close()
 
 
-def edf_body(raw: Path, notes: list[str], kind):
-    """The body of a spec for the EDF/BDF recordings of ``raw`` or its first sub-folder holding
-    some (the others noted), or None if there are none."""
+def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+    """The ``signals`` layout of the EDF/BDF recordings of ``raw`` or its first sub-folder holding
+    some (the others noted), or None if there are none; ``kind`` gives the rate tolerance."""
     edf = first_folder_with(raw, EDF_SUFFIXES, notes)
     if edf is None:
         return None
@@ -95,9 +95,3 @@ def edf_body(raw: Path, notes: list[str], kind):
         f"{survey.prefix or './'}; they pair by file name, each at its own rate",
         "from the headers",
     )
-
-
-def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
-    """The ``signals`` layout; ``kind`` gives the rate tolerance."""
-    found = edf_body(raw, notes, kind)
-    return None if found is None else Layout(*found)

@@ -55,8 +55,8 @@ def _niftis(folder: Path) -> list[Path]:
         return []
 
 
-def nifti_body(raw: Path, notes: list[str]):
-    """The body of a spec for the NIfTI volumes of ``raw``: files in it or in one of its folders
+def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+    """The ``volume`` layout of the NIfTI volumes of ``raw``: files in it or in one of its folders
     (``images/``, ``func/``, ...), else one folder per case holding them; None if there are none."""
     for base in _volume_folders(raw):
         if files := _niftis(base):
@@ -71,7 +71,7 @@ def nifti_body(raw: Path, notes: list[str]):
     return None
 
 
-def _case_folders(raw: Path, top: Path, notes: list[str]):
+def _case_folders(raw: Path, top: Path, notes: list[str]) -> Layout | None:
     """``<case>/<file>.nii.gz`` below ``top``, when most of its sub-folders hold NIfTI files. The
     ids are the file names when they differ from case to case, else (``image.nii.gz`` in every
     folder) their paths below ``top``: ``<case>/image``."""
@@ -99,7 +99,8 @@ def _case_folders(raw: Path, top: Path, notes: list[str]):
 
 def _nifti_volumes_body(
     raw: Path, base: Path, files: list[Path], notes: list[str], prefix: str | None = None, ids: str = "stem"
-):
+) -> Layout:
+    """Two cases per task, as cases are large."""
     import nibabel
     from nibabel.filebasedimages import ImageFileError
 
@@ -162,7 +163,7 @@ def _nifti_volumes_body(
         if mask is not None:
             volume_mask_field(t, "volume_mask", "volume", mask)
 
-    return "volume", body, ids
+    return Layout("volume", body, ids="path" if ids == "path" else None, batch_size=2)
 
 
 def _dims(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -201,12 +202,3 @@ def _fourth_axis(fourth: Counter, readable: int, notes: list[str], time: bool = 
         + (f"; the other {others} sampled volume{'s' if others != 1 else ''} will be rejected" if others else "")
     )
     return int(channels)
-
-
-def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
-    """The ``volume`` layout (NIfTI): two cases per task, as cases are large."""
-    found = nifti_body(raw, notes)
-    if found is None:
-        return None
-    name, body, ids = found
-    return Layout(name, body, ids="path" if ids == "path" else None, batch_size=2)

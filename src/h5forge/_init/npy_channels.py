@@ -15,8 +15,9 @@ from h5forge._init.signals import SIGNAL_SAMPLE, Channel, folders_with, signal_f
 from h5forge._init.text import SpecText
 
 
-def npy_body(raw: Path, notes: list[str], todo: list[str], kind):
-    """The body of a spec for the folders of ``.npy`` channels in ``raw``, or None if there are none."""
+def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
+    """The ``signals`` layout of the folders of ``.npy`` channels in ``raw``, or None if there are
+    none; ``kind`` gives the rate tolerance."""
     folders = folders_with(raw, (".npy",))
     if not folders:
         return None
@@ -80,10 +81,4 @@ def npy_body(raw: Path, notes: list[str], todo: list[str], kind):
         for name, globs, rate, why in fields:
             signal_field(t, name, globs, None, rate, why)
 
-    return "signals", body
-
-
-def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
-    """The ``signals`` layout; ``kind`` gives the rate tolerance."""
-    found = npy_body(raw, notes, todo, kind)
-    return None if found is None else Layout(*found)
+    return Layout("signals", body)

@@ -105,19 +105,16 @@ def image_field(t: SpecText, name: str, globs: list[str], size: Size, larger: st
     t(1, f"{name}:")
     t(2, "kind: image")
     t(2, f"files: {files_value(globs)}", "one glob per picture format found" if len(globs) > 1 else None)
+    line = f"size: [{size.height}, {size.width}]"
     if size.capped:
         t(
             2,
-            f"size: [{size.height}, {size.width}]",
+            line,
             f"(height, width): pictures reach {size.largest[0]}x{size.largest[1]}; the 95th percentile of "
             f"{size.sampled} sampled is scaled down to at most {MAX_SIDE} a side",
         )
     else:
-        t(
-            2,
-            f"size: [{size.height}, {size.width}]",
-            f"(height, width): 95th percentile of {size.sampled} sampled, rounded up to 32;",
-        )
+        t(2, line, f"(height, width): 95th percentile of {size.sampled} sampled, rounded up to 32;")
         t.more("smaller pictures are padded evenly, never stretched")
     t(2, f"channels: {1 if size.grey else 3}", f"sampled modes: {dict(size.modes)}")
     t(2, f"larger: {larger}", why)

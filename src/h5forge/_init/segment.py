@@ -17,7 +17,7 @@ MASK_DIRS = tuple(
 )
 
 
-def segment_body(raw: Path, images: Path, notes: list[str]):
+def segment_body(raw: Path, images: Path, notes: list[str]) -> Layout:
     image_files = pictures_in(images)
     masks = next((d for d in named(raw, MASK_DIRS) if pictures_in(d) and d != images), None)
     mask_files = pictures_in(masks) if masks else []
@@ -32,7 +32,6 @@ def segment_body(raw: Path, images: Path, notes: list[str]):
             )
     ids = {p.stem for p in image_files}
     ann = find_annotations(raw, ids, "stem", set(), notes)
-    layout = "segment" if masks else "images"
 
     def body(t: SpecText) -> None:
         t(0, "fields:")
@@ -45,10 +44,10 @@ def segment_body(raw: Path, images: Path, notes: list[str]):
             label_field(t, column, classes, f"the class, from {ann.file}", active=not masks)
         annotation_lines(t, ann)
 
-    return layout, body
+    return Layout("segment" if masks else "images", body)
 
 
 def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
     """The ``segment`` (``images/`` + ``masks/``) or ``images`` layout, when ``raw`` has a picture folder."""
     images = next((d for d in named(raw, IMAGE_DIRS) if pictures_in(d)), None)
-    return None if images is None else Layout(*segment_body(raw, images, notes))
+    return None if images is None else segment_body(raw, images, notes)

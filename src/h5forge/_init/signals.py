@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterable
 
 from h5forge.errors import UsageError
+from h5forge.kinds import Layout
 from h5forge._format.arrays import LENGTHS
 from h5forge._format.names import RESERVED
 from h5forge._init.folders import files_in, sample, subdirs
@@ -188,7 +189,7 @@ class Survey:
 
     def layout(
         self, unit: str, notes: list[str], comment: str, source: str, indexed: dict[str, tuple[str, int]] | None = None
-    ):
+    ) -> Layout:
         """The ``signals`` layout: one field per channel (those ``keep_shared`` keeps), at its most
         common rate (``source`` says where the rate was read); notes for a channel missing, or at
         another rate, in some of the recordings (``unit``: what a channel is called, e.g.
@@ -210,7 +211,7 @@ class Survey:
                 why = f"Hz, {source} of {ch.files} sampled files"
                 signal_field(t, names[label], globs, channels[label], ch.rate(), why)
 
-        return "signals", body
+        return Layout("signals", body)
 
 
 def _channel_notes(channels: dict[str, Channel], readable: list[str], unit: str, notes: list[str]) -> None:

@@ -9,8 +9,8 @@ and shows the reports as artifacts. Steps log to the ``h5forge`` logger.
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Protocol, TypeVar
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Callable, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -26,18 +26,20 @@ class Display(Protocol):
 
 
 class LogDisplay:
-    """The status, then a log line every 10 %."""
+    """The status, then a log line every 10 %, on ``logger`` with ``extra`` on each record."""
 
-    def __init__(self, total: int, label: str) -> None:
+    def __init__(self, total: int, label: str, logger: logging.Logger = log, extra: dict | None = None) -> None:
         self.total, self.label, self.done, self._next = total, label, 0, 0.1
+        self.logger, self.extra = logger, extra
 
     def status(self, text: str) -> None:
-        log.info(text)
+        self.logger.info(text, extra=self.extra)
 
     def advance(self, n: int) -> None:
         self.done += n
         if self.total and self.done / self.total >= self._next:
-            log.info("%s: %d/%d (%d %%)", self.label, self.done, self.total, 100 * self.done // self.total)
+            percent = 100 * self.done // self.total
+            self.logger.info("%s: %d/%d (%d %%)", self.label, self.done, self.total, percent, extra=self.extra)
             while self._next <= self.done / self.total:
                 self._next += 0.1
 
@@ -50,9 +52,8 @@ class Runner:
     def step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return fn(*args, **kwargs)
 
-    @contextmanager
-    def progress(self, total: int, label: str) -> Iterator[Display]:
-        yield LogDisplay(total, label)
+    def progress(self, total: int, label: str) -> AbstractContextManager[Display]:
+        return nullcontext(LogDisplay(total, label))
 
     def markdown(self, key: str, markdown: str, description: str) -> None:
         """A Markdown report of the run (a plain run keeps its reports in files)."""

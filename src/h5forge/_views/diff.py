@@ -79,9 +79,7 @@ class VersionDiff:
         out = [f"{_name(self.old)} -> {_name(self.new)}"]
         if self.unchanged:
             out.append("no sample changed")
-        out.append(
-            "samples: " + ", ".join(f"{s} {c['old']} -> {c['new']} ({c['change']:+d})" for s, c in self.counts.items())
-        )
+        out.append(f"samples: {_changes(self.counts)}")
         out.append(f"added: {len(self.added)}{_listed(self.added)}")
         out.append(f"removed: {len(self.removed)}{_listed(self.removed)}")
         out.append(f"content changed (checksum): {len(self.content_changed)}{_listed(self.content_changed)}")
@@ -98,13 +96,7 @@ class VersionDiff:
                 out.append(f"columns only in the {side} version: {', '.join(only)}")
         for col, values in self.labels.items():
             changed = {v: c for v, c in values.items() if c["change"]}
-            if changed:
-                out.append(
-                    f"{col}: "
-                    + ", ".join(f"{v} {c['old']} -> {c['new']} ({c['change']:+d})" for v, c in changed.items())
-                )
-            else:
-                out.append(f"{col}: unchanged")
+            out.append(f"{col}: {_changes(changed) if changed else 'unchanged'}")
         return out
 
     def to_markdown(self) -> str:
@@ -152,6 +144,10 @@ class VersionDiff:
 
 def _name(side: dict[str, Any]) -> str:
     return f"v{side['version']:04d}" if side.get("version") else Path(side["path"]).name
+
+
+def _changes(counts: dict[str, dict[str, int]]) -> str:
+    return ", ".join(f"{k} {c['old']} -> {c['new']} ({c['change']:+d})" for k, c in counts.items())
 
 
 def _listed(ids: list[str]) -> str:

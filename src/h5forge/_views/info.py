@@ -122,15 +122,13 @@ def sizes(path: Path, spec: DatasetSpec) -> dict[str, int]:
     """Array bytes raw and as stored (over every file holding the version's rows, as verify and
     the stored summary count them), this file's size and the size on disk of it plus the files it
     reads from."""
-    folder = Path(os.path.realpath(path)).parent
+    real = Path(os.path.realpath(path))
     arrays = version_sizes(path, stored_kinds(spec))
-    files = {Path(os.path.realpath(path))} | {
-        folder / s["file"] for s in row_files_of(path) if (folder / s["file"]).exists()
-    }
+    files = {real} | {real.parent / s["file"] for s in row_files_of(path) if (real.parent / s["file"]).exists()}
     return {
         "array_bytes_raw": arrays.raw,
         "array_bytes_stored": arrays.stored,
-        "file_bytes": Path(os.path.realpath(path)).stat().st_size,
+        "file_bytes": real.stat().st_size,
         "on_disk_bytes": sum(p.stat().st_size for p in files),
     }
 
