@@ -494,68 +494,89 @@ def discover(
     if not root.is_dir():
         inv.rejections.append(Rejection("", (str(root),), "source folder does not exist"))
         return inv
-    roots = [root, *(extra_roots or [])]
-    ann = spec.annotations
-    kinds = field_kinds(spec)
-    globs = {name: kind.files for name, kind in kinds.items() if kind.files}
+    found = _Found()
+    for r in [root, *(extra_roots or [])]:
+        _gather(spec, inv, found, r, "" if r == root else os.path.relpath(r, root) + "/", sidecars, skip)
+    if spec.source.ids == "path":
+        found.records, found.record_file, problems = by_bare_name(found.records, found.record_file, found.per_field)
+        inv.rejections.extend(problems)
+    _join(spec, inv, found)
+    if whole_source:
+        inv.unclaimed, inv.unclaimed_examples = unclaimed_files(spec, inv)
+    return inv
+
+
+@dataclass
+class _Found:
+    """What discovery found in the source folders, by match key, before samples are made of it."""
+
+    per_field: dict[str, dict[str, str]] = field(default_factory=dict)  # field -> key -> file
+    spelled: dict[str, str] = field(default_factory=dict)  # key -> the id as its first file spells it
+    records: dict[str, dict] = field(default_factory=dict)
+    record_file: dict[str, str] = field(default_factory=dict)
+
+
+def _gather(
+    spec: DatasetSpec, inv: Inventory, found: _Found, r: Path, prefix: str, sidecars: bool, skip: tuple[str, ...]
+) -> None:
+    """Each field's files and the annotation records of one source folder ``r`` (``prefix``: its
+    path below the inventory's root) into ``found``; what cannot be taken into the rejections."""
+    ann, kinds = spec.annotations, field_kinds(spec)
     # the files a field reads for every sample (a COCO file) are no sample's, nor sidecars
     shared = {name: set(kind.shared_files()) for name, kind in sharing(kinds).items()}
-    ids = spec.source.ids
-    per_field: dict[str, dict[str, str]] = {name: {} for name in globs}  # by match key
-    spelled: dict[str, str] = {}  # match key -> the id as its first file spells it
-    records: dict[str, dict] = {}
-    record_file: dict[str, str] = {}
-    for r in roots:
-        prefix = "" if r == root else os.path.relpath(r, root) + "/"
-        for name, pattern in globs.items():
-            states: dict[str, State] = {}
-            kind, outside = kinds[name], spec.source.allow_symlinks_outside
-            args = (kind.reads_folders, outside, skip if r == root else (), kind.id_suffix, states)
-            found, problems = _glob_field(r, pattern, ids, *args)
-            inv.rejections.extend(problems)
-            inv.states.update((prefix + rel, st) for rel, st in states.items())
-            for stem, (rel, sid) in found.items():
-                if rel in shared.get(name, ()):
-                    continue
-                if stem in per_field[name]:
-                    both = (per_field[name][stem], prefix + rel)
-                    inv.rejections.append(Rejection(sid, both, "ambiguous: the same sample id in two source folders"))
-                per_field[name][stem] = prefix + rel
-                spelled.setdefault(stem, sid)
-        found_records: dict[str, dict] = {}
-        if ann.file:
-            found_records, problems = load_records(
-                r / ann.file,
-                ann.id_key,
-                missing_ok=r != root or sidecars,
-                ids=ids,
-                max_bytes=ann.max_bytes,
-                root=r,
-                allow_outside=spec.source.allow_symlinks_outside,
-            )
-            inv.rejections.extend(problems)
-        if sidecars:
-            claimed = {f for files in shared.values() for f in files}
-            side, problems = load_sidecars(
-                r, ann.id_key, {*claimed, ann.file or ""}, spec.source.allow_symlinks_outside
-            )
-            inv.rejections.extend(problems)
-            found_records.update(side)
-        for sid, rec in found_records.items():
-            if sid in records:
-                inv.rejections.append(
-                    Rejection(sid, (prefix + (ann.file or ""),), "several annotation records for this sample")
-                )
-            records[sid] = rec
-            record_file[sid] = prefix + rec.get("_sidecar", ann.file or "")
-    if ids == "path":
-        records, record_file, problems = by_bare_name(records, record_file, per_field)
+    for name, kind in kinds.items():
+        if not kind.files:
+            continue
+        states: dict[str, State] = {}
+        args = (kind.reads_folders, spec.source.allow_symlinks_outside, () if prefix else skip, kind.id_suffix, states)
+        taken, problems = _glob_field(r, kind.files, spec.source.ids, *args)
         inv.rejections.extend(problems)
+        inv.states.update((prefix + rel, st) for rel, st in states.items())
+        files = found.per_field.setdefault(name, {})
+        for stem, (rel, sid) in taken.items():
+            if rel in shared.get(name, ()):
+                continue
+            if stem in files:
+                both = (files[stem], prefix + rel)
+                inv.rejections.append(Rejection(sid, both, "ambiguous: the same sample id in two source folders"))
+            files[stem] = prefix + rel
+            found.spelled.setdefault(stem, sid)
+    records: dict[str, dict] = {}
+    if ann.file:
+        records, problems = load_records(
+            r / ann.file,
+            ann.id_key,
+            missing_ok=bool(prefix) or sidecars,
+            ids=spec.source.ids,
+            max_bytes=ann.max_bytes,
+            root=r,
+            allow_outside=spec.source.allow_symlinks_outside,
+        )
+        inv.rejections.extend(problems)
+    if sidecars:
+        claimed = {f for files in shared.values() for f in files}
+        side, problems = load_sidecars(r, ann.id_key, {*claimed, ann.file or ""}, spec.source.allow_symlinks_outside)
+        inv.rejections.extend(problems)
+        records.update(side)
+    for sid, rec in records.items():
+        if sid in found.records:
+            inv.rejections.append(
+                Rejection(sid, (prefix + (ann.file or ""),), "several annotation records for this sample")
+            )
+        found.records[sid] = rec
+        found.record_file[sid] = prefix + rec.get("_sidecar", ann.file or "")
+
+
+def _join(spec: DatasetSpec, inv: Inventory, found: _Found) -> None:
+    """The samples of ``found``, sorted by id: each input whose every field has a file and whose
+    record gives its columns and split; the rest, and the records without files, as rejections."""
+    kinds = field_kinds(spec)
+    globs = {name: kind.files for name, kind in kinds.items() if kind.files}
+    per_field, records, record_file = found.per_field, found.records, found.record_file
     already = {match_key(r.sample_id) for r in inv.rejections if r.sample_id}  # reported once is enough
-    all_keys = sorted(set().union(*per_field.values()) - already)
-    for key in all_keys:
-        sid = spelled[key]
-        files = {name: found[key] for name, found in per_field.items() if key in found}
+    for key in sorted(set().union(*per_field.values()) - already):
+        sid = found.spelled[key]
+        files = {name: taken[key] for name, taken in per_field.items() if key in taken}
         if (bad := control_character(sid)) is not None:
             why = f"the sample id {sid!r} holds a control character (U+{ord(bad):04X}); rename its files"
             inv.rejections.append(Rejection(sid, tuple(files.values()), why))
@@ -578,20 +599,17 @@ def discover(
             continue
         extra = (record_file[key],) if key in record_file and "_sidecar" in records[key] else ()
         try:
-            parts = samples_in(kinds, root, files)
+            parts = samples_in(kinds, inv.root, files)
         except Reject as rej:
             inv.rejections.append(Rejection(sid, (rej.path,), rej.reason))
             continue
         inv.samples.extend(SampleRef(sid + part, split, files, columns, extra, part) for part in parts)
     if any(s.part for s in inv.samples):  # "case2" sorts after "case", "case2@t0000" before "case@t0000"
         inv.samples.sort(key=lambda s: match_key(s.id))
-    inv.samples = with_shared_entries(kinds, root, inv.samples)
+    inv.samples = with_shared_entries(kinds, inv.root, inv.samples)
     paired = set().union(*per_field.values())
     inv.rejections = [_with_other_files(r, per_field, records, record_file) for r in inv.rejections]
     inv.rejections.extend(_orphans(sorted(set(records) - paired - already), record_file))
-    if whole_source:
-        inv.unclaimed, inv.unclaimed_examples = unclaimed_files(spec, inv)
-    return inv
 
 
 def with_shared_entries(kinds: dict[str, FieldKind], root: Path, samples: list[SampleRef]) -> list[SampleRef]:
