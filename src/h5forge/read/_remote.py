@@ -42,7 +42,7 @@ from h5forge._format.objects import (
     sibling,
 )
 from h5forge.kinds import stored_kinds
-from h5forge.read._direct import chunk_places, decode_chunk
+from h5forge.read._direct import chunk_places, decode_chunk, row_chunk_codec
 from h5forge.read._reader import DEFAULT_CACHE_CHUNKS, SplitReader, gather
 from h5forge.spec import spec_from_json
 
@@ -70,20 +70,8 @@ class ChunkTable:
         """The table of a dataset stored one row per chunk with a codec decoded here; else None.
         ``index``: its offsets, sizes and masks from a chunk index object, which saves walking
         HDF5's chunk index (a request per node)."""
-        dcpl = d.id.get_create_plist()
-        if (
-            dcpl.get_layout() != h5py.h5d.CHUNKED
-            or d.chunks is None
-            or d.chunks[0] != 1
-            or tuple(d.chunks[1:]) != tuple(d.shape[1:])
-            or not d.dtype.isnative
-            or d.dtype.hasobject
-            or len(d.shape) < 2
-        ):
-            return None
-        filters = [dcpl.get_filter(k)[0] for k in range(dcpl.get_nfilters())]
-        codec = {(): "none", (LZ4_FILTER,): "lz4", (DEFLATE_FILTER,): "gzip"}.get(tuple(filters))
-        if codec is None:
+        codec = row_chunk_codec(d, {(): "none", (LZ4_FILTER,): "lz4", (DEFLATE_FILTER,): "gzip"})
+        if codec is None or d.chunks[0] != 1:
             return None
         n = d.shape[0]
         shape = tuple(int(s) for s in d.shape[1:])
