@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import numpy as np
 from pydantic import Field, model_validator
 
-from h5forge.kinds.base import Decoded, FieldKind, FieldModel, Globs, Stored, field_of, read_source
+from h5forge.kinds.base import Decoded, FieldKind, FieldModel, Follows, Globs, Stored, field_of, read_source
 from h5forge.kinds.image import ImageField, apply_geometry, decode_picture, mode_of
 from h5forge.kinds.index import RowIndex
 from h5forge.kinds.plugins import Demo, Plugins
@@ -201,7 +201,7 @@ def class_pixels(block: np.ndarray, n_classes: int) -> np.ndarray:
     )
 
 
-class ClassMasks(ClassCounts, RowIndex, Preview, FieldKind[R]):
+class ClassMasks(Follows, ClassCounts, RowIndex, Preview, FieldKind[R]):
     """Class labels that follow another field pixel for pixel (a mask its image, a label volume its
     volume): class counts and index, integers for readers, colours over that field's preview."""
 
@@ -214,10 +214,6 @@ class ClassMasks(ClassCounts, RowIndex, Preview, FieldKind[R]):
         ),
     )
     counted = "class_pixels"  # padding is not counted
-
-    @property
-    def after(self) -> tuple[str, ...]:
-        return (self.spec.like,)
 
     @property
     def n_classes(self) -> int:
@@ -259,6 +255,7 @@ class ClassMasks(ClassCounts, RowIndex, Preview, FieldKind[R]):
 class MaskKind(Plugins, ClassMasks[MaskField]):
     kind = "mask"
     Spec = MaskField
+    follows = "image"
     demos = (
         Demo(
             "segment-multiclass",
@@ -273,11 +270,6 @@ class MaskKind(Plugins, ClassMasks[MaskField]):
         "attr; 255 by default) where padded, chunked and compressed like its image; split attr "
         "<field>_class_pixels (K,), padding not counted; /index/<split>/<field>: rows by class present"
     )
-
-    @classmethod
-    def check_spec(cls, name: str, spec: MaskField, dataset: Any) -> None:
-        if getattr(dataset.fields.get(spec.like), "kind", None) != "image":
-            raise ValueError(f"fields.{name}.like: {spec.like!r} is not an image field")
 
     def stored(self) -> Stored:
         return Stored((1, *field_of(self.dataset, self.spec.like, ImageField).size), np.uint8, bulk=True)

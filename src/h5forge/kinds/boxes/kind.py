@@ -29,6 +29,7 @@ from h5forge.kinds.base import (
     Decoded,
     FieldKind,
     FieldModel,
+    Follows,
     Globs,
     field_of,
     read_source,
@@ -90,9 +91,10 @@ class BoxesField(FieldModel):
         return self
 
 
-class BoxesKind(Plugins, SharedInputs, ClassCounts, RowIndex, Preview, FieldKind[BoxesField]):
+class BoxesKind(Plugins, Follows, SharedInputs, ClassCounts, RowIndex, Preview, FieldKind[BoxesField]):
     kind = "boxes"
     Spec = BoxesField
+    follows = "image"
     detectors = (
         Detector(
             "h5forge.kinds.boxes.detect:detect", 15, "pictures with COCO instances_*.json or YOLO labels/*.txt boxes"
@@ -107,15 +109,6 @@ class BoxesKind(Plugins, SharedInputs, ClassCounts, RowIndex, Preview, FieldKind
         "dataset attr classes; split attr <field>_class_boxes (K,); /index/<split>/<field>: pictures by "
         "class present; with masks: true, <field>_masks ragged (total boxes, H, W) uint8 instance masks"
     )
-
-    @classmethod
-    def check_spec(cls, name: str, spec: BoxesField, dataset: Any) -> None:
-        if getattr(dataset.fields.get(spec.like), "kind", None) != "image":
-            raise ValueError(f"fields.{name}.like: {spec.like!r} is not an image field")
-
-    @property
-    def after(self) -> tuple[str, ...]:
-        return (self.spec.like,)
 
     @property
     def is_coco(self) -> bool:
