@@ -99,6 +99,9 @@ def _listed(values, limit: int = 8) -> str:
 
 
 def _single_channel(mode: str, arr: np.ndarray, path: str) -> np.ndarray:
+    """The one channel of a picture's HW or HWC values, which must agree in every colour channel."""
+    if arr.ndim == 2:
+        return arr
     if mode in ("RGBA", "LA") and (arr[..., -1] != 255).any():
         raise Reject(path, "mask has transparency; masks must be a single opaque channel")
     colour = arr[..., :3] if arr.shape[2] >= 3 else arr[..., :1]
@@ -115,10 +118,7 @@ def binary_values(img, path: str) -> np.ndarray:
     """HW uint8 with values {0,1}, from a picture as ``decode_picture`` gives it."""
     if mode_of(img) == "1":
         return np.asarray(img, dtype=np.uint8)
-    arr = np.asarray(img)
-    if arr.ndim == 3:
-        arr = _single_channel(mode_of(img), arr, path)
-    return binary_array(arr, path)
+    return binary_array(_single_channel(mode_of(img), np.asarray(img), path), path)
 
 
 def binary_array(arr: np.ndarray, path: str) -> np.ndarray:
@@ -140,9 +140,7 @@ def binary_array(arr: np.ndarray, path: str) -> np.ndarray:
 def class_values(img, spec: MaskField, path: str) -> np.ndarray:
     """HW uint8 class indices (and the ignore value), by palette index, palette colour or value."""
     mode = mode_of(img)
-    if mode == "P":
-        arr = np.asarray(img)  # the palette index of each pixel is its class
-    elif spec.palette and mode in ("RGB", "RGBA"):
+    if spec.palette and mode in ("RGB", "RGBA"):
         rgb = np.asarray(img)[..., :3]
         arr = np.full(rgb.shape[:2], 256, np.uint16)
         for cls, colour in spec.palette.items():
@@ -152,10 +150,7 @@ def class_values(img, spec: MaskField, path: str) -> np.ndarray:
             colours = np.unique(rgb[unknown].reshape(-1, 3), axis=0)
             raise Reject(path, f"mask colours {_listed(colours)} are not in the palette")
         return arr.astype(np.uint8)
-    else:
-        arr = np.asarray(img)
-        if arr.ndim == 3:
-            arr = _single_channel(mode, arr, path)
+    arr = _single_channel(mode, np.asarray(img), path)  # a palette picture (P): each pixel's index is its class
     assert spec.classes is not None  # a multi-class mask's values; binary masks never come here
     return class_array(arr, spec.classes, spec.ignore_value, path)
 
