@@ -321,11 +321,6 @@ class RemoteSplitReader(SplitReader):
             except OSError:
                 pass
 
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state.update(_file=None, _pid=None)
-        return state
-
     # ---- reads -------------------------------------------------------------------------------
     @property
     def requests(self) -> int:
@@ -443,13 +438,6 @@ class RemoteSplitReader(SplitReader):
     def read_elements(self, name: str, elements) -> np.ndarray:
         self._h5_handles()
         return super().read_elements(name, elements)
-
-    def read_element(self, name: str, element: int) -> np.ndarray:
-        return self.read_elements(name, [element])[0]
-
-    def lengths(self, name: str) -> np.ndarray:
-        with self._open_plain() as f:
-            return f[self.split][self.fields[name].path + arrays.LENGTHS][()]
 
 
 def open_split(
