@@ -15,6 +15,7 @@ What it guarantees (docs/reading.md):
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -94,17 +95,7 @@ def _open(path: str, locking: bool | None, **kwargs) -> h5py.File:
 
 
 def _next_prime(n: int) -> int:
-    def is_prime(k: int) -> bool:
-        if k < 2 or k % 2 == 0:
-            return k == 2
-        i = 3
-        while i * i <= k:
-            if k % i == 0:
-                return False
-            i += 2
-        return True
-
-    while not is_prime(n):
+    while n < 2 or any(n % k == 0 for k in range(2, math.isqrt(n) + 1)):
         n += 1
     return n
 
@@ -592,15 +583,12 @@ class SliceIndex:
             raise IndexError(f"slice index out of range ({len(self)} slices)")
         elements = self.elements(idx)
         out = {}
-        for name in reader.fields:
-            if name in self.ragged:
-                block = reader.read_elements(name, elements.ravel())
-                block = block.reshape(*elements.shape, *reader.fields[name].shape)
-                out[name] = block[:, 0] if self.context == 0 else block
+        for name in self.ragged:
+            block = reader.read_elements(name, elements.ravel()).reshape(*elements.shape, *reader.fields[name].shape)
+            out[name] = block[:, 0] if self.context == 0 else block
         others = [name for name in reader.fields if name not in self.ragged]
         if others:
-            cases = reader.read(self.case[idx], fields=others)
-            out.update((name, cases[name]) for name in others)
+            out.update(reader.read(self.case[idx], fields=others))
         return {name: out[name] for name in reader.fields}
 
 
@@ -658,6 +646,5 @@ def model_batch(
         v = model_values(reader.fields[name], raw, opts, dtypes[name])
         out[name] = np.ascontiguousarray(np.moveaxis(v, 1, -1)) if channels_last and getattr(v, "ndim", 0) > 2 else v
     if return_index:
-        rows = np.asarray(indices, dtype=np.int64).reshape(-1)
-        out[INDEX_FIELD] = np.where(rows < 0, rows + len(reader), rows)
+        out[INDEX_FIELD] = reader.checked(indices)
     return out

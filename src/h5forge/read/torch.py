@@ -324,8 +324,7 @@ class H5Dataset(Dataset):
             for name in self.reader.fields
         )
         if self.return_index:
-            rows = np.asarray(indices, dtype=np.int64)
-            np.copyto(outs[INDEX_FIELD].numpy(), np.where(rows < 0, rows + len(self), rows))
+            np.copyto(outs[INDEX_FIELD].numpy(), self.reader.checked(indices))
             cols += (outs[INDEX_FIELD],)
         return self._batch(cols, n)
 
@@ -358,8 +357,7 @@ class H5Dataset(Dataset):
             v = dense_values(fi, raw[name], self.options, self._dtypes[name])
             cols.append(v if isinstance(v, list) else torch.from_numpy(np.ascontiguousarray(v)))
         if self.return_index:
-            rows = np.asarray(indices, dtype=np.int64)
-            cols.append(torch.from_numpy(slices.case[np.where(rows < 0, rows + len(self), rows)]))
+            cols.append(torch.from_numpy(slices.case[np.asarray(indices, dtype=np.int64)]))  # checked by read
         return tuple(cols)
 
     def _batch(self, cols: tuple, n: int) -> _Batch:
