@@ -417,17 +417,15 @@ def _nifti_class(raw: bytes, rel: str):
     """nibabel's image class for the header's first field, sizeof_hdr (in either byte order)."""
     import nibabel
 
-    if len(raw) >= 4:
-        for order in "<>":
-            name = NIFTI_HEADER_SIZES.get(struct.unpack(f"{order}i", raw[:4])[0])
-            if name:
-                return getattr(nibabel, name)
-    found = struct.unpack("<i", raw[:4])[0] if len(raw) >= 4 else None
+    if len(raw) < 4:
+        raise Reject(rel, f"not a NIfTI file: {len(raw)} bytes, shorter than a header")
+    for order in "<>":
+        name = NIFTI_HEADER_SIZES.get(struct.unpack(f"{order}i", raw[:4])[0])
+        if name:
+            return getattr(nibabel, name)
+    found = struct.unpack("<i", raw[:4])[0]
     raise Reject(
-        rel,
-        f"not a NIfTI file: its header's first field (sizeof_hdr) is {found}, not 348 (NIfTI-1) or 540 (NIfTI-2)"
-        if found is not None
-        else f"not a NIfTI file: {len(raw)} bytes, shorter than a header",
+        rel, f"not a NIfTI file: its header's first field (sizeof_hdr) is {found}, not 348 (NIfTI-1) or 540 (NIfTI-2)"
     )
 
 
