@@ -278,11 +278,8 @@ class BoxesKind(Plugins, Follows, SharedInputs, ClassCounts, RowIndex, Preview, 
 
     def caption(self, value: Any) -> str:
         labels = np.asarray(value).reshape(-1, len(COLUMNS))[:, 4].astype(int)
-        named = ", ".join(
-            f"{np.count_nonzero(labels == i)} {c}"
-            for i, c in enumerate(self.spec.classes)
-            if np.count_nonzero(labels == i)
-        )
+        counts = [int(np.count_nonzero(labels == i)) for i in range(len(self.spec.classes))]
+        named = ", ".join(f"{n} {c}" for n, c in zip(counts, self.spec.classes) if n)
         return f"{self.name}: {len(labels)}" + (f" ({named})" if named else "")
 
 
