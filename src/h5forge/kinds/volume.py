@@ -159,7 +159,7 @@ def read_case(
         )
     except OSError as err:
         raise Reject(rel, f"cannot read: {err.strerror or err}") from None
-    parts, total = [], 0
+    parts, total, h = [], 0, hashlib.sha256()
     for p in files:
         name = p.relative_to(path).as_posix() if path.is_dir() else p.name
         data, _ = read_source(root, p.relative_to(root).as_posix(), max_bytes)
@@ -167,8 +167,6 @@ def read_case(
         if total > max_total:
             raise Reject(rel, f"the case's files hold more than {max_total:,} bytes (max_decoded_bytes)")
         parts.append((name, data))
-    h = hashlib.sha256()
-    for name, data in parts:
         h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     return parts, h.hexdigest()
 
