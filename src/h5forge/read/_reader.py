@@ -77,9 +77,7 @@ def _open(path: str, locking: bool | None, **kwargs) -> h5py.File:
     last: OSError | None = None
     for attempt in range(OPEN_RETRIES):
         try:
-            if locking is None:
-                return h5py.File(path, "r", **kwargs)
-            return h5py.File(path, "r", locking=locking, **kwargs)
+            return h5py.File(path, "r", locking=locking, **kwargs)  # None: HDF5's default
         except FileNotFoundError:
             raise
         except OSError as err:
@@ -253,14 +251,7 @@ class SplitReader:
             # an annotation column may be asked for by its bare name when no field has that name
             path = name if name in kinds else column_path(name)
             if path not in kinds or path not in g:
-                readable = [
-                    *kinds,
-                    *(
-                        k.annotation_column
-                        for k in kinds.values()
-                        if k.annotation_column and k.annotation_column not in kinds
-                    ),
-                ]
+                readable = [*kinds, *(c for k in kinds.values() if (c := k.annotation_column) and c not in kinds)]
                 raise ReadError(f"{where}: split {self.split!r} has no field or column {name!r}; it has {readable}")
             ds, st = g[path], kinds[path].stored()
             if arrays.rows(g, path, st) != count:
