@@ -60,9 +60,7 @@ def _empty_batch(
         # separate tensors: a block over glibc's 32 MiB mmap ceiling would be mapped afresh (and
         # page-faulted) every batch, while smaller ones are reused from the heap
         return {name: torch.empty(shape, dtype=dtype) for name, (shape, dtype) in specs.items()}
-    sizes = {
-        name: math.prod(shape) * torch.empty(0, dtype=dtype).element_size() for name, (shape, dtype) in specs.items()
-    }
+    sizes = {name: math.prod(shape) * dtype.itemsize for name, (shape, dtype) in specs.items()}
     total = max(1, sum(-(-b // ALIGN) * ALIGN for b in sizes.values()))
     block = pool.take(total) if pool is not None else _shared_block(total)
     out, at = {}, 0
