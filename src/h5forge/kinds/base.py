@@ -265,6 +265,24 @@ class FieldKind(Reading, ABC, Generic[S]):
         return h.hexdigest()
 
 
+class Follows:
+    """A field that follows the field its spec's ``like`` names, of the kind ``follows`` (a mask
+    its image): ``check_spec`` makes sure of that kind, and it is decoded after that field."""
+
+    follows: ClassVar[str]
+    spec: Any
+
+    @classmethod
+    def check_spec(cls, name: str, spec: Any, dataset: "DatasetSpec") -> None:
+        if getattr(dataset.fields.get(spec.like), "kind", None) != cls.follows:
+            article = "an" if cls.follows[0] in "aeiou" else "a"
+            raise ValueError(f"fields.{name}.like: {spec.like!r} is not {article} {cls.follows} field")
+
+    @property
+    def after(self) -> tuple[str, ...]:
+        return (self.spec.like,)
+
+
 class Companion(FieldKind[S]):
     """A column a field writes beside itself (not declared by users): ``<field>_<key>``, the value
     its ``decode`` left in ``Decoded.context[key]``."""

@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import numpy as np
 from pydantic import Field, model_validator
 
-from h5forge.kinds.base import Decoded, FieldKind, FieldModel, Globs, Stored, field_of, read_source
+from h5forge.kinds.base import Decoded, FieldKind, FieldModel, Follows, Globs, Stored, field_of, read_source
 from h5forge.kinds.image import ImageField, apply_geometry, decode_picture, mode_of
 from h5forge.kinds.index import RowIndex
 from h5forge.kinds.plugins import Demo, Plugins
@@ -99,6 +99,9 @@ def _listed(values, limit: int = 8) -> str:
 
 
 def _single_channel(mode: str, arr: np.ndarray, path: str) -> np.ndarray:
+    """The one channel of a picture's HW or HWC values, which must agree in every colour channel."""
+    if arr.ndim == 2:
+        return arr
     if mode in ("RGBA", "LA") and (arr[..., -1] != 255).any():
         raise Reject(path, "mask has transparency; masks must be a single opaque channel")
     colour = arr[..., :3] if arr.shape[2] >= 3 else arr[..., :1]
@@ -115,10 +118,7 @@ def binary_values(img, path: str) -> np.ndarray:
     """HW uint8 with values {0,1}, from a picture as ``decode_picture`` gives it."""
     if mode_of(img) == "1":
         return np.asarray(img, dtype=np.uint8)
-    arr = np.asarray(img)
-    if arr.ndim == 3:
-        arr = _single_channel(mode_of(img), arr, path)
-    return binary_array(arr, path)
+    return binary_array(_single_channel(mode_of(img), np.asarray(img), path), path)
 
 
 def binary_array(arr: np.ndarray, path: str) -> np.ndarray:
@@ -140,9 +140,7 @@ def binary_array(arr: np.ndarray, path: str) -> np.ndarray:
 def class_values(img, spec: MaskField, path: str) -> np.ndarray:
     """HW uint8 class indices (and the ignore value), by palette index, palette colour or value."""
     mode = mode_of(img)
-    if mode == "P":
-        arr = np.asarray(img)  # the palette index of each pixel is its class
-    elif spec.palette and mode in ("RGB", "RGBA"):
+    if spec.palette and mode in ("RGB", "RGBA"):
         rgb = np.asarray(img)[..., :3]
         arr = np.full(rgb.shape[:2], 256, np.uint16)
         for cls, colour in spec.palette.items():
@@ -152,10 +150,7 @@ def class_values(img, spec: MaskField, path: str) -> np.ndarray:
             colours = np.unique(rgb[unknown].reshape(-1, 3), axis=0)
             raise Reject(path, f"mask colours {_listed(colours)} are not in the palette")
         return arr.astype(np.uint8)
-    else:
-        arr = np.asarray(img)
-        if arr.ndim == 3:
-            arr = _single_channel(mode, arr, path)
+    arr = _single_channel(mode, np.asarray(img), path)  # a palette picture (P): each pixel's index is its class
     assert spec.classes is not None  # a multi-class mask's values; binary masks never come here
     return class_array(arr, spec.classes, spec.ignore_value, path)
 
@@ -201,7 +196,7 @@ def class_pixels(block: np.ndarray, n_classes: int) -> np.ndarray:
     )
 
 
-class ClassMasks(ClassCounts, RowIndex, Preview, FieldKind[R]):
+class ClassMasks(Follows, ClassCounts, RowIndex, Preview, FieldKind[R]):
     """Class labels that follow another field pixel for pixel (a mask its image, a label volume its
     volume): class counts and index, integers for readers, colours over that field's preview."""
 
@@ -214,10 +209,6 @@ class ClassMasks(ClassCounts, RowIndex, Preview, FieldKind[R]):
         ),
     )
     counted = "class_pixels"  # padding is not counted
-
-    @property
-    def after(self) -> tuple[str, ...]:
-        return (self.spec.like,)
 
     @property
     def n_classes(self) -> int:
@@ -259,6 +250,7 @@ class ClassMasks(ClassCounts, RowIndex, Preview, FieldKind[R]):
 class MaskKind(Plugins, ClassMasks[MaskField]):
     kind = "mask"
     Spec = MaskField
+    follows = "image"
     demos = (
         Demo(
             "segment-multiclass",
@@ -273,11 +265,6 @@ class MaskKind(Plugins, ClassMasks[MaskField]):
         "attr; 255 by default) where padded, chunked and compressed like its image; split attr "
         "<field>_class_pixels (K,), padding not counted; /index/<split>/<field>: rows by class present"
     )
-
-    @classmethod
-    def check_spec(cls, name: str, spec: MaskField, dataset: Any) -> None:
-        if getattr(dataset.fields.get(spec.like), "kind", None) != "image":
-            raise ValueError(f"fields.{name}.like: {spec.like!r} is not an image field")
 
     def stored(self) -> Stored:
         return Stored((1, *field_of(self.dataset, self.spec.like, ImageField).size), np.uint8, bulk=True)

@@ -12,12 +12,12 @@ pixel. Stored, read and summarised like an image, with the LR field's channels a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import Field
 
-from h5forge.kinds.base import Decoded, FieldKind, FieldModel, Globs, Stored, field_of, read_source
+from h5forge.kinds.base import Decoded, FieldKind, FieldModel, Follows, Globs, Stored, field_of, read_source
 from h5forge.kinds.image import ImageField, apply_geometry, decode_picture, to_pixels
 from h5forge.kinds._pictures import Pictures
 from h5forge.kinds.plugins import Demo, Detector, Plugins
@@ -34,25 +34,17 @@ class PairedField(FieldModel):
     max_pixels: int = Field(64_000_000, gt=0)
 
 
-class PairedKind(Plugins, Pictures, FieldKind[PairedField]):
+class PairedKind(Plugins, Follows, Pictures, FieldKind[PairedField]):
     kind = "paired"
     Spec = PairedField
+    follows = "image"
     detectors = (Detector("h5forge._init.pairs:detect", 10, "lr/ + hr/ super-resolution pairs"),)
     demos = (Demo("sr", "h5forge._demo.sr:generate_sr", 100, "lr/ + hr/ pairs", noun="sr samples"),)
     layout_doc = "(N, C, scale*H, scale*W) uint8, aligned with its `like` image field; statistics as an image"
 
-    @classmethod
-    def check_spec(cls, name: str, spec: PairedField, dataset: Any) -> None:
-        if getattr(dataset.fields.get(spec.like), "kind", None) != "image":
-            raise ValueError(f"fields.{name}.like: {spec.like!r} is not an image field")
-
     @property
     def partner(self) -> ImageField:
         return field_of(self.dataset, self.spec.like, ImageField)
-
-    @property
-    def after(self) -> tuple[str, ...]:
-        return (self.spec.like,)
 
     @property
     def channels(self) -> int:

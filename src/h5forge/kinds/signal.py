@@ -114,12 +114,9 @@ def _sidecar_rate(root: Path, rel: str, max_bytes: int) -> float | None:
     data, _ = read_source(root, side, max_bytes)
     try:
         return float(json.loads(data)["rate"])
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
-        raise Reject(side, f"sidecar must be a JSON object with a numeric rate: {type(err).__name__}: {err}") from None
-    except RecursionError:
-        raise Reject(
-            side, "sidecar must be a JSON object with a numeric rate: it is nested too deeply to read"
-        ) from None
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as err:
+        why = "it is nested too deeply to read" if isinstance(err, RecursionError) else f"{type(err).__name__}: {err}"
+        raise Reject(side, f"sidecar must be a JSON object with a numeric rate: {why}") from None
 
 
 def _shown(value: str) -> str:

@@ -159,7 +159,7 @@ def read_case(
         )
     except OSError as err:
         raise Reject(rel, f"cannot read: {err.strerror or err}") from None
-    parts, total = [], 0
+    parts, total, h = [], 0, hashlib.sha256()
     for p in files:
         name = p.relative_to(path).as_posix() if path.is_dir() else p.name
         data, _ = read_source(root, p.relative_to(root).as_posix(), max_bytes)
@@ -167,8 +167,6 @@ def read_case(
         if total > max_total:
             raise Reject(rel, f"the case's files hold more than {max_total:,} bytes (max_decoded_bytes)")
         parts.append((name, data))
-    h = hashlib.sha256()
-    for name, data in parts:
         h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     return parts, h.hexdigest()
 
@@ -417,17 +415,15 @@ def _nifti_class(raw: bytes, rel: str):
     """nibabel's image class for the header's first field, sizeof_hdr (in either byte order)."""
     import nibabel
 
-    if len(raw) >= 4:
-        for order in "<>":
-            name = NIFTI_HEADER_SIZES.get(struct.unpack(f"{order}i", raw[:4])[0])
-            if name:
-                return getattr(nibabel, name)
-    found = struct.unpack("<i", raw[:4])[0] if len(raw) >= 4 else None
+    if len(raw) < 4:
+        raise Reject(rel, f"not a NIfTI file: {len(raw)} bytes, shorter than a header")
+    for order in "<>":
+        name = NIFTI_HEADER_SIZES.get(struct.unpack(f"{order}i", raw[:4])[0])
+        if name:
+            return getattr(nibabel, name)
+    found = struct.unpack("<i", raw[:4])[0]
     raise Reject(
-        rel,
-        f"not a NIfTI file: its header's first field (sizeof_hdr) is {found}, not 348 (NIfTI-1) or 540 (NIfTI-2)"
-        if found is not None
-        else f"not a NIfTI file: {len(raw)} bytes, shorter than a header",
+        rel, f"not a NIfTI file: its header's first field (sizeof_hdr) is {found}, not 348 (NIfTI-1) or 540 (NIfTI-2)"
     )
 
 

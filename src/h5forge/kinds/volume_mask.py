@@ -24,7 +24,7 @@ from h5forge._format.arrays import Ragged, Stored
 from h5forge.kinds.base import Decoded, FieldModel, Globs, field_of
 from h5forge.kinds.image import open_picture
 from h5forge.kinds.mask import PAD_DOC, ClassMasks, binary_array, check_pad, class_array, class_pixels, pad_of
-from h5forge.kinds.volume import VolumeField, crop_or_pad, is_dicom, load_case, physical_planes, read_case
+from h5forge.kinds.volume import VolumeField, crop_or_pad, is_dicom, is_nifti, load_case, physical_planes, read_case
 from h5forge.kinds._volume_seg import seg_labels
 from h5forge._samples import Reject, SampleRef
 
@@ -60,6 +60,7 @@ def _slice_number(name: str) -> int:
 class VolumeMaskKind(ClassMasks[VolumeMaskField]):
     kind = "volume_mask"
     Spec = VolumeMaskField
+    follows = "volume"
     reads_folders = True
     layout_doc = (
         "ragged like its volume: (total slices, H, W) uint8 labels, plus <field>_lengths; split attr "
@@ -69,22 +70,17 @@ class VolumeMaskKind(ClassMasks[VolumeMaskField]):
     def stored(self) -> Stored:
         return Stored(self.volume.size, np.uint8, bulk=True, ragged=True, chunk_elements=1)
 
-    @classmethod
-    def check_spec(cls, name: str, spec: VolumeMaskField, dataset: Any) -> None:
-        if getattr(dataset.fields.get(spec.like), "kind", None) != "volume":
-            raise ValueError(f"fields.{name}.like: {spec.like!r} is not a volume field")
-
     @property
     def volume(self) -> VolumeField:
         return field_of(self.dataset, self.spec.like, VolumeField)
 
-    def _labels(self, root: Path, rel: str, volume: dict, volume_rel: str) -> np.ndarray:
-        if rel.lower().endswith((".nii", ".nii.gz")):
+    def _labels(self, root: Path, rel: str, parts: list, volume: dict, volume_rel: str) -> np.ndarray:
+        """The case's labels as read (``parts``: its files, by ``read_case``)."""
+        if is_nifti(rel):
             values = load_case(root, rel, labels=True)[0]
             if not np.array_equal(values, np.round(values)):
                 raise Reject(rel, "label volume holds values that are not whole numbers")
             return values.astype(np.int64)
-        parts, _ = read_case(root, rel)
         dicom = [(name, data) for name, data in parts if is_dicom(name, data)]
         if dicom:
             return seg_labels(dicom, rel, volume, volume_rel, self.spec.classes, self.spec.max_pixels)
@@ -102,9 +98,9 @@ class VolumeMaskKind(ClassMasks[VolumeMaskField]):
 
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         rel = ref.files[self.name]
-        digest = read_case(root, rel)[1]
+        parts, digest = read_case(root, rel)
         volume = done[self.spec.like].context
-        labels = self._labels(root, rel, volume, ref.files[self.spec.like])
+        labels = self._labels(root, rel, parts, volume, ref.files[self.spec.like])
         if labels.shape != volume["raw"]:
             raise Reject(
                 rel,

@@ -44,23 +44,10 @@ class DirectRows:
 
     @classmethod
     def of(cls, d: h5py.Dataset, cache_rows: int = 0, cache_chunks: int = 0) -> "DirectRows | None":
-        dcpl = d.id.get_create_plist()
-        if (
-            dcpl.get_layout() != h5py.h5d.CHUNKED
-            or d.chunks is None
-            or d.chunks[1:] != d.shape[1:]
-            or (d.chunks[0] != 1 and cache_chunks < 1)
-            or not d.dtype.isnative
-            or d.dtype.hasobject
-            or len(d.shape) < 2
-        ):
+        codec = row_chunk_codec(d, {(): "none", (LZ4_FILTER,): "lz4"})
+        if codec is None or (d.chunks[0] != 1 and cache_chunks < 1):
             return None
-        filters = [dcpl.get_filter(k)[0] for k in range(dcpl.get_nfilters())]
-        if not filters:
-            return cls(d, "none", cache_rows, cache_chunks)
-        if filters == [LZ4_FILTER]:
-            return cls(d, "lz4", cache_rows, cache_chunks)
-        return None
+        return cls(d, codec, cache_rows, cache_chunks)
 
     def read_into(self, row: int, out: np.ndarray) -> None:
         """Row ``row`` into ``out`` (an array of one row, the dataset's dtype)."""
@@ -160,6 +147,22 @@ class DirectRows:
         out = np.empty(self.d.shape[1:], self.d.dtype)
         self.read_into(row, out)
         return out
+
+
+def row_chunk_codec(d: h5py.Dataset, codecs: dict[tuple[int, ...], str]) -> str | None:
+    """The codec ``codecs`` names for the filter pipeline of ``d`` when it is chunked whole rows per
+    chunk and holds native, plain numbers; else None."""
+    dcpl = d.id.get_create_plist()
+    if (
+        dcpl.get_layout() != h5py.h5d.CHUNKED
+        or d.chunks is None
+        or tuple(d.chunks[1:]) != tuple(d.shape[1:])
+        or not d.dtype.isnative
+        or d.dtype.hasobject
+        or len(d.shape) < 2
+    ):
+        return None
+    return codecs.get(tuple(dcpl.get_filter(k)[0] for k in range(dcpl.get_nfilters())))
 
 
 def reads_rows_alone(d: h5py.Dataset) -> bool:

@@ -15,6 +15,7 @@ What it guarantees (docs/reading.md):
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -76,9 +77,7 @@ def _open(path: str, locking: bool | None, **kwargs) -> h5py.File:
     last: OSError | None = None
     for attempt in range(OPEN_RETRIES):
         try:
-            if locking is None:
-                return h5py.File(path, "r", **kwargs)
-            return h5py.File(path, "r", locking=locking, **kwargs)
+            return h5py.File(path, "r", locking=locking, **kwargs)  # None: HDF5's default
         except FileNotFoundError:
             raise
         except OSError as err:
@@ -94,17 +93,7 @@ def _open(path: str, locking: bool | None, **kwargs) -> h5py.File:
 
 
 def _next_prime(n: int) -> int:
-    def is_prime(k: int) -> bool:
-        if k < 2 or k % 2 == 0:
-            return k == 2
-        i = 3
-        while i * i <= k:
-            if k % i == 0:
-                return False
-            i += 2
-        return True
-
-    while not is_prime(n):
+    while n < 2 or any(n % k == 0 for k in range(2, math.isqrt(n) + 1)):
         n += 1
     return n
 
@@ -262,14 +251,7 @@ class SplitReader:
             # an annotation column may be asked for by its bare name when no field has that name
             path = name if name in kinds else column_path(name)
             if path not in kinds or path not in g:
-                readable = [
-                    *kinds,
-                    *(
-                        k.annotation_column
-                        for k in kinds.values()
-                        if k.annotation_column and k.annotation_column not in kinds
-                    ),
-                ]
+                readable = [*kinds, *(c for k in kinds.values() if (c := k.annotation_column) and c not in kinds)]
                 raise ReadError(f"{where}: split {self.split!r} has no field or column {name!r}; it has {readable}")
             ds, st = g[path], kinds[path].stored()
             if arrays.rows(g, path, st) != count:
@@ -592,15 +574,12 @@ class SliceIndex:
             raise IndexError(f"slice index out of range ({len(self)} slices)")
         elements = self.elements(idx)
         out = {}
-        for name in reader.fields:
-            if name in self.ragged:
-                block = reader.read_elements(name, elements.ravel())
-                block = block.reshape(*elements.shape, *reader.fields[name].shape)
-                out[name] = block[:, 0] if self.context == 0 else block
+        for name in self.ragged:
+            block = reader.read_elements(name, elements.ravel()).reshape(*elements.shape, *reader.fields[name].shape)
+            out[name] = block[:, 0] if self.context == 0 else block
         others = [name for name in reader.fields if name not in self.ragged]
         if others:
-            cases = reader.read(self.case[idx], fields=others)
-            out.update((name, cases[name]) for name in others)
+            out.update(reader.read(self.case[idx], fields=others))
         return {name: out[name] for name in reader.fields}
 
 
@@ -658,6 +637,5 @@ def model_batch(
         v = model_values(reader.fields[name], raw, opts, dtypes[name])
         out[name] = np.ascontiguousarray(np.moveaxis(v, 1, -1)) if channels_last and getattr(v, "ndim", 0) > 2 else v
     if return_index:
-        rows = np.asarray(indices, dtype=np.int64).reshape(-1)
-        out[INDEX_FIELD] = np.where(rows < 0, rows + len(reader), rows)
+        out[INDEX_FIELD] = reader.checked(indices)
     return out

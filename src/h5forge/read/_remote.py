@@ -42,7 +42,7 @@ from h5forge._format.objects import (
     sibling,
 )
 from h5forge.kinds import stored_kinds
-from h5forge.read._direct import chunk_places, decode_chunk
+from h5forge.read._direct import chunk_places, decode_chunk, row_chunk_codec
 from h5forge.read._reader import DEFAULT_CACHE_CHUNKS, SplitReader, gather
 from h5forge.spec import spec_from_json
 
@@ -70,20 +70,8 @@ class ChunkTable:
         """The table of a dataset stored one row per chunk with a codec decoded here; else None.
         ``index``: its offsets, sizes and masks from a chunk index object, which saves walking
         HDF5's chunk index (a request per node)."""
-        dcpl = d.id.get_create_plist()
-        if (
-            dcpl.get_layout() != h5py.h5d.CHUNKED
-            or d.chunks is None
-            or d.chunks[0] != 1
-            or tuple(d.chunks[1:]) != tuple(d.shape[1:])
-            or not d.dtype.isnative
-            or d.dtype.hasobject
-            or len(d.shape) < 2
-        ):
-            return None
-        filters = [dcpl.get_filter(k)[0] for k in range(dcpl.get_nfilters())]
-        codec = {(): "none", (LZ4_FILTER,): "lz4", (DEFLATE_FILTER,): "gzip"}.get(tuple(filters))
-        if codec is None:
+        codec = row_chunk_codec(d, {(): "none", (LZ4_FILTER,): "lz4", (DEFLATE_FILTER,): "gzip"})
+        if codec is None or d.chunks[0] != 1:
             return None
         n = d.shape[0]
         shape = tuple(int(s) for s in d.shape[1:])
@@ -333,11 +321,6 @@ class RemoteSplitReader(SplitReader):
             except OSError:
                 pass
 
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state.update(_file=None, _pid=None)
-        return state
-
     # ---- reads -------------------------------------------------------------------------------
     @property
     def requests(self) -> int:
@@ -455,13 +438,6 @@ class RemoteSplitReader(SplitReader):
     def read_elements(self, name: str, elements) -> np.ndarray:
         self._h5_handles()
         return super().read_elements(name, elements)
-
-    def read_element(self, name: str, element: int) -> np.ndarray:
-        return self.read_elements(name, [element])[0]
-
-    def lengths(self, name: str) -> np.ndarray:
-        with self._open_plain() as f:
-            return f[self.split][self.fields[name].path + arrays.LENGTHS][()]
 
 
 def open_split(

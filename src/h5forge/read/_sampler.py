@@ -45,18 +45,13 @@ def shard(order: np.ndarray, num_replicas: int = 1, rank: int = 0, drop_last: bo
     n = order.size
     if num_replicas == 1:
         return order
-    if drop_last:
-        per = n // num_replicas
-        return order[rank * per : (rank + 1) * per]
-    per = -(-n // num_replicas)
-    if per * num_replicas > n and n:
+    per = shard_len(n, num_replicas, drop_last)
+    if per * num_replicas > n and n:  # without drop_last: wrapped around to fill the last shard
         order = np.concatenate([order, np.resize(order, per * num_replicas - n)])
     return order[rank * per : (rank + 1) * per]
 
 
 def shard_len(n: int, num_replicas: int = 1, drop_last: bool = True) -> int:
-    if num_replicas == 1:
-        return n
     return n // num_replicas if drop_last else -(-n // num_replicas)
 
 

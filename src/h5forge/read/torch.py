@@ -60,9 +60,7 @@ def _empty_batch(
         # separate tensors: a block over glibc's 32 MiB mmap ceiling would be mapped afresh (and
         # page-faulted) every batch, while smaller ones are reused from the heap
         return {name: torch.empty(shape, dtype=dtype) for name, (shape, dtype) in specs.items()}
-    sizes = {
-        name: math.prod(shape) * torch.empty(0, dtype=dtype).element_size() for name, (shape, dtype) in specs.items()
-    }
+    sizes = {name: math.prod(shape) * dtype.itemsize for name, (shape, dtype) in specs.items()}
     total = max(1, sum(-(-b // ALIGN) * ALIGN for b in sizes.values()))
     block = pool.take(total) if pool is not None else _shared_block(total)
     out, at = {}, 0
@@ -324,8 +322,7 @@ class H5Dataset(Dataset):
             for name in self.reader.fields
         )
         if self.return_index:
-            rows = np.asarray(indices, dtype=np.int64)
-            np.copyto(outs[INDEX_FIELD].numpy(), np.where(rows < 0, rows + len(self), rows))
+            np.copyto(outs[INDEX_FIELD].numpy(), self.reader.checked(indices))
             cols += (outs[INDEX_FIELD],)
         return self._batch(cols, n)
 
@@ -358,8 +355,7 @@ class H5Dataset(Dataset):
             v = dense_values(fi, raw[name], self.options, self._dtypes[name])
             cols.append(v if isinstance(v, list) else torch.from_numpy(np.ascontiguousarray(v)))
         if self.return_index:
-            rows = np.asarray(indices, dtype=np.int64)
-            cols.append(torch.from_numpy(slices.case[np.where(rows < 0, rows + len(self), rows)]))
+            cols.append(torch.from_numpy(slices.case[np.asarray(indices, dtype=np.int64)]))  # checked by read
         return tuple(cols)
 
     def _batch(self, cols: tuple, n: int) -> _Batch:

@@ -41,6 +41,17 @@ def _scene(rng: np.random.Generator, h: int, w: int):
     return buf.getvalue(), objects
 
 
+def _annotation(ann_id: int, image_id: int, category_id: int, bbox: list[int]) -> dict:
+    return {
+        "id": ann_id,
+        "image_id": image_id,
+        "category_id": category_id,
+        "bbox": bbox,
+        "area": bbox[2] * bbox[3],
+        "iscrowd": 0,
+    }
+
+
 def generate(root: str | Path, n: int = 60, seed: int = 0, bad: bool = True, prefix: str = "obj_") -> dict[str, str]:
     """Write the folder; returns {path: what is wrong} for the defects (``bad``)."""
     root = Path(root)
@@ -55,45 +66,17 @@ def generate(root: str | Path, n: int = 60, seed: int = 0, bad: bool = True, pre
         h, w = int(rng.integers(96, 161)), int(rng.integers(96, 161))
         data, objects = _scene(rng, h, w)
         entry = {"id": i + 1, "file_name": name, "height": h, "width": w}
-        boxes = [
-            {
-                "id": len(annotations) + k + 1,
-                "image_id": i + 1,
-                "category_id": cls + 1,
-                "bbox": box,
-                "area": box[2] * box[3],
-                "iscrowd": 0,
-            }
-            for k, (cls, box) in enumerate(objects)
-        ]
+        boxes = [_annotation(len(annotations) + k + 1, i + 1, cls + 1, box) for k, (cls, box) in enumerate(objects)]
         if i >= n:  # the defects
             what = i - n
             if what == 0:
                 data = data[: len(data) // 2]
                 defects[f"images/{name}"] = "truncated PNG"
             elif what == 1:
-                boxes.append(
-                    {
-                        "id": len(annotations) + len(boxes) + 1,
-                        "image_id": i + 1,
-                        "category_id": 99,
-                        "bbox": [4, 4, 10, 10],
-                        "area": 100,
-                        "iscrowd": 0,
-                    }
-                )
+                boxes.append(_annotation(len(annotations) + len(boxes) + 1, i + 1, 99, [4, 4, 10, 10]))
                 defects[f"images/{name}"] = "an annotation of an unknown category"
             else:
-                boxes.append(
-                    {
-                        "id": len(annotations) + len(boxes) + 1,
-                        "image_id": i + 1,
-                        "category_id": 1,
-                        "bbox": [20, 20, -8, 10],
-                        "area": -80,
-                        "iscrowd": 0,
-                    }
-                )
+                boxes.append(_annotation(len(annotations) + len(boxes) + 1, i + 1, 1, [20, 20, -8, 10]))
                 defects[f"images/{name}"] = "a box of negative width"
         (root / "images" / name).write_bytes(data)
         images.append(entry)

@@ -120,20 +120,16 @@ def _renumbered(chosen, own, cats, image_ids, ann_ids, categories):
             cat_map[k] = by_name[c.get("name")]
         else:
             cat_map[k], next_cat = next_cat, next_cat + 1
-    image_map = {}
-    for old in chosen:
-        image_map[old], next_image = next_image, next_image + 1
+    image_map = {old: next_image + k for k, old in enumerate(chosen)}
     new_images = {image_map[k]: {**im, "id": image_map[k]} for k, im in chosen.items()}
-    new_anns = []
-    for a in own:
-        new_anns.append(
-            {
-                **a,
-                "id": next_ann,
-                "image_id": image_map[a["image_id"]],
-                "category_id": cat_map.get(a.get("category_id")),
-            }
-        )
-        next_ann += 1
+    new_anns = [
+        {
+            **a,
+            "id": next_ann + k,
+            "image_id": image_map[a["image_id"]],
+            "category_id": cat_map.get(a.get("category_id")),
+        }
+        for k, a in enumerate(own)
+    ]
     new_cats = {cat_map[k]: {**c, "id": cat_map[k]} for k, c in cats.items() if cat_map[k] not in categories}
     return new_images, new_anns, new_cats

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h5forge.kinds.boxes.sources import Limits, Objects, finite
+from h5forge.kinds.boxes.sources import Limits, Objects, _is_int, _is_number, finite
 from h5forge._samples import Reject
 
 RLE_ALPHABET = 64  # COCO's compressed counts: characters 48 ('0') .. 111 ('o'), 5 bits and a continuation bit
@@ -98,9 +98,7 @@ def _check_cover(runs: np.ndarray, raw: tuple[int, int], where: str, what: str) 
 
 
 def _check_size(size, raw: tuple[int, int], where: str, what: str) -> None:
-    if not (
-        isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in size)
-    ):
+    if not (isinstance(size, list) and len(size) == 2 and all(map(_is_int, size))):
         raise Reject(where, f"{what}: the RLE's size must be [height, width]")
     if tuple(size) != raw:
         raise Reject(where, f"{what}: segmentation is {size[1]}x{size[0]} (WxH); the picture is {raw[1]}x{raw[0]}")
@@ -108,7 +106,7 @@ def _check_size(size, raw: tuple[int, int], where: str, what: str) -> None:
 
 def _list_counts(counts, raw: tuple[int, int], where: str, what: str) -> np.ndarray:
     """An uncompressed RLE's run lengths: integers from 0 to the picture's pixels."""
-    if not isinstance(counts, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in counts):
+    if not isinstance(counts, list) or not all(map(_is_int, counts)):
         raise Reject(where, f"{what}: the RLE's counts must be a list of integers or a compressed string")
     if counts and min(counts) < 0:
         raise Reject(where, f"{what}: the RLE holds a negative run length")
@@ -156,7 +154,7 @@ def _string_counts(counts: str | bytes, raw: tuple[int, int], where: str, what: 
 def _polygons(segmentation: list, raw: tuple[int, int], where: str, what: str, max_vertices: int) -> Polygons:
     polygons = []
     for poly in segmentation:
-        if not isinstance(poly, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in poly):
+        if not isinstance(poly, list) or not all(map(_is_number, poly)):
             raise Reject(where, f"{what}: a polygon must be a list of numbers [x1, y1, x2, y2, ...]")
         if len(poly) % 2:
             raise Reject(where, f"{what}: a polygon has an odd number ({len(poly)}) of coordinates")

@@ -29,6 +29,7 @@ from h5forge.kinds.base import (
     Decoded,
     FieldKind,
     FieldModel,
+    Follows,
     Globs,
     field_of,
     read_source,
@@ -90,9 +91,10 @@ class BoxesField(FieldModel):
         return self
 
 
-class BoxesKind(Plugins, SharedInputs, ClassCounts, RowIndex, Preview, FieldKind[BoxesField]):
+class BoxesKind(Plugins, Follows, SharedInputs, ClassCounts, RowIndex, Preview, FieldKind[BoxesField]):
     kind = "boxes"
     Spec = BoxesField
+    follows = "image"
     detectors = (
         Detector(
             "h5forge.kinds.boxes.detect:detect", 15, "pictures with COCO instances_*.json or YOLO labels/*.txt boxes"
@@ -107,15 +109,6 @@ class BoxesKind(Plugins, SharedInputs, ClassCounts, RowIndex, Preview, FieldKind
         "dataset attr classes; split attr <field>_class_boxes (K,); /index/<split>/<field>: pictures by "
         "class present; with masks: true, <field>_masks ragged (total boxes, H, W) uint8 instance masks"
     )
-
-    @classmethod
-    def check_spec(cls, name: str, spec: BoxesField, dataset: Any) -> None:
-        if getattr(dataset.fields.get(spec.like), "kind", None) != "image":
-            raise ValueError(f"fields.{name}.like: {spec.like!r} is not an image field")
-
-    @property
-    def after(self) -> tuple[str, ...]:
-        return (self.spec.like,)
 
     @property
     def is_coco(self) -> bool:
@@ -285,11 +278,8 @@ class BoxesKind(Plugins, SharedInputs, ClassCounts, RowIndex, Preview, FieldKind
 
     def caption(self, value: Any) -> str:
         labels = np.asarray(value).reshape(-1, len(COLUMNS))[:, 4].astype(int)
-        named = ", ".join(
-            f"{np.count_nonzero(labels == i)} {c}"
-            for i, c in enumerate(self.spec.classes)
-            if np.count_nonzero(labels == i)
-        )
+        counts = [int(np.count_nonzero(labels == i)) for i in range(len(self.spec.classes))]
+        named = ", ".join(f"{n} {c}" for n, c in zip(counts, self.spec.classes) if n)
         return f"{self.name}: {len(labels)}" + (f" ({named})" if named else "")
 
 

@@ -102,18 +102,13 @@ def _index_or_reject(
     path: Path, rel: str, max_bytes: int, root: Path | None, allow_outside: bool
 ) -> CocoIndex | Reject:
     try:
-        return _parse(_read_coco(path, rel, max_bytes, root, allow_outside), rel)
+        raw = read_bounded(path, max_bytes, root, allow_outside)
+    except (ValueError, OSError) as err:  # ValueError: a FIFO, device or folder, too large, a symlink out
+        return Reject(rel, f"cannot read the COCO file {rel}: {getattr(err, 'strerror', None) or err}")
+    try:
+        return _parse(raw, rel)
     except Reject as err:
         return err
-
-
-def _read_coco(path: Path, rel: str, max_bytes: int, root: Path | None, allow_outside: bool) -> bytes:
-    try:
-        return read_bounded(path, max_bytes, root, allow_outside)
-    except ValueError as err:  # a FIFO, device or folder; too large; a symlink out of the source
-        raise Reject(rel, f"cannot read the COCO file {rel}: {err}") from None
-    except OSError as err:
-        raise Reject(rel, f"cannot read the COCO file {rel}: {err.strerror or err}") from None
 
 
 def _parse(raw: bytes, rel: str) -> CocoIndex:
