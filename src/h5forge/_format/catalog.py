@@ -81,8 +81,7 @@ class Catalog:
         """This catalog plus ``newer``'s, whose rows come after ``shift[split]`` rows of each split."""
         at = newer.content_at.copy()
         for k, split in enumerate(SPLITS):
-            mine = (at >> ROW_BITS) == k
-            at[mine] += shift.get(split, 0)
+            at[(at >> ROW_BITS) == k] += shift.get(split, 0)
         where = np.searchsorted(self.content, newer.content)
         content = np.insert(self.content, where, newer.content)
         content_at = np.insert(self.content_at, where, at)

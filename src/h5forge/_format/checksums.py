@@ -191,8 +191,8 @@ def legacy_checksum(values: Iterable[np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def _attrs(obj: h5py.HLObject) -> bytes:
-    names = sorted(k for k in obj.attrs.keys() if k not in _SKIPPED_ATTRS)
+def _attrs(obj: h5py.HLObject, skipped: frozenset[str] | set[str] = _SKIPPED_ATTRS) -> bytes:
+    names = sorted(k for k in obj.attrs.keys() if k not in skipped)
     return b"".join(_string(k) + canonical(obj.attrs[k]) for k in names)
 
 
@@ -270,9 +270,7 @@ def file_digest(f: h5py.File) -> str:
     if rule not in (1, FILE_DIGEST_RULE):
         known = f"not one this h5forge knows (1 to {FILE_DIGEST_RULE})"
         raise UnknownDigestRule(f"the file has {Attr.FILE_DIGEST_RULE} {rule}, {known}; {NEWER}")
-    h = hashlib.sha256()
-    names = sorted(k for k in f.attrs.keys() if k not in _SKIPPED_ATTRS and k != Attr.FILE_DIGEST)
-    h.update(b"".join(_string(k) + canonical(f.attrs[k]) for k in names))
+    h = hashlib.sha256(_attrs(f, _SKIPPED_ATTRS | {Attr.FILE_DIGEST}))
     for part in FILE_PARTS:
         if part not in f:
             continue

@@ -19,10 +19,6 @@ class Codec:
     options: Callable[[], dict[str, Any]]
 
 
-def _none() -> dict[str, Any]:
-    return {}
-
-
 def _gzip(level: int) -> Callable[[], dict[str, Any]]:
     return lambda: {"compression": "gzip", "compression_opts": level}
 
@@ -37,11 +33,9 @@ def _plugin(factory: str, **kwargs: Any) -> Callable[[], dict[str, Any]]:
 
 
 CODECS: dict[str, Codec] = {
-    "none": Codec("none", "any HDF5 reader", _none),
+    "none": Codec("none", "any HDF5 reader", lambda: {}),
     "lzf": Codec("lzf", "h5py (LZF filter 32000 ships only with h5py)", lambda: {"compression": "lzf"}),
-    "gzip-1": Codec("gzip-1", "any HDF5 reader (deflate)", _gzip(1)),
-    "gzip-4": Codec("gzip-4", "any HDF5 reader (deflate)", _gzip(4)),
-    "gzip-9": Codec("gzip-9", "any HDF5 reader (deflate)", _gzip(9)),
+    **{f"gzip-{n}": Codec(f"gzip-{n}", "any HDF5 reader (deflate)", _gzip(n)) for n in (1, 4, 9)},
     "zstd-1": Codec("zstd-1", "hdf5plugin (Zstd filter 32015)", _plugin("Zstd", clevel=1)),
     "zstd": Codec("zstd", "hdf5plugin (Zstd filter 32015)", _plugin("Zstd", clevel=3)),
     "zstd-9": Codec("zstd-9", "hdf5plugin (Zstd filter 32015)", _plugin("Zstd", clevel=9)),

@@ -36,8 +36,7 @@ def index_rows(f: h5py.File, split: str, column: str, value) -> np.ndarray:
         group = f[INDEX][split][column]
     except KeyError:
         raise KeyError(f"no index for column {column!r} in split {split!r} of {f.filename}") from None
-    parts = index_parts(group)
-    return parts.get(value, np.zeros(0, dtype=np.int64))
+    return index_parts(group).get(value, np.zeros(0, dtype=np.int64))
 
 
 def index_parts(group: h5py.Group) -> dict:

@@ -126,8 +126,7 @@ def release(version_file: str | os.PathLike) -> None:
             return
         _HELD[key][1] -= 1
         if _HELD[key][1] <= 0:
-            fd = _HELD.pop(key)[0]
-            os.close(fd)
+            os.close(_HELD.pop(key)[0])
 
 
 def held_here(version_file: str | os.PathLike) -> bool:

@@ -138,9 +138,6 @@ class SourceFiles:
         self._open: OrderedDict[str, _Open] = OrderedDict()
         self._pid = os.getpid()
 
-    def _limit(self) -> int:
-        return self.capacity if self.capacity is not None else open_sources_budget()
-
     def get(self, path: str) -> _Open:
         """The open handles of ``path`` (opened lazily; call with ``lock`` held)."""
         if self._pid != os.getpid():  # inherited through fork: the parent's handles are not ours
@@ -150,7 +147,7 @@ class SourceFiles:
         if entry is not None:
             self._open.move_to_end(path)
             return entry
-        limit = self._limit()
+        limit = self.capacity if self.capacity is not None else open_sources_budget()
         while len(self._open) >= limit:
             self._open.popitem(last=False)[1].close()
         entry = self._open[path] = _Open(path)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import io
 import json
 import os
 import random
@@ -189,10 +190,7 @@ class RemoteObject:
         raise ReadError(f"{self.name}: still failing after {self.retry.attempts} tries ({_cause(last)})")
 
     def _sleep(self, attempt: int) -> None:
-        time.sleep(self._backoff(attempt))
-
-    def _backoff(self, attempt: int) -> float:
-        return min(self.retry.max_backoff, self.retry.backoff * (2**attempt)) * (0.5 + random.random() / 2)
+        time.sleep(min(self.retry.max_backoff, self.retry.backoff * (2**attempt)) * (0.5 + random.random() / 2))
 
     def _fatal(self, err: BaseException) -> BaseException | None:
         """The error to raise at once for ``err``, or None when it is worth retrying."""
@@ -298,12 +296,14 @@ class RemoteObject:
             return await self._get_s3(start, stop)
         return await self.fs._cat_file(self.url, start=start, end=stop)
 
+    def _range_headers(self, spans: Sequence[tuple[int, int]]) -> dict[str, str]:
+        """A GET of ``spans`` (``Range``), only while the object is the one pinned (``If-Match``)."""
+        ranges = {"Range": "bytes=" + ",".join(f"{a}-{b - 1}" for a, b in spans)}
+        return {**ranges, "If-Match": self.etag} if self.etag else ranges
+
     async def _get_http(self, start: int, stop: int) -> bytes:
         session = await self.fs.set_session()
-        headers = {"Range": f"bytes={start}-{stop - 1}"}
-        if self.etag:
-            headers["If-Match"] = self.etag
-        async with session.get(self.fs.encode_url(self.url), headers=headers) as r:
+        async with session.get(self.fs.encode_url(self.url), headers=self._range_headers([(start, stop)])) as r:
             if r.status == 200 and not (start == 0 and stop == self.size):
                 raise ReadError(f"{self.name}: the server ignores range requests (it answered 200 to a Range)")
             if r.status not in (200, 206):
@@ -318,11 +318,8 @@ class RemoteObject:
         a request per batch instead of one per chunk. A server that answers otherwise is asked
         one range at a time from then on."""
         session = await self.fs.set_session()
-        headers = {"Range": "bytes=" + ",".join(f"{a}-{b - 1}" for a, b in spans)}
-        if self.etag:
-            headers["If-Match"] = self.etag
         try:
-            async with session.get(self.fs.encode_url(self.url), headers=headers) as r:
+            async with session.get(self.fs.encode_url(self.url), headers=self._range_headers(spans)) as r:
                 if r.status == 200:  # ranges ignored or refused as a set: the body is not read
                     self._multi = False
                     raise _Transient("the server answers a multi-range request with the whole object")
@@ -548,8 +545,6 @@ def chunk_index_bytes(f: h5py.File, size: int, etag: str | None) -> bytes:
     """Every fixed field's chunk offsets, sizes and filter masks, per split, as an ``.npz`` made
     for the object of ``size`` bytes, ETag ``etag`` and ``f``'s file digest (the reader uses it
     only for an object with all three)."""
-    import io
-
     arrays_out: dict[str, np.ndarray] = {
         "size": np.array(size, np.int64),
         "etag": np.array(etag or "", dtype=np.str_),
@@ -582,7 +577,6 @@ def chunk_index_bytes(f: h5py.File, size: int, etag: str | None) -> bytes:
 def parse_chunk_index(data: bytes, obj: "RemoteObject", file_digest: str) -> dict[str, Any] | None:
     """The arrays of a chunk index object made for ``obj`` (its size, its ETag where both sides
     know one) and for a file of ``file_digest``, else None."""
-    import io
     import zipfile
 
     try:
@@ -633,6 +627,3 @@ def resolve(url: str, storage_options: dict | None = None, retry: Retry = Retry(
             "the version object was replaced after it was published"
         )
     return target
-
-
-# ---- reading rows --------------------------------------------------------------------------------

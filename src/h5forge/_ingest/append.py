@@ -97,9 +97,7 @@ def rewritten_by_append(spec: DatasetSpec, inbox: Path) -> list[str]:
     """The inbox files an append rewrites as it takes samples (the annotation file, shared files
     such as a COCO file): a watcher does not take their changes for news."""
     own = [Path(spec.annotations.file).as_posix()] if spec.annotations.file else []
-    for files in shared_files(inbox_spec(spec, inbox)).values():
-        own.extend(files)
-    return own
+    return own + [f for files in shared_files(inbox_spec(spec, inbox)).values() for f in files]
 
 
 def shared_files(spec: DatasetSpec) -> dict[str, tuple[str, ...]]:
@@ -386,7 +384,7 @@ class _Plan:
         self.spec, self.scan, self.inbox = spec, scan, scan.inbox
         self.plan = MovePlan(number, str(scan.inbox))
         ann = spec.annotations
-        self.inbox_records = _read_list(self.inbox / ann.file) if ann.file else []
+        self.inbox_records = (_read_list(self.inbox / ann.file) or []) if ann.file else []
         self.by_key: dict[str | None, list[dict]] = {}
         for rec in self.inbox_records:
             self.by_key.setdefault(self.key(rec), []).append(rec)
@@ -545,13 +543,15 @@ def shortened(name: str, suffix: str = "") -> str:
     return cut + tail
 
 
-def _read_list(path: Path) -> list[dict]:
-    """The inbox's annotation records, in any format discovery reads (none when unreadable: its
-    problems are already in the scan's rejections)."""
+def _read_list(path: Path) -> list[dict] | None:
+    """The inbox's annotation records, in any format discovery reads: none when the file is
+    missing, None when it cannot be read (its problems are in the scan's rejections)."""
     try:
         return [r for r in read_annotation_file(path) if isinstance(r, dict)]
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError, csv.Error):
+    except FileNotFoundError:
         return []
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError, csv.Error):
+        return None
 
 
 def _prune_inbox_records(path: Path, remaining: list[dict], taken: list[dict]) -> None:
@@ -560,11 +560,8 @@ def _prune_inbox_records(path: Path, remaining: list[dict], taken: list[dict]) -
     that cannot be read now is left as it is (the next append reports it). It is written through
     a temporary name of its own (``_own_temporary``)."""
     if taken:
-        try:
-            current = [r for r in read_annotation_file(path) if isinstance(r, dict)]
-        except FileNotFoundError:
-            current = []
-        except (OSError, ValueError, UnicodeDecodeError, RecursionError, csv.Error):
+        current = _read_list(path)
+        if current is None:
             return
         gone = {_record_text(r) for r in taken}
         remaining = [r for r in current if _record_text(r) not in gone]
@@ -619,11 +616,9 @@ def apply_moves(plan: MovePlan) -> None:
             failed.append(f"{what}: {err.strerror or err}")
 
     checkpoint("append:records")
-    path, records = plan.processed_records
-    if path and records:
-        attempt(path, lambda: _write_records(Path(path), records))
-    for where, recs in plan.records:
-        attempt(where, lambda w=where, r=recs: _write_records(Path(w), r))
+    for where, recs in [plan.processed_records, *plan.records]:
+        if where and recs:
+            attempt(where, lambda w=where, r=recs: _write_records(Path(w), r))
     for where, text in plan.writes:
         attempt(where, lambda w=where, t=text: _write_text(Path(w), t))
     for i, (src, dst) in enumerate(plan.moves):

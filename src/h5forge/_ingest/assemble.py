@@ -225,9 +225,8 @@ class MappedWriter(DatasetWriter):
         summary = super()._summary(timings)
         if not self.row_files:
             return summary
-        sizes = ArraySizes(0, 0, {s: 0 for s in SPLITS})
-        for s in self.row_files:
-            sizes = sizes + ArraySizes(s["raw"], sum(s["stored"].values()), s["stored"])
+        parts = (ArraySizes(s["raw"], sum(s["stored"].values()), s["stored"]) for s in self.row_files)
+        sizes = sum(parts, ArraySizes(0, 0, {s: 0 for s in SPLITS}))
         return summary.with_(row_files=len(self.row_files), **sizes.summary())
 
     def _remove_unreferenced(self) -> None:

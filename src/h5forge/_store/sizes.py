@@ -48,9 +48,8 @@ class ArraySizes:
 
 def own_sizes(f: h5py.File, kinds: dict[str, FieldKind]) -> ArraySizes:
     """The sizes of the rows ``f`` holds itself (a full version, a delta, an export)."""
-    raw, split_stored = 0, {}
+    raw, split_stored = 0, {s: 0 for s in SPLITS}
     for split in SPLITS:
-        split_stored[split] = 0
         for path, kind in kinds.items():
             if not kind.stored().bulk:
                 continue

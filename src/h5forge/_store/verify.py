@@ -244,15 +244,11 @@ def verify_file(
 
 def _in_child(path: str | Path, options: dict) -> HealthReport:
     try:
-        return in_child(_verified, path, options, what=f"verify {path}")
+        return in_child(lambda: verify_file(path, **options), what=f"verify {path}")
     except Crashed as err:
         report = HealthReport(str(path))
         report.error("read", f"{path}: {crash_text(err.exitcode)}")
         return report
-
-
-def _verified(path: str | Path, options: dict) -> HealthReport:
-    return verify_file(path, **options)
 
 
 def _why(err: BaseException) -> str:
@@ -508,17 +504,13 @@ def _rows_catalog(f: h5py.File) -> tuple[list[str], Catalog, list[str]]:
 
 def _catalog_differences(stored: Catalog, made: Catalog, ids: list[str]) -> list[str]:
     problems = []
-    if not _same_ids(stored.ids, made.ids) and not _same_ids(stored.ids, _bytes_id_digests(ids)):
+    if not np.array_equal(stored.ids, made.ids) and not np.array_equal(stored.ids, _bytes_id_digests(ids)):
         problems.append(f"/{INPUTS}/ids does not match the ids of the rows (the exactly-once check reads it)")
-    if len(stored.content) != len(made.content) or not np.array_equal(stored.content, made.content):
+    if not np.array_equal(stored.content, made.content):
         problems.append(f"/{INPUTS}/content does not match the raw-file hashes of the rows")
     elif not np.array_equal(_pairs(stored), _pairs(made)):
         problems.append(f"/{INPUTS}/content_at does not match where the rows are")
     return problems
-
-
-def _same_ids(a: np.ndarray, b: np.ndarray) -> bool:
-    return len(a) == len(b) and bool(np.array_equal(a, b))
 
 
 def _bytes_id_digests(ids: list[str]) -> np.ndarray:
@@ -784,8 +776,7 @@ def _locate_unreadable(
     for row in range(start, stop):
         for name, read in readers.items():
             try:
-                value = read(row)
-                canonical(value)
+                canonical(read(row))
             except Exception as e:  # noqa: BLE001 - this is what is being located
                 out.append(f"{split}[{row}] field {name!r} cannot be read (corrupt chunk or string): {_why(e)}")
     return out or [f"{split}[{start}:{stop}] cannot be read: {_why(err)}"]

@@ -258,9 +258,7 @@ def stage(out: str | Path) -> Candidate:
     """Reserve the next version number (call with the lock held)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    existing = published(out)
-    number = max(existing, default=0) + 1
-    return Candidate(out, number, latest(out))
+    return Candidate(out, max(published(out), default=0) + 1, latest(out))
 
 
 def publish(candidate: Candidate) -> Path:
