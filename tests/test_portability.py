@@ -101,7 +101,7 @@ def test_export_none_stores_arrays_unfiltered_and_an_unknown_codec_is_one_line(v
 def _h5dump() -> str:
     found = shutil.which("h5dump")
     if found is None:
-        pytest.fail("h5dump not found: `make hdf5-tools` installs it (Debian's hdf5-tools), as `make test` does")
+        pytest.fail("h5dump not found: `make test-tools` installs it (Debian's hdf5-tools), as `make test` does")
     return found
 
 
