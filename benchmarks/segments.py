@@ -178,7 +178,10 @@ def read_part(paths: dict[str, Path], workers: int, reps: int) -> dict:
                 single[k].append(percentiles(latencies_us(images.__getitem__, order), (50,))["p50_us"])
     return {"loader_samples_per_s": rates, "random_read_p50_us": single,
             "loader_segments_over_copy": ratio(med(rates["segments"]), med(rates["files"])),
-            "random_read_p50_segments_over_copy": ratio(med(single["segments"]), med(single["files"]))}
+            "random_read_p50_segments_over_copy": ratio(med(single["segments"]), med(single["files"])),
+            # each round's ratio: a random read's p50 moves between rounds more than between versions
+            "rounds": {"loader_segments_over_copy": [ratio(a, b) for a, b in zip(rates["segments"], rates["files"])],
+                       "random_read_p50_segments_over_copy": [ratio(a, b) for a, b in zip(single["segments"], single["files"])]}}
 
 
 def mapping_scaling(counts=(16, 160, 1600), rows: int = 64, reads: int = 500) -> dict:
@@ -248,6 +251,7 @@ def main() -> None:
         "loader_segments_over_copy": result["read"]["loader_segments_over_copy"],
         "random_read_p50_segments_over_copy": result["read"]["random_read_p50_segments_over_copy"],
     }
+    result["spread"] = {k: [min(v), max(v)] for k, v in result["read"]["rounds"].items()}
     save("segments", result, args.smoke)
 
 
