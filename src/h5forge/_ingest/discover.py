@@ -494,13 +494,13 @@ def discover(
     if not root.is_dir():
         inv.rejections.append(Rejection("", (str(root),), "source folder does not exist"))
         return inv
-    found = _Found()
+    found, kinds = _Found(), field_kinds(spec)
     for r in [root, *(extra_roots or [])]:
-        _gather(spec, inv, found, r, "" if r == root else os.path.relpath(r, root) + "/", sidecars, skip)
+        _gather(spec, kinds, inv, found, r, "" if r == root else os.path.relpath(r, root) + "/", sidecars, skip)
     if spec.source.ids == "path":
         found.records, found.record_file, problems = by_bare_name(found.records, found.record_file, found.per_field)
         inv.rejections.extend(problems)
-    _join(spec, inv, found)
+    _join(spec, kinds, inv, found)
     if whole_source:
         inv.unclaimed, inv.unclaimed_examples = unclaimed_files(spec, inv)
     return inv
@@ -517,11 +517,18 @@ class _Found:
 
 
 def _gather(
-    spec: DatasetSpec, inv: Inventory, found: _Found, r: Path, prefix: str, sidecars: bool, skip: tuple[str, ...]
+    spec: DatasetSpec,
+    kinds: dict[str, FieldKind],
+    inv: Inventory,
+    found: _Found,
+    r: Path,
+    prefix: str,
+    sidecars: bool,
+    skip: tuple[str, ...],
 ) -> None:
     """Each field's files and the annotation records of one source folder ``r`` (``prefix``: its
     path below the inventory's root) into ``found``; what cannot be taken into the rejections."""
-    ann, kinds = spec.annotations, field_kinds(spec)
+    ann = spec.annotations
     # the files a field reads for every sample (a COCO file) are no sample's, nor sidecars
     shared = {name: set(kind.shared_files()) for name, kind in sharing(kinds).items()}
     for name, kind in kinds.items():
@@ -567,10 +574,9 @@ def _gather(
         found.record_file[sid] = prefix + rec.get("_sidecar", ann.file or "")
 
 
-def _join(spec: DatasetSpec, inv: Inventory, found: _Found) -> None:
+def _join(spec: DatasetSpec, kinds: dict[str, FieldKind], inv: Inventory, found: _Found) -> None:
     """The samples of ``found``, sorted by id: each input whose every field has a file and whose
     record gives its columns and split; the rest, and the records without files, as rejections."""
-    kinds = field_kinds(spec)
     globs = {name: kind.files for name, kind in kinds.items() if kind.files}
     per_field, records, record_file = found.per_field, found.records, found.record_file
     already = {match_key(r.sample_id) for r in inv.rejections if r.sample_id}  # reported once is enough
