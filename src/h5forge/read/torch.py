@@ -254,12 +254,13 @@ class H5Dataset(Dataset):
 
     def _scratch(self) -> dict[str, np.ndarray]:
         """This thread's buffers for the stored rows of the fields ``ds[i]`` converts: read there,
-        then converted into the new tensor, so a sample allocates only what it returns."""
+        then converted into the new tensor, so a sample allocates only what it returns. One per
+        field, even for fields of one shape and dtype: every field is read before any is converted."""
         bufs = _SCRATCH.__dict__.setdefault("bufs", {})
         out = {}
         for name in self._converted_rows:
             fi = self.reader.fields[name]
-            key = (fi.shape, fi.dtype.str)
+            key = (name, fi.shape, fi.dtype.str)
             if key not in bufs:
                 bufs[key] = np.empty(fi.shape, fi.dtype)
             out[name] = bufs[key]
