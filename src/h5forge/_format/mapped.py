@@ -72,11 +72,36 @@ class _Map:
             self.mm.close()
 
 
-class _Open:
-    """One source file's open handles: the file mapped for chunk reads, HDF5's file when needed."""
+Identity = tuple[int, int, int, int]  # a file's device, inode, size and modification time
 
-    def __init__(self, path: str):
-        self.path = path
+
+def identity(path: str) -> Identity | None:
+    """What tells the file now at ``path`` from another later put there; None when there is none."""
+    try:
+        return _identity(os.stat(path))
+    except OSError:
+        return None
+
+
+def _identity(st: os.stat_result) -> Identity:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def opened_identity(f: h5py.File) -> Identity | None:
+    """``identity`` of the file HDF5 has open as ``f`` (None for a driver without a descriptor)."""
+    try:
+        return _identity(os.fstat(f.id.get_vfd_handle()))
+    except (OSError, ValueError, RuntimeError, AttributeError):
+        return None
+
+
+class _Open:
+    """One source file's open handles: the file mapped for chunk reads, HDF5's file when needed.
+    Both must be the file ``ident`` names (when given): the one at the path when the version was
+    opened, not another put there since (a version deleted and built again has the same names)."""
+
+    def __init__(self, path: str, ident: Identity | None = None):
+        self.path, self.ident = path, ident
         self.map: _Map | None = None
         self.h5: h5py.File | None = None
         self.datasets: dict[str, h5py.Dataset] = {}  # opened in h5, by name
@@ -86,7 +111,9 @@ class _Open:
             try:
                 fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                 try:  # the map keeps a descriptor of its own
-                    size = os.fstat(fd).st_size
+                    st = os.fstat(fd)
+                    self._check(_identity(st))
+                    size = st.st_size
                     self.map = _Map(mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None)
                 finally:
                     os.close(fd)
@@ -97,8 +124,21 @@ class _Open:
 
     def file(self) -> h5py.File:
         if self.h5 is None:
-            self.h5 = _open_h5(self.path)
+            h5 = _open_h5(self.path)
+            try:
+                self._check(opened_identity(h5))
+            except BaseException:
+                h5.close()
+                raise
+            self.h5 = h5
         return self.h5
+
+    def _check(self, opened: Identity | None) -> None:
+        if self.ident is not None and opened != self.ident:
+            raise ReadError(
+                f"{self.path}: a file this version maps was replaced after the version was opened "
+                "(open the version again)"
+            )
 
     def close(self) -> None:
         m, self.map = self.map, None
@@ -135,22 +175,23 @@ class SourceFiles:
     def __init__(self, capacity: int | None = None):
         self.capacity = capacity
         self.lock = threading.RLock()
-        self._open: OrderedDict[str, _Open] = OrderedDict()
+        self._open: OrderedDict[tuple[str, Identity | None], _Open] = OrderedDict()
         self._pid = os.getpid()
 
-    def get(self, path: str) -> _Open:
-        """The open handles of ``path`` (opened lazily; call with ``lock`` held)."""
+    def get(self, path: str, ident: Identity | None = None) -> _Open:
+        """The open handles of the file ``ident`` at ``path`` (opened lazily; call with ``lock`` held)."""
         if self._pid != os.getpid():  # inherited through fork: the parent's handles are not ours
             self._open = OrderedDict()
             self._pid = os.getpid()
-        entry = self._open.get(path)
+        key = (path, ident)
+        entry = self._open.get(key)
         if entry is not None:
-            self._open.move_to_end(path)
+            self._open.move_to_end(key)
             return entry
         limit = self.capacity if self.capacity is not None else open_sources_budget()
         while len(self._open) >= limit:
             self._open.popitem(last=False)[1].close()
-        entry = self._open[path] = _Open(path)
+        entry = self._open[key] = _Open(path, ident)
         return entry
 
     def close_all(self) -> None:
@@ -162,10 +203,9 @@ class SourceFiles:
         """Close ``paths`` if open (a reader that closes gives back its files: a deleted version's
         files then free their space; another reader of them opens them again when it reads)."""
         with self.lock:
-            for path in paths:
-                entry = self._open.pop(path, None)
-                if entry is not None:
-                    entry.close()
+            gone = set(paths)
+            for key in [key for key in self._open if key[0] in gone]:
+                self._open.pop(key).close()
 
     def __len__(self) -> int:
         return len(self._open)
@@ -290,6 +330,7 @@ class MappedDataset:
         pieces.sort(key=lambda p: p.start)
         self.sources, self.pieces = sources, pieces
         self.paths = [path for path, _ in sources]
+        self.idents = [identity(path) for path in self.paths]  # the files mapped now, not later ones at their paths
         # per piece, in row order, as plain lists: a row's look-up is a bisection and a few indexes
         self.starts = [p.start for p in pieces]
         self.ends = [p.start + p.count for p in pieces]
@@ -326,7 +367,7 @@ class MappedDataset:
             raise ReadError(f"{self.version_file}: row {row} of {self.name} is mapped to no file")
         source, src_row = self.of_source[k], row + self.shift[k]
         with self.files.lock:
-            handles = self.files.get(self.paths[source])
+            handles = self.files.get(self.paths[source], self.idents[source])
             chunks = self._chunks[source] if source in self._chunks else self._chunk_list(source, handles)
             if chunks is not None and out.flags.c_contiguous and out.nbytes == self.row_nbytes:
                 self._chunk_into(source, chunks, src_row, handles, out)
@@ -362,7 +403,7 @@ class MappedDataset:
             end = min(stop, p.start + p.count)
             a = p.source_start + at - p.start
             with self.files.lock:
-                handles = self.files.get(self.sources[p.source][0])
+                handles = self.files.get(self.paths[p.source], self.idents[p.source])
                 chunks = self._chunk_list(p.source, handles) if not self.dtype.hasobject else None
                 if chunks is not None:
                     for k in range(end - at):

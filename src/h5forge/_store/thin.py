@@ -14,12 +14,12 @@ import os
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import h5py
 
 from h5forge.errors import UsageError, VersionError
-from h5forge._format.checksums import write_digests, write_file_digest
+from h5forge._format.checksums import drop_how_built, write_digests, write_file_digest
 from h5forge._format.codecs import CODECS, codec_options, ensure_filters
 from h5forge._format.dims import name_axes, plain_attrs
 from h5forge._format.layout import SMALL_ROWS, merge_index, small_options
@@ -72,11 +72,13 @@ def compact_advice(number: int, chain: int, spec_file: str = "SPEC") -> str | No
 def require_current_format(parent: Path, parent_number: int, spec: DatasetSpec | None = None) -> int:
     """The format an append to ``parent`` writes its delta in: the parent's, as one thin version
     holds rows checksummed one way. Refuses a version whose checksums cover less than every value,
-    and one that lacks a column ``spec`` stores (a version written before the column existed)."""
+    one that lacks a column ``spec`` stores (a version written before the column existed), and one
+    whose rows ``spec`` would make otherwise (``changed_rules``)."""
     stored = [n for path, k in (stored_kinds(spec) if spec else {}).items() for n in k.stored().datasets(path)]
     with h5py.File(os.path.realpath(parent), "r") as p:
         parent_format = int(p.attrs.get(Attr.FORMAT_VERSION, 1))
         missing = [n for n in stored if f"{SPLITS[0]}/{n}" not in p]
+        changed = changed_rules(p, spec) if spec is not None else []
     if parent_format < CHECKSUMS_COVER_ALL:
         raise VersionError(
             f"{version_name(parent_number)} is in format {parent_format} (older checksums); "
@@ -87,7 +89,45 @@ def require_current_format(parent: Path, parent_number: int, spec: DatasetSpec |
             f"{version_name(parent_number)} holds no {', '.join(missing)}, which this spec stores (it was "
             "written by an earlier h5forge); rebuild it with `h5forge build` before appending"
         )
+    if changed:
+        raise VersionError(
+            f"the spec's rules for what a sample holds differ from those {version_name(parent_number)} was "
+            f"built with ({', '.join(changed)}): an append would mix rows made under both; run "
+            "`h5forge build` to rebuild every sample under the new rules (the inbox is left as it is)"
+        )
     return parent_format
+
+
+# what a spec says beyond a sample's values: where and how its versions are made and stored
+NOT_VALUE_RULES = ("name", "description", "storage", "max_rejected", "duplicates")
+
+
+def _value_rules(spec: DatasetSpec) -> dict:
+    data = drop_how_built(spec.model_dump(mode="json"))
+    for key in NOT_VALUE_RULES:
+        data.pop(key, None)
+    return data
+
+
+def _differences(a: Any, b: Any, at: str, depth: int = 2) -> list[str]:
+    """Where two spec sections differ, named down to ``depth`` levels (``fields.images``)."""
+    if a == b:
+        return []
+    if depth and isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{at}.{k}", depth - 1)]
+    return [at]
+
+
+def changed_rules(f: h5py.File, spec: DatasetSpec) -> list[str]:
+    """The spec sections whose rules for a sample's values (fields, annotations, splits, sources)
+    differ from those ``f`` was written under: an append's rows must be made as its parent's were.
+    Storage and the rest of how versions are made may change (the values stay the same)."""
+    try:
+        stored = spec_from_json(f[SPEC][()].decode())
+    except Exception:  # noqa: BLE001 - a spec this h5forge cannot read is not the spec to append with
+        return ["the stored spec, which this h5forge cannot read"]
+    was, now = _value_rules(stored), _value_rules(spec)
+    return [d.lstrip(".") for k in sorted(set(was) | set(now)) for d in _differences(was.get(k), now.get(k), f".{k}")]
 
 
 @contextmanager

@@ -201,7 +201,9 @@ class _ChunkIndex:
         try:
             offsets, sizes, masks = chunk_places(d, rows)
             with open(d.file.filename, "rb") as fh:
-                if os.fstat(fh.fileno()).st_size == 0:
+                st, opened = os.fstat(fh.fileno()), os.fstat(d.file.id.get_vfd_handle())
+                # the file HDF5 has open, not another put at its path since (the same name again)
+                if st.st_size == 0 or (st.st_dev, st.st_ino) != (opened.st_dev, opened.st_ino):
                     return None
                 view = memoryview(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
         except (OSError, ValueError, RuntimeError, AttributeError):  # no chunk iteration, driver without a file

@@ -40,7 +40,7 @@ from h5forge._format.names import (
     Attr,
     column_path,
 )
-from h5forge._format.mapped import SOURCES, MappedDataset, read_all, rows_of
+from h5forge._format.mapped import SOURCES, Identity, MappedDataset, opened_identity, read_all, rows_of
 from h5forge._format.row_files import virtual_sources
 from h5forge.kinds import FieldKind, ReadOptions, stored_kinds
 from h5forge.kinds.statistics import Statistics
@@ -172,6 +172,8 @@ class SplitReader:
     overrides); ``slice_cache``: decompressed elements (CT slices) kept per ragged field.
     """
 
+    identity: Identity | None = None  # the file opened first (none known: nothing to compare)
+
     def __init__(
         self,
         path: str | os.PathLike,
@@ -202,6 +204,7 @@ class SplitReader:
             fields = (fields,)
         with _open(real, locking) as f:
             self._read_layout(f, fields)
+            self.identity = opened_identity(f)  # the file read from here on: never another put at its path
         chunk_max = max([fi.chunk_nbytes for fi in self.fields.values() if fi.bulk] or [4096])
         self.rdcc_nbytes = (
             int(rdcc_nbytes) if rdcc_nbytes is not None else max(1 << 20, max(1, cache_chunks) * chunk_max + 4096)
@@ -315,10 +318,25 @@ class SplitReader:
             "locks this one cannot see); open the dataset again to read its current version"
         )
 
+    def _replaced(self) -> ReadError:
+        return ReadError(
+            f"{self._where()}: version {self.version} ({self.real_path}) was replaced by another file of "
+            "its name after this reader opened it (its folder deleted and built again?); open the "
+            "dataset again to read the file there now"
+        )
+
+    def _opened(self, f: h5py.File) -> h5py.File:
+        """``f``, when it is the file this reader opened first; else closed, and a ReadError."""
+        now = opened_identity(f)
+        if self.identity is not None and now is not None and now != self.identity:
+            f.close()
+            raise self._replaced()
+        return f
+
     def _open_plain(self) -> h5py.File:
         """A short-lived handle (for ids, columns, lengths); a deleted version is a ReadError."""
         try:
-            return _open(self.real_path, self.locking)
+            return self._opened(_open(self.real_path, self.locking))
         except FileNotFoundError:
             raise self._deleted() from None
 
@@ -335,8 +353,8 @@ class SplitReader:
             if self.sources:
                 self._check_sources_exist()
             try:
-                self._file = _open(
-                    self.real_path, self.locking, rdcc_nbytes=self.rdcc_nbytes, rdcc_nslots=self.rdcc_nslots
+                self._file = self._opened(
+                    _open(self.real_path, self.locking, rdcc_nbytes=self.rdcc_nbytes, rdcc_nslots=self.rdcc_nslots)
                 )
             except FileNotFoundError:
                 raise self._deleted() from None
