@@ -189,6 +189,8 @@ class FaultProxy:
         self.upstream_port = upstream_port
         self.port = free_port()
         # ("delay", seconds) | ("503", 0) | ("200", 0) | ("drop", 0) | ("pass", 0)
+        # | ("shift", bytes): asks upstream for each range that many bytes further on, so the answer
+        # has the asked length and an honest Content-Range, but other bytes than were asked for
         self.plan: list[tuple[str, float]] = []
         self.requests = 0
         self._loop = asyncio.new_event_loop()
@@ -247,6 +249,8 @@ class FaultProxy:
                     continue
                 if action == "delay":
                     await asyncio.sleep(arg)
+                if action == "shift":
+                    head = _shifted(head, int(arg))
                 answer = await self._forward(head + body, head.startswith(b"HEAD "))
                 writer.write(answer)
                 await writer.drain()
@@ -269,3 +273,16 @@ class FaultProxy:
             return head + body
         finally:
             w.close()
+
+
+def _shifted(head: bytes, by: int) -> bytes:
+    """A request head whose Range asks for each range ``by`` bytes further on."""
+
+    def one(line: bytes) -> bytes:
+        if not line.lower().startswith(b"range:"):
+            return line
+        spans = line.split(b"=", 1)[1].split(b",")
+        moved = [b"%d-%d" % tuple(int(x) + by for x in span.strip().split(b"-")) for span in spans]
+        return b"Range: bytes=" + b",".join(moved)
+
+    return b"\r\n".join(one(line) for line in head.split(b"\r\n"))

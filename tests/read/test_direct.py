@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from h5forge._format import arrays
+from h5forge.errors import ReadError
 from h5forge._format.chunk_codec import EncodedRows, append_chunks
 from h5forge.read._direct import DirectRows, reads_rows_alone
 from h5forge.read._reader import SplitReader
@@ -187,3 +188,28 @@ def test_the_chunk_index_gives_each_stored_chunk_as_hdf5_does(tmp_path):
             offset, size, mask = index.place(r)
             assert (mask, os.pread(fh.fileno(), size, offset)) == d.id.read_direct_chunk((r, 0, 0, 0)), r
     assert index.place(4)[2] == 1 and index.place(len(values)) is None
+
+
+def flip_in_chunk(path, row: int, at: int) -> None:
+    """Byte ``at`` of train/images row ``row``'s stored chunk flipped in place."""
+    with h5py.File(path, "r") as f:
+        info = f["train/images"].id.get_chunk_info_by_coord((row, 0, 0, 0))
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset + at)
+        value = fh.read(1)[0]
+        fh.seek(info.byte_offset + at)
+        fh.write(bytes([value ^ 0x5A]))
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])  # decoded here then by h5py, and by h5py alone
+def test_a_damaged_chunk_of_a_copied_version_is_an_error_naming_file_and_row(tmp_path, raw, codec):
+    path = build_file(tmp_path / "dataset_v0001.h5", raw, codec=codec)
+    # lz4: the size the framing records (the decoder refuses it); zstd: the frame's magic number
+    flip_in_chunk(path, 3, 4 if codec == "lz4" else 0)
+    reader = SplitReader(path, "train")
+    where = r"dataset_v0001\.h5: /train/images row 3 cannot be read"
+    with pytest.raises(ReadError, match=where):
+        reader.read_one(3)
+    with pytest.raises(ReadError, match=where):
+        reader.read([1, 3, 2])
+    reader.read([0, 1, 2, 4])  # the other rows are fine

@@ -67,6 +67,18 @@ def test_jax_source_and_batches(data):
         assert np.array_equal(np.concatenate(got_masks), t["masks"][mine])
 
 
+def test_jax_source_refuses_an_index_that_is_not_an_integer(data):
+    from h5forge.read.jax import Source
+
+    src = Source(data["path"], split="train", fields=("masks",), return_index=True)
+    for bad in (1.7, True, np.float64(2.9)):
+        with pytest.raises(TypeError, match="integers"):
+            src[bad]
+    with pytest.raises(TypeError, match="integers"):
+        src.get_batch([0.5, 1.9])
+    assert src[np.int64(2)]["index"] == 2 and np.array_equal(src[np.int64(2)]["masks"], data["truth"]["masks"][2])
+
+
 def jax_checks(path: str) -> None:
     import jax
 

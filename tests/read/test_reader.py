@@ -416,6 +416,26 @@ def test_clear_errors(data, tmp_path):
     assert len(ds.meta("label")) == len(ds)
 
 
+def test_an_index_that_is_not_an_integer_is_refused(data):
+    """int() would take 1.7 (or True) for row 1 and return a sample that was never asked for."""
+    reader = SplitReader(data["c1"], "train")
+    ds = H5Dataset(data["c1"], split="train", fields=("images",))
+    for bad in (1.7, True, np.float64(2.9), np.bool_(True), torch.tensor(1.0)):
+        for read in (reader.read_one, ds.__getitem__):
+            with pytest.raises(TypeError, match="integers"):
+                read(bad)
+    for bad in ([0.5, 1.9], np.array([0.0, 1.0]), [True, False], [1, 2.5]):
+        for read in (reader.read, ds.__getitems__):
+            with pytest.raises(TypeError, match="integers"):
+                read(bad)
+    want = data["truth"]["images"]
+    for good in (2, np.int64(2), np.uint8(2), torch.tensor(2)):  # numpy's (and torch's) integers are indices
+        assert np.array_equal(ds[good].numpy(), want[2])
+    got = ds.__getitems__(np.array([3, 1], np.int32))
+    assert np.array_equal(got[0].numpy(), want[3]) and np.array_equal(got[1].numpy(), want[1])
+    assert reader.read([])["images"].shape == (0, *want.shape[1:])
+
+
 # ---- transforms ------------------------------------------------------------------------------
 def flip(sample):
     x, m = sample

@@ -204,6 +204,22 @@ def test_retries_are_bounded(served, proxy):
     proxy.plan = []
 
 
+def test_an_answer_holding_other_bytes_than_asked_for_is_never_a_row(served, proxy):
+    # codec none: bytes one further on would decode as a row; the answers' Content-Range is honest
+    server, root = served
+    local = SplitReader(root / "dataset_v0002.h5", "train")
+    one_range = RemoteSplitReader(f"{proxy.url}/dataset_v0002.h5", "train", ("images",), retry=FAST)
+    two_ranges = RemoteSplitReader(f"{proxy.url}/dataset_v0002.h5", "train", retry=FAST)
+    assert np.array_equal(one_range.read_one(3)["images"], local.read_one(3)["images"])
+    proxy.plan = [("shift", 1)] * 50
+    with pytest.raises(ReadError, match=r"still failing after 4 tries .*holds no part with bytes"):
+        one_range.read_one(3)  # one range per request
+    proxy.plan = [("shift", 1)] * 50
+    with pytest.raises(ReadError, match=r"still failing after 4 tries .*holds no part with bytes"):
+        two_ranges.read_one(3)  # a multi-range request, then one range at a time
+    proxy.plan = []
+
+
 @pytest.fixture(scope="module")
 def s3(served):
     server = S3Server().start()
@@ -230,6 +246,33 @@ def test_rows_over_s3_with_credentials_from_the_environment(served, s3, monkeypa
         RemoteSplitReader("s3://team/c/dataset_v0099.h5", "train", retry=FAST)
     assert s3.env["AWS_SECRET_ACCESS_KEY"] not in str(caught.value)
     assert s3.env["AWS_ACCESS_KEY_ID"] not in str(caught.value)
+
+
+def test_an_s3_answer_holding_other_bytes_than_asked_for_is_never_a_row(served, s3, monkeypatch):
+    _, root = served
+    for key, value in s3.env.items():
+        monkeypatch.setenv(key, value)
+    import fsspec
+
+    fsspec.filesystem("s3", skip_instance_cache=True).put_file(
+        str(root / "dataset_v0002.h5"), "team/c/dataset_v0002.h5"
+    )
+    remote = RemoteSplitReader("s3://team/c/dataset_v0002.h5", "train", ("images",), retry=FAST)
+    fs = remote.obj.fs
+    call = fs._call_s3
+
+    async def shifted(method, *args, **kwargs):  # moto answers, honestly, a range one byte further on
+        if method == "get_object" and "Range" in kwargs:
+            a, b = map(int, kwargs["Range"].removeprefix("bytes=").split("-"))
+            kwargs["Range"] = f"bytes={a + 1}-{b + 1}"
+        return await call(method, *args, **kwargs)
+
+    monkeypatch.setattr(fs, "_call_s3", shifted)
+    with pytest.raises(ReadError, match=r"still failing after 4 tries .*holds no part with bytes"):
+        remote.read_one(3)
+    monkeypatch.setattr(fs, "_call_s3", call)
+    want = SplitReader(root / "dataset_v0002.h5", "train").read_one(3)["images"]
+    assert np.array_equal(remote.read_one(3)["images"], want)
 
 
 def test_a_chunk_cache_serves_the_second_epoch_and_stays_within_its_bound(served, tmp_path):

@@ -308,10 +308,11 @@ class RemoteObject:
                 raise ReadError(f"{self.name}: the server ignores range requests (it answered 200 to a Range)")
             if r.status not in (200, 206):
                 raise _HttpStatus(r.status)
-            length = r.headers.get("Content-Range", "").rpartition("/")[2]
-            if length.isdigit() and int(length) != self.size:
-                raise self.changed()
-            return await r.read()
+            if r.status == 200:  # the whole object, which is what was asked
+                return await r.read()
+            content_range = r.headers.get("Content-Range", "")
+            body = await r.read()
+        return self._asked_part(body, content_range, start, stop)
 
     async def _get_http_multi(self, spans: list[tuple[int, int]]) -> list[bytes | BaseException]:
         """Several spans in one GET (a multi-range request, answered as multipart/byteranges):
@@ -348,11 +349,21 @@ class RemoteObject:
         extra = {"IfMatch": self.etag} if self.etag else {}
         extra["Range"] = f"bytes={start}-{stop - 1}"
         answer = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, **extra)
-        total = str(answer.get("ContentRange", "")).rpartition("/")[2]
-        if total.isdigit() and int(total) != self.size:
-            raise self.changed()
+        content_range = str(answer.get("ContentRange") or "")
         async with answer["Body"] as body:
-            return await body.read()
+            data = await body.read()
+        if not content_range and (start, stop) == (0, self.size):  # the whole object, as asked
+            return data
+        return self._asked_part(data, content_range, start, stop)
+
+    def _asked_part(self, body: bytes, content_range: str, start: int, stop: int) -> bytes:
+        """Bytes ``start:stop`` of a single-range answer. Its length alone does not show they are
+        the ones asked for: its Content-Range says which bytes it holds (as each part of a
+        multi-range answer does)."""
+        m = _RANGE.search(b"content-range: " + content_range.encode("latin-1"))
+        if m and m[3] != b"*" and int(m[3]) != self.size:
+            raise self.changed()
+        return _cut([_one_part(body, content_range)], start, stop)
 
     def h5(self) -> h5py.File:
         """The object opened by h5py over an fsspec file with a block cache (for metadata and the

@@ -21,6 +21,7 @@ from typing import Literal
 import h5py
 import numpy as np
 
+from h5forge.errors import ReadError
 from h5forge._format.chunk_codec import LZ4_FILTER, joined, lz4_at, row_at
 from h5forge._format.chunk_codec import lz4_into as _lz4_into  # the framing, shared with the writer's encoder
 
@@ -95,7 +96,10 @@ class DirectRows:
         if not (index and index.read(c, kept.reshape(-1).view(np.uint8), self.codec)):
             start = c * self.chunk_rows
             stop = min(start + self.chunk_rows, self.d.shape[0])
-            self.d.read_direct(kept, np.s_[start:stop], np.s_[: stop - start])
+            try:
+                self.d.read_direct(kept, np.s_[start:stop], np.s_[: stop - start])
+            except OSError as err:  # a damaged chunk
+                raise unreadable(self.d, f"rows {start}:{stop}", err) from None
         self.chunks.put(c, kept)
         return kept
 
@@ -141,12 +145,21 @@ class DirectRows:
         return target
 
     def _by_h5py(self, row: int, out: np.ndarray) -> None:
-        self.d.read_direct(out, np.s_[row], np.s_[...])
+        try:
+            self.d.read_direct(out, np.s_[row], np.s_[...])
+        except OSError as err:  # a damaged chunk
+            raise unreadable(self.d, f"row {row}", err) from None
 
     def row(self, row: int) -> np.ndarray:
         out = np.empty(self.d.shape[1:], self.d.dtype)
         self.read_into(row, out)
         return out
+
+
+def unreadable(d: h5py.Dataset, rows: str, err: BaseException) -> ReadError:
+    """The error for rows h5py failed to read (a damaged chunk): h5py's own names neither the file
+    nor the rows."""
+    return ReadError(f"{d.file.filename}: {d.name} {rows} cannot be read ({err})")
 
 
 def row_chunk_codec(d: h5py.Dataset, codecs: dict[tuple[int, ...], str]) -> str | None:

@@ -16,6 +16,7 @@ What it guarantees (docs/reading.md):
 from __future__ import annotations
 
 import math
+import operator
 import os
 import time
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ from h5forge._format.row_files import virtual_sources
 from h5forge.kinds import FieldKind, ReadOptions, stored_kinds
 from h5forge.kinds.statistics import Statistics
 from h5forge.read._collate import Padded, pad_batch
-from h5forge.read._direct import DirectRows, reads_rows_alone
+from h5forge.read._direct import DirectRows, reads_rows_alone, unreadable
 from h5forge.spec import spec_from_json
 
 DEFAULT_CACHE_CHUNKS = 8  # chunks per field kept decompressed (covers the sampler's default window)
@@ -108,12 +109,24 @@ def _read_runs(d: h5py.Dataset, target: np.ndarray, runs: list[tuple[int, int, i
     for start, stop, pos in runs:
         n = stop - start
         dest = positions[pos : pos + n]
-        if n == 1 or bool(np.all(np.diff(dest) == 1)):
-            fspace.select_hyperslab((start, *tail), (n, *target.shape[1:]))
-            mspace.select_hyperslab((int(dest[0]), *tail), (n, *target.shape[1:]))
-            d.id.read(mspace, fspace, target)
-        else:
-            target[dest] = d[start:stop]
+        try:
+            if n == 1 or bool(np.all(np.diff(dest) == 1)):
+                fspace.select_hyperslab((start, *tail), (n, *target.shape[1:]))
+                mspace.select_hyperslab((int(dest[0]), *tail), (n, *target.shape[1:]))
+                d.id.read(mspace, fspace, target)
+            else:
+                target[dest] = d[start:stop]
+        except OSError as err:  # a damaged chunk: reading the run's rows one by one names its row
+            bad = next((r for r in range(start, stop) if not _readable(d, r)), None)
+            raise unreadable(d, f"rows {start}:{stop}" if bad is None else f"row {bad}", err) from None
+
+
+def _readable(d: h5py.Dataset, row: int) -> bool:
+    try:
+        d[row]
+    except OSError:
+        return False
+    return True
 
 
 def gather(source: Any, idx: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -131,12 +144,33 @@ def gather(source: Any, idx: np.ndarray, target: np.ndarray) -> np.ndarray:
     return target
 
 
+def as_index(i: Any, what: str) -> int:
+    """``i`` as a Python int; TypeError for a float or a bool, which ``int()`` would turn into a
+    row that was never asked for (1.7 into 1, True into 1). numpy's integers are indices."""
+    if not isinstance(i, (bool, np.bool_)):
+        try:
+            return operator.index(i)
+        except TypeError:
+            pass
+    raise TypeError(f"index {i!r} of {what}: sample indices are integers, not {type(i).__name__}")
+
+
+def as_indices(indices: Iterable[int], what: str) -> np.ndarray:
+    """``indices`` as a flat int64 array; TypeError for floats or bools (see ``as_index``)."""
+    if isinstance(indices, range):
+        return np.arange(indices.start, indices.stop, indices.step, dtype=np.int64)
+    idx = np.asarray(indices).reshape(-1)
+    if idx.dtype.kind in "iu" or idx.size == 0:  # an empty list is float64 to numpy
+        return idx.astype(np.int64, copy=False)
+    if idx.dtype.kind == "O":  # e.g. tensors or Python ints too large for one dtype: each on its own
+        return np.array([as_index(i, what) for i in idx], dtype=np.int64)
+    raise TypeError(f"indices of {what}: sample indices are integers, not {idx.dtype} ({idx[0]!r}, ...)")
+
+
 def checked_rows(indices: Iterable[int], count: int, what: str) -> np.ndarray:
     """``indices`` as int64 rows in 0..count-1 (negative ones count from the end); IndexError naming
-    the first out of range."""
-    if isinstance(indices, range):
-        indices = np.arange(indices.start, indices.stop, indices.step)
-    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    the first out of range, TypeError for indices that are not integers."""
+    idx = as_indices(indices, what)
     if idx.size and (idx.min() < -count or idx.max() >= count):
         bad = int(idx[(idx < -count) | (idx >= count)][0])
         raise IndexError(f"index {bad} out of range for {what} ({count} samples)")
@@ -413,11 +447,10 @@ class SplitReader:
     # ---- reads -------------------------------------------------------------------------------
     def row(self, i) -> int:
         """The row of index ``i`` (negative counts from the end); IndexError when out of range."""
-        j = int(i) + self.count if int(i) < 0 else int(i)
+        i = as_index(i, f"split {self.split!r} of {self.path}")
+        j = i + self.count if i < 0 else i
         if not 0 <= j < self.count:
-            raise IndexError(
-                f"index {int(i)} out of range for split {self.split!r} of {self.path} ({self.count} samples)"
-            )
+            raise IndexError(f"index {i} out of range for split {self.split!r} of {self.path} ({self.count} samples)")
         return j
 
     def checked(self, indices: Iterable[int]) -> np.ndarray:
@@ -440,7 +473,12 @@ class SplitReader:
     def _row(self, name: str, j: int, out: dict[str, np.ndarray] | None = None) -> np.ndarray:
         direct = self._direct.get(name)
         if direct is None:
-            return self._dsets[name][j]
+            try:
+                return self._dsets[name][j]
+            except ReadError:
+                raise
+            except OSError as err:  # a damaged chunk
+                raise unreadable(self._dsets[name], f"row {j}", err) from None
         if out is not None and name in out:
             direct.read_into(j, out[name])
             return out[name]
@@ -571,9 +609,10 @@ class SliceIndex:
     def position(self, i: int) -> int:
         """Slice ``i``'s position across the split (negative counts from the end); IndexError out of range."""
         n = len(self.case)
-        j = int(i) + n if int(i) < 0 else int(i)
+        i = as_index(i, "the slices")
+        j = i + n if i < 0 else i
         if not 0 <= j < n:
-            raise IndexError(f"slice index {int(i)} out of range ({n} slices)")
+            raise IndexError(f"slice index {i} out of range ({n} slices)")
         return j
 
     def stack(self, reader: SplitReader, name: str, i: int) -> np.ndarray:
@@ -586,7 +625,7 @@ class SliceIndex:
 
     def read(self, reader: SplitReader, slices: Iterable[int]) -> dict[str, np.ndarray]:
         """{field: (n, [2k+1,] H, W) slices, or the case's value for the other fields}."""
-        idx = np.asarray(list(slices) if not isinstance(slices, np.ndarray) else slices, dtype=np.int64)
+        idx = as_indices(list(slices) if not isinstance(slices, (np.ndarray, range)) else slices, "the slices")
         idx = np.where(idx < 0, idx + len(self), idx)
         if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
             raise IndexError(f"slice index out of range ({len(self)} slices)")
