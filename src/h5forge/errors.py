@@ -74,6 +74,10 @@ class DiskFull(H5forgeError, OSError):
     """The disk (or quota) filled while writing; the partial file is gone and nothing was published."""
 
 
+class TooManyOpenFiles(H5forgeError, OSError):
+    """The process ran out of file descriptors (``ulimit -n``) opening a file a run needs."""
+
+
 class TooManyRejected(H5forgeError, RuntimeError):
     """More inputs were rejected than the spec's ``max_rejected`` allows; nothing was published."""
 

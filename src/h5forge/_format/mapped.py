@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import errno
 import mmap
 import os
+import re
 import resource
 import threading
 import zlib
@@ -38,7 +40,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5forge.errors import ReadError
+from h5forge.errors import H5forgeError, ReadError, TooManyOpenFiles
 from h5forge._format.chunk_codec import DEFLATE_FILTER, LZ4_FILTER, lz4_at, lz4_into, row_at
 
 MAX_OPEN_SOURCES = 1024  # files kept open at most, whatever the descriptor limit allows
@@ -53,6 +55,32 @@ def open_sources_budget() -> int:
     if soft == resource.RLIM_INFINITY or soft <= 0:
         soft = 1 << 16
     return max(1, min(MAX_OPEN_SOURCES, soft // 8 // FDS_PER_SOURCE))
+
+
+def out_of_descriptors(err: BaseException, what: str | os.PathLike | None = None) -> TooManyOpenFiles | None:
+    """``err`` as a one-line error naming the descriptor limit when its cause is the process
+    having none left (EMFILE; h5py gives that errno in its message only), else None. ``what``:
+    the file being opened, when the error does not name it."""
+    if isinstance(err, TooManyOpenFiles):
+        return err
+    if isinstance(err, H5forgeError):  # it says what happened already
+        return None
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and (cause.errno == errno.EMFILE or f"errno = {errno.EMFILE}," in str(cause)):
+            break
+        cause = cause.__cause__ or cause.__context__
+    else:
+        return None
+    name = what if what is not None else getattr(cause, "filename", None)
+    if name is None:  # HDF5 names the file in its message
+        found = re.search(r"name = '([^']+)'", str(cause))
+        name = found.group(1) if found else None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    opening = f" opening {os.fsdecode(name)}" if name else ""
+    return TooManyOpenFiles(f"no file descriptor left{opening}: ulimit -n is {soft}, too low for this run; raise it")
 
 
 class _Map:

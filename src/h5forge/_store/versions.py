@@ -45,6 +45,7 @@ from h5forge._format.names import (
 from h5forge._format import leases
 from h5forge._format.row_files import virtual_sources
 from h5forge._store.disk_full import as_disk_full, release_partials
+from h5forge._format.mapped import out_of_descriptors
 
 log = logging.getLogger("h5forge._store")
 
@@ -137,6 +138,9 @@ def output_lock(out: str | Path, what: str = "build", wait: float = 0) -> Iterat
         except BaseException as exc:
             full = as_disk_full(exc, out)
             if full is None:
+                short = out_of_descriptors(exc)
+                if short is not None and short is not exc:
+                    raise short from None
                 raise
             release_partials()  # an HDF5 file left open after ENOSPC crashes the interpreter at exit
             _remove_partials(out)

@@ -22,6 +22,12 @@ write of their own.
 
 Per-split statistics are additive: a source's totals, minus the rows it holds that are not taken
 (read back and counted), plus the cleaned rows.
+
+A mapped or thin version's rows lie in many files (one per batch, or a parent and its deltas), so
+the sources are opened as they are read and at most ``open_sources_budget()`` of them are open at
+once (the readers' budget, ``h5forge._format.mapped``), the least recently used closed first: a
+rebuild reads under the same ``ulimit -n`` as its readers. A self-contained version is one source,
+opened once.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import numpy as np
 from h5forge._format import arrays
 from h5forge._format.catalog import KEY, input_key, sample_keys, sample_keys_path
 from h5forge._format.layout import index_parts
-from h5forge._format.mapped import read_all
+from h5forge._format.mapped import open_sources_budget, out_of_descriptors, read_all
 from h5forge._format.names import IDS, INDEX, PER_SAMPLE, SPLITS, Attr
 from h5forge._ingest.clean import CleanedBatch
 from h5forge._ingest.incremental.inputs import Inputs
@@ -74,15 +80,28 @@ class Source:
     rows: dict[str, int] = field(default_factory=dict)
     recount: bool = False
     fd: int | None = None  # the file opened for pread, once a chunk is read so
+    used: int = 0  # when it was last asked for (``hold``)
 
     def descriptor(self) -> int:
         if self.fd is None:
-            self.fd = os.open(os.path.realpath(self.path), os.O_RDONLY)
+            try:
+                self.fd = os.open(os.path.realpath(self.path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError as err:
+                short = out_of_descriptors(err, self.path)
+                if short is None:
+                    raise
+                raise short from None
         return self.fd
 
     def open(self) -> h5py.File:
         if self.file is None:
-            self.file = h5py.File(os.path.realpath(self.path), "r")
+            try:
+                self.file = h5py.File(os.path.realpath(self.path), "r")
+            except OSError as err:
+                short = out_of_descriptors(err, self.path)
+                if short is None:
+                    raise
+                raise short from None
             for split in SPLITS:
                 n = int(self.file[split][IDS].shape[0])  # ids are written with every row
                 self.rows[split] = n if self.limit is None else min(n, int(self.limit.get(split, 0)))
@@ -95,6 +114,25 @@ class Source:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+_uses = itertools.count(1)
+
+
+def hold(sources: list[Source], k: int, budget: int | None = None) -> list[int]:
+    """Open ``sources[k]``, first closing the least recently used of the others so that at most
+    ``budget`` (``open_sources_budget()``) are open; returns the sources closed."""
+    src = sources[k]
+    closed: list[int] = []
+    if src.file is None:
+        limit = budget or open_sources_budget()
+        held = sorted((s.used, j) for j, s in enumerate(sources) if j != k and (s.file is not None or s.fd is not None))
+        for _, j in held[: max(0, len(held) + 1 - limit)]:
+            sources[j].close()
+            closed.append(j)
+        src.open()
+    src.used = next(_uses)
+    return closed
 
 
 def usable(path: Path, rules: str) -> bool:
@@ -135,7 +173,8 @@ def make_plan(samples: list[SampleRef], inputs: Inputs, sources: list[Source]) -
     where: dict[tuple[str, bytes | None], Taken] = {}
     for k in reversed(range(len(sources))):
         src = sources[k]
-        f = src.open()
+        hold(sources, k)
+        f = src.file
         for split in SPLITS:
             keys = sample_keys(f, split, src.rows[split])
             # numpy drops trailing NUL bytes of fixed-length byte strings: padded back to 32
@@ -348,13 +387,33 @@ def write_reusing(
     source, the rest from ``cleaned``, the batches of ``plan.to_clean`` in order. Returns what was
     reused and how. A deferred ``inputs`` learns each cleaned sample's key before its row is written."""
     kinds = stored_kinds(spec)
-    copiers: dict[tuple[int, str], Copier] = {}
-    for k, src in enumerate(sources):
-        for split in SPLITS:
-            keys = src.file[sample_keys_path(split)]
-            copiers[(k, split)] = Copier(src.file[split], writer.file[split], kinds, keys, src.descriptor)
+    copiers: dict[tuple[int, str], Copier] = {}  # of the sources open
+    counted = {"direct_rows": 0, "copied_rows": 0}  # by the copiers of sources closed since
+
+    def opened(k: int) -> h5py.File:
+        """Source ``k``, open; the copiers of the sources closed to keep within the budget go with them."""
+        for j in hold(sources, k):
+            for split in SPLITS:
+                gone = copiers.pop((j, split), None)
+                if gone is not None:
+                    counted["direct_rows"] += gone.direct_rows
+                    counted["copied_rows"] += gone.copied_rows
+        return sources[k].file
+
+    def copier(k: int, split: str) -> Copier:
+        f = opened(k)
+        if (k, split) not in copiers:
+            keys = f[sample_keys_path(split)]
+            copiers[(k, split)] = Copier(f[split], writer.file[split], kinds, keys, sources[k].descriptor)
+        return copiers[(k, split)]
+
     indexed = [p for p, kind in kinds.items() if isinstance(kind, RowIndex)]
-    listed_rows = functools.cache(lambda k, split, p: _listed_rows(sources[k], split, p))
+
+    @functools.cache
+    def listed_rows(k: int, split: str, path: str) -> list[list]:
+        opened(k)
+        return _listed_rows(sources[k], split, path)
+
     pending: dict[str, list[Taken]] = {s: [] for s in SPLITS}
     copying = [0.0]  # seconds spent copying taken rows
 
@@ -364,7 +423,7 @@ def write_reusing(
             for k, group in itertools.groupby(items, key=lambda t: t.source):
                 rows = np.array([t.row for t in group], np.int64)
                 listed = {p: [listed_rows(k, split, p)[r] for r in rows.tolist()] for p in indexed}
-                writer.add_stored(split, *copiers[(k, split)](rows), listed)
+                writer.add_stored(split, *copier(k, split)(rows), listed)
                 progress(len(rows), False)
             items.clear()
         copying[0] += time.perf_counter() - t0
@@ -409,6 +468,7 @@ def write_reusing(
         if t is not None:
             taken.setdefault((t.source, ref.split), []).append(t.row)
     for k, src in enumerate(sources):
+        opened(k)
         for split in SPLITS:
             rows = np.array(sorted(taken.get((k, split), [])), np.int64)
             if src.rows[split]:
@@ -418,8 +478,8 @@ def write_reusing(
         "reused": plan.reused,
         "cleaned": len(to_clean),
         "cleaned_rows": cleaned_rows,
-        "reused_chunks_copied": sum(c.direct_rows for c in copiers.values()),
-        "reused_rows_rewritten": sum(c.copied_rows for c in copiers.values()),
+        "reused_chunks_copied": counted["direct_rows"] + sum(c.direct_rows for c in copiers.values()),
+        "reused_rows_rewritten": counted["copied_rows"] + sum(c.copied_rows for c in copiers.values()),
         "reused_copy_seconds": round(copying[0], 3),
     }
 
