@@ -106,3 +106,38 @@ def test_multiclass_spec_errors():
         MaskField(files="m/*.png", like="images", classes=3, ignore_value=1)
     with pytest.raises(ValueError, match="need classes"):
         MaskField(files="m/*.png", like="images", ignore_value=255)
+
+
+
+def test_float_masks_are_judged_by_their_exact_values(raw, tmp_path, build_spec):
+    for name in PHOTOS[:4]:  # 32-bit float TIFFs (Pillow mode F) of the same classes
+        (raw / "masks" / f"{name}.png").unlink()
+        Image.fromarray(classes_of(getattr(data, name)()).astype(np.float32), "F").save(raw / "masks" / f"{name}.tif")
+    soft = classes_of(data.moon()).astype(np.float32)
+    soft[soft == 1] = 1.5  # a value between classes: never cut to class 1
+    Image.fromarray(soft, "F").save(raw / "masks" / "moon.tif")
+    binary = (data.page() > 128).astype(np.float32)
+    binary[:, :20] = 0.5  # a soft binary mask: never cut to 0
+    Image.fromarray(binary, "F").save(raw / "masks" / "page.tif")
+    spec = spec_data(raw, tmp_path / "out")
+    spec["fields"]["masks"]["files"] = ["masks/*.png", "masks/*.tif"]
+    path, summary = build_spec(spec)
+    assert {r.sample_id: r.reason for r in summary.rejections} == {
+        "moon": "mask values [1.5] are not classes 0..2", "page": "mask values [0.5] are not classes 0..2"}
+    with h5py.File(path, "r") as f:
+        ids = decode_str(f["train"]["ids"][()])
+        camera = f["train"]["masks"][ids.index("camera"), 0]  # 512 x 512: the middle 256 x 256 kept
+        assert np.array_equal(camera, classes_of(data.camera())[128:384, 128:384])  # 0.0, 1.0, 2.0 exactly
+
+    del spec["fields"]["masks"]["classes"]  # binary: {0,1} or {0,255}, exactly
+    spec["output"]["dir"] = str(tmp_path / "binary")
+    Image.fromarray((data.camera() > 100).astype(np.float32), "F").save(raw / "masks" / "camera.tif")
+    for name in ("coins", "moon", "clock", "text"):
+        for file in (*raw.glob(f"images/{name}.*"), *raw.glob(f"masks/{name}.*")):
+            file.unlink()
+    path, summary = build_spec(spec)
+    assert {r.sample_id: r.reason for r in summary.rejections} == {
+        "page": "mask values [0, 0.5, 1] not allowed: a mask must hold {0,1} or {0,255}"}
+    with h5py.File(path, "r") as f:
+        assert decode_str(f["train"]["ids"][()]) == ["camera"]
+        assert np.array_equal(f["train"]["masks"][0, 0], (data.camera() > 100).astype(np.uint8)[128:384, 128:384])

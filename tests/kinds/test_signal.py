@@ -193,3 +193,30 @@ def test_window_aligns_channels_in_time_and_resample_converts_rates(tmp_path, bu
     resampled = H5Dataset(path, fields=("acc",))[ids.index("slow")]
     assert resampled.shape == (2999,)  # 3 s at 500 Hz onto the 1000 Hz grid (last sample at 2.998 s)
     assert np.allclose(resampled[::2].numpy(), slow["ACC"][:1500], atol=0.02)
+
+
+def test_values_the_dtype_cannot_hold_are_rejected(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    root.mkdir()
+    np.save(root / "fine.npy", np.array([-32768.0, 0.0, 32767.0]))
+    np.save(root / "wide.npy", np.array([1.0, 40000.0]))  # int16 would wrap it to -25536
+    np.save(root / "fraction.npy", np.array([1.0, 1.7]))  # int16 would cut it to 1
+    np.save(root / "nan.npy", np.array([1.0, np.nan]))  # int16 has no NaN, whatever nonfinite says
+    np.save(root / "huge.npy", np.array([1.0, 1e39, -1e39]))  # float32 would make it inf
+    fields = {"x": {"kind": "signal", "files": "*.npy", "rate": 100, "dtype": "int16", "nonfinite": "keep"}}
+    path, summary = build_spec(spec_data(root, tmp_path / "int") | {"fields": fields})
+    assert {r.sample_id: r.reason for r in summary.rejections} == {
+        "wide": "values 1..40000 are not int16 integers; set dtype: float32",
+        "fraction": "values 1..1.7 are not int16 integers; set dtype: float32",
+        "nan": "1 NaN/inf value(s), which int16 cannot hold; set dtype: float32",
+        "huge": "values -1e+39..1e+39 are not int16 integers; set dtype: float32"}
+    with h5py.File(path, "r") as f:
+        assert f["train"]["x"].dtype == np.int16 and f["train"]["x"][()].tolist() == [-32768, 0, 32767]
+    for keep in ("reject", "keep"):  # the recording's own NaN/inf follow nonfinite; 1e39 is no inf
+        fields = {"x": {"kind": "signal", "files": "*.npy", "rate": 100, "nonfinite": keep}}
+        path, summary = build_spec(spec_data(root, tmp_path / keep) | {"fields": fields})
+        reasons = {r.sample_id: r.reason for r in summary.rejections}
+        assert reasons["huge"] == "2 value(s) beyond float32's range (±3.403e+38), which float32 would store as inf"
+        assert ("nan" in reasons) == (keep == "reject")
+        with h5py.File(path, "r") as f:
+            assert np.isfinite(f["train"]["x"][()]).sum() == 3 + 2 + 2 + (keep == "keep")

@@ -298,3 +298,44 @@ def test_a_volume_field_has_its_own_codec(tmp_path, build_spec):
     bad = spec_data(root, tmp_path / "out2", codec="lz5")
     with pytest.raises(ValueError, match=r"fields\.ct\.volume\.codec\n  Value error, unknown codec 'lz5'"):
         DatasetSpec.model_validate(bad)
+
+
+def test_slice_masks_are_read_by_the_2d_mask_rules(tmp_path, build_spec):
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    truth = {}
+    for name in ("palette", "grey", "wide", "float", "sizes"):
+        nibabel.save(nibabel.Nifti1Image(rng.integers(-1000, 1000, (32, 24, 3)).astype(np.int16), np.eye(4)),
+                     root / "cases" / f"{name}.nii.gz")
+        truth[name] = rng.integers(0, 3, (3, 24, 32)).astype(np.uint8)  # (z, y, x)
+        (root / "masks" / name).mkdir(parents=True)
+        for k, classes in enumerate(truth[name]):
+            out = root / "masks" / name / f"slice_{k:03d}.png"
+            if name == "palette":  # drawn in colours whose luminance is no class: read by index
+                picture = Image.fromarray(classes, "P")
+                picture.putpalette([0, 0, 0, 128, 0, 0, 0, 128, 0])
+                picture.save(out)
+            elif name == "wide":  # 16-bit: 1000 is no class, and would be clamped to 255 by a conversion
+                Image.fromarray(classes.astype(np.uint16) * 1000).save(out)
+            elif name == "float":  # 32-bit float TIFF: 1.5 is no class, and would be cut to 1
+                Image.fromarray(classes.astype(np.float32) * 1.5, "F").save(out.with_suffix(".tif"))
+            elif name == "sizes" and k == 1:
+                Image.fromarray(classes[:12]).save(out)
+            else:
+                Image.fromarray(classes).save(out)
+    data = spec_data(root, tmp_path / "out")
+    data["fields"]["ct"]["files"] = "cases/*.nii.gz"
+    data["fields"]["ct_mask"] = {"kind": "volume_mask", "files": "masks/*", "like": "ct", "classes": 3}
+    path, summary = build_spec(data)
+    assert {r.sample_id: r.reason for r in summary.rejections} == {
+        "wide": "mask values 0..2000 are outside 0..255",
+        "float": "mask values [1.5, 3] are not classes 0..2",
+        "sizes": "slice masks of several sizes (HxW): 12x32, 24x32"}
+    with h5py.File(path, "r") as f:
+        g = f["train"]
+        ids, lengths = decode_str(g["ids"][()]), g["ct_mask_lengths"][()].tolist()
+        assert ids == ["grey", "palette"] and lengths == [3, 3]
+        for row, name in enumerate(ids):
+            stored = g["ct_mask"][3 * row : 3 * row + 3]
+            assert np.array_equal(stored[:, 52:76, 48:80], truth[name]), name  # 24 x 32 padded to 128 x 128

@@ -90,6 +90,36 @@ class Decoded:
     context: Any = None  # what later fields of the same sample need (an image's geometry, ...)
 
 
+def stored_as(values: np.ndarray, dtype: str, path: str, unit: str = "value") -> np.ndarray:
+    """``values`` in ``dtype``, which must hold each of them: an integer dtype whole numbers in its
+    range and no NaN/inf (``astype`` would wrap 40000 to -25536 and cut 1.7 to 1), a float dtype
+    every finite value finite (float32 would store 1e39 as inf). Anything else rejects the sample;
+    NaN/inf the values already hold are the caller's rule (a field's ``nonfinite``)."""
+    target = np.dtype(dtype)
+    if target.kind in "iu":
+        if values.dtype.kind == "f":
+            if bad := int(np.count_nonzero(~np.isfinite(values))):
+                raise Reject(path, f"{bad} NaN/inf {unit}(s), which {target} cannot hold; set dtype: float32")
+            whole = np.array_equal(values, np.round(values))
+        else:
+            whole = True
+        limits = np.iinfo(target)
+        if values.size and (not whole or values.min() < limits.min or values.max() > limits.max):
+            raise Reject(
+                path, f"values {values.min():g}..{values.max():g} are not {target} integers; set dtype: float32"
+            )
+        return values.astype(target, copy=False)
+    stored = values.astype(target, copy=False)
+    if values.dtype.kind == "f" and target.itemsize < values.dtype.itemsize and np.isinf(stored).any():
+        if over := int(np.count_nonzero(np.isinf(stored) & np.isfinite(values))):
+            raise Reject(
+                path,
+                f"{over} {unit}(s) beyond {target}'s range (±{np.finfo(target).max:.4g}), "
+                f"which {target} would store as inf",
+            )
+    return stored
+
+
 DEFAULT_MAX_BYTES = 256 << 20  # a raw file larger than this is rejected before it is read
 
 

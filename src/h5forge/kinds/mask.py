@@ -3,7 +3,8 @@
 Binary (the default): values {0,1} or {0,255}, stored {0,1}; anything else (128 would become a
 silent NaN loss) rejects the sample. Multi-class (``classes: K``): values 0..K-1 and the
 ``ignore_value``, read by palette index, through ``palette`` (RGB) or by value; a value or colour
-outside them rejects the sample. A mask has its image's raw size and follows its geometry
+outside them rejects the sample. Values are judged exactly as stored: a float mask's 0.5 or 1.5
+is no class, never cut to one. A mask has its image's raw size and follows its geometry
 (nearest), padded with ``pad_value``, never a class and never counted (the loss's
 ``ignore_index``). Statistics: pixels per class per split and the rows holding each class.
 """
@@ -89,12 +90,20 @@ class MaskField(FieldModel):
         return self
 
 
-def _present(arr: np.ndarray) -> np.ndarray:
-    return np.unique(arr) if arr.dtype != np.uint8 else np.flatnonzero(np.bincount(arr.ravel(), minlength=256))
+def _number(v) -> int | float:
+    """A value as it is: an int when whole, else the float (0.5 stays 0.5, never truncated to 0)."""
+    return int(v) if float(v).is_integer() else float(v)
+
+
+def _present(arr: np.ndarray) -> set[int | float]:
+    """The values ``arr`` holds, exactly: a float mask's 0.5 or NaN is no class."""
+    if arr.dtype == np.uint8:
+        return set(np.flatnonzero(np.bincount(arr.ravel(), minlength=256)).tolist())
+    return {_number(v) for v in np.unique(arr)}
 
 
 def _listed(values, limit: int = 8) -> str:
-    values = sorted(int(v) if np.ndim(v) == 0 else tuple(int(x) for x in v) for v in values)
+    values = sorted(_number(v) if np.ndim(v) == 0 else tuple(int(x) for x in v) for v in values)
     return f"{values[:limit]}{'...' if len(values) > limit else ''}"
 
 
@@ -114,11 +123,17 @@ def _single_channel(mode: str, arr: np.ndarray, path: str) -> np.ndarray:
     return colour[..., 0]
 
 
-def binary_values(img, path: str) -> np.ndarray:
-    """HW uint8 with values {0,1}, from a picture as ``decode_picture`` gives it."""
+def picture_values(img, path: str) -> np.ndarray:
+    """A mask picture's one channel as ``decode_picture`` gives it, values as stored: a palette
+    picture's indices, a 16-bit or float picture's own values (the mask rules then judge them)."""
     if mode_of(img) == "1":
         return np.asarray(img, dtype=np.uint8)
-    return binary_array(_single_channel(mode_of(img), np.asarray(img), path), path)
+    return _single_channel(mode_of(img), np.asarray(img), path)
+
+
+def binary_values(img, path: str) -> np.ndarray:
+    """HW uint8 with values {0,1}, from a picture as ``decode_picture`` gives it."""
+    return binary_array(picture_values(img, path), path)
 
 
 def binary_array(arr: np.ndarray, path: str) -> np.ndarray:
@@ -129,7 +144,7 @@ def binary_array(arr: np.ndarray, path: str) -> np.ndarray:
         high = arr == 255
         if np.count_nonzero(high) + np.count_nonzero(arr == 0) == arr.size:
             return high.view(np.uint8)
-    present = set(int(v) for v in _present(arr))
+    present = _present(arr)
     if present <= {0, 1}:
         return arr.astype(np.uint8, copy=False)
     if present <= {0, 255}:
@@ -150,7 +165,7 @@ def class_values(img, spec: MaskField, path: str) -> np.ndarray:
             colours = np.unique(rgb[unknown].reshape(-1, 3), axis=0)
             raise Reject(path, f"mask colours {_listed(colours)} are not in the palette")
         return arr.astype(np.uint8)
-    arr = _single_channel(mode, np.asarray(img), path)  # a palette picture (P): each pixel's index is its class
+    arr = picture_values(img, path)  # a palette picture (P): each pixel's index is its class
     assert spec.classes is not None  # a multi-class mask's values; binary masks never come here
     return class_array(arr, spec.classes, spec.ignore_value, path)
 
@@ -158,7 +173,7 @@ def class_values(img, spec: MaskField, path: str) -> np.ndarray:
 def class_array(arr: np.ndarray, classes: int, ignore_value: int | None, path: str) -> np.ndarray:
     """Class indices 0..classes-1 (and the ignore value) as uint8; anything else rejects the sample."""
     allowed = set(range(classes)) | ({ignore_value} if ignore_value is not None else set())
-    present = set(int(v) for v in _present(arr))
+    present = _present(arr)
     if not present <= allowed:
         raise Reject(
             path,

@@ -10,7 +10,8 @@ from evenly spaced timestamps), a ``.npy`` of the one channel (the rate is the s
 a ``<stem>.json`` beside it), WAV/FLAC/Ogg (``channel`` is an index; _signal_audio.py). A
 recording is at the declared ``rate`` when its own is within ``RATE_TOLERANCE`` of it (rounding
 only); any other rate is resampled with ``resample: true``, else rejected. NaN/inf values reject
-the sample unless ``nonfinite: keep``. Stored ragged, the rate and channel as dataset attributes;
+the sample unless ``nonfinite: keep``, and so do values the field's ``dtype`` cannot hold (a
+fraction or 40000 in int16, 1e39 in float32: never wrapped, cut or made inf). Stored ragged, the rate and channel as dataset attributes;
 readers return a 1-D array per sample, batched as padded values plus lengths.
 """
 
@@ -29,7 +30,7 @@ from pydantic import Field
 
 from h5forge._format.arrays import LENGTHS, Ragged, Stored
 from h5forge._format.codecs import CodecName
-from h5forge.kinds.base import DEFAULT_MAX_BYTES, Decoded, FieldKind, FieldModel, Globs, read_source
+from h5forge.kinds.base import DEFAULT_MAX_BYTES, Decoded, FieldKind, FieldModel, Globs, read_source, stored_as
 from h5forge.kinds.plugins import Demo, Detector, Plugins
 from h5forge.kinds.preview import Preview
 from h5forge.kinds.reading import ReadOption, ReadOptions
@@ -389,7 +390,7 @@ class SignalKind(Plugins, Statistics, Preview, FieldKind[SignalField]):
                 f"{bad} NaN/inf value(s) in channel {self.name if f.channel is None else f.channel!r} "
                 "(nonfinite: keep stores them)",
             )
-        return Decoded(values.astype(f.dtype, copy=False), digest)
+        return Decoded(stored_as(values, f.dtype, rel), digest)
 
     # ---- statistics: count, sum, sum of squares of the finite values
     def counts(self, block: Ragged) -> np.ndarray:

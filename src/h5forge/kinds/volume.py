@@ -46,6 +46,7 @@ from h5forge.kinds.base import (
     FieldModel,
     Globs,
     read_source,
+    stored_as,
     warnings_logged,
 )
 from h5forge.kinds.image import plan_geometry
@@ -881,17 +882,10 @@ class VolumeKind(Plugins, SampleParts, Statistics, Preview, FieldKind[VolumeFiel
             )
         else:
             values = crop_or_pad(values, f.size, f.larger, background(values, meta) if f.fill is None else f.fill, rel)
-        if f.dtype == "int16":
-            bad = int(np.count_nonzero(~np.isfinite(values)))
-            if bad:
-                raise Reject(rel, f"{bad} NaN/inf voxel(s), which int16 cannot hold; set dtype: float32")
-            if not np.array_equal(values, np.round(values)) or values.min() < -32768 or values.max() > 32767:
-                raise Reject(
-                    rel, f"values {values.min():g}..{values.max():g} are not int16 integers; set dtype: float32"
-                )
+        values = np.ascontiguousarray(stored_as(values, f.dtype, rel, "voxel"))
         g = plan_geometry(raw[1], raw[2], f.size[0], f.size[1], f.larger, rel)
         origin = moved_origin(meta, g.crop[0] - g.pad[0], g.crop[1] - g.pad[2])  # that of the first voxel stored
-        return Decoded(values.astype(f.dtype), self.sample_digest(digest, ref), {**meta, "origin": origin, "raw": raw})
+        return Decoded(values, self.sample_digest(digest, ref), {**meta, "origin": origin, "raw": raw})
 
     # ---- statistics: a float32 volume counts the NaN/inf voxels it keeps (an MR scan's NaN
     # background, say), which the health report shows; int16 rejects them at decode

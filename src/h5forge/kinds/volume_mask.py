@@ -7,8 +7,9 @@
 A case's mask is a folder of one PNG per slice (numbered in slice order: ``0.png`` or
 ``slice_017.png``), a 3-D NIfTI label volume, or a DICOM SEG of a DICOM case (alone, in a folder,
 or beside its slices; ``h5forge.kinds._volume_seg``). It must have the volume's depth and size
-and values by the mask rules; it is cropped and padded like the volume, and stored ragged like
-it, with class counts and index as for 2-D masks.
+and values by the mask rules (a slice's picture is read as the 2-D mask reads one: a palette by
+index, 16-bit and float values as they are); it is cropped and padded like the volume, and stored
+ragged like it, with class counts and index as for 2-D masks.
 """
 
 from __future__ import annotations
@@ -22,8 +23,17 @@ from pydantic import Field, model_validator
 
 from h5forge._format.arrays import Ragged, Stored
 from h5forge.kinds.base import Decoded, FieldModel, Globs, field_of
-from h5forge.kinds.image import open_picture
-from h5forge.kinds.mask import PAD_DOC, ClassMasks, binary_array, check_pad, class_array, class_pixels, pad_of
+from h5forge.kinds.image import decode_picture
+from h5forge.kinds.mask import (
+    PAD_DOC,
+    ClassMasks,
+    binary_array,
+    check_pad,
+    class_array,
+    class_pixels,
+    pad_of,
+    picture_values,
+)
 from h5forge.kinds.volume import VolumeField, crop_or_pad, is_dicom, is_nifti, load_case, physical_planes, read_case
 from h5forge.kinds._volume_seg import seg_labels
 from h5forge._samples import Reject, SampleRef
@@ -88,9 +98,14 @@ class VolumeMaskKind(ClassMasks[VolumeMaskField]):
             parts = sorted(parts, key=lambda p: _slice_number(p[0]))
         except ValueError as err:
             raise Reject(f"{rel}/{err}", "a slice mask's file name has no slice number") from None
+        # each slice by the 2-D mask's rules: a palette slice by index, a 16-bit or float one by value
         slices = [
-            np.asarray(open_picture(data, f"{rel}/{name}", self.spec.max_pixels).convert("L")) for name, data in parts
+            picture_values(decode_picture(data, f"{rel}/{name}", self.spec.max_pixels), f"{rel}/{name}")
+            for name, data in parts
         ]
+        if len(sizes := {s.shape for s in slices}) > 1:
+            listed = ", ".join("x".join(map(str, size)) for size in sorted(sizes))
+            raise Reject(rel, f"slice masks of several sizes (HxW): {listed}")
         return np.stack(slices) if slices else np.zeros((0, 0, 0), np.uint8)
 
     def source_digest(self, root: Path, rel: str) -> str:
@@ -109,7 +124,8 @@ class VolumeMaskKind(ClassMasks[VolumeMaskField]):
             )
         if labels.size and (labels.min() < 0 or labels.max() > 255):
             raise Reject(rel, f"mask values {labels.min()}..{labels.max()} are outside 0..255")
-        labels = labels.astype(np.uint8)
+        if labels.dtype.kind in "iub":  # whole numbers in 0..255: exact as uint8; floats are judged as they are
+            labels = labels.astype(np.uint8)
         labels = (
             binary_array(labels, rel)
             if self.spec.classes is None
