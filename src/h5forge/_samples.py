@@ -28,6 +28,23 @@ class SampleRef:
         return self.id[: len(self.id) - len(self.part)]
 
 
+def encodable(text: str) -> str:
+    """``text`` as UTF-8 can store it: a file name's undecodable bytes (held as surrogates) as
+    ``\\xe9``, any other lone surrogate as ``\\ud800``. HDF5 strings, reports and terminals refuse
+    a surrogate, and a rejection that cannot be written would take the whole run down."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no undecodable byte stands for (a JSON "\\ud800")
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 @dataclass(frozen=True)
 class Rejection:
     """A raw input that did not become a sample, and why. ``paths`` are relative to the source."""
@@ -49,7 +66,13 @@ class Rejection:
 
     def as_dict(self) -> dict[str, str]:
         reason = self.reason if self.count == 1 else f"{self.reason}: {self.count} more, not listed one by one"
-        return {"sample_id": self.sample_id, "path": self.path, "reason": reason, "stage": self.stage}
+        # every table, report and artifact of rejections is made of these rows: each value encodable
+        return {
+            "sample_id": encodable(self.sample_id),
+            "path": encodable(self.path),
+            "reason": encodable(reason),
+            "stage": self.stage,
+        }
 
 
 def rejected_count(rejections: Iterable["Rejection"]) -> int:

@@ -11,6 +11,7 @@ from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
 from h5forge.errors import H5forgeError
+from h5forge._samples import encodable
 
 # modules of the [build] extra (pyproject.toml): a reader-only install lacks them
 BUILD_MODULES = frozenset(
@@ -84,8 +85,9 @@ def _prefect_defaults() -> None:
 
 
 def say(text: str, console: Console = out) -> None:
-    """A line as it is: no rich markup or highlighting in the paths, ids and reasons it holds."""
-    console.print(text, highlight=False, markup=False)
+    """A line as it is: no rich markup or highlighting in the paths, ids and reasons it holds, and
+    a surrogate (a file name's undecodable byte) escaped, which no terminal can be sent."""
+    console.print(encodable(text), highlight=False, markup=False)
 
 
 def _fail(message: str, code: int = 2) -> None:

@@ -61,7 +61,7 @@ from h5forge._ingest.parallel import clean_all
 from h5forge._ingest.writer import DatasetWriter
 from h5forge.kinds import FieldKind, field_kinds, stored_kinds
 from h5forge.kinds.shared import sharing
-from h5forge._samples import Rejection, SampleRef
+from h5forge._samples import Rejection, SampleRef, encodable
 from h5forge.spec import DatasetSpec
 from h5forge._crash_points import checkpoint
 from h5forge._store.reports import write_health
@@ -402,7 +402,8 @@ class _Plan:
         name = Path(rel).name
         short = shortened(name, ".reason")
         text = reason if short == f"{name}.reason" else f"{reason}\nfile: {name}"  # a shortened name says whose
-        self.plan.reasons.append((str(self.inbox / INBOX_QUARANTINE / Path(rel).parent / short), text))
+        # the file keeps its name; its .reason says it in text UTF-8 can store
+        self.plan.reasons.append((str(self.inbox / INBOX_QUARANTINE / Path(rel).parent / short), encodable(text)))
 
     def quarantine_records(self, sid: str, files: list[str], reason: str) -> None:
         """The annotation records of a refused sample, beside its files in quarantine/ (once)."""

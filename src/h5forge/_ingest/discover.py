@@ -27,7 +27,7 @@ from h5forge.kinds import FieldKind, field_kinds
 from h5forge.kinds.parts import SampleParts
 from h5forge.kinds.shared import sharing
 from h5forge.kinds.base import DEFAULT_MAX_BYTES, Outside, read_bounded
-from h5forge._samples import Reject, Rejection, SampleRef, rejected_count
+from h5forge._samples import Reject, Rejection, SampleRef, encodable, rejected_count
 from h5forge.spec import DatasetSpec
 
 
@@ -88,7 +88,7 @@ INT64 = (-(2**63), 2**63 - 1)
 def _in_range(value: Any, kind: str) -> Any:
     """An int column is stored as int64: a value beyond it is refused, never wrapped or raised later."""
     if kind == "int" and not INT64[0] <= value <= INT64[1]:
-        raise ValueError(f"{value!r} is beyond the int64 range an int column stores ({INT64[0]} to {INT64[1]})")
+        raise ValueError(f"{_shown(value)} is beyond the int64 range an int column stores ({INT64[0]} to {INT64[1]})")
     return value
 
 
@@ -111,12 +111,14 @@ def _coerce(value: Any, kind: str, text: bool = False) -> Any:
     if not text and type(value) is _COERCE.get(kind):  # a value of the column's own type (most, quickly)
         if kind == "int":
             return _in_range(value, kind)
-        if not isinstance(value, str) or "\x00" not in value:
+        if not isinstance(value, str) or ("\x00" not in value and surrogate(value) is None):
             return value
     if value is None:
         raise ValueError("missing")
     if kind == "str" and "\x00" in str(value):
         raise ValueError("contains a NUL character, which HDF5 strings cannot store")
+    if kind == "str" and isinstance(value, str) and (bad := surrogate(value)) is not None:
+        raise ValueError(f"holds a lone surrogate (U+{ord(bad):04X}), which HDF5's UTF-8 strings cannot store")
     if text and kind != "str":
         return _from_text(str(value), kind)
     if kind == "str" and not isinstance(value, str):
@@ -131,7 +133,32 @@ def _coerce(value: Any, kind: str, text: bool = False) -> Any:
         raise ValueError(f"{value!r} is not true/false")
     if kind in ("int", "float") and isinstance(value, str):
         raise ValueError(f"{value!r} is a string, expected {kind}")
+    if kind == "float" and isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:  # a JSON integer literal of hundreds of digits
+            raise ValueError(f"{_shown(value)} is beyond the float64 range a float column stores") from None
     return _in_range(_COERCE[kind](value), kind)
+
+
+def _shown(value: Any) -> str:
+    """A number for a reason, a long integer cut short: a JSON literal may have thousands of digits."""
+    text = repr(value)
+    if len(text) <= 24 or not isinstance(value, int):
+        return text
+    return f"{text[:10]}…{text[-4:]} ({len(text.lstrip('-'))} digits)"
+
+
+def surrogate(text: str) -> str | None:
+    """The first lone surrogate of ``text``, if any (a JSON ``"\\ud800"``, a file name's
+    undecodable byte): UTF-8, and so HDF5, cannot store it."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as err:
+        return text[err.start]
 
 
 _WILDCARD = re.compile(r"[*?\[]")
@@ -164,11 +191,12 @@ def sample_id(rel: str, pattern: str, ids: str, folder: bool = False) -> str:
 
 
 def control_character(sid: str) -> str | None:
-    """The first control or line-separator character of an id, if any: such an id would break
-    every line-oriented report, log and terminal it is shown in."""
+    """The first control or line-separator character of an id, or a lone surrogate, if any: such
+    an id would break every line-oriented report, log and terminal it is shown in, and a surrogate
+    every file it is written to."""
     if sid.isprintable():  # no control or separator character but the space (most ids, quickly)
         return None
-    return next((c for c in sid if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
+    return next((c for c in sid if unicodedata.category(c) in ("Cc", "Zl", "Zp", "Cs")), None)
 
 
 def match_key(sid: str) -> str:
@@ -277,6 +305,12 @@ def _glob_field(
             name = entry.name if entry is not None else path.rsplit("/", 1)[-1]
             if name.startswith(".") or path in seen or (skip and name.endswith(INBOX_TEMPORARY)):
                 continue  # in an inbox, a name being copied under a temporary name waits for its rename
+            if (bad := _not_utf8(path[start:])) is not None:
+                seen.add(path)
+                rel = path[start:]
+                if not (skip and rel.split("/", 1)[0] in skip):
+                    outside.append(Rejection(sample_id(rel, pattern, ids, False), (rel,), bad))
+                continue
             st = _stat(path, entry)
             is_dir = folders and st is not None and stat.S_ISDIR(st.st_mode)
             if not (is_dir or (st is not None and stat.S_ISREG(st.st_mode))):
@@ -325,6 +359,15 @@ def _glob_field(
         else:
             found[match_key(entries[0][1])] = entries[0]
     return found, problems
+
+
+def _not_utf8(rel: str) -> str | None:
+    """Why a path below the source folder cannot be taken when its name is not UTF-8 (its
+    undecodable bytes are surrogates, which no id, column or report can store); None when it is."""
+    if surrogate(rel) is None:
+        return None
+    what = "file" if surrogate(rel.rsplit("/", 1)[-1]) is not None else "folder"
+    return f"the {what} name is not valid UTF-8 ({encodable(rel)}); rename it"
 
 
 def _leads_outside(target: str) -> str:
@@ -742,7 +785,7 @@ def unclaimed_files(spec: DatasetSpec, inv: Inventory) -> tuple[int, list[str]]:
                 continue
             count += 1
             if len(examples) < UNCLAIMED_LISTED:
-                examples.append(rel)
+                examples.append(encodable(rel))  # shown only: in logs, a spec's comments, a terminal
     return count, sorted(examples)
 
 

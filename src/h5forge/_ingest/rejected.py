@@ -18,7 +18,7 @@ from h5forge.errors import TooManyRejected
 from h5forge._format.names import QUARANTINE_DIR, version_tag
 from h5forge._format.summary import WriteSummary
 from h5forge._ingest.discover import Inventory
-from h5forge._samples import Rejection
+from h5forge._samples import Rejection, encodable
 from h5forge.spec import DatasetSpec
 from h5forge._store.versions import Candidate
 
@@ -85,7 +85,7 @@ def check_rejected(spec: DatasetSpec, inventory: Inventory, summary: WriteSummar
         return
     candidate.discard()
     allowed = f"{spec.max_rejected * 100:g} % = {limit}" if isinstance(spec.max_rejected, float) else str(limit)
-    reasons = "; ".join(f"{n} x {reason}" for reason, n in common_reasons(summary.rejections))
+    reasons = encodable("; ".join(f"{n} x {reason}" for reason, n in common_reasons(summary.rejections)))
     share = f"{100 * rejected / seen:.0f} %" if seen else "all"
     report = f"{candidate.out / QUARANTINE_DIR / version_tag(candidate.number)}.rejections.md"
     raise TooManyRejected(

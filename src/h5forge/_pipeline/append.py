@@ -116,7 +116,8 @@ def scan_inbox(spec: DatasetSpec, inbox: Path) -> InboxScan:
         rejected_count(scan.rejections),
     )
     for w in scan.waiting[:20]:
-        log.info("waiting: %s (%s): %s", w.sample_id, w.path, w.reason)
+        row = w.as_dict()  # its text encodable: a record's id may hold a lone surrogate
+        log.info("waiting: %s (%s): %s", row["sample_id"], row["path"], row["reason"])
     return scan
 
 
