@@ -35,7 +35,7 @@ from h5forge.kinds.plugins import Demo, Detector, Plugins
 from h5forge.kinds.preview import Preview
 from h5forge.kinds.reading import ReadOption, ReadOptions
 from h5forge.kinds._signal_audio import AUDIO_SUFFIXES, from_audio
-from h5forge.kinds.statistics import Statistics
+from h5forge.kinds.statistics import FloatSums
 from h5forge._samples import Reject, SampleRef
 
 RATE_TOLERANCE = 1e-6  # relative: a rate this close to the declared one is that rate (rounding only)
@@ -298,7 +298,7 @@ def trace_plot(values: np.ndarray, size: tuple[int, int] = PLOT_SIZE) -> np.ndar
     return img
 
 
-class SignalKind(Plugins, Statistics, Preview, FieldKind[SignalField]):
+class SignalKind(Plugins, FloatSums, Preview, FieldKind[SignalField]):
     kind = "signal"
     Spec = SignalField
     detectors = (
@@ -322,7 +322,9 @@ class SignalKind(Plugins, Statistics, Preview, FieldKind[SignalField]):
     layout_doc = (
         "ragged: (total samples,) of the split's recordings end to end, plus <field>_lengths (N,); "
         "dataset attrs rate, channel; split attrs <field>_count, <field>_mean, <field>_std (of the "
-        "finite values: NaN/inf kept with nonfinite: keep are the sum of the lengths minus the count)"
+        "finite values: NaN/inf kept with nonfinite: keep are the sum of the lengths minus the count), "
+        "<field>_sums (3,) float64 count, sum, sum of squares, and <field>_sums_exact: the same sums "
+        "exactly, as text (see Split statistics below)"
     )
 
     def stored(self) -> Stored:
@@ -392,22 +394,41 @@ class SignalKind(Plugins, Statistics, Preview, FieldKind[SignalField]):
             )
         return Decoded(stored_as(values, f.dtype, rel), digest)
 
-    # ---- statistics: count, sum, sum of squares of the finite values
-    def counts(self, block: Ragged) -> np.ndarray:
-        v = block.values.astype(np.float64)
-        v = v[np.isfinite(v)]
-        return np.array([v.size, v.sum(), np.square(v).sum()])
+    # ---- statistics: count, sum, sum of squares of the finite values, each row's summed alone
+    # and the rows added exactly (FloatSums), so every way of building the rows stores the same
+    n_sums = 3
 
-    def write_stats(self, group: h5py.Group, counts: np.ndarray | None) -> None:
-        n, s, s2 = (0.0, 0.0, 0.0) if counts is None else counts
-        mean = s / n if n else 0.0
+    def _finite(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The values as float64 with NaN/inf as 0 (which adds nothing), which are finite, their squares."""
+        v = values.astype(np.float64)  # a copy, even of float64 values
+        finite = np.isfinite(v)
+        v[~finite] = 0.0
+        with np.errstate(over="ignore"):  # a square beyond float64 is inf: FloatSums adds that row exactly
+            return v, finite, np.square(v)
+
+    def row_sums(self, block: Ragged) -> np.ndarray:
+        v, finite, squares = self._finite(block.values)
+        out = np.zeros((len(block), 3))
+        rows = np.flatnonzero(block.lengths > 0)
+        if rows.size:  # each non-empty row's segment ends where the next one starts
+            at = block.offsets[rows]
+            out[rows, 0] = np.add.reduceat(finite, at, dtype=np.int64)
+            out[rows, 1] = np.add.reduceat(v, at)
+            out[rows, 2] = np.add.reduceat(squares, at)
+        return out
+
+    def row_terms(self, block: Ragged, row: int) -> tuple[Any, ...]:
+        v, finite, squares = self._finite(block[row])
+        return int(finite.sum()), v, squares
+
+    def write_sums(self, group: h5py.Group, sums: np.ndarray) -> None:
+        n, s, s2 = sums  # numpy floats: sums beyond float64 give inf or NaN statistics, not errors
+        with np.errstate(over="ignore", invalid="ignore"):
+            mean = s / n if n else 0.0
+            std = float(np.sqrt(max(s2 / n - mean**2, 0.0))) if n else 0.0
         group.attrs[f"{self.name}_count"] = int(n)
         group.attrs[f"{self.name}_mean"] = mean
-        group.attrs[f"{self.name}_std"] = float(np.sqrt(max(s2 / n - mean**2, 0.0))) if n else 0.0
-        group.attrs[f"{self.name}_sums"] = np.array([n, s, s2])
-
-    def stored_counts(self, group: h5py.Group) -> np.ndarray:
-        return np.asarray(group.attrs[f"{self.name}_sums"], np.float64)
+        group.attrs[f"{self.name}_std"] = std
 
     def stats_attrs(self) -> tuple[str, ...]:
         return tuple(f"{self.name}_{w}" for w in ("count", "mean", "std", "sums"))

@@ -2,12 +2,15 @@
 
 A kind with statistics is a ``Statistics``; the writer, thin versions, incremental reuse, verify,
 ``info`` and the readers ask ``isinstance(kind, Statistics)``. ``ClassCounts`` is the statistic
-of the kinds that count something per class (a mask's pixels, boxes, labels).
+of the kinds that count something per class (a mask's pixels, boxes, labels); ``FloatSums`` that
+of the kinds that sum float values (a signal's), added exactly so that no merge order shows.
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import h5py
@@ -42,6 +45,10 @@ class Statistics(ABC):
         """NaN/inf values the split group holds in this field (kept on purpose; the report counts them)."""
         return 0
 
+    def saved_counts(self, saved: Any) -> np.ndarray:
+        """Counts as a resume checkpoint saved them (``np.asarray(counts).tolist()``)."""
+        return np.asarray(saved)
+
 
 class ClassCounts(Statistics):
     """How many of something each class has in a split: the (K,) int64 split attribute
@@ -67,3 +74,120 @@ class ClassCounts(Statistics):
 
     def stats_attrs(self) -> tuple[str, ...]:
         return (self._attr(),) if self.n_classes else ()
+
+
+# Every finite float64 is an integer multiple of 2**-1074, so sums kept as integers in that unit
+# add and subtract exactly: the statistic then depends on the rows only, never on how batches,
+# workers, appends or rebuilds group and merge them.
+EXACT_BITS = 1074
+# An infinite sum (of finite values whose float64 sum overflows) counts as this many units: no
+# sum of finite rows reaches half of it, so a total rounds to an infinity only when infinities
+# are left in it, and subtracting the row again removes its infinity exactly.
+EXACT_INF = 1 << (EXACT_BITS + 1024 + 80)
+
+
+def exact(value: float) -> int:
+    """A float64 as an integer count of 2**-1074; an infinity (or NaN, which an exact sum never
+    holds: a file of an earlier h5forge may) as ``EXACT_INF`` units of its sign."""
+    if not math.isfinite(value):
+        return -EXACT_INF if value < 0 else EXACT_INF
+    p, q = float(value).as_integer_ratio()
+    return p << (EXACT_BITS - (q.bit_length() - 1))
+
+
+def rounded(units: int) -> float:
+    """An exact sum rounded once to the nearest float64 (an infinity beyond float64's range)."""
+    units = int(units)
+    if abs(units) >= EXACT_INF // 2:
+        return -math.inf if units < 0 else math.inf
+    try:
+        return units / (1 << EXACT_BITS)  # int / int rounds correctly
+    except OverflowError:
+        return -math.inf if units < 0 else math.inf
+
+
+def exact_sum(values: Any) -> int:
+    """The exact sum of float64 values in units of 2**-1074 (each infinity as ``EXACT_INF``), in
+    numpy: the values are grouped by binary exponent, their 53-bit mantissas (split in halves
+    that int64 sums cannot overflow) summed per group, and only the groups' sums are shifted into
+    place as Python integers."""
+    v = np.ravel(np.asarray(values, np.float64))
+    infinite = ~np.isfinite(v)
+    total = sum(exact(x) for x in v[infinite].tolist())
+    m, e = np.frexp(v[~infinite])
+    mant = (m * float(1 << 53)).astype(np.int64)  # exact: |m| < 1
+    exps, at = np.unique(e, return_inverse=True)
+    hi, lo = np.zeros(len(exps), np.int64), np.zeros(len(exps), np.int64)
+    np.add.at(hi, at, mant >> 26)
+    np.add.at(lo, at, mant & ((1 << 26) - 1))
+    for exp, h, low in zip(exps.tolist(), hi.tolist(), lo.tolist()):
+        units, shift = (h << 26) + low, exp - 53 + EXACT_BITS
+        # a subnormal's mantissa ends in zeros: the group's sum divides exactly when shift < 0
+        total += units << shift if shift >= 0 else units >> -shift
+    return total
+
+
+class FloatSums(Statistics):
+    """Statistics that are float64 sums over a split's rows (a signal's count, sum and sum of
+    squares), kept exactly so that they do not depend on the order rows are merged in.
+
+    Each row's sums are computed from the row alone (``row_sums``); rows, and then batches, splits
+    and versions, are added as exact integers (``counts`` is an object array of them), rounded once
+    when the split's attributes are written: ``<field>_sums`` (K,) float64, and
+    ``<field>_sums_exact``, the exact sums as text, which thin versions and rebuilds add onto. A
+    file without it (an earlier h5forge's) is read from its float sums."""
+
+    name: str
+    n_sums: ClassVar[int]  # K, the sums kept
+
+    @abstractmethod
+    def row_sums(self, block: Any) -> np.ndarray:
+        """(n, K) float64: each row's sums, computed from that row's values alone (the same bits
+        wherever the row sits in the block: ``np.add.reduceat`` sums each segment on its own)."""
+
+    @abstractmethod
+    def row_terms(self, block: Any, row: int) -> tuple[Any, ...]:
+        """The K terms (numbers or arrays) whose sums ``row_sums`` gives for ``row``: added exactly
+        when a float64 sum of them is not finite."""
+
+    @abstractmethod
+    def write_sums(self, group: h5py.Group, sums: np.ndarray) -> None:
+        """The kind's split attributes derived from the rounded sums (zeros for an empty split)."""
+
+    def _sums_attr(self, exact_text: bool = False) -> str:
+        return f"{self.name}_sums" + ("_exact" if exact_text else "")
+
+    def counts(self, block: Any) -> np.ndarray:
+        sums = np.asarray(self.row_sums(block), np.float64).reshape(-1, self.n_sums)
+        finite = np.isfinite(sums)
+        total = [exact_sum(sums[finite[:, k], k]) for k in range(self.n_sums)]
+        for row in np.flatnonzero(~finite.all(axis=1)).tolist():
+            terms = self.row_terms(block, row)
+            for k in np.flatnonzero(~finite[row]).tolist():
+                total[k] += exact_sum(terms[k])
+        return _units(total)
+
+    def write_stats(self, group: h5py.Group, counts: np.ndarray | None) -> None:
+        units = [0] * self.n_sums if counts is None else [int(u) for u in counts]
+        sums = np.array([rounded(u) for u in units], np.float64)
+        group.attrs[self._sums_attr()] = sums
+        group.attrs[self._sums_attr(exact_text=True)] = " ".join(str(u) for u in units)
+        self.write_sums(group, sums)
+
+    def stored_counts(self, group: h5py.Group) -> np.ndarray:
+        text = group.attrs.get(self._sums_attr(exact_text=True))
+        if text is not None:
+            return _units(int(u) for u in (text.decode() if isinstance(text, bytes) else str(text)).split())
+        return _units(exact(v) for v in np.asarray(group.attrs[self._sums_attr()], np.float64).tolist())
+
+    def saved_counts(self, saved: Any) -> np.ndarray:
+        """Integers are exact units; floats (a checkpoint of an earlier h5forge) are the sums themselves."""
+        return _units(exact(v) if isinstance(v, float) else int(v) for v in np.asarray(saved, object).tolist())
+
+
+def _units(values: Iterable[int]) -> np.ndarray:
+    """Exact sums as a (K,) object array, which ``+`` and ``-`` add exactly, element by element."""
+    values = list(values)
+    out = np.empty(len(values), object)
+    out[:] = values
+    return out

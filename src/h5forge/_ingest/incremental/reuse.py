@@ -357,7 +357,7 @@ def taken_stats(src: Source, split: str, taken_rows: np.ndarray, kinds: dict[str
             continue
         if src.stats is not None:
             stored = src.stats.get(path, {}).get(split)
-            total = None if stored is None else np.asarray(stored)
+            total = None if stored is None else kind.saved_counts(stored)
         else:
             total = kind.stored_counts(g) if src.rows[split] else None
         if total is None:

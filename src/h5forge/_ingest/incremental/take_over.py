@@ -257,7 +257,7 @@ def _kept_stats(f: h5py.File, saved: dict, keep: dict[str, int], kinds: dict[str
     these rows, else counted from the rows (read back before the file is cut)."""
     exact = saved.get("stats")
     if exact is not None and all(keep[s] == int(saved["counts"].get(s, 0)) for s in SPLITS):
-        return {p: {s: np.asarray(c) for s, c in per.items()} for p, per in exact.items()}
+        return {p: {s: kinds[p].saved_counts(c) for s, c in per.items()} for p, per in exact.items()}
     stats: dict[str, dict[str, np.ndarray]] = {}
     for split, m in keep.items():
         for path, kind in kinds.items():
