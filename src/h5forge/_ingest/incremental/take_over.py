@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import cast
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from h5forge._ingest.incremental.resume import checkpoint_of, discard_resumable
 from h5forge._ingest.incremental.reuse import count_rows
 from h5forge._ingest.writer import Durable
 from h5forge.kinds import FieldKind, stored_kinds
+from h5forge.kinds.statistics import Statistics
 from h5forge.spec import spec_from_json
 from h5forge._samples import Rejection, SampleRef
 
@@ -257,7 +259,8 @@ def _kept_stats(f: h5py.File, saved: dict, keep: dict[str, int], kinds: dict[str
     these rows, else counted from the rows (read back before the file is cut)."""
     exact = saved.get("stats")
     if exact is not None and all(keep[s] == int(saved["counts"].get(s, 0)) for s in SPLITS):
-        return {p: {s: kinds[p].saved_counts(c) for s, c in per.items()} for p, per in exact.items()}
+        # only kinds with statistics have saved ones
+        return {p: {s: cast(Statistics, kinds[p]).saved_counts(c) for s, c in per.items()} for p, per in exact.items()}
     stats: dict[str, dict[str, np.ndarray]] = {}
     for split, m in keep.items():
         for path, kind in kinds.items():
