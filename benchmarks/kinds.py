@@ -150,11 +150,13 @@ def ct_part(args) -> dict:
     orders = {"random": rng.integers(0, n, args.slice_reads).tolist(),
               "sweep": [(start + j) % n for j in range(args.slice_reads)]}
     times: dict[str, list[float]] = {}
+    by_round: dict[tuple[int, str], float] = {}  # each round's p50 of the single slices: the ratios' spread
     for r, name in interleaved(list(probes), args.slice_rounds + 1):  # the first round warms up
         for order in ("random", "sweep") if "context" in name or name.startswith("stack") else ("random",):
             got = latencies_us(probes[name], orders[order])
             if r:
                 times.setdefault(f"{name}.{order}" if order == "sweep" else name, []).extend(got)
+                by_round[r, name] = float(np.median(got))
     lat = {name: percentiles(us, (50, 90, 99), nd=2) for name, us in times.items()}
     for name, v in lat.items():
         log(f"ct {name:32s} p50 {v['p50_us']:8.2f} p90 {v['p90_us']:8.2f} µs")
@@ -172,7 +174,10 @@ def ct_part(args) -> dict:
             "stored_vs_raw": stored, "context": k, "slice_cache_default": stack["lz4_cacheNone"].reader.slice_cache,
             "worker_fds": epochs, "worker_fds_constant": all(e["worker_fds"] == epochs[0]["worker_fds"] for e in epochs),
             "slice_latency": lat, "vs_npy": vs,
-            "slice_p50_vs_npy": vs["slice_lz4_p50_vs_npy"], "slice_none_p50_vs_npy": vs["slice_none_p50_vs_npy"]}
+            "slice_p50_vs_npy": vs["slice_lz4_p50_vs_npy"], "slice_none_p50_vs_npy": vs["slice_none_p50_vs_npy"],
+            "rounds": {f"slice{'' if codec == 'lz4' else '_none'}_p50_vs_npy":
+                       [ratio(by_round[r, f"slice_{codec}"], by_round[r, "npy_mmap"], 2) for r in range(1, args.slice_rounds + 1)]
+                       for codec in ("lz4", "none")}}
 
 
 def ct_codec_part(args) -> dict:
@@ -275,6 +280,8 @@ def main() -> None:
                  for k, v in result.get("ct_codec", {}).get("lz4_within_1_5x_npy_from_saving", {}).items()},
               **{f"signals_{c}_stored_vs_raw": sig[c]["stored_vs_raw"] for c in ("default", "lzf") if sig}}
     result = {"ratios": ratios, **result}
+    if ct:
+        result["spread"] = {f"ct_{k}": [min(v), max(v)] for k, v in ct["rounds"].items()}
     save("kinds" if set(parts) == {"labels", "ct", "ct_codec", "signals"} else "kinds_" + "_".join(parts), result, args.smoke,
          module="kinds")
 
