@@ -107,24 +107,9 @@ def rounded(units: int) -> float:
 
 
 def exact_sum(values: Any) -> int:
-    """The exact sum of float64 values in units of 2**-1074 (each infinity as ``EXACT_INF``), in
-    numpy: the values are grouped by binary exponent, their 53-bit mantissas (split in halves
-    that int64 sums cannot overflow) summed per group, and only the groups' sums are shifted into
-    place as Python integers."""
-    v = np.ravel(np.asarray(values, np.float64))
-    infinite = ~np.isfinite(v)
-    total = sum(exact(x) for x in v[infinite].tolist())
-    m, e = np.frexp(v[~infinite])
-    mant = (m * float(1 << 53)).astype(np.int64)  # exact: |m| < 1
-    exps, at = np.unique(e, return_inverse=True)
-    hi, lo = np.zeros(len(exps), np.int64), np.zeros(len(exps), np.int64)
-    np.add.at(hi, at, mant >> 26)
-    np.add.at(lo, at, mant & ((1 << 26) - 1))
-    for exp, h, low in zip(exps.tolist(), hi.tolist(), lo.tolist()):
-        units, shift = (h << 26) + low, exp - 53 + EXACT_BITS
-        # a subnormal's mantissa ends in zeros: the group's sum divides exactly when shift < 0
-        total += units << shift if shift >= 0 else units >> -shift
-    return total
+    """The exact sum of float64 values in units of 2**-1074 (each infinity as ``EXACT_INF``). What
+    is summed is a row's few sums, or the values of the rare row whose float64 sum overflows."""
+    return sum(exact(x) for x in np.ravel(np.asarray(values, np.float64)).tolist())
 
 
 class FloatSums(Statistics):
