@@ -115,10 +115,14 @@ def _identity(st: os.stat_result) -> Identity:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def identity_of(fd: int) -> Identity:
+    return _identity(os.fstat(fd))
+
+
 def opened_identity(f: h5py.File) -> Identity | None:
     """``identity`` of the file HDF5 has open as ``f`` (None for a driver without a descriptor)."""
     try:
-        return _identity(os.fstat(f.id.get_vfd_handle()))
+        return identity_of(f.id.get_vfd_handle())
     except (OSError, ValueError, RuntimeError, AttributeError):
         return None
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from h5forge.errors import ReadError
 from h5forge._format.chunk_codec import LZ4_FILTER, joined, lz4_at, row_at
+from h5forge._format.mapped import identity_of, opened_identity
 from h5forge._format.chunk_codec import lz4_into as _lz4_into  # the framing, shared with the writer's encoder
 
 
@@ -214,9 +215,8 @@ class _ChunkIndex:
         try:
             offsets, sizes, masks = chunk_places(d, rows)
             with open(d.file.filename, "rb") as fh:
-                st, opened = os.fstat(fh.fileno()), os.fstat(d.file.id.get_vfd_handle())
                 # the file HDF5 has open, not another put at its path since (the same name again)
-                if st.st_size == 0 or (st.st_dev, st.st_ino) != (opened.st_dev, opened.st_ino):
+                if os.fstat(fh.fileno()).st_size == 0 or identity_of(fh.fileno()) != opened_identity(d.file):
                     return None
                 view = memoryview(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
         except (OSError, ValueError, RuntimeError, AttributeError):  # no chunk iteration, driver without a file
