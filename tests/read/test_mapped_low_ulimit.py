@@ -8,11 +8,7 @@ the version maps, before anything is imported."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import h5py
@@ -22,16 +18,11 @@ import pytest
 import h5forge
 from h5forge._format.row_files import row_files_of
 from h5forge._store.thin import export
+from tests.helpers.fd_limit import under_fd_limit
 from tests.helpers.data import age_files, demo_spec, drop_samples, write_spec_file
 
 LIMIT = 32
 MAPPED_SAMPLES = 72  # one file per sample (batch_size 1): twice the limit
-
-# Run in the child: lower the limit, then import and read. Prints one JSON line.
-CHILD_PRELUDE = """
-import json, resource, sys
-resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-"""
 
 READ_ALL = """
 import numpy as np
@@ -85,12 +76,7 @@ except ReadError as err:
 
 
 def _child(body: str, *args: str | Path) -> dict:
-    code = textwrap.dedent(CHILD_PRELUDE.format(limit=LIMIT)) + textwrap.dedent(body)
-    done = subprocess.run(
-        [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return under_fd_limit(LIMIT, body, *args)
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,12 @@ def thin_version(raw, new, out, inbox, codec: str) -> str:
     return h5forge.append(spec).path
 
 
+def invert(picture) -> None:
+    with Image.open(picture) as img:
+        inverted = 255 - np.asarray(img)
+    Image.fromarray(inverted).save(picture)
+
+
 def stored(path) -> np.ndarray:
     with h5py.File(os.path.realpath(path), "r") as f:
         assert f["train/images"].is_virtual
@@ -58,9 +64,7 @@ def test_new_files_at_the_same_names_are_read_as_new(tmp_path, codec):
     # one picture inverted, the folder built again from scratch in another process
     changed = first.ids()[5]
     picture = raw / "images" / f"{changed}.png"
-    with Image.open(picture) as img:
-        inverted = 255 - np.asarray(img)
-    Image.fromarray(inverted).save(picture)
+    invert(picture)
     shutil.rmtree(out)
     shutil.rmtree(inbox)
     rebuild = (
@@ -95,9 +99,7 @@ def test_a_version_file_replaced_after_its_reader_opened_it_is_a_read_error(tmp_
 
     changed = first.ids()[5]
     picture = raw / "images" / f"{changed}.png"
-    with Image.open(picture) as img:
-        inverted = 255 - np.asarray(img)
-    Image.fromarray(inverted).save(picture)
+    invert(picture)
     shutil.rmtree(out)
     assert os.path.realpath(h5forge.build(spec).path) == path  # the same name, another file
     assert not np.array_equal(stored_plain(path)[5], before[5])

@@ -228,15 +228,20 @@ def s3(served):
     server.stop()
 
 
-def test_rows_over_s3_with_credentials_from_the_environment(served, s3, monkeypatch):
+def s3_object(served, s3, monkeypatch, name: str):
+    """The served folder's ``name`` put at ``s3://team/c/``, the credentials in the environment;
+    the folder."""
     _, root = served
     for key, value in s3.env.items():
         monkeypatch.setenv(key, value)
     import fsspec
 
-    fsspec.filesystem("s3", skip_instance_cache=True).put_file(
-        str(root / "dataset_v0001.h5"), "team/c/dataset_v0001.h5"
-    )
+    fsspec.filesystem("s3", skip_instance_cache=True).put_file(str(root / name), f"team/c/{name}")
+    return root
+
+
+def test_rows_over_s3_with_credentials_from_the_environment(served, s3, monkeypatch):
+    root = s3_object(served, s3, monkeypatch, "dataset_v0001.h5")
     local = SplitReader(root / "dataset_v0001.h5", "train")
     remote = RemoteSplitReader("s3://team/c/dataset_v0001.h5", "train", verify_rows=True, retry=FAST)
     idx = [11, 2, 2, -1]
@@ -249,14 +254,7 @@ def test_rows_over_s3_with_credentials_from_the_environment(served, s3, monkeypa
 
 
 def test_an_s3_answer_holding_other_bytes_than_asked_for_is_never_a_row(served, s3, monkeypatch):
-    _, root = served
-    for key, value in s3.env.items():
-        monkeypatch.setenv(key, value)
-    import fsspec
-
-    fsspec.filesystem("s3", skip_instance_cache=True).put_file(
-        str(root / "dataset_v0002.h5"), "team/c/dataset_v0002.h5"
-    )
+    root = s3_object(served, s3, monkeypatch, "dataset_v0002.h5")
     remote = RemoteSplitReader("s3://team/c/dataset_v0002.h5", "train", ("images",), retry=FAST)
     fs = remote.obj.fs
     call = fs._call_s3

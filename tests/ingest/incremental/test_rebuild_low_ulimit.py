@@ -7,11 +7,7 @@ Each limited run is a child process whose ``RLIMIT_NOFILE`` is set before anythi
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,17 +16,13 @@ from PIL import Image, ImageOps
 
 import h5forge
 from h5forge._format.row_files import row_files_of
+from tests.helpers.fd_limit import under_fd_limit
 from tests.helpers.data import REPO
 from tests.helpers.files import make_raw
 from tests.ingest.incremental.test_rebuild import assert_same
 
 LIMIT = 32
 SAMPLES = 72  # one row file per sample (batch_size 1): more than twice the limit
-
-PRELUDE = """
-import json, resource, sys
-resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-"""
 
 REBUILD = """
 import h5forge
@@ -58,12 +50,7 @@ except TooManyOpenFiles as err:
 
 
 def _child(body: str, *args: str | Path) -> dict:
-    code = textwrap.dedent(PRELUDE.format(limit=LIMIT)) + textwrap.dedent(body)
-    done = subprocess.run(
-        [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=600, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return under_fd_limit(LIMIT, body, *args, timeout=600)
 
 
 def _spec_file(raw: Path, out: Path, path: Path) -> Path:
