@@ -86,3 +86,23 @@ def test_the_discovery_log_counts_every_rejected_input(raw_demo, tmp_path, caplo
         inv = discover_samples(spec)
     assert "4 complete samples" in caplog.text and "100 input(s) rejected at discovery" in caplog.text
     assert len(inv.rejections) < 100 and inv.rejected == 100
+
+
+@pytest.mark.parametrize("suffix", ["json", "jsonl", "csv"])
+def test_a_number_written_finite_beyond_float64_is_refused_and_an_infinity_written_as_one_kept(raw_demo, tmp_path, suffix):
+    """Python reads ``1e400`` as inf: stored, the column would hold a value the file never wrote.
+    An infinity the file writes as one (JSON's ``-Infinity``, CSV's ``inf``) is its value."""
+    root = tmp_path / "raw"
+    _images_only(raw_demo, root, IDS)
+    written = {IDS[0]: "1e400", IDS[1]: "-2.5E+999", IDS[2]: "-Infinity" if suffix != "csv" else "-inf", IDS[3]: "0.25"}
+    if suffix == "csv":
+        (root / "labels.csv").write_text("id,score\n" + "".join(f"{sid},{v}\n" for sid, v in written.items()))
+    else:
+        records = [f'{{"id": "{sid}", "score": {v}}}' for sid, v in written.items()]
+        (root / f"labels.{suffix}").write_text("\n".join(records) if suffix == "jsonl" else f"[{', '.join(records)}]")
+    inv = discover(_spec(root, tmp_path / "out", f"labels.{suffix}", {"score": "float"}))
+    quoted = repr if suffix == "csv" else str
+    assert {r.sample_id: r.reason for r in inv.rejections} == {
+        sid: f"annotation column 'score': {quoted(written[sid])} is beyond the float64 range a float column stores"
+        for sid in IDS[:2]}
+    assert {s.id: s.columns["score"] for s in inv.samples} == {IDS[2]: float("-inf"), IDS[3]: 0.25}

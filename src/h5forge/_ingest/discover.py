@@ -10,6 +10,7 @@ import csv
 import fnmatch
 import io
 import json
+import math
 import os
 import re
 import stat
@@ -75,14 +76,42 @@ def _from_text(value: str, kind: str) -> Any:
             raise ValueError(f"{value!r} is not true/false")
         return text.lower() in _TRUE
     try:
-        return _in_range(_COERCE[kind](text), kind)
+        value = _in_range(_COERCE[kind](text), kind)
     except ValueError as err:
         if "int64" in str(err):
             raise
         raise ValueError(f"{value!r} is not {'an integer' if kind == 'int' else 'a number'}") from None
+    if kind == "float" and math.isinf(value) and text.lower().lstrip("+-") not in ("inf", "infinity"):
+        raise _overflowed(repr(text))  # "1e400": written finite, beyond float64
+    return value
 
 
 INT64 = (-(2**63), 2**63 - 1)
+
+
+class _Overflowed(float):
+    """A JSON number written finite that float64 cannot hold (``1e400``): ``json`` reads it as
+    inf, and a float column refuses it rather than store inf for it."""
+
+    literal: str
+
+
+def _json_number(text: str) -> float:
+    value = float(text)
+    if math.isfinite(value):
+        return value
+    out = _Overflowed(value)
+    out.literal = text
+    return out
+
+
+def load_json(text: str) -> Any:
+    """A JSON document of records, its out-of-range number literals marked (``_Overflowed``)."""
+    return json.loads(text, parse_float=_json_number)
+
+
+def _overflowed(shown: str) -> ValueError:
+    return ValueError(f"{shown} is beyond the float64 range a float column stores")
 
 
 def _in_range(value: Any, kind: str) -> Any:
@@ -115,6 +144,8 @@ def _coerce(value: Any, kind: str, text: bool = False) -> Any:
             return value
     if value is None:
         raise ValueError("missing")
+    if kind == "float" and isinstance(value, _Overflowed):
+        raise _overflowed(value.literal)
     if kind == "str" and "\x00" in str(value):
         raise ValueError("contains a NUL character, which HDF5 strings cannot store")
     if kind == "str" and isinstance(value, str) and (bad := surrogate(value)) is not None:
@@ -397,11 +428,11 @@ def read_annotation_file(
         for n, line in enumerate(text.split("\n"), 1):
             if line.strip():
                 try:
-                    records.append(json.loads(line))
+                    records.append(load_json(line))
                 except json.JSONDecodeError as err:
                     raise ValueError(f"line {n} is not valid JSON: {err}") from None
         return records
-    data = json.loads(text)
+    data = load_json(text)
     if isinstance(data, dict) and isinstance(data.get("samples"), list):
         data = data["samples"]
     if not isinstance(data, list):
@@ -471,7 +502,7 @@ def load_sidecars(
         if p.name in skip or p.name.startswith("."):
             continue
         try:
-            rec = json.loads(read_bounded(p, SIDECAR_MAX_BYTES, root, allow_outside).decode("utf-8-sig"))
+            rec = load_json(read_bounded(p, SIDECAR_MAX_BYTES, root, allow_outside).decode("utf-8-sig"))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             problems.append(Rejection(p.stem, (p.name,), f"annotation sidecar is not valid JSON: {err}"))
             continue
