@@ -106,3 +106,16 @@ def test_a_number_written_finite_beyond_float64_is_refused_and_an_infinity_writt
         sid: f"annotation column 'score': {quoted(written[sid])} is beyond the float64 range a float column stores"
         for sid in IDS[:2]}
     assert {s.id: s.columns["score"] for s in inv.samples} == {IDS[2]: float("-inf"), IDS[3]: 0.25}
+
+
+def test_files_of_a_sample_refused_for_its_record_are_not_called_taken_by_no_glob(raw_demo, tmp_path):
+    """Every glob took them; the sample was refused with a reason: the "taken by no glob" warning,
+    which tells a user to add a glob, is for files no field reads."""
+    root = tmp_path / "raw"
+    _images_only(raw_demo, root, IDS)
+    (root / "README.txt").write_text("notes")
+    records = [{"id": IDS[0], "score": "high"}, {"id": IDS[2], "score": 0.5}, {"id": IDS[3], "score": 1}]
+    (root / "labels.json").write_text(json.dumps(records))  # IDS[1] has no record
+    inv = discover(_spec(root, tmp_path / "out", "labels.json", {"score": "float"}))
+    assert {r.sample_id for r in inv.rejections} == {IDS[0], IDS[1]}
+    assert (inv.unclaimed, inv.unclaimed_examples) == (1, ["README.txt"])

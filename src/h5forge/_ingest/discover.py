@@ -790,7 +790,7 @@ def unclaimed_files(spec: DatasetSpec, inv: Inventory) -> tuple[int, list[str]]:
         claimed.update(s.files.values())
         claimed.update(s.extra_files)
     for r in inv.rejections:
-        claimed.update(r.paths)
+        claimed.update(r.paths, r.others)
     if spec.annotations.file:
         claimed.add(Path(spec.annotations.file).as_posix())
     for kind in sharing(field_kinds(spec)).values():
