@@ -76,14 +76,14 @@ def _from_text(value: str, kind: str) -> Any:
             raise ValueError(f"{value!r} is not true/false")
         return text.lower() in _TRUE
     try:
-        value = _in_range(_COERCE[kind](text), kind)
+        parsed = _in_range(_COERCE[kind](text), kind)
     except ValueError as err:
         if "int64" in str(err):
             raise
         raise ValueError(f"{value!r} is not {'an integer' if kind == 'int' else 'a number'}") from None
-    if kind == "float" and math.isinf(value) and text.lower().lstrip("+-") not in ("inf", "infinity"):
+    if kind == "float" and math.isinf(parsed) and text.lower().lstrip("+-") not in ("inf", "infinity"):
         raise _overflowed(repr(text))  # "1e400": written finite, beyond float64
-    return value
+    return parsed
 
 
 INT64 = (-(2**63), 2**63 - 1)

@@ -157,7 +157,6 @@ class ClusterAhead:
         self.workers, self.secure = workers, secure
         self.started_at = time.perf_counter()
         self.ready_seconds: float | None = None  # from the start until the workers were up
-        self.waited_seconds = 0.0  # how long the run waited for it
         self.used = False
         self._cluster: Any = None
         self._client: Client | None = None
@@ -190,9 +189,7 @@ class ClusterAhead:
         return (workers, secure) == (self.workers, self.secure)
 
     def client(self) -> Client:
-        t0 = time.perf_counter()
         self._thread.join()
-        self.waited_seconds += time.perf_counter() - t0
         if self._error is not None:
             raise self._error
         assert self._client is not None  # the start either made it or failed

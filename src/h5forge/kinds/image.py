@@ -186,14 +186,6 @@ def plain_png(data: bytes) -> PngHeader | None:
     return None
 
 
-def open_picture(data: bytes, path: str, max_pixels: int):
-    """``decode_picture``'s picture as a Pillow image."""
-    from PIL import Image
-
-    pic = decode_picture(data, path, max_pixels)
-    return Image.fromarray(pic) if isinstance(pic, np.ndarray) else pic
-
-
 def mode_of(pic) -> str:
     """A picture's Pillow mode; a decoded array's as Image.fromarray reads its shape (HW: L, HWC: RGB, RGBA)."""
     if isinstance(pic, np.ndarray):

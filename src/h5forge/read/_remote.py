@@ -232,11 +232,6 @@ class RemoteSplitReader(SplitReader):
                 "holds self-contained versions only (h5forge push copies a thin version whole)"
             )
 
-    def _checked_paths(self) -> dict[str, str]:
-        """{stored path: the name it is read under} of every value a row's checksum covers."""
-        by_path = {fi.path: name for name, fi in self.fields.items()}
-        return {path: by_path.get(path, path) for path in self._kinds}
-
     def _chunk_tables(self, f: h5py.File) -> dict[str, ChunkTable]:
         g = f[self.split]
         self._kinds = stored_kinds(spec_from_json(f[SPEC][()].decode()))
