@@ -4,10 +4,12 @@ The model is the set of good samples the user has given (and where: the raw fold
 appended) with their expected values, decoded here with Pillow and the spec's pad/crop rule
 (tests/helpers/lifecycle.py), never through h5forge's cleaning code. The steps: good and defective
 files dropped into the raw folder or the inbox in every layout ``init`` knows, annotation edits,
-deletions, renames, build, append, the watcher, a rebuild of unchanged inputs, rollback,
-retention, export; the builds copy the rows into each version or map the files the workers wrote
-(``storage.assemble``, one or the other per sequence). After each step: every good sample given so
-far is in latest exactly once (after a rollback, as of that version) with its expected values;
+deletions, renames, spec edits (the pad value, which changes what every padded sample holds; the
+codec, rows per chunk and ``storage.assemble``, which change how rows are stored and nothing they
+hold), build, append, the watcher, a rebuild of unchanged inputs, rollback, retention, export; the
+builds copy the rows into each version or map the files the workers wrote (``storage.assemble``). After each step: every good sample given so
+far is in latest exactly once (after a rollback, as of that version) with the values the spec its
+version was made under gives it; an append under a pad value other than latest's is refused;
 every defective input has a reason on record; no published file changed; ``verify`` is HEALTHY for
 latest and every kept version; ``diff`` between the versions before and after a step is the
 model's change.
@@ -22,6 +24,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -40,12 +43,13 @@ from hypothesis import HealthCheck, Phase, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 import h5forge
-from h5forge.errors import SamplesRemoved
+from h5forge.errors import SamplesRemoved, VersionError
 from h5forge._format.layout import decode_str
 from h5forge._format.names import DELTA_RE, LATEST, ROWS_FOLDER_RE, VERSION_RE, version_name
 from h5forge._init import infer_spec
 from h5forge._pipeline import verify
 from h5forge._pipeline.watch import watch_inbox
+from h5forge.read._reader import SplitReader
 from h5forge.spec import load_spec
 from h5forge._store.thin import export
 from h5forge._store.verify import verify_file
@@ -115,6 +119,7 @@ class Lifecycle(RuleBasedStateMachine):
         self.copies: list[Sample] = []  # copies of samples latest held, under new names, in the inbox
         self.hashes: dict[str, str] = {}  # published file -> its sha256 when first seen
         self.split_of: dict[str, str] = {}
+        self.spec_of: dict[int, object] = {}  # version -> the spec it was made under
         self.built_clean = False  # nothing changed since the last build, which latest still is
         self.steps = 0
 
@@ -128,9 +133,9 @@ class Lifecycle(RuleBasedStateMachine):
         self.serial += 1
         return replace(d, serial=self.serial)
 
-    @staticmethod
-    def snap(s: Sample) -> dict:
-        return {"sample": Sample(s.sid, dict(s.files), dict(s.data), dict(s.columns), s.split)}
+    def snap(self, s: Sample) -> dict:
+        """A sample as a version holds it: its files' contents and the spec its values are made by."""
+        return {"sample": Sample(s.sid, dict(s.files), dict(s.data), dict(s.columns), s.split), "spec": self.spec}
 
     def given(self) -> dict[str, dict]:
         """What a full rebuild must hold: the raw folder's good samples and every appended one, the
@@ -248,6 +253,34 @@ class Lifecycle(RuleBasedStateMachine):
         self.raw_good[new.sid] = new
         self.changed()
 
+    @action(None, fill=st.sampled_from([0, 255]))
+    def edit_fill(self, fill):
+        """The pad value of the first picture field: every padded sample's values change, so an
+        append is refused until a build remakes them all."""
+        self.edit_spec(lambda data: data["fields"][self.picture].update(fill=fill))
+
+    @action(None, codec=st.sampled_from(["lz4", "none", "gzip-1"]), rows=st.sampled_from([1, 3]),
+            assemble=st.sampled_from(["copy", "mapped"]))
+    def edit_storage(self, codec, rows, assemble):
+        """How rows are stored: nothing a sample holds changes, and appends go on."""
+        self.edit_spec(lambda data: data["storage"].update(codec=codec, chunk_rows=rows, assemble=assemble))
+
+    def edit_spec(self, edit) -> None:
+        data = yaml.safe_load(self.spec_path.read_text())
+        edit(data)
+        self.spec_path.write_text(yaml.safe_dump(data))
+        self.spec = load_spec(self.spec_path)
+        self.changed()
+
+    @property
+    def picture(self) -> str:
+        return next(name for name, f in self.spec.fields.items() if hasattr(f, "fill"))
+
+    def rules_as_latest(self) -> bool:
+        """Whether the spec makes samples' values as latest's spec did (what this model edits of them)."""
+        made = self.spec_of.get(latest(self.out)) if self.out.exists() else None
+        return made is None or made.fields[self.picture].fill == self.spec.fields[self.picture].fill
+
     # ---- what users run
     @action(None)
     def build(self):
@@ -263,6 +296,7 @@ class Lifecycle(RuleBasedStateMachine):
         assert sorted(result.left_latest) == leaving
         if result.unchanged:
             assert self.same(want, self.expect), "the build found nothing new, but the model holds changes"
+            assert self.rules_as_latest(), "the build found nothing new under another pad value"
         else:
             assert result.version is not None, result
             self.published_version(result.version, want, before)
@@ -278,10 +312,21 @@ class Lifecycle(RuleBasedStateMachine):
     @action(lambda self: self.history)
     def append(self):
         before = self.latest_path()
+        if not self.rules_as_latest():  # refused, or nothing to append
+            left = self.inbox_files_left()
+            try:
+                result = h5forge.append(self.spec)
+            except VersionError as err:
+                assert re.search(r"rules for what a sample holds differ .*\(fields\.\w+\.fill\)", str(err)), err
+                RUNS["rules"]["append refused"] += 1
+            else:
+                assert result.version is None and not self.pending, f"appended under another pad value: {result}"
+            assert self.latest_path() == before and self.inbox_files_left() == left, "a refused append changed something"
+            return
         result = h5forge.append(self.spec)
         self.appended_version(result.version, before)
 
-    @action(lambda self: self.expect, batch=st.lists(draws, min_size=0, max_size=2))
+    @action(lambda self: self.expect and self.rules_as_latest(), batch=st.lists(draws, min_size=0, max_size=2))
     def watch(self, batch):
         """The watch loop in a thread (the plain append), with files dropped while it runs."""
         before, first = self.latest_path(), max(published(self.out), default=0)
@@ -372,13 +417,16 @@ class Lifecycle(RuleBasedStateMachine):
     # ---- what the model expects of a run
     def published_version(self, number: int, want: dict[str, dict], before: Path | None) -> None:
         assert latest(self.out) == number
+        self.spec_of[number] = self.spec
         self.check_diff(before, self.expect, want)
         self.expect = want
         self.history[number] = want
 
     def appended_version(self, number: int | None, before: Path | None) -> None:
-        for s in self.copies:  # a duplicate of what latest holds now; after a rollback it may be new
-            if any(e["sample"].data == s.data for e in self.expect.values()):
+        # a duplicate of what latest holds now, or of a copy before it in id order (keep_first); after
+        # a rollback or a removal, the first copy of a sample latest no longer holds is new
+        for s in sorted(self.copies, key=lambda s: nfc(s.sid)):
+            if any(e["sample"].data == s.data for e in [*self.expect.values(), *map(self.snap, self.pending.values())]):
                 self.bad_inbox.append(s)
             else:
                 self.pending[s.sid] = s
@@ -423,18 +471,25 @@ class Lifecycle(RuleBasedStateMachine):
         d = diff_versions(before, after)
         assert d.added == sorted(set(new) - set(old)), d.added
         assert d.removed == sorted(set(old) - set(new)), d.removed
-        changed = sorted(sid for sid in set(old) & set(new) if not self.same({sid: old[sid]}, {sid: new[sid]}))
+        changed = sorted(sid for sid in set(old) & set(new) if not self.same({sid: old[sid]}, {sid: new[sid]}, True))
         assert d.content_changed == changed, (d.content_changed, changed)
         cols = sorted(sid for sid in set(old) & set(new)
                       if old[sid]["sample"].columns != new[sid]["sample"].columns)
         assert sorted(d.columns_changed) == cols, (d.columns_changed, cols)
         assert not d.moved_split, d.moved_split
 
-    @staticmethod
-    def same(a: dict[str, dict], b: dict[str, dict]) -> bool:
+    def same(self, a: dict[str, dict], b: dict[str, dict], values: bool = False) -> bool:
+        """The same samples from the same files and columns; with ``values``, also holding the same
+        values under the specs each was made by (a pad value changes those of a padded sample)."""
         return a.keys() == b.keys() and all(
             a[k]["sample"].data == b[k]["sample"].data and a[k]["sample"].columns == b[k]["sample"].columns
-            for k in a)
+            and (not values or self.same_values(a[k], b[k])) for k in a)
+
+    def same_values(self, a: dict, b: dict) -> bool:
+        if a["spec"] is b["spec"]:
+            return True
+        was, now = self.layout.expected(a["sample"], a["spec"]), self.layout.expected(b["sample"], b["spec"])
+        return all(np.array_equal(was[name], now[name]) for name in was)
 
     def latest_path(self) -> Path | None:
         number = latest(self.out) if self.out.exists() else None
@@ -460,22 +515,36 @@ class Lifecycle(RuleBasedStateMachine):
                 for row, sid in enumerate(ids):
                     if sid not in expect:
                         continue
-                    s = expect[sid]["sample"]
-                    want = self.layout.expected(s, self.spec)
+                    s, spec = expect[sid]["sample"], expect[sid]["spec"]
+                    want = self.layout.expected(s, spec)
                     for name in fields:
                         got = g[name][row]
                         assert np.array_equal(got, want[name]), f"{sid}: {name} differs from its decode"
-                    for col, value in self.layout.columns_expected(s, self.spec).items():
+                    for col, value in self.layout.columns_expected(s, spec).items():
                         got = g["meta"][col][row]
                         got = got.decode() if isinstance(got, bytes) else got.item()
                         assert got == value, f"{sid}: column {col} is {got!r}, given {value!r}"
                     if s.split is not None:
                         assert split == s.split, f"{sid}: in {split}, its folder says {s.split}"
                     assert self.split_of.setdefault(sid, split) == split, f"{sid} moved split"
+                if ids:
+                    self.check_reader(path, split, ids, {name: g[name][()] for name in fields})
         dupes = sorted({i for i in seen if seen.count(i) > 1})
         assert not dupes, f"{path.name}: ids stored more than once: {dupes}"
         assert sorted(seen) == sorted(expect), (f"{path.name}: missing {sorted(set(expect) - set(seen))}, "
                                                 f"unexpected {sorted(set(seen) - set(expect))}")
+
+    @staticmethod
+    def check_reader(path: Path, split: str, ids: list[str], stored: dict[str, np.ndarray]) -> None:
+        """h5forge's reader (its own chunk reads, its mapping of a thin version's files) gives what
+        HDF5 gives, rows asked in a shuffled order and one at a time."""
+        order = np.random.default_rng(len(ids)).permutation(len(ids))
+        with SplitReader(path, split) as reader:
+            assert reader.ids() == ids
+            batch = reader.read(order)
+            for name, values in stored.items():
+                assert np.array_equal(batch[name], values[order]), f"{path.name} {split}/{name}: the reader's batch"
+                assert np.array_equal(reader.read_one(int(order[0]))[name], values[order[0]]), f"{split}/{name}"
 
     @invariant()
     def published_files_never_change(self):
