@@ -105,6 +105,33 @@ def test_versions_and_rollback(dataset):
     assert run("rollback", dataset, "2").returncode == 0 and latest(dataset) == 2
 
 
+def test_rollback_of_a_path_that_is_no_output_folder_is_one_line_and_creates_nothing(dataset, tmp_path):
+    r = run("rollback", dataset / "dataset_v0001.h5", "v1")  # the version file, not its folder
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == f"error: {dataset / 'dataset_v0001.h5'} is not a folder: give the dataset's output folder"
+    missing = tmp_path / "no-such-folder"
+    r = run("rollback", missing, "v1")
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {missing} is not a folder: give the dataset's output folder"
+    assert not missing.exists()  # no folder, no lock file made for it
+
+
+@pytest.mark.parametrize("name", ["dataset_v0001.h5", "dataset_v0002.h5", "dataset_latest.h5", "dataset_v0007.h5",
+                                  "dataset_v0007.delta.h5"])
+def test_export_never_writes_over_or_beside_the_versions_of_an_output_folder(raw_demo, tmp_path, name):
+    """A copy written under a name the folder's versions use would change a published version, replace
+    the latest link with a file, or put a version there that no build published."""
+    out = tmp_path / "out"
+    build_without_prefect(raw_demo, out)
+    build_without_prefect(raw_demo, out, codec="zstd")
+    before = {p.name: (p.is_symlink(), p.read_bytes()) for p in out.glob("dataset_*.h5")}
+    r = run("export", out / "dataset_latest.h5", out / name, "--codec", "gzip-1")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == (f"error: {out / name} is a name the versions of the output folder {out} use; "
+                                "write the copy elsewhere")
+    assert {p.name: (p.is_symlink(), p.read_bytes()) for p in out.glob("dataset_*.h5")} == before
+    assert latest(out) == 2 and not list(out.glob(".*partial"))
+
+
 def test_init_writes_a_valid_commented_spec(raw_demo, tmp_path):
     spec_path = tmp_path / "config" / "mydata.yaml"
     r = run("init", raw_demo, "--out", spec_path, cwd=tmp_path)

@@ -259,13 +259,15 @@ def export(
 
     from h5forge._format.codecs import CODECS
     from h5forge._format.names import Attr
-    from h5forge._store.thin import export as export_version
+    from h5forge._store.thin import export as export_version, refuse_version_names
     from h5forge._store.verify import verify_file
 
     if codec is not None and codec not in CODECS:
         _fail(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
     if not version.exists():
         _fail(f"{version}: no such file")
+    with _reported():
+        refuse_version_names(dest)
     report = verify_file(version, checksums=False, resample=0, latency_reads=0)
     if not report.ok:
         _fail(f"{version} is broken: {'; '.join(report.errors)}", 1)
@@ -391,6 +393,8 @@ def rollback(
     from h5forge._format.names import version_name
     from h5forge._store.versions import output_lock, published, set_latest, version_number
 
+    if not folder.is_dir():  # the lock would make it (or fail on a file given for the folder)
+        _fail(f"{folder} is not a folder: give the dataset's output folder")
     with _reported():
         number = version_number(version)
         with output_lock(folder, what="rollback"):
