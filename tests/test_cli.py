@@ -105,6 +105,19 @@ def test_versions_and_rollback(dataset):
     assert run("rollback", dataset, "2").returncode == 0 and latest(dataset) == 2
 
 
+def test_a_closed_standard_output_changes_no_exit_code_and_prints_no_traceback(dataset, tmp_path):
+    """`h5forge versions DIR >&-`: Python has no sys.stdout; the command's outcome is its exit code."""
+    def closed(*args):
+        return subprocess.run([H5FORGE, *map(str, args)], stdout=None, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: os.close(1), timeout=900)
+
+    r = closed("versions", dataset)
+    assert (r.returncode, r.stderr) == (0, "")
+    r = closed("verify", "--quick", tmp_path / "nope.h5")
+    assert (r.returncode, r.stderr) == (1, "")
+    r = closed("rollback", dataset, "v0009")
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {dataset / 'dataset_v0009.h5'} is not a published version"
+
 def test_rollback_of_a_path_that_is_no_output_folder_is_one_line_and_creates_nothing(dataset, tmp_path):
     r = run("rollback", dataset / "dataset_v0001.h5", "v1")  # the version file, not its folder
     assert r.returncode == 2, r.stdout + r.stderr
