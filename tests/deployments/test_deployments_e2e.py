@@ -186,3 +186,39 @@ def test_watch_service_runs_the_append_deployment(server, raw_demo, raw_new, tmp
         stop(watcher)
         stop(served)
     assert watcher.returncode == 0
+
+
+def test_watch_refuses_a_deployment_that_is_missing_or_appends_another_dataset(server, raw_demo, tmp_path):
+    """`watch A --deployment D` hands A's inbox to D: a D that does not exist, or that appends the dataset of
+    another spec (A's samples would be published in B's versions), stops the command before it watches."""
+    from h5forge.deployments.definitions import dataset_deployments
+
+    url, env = server
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    spec_a = write_spec_file(raw_demo, tmp_path / "out-a", tmp_path / "a.yaml", inbox=inbox)
+    spec_b = write_spec_file(raw_demo, tmp_path / "out-b", tmp_path / "b.yaml", inbox=tmp_path / "inbox-b")
+
+    def watch(spec, deployment):
+        return subprocess.run([str(BIN / "h5forge"), "watch", str(spec), "--deployment", deployment], env=env,
+                              capture_output=True, text=True, timeout=HANG)
+
+    r = watch(spec_a, "append-samples/nope")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == f"error: no deployment 'append-samples/nope' on the Prefect server at {url}"
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        for dep in dataset_deployments(spec_b, suffix="-b"):  # registered, as `h5forge serve` does
+            dep.apply()
+    r = watch(spec_a, "append-samples/inbox-b")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == (f"error: the deployment 'append-samples/inbox-b' appends with the spec "
+                                f"{spec_b.resolve()}, not {spec_a}; serve this spec's deployments "
+                                "(h5forge serve, with --suffix) and name its append deployment")
+    r = watch(spec_a, "build-dataset/nightly-b")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == ("error: the deployment 'build-dataset/nightly-b' runs the flow 'build-dataset', "
+                                "not append-samples")
+    assert not (tmp_path / "out-a").exists() and not (tmp_path / "out-b").exists()

@@ -181,10 +181,13 @@ def watch(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if deployment:
-        from h5forge.deployments.trigger import trigger_append
+        from h5forge.deployments.trigger import check_append_deployment, trigger_append
+
+        with _reported():
+            check_append_deployment(deployment, spec)
 
         def run_once() -> int:
-            return trigger_append(deployment, loaded.source.inbox)
+            return trigger_append(deployment, loaded.source.inbox, _opt(output), dask_address)
     else:
         from h5forge.flows.append import append_samples
 
