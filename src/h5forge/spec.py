@@ -329,7 +329,7 @@ def load_spec(
     inbox: str | Path | None = None,
 ) -> DatasetSpec:
     """Read a YAML spec; ``output`` and ``dask_address`` override the file (CLI flags)."""
-    path = Path(path)
+    path = _in_home(Path(path))
     if not path.is_file():
         raise SpecError(f"spec file not found: {path}")
     try:

@@ -222,3 +222,37 @@ def test_watch_refuses_a_deployment_that_is_missing_or_appends_another_dataset(s
     assert r.stderr.strip() == ("error: the deployment 'build-dataset/nightly-b' runs the flow 'build-dataset', "
                                 "not append-samples")
     assert not (tmp_path / "out-a").exists() and not (tmp_path / "out-b").exists()
+
+
+def test_a_deployment_run_refuses_relative_paths_and_serve_stores_absolute_ones(server, raw_demo, tmp_path):
+    """A deployment run starts in the folder `serve` (or a worker) runs in, not the user's: a relative output
+    would publish a dataset where nobody looks, and the run would say Completed."""
+    url, env = server
+    spec_file = write_spec_file(raw_demo, tmp_path / "out", tmp_path / "spec.yaml")
+    serve_log = tmp_path / "serve.log"
+    with open(serve_log, "w") as sink:
+        served = subprocess.Popen([str(BIN / "h5forge"), "serve", "spec.yaml", "--output", "here", "--suffix", "-rel",
+                                   "--poll-seconds", "86400"], env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                  cwd=tmp_path)
+    try:
+        deadline = time.time() + HANG
+        while True:
+            try:
+                dep = client_call(url, lambda c: c.read_deployment_by_name("build-dataset/nightly-rel"))
+                break
+            except Exception:
+                if served.poll() is not None or time.time() > deadline:
+                    raise AssertionError("serve did not register its deployments:\n" + serve_log.read_text())
+                time.sleep(1)
+        assert dep.parameters["output"] == str(tmp_path / "here")  # as the user meant it, where serve started
+        for name, param in [("build-dataset/nightly-rel", "output=relative-out"),
+                            ("append-samples/inbox-rel", "inbox=relative-inbox"),
+                            ("verify-dataset/weekly-rel", "spec_path=spec.yaml")]:
+            r = deployment_run(env, name, param)
+            assert r.returncode == 1, r.stdout + r.stderr + serve_log.read_text()
+            key, value = param.split("=")
+            assert (f"parameter {key}={value!r} is a relative path; a deployment run starts in the working folder "
+                    f"of the process that runs it ({tmp_path}), not yours: give an absolute path") in serve_log.read_text()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["serve.log", "spec.yaml"]  # no folder made
+    finally:
+        stop(served)
