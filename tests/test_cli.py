@@ -128,21 +128,35 @@ def test_rollback_of_a_path_that_is_no_output_folder_is_one_line_and_creates_not
     assert not missing.exists()  # no folder, no lock file made for it
 
 
-@pytest.mark.parametrize("name", ["dataset_v0001.h5", "dataset_v0002.h5", "dataset_latest.h5", "dataset_v0007.h5",
-                                  "dataset_v0007.delta.h5"])
-def test_export_never_writes_over_or_beside_the_versions_of_an_output_folder(raw_demo, tmp_path, name):
-    """A copy written under a name the folder's versions use would change a published version, replace
-    the latest link with a file, or put a version there that no build published."""
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def two_versions(raw_demo, tmp_path_factory):
+    out = tmp_path_factory.mktemp("named") / "out"
     build_without_prefect(raw_demo, out)
     build_without_prefect(raw_demo, out, codec="zstd")
+    return out
+
+
+@pytest.mark.parametrize("name", ["dataset_v0001.h5", "dataset_v0002.h5", "dataset_latest.h5", "dataset_v0007.h5",
+                                  "dataset_v0007.delta.h5", "dataset_v0001.rows/x.h5"])
+@pytest.mark.parametrize("command, what", [
+    (lambda out, raw, dest: ("export", out / "dataset_latest.h5", dest, "--codec", "gzip-1"), "the copy"),
+    (lambda out, raw, dest: ("preview", out / "dataset_latest.h5", "--out", dest), "the preview"),
+    (lambda out, raw, dest: ("init", raw, "--out", dest, "--force"), "the spec"),
+    (lambda out, raw, dest: ("codecs", raw, "--sample", "4", "--codecs", "none", "--chart", dest), "the chart"),
+])
+def test_no_command_writes_under_the_names_of_an_output_folders_versions(raw_demo, two_versions, name, command, what):
+    """A file written under a name the folder's versions use would replace a published version (export,
+    preview, init and codecs all wrote theirs there, exit 0), turn the latest link into a file, or put a
+    version there that no build published."""
+    out = two_versions
+    (out / "dataset_v0001.rows").mkdir(exist_ok=True)
     before = {p.name: (p.is_symlink(), p.read_bytes()) for p in out.glob("dataset_*.h5")}
-    r = run("export", out / "dataset_latest.h5", out / name, "--codec", "gzip-1")
+    r = run(*command(out, raw_demo, out / name))
     assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stderr.strip() == (f"error: {out / name} is a name the versions of the output folder {out} use; "
-                                "write the copy elsewhere")
+    assert r.stderr.strip() == f"error: {out / name} is a name the versions of the output folder {out} use; " \
+                               f"write {what} elsewhere"
     assert {p.name: (p.is_symlink(), p.read_bytes()) for p in out.glob("dataset_*.h5")} == before
-    assert latest(out) == 2 and not list(out.glob(".*partial"))
+    assert latest(out) == 2 and not list(out.glob(".*partial")) and not list(out.glob("dataset_v0001.rows/*"))
 
 
 def test_init_writes_a_valid_commented_spec(raw_demo, tmp_path):

@@ -32,9 +32,12 @@ def init(
     from h5forge._init import infer_spec
     from h5forge._init.text import one_line  # names from the folder may hold line breaks
 
+    from h5forge._store.output import refuse_version_names
+
     if out_path.exists() and not force:
         _fail(f"{out_path} exists; pass --force to overwrite it")
     with _reported():
+        refuse_version_names(out_path, "the spec")
         inferred = infer_spec(raw, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(inferred.text)
@@ -262,7 +265,8 @@ def export(
 
     from h5forge._format.codecs import CODECS
     from h5forge._format.names import Attr
-    from h5forge._store.thin import export as export_version, refuse_version_names
+    from h5forge._store.output import refuse_version_names
+    from h5forge._store.thin import export as export_version
     from h5forge._store.verify import verify_file
 
     if codec is not None and codec not in CODECS:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import h5py
 
-from h5forge.errors import OutputTaken, SourceMissing, SpecError
-from h5forge._format.names import Attr
+from h5forge.errors import OutputTaken, SourceMissing, SpecError, UsageError
+from h5forge._format.names import DELTA_RE, LATEST, LOCK, ROWS_FOLDER_RE, VERSION_RE, Attr
 from h5forge.spec import DatasetSpec
 from h5forge._store.versions import latest, published
 from h5forge._store.whole_files import replace_file
@@ -47,6 +47,23 @@ def check_folders(spec: DatasetSpec, inbox: bool = False) -> None:
                 f"output.dir {out} {where} {key} {folder}: its files would be read as raw input; "
                 "choose an output folder outside the sources"
             )
+
+
+def refuse_version_names(dest: Path, what: str = "the copy") -> None:
+    """A file a command writes (an export's copy, a preview, a spec) is never put under a name the
+    versions of an output folder use (a version, its delta file, the latest link, a file in a rows
+    folder): it would replace a published version, turn the link into a file, or put there a version
+    no build published."""
+    out = dest.parent
+    if ROWS_FOLDER_RE.match(Path(os.path.realpath(out)).name):
+        out = out.parent
+    elif not (dest.name == LATEST or VERSION_RE.match(dest.name) or DELTA_RE.match(dest.name)):
+        return
+    if not out.is_dir():
+        return
+    markers = (LATEST, LOCK, OWNER_FILE)
+    if any(os.path.lexists(out / m) for m in markers) or any(VERSION_RE.match(n) for n in os.listdir(out)):
+        raise UsageError(f"{dest} is a name the versions of the output folder {out} use; write {what} elsewhere")
 
 
 def owner(out: Path) -> str | None:

@@ -28,13 +28,9 @@ from h5forge._format.names import (
     DELTA_RE,
     DIAGNOSTICS,
     INDEX,
-    LATEST,
-    LOCK,
     PER_SAMPLE,
     SPEC,
-    ROWS_FOLDER_RE,
     SPLITS,
-    VERSION_RE,
     Attr,
     block_rows,
     partial_name,
@@ -47,7 +43,7 @@ from h5forge.kinds import stored_kinds
 from h5forge.kinds.index import RowIndex
 from h5forge.kinds.statistics import Statistics
 from h5forge.spec import DatasetSpec, spec_from_json
-from h5forge._store.output import OWNER_FILE
+from h5forge._store.output import refuse_version_names
 from h5forge._store.sizes import own_sizes, row_files_sizes
 from h5forge._store.whole_files import write_new
 
@@ -234,22 +230,6 @@ def export(version: Path, dest: Path, codec: str | None = None) -> Path:
         SOURCES.close_all()  # the mapped files read for the copy are not kept open after it
     os.replace(tmp, dest)
     return dest
-
-
-def refuse_version_names(dest: Path) -> None:
-    """A copy is never written under a name the versions of an output folder use (a version, its delta
-    file, the latest link, a file in a rows folder): it would change a published version, turn the
-    link into a file, or put there a version no build published."""
-    out = dest.parent
-    if ROWS_FOLDER_RE.match(Path(os.path.realpath(out)).name):
-        out = out.parent
-    elif not (dest.name == LATEST or VERSION_RE.match(dest.name) or DELTA_RE.match(dest.name)):
-        return
-    if not out.is_dir():
-        return
-    markers = (LATEST, LOCK, OWNER_FILE)
-    if any(os.path.lexists(out / m) for m in markers) or any(VERSION_RE.match(n) for n in os.listdir(out)):
-        raise UsageError(f"{dest} is a name the versions of the output folder {out} use; write the copy elsewhere")
 
 
 def _export(src_path: Path, tmp: Path, codec: str | None) -> None:
