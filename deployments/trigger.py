@@ -22,7 +22,9 @@ def check_append_deployment(deployment: str, spec_path: str | Path) -> None:
         try:
             dep = client.read_deployment_by_name(deployment)
         except ObjectNotFound:
-            raise UsageError(f"no deployment {deployment!r} on the Prefect server at {PREFECT_API_URL.value()}") from None
+            raise UsageError(
+                f"no deployment {deployment!r} on the Prefect server at {PREFECT_API_URL.value()}"
+            ) from None
         flow = client.read_flow(dep.flow_id).name
     if flow != "append-samples":
         raise UsageError(f"the deployment {deployment!r} runs the flow {flow!r}, not append-samples")

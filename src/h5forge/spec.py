@@ -300,7 +300,7 @@ class _SpecLoader(yaml.SafeLoader):
     one without a word: two ``output:`` sections, two fields of one name). Keys a merge (``<<: *a``)
     brings in may still be overridden by the mapping's own."""
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:  # type: ignore[override]
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
