@@ -15,7 +15,7 @@ import yaml
 import h5forge
 from h5forge.spec import load_spec
 from h5forge._store.versions import latest
-from tests.helpers.data import demo_spec
+from tests.helpers.data import demo_spec, write_spec_file
 
 H5FORGE = str(Path(sys.executable).parent / "h5forge")
 
@@ -172,6 +172,21 @@ def test_init_writes_a_valid_commented_spec(raw_demo, tmp_path):
     assert "label" in spec.annotations.index_by
     assert spec.output.dir == (tmp_path / "data" / "demo").resolve()
     assert run("init", raw_demo, "--out", spec_path).returncode == 2  # no silent overwrite
+
+
+@pytest.mark.parametrize("command", ["build", "append", "watch"])
+@pytest.mark.parametrize("where", ["file", "below a file"])
+def test_an_output_folder_that_is_a_file_is_one_line_before_anything_starts(raw_demo, tmp_path, command, where):
+    """Before: the flow run started and failed with FileExistsError's traceback."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    output = a_file if where == "file" else a_file / "out"
+    spec = write_spec_file(raw_demo, tmp_path / "out", tmp_path / "spec.yaml", inbox=tmp_path / "inbox")
+    (tmp_path / "inbox").mkdir()
+    r = run(command, spec, "--output", output)  # no Prefect server here: a flow run would fail otherwise
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == f"error: output folder {output.resolve()} cannot be made: {a_file} is not a folder"
+    assert a_file.read_text() == "mine\n"
 
 
 def test_build_rejects_a_bad_spec_before_starting_anything(tmp_path):

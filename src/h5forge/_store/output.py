@@ -35,11 +35,15 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def check_folders(spec: DatasetSpec, inbox: bool = False) -> None:
-    """The source root (and with ``inbox`` the inbox) exist; the output is in neither."""
+    """The source root (and with ``inbox`` the inbox) exist; the output is in neither, and no file
+    stands where its folder would be."""
     require_folder(spec.source.root)
     if inbox:
         require_folder(spec.source.inbox)
     out = Path(spec.output.dir)
+    made = next(p for p in (out, *out.parents) if os.path.lexists(p))  # what a run's mkdir would start from
+    if not made.is_dir():
+        raise SpecError(f"output folder {out} cannot be made: {made} is not a folder")
     for key, folder in (("source.root", spec.source.root), ("source.inbox", spec.source.inbox)):
         if folder is not None and _inside(out, folder):
             where = "is" if os.path.realpath(out) == os.path.realpath(folder) else "is inside"
