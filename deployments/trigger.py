@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import cast
 
+import httpx
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 
-from h5forge.errors import UsageError
+from h5forge.errors import H5forgeError, UsageError
 
 
 def check_append_deployment(deployment: str, spec_path: str | Path) -> None:
@@ -21,6 +22,8 @@ def check_append_deployment(deployment: str, spec_path: str | Path) -> None:
     with get_client(sync_client=True) as client:
         try:
             dep = client.read_deployment_by_name(deployment)
+        except httpx.TransportError as err:  # nothing answers there
+            raise H5forgeError(f"cannot reach the Prefect server at {PREFECT_API_URL.value()}: {err}") from None
         except ObjectNotFound:
             raise UsageError(
                 f"no deployment {deployment!r} on the Prefect server at {PREFECT_API_URL.value()}"

@@ -203,6 +203,13 @@ def test_watch_refuses_a_deployment_that_is_missing_or_appends_another_dataset(s
         return subprocess.run([str(BIN / "h5forge"), "watch", str(spec), "--deployment", deployment], env=env,
                               capture_output=True, text=True, timeout=HANG)
 
+    nobody = free_port()
+    r = subprocess.run([str(BIN / "h5forge"), "watch", str(spec_a), "--deployment", "append-samples/inbox"],
+                       env={**env, "PREFECT_API_URL": f"http://127.0.0.1:{nobody}/api"}, capture_output=True, text=True,
+                       timeout=HANG)
+    assert r.returncode == 1 and r.stderr.strip().startswith(
+        f"error: cannot reach the Prefect server at http://127.0.0.1:{nobody}/api: "), r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
     r = watch(spec_a, "append-samples/nope")
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip() == f"error: no deployment 'append-samples/nope' on the Prefect server at {url}"
