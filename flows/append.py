@@ -6,6 +6,7 @@ from prefect import flow
 
 from h5forge._pipeline import append
 from h5forge._pipeline.results import AppendResult
+from h5forge.flows.paths import absolute_in_deployment_runs
 from h5forge.tasks import PrefectRunner
 
 
@@ -30,6 +31,7 @@ def append_samples(
         skip_if_busy: when the folder is still busy after ``wait_for_lock``, end the run without
             appending (logged as "skipped: …"); the samples stay in the inbox for the next run.
     """
+    absolute_in_deployment_runs(spec_path=spec_path, inbox=inbox, output=output)
     with PrefectRunner() as runner:
         return append(
             spec_path,

@@ -6,6 +6,7 @@ from prefect import flow
 
 from h5forge._pipeline import build
 from h5forge._pipeline.results import BuildResult
+from h5forge.flows.paths import absolute_in_deployment_runs
 from h5forge.tasks import PrefectRunner
 
 
@@ -28,6 +29,7 @@ def build_dataset(
         skip_if_busy: when the folder is still busy after ``wait_for_lock``, end the run without
             building (logged as "skipped: …") instead of failing.
     """
+    absolute_in_deployment_runs(spec_path=spec_path, output=output)
     with PrefectRunner() as runner:
         return build(
             spec_path,

@@ -15,7 +15,7 @@ import yaml
 import h5forge
 from h5forge.spec import load_spec
 from h5forge._store.versions import latest
-from tests.helpers.data import demo_spec
+from tests.helpers.data import demo_spec, write_spec_file
 
 H5FORGE = str(Path(sys.executable).parent / "h5forge")
 
@@ -105,6 +105,60 @@ def test_versions_and_rollback(dataset):
     assert run("rollback", dataset, "2").returncode == 0 and latest(dataset) == 2
 
 
+def test_a_closed_standard_output_changes_no_exit_code_and_prints_no_traceback(dataset, tmp_path):
+    """`h5forge versions DIR >&-`: Python has no sys.stdout; the command's outcome is its exit code."""
+    def closed(*args):
+        return subprocess.run([H5FORGE, *map(str, args)], stdout=None, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: os.close(1), timeout=900)
+
+    r = closed("versions", dataset)
+    assert (r.returncode, r.stderr) == (0, "")
+    r = closed("verify", "--quick", tmp_path / "nope.h5")
+    assert (r.returncode, r.stderr) == (1, "")
+    r = closed("rollback", dataset, "v0009")
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {dataset / 'dataset_v0009.h5'} is not a published version"
+
+def test_rollback_of_a_path_that_is_no_output_folder_is_one_line_and_creates_nothing(dataset, tmp_path):
+    r = run("rollback", dataset / "dataset_v0001.h5", "v1")  # the version file, not its folder
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == f"error: {dataset / 'dataset_v0001.h5'} is not a folder: give the dataset's output folder"
+    missing = tmp_path / "no-such-folder"
+    r = run("rollback", missing, "v1")
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {missing} is not a folder: give the dataset's output folder"
+    assert not missing.exists()  # no folder, no lock file made for it
+
+
+@pytest.fixture(scope="module")
+def two_versions(raw_demo, tmp_path_factory):
+    out = tmp_path_factory.mktemp("named") / "out"
+    build_without_prefect(raw_demo, out)
+    build_without_prefect(raw_demo, out, codec="zstd")
+    return out
+
+
+@pytest.mark.parametrize("name", ["dataset_v0001.h5", "dataset_v0002.h5", "dataset_latest.h5", "dataset_v0007.h5",
+                                  "dataset_v0007.delta.h5", "dataset_v0001.rows/x.h5"])
+@pytest.mark.parametrize("command, what", [
+    (lambda out, raw, dest: ("export", out / "dataset_latest.h5", dest, "--codec", "gzip-1"), "the copy"),
+    (lambda out, raw, dest: ("preview", out / "dataset_latest.h5", "--out", dest), "the preview"),
+    (lambda out, raw, dest: ("init", raw, "--out", dest, "--force"), "the spec"),
+    (lambda out, raw, dest: ("codecs", raw, "--sample", "4", "--codecs", "none", "--chart", dest), "the chart"),
+])
+def test_no_command_writes_under_the_names_of_an_output_folders_versions(raw_demo, two_versions, name, command, what):
+    """A file written under a name the folder's versions use would replace a published version (export,
+    preview, init and codecs all wrote theirs there, exit 0), turn the latest link into a file, or put a
+    version there that no build published."""
+    out = two_versions
+    (out / "dataset_v0001.rows").mkdir(exist_ok=True)
+    before = {p.name: (p.is_symlink(), p.read_bytes()) for p in out.glob("dataset_*.h5")}
+    r = run(*command(out, raw_demo, out / name))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == f"error: {out / name} is a name the versions of the output folder {out} use; " \
+                               f"write {what} elsewhere"
+    assert {p.name: (p.is_symlink(), p.read_bytes()) for p in out.glob("dataset_*.h5")} == before
+    assert latest(out) == 2 and not list(out.glob(".*partial")) and not list(out.glob("dataset_v0001.rows/*"))
+
+
 def test_init_writes_a_valid_commented_spec(raw_demo, tmp_path):
     spec_path = tmp_path / "config" / "mydata.yaml"
     r = run("init", raw_demo, "--out", spec_path, cwd=tmp_path)
@@ -118,6 +172,21 @@ def test_init_writes_a_valid_commented_spec(raw_demo, tmp_path):
     assert "label" in spec.annotations.index_by
     assert spec.output.dir == (tmp_path / "data" / "demo").resolve()
     assert run("init", raw_demo, "--out", spec_path).returncode == 2  # no silent overwrite
+
+
+@pytest.mark.parametrize("command", ["build", "append", "watch"])
+@pytest.mark.parametrize("where", ["file", "below a file"])
+def test_an_output_folder_that_is_a_file_is_one_line_before_anything_starts(raw_demo, tmp_path, command, where):
+    """Before: the flow run started and failed with FileExistsError's traceback."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    output = a_file if where == "file" else a_file / "out"
+    spec = write_spec_file(raw_demo, tmp_path / "out", tmp_path / "spec.yaml", inbox=tmp_path / "inbox")
+    (tmp_path / "inbox").mkdir()
+    r = run(command, spec, "--output", output)  # no Prefect server here: a flow run would fail otherwise
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == f"error: output folder {output.resolve()} cannot be made: {a_file} is not a folder"
+    assert a_file.read_text() == "mine\n"
 
 
 def test_build_rejects_a_bad_spec_before_starting_anything(tmp_path):

@@ -62,3 +62,52 @@ def test_cli_overrides_output_and_dask_address(tmp_path):
     spec = load_spec(REPO / "config" / "demo.yaml", output=tmp_path / "o", dask_address="tcp://10.0.0.1:8786")
     assert spec.output.dir == (tmp_path / "o").resolve()
     assert spec.compute.dask_address == "tcp://10.0.0.1:8786"
+
+
+@pytest.mark.parametrize("text, key, line", [
+    ("output: {dir: out}\noutput: {dir: elsewhere}\n", "output", "lines 6 and 7"),  # which folder was meant?
+    ("output: {dir: out, keep: 2, keep: 9}\n", "keep", "line 6"),
+    ("output: {dir: out}\nfields:\n  images: {kind: image, files: b/*.png, size: [8, 8]}\n", "fields", "lines 3 and 7"),
+])
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path, text, key, line):
+    """YAML readers keep the last of two equal keys; a spec holding both is refused, never half-read."""
+    path = tmp_path / "spec.yaml"
+    path.write_text("name: demo\nsource: {root: raw}\nfields:\n  images: {kind: image, files: a/*.png, size: [8, 8]}\n"
+                    "annotations: {required: false}\n" + text)
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    assert str(err.value) == f"spec {path} is not valid YAML: key {key!r} is given twice ({line})"
+
+
+def test_a_field_given_twice_is_refused(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text("name: demo\nsource: {root: raw}\nfields:\n"
+                    "  images: {kind: image, files: a/*.png, size: [8, 8]}\n"
+                    "  images: {kind: image, files: a/*.jpg, size: [8, 8]}\n"
+                    "output: {dir: out}\n")
+    with pytest.raises(SpecError, match=r"key 'images' is given twice \(lines 4 and 5\)$"):
+        load_spec(path)
+
+
+def test_merge_keys_may_be_overridden_by_the_mapping_that_merges_them(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text("name: demo\nsource: {root: raw}\nfields:\n"
+                    "  images: &pic {kind: image, files: a/*.png, size: [8, 8]}\n"
+                    "  thumbs: {<<: *pic, files: b/*.png}\n"
+                    "annotations: {required: false}\noutput: {dir: out}\n")
+    spec = load_spec(path)
+    assert spec.fields["thumbs"].files == "b/*.png" and spec.fields["thumbs"].size == (8, 8)
+
+
+def test_a_path_starting_with_a_tilde_is_in_the_home_folder(tmp_path, monkeypatch):
+    """Not a folder named '~' beside the spec (which a later `rm -rf ~` there would be a disaster for)."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    path = tmp_path / "spec.yaml"
+    path.write_text("name: demo\nsource: {root: ~/raw, inbox: ~/inbox}\nfields:\n"
+                    "  images: {kind: image, files: a/*.png, size: [8, 8]}\n"
+                    "annotations: {required: false}\noutput: {dir: ~/out}\n")
+    spec = load_spec(path)
+    assert (spec.source.root, spec.source.inbox, spec.output.dir) == (home / "raw", home / "inbox", home / "out")
+    assert load_spec(path, output="~/other", inbox="~/box").output.dir == home / "other"
+    assert load_spec(path, output="~/other", inbox="~/box").source.inbox == home / "box"

@@ -279,7 +279,7 @@ def parse_spec(data: dict, base: Path, origin: str = "<dict>") -> DatasetSpec:
         raise SpecError(_format_errors(err, origin)) from None
 
     def absolute(p: Path | None) -> Path | None:
-        return None if p is None else (p if p.is_absolute() else base / p).resolve()
+        return None if p is None else (base / _in_home(p)).resolve()
 
     return spec.model_copy(
         update={
@@ -291,6 +291,37 @@ def parse_spec(data: dict, base: Path, origin: str = "<dict>") -> DatasetSpec:
     )
 
 
+class _KeyTwice(yaml.YAMLError):
+    pass
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (the plain loader keeps the last
+    one without a word: two ``output:`` sections, two fields of one name). Keys a merge (``<<: *a``)
+    brings in may still be overridden by the mapping's own."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: the plain loader says so
+                continue
+            if first is not key_node:
+                lines = sorted({first.start_mark.line + 1, key_node.start_mark.line + 1})
+                where = f"lines {lines[0]} and {lines[1]}" if len(lines) == 2 else f"line {lines[0]}"
+                raise _KeyTwice(f"key {key!r} is given twice ({where})")
+        return super().construct_mapping(node, deep)
+
+
+def _in_home(p: Path) -> Path:
+    """``~/data`` is in the home folder, as a shell reads it, never a folder named ``~``."""
+    return p.expanduser() if str(p).startswith("~") else p
+
+
 def load_spec(
     path: str | Path,
     output: str | Path | None = None,
@@ -298,11 +329,11 @@ def load_spec(
     inbox: str | Path | None = None,
 ) -> DatasetSpec:
     """Read a YAML spec; ``output`` and ``dask_address`` override the file (CLI flags)."""
-    path = Path(path)
+    path = _in_home(Path(path))
     if not path.is_file():
         raise SpecError(f"spec file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_SpecLoader)
     except UnicodeDecodeError as err:
         raise SpecError(f"spec {path} is not UTF-8 text: {err}") from None
     except yaml.YAMLError as err:
@@ -319,9 +350,9 @@ def override(
 ) -> DatasetSpec:
     update: dict = {}
     if inbox is not None:
-        update["source"] = spec.source.model_copy(update={"inbox": Path(inbox).resolve()})
+        update["source"] = spec.source.model_copy(update={"inbox": _in_home(Path(inbox)).resolve()})
     if output is not None:
-        update["output"] = spec.output.model_copy(update={"dir": Path(output).resolve()})
+        update["output"] = spec.output.model_copy(update={"dir": _in_home(Path(output)).resolve()})
     if dask_address is not None:
         update["compute"] = spec.compute.model_copy(update={"dask_address": dask_address})
     return spec.model_copy(update=update) if update else spec

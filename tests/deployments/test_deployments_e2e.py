@@ -186,3 +186,80 @@ def test_watch_service_runs_the_append_deployment(server, raw_demo, raw_new, tmp
         stop(watcher)
         stop(served)
     assert watcher.returncode == 0
+
+
+def test_watch_refuses_a_deployment_that_is_missing_or_appends_another_dataset(server, raw_demo, tmp_path):
+    """`watch A --deployment D` hands A's inbox to D: a D that does not exist, or that appends the dataset of
+    another spec (A's samples would be published in B's versions), stops the command before it watches."""
+    from h5forge.deployments.definitions import dataset_deployments
+
+    url, env = server
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    spec_a = write_spec_file(raw_demo, tmp_path / "out-a", tmp_path / "a.yaml", inbox=inbox)
+    spec_b = write_spec_file(raw_demo, tmp_path / "out-b", tmp_path / "b.yaml", inbox=tmp_path / "inbox-b")
+
+    def watch(spec, deployment):
+        return subprocess.run([str(BIN / "h5forge"), "watch", str(spec), "--deployment", deployment], env=env,
+                              capture_output=True, text=True, timeout=HANG)
+
+    nobody = free_port()
+    r = subprocess.run([str(BIN / "h5forge"), "watch", str(spec_a), "--deployment", "append-samples/inbox"],
+                       env={**env, "PREFECT_API_URL": f"http://127.0.0.1:{nobody}/api"}, capture_output=True, text=True,
+                       timeout=HANG)
+    assert r.returncode == 1 and r.stderr.strip().startswith(
+        f"error: cannot reach the Prefect server at http://127.0.0.1:{nobody}/api: "), r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = watch(spec_a, "append-samples/nope")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == f"error: no deployment 'append-samples/nope' on the Prefect server at {url}"
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        for dep in dataset_deployments(spec_b, suffix="-b"):  # registered, as `h5forge serve` does
+            dep.apply()
+    r = watch(spec_a, "append-samples/inbox-b")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == (f"error: the deployment 'append-samples/inbox-b' appends with the spec "
+                                f"{spec_b.resolve()}, not {spec_a}; serve this spec's deployments "
+                                "(h5forge serve, with --suffix) and name its append deployment")
+    r = watch(spec_a, "build-dataset/nightly-b")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == ("error: the deployment 'build-dataset/nightly-b' runs the flow 'build-dataset', "
+                                "not append-samples")
+    assert not (tmp_path / "out-a").exists() and not (tmp_path / "out-b").exists()
+
+
+def test_a_deployment_run_refuses_relative_paths_and_serve_stores_absolute_ones(server, raw_demo, tmp_path):
+    """A deployment run starts in the folder `serve` (or a worker) runs in, not the user's: a relative output
+    would publish a dataset where nobody looks, and the run would say Completed."""
+    url, env = server
+    spec_file = write_spec_file(raw_demo, tmp_path / "out", tmp_path / "spec.yaml")
+    serve_log = tmp_path / "serve.log"
+    with open(serve_log, "w") as sink:
+        served = subprocess.Popen([str(BIN / "h5forge"), "serve", "spec.yaml", "--output", "here", "--suffix", "-rel",
+                                   "--poll-seconds", "86400"], env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                  cwd=tmp_path)
+    try:
+        deadline = time.time() + HANG
+        while True:
+            try:
+                dep = client_call(url, lambda c: c.read_deployment_by_name("build-dataset/nightly-rel"))
+                break
+            except Exception:
+                if served.poll() is not None or time.time() > deadline:
+                    raise AssertionError("serve did not register its deployments:\n" + serve_log.read_text())
+                time.sleep(1)
+        assert dep.parameters["output"] == str(tmp_path / "here")  # as the user meant it, where serve started
+        for name, param in [("build-dataset/nightly-rel", "output=relative-out"),
+                            ("append-samples/inbox-rel", "inbox=relative-inbox"),
+                            ("verify-dataset/weekly-rel", "spec_path=spec.yaml")]:
+            r = deployment_run(env, name, param)
+            assert r.returncode == 1, r.stdout + r.stderr + serve_log.read_text()
+            key, value = param.split("=")
+            assert (f"parameter {key}={value!r} is a relative path; a deployment run starts in the working folder "
+                    f"of the process that runs it ({tmp_path}), not yours: give an absolute path") in serve_log.read_text()
+        assert not (tmp_path / "relative-out").exists() and not (tmp_path / "relative-inbox").exists()
+    finally:
+        stop(served)

@@ -76,6 +76,6 @@ def _exit(code) -> None:  # pragma: no cover - console entry
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):  # closed or gone (a closed pipe): nothing more to say
+        except (OSError, ValueError, AttributeError):  # closed or gone (a closed pipe; None: started closed)
             pass
     os._exit(code or 0)

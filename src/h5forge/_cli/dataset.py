@@ -32,9 +32,12 @@ def init(
     from h5forge._init import infer_spec
     from h5forge._init.text import one_line  # names from the folder may hold line breaks
 
+    from h5forge._store.output import refuse_version_names
+
     if out_path.exists() and not force:
         _fail(f"{out_path} exists; pass --force to overwrite it")
     with _reported():
+        refuse_version_names(out_path, "the spec")
         inferred = infer_spec(raw, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(inferred.text)
@@ -181,10 +184,13 @@ def watch(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if deployment:
-        from h5forge.deployments.trigger import trigger_append
+        from h5forge.deployments.trigger import check_append_deployment, trigger_append
+
+        with _reported():
+            check_append_deployment(deployment, spec)
 
         def run_once() -> int:
-            return trigger_append(deployment, loaded.source.inbox)
+            return trigger_append(deployment, loaded.source.inbox, _opt(output), dask_address)
     else:
         from h5forge.flows.append import append_samples
 
@@ -259,6 +265,7 @@ def export(
 
     from h5forge._format.codecs import CODECS
     from h5forge._format.names import Attr
+    from h5forge._store.output import refuse_version_names
     from h5forge._store.thin import export as export_version
     from h5forge._store.verify import verify_file
 
@@ -266,6 +273,8 @@ def export(
         _fail(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
     if not version.exists():
         _fail(f"{version}: no such file")
+    with _reported():
+        refuse_version_names(dest)
     report = verify_file(version, checksums=False, resample=0, latency_reads=0)
     if not report.ok:
         _fail(f"{version} is broken: {'; '.join(report.errors)}", 1)
@@ -391,6 +400,8 @@ def rollback(
     from h5forge._format.names import version_name
     from h5forge._store.versions import output_lock, published, set_latest, version_number
 
+    if not folder.is_dir():  # the lock would make it (or fail on a file given for the folder)
+        _fail(f"{folder} is not a folder: give the dataset's output folder")
     with _reported():
         number = version_number(version)
         with output_lock(folder, what="rollback"):

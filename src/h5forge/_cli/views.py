@@ -37,9 +37,11 @@ def preview(
     their voxel spacing with the spacing and display window, signals as line plots per channel;
     the id, the label and the annotation columns under each."""
     from h5forge._store.isolated import in_child
+    from h5forge._store.output import refuse_version_names
     from h5forge._views.preview import write_preview
 
     with _reported():
+        refuse_version_names(out_path, "the preview")
         sheet = in_child(write_preview, file, out_path, split, n, seed, _ids(ids), tile, what=f"preview {file}")
     shown = ", ".join(sheet.ids[:8]) + (f" and {len(sheet.ids) - 8} more" if len(sheet.ids) > 8 else "")
     say(f"wrote {out_path} ({sheet.image.width}x{sheet.image.height} px): {len(sheet.ids)} samples: {shown}")
@@ -70,7 +72,10 @@ def codecs(
     from h5forge._tune.codec_trial import GOALS, recommend, spec_for, trial
 
     names = [c.strip() for c in only.split(",") if c.strip()] if only else None
+    from h5forge._store.output import refuse_version_names
+
     with _reported():
+        refuse_version_names(chart, "the chart")
         result = trial(spec_for(raw, spec), sample, names, seed, goal=goal)
         draw_chart(result, chart)
     t = Table(

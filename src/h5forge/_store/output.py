@@ -15,8 +15,8 @@ from pathlib import Path
 
 import h5py
 
-from h5forge.errors import OutputTaken, SourceMissing, SpecError
-from h5forge._format.names import Attr
+from h5forge.errors import OutputTaken, SourceMissing, SpecError, UsageError
+from h5forge._format.names import DELTA_RE, LATEST, LOCK, ROWS_FOLDER_RE, VERSION_RE, Attr
 from h5forge.spec import DatasetSpec
 from h5forge._store.versions import latest, published
 from h5forge._store.whole_files import replace_file
@@ -35,11 +35,15 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def check_folders(spec: DatasetSpec, inbox: bool = False) -> None:
-    """The source root (and with ``inbox`` the inbox) exist; the output is in neither."""
+    """The source root (and with ``inbox`` the inbox) exist; the output is in neither, and no file
+    stands where its folder would be."""
     require_folder(spec.source.root)
     if inbox:
         require_folder(spec.source.inbox)
     out = Path(spec.output.dir)
+    made = next(p for p in (out, *out.parents) if os.path.lexists(p))  # what a run's mkdir would start from
+    if not made.is_dir():
+        raise SpecError(f"output folder {out} cannot be made: {made} is not a folder")
     for key, folder in (("source.root", spec.source.root), ("source.inbox", spec.source.inbox)):
         if folder is not None and _inside(out, folder):
             where = "is" if os.path.realpath(out) == os.path.realpath(folder) else "is inside"
@@ -47,6 +51,23 @@ def check_folders(spec: DatasetSpec, inbox: bool = False) -> None:
                 f"output.dir {out} {where} {key} {folder}: its files would be read as raw input; "
                 "choose an output folder outside the sources"
             )
+
+
+def refuse_version_names(dest: Path, what: str = "the copy") -> None:
+    """A file a command writes (an export's copy, a preview, a spec) is never put under a name the
+    versions of an output folder use (a version, its delta file, the latest link, a file in a rows
+    folder): it would replace a published version, turn the link into a file, or put there a version
+    no build published."""
+    out = dest.parent
+    if ROWS_FOLDER_RE.match(Path(os.path.realpath(out)).name):
+        out = out.parent
+    elif not (dest.name == LATEST or VERSION_RE.match(dest.name) or DELTA_RE.match(dest.name)):
+        return
+    if not out.is_dir():
+        return
+    markers = (LATEST, LOCK, OWNER_FILE)
+    if any(os.path.lexists(out / m) for m in markers) or any(VERSION_RE.match(n) for n in os.listdir(out)):
+        raise UsageError(f"{dest} is a name the versions of the output folder {out} use; write {what} elsewhere")
 
 
 def owner(out: Path) -> str | None:

@@ -43,6 +43,7 @@ from h5forge.kinds import stored_kinds
 from h5forge.kinds.index import RowIndex
 from h5forge.kinds.statistics import Statistics
 from h5forge.spec import DatasetSpec, spec_from_json
+from h5forge._store.output import refuse_version_names
 from h5forge._store.sizes import own_sizes, row_files_sizes
 from h5forge._store.whole_files import write_new
 
@@ -216,6 +217,7 @@ def export(version: Path, dest: Path, codec: str | None = None) -> Path:
     default keeps each field's codec and copies compressed chunks as they are."""
     if codec is not None and codec not in CODECS:
         raise UsageError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
+    refuse_version_names(dest)
     ensure_filters()
     src_path = Path(os.path.realpath(version))
     tmp = dest.with_name(partial_name(dest.name))
