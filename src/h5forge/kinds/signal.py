@@ -114,10 +114,17 @@ def _sidecar_rate(root: Path, rel: str, max_bytes: int) -> float | None:
         return None
     data, _ = read_source(root, side, max_bytes)
     try:
-        return float(json.loads(data)["rate"])
+        said = json.loads(data)["rate"]
+        rate = float(said)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as err:
         why = "it is nested too deeply to read" if isinstance(err, RecursionError) else f"{type(err).__name__}: {err}"
         raise Reject(side, f"sidecar must be a JSON object with a numeric rate: {why}") from None
+    # NaN would pass for any rate, and 0, a negative or an infinite rate resample to nothing
+    if isinstance(said, bool) or not (np.isfinite(rate) and rate > 0):
+        raise Reject(
+            side, f"sidecar rate must be a positive finite number of samples a second; it is {json.dumps(said)}"
+        )
+    return rate
 
 
 def _shown(value: str) -> str:
