@@ -10,7 +10,8 @@ InstanceNumber; a gap, duplicate positions, uneven spacing, differing orientatio
 pixel data no installed handler decodes reject the case with the reason. Values are pixel_array x
 RescaleSlope + RescaleIntercept (HU for CT). A multi-frame file is a case of its own frames
 (``h5forge.kinds._volume_frames``); a DICOM SEG is no slice but a ``volume_mask``'s mask.
-NIfTI-1/-2: slices along the third axis. A 4-D file is read only with ``fourth_axis``:
+NIfTI-1/-2: slices along the third axis; a file whose sform scales its voxels other than its
+pixdim does is rejected (nibabel and ITK would place them apart). A 4-D file is read only with ``fourth_axis``:
 ``channels`` stores (D, C, H, W), ``time`` makes each time point a sample ``<case>@t0000`` with a
 raw digest of its own (``sample_digest``), decoded alone without holding the whole file.
 In-plane, slices are centre-cropped / padded to ``size`` (no resampling); the depth is kept.
@@ -63,6 +64,7 @@ MAX_DEFLATE_RATIO = 1032  # deflate's most: a gzip file decompresses to at most 
 DECODED_VOXEL_BYTES = 8  # values are rescaled in float64
 POSITION_TOLERANCE = 0.01  # mm: positions closer than this are duplicates
 SPACING_TOLERANCE = 0.1  # fraction of the median step allowed between neighbouring slices
+VOXEL_SIZE_TOLERANCE = 1e-3  # relative: a NIfTI sform's scale this close to the pixdim is the pixdim (float32)
 
 
 class VolumeField(FieldModel):
@@ -506,6 +508,17 @@ def _from_nifti(
     dims = nifti_dims(shape, channels, rel, labels)
     data = np.asanyarray(img.dataobj).reshape(dims)
     zooms = img.header.get_zooms()[:3]
+    scales = np.linalg.norm(np.asarray(img.affine, np.float64)[:3, :3], axis=0)  # a qform's are the pixdim
+    if not np.allclose(scales, zooms, rtol=VOXEL_SIZE_TOLERANCE, atol=0):
+
+        def mm(values) -> str:
+            return " x ".join(f"{float(v):.6g}" for v in values)
+
+        raise Reject(
+            rel,
+            f"the sform's voxel sizes {mm(scales)} mm (x, y, z) differ from the header's pixdim {mm(zooms)} mm: "
+            "where its voxels lie cannot be told (nibabel reads the sform, ITK the pixdim)",
+        )
     meta = {
         "spacing": np.array([zooms[2], zooms[1], zooms[0]], float),
         **nifti_geometry(img.affine),
