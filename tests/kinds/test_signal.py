@@ -220,3 +220,39 @@ def test_values_the_dtype_cannot_hold_are_rejected(tmp_path, build_spec):
         assert ("nan" in reasons) == (keep == "reject")
         with h5py.File(path, "r") as f:
             assert np.isfinite(f["train"]["x"][()]).sum() == 3 + 2 + 2 + (keep == "keep")
+
+
+def test_a_channel_name_that_two_signals_of_a_recording_share_is_refused_not_read_as_the_first(
+        tmp_path, build_spec):
+    """pyedflib writes two signals labelled EEG (one 'EEG ', which EDF pads to the same label) and a
+    CSV has two 'volt' columns: which one the field means cannot be told, and the first used to be
+    taken in silence. Each is refused naming the channel; recordings with each name once are stored
+    equal to pyedflib's readSignal and the CSV's column."""
+    root = tmp_path / "raw"
+    (root / "rec").mkdir(parents=True)
+    header = {"dimension": "uV", "physical_max": 100, "physical_min": -100, "digital_max": 32767,
+              "digital_min": -32768, "sample_frequency": 200}
+    for name, labels in (("edf_twice", ("EEG", "EEG ")), ("csv_twice", ("EEG", "EOG")), ("once", ("EOG", "EEG"))):
+        w = pyedflib.EdfWriter(str(root / "rec" / f"{name}.edf"), 2, file_type=pyedflib.FILETYPE_EDFPLUS)
+        w.setSignalHeaders([{**header, "label": label} for label in labels])
+        w.writeSamples([np.sin(np.arange(800) / 7) * 50, np.full(800, 25.0)])
+        w.close()
+        columns = "volt,volt" if name == "csv_twice" else "amp,volt"
+        (root / "rec" / f"{name}.csv").write_text(f"time,{columns}\n0,1,5\n0.005,2,6\n0.01,3,7\n")
+    fields = {"eeg": {"kind": "signal", "files": "rec/*.edf", "channel": "EEG", "rate": 200, "dtype": "float64"},
+              "volt": {"kind": "signal", "files": "rec/*.csv", "channel": "volt", "rate": 200}}
+    path, summary = build_spec(spec_data(root, tmp_path / "out") | {"fields": fields})
+    reasons = {r.path: r.reason for r in summary.rejections}
+    assert reasons == {
+        "rec/edf_twice.edf": "channel 'EEG' names 2 signals of the recording (signals 1 and 2): which one is "
+                             "meant cannot be told",
+        "rec/csv_twice.csv": "channel 'volt' names 2 columns of the CSV (columns 2 and 3): which one is meant "
+                             "cannot be told",
+    }
+    reader = pyedflib.EdfReader(str(root / "rec" / "once.edf"))
+    want = reader.readSignal(1)
+    reader.close()
+    with h5py.File(path, "r") as f:
+        assert decode_str(f["train"]["ids"][()]) == ["once"]
+        assert np.array_equal(f["train"]["eeg"][()], want)
+        assert f["train"]["volt"][()].tolist() == [5, 6, 7]

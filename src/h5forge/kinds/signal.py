@@ -7,7 +7,8 @@
 Channels at different rates are different fields, paired by the file's stem. Sources: EDF/BDF
 (``channel`` is a label), a CSV with a time column (``channel`` is a column; the rate is measured
 from evenly spaced timestamps), a ``.npy`` of the one channel (the rate is the spec's, or that of
-a ``<stem>.json`` beside it), WAV/FLAC/Ogg (``channel`` is an index; _signal_audio.py). A
+a ``<stem>.json`` beside it), WAV/FLAC/Ogg (``channel`` is an index; _signal_audio.py); an EDF
+label or CSV column that names two signals is refused, never read as the first. A
 recording is at the declared ``rate`` when its own is within ``RATE_TOLERANCE`` of it (rounding
 only); any other rate is resampled with ``resample: true``, else rejected. NaN/inf values reject
 the sample unless ``nonfinite: keep``, and so do values the field's ``dtype`` cannot hold (a
@@ -165,7 +166,7 @@ def _from_csv(
             raise Reject(rel, f"CSV recording has no time column (one of {', '.join(TIME_COLUMNS)}); columns: {header}")
         if str(channel) not in header:
             raise Reject(rel, f"channel {channel!r} not in the CSV; columns: {header}")
-        col = header.index(str(channel))
+        col = _only(header, str(channel), rel, "columns of the CSV", "columns")
         for row in reader:
             if not row:
                 continue
@@ -186,6 +187,17 @@ def _from_csv(
     if len(values) < 2:
         raise Reject(rel, "CSV recording has fewer than two samples")
     return np.frombuffer(values, np.float64), _csv_rate(np.frombuffer(times, np.float64), rel)
+
+
+def _only(names: list[str], channel: str, rel: str, what: str, unit: str) -> int:
+    """The index of the one ``channel`` in ``names``; two of that name leave the channel unknown."""
+    at = [i for i, name in enumerate(names) if name == channel]
+    if len(at) > 1:
+        listed = ", ".join(str(i + 1) for i in at[:-1]) + f" and {at[-1] + 1}"
+        raise Reject(
+            rel, f"channel {channel!r} names {len(at)} {what} ({unit} {listed}): which one is meant cannot be told"
+        )
+    return at[0]
 
 
 def _csv_rate(times: np.ndarray, rel: str) -> float:
@@ -256,7 +268,7 @@ def _from_edf(root: Path, rel: str, channel: str | int | None) -> tuple[np.ndarr
         labels = [label.strip() for label in reader.getSignalLabels()]
         if channel is None or str(channel) not in labels:
             raise Reject(rel, f"channel {channel!r} not in the recording; channels: {labels}")
-        i = labels.index(str(channel))
+        i = _only(labels, str(channel), rel, "signals of the recording", "signals")
         return reader.readSignal(i), float(reader.getSampleFrequency(i))
     finally:
         reader.close()
