@@ -256,3 +256,64 @@ def test_a_channel_name_that_two_signals_of_a_recording_share_is_refused_not_rea
         assert decode_str(f["train"]["ids"][()]) == ["once"]
         assert np.array_equal(f["train"]["eeg"][()], want)
         assert f["train"]["volt"][()].tolist() == [5, 6, 7]
+
+
+def test_channels_float32_cannot_keep_are_refused_and_init_stores_them_in_float64(tmp_path, build_spec):
+    """.npy channels from scikit-learn's digits: photon counts above 2**24 (int64) and float64
+    timestamps near 1.7e9 s at 0.1 s steps. The default float32 used to store them rounded (counts
+    by 1, timestamps by up to 6.4 s), with exit 0; now each is refused saying so. ``h5forge init``
+    writes dtype: float64 for such a folder, whose build keeps every value; an ordinary float64
+    channel (the digits scaled to [0, 1]) is still stored in float32, as are pyedflib's recordings
+    (their 16-bit levels stay apart in float32: the other tests here)."""
+    import yaml
+    from sklearn.datasets import load_digits
+
+    import h5forge
+    from h5forge._init import infer_spec
+    from h5forge.spec import parse_spec
+
+    digits = load_digits().data
+    big = 1 << 24  # r0's counts and r0's and r1's clocks are beyond float32; r2 fits it
+    channels = {"counts": {f"r{k}": (digits[k] * 1_000_003).astype(np.int64) + (big + 1 if k == 0 else 0)
+                           for k in range(3)},
+                "clock": {f"r{k}": (1.7e9 if k < 2 else 0.0) + 0.1 * np.arange(64) + k for k in range(3)},
+                "light": {f"r{k}": digits[k] / 16.0 for k in range(3)}}
+    raw = tmp_path / "raw"
+    for channel, recordings in channels.items():
+        (raw / channel).mkdir(parents=True)
+        for sid, values in recordings.items():
+            np.save(raw / channel / f"{sid}.npy", values)
+            (raw / channel / f"{sid}.json").write_text('{"rate": 10}')
+    fields = {name: {"kind": "signal", "files": f"{name}/*.npy", "rate": 10} for name in channels}
+    path, summary = build_spec(spec_data(raw, tmp_path / "float32") | {"fields": fields})
+    reasons = {r.path: r.reason for r in summary.rejections}
+    low, high = int(channels["counts"]["r0"].min()), int(channels["counts"]["r0"].max())
+    assert reasons == {
+        "counts/r0.npy": f"integer values {low:,}..{high:,}: float32 holds integers only up to 16,777,216 exactly; "
+                         "set dtype: float64",
+        "clock/r1.npy": "float32 would round values by up to 7.3, where the median step between samples is 0.1 "
+                        "(values 1700000001..1700000007.3); set dtype: float64"}
+    with h5py.File(path, "r") as f:
+        assert decode_str(f["train"]["ids"][()]) == ["r2"]
+        assert np.array_equal(f["train"]["counts"][()], channels["counts"]["r2"].astype(np.float32))
+
+    spec_path = tmp_path / "config" / "raw.yaml"
+    inferred = infer_spec(raw, spec_path)
+    spec = parse_spec(yaml.safe_load(inferred.text), spec_path.parent, str(spec_path))
+    assert {name: spec.fields[name].dtype for name in channels} == {
+        "counts": "float64", "clock": "float64", "light": "float32"}
+    result = h5forge.build(spec.model_copy(update={"output": spec.output.model_copy(update={"dir": tmp_path / "init"})}))
+    path = result.path
+    assert result.rejections == () and result.version == 1
+    with h5py.File(path, "r") as f:
+        seen = set()
+        for split in ("train", "val", "test"):
+            g = f[split]
+            for row, sid in enumerate(decode_str(g["ids"][()])):
+                seen.add(sid)
+                for name, recordings in channels.items():
+                    at = arrays.offsets(g, name)
+                    got = g[name][at[row]:at[row + 1]]
+                    want = recordings[sid].astype(np.float32 if name == "light" else np.float64)
+                    assert got.dtype == want.dtype and np.array_equal(got, want), (name, sid)
+        assert seen == {"r0", "r1", "r2"}
