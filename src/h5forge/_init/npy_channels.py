@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from h5forge.kinds import Layout
-from h5forge.kinds.signal import float32_loss
+from h5forge.kinds._signal_values import float32_loss
 from h5forge._init.folders import sample
 from h5forge._init.signals import SIGNAL_SAMPLE, Channel, folders_with, signal_field, signal_name
 from h5forge._init.text import SpecText
