@@ -220,3 +220,100 @@ def test_values_the_dtype_cannot_hold_are_rejected(tmp_path, build_spec):
         assert ("nan" in reasons) == (keep == "reject")
         with h5py.File(path, "r") as f:
             assert np.isfinite(f["train"]["x"][()]).sum() == 3 + 2 + 2 + (keep == "keep")
+
+
+def test_a_channel_name_that_two_signals_of_a_recording_share_is_refused_not_read_as_the_first(
+        tmp_path, build_spec):
+    """pyedflib writes two signals labelled EEG (one 'EEG ', which EDF pads to the same label) and a
+    CSV has two 'volt' columns: which one the field means cannot be told, and the first used to be
+    taken in silence. Each is refused naming the channel; recordings with each name once are stored
+    equal to pyedflib's readSignal and the CSV's column."""
+    root = tmp_path / "raw"
+    (root / "rec").mkdir(parents=True)
+    header = {"dimension": "uV", "physical_max": 100, "physical_min": -100, "digital_max": 32767,
+              "digital_min": -32768, "sample_frequency": 200}
+    for name, labels in (("edf_twice", ("EEG", "EEG ")), ("csv_twice", ("EEG", "EOG")), ("once", ("EOG", "EEG"))):
+        w = pyedflib.EdfWriter(str(root / "rec" / f"{name}.edf"), 2, file_type=pyedflib.FILETYPE_EDFPLUS)
+        w.setSignalHeaders([{**header, "label": label} for label in labels])
+        w.writeSamples([np.sin(np.arange(800) / 7) * 50, np.full(800, 25.0)])
+        w.close()
+        columns = "volt,volt" if name == "csv_twice" else "amp,volt"
+        (root / "rec" / f"{name}.csv").write_text(f"time,{columns}\n0,1,5\n0.005,2,6\n0.01,3,7\n")
+    fields = {"eeg": {"kind": "signal", "files": "rec/*.edf", "channel": "EEG", "rate": 200, "dtype": "float64"},
+              "volt": {"kind": "signal", "files": "rec/*.csv", "channel": "volt", "rate": 200}}
+    path, summary = build_spec(spec_data(root, tmp_path / "out") | {"fields": fields})
+    reasons = {r.path: r.reason for r in summary.rejections}
+    assert reasons == {
+        "rec/edf_twice.edf": "channel 'EEG' names 2 signals of the recording (signals 1 and 2): which one is "
+                             "meant cannot be told",
+        "rec/csv_twice.csv": "channel 'volt' names 2 columns of the CSV (columns 2 and 3): which one is meant "
+                             "cannot be told",
+    }
+    reader = pyedflib.EdfReader(str(root / "rec" / "once.edf"))
+    want = reader.readSignal(1)
+    reader.close()
+    with h5py.File(path, "r") as f:
+        assert decode_str(f["train"]["ids"][()]) == ["once"]
+        assert np.array_equal(f["train"]["eeg"][()], want)
+        assert f["train"]["volt"][()].tolist() == [5, 6, 7]
+
+
+def test_channels_float32_cannot_keep_are_refused_and_init_stores_them_in_float64(tmp_path, build_spec):
+    """.npy channels from scikit-learn's digits: photon counts above 2**24 (int64) and float64
+    timestamps near 1.7e9 s at 0.1 s steps. The default float32 used to store them rounded (counts
+    by 1, timestamps by up to 6.4 s), with exit 0; now each is refused saying so. ``h5forge init``
+    writes dtype: float64 for such a folder, whose build keeps every value; an ordinary float64
+    channel (the digits scaled to [0, 1]) is still stored in float32, as are pyedflib's recordings
+    (their 16-bit levels stay apart in float32: the other tests here)."""
+    import yaml
+    from sklearn.datasets import load_digits
+
+    import h5forge
+    from h5forge._init import infer_spec
+    from h5forge.spec import parse_spec
+
+    digits = load_digits().data
+    big = 1 << 24  # r0's counts and r0's and r1's clocks are beyond float32; r2 fits it
+    channels = {"counts": {f"r{k}": (digits[k] * 1_000_003).astype(np.int64) + (big + 1 if k == 0 else 0)
+                           for k in range(3)},
+                "clock": {f"r{k}": (1.7e9 if k < 2 else 0.0) + 0.1 * np.arange(64) + k for k in range(3)},
+                "light": {f"r{k}": digits[k] / 16.0 for k in range(3)}}
+    raw = tmp_path / "raw"
+    for channel, recordings in channels.items():
+        (raw / channel).mkdir(parents=True)
+        for sid, values in recordings.items():
+            np.save(raw / channel / f"{sid}.npy", values)
+            (raw / channel / f"{sid}.json").write_text('{"rate": 10}')
+    fields = {name: {"kind": "signal", "files": f"{name}/*.npy", "rate": 10} for name in channels}
+    path, summary = build_spec(spec_data(raw, tmp_path / "float32") | {"fields": fields})
+    reasons = {r.path: r.reason for r in summary.rejections}
+    low, high = int(channels["counts"]["r0"].min()), int(channels["counts"]["r0"].max())
+    assert reasons == {
+        "counts/r0.npy": f"integer values {low:,}..{high:,}: float32 holds integers only up to 16,777,216 exactly; "
+                         "set dtype: float64",
+        "clock/r1.npy": "float32 would round values by up to 7.3, where the median step between samples is 0.1 "
+                        "(values 1700000001..1700000007.3); set dtype: float64"}
+    with h5py.File(path, "r") as f:
+        assert decode_str(f["train"]["ids"][()]) == ["r2"]
+        assert np.array_equal(f["train"]["counts"][()], channels["counts"]["r2"].astype(np.float32))
+
+    spec_path = tmp_path / "config" / "raw.yaml"
+    inferred = infer_spec(raw, spec_path)
+    spec = parse_spec(yaml.safe_load(inferred.text), spec_path.parent, str(spec_path))
+    assert {name: spec.fields[name].dtype for name in channels} == {
+        "counts": "float64", "clock": "float64", "light": "float32"}
+    result = h5forge.build(spec.model_copy(update={"output": spec.output.model_copy(update={"dir": tmp_path / "init"})}))
+    path = result.path
+    assert result.rejections == () and result.version == 1
+    with h5py.File(path, "r") as f:
+        seen = set()
+        for split in ("train", "val", "test"):
+            g = f[split]
+            for row, sid in enumerate(decode_str(g["ids"][()])):
+                seen.add(sid)
+                for name, recordings in channels.items():
+                    at = arrays.offsets(g, name)
+                    got = g[name][at[row]:at[row + 1]]
+                    want = recordings[sid].astype(np.float32 if name == "light" else np.float64)
+                    assert got.dtype == want.dtype and np.array_equal(got, want), (name, sid)
+        assert seen == {"r0", "r1", "r2"}

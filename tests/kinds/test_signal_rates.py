@@ -121,3 +121,31 @@ def test_a_csv_time_column_with_a_gap_is_refused_with_where_it_is(tmp_path, buil
         "gap": "CSV time column is not evenly spaced: a step of 0.002 s after data line 2, where the mean step is "
                "0.00133333 s (a gap or a jump: one rate cannot describe it)"}
     assert stored(path, "v")["even"].tolist() == [1, 2, 3, 4]
+
+
+def test_a_npy_sidecar_rate_that_is_no_positive_finite_number_is_refused(tmp_path, build_spec):
+    """A ``<stem>.json`` rate of 0, -100, NaN, Infinity or true is no rate: with ``resample: true`` such
+    a rate used to store 0 or 1 samples of 512 (or fail on a division by zero), and NaN passed for the
+    field's rate. Each is refused with what the sidecar says; a good one beside them is stored as read."""
+    from sklearn.datasets import load_digits
+
+    root = tmp_path / "raw"
+    (root / "npy").mkdir(parents=True)
+    digits = load_digits().data
+    sidecars = {"good": "100", "half": "50", "zero": "0", "neg": "-100", "nan": "NaN", "inf": "Infinity", "yes": "true"}
+    values = {}
+    for k, (name, rate) in enumerate(sidecars.items()):
+        values[name] = digits[8 * k:8 * k + 8].ravel()
+        np.save(root / "npy" / f"{name}.npy", values[name])
+        (root / "npy" / f"{name}.json").write_text('{"rate": %s}' % rate)
+    fields = {"s": {"kind": "signal", "files": "npy/*.npy", "rate": 100, "resample": True, "dtype": "float64"}}
+    path, result = build_spec(spec_of(root, tmp_path / "out", fields))
+    reasons = {r.sample_id: (r.path, r.reason) for r in result.rejections}
+    assert set(reasons) == {"zero", "neg", "nan", "inf", "yes"}
+    for name in reasons:
+        assert reasons[name] == (f"npy/{name}.json", f"sidecar rate must be a positive finite number of samples a "
+                                                     f"second; it is {sidecars[name]}"), reasons[name]
+    got = stored(path, "s")
+    assert set(got) == {"good", "half"}
+    assert np.array_equal(got["good"], values["good"])
+    assert np.allclose(got["half"], resampled(values["half"], 50, 100))

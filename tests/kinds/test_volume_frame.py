@@ -196,3 +196,32 @@ def test_a_spec_cannot_ask_for_the_earlier_frame(tmp_path):
     data["fields"]["vol"]["frame"] = "as-read"
     with pytest.raises(ValueError, match="a build writes LPS"):
         DatasetSpec.model_validate(data)
+
+
+def test_a_nifti_whose_sform_scales_disagree_with_its_voxel_sizes_is_refused(tmp_path, build_spec):
+    """nibabel's anatomical.nii with its sform rescaled to 1.5 x 1.5 x 3 mm, its pixdim left at 2 mm:
+    nibabel (the sform, as the NIfTI standard says) puts its last slice at z = 102 mm, SimpleITK (the
+    pixdim, warning of "unexpected scales in sform") at z = 78 mm. The stored spacing used to be the
+    pixdim's beside the sform's origin and directions: 24 mm off nibabel's voxels. Refused with the
+    two, and an untouched copy beside it keeps SimpleITK's (and nibabel's) geometry."""
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    original = nibabel.load(data_path / "anatomical.nii")
+    nibabel.save(original, root / "cases" / "kept.nii.gz")
+    edited = nibabel.Nifti1Image(np.asarray(original.dataobj), None, original.header.copy())
+    sform = np.diag([-1.5, 1.5, 3.0, 1.0])
+    sform[:3, 3] = [10.0, -20.0, 30.0]
+    edited.set_sform(sform, code=2)
+    edited.set_qform(None, code=0)
+    edited.header.set_zooms((2.0, 2.0, 2.0))
+    nibabel.save(edited, root / "cases" / "rescaled.nii.gz")
+    assert np.allclose(nibabel.load(root / "cases" / "rescaled.nii.gz").affine, sform)
+    x, y = original.shape[:2]
+    path, result = build_spec(spec_for(root, tmp_path / "out", "cases/*.nii.gz", (y, x)))
+    assert [(r.sample_id, r.reason) for r in result.rejections] == [
+        ("rescaled", "the sform's voxel sizes 1.5 x 1.5 x 3 mm (x, y, z) differ from the header's pixdim "
+                     "2 x 2 x 2 mm: where its voxels lie cannot be told (nibabel reads the sform, ITK the pixdim)")]
+    case = stored_cases(path)["kept"]
+    image = sitk.ReadImage(str(root / "cases" / "kept.nii.gz"))
+    assert np.array_equal(case["values"], sitk.GetArrayFromImage(image).astype(np.float32))
+    assert_same_geometry(case, image)

@@ -78,3 +78,37 @@ def test_a_slice_cut_anywhere_before_its_pixels_is_named(tmp_path, source, cut, 
     files, said = rejected["cut"]
     assert files == (f"cases/cut/{victim.name}",)
     assert said == reason or re.fullmatch(reason, said), said  # the header's length varies with its UIDs
+
+
+def _edit_one_slice(case, edit, every=False) -> None:
+    for path in sorted(case.iterdir())[: None if every else 1]:
+        ds = pydicom.dcmread(path)
+        edit(ds)
+        ds.save_as(path, enforce_file_format=True)
+
+
+def test_a_series_whose_pixel_spacing_differs_or_is_missing_is_rejected_not_stored_with_the_firsts(tmp_path):
+    """pydicom's CT_small.dcm (0.661 mm pixels) as a 4-slice series: one slice at 0.5 mm used to be
+    stored under the first slice's spacing, and a series without PixelSpacing (or with 0 or a
+    negative one) with a spacing of 0 or below; each case is rejected with what its files say."""
+    root = tmp_path / "raw"
+    for name in ("good", "mixed", "missing", "zero", "negative"):
+        write_series(root / "cases" / name, depth=4, seed=len(name))
+    _edit_one_slice(root / "cases" / "mixed", lambda ds: setattr(ds, "PixelSpacing", [0.5, 0.5]))
+    _edit_one_slice(root / "cases" / "missing", lambda ds: delattr(ds, "PixelSpacing"), every=True)
+    _edit_one_slice(root / "cases" / "zero", lambda ds: setattr(ds, "PixelSpacing", [0, 0]), every=True)
+    _edit_one_slice(root / "cases" / "negative", lambda ds: setattr(ds, "PixelSpacing", [-0.661468, 0.661468]),
+                    every=True)
+    ids, rejected = clean(root)
+    assert ids == ["good"]
+    reasons = {sid: reason for sid, (_, reason) in rejected.items()}
+    assert reasons == {
+        "mixed": "slices have different pixel spacings (PixelSpacing, mm): [0.5, 0.5] in 1, [0.661468, 0.661468] "
+                 "in 3 of 4 slices",
+        "missing": "PixelSpacing is missing or not a positive size in 4 of 4 slices (e.g. [0, 0]): the in-plane "
+                   "spacing is unknown",
+        "zero": "PixelSpacing is missing or not a positive size in 4 of 4 slices (e.g. [0, 0]): the in-plane "
+                "spacing is unknown",
+        "negative": "PixelSpacing is missing or not a positive size in 4 of 4 slices (e.g. [-0.661468, 0.661468]): "
+                    "the in-plane spacing is unknown",
+    }

@@ -521,3 +521,47 @@ def test_a_4d_file_with_a_rejected_time_point_moves_to_processed_with_the_ones_t
     assert not (inbox / "quarantine").exists()
     rebuilt = h5forge.build(DatasetSpec.model_validate(data))  # from processed/: the time points taken
     assert sorted(by_id(rebuilt.path)) == ["first@t0000", "first@t0001", "late@t0001", "late@t0002"]
+
+
+def test_a_label_volume_off_its_volumes_voxel_grid_is_refused_not_stored_mirrored(tmp_path, build_spec):
+    """nibabel's anatomical.nii (LAS: x runs to the right) with label files of one same labelling:
+    written on the image's grid, turned to RAS+ by ``as_closest_canonical`` (the voxels of each slice
+    mirrored left-right, same shape), and shifted 10 mm. The canonical one used to be stored as it
+    is, each slice mirrored against its volume; now it and the shifted one are refused with the
+    difference, and the one on the grid is stored equal to nibabel's labels on the image's grid."""
+    from nibabel.processing import resample_from_to
+
+    root = tmp_path / "raw"
+    (root / "cases").mkdir(parents=True)
+    (root / "masks").mkdir()
+    image = nibabel.load(data_path / "anatomical.nii")
+    data = np.asarray(image.dataobj)
+    labels = (data > np.percentile(data, 90)).astype(np.uint8)
+    labels[:5] = 0  # no label in the 5 right-most columns: a mirrored file differs
+    on_grid = nibabel.Nifti1Image(labels, image.affine)
+    shifted = image.affine.copy()
+    shifted[2, 3] += 10.0
+    files = {"same": on_grid, "canonical": nibabel.as_closest_canonical(on_grid),
+             "shifted": nibabel.Nifti1Image(labels, shifted)}
+    assert files["canonical"].shape == labels.shape and not np.array_equal(files["canonical"].dataobj, labels)
+    for sid, labelled in files.items():
+        nibabel.save(image, root / "cases" / f"{sid}.nii")
+        nibabel.save(labelled, root / "masks" / f"{sid}.nii.gz")
+    data_spec = spec_data(root, tmp_path / "out", files="cases/*.nii", size=(41, 33))
+    data_spec["fields"]["ct_mask"] = {"kind": "volume_mask", "files": "masks/*.nii.gz", "like": "ct"}
+    path, summary = build_spec(data_spec)
+    reasons = {r.sample_id: r.reason for r in summary.rejections}
+    assert set(reasons) == {"canonical", "shifted"}
+    assert reasons["canonical"] == (
+        "label volume is not on the voxel grid of its volume cases/canonical.nii: axes (LPS) "
+        "[0, 0, 1, 0, -1, 0, -1, 0, 0], its volume's [0, 0, 1, 0, -1, 0, 1, 0, 0] (resample or reorient it onto "
+        "the volume's grid)")
+    assert reasons["shifted"] == (
+        "label volume is not on the voxel grid of its volume cases/shifted.nii: first voxel at [-32, 40, -6] mm "
+        "(LPS), its volume's at [-32, 40, -16] (resample or reorient it onto the volume's grid)")
+    with h5py.File(path, "r") as f:
+        g = f["train"]
+        assert decode_str(g["ids"][()]) == ["same"]
+        want = np.asarray(resample_from_to(files["canonical"], image, order=0).dataobj)  # back on the grid
+        assert np.array_equal(want, labels)
+        assert np.array_equal(stored_case(g, "ct_mask", 0), np.transpose(want, (2, 1, 0)))

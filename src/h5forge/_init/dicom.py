@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import os
+import stat
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -52,11 +53,22 @@ def _files_below(d: Path, limit: int) -> list[Path]:
     return found
 
 
+def _regular(p: Path) -> bool:
+    """A regular file (through symlinks): a FIFO would block its reader forever, a device such as
+    /dev/zero never end. Neither is opened here; the build rejects their cases with what they are."""
+    try:
+        return stat.S_ISREG(os.stat(p).st_mode)
+    except OSError:
+        return False
+
+
 def _is_dicom(p: Path) -> bool:
     """A ``.dcm`` file, or any file with the ``DICM`` marker after its 128-byte preamble (scanners
     write files without a suffix, or with UID-like names)."""
     if p.suffix.lower() in (".dcm", ".dicom"):
         return True
+    if not _regular(p):
+        return False
     try:
         with open(p, "rb") as fh:
             return fh.read(132)[128:] == b"DICM"
@@ -93,6 +105,9 @@ def _dicom_case(d: Path) -> _Case:
 
     case = _Case()
     for p in _files_below(d, CASE_FILES):
+        if not _regular(p):
+            case.strays.append(p.relative_to(d).as_posix())
+            continue
         try:
             with warnings_logged(str(p)):  # to the log: the build says what is wrong with the file
                 ds = pydicom.dcmread(p, stop_before_pixels=True)

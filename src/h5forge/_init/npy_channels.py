@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from h5forge.kinds import Layout
+from h5forge.kinds._signal_values import float32_loss
 from h5forge._init.folders import sample
 from h5forge._init.signals import SIGNAL_SAMPLE, Channel, folders_with, signal_field, signal_name
 from h5forge._init.text import SpecText
@@ -22,16 +23,22 @@ def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
     if not folders:
         return None
     taken: set[str] = set()
-    fields: list[tuple[str, list[str], float | None, str]] = []  # (name, globs, rate or None, why)
+    # (name, globs, rate or None, why, why float64 or None)
+    fields: list[tuple[str, list[str], float | None, str, str | None]] = []
     stems = {}
     for d, files in folders:
         prefix = "" if d == raw else f"{d.name}/"
         name = signal_name(d.name if d != raw else "signal", taken)
-        ch, odd = Channel(name, kind.rate_tolerance), []
+        ch, odd, wide = Channel(name, kind.rate_tolerance), [], []
         sampled = sample(files, SIGNAL_SAMPLE)
         for p in sampled:
             try:
-                shape = np.load(p, mmap_mode="r", allow_pickle=False).shape
+                array = np.load(p, mmap_mode="r", allow_pickle=False)
+                shape = array.shape
+                if len(shape) == 1 and array.dtype.kind in "iuf":
+                    with np.errstate(over="ignore"):
+                        if float32_loss(np.asarray(array), np.asarray(array).astype(np.float32)):
+                            wide.append(p.name)
             except (ValueError, OSError):
                 odd.append(f"{p.name} (unreadable)")
                 continue
@@ -57,7 +64,13 @@ def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
                     f"{ch.rate():g} Hz: those recordings will be rejected"
                 )
             fields.append(
-                (name, [f"{prefix}*.npy"], ch.rate(), f"Hz, from the <stem>.json sidecars of {ch.files} sampled files")
+                (
+                    name,
+                    [f"{prefix}*.npy"],
+                    ch.rate(),
+                    f"Hz, from the <stem>.json sidecars of {ch.files} sampled files",
+                    _float64_why(wide, sampled),
+                )
             )
         else:
             message = (
@@ -66,7 +79,15 @@ def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
             )
             notes.append(message)
             todo.append(f"fields.{name}.rate")
-            fields.append((name, [f"{prefix}*.npy"], None, f"no {prefix}<stem>.json sidecar gives it; fill it in"))
+            fields.append(
+                (
+                    name,
+                    [f"{prefix}*.npy"],
+                    None,
+                    f"no {prefix}<stem>.json sidecar gives it; fill it in",
+                    _float64_why(wide, sampled),
+                )
+            )
     every = set.intersection(*stems.values())
     for where, have in stems.items():
         if have - every:
@@ -78,7 +99,16 @@ def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:
     def body(t: SpecText) -> None:
         t(0, "fields:")
         t.comment(1, "one field per channel folder; a recording's channels pair by file name")
-        for name, globs, rate, why in fields:
-            signal_field(t, name, globs, None, rate, why)
+        for name, globs, rate, why, wide in fields:
+            signal_field(t, name, globs, None, rate, why, wide)
 
     return Layout("signals", body)
+
+
+def _float64_why(wide: list[str], sampled: list[Path]) -> str | None:
+    if not wide:
+        return None
+    return (
+        f"float32 would lose values of {len(wide)} of {len(sampled)} sampled arrays ({', '.join(wide[:3])}): "
+        "integers above 2**24, or values large beside their steps"
+    )

@@ -91,8 +91,15 @@ INDEX_WHY = "the channel's index in the file (audio channels have no names; 0 is
 
 
 def signal_field(
-    t: SpecText, name: str, globs: list[str], channel: str | int | None, rate: int | float | None, why: str
+    t: SpecText,
+    name: str,
+    globs: list[str],
+    channel: str | int | None,
+    rate: int | float | None,
+    why: str,
+    wide: str | None = None,
 ) -> None:
+    """``wide``: why the field is stored in float64 (what float32 would lose), or None."""
     t(1, f"{name}:")
     t(2, "kind: signal")
     t(2, f"files: {files_value(globs)}")
@@ -102,6 +109,8 @@ def signal_field(
         t.todo(2, "rate", "1", f"samples per second: {why}")
     else:
         t(2, f"rate: {rate}", why)
+    if wide is not None:
+        t(2, "dtype: float64", wide)
 
 
 def _suffix_globs(prefix: str, files: Iterable[Path]) -> list[str]:

@@ -7,11 +7,14 @@
 Channels at different rates are different fields, paired by the file's stem. Sources: EDF/BDF
 (``channel`` is a label), a CSV with a time column (``channel`` is a column; the rate is measured
 from evenly spaced timestamps), a ``.npy`` of the one channel (the rate is the spec's, or that of
-a ``<stem>.json`` beside it), WAV/FLAC/Ogg (``channel`` is an index; _signal_audio.py). A
+a ``<stem>.json`` beside it), WAV/FLAC/Ogg (``channel`` is an index; _signal_audio.py); an EDF
+label or CSV column that names two signals is refused, never read as the first. A
 recording is at the declared ``rate`` when its own is within ``RATE_TOLERANCE`` of it (rounding
 only); any other rate is resampled with ``resample: true``, else rejected. NaN/inf values reject
 the sample unless ``nonfinite: keep``, and so do values the field's ``dtype`` cannot hold (a
-fraction or 40000 in int16, 1e39 in float32: never wrapped, cut or made inf). Stored ragged, the rate and channel as dataset attributes;
+fraction or 40000 in int16, 1e39 in float32: never wrapped, cut or made inf), and float32 must
+keep an integer channel exact and round a float one by less than half its median step
+(``float32_loss``). Stored ragged, the rate and channel as dataset attributes;
 readers return a 1-D array per sample, batched as padded values plus lengths.
 """
 
@@ -35,6 +38,7 @@ from h5forge.kinds.plugins import Demo, Detector, Plugins
 from h5forge.kinds.preview import Preview
 from h5forge.kinds.reading import ReadOption, ReadOptions
 from h5forge.kinds._signal_audio import AUDIO_SUFFIXES, from_audio
+from h5forge.kinds._signal_values import float32_loss
 from h5forge.kinds.statistics import FloatSums
 from h5forge._samples import Reject, SampleRef
 
@@ -114,10 +118,17 @@ def _sidecar_rate(root: Path, rel: str, max_bytes: int) -> float | None:
         return None
     data, _ = read_source(root, side, max_bytes)
     try:
-        return float(json.loads(data)["rate"])
+        said = json.loads(data)["rate"]
+        rate = float(said)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as err:
         why = "it is nested too deeply to read" if isinstance(err, RecursionError) else f"{type(err).__name__}: {err}"
         raise Reject(side, f"sidecar must be a JSON object with a numeric rate: {why}") from None
+    # NaN would pass for any rate, and 0, a negative or an infinite rate resample to nothing
+    if isinstance(said, bool) or not (np.isfinite(rate) and rate > 0):
+        raise Reject(
+            side, f"sidecar rate must be a positive finite number of samples a second; it is {json.dumps(said)}"
+        )
+    return rate
 
 
 def _shown(value: str) -> str:
@@ -158,7 +169,7 @@ def _from_csv(
             raise Reject(rel, f"CSV recording has no time column (one of {', '.join(TIME_COLUMNS)}); columns: {header}")
         if str(channel) not in header:
             raise Reject(rel, f"channel {channel!r} not in the CSV; columns: {header}")
-        col = header.index(str(channel))
+        col = _only(header, str(channel), rel, "columns of the CSV", "columns")
         for row in reader:
             if not row:
                 continue
@@ -179,6 +190,17 @@ def _from_csv(
     if len(values) < 2:
         raise Reject(rel, "CSV recording has fewer than two samples")
     return np.frombuffer(values, np.float64), _csv_rate(np.frombuffer(times, np.float64), rel)
+
+
+def _only(names: list[str], channel: str, rel: str, what: str, unit: str) -> int:
+    """The index of the one ``channel`` in ``names``; two of that name leave the channel unknown."""
+    at = [i for i, name in enumerate(names) if name == channel]
+    if len(at) > 1:
+        listed = ", ".join(str(i + 1) for i in at[:-1]) + f" and {at[-1] + 1}"
+        raise Reject(
+            rel, f"channel {channel!r} names {len(at)} {what} ({unit} {listed}): which one is meant cannot be told"
+        )
+    return at[0]
 
 
 def _csv_rate(times: np.ndarray, rel: str) -> float:
@@ -249,7 +271,7 @@ def _from_edf(root: Path, rel: str, channel: str | int | None) -> tuple[np.ndarr
         labels = [label.strip() for label in reader.getSignalLabels()]
         if channel is None or str(channel) not in labels:
             raise Reject(rel, f"channel {channel!r} not in the recording; channels: {labels}")
-        i = labels.index(str(channel))
+        i = _only(labels, str(channel), rel, "signals of the recording", "signals")
         return reader.readSignal(i), float(reader.getSampleFrequency(i))
     finally:
         reader.close()
@@ -392,7 +414,10 @@ class SignalKind(Plugins, FloatSums, Preview, FieldKind[SignalField]):
                 f"{bad} NaN/inf value(s) in channel {self.name if f.channel is None else f.channel!r} "
                 "(nonfinite: keep stores them)",
             )
-        return Decoded(stored_as(values, f.dtype, rel), digest)
+        stored = stored_as(values, f.dtype, rel)
+        if f.dtype == "float32" and (lost := float32_loss(values, stored)):
+            raise Reject(rel, lost)
+        return Decoded(stored, digest)
 
     # ---- statistics: count, sum, sum of squares of the finite values, each row's summed alone
     # and the rows added exactly (FloatSums), so every way of building the rows stores the same

@@ -6,11 +6,12 @@
 
 DICOM: a case folder's files are grouped by SeriesInstanceUID (``series`` picks one of several).
 Slices are ordered by their position along the slice normal, never by file name or
-InstanceNumber; a gap, duplicate positions, uneven spacing, differing orientation or size, and
-pixel data no installed handler decodes reject the case with the reason. Values are pixel_array x
+InstanceNumber; a gap, duplicate positions, uneven spacing, differing orientation, size or pixel
+spacing (or none), and pixel data no installed handler decodes reject the case with the reason. Values are pixel_array x
 RescaleSlope + RescaleIntercept (HU for CT). A multi-frame file is a case of its own frames
 (``h5forge.kinds._volume_frames``); a DICOM SEG is no slice but a ``volume_mask``'s mask.
-NIfTI-1/-2: slices along the third axis. A 4-D file is read only with ``fourth_axis``:
+NIfTI-1/-2: slices along the third axis; a file whose sform scales its voxels other than its
+pixdim does is rejected (nibabel and ITK would place them apart). A 4-D file is read only with ``fourth_axis``:
 ``channels`` stores (D, C, H, W), ``time`` makes each time point a sample ``<case>@t0000`` with a
 raw digest of its own (``sample_digest``), decoded alone without holding the whole file.
 In-plane, slices are centre-cropped / padded to ``size`` (no resampling); the depth is kept.
@@ -63,6 +64,8 @@ MAX_DEFLATE_RATIO = 1032  # deflate's most: a gzip file decompresses to at most 
 DECODED_VOXEL_BYTES = 8  # values are rescaled in float64
 POSITION_TOLERANCE = 0.01  # mm: positions closer than this are duplicates
 SPACING_TOLERANCE = 0.1  # fraction of the median step allowed between neighbouring slices
+PIXEL_SPACING_TOLERANCE = 1e-3  # relative: slices' PixelSpacing this close are one (rounded decimal strings)
+VOXEL_SIZE_TOLERANCE = 1e-3  # relative: a NIfTI sform's scale this close to the pixdim is the pixdim (float32)
 
 
 class VolumeField(FieldModel):
@@ -287,6 +290,7 @@ def _from_dicom(
                 "of slices (a multi-plane localizer?)",
             )
         raise Reject(rel, "slices have different orientations (ImageOrientationPatient)")
+    _one_pixel_spacing(np.array([f.pixel_spacing for f in frames], np.float64), rel)
     normal = np.cross(iop[0][:3], iop[0][3:])
     order = np.argsort(ipp @ normal, kind="stable")
     frames = [frames[i] for i in order]
@@ -352,6 +356,25 @@ def _from_dicom(
         "frame_of_reference": str(first.ds.get("FrameOfReferenceUID", "")),
     }
     return np.stack(slices), meta
+
+
+def _one_pixel_spacing(spacings: np.ndarray, rel: str) -> None:
+    """Every slice's PixelSpacing (rows, columns; mm) known, positive and one: the stored spacing is
+    the first slice's, and a slice at another is no slice of the same grid."""
+    bad = ~(np.isfinite(spacings).all(axis=1) & (spacings > 0).all(axis=1))
+    if bad.any():
+        example = spacings[int(np.argmax(bad))]
+        raise Reject(
+            rel,
+            f"PixelSpacing is missing or not a positive size in {int(bad.sum())} of {len(spacings)} slices "
+            f"(e.g. [{example[0]:g}, {example[1]:g}]): the in-plane spacing is unknown",
+        )
+    if np.abs(spacings - spacings[0]).max() > PIXEL_SPACING_TOLERANCE * spacings[0].min():
+        found, counts = np.unique(spacings, axis=0, return_counts=True)
+        listed = ", ".join(f"[{a:g}, {b:g}] in {n}" for (a, b), n in zip(found, counts))
+        raise Reject(
+            rel, f"slices have different pixel spacings (PixelSpacing, mm): {listed} of {len(spacings)} slices"
+        )
 
 
 FRAME = "LPS"  # the patient coordinates every volume's origin and directions are stored in
@@ -506,6 +529,17 @@ def _from_nifti(
     dims = nifti_dims(shape, channels, rel, labels)
     data = np.asanyarray(img.dataobj).reshape(dims)
     zooms = img.header.get_zooms()[:3]
+    scales = np.linalg.norm(np.asarray(img.affine, np.float64)[:3, :3], axis=0)  # a qform's are the pixdim
+    if not np.allclose(scales, zooms, rtol=VOXEL_SIZE_TOLERANCE, atol=0):
+
+        def mm(values) -> str:
+            return " x ".join(f"{float(v):.6g}" for v in values)
+
+        raise Reject(
+            rel,
+            f"the sform's voxel sizes {mm(scales)} mm (x, y, z) differ from the header's pixdim {mm(zooms)} mm: "
+            "where its voxels lie cannot be told (nibabel reads the sform, ITK the pixdim)",
+        )
     meta = {
         "spacing": np.array([zooms[2], zooms[1], zooms[0]], float),
         **nifti_geometry(img.affine),

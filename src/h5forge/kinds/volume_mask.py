@@ -7,6 +7,7 @@
 A case's mask is a folder of one PNG per slice (numbered in slice order: ``0.png`` or
 ``slice_017.png``), a 3-D NIfTI label volume, or a DICOM SEG of a DICOM case (alone, in a folder,
 or beside its slices; ``h5forge.kinds._volume_seg``). It must have the volume's depth and size
+(a NIfTI label volume its voxel grid: spacing, axes and first voxel)
 and values by the mask rules (a slice's picture is read as the 2-D mask reads one: a palette by
 index, 16-bit and float values as they are); it is cropped and padded like the volume, and stored
 ragged like it, with class counts and index as for 2-D masks.
@@ -34,7 +35,18 @@ from h5forge.kinds.mask import (
     pad_of,
     picture_values,
 )
-from h5forge.kinds.volume import VolumeField, crop_or_pad, is_dicom, is_nifti, load_case, physical_planes, read_case
+from h5forge.kinds.image import plan_geometry
+from h5forge.kinds.volume import (
+    SPACING_TOLERANCE,
+    VolumeField,
+    crop_or_pad,
+    is_dicom,
+    is_nifti,
+    load_case,
+    moved_origin,
+    physical_planes,
+    read_case,
+)
 from h5forge.kinds._volume_seg import seg_labels
 from h5forge._samples import Reject, SampleRef
 
@@ -58,6 +70,10 @@ class VolumeMaskField(FieldModel):
     def _consistent(self) -> "VolumeMaskField":
         check_pad(self.pad, self.classes)
         return self
+
+
+def _mm(values: Any) -> str:
+    return "[" + ", ".join(f"{float(v):.4g}" for v in np.asarray(values).ravel()) + "]"
 
 
 def _slice_number(name: str) -> int:
@@ -87,9 +103,11 @@ class VolumeMaskKind(ClassMasks[VolumeMaskField]):
     def _labels(self, root: Path, rel: str, parts: list, volume: dict, volume_rel: str) -> np.ndarray:
         """The case's labels as read (``parts``: its files, by ``read_case``)."""
         if is_nifti(rel):
-            values = load_case(root, rel, labels=True)[0]
+            values, meta, _ = load_case(root, rel, labels=True)
             if not np.array_equal(values, np.round(values)):
                 raise Reject(rel, "label volume holds values that are not whole numbers")
+            if values.shape == volume["raw"]:
+                self._same_grid(meta, volume, rel, volume_rel)
             return values.astype(np.int64)
         dicom = [(name, data) for name, data in parts if is_dicom(name, data)]
         if dicom:
@@ -107,6 +125,32 @@ class VolumeMaskKind(ClassMasks[VolumeMaskField]):
             listed = ", ".join("x".join(map(str, size)) for size in sorted(sizes))
             raise Reject(rel, f"slice masks of several sizes (HxW): {listed}")
         return np.stack(slices) if slices else np.zeros((0, 0, 0), np.uint8)
+
+    def _same_grid(self, meta: dict, volume: dict, rel: str, volume_rel: str) -> None:
+        """A NIfTI label volume's voxels must be its volume's: the same spacing, directions and first
+        voxel (a label file flipped or turned, as canonical-orientation tools write them, would
+        otherwise be stored mirrored against its volume)."""
+        spacing, theirs = np.asarray(meta["spacing"], float), np.asarray(volume["spacing"], float)
+        (_, rows, columns), (height, width) = volume["raw"], self.volume.size
+        g = plan_geometry(rows, columns, height, width, self.volume.larger, rel)
+        origin = moved_origin(meta, g.crop[0] - g.pad[0], g.crop[1] - g.pad[2])
+        off = []
+        if not np.allclose(spacing, theirs, rtol=1e-3, atol=0):
+            off.append(f"spacing {_mm(spacing)} mm, its volume's {_mm(theirs)}")
+        if not np.allclose(meta["direction"], volume["direction"], atol=1e-3):
+            off.append(
+                f"axes (LPS) {_mm(np.asarray(meta['direction']).ravel())}, its volume's "
+                f"{_mm(np.asarray(volume['direction']).ravel())}"
+            )
+        elif np.abs(origin - volume["origin"]).max() > SPACING_TOLERANCE * min(theirs):
+            off.append(f"first voxel at {_mm(origin)} mm (LPS), its volume's at {_mm(volume['origin'])}")
+        if off:
+            raise Reject(
+                rel,
+                f"label volume is not on the voxel grid of its volume {volume_rel}: "
+                + "; ".join(off)
+                + " (resample or reorient it onto the volume's grid)",
+            )
 
     def source_digest(self, root: Path, rel: str) -> str:
         return read_case(root, rel)[1]

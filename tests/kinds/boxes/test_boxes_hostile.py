@@ -14,11 +14,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import yaml
 
 import h5forge
+from h5forge._format.layout import decode_str
 from h5forge._samples import Reject
 from tests.helpers.data import REPO
 from tests.kinds.boxes.test_boxes import PICTURES, _decode_one, _masks_of, _spec, _yolo_folder, coco_folder  # noqa: F401
@@ -433,3 +435,60 @@ def test_init_reads_annotation_files_as_a_build_does(coco_folder, tmp_path):
     assert yaml.safe_load(found["text"])["fields"]["boxes"]["coco"] == COCO
     for name in ("bad", "fifo", "zero"):
         assert f"annotations/instances_{name}.json is not a COCO instances file init can read: left out" in found["notes"]
+
+
+# ---- ids that repeat: COCO files merged by concatenating their lists keep each file's numbering ----
+
+
+def _edited(coco_folder: Path, tmp_path: Path, edit) -> Path:
+    data = json.loads((coco_folder / COCO).read_text())
+    edit(data)
+    path = tmp_path / "merged.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_two_image_entries_with_one_id_reject_both_pictures_never_share_their_boxes(coco_folder, tmp_path):
+    """astronaut (id 1) and coffee (id 2) both numbered 1: pycocotools' index would give each of them
+    the other's objects; the pictures are refused with the reason, the others published."""
+
+    def same_id(data):
+        data["images"][1]["id"] = 1
+        for a in data["annotations"]:
+            a["image_id"] = 1 if a["image_id"] == 2 else a["image_id"]
+
+    path = _edited(coco_folder, tmp_path, same_id)
+    for picture in ("astronaut", "coffee"):
+        with pytest.raises(Reject, match=r"image id 1 is used by 2 image entries of .*merged.json \(.*\)"):
+            _decode_one(coco_folder, tmp_path, {"coco": str(path)}, picture)
+    spec = {**_spec(coco_folder, tmp_path / "out", {"coco": str(path)}), "max_rejected": 0.5}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    result = h5forge.build(tmp_path / "spec.yaml")
+    assert result.version == 1
+    assert sorted(r.sample_id for r in result.rejections) == ["astronaut", "coffee"]
+    with h5py.File(result.path, "r") as f:
+        ids = [i for s in ("train", "val", "test") if s in f for i in decode_str(f[s]["ids"][()])]
+    assert sorted(ids) == ["chelsea", "rocket"]
+
+
+def test_a_category_id_naming_two_classes_rejects_the_pictures_that_use_it(coco_folder, tmp_path):
+    """Category 3 listed twice, as 'cat' and as 'person': which name a box of it has cannot be told
+    (a dict of the list keeps the last, turning chelsea's cat into a person)."""
+    path = _edited(coco_folder, tmp_path, lambda d: d["categories"].append({"id": 3, "name": "person"}))
+    with pytest.raises(Reject, match=r"category id 3 names more than one class in .*merged.json: 'cat', 'person'"):
+        _decode_one(coco_folder, tmp_path, {"coco": str(path)}, "chelsea")
+    _decode_one(coco_folder, tmp_path, {"coco": str(path)}, "rocket")  # no object of category 3: taken
+    same = _edited(coco_folder, tmp_path, lambda d: d["categories"].append({"id": 3, "name": "cat"}))
+    _decode_one(coco_folder, tmp_path, {"coco": str(same)}, "chelsea")  # listed twice with one name: taken
+
+
+def test_an_annotation_id_that_repeats_in_a_picture_rejects_it(coco_folder, tmp_path):
+    """The same object twice (a file merged with itself, in part) would be stored as two boxes."""
+
+    def twice(data):
+        data["annotations"].append(next(a for a in data["annotations"] if a["image_id"] == 3))
+
+    path = _edited(coco_folder, tmp_path, twice)
+    with pytest.raises(Reject, match=r"annotation id 6 appears 2 times in .*merged.json"):
+        _decode_one(coco_folder, tmp_path, {"coco": str(path)}, "chelsea")
+    _decode_one(coco_folder, tmp_path, {"coco": str(path)}, "coffee")

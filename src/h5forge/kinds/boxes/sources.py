@@ -5,7 +5,8 @@ box's segmentation (COCO's as given, a YOLO polygon in pixels, or None) for inst
 
 COCO: ``bbox`` is ``[x, y, width, height]``; a picture is found by the last component of its
 ``file_name`` and must have its ``width``/``height``; ``iscrowd`` regions are left out; categories
-match by name. YOLO: each line is ``class cx cy w h`` relative to the picture's size (a
+match by name; an image id of several entries, a category id listed under two names or an
+annotation id twice in one picture (lists of merged files) refuse the pictures concerned. YOLO: each line is ``class cx cy w h`` relative to the picture's size (a
 segmentation polygon gives its bounding box). Coordinates must be finite, and a picture holds at
 most ``max_objects`` objects (``Limits``). A COCO file is read by ``read_bounded`` and parsed once
 per process, in discovery: each sample gets only its picture's part (``CocoIndex.part``).
@@ -17,7 +18,7 @@ import hashlib
 import json
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -45,6 +46,10 @@ class CocoIndex:
     images: dict[str, dict | None]  # file name -> image entry (None when two entries share the name)
     annotations: dict[int, list[dict]]  # image id -> its annotations
     categories: dict[int, str]  # category id -> name
+    # what a file merged by concatenating lists holds: an image id of several entries (their file
+    # names), a category id listed with several names; a picture of either is refused
+    shared_ids: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    named_twice: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def part(self, picture: str, max_objects: int) -> "CocoIndex | Reject":
         """The index of ``picture`` alone (its entry, annotations and their categories), or the
@@ -115,11 +120,18 @@ def _parse(raw: bytes, rel: str) -> CocoIndex:
     try:
         data = json.loads(raw)
         images, anns, cats = data["images"], data.get("annotations", []), data["categories"]
-        categories = {int(c["id"]): str(c["name"]) for c in cats}
+        names: dict[int, list[str]] = {}
+        for c in cats:
+            names.setdefault(int(c["id"]), []).append(str(c["name"]))
+        categories = {c: listed[-1] for c, listed in names.items()}
+        named_twice = {c: tuple(sorted(set(listed))) for c, listed in names.items() if len(set(listed)) > 1}
         by_name: dict[str, dict | None] = {}
+        files_of: dict[Any, list[str]] = {}
         for im in images:
             name = PurePosixPath(str(im["file_name"])).name
             by_name[name] = None if name in by_name else im
+            files_of.setdefault(im.get("id"), []).append(name)
+        shared = {i: tuple(files) for i, files in files_of.items() if len(files) > 1 and _is_int(i)}
         by_image: dict[int, list[dict]] = {}
         for a in anns:
             by_image.setdefault(int(a["image_id"]), []).append(a)
@@ -127,7 +139,7 @@ def _parse(raw: bytes, rel: str) -> CocoIndex:
         raise Reject(
             rel, f"not a COCO instances file ({type(err).__name__}: {err}): it needs images, annotations and categories"
         ) from None
-    return CocoIndex(rel, by_name, by_image, categories)
+    return CocoIndex(rel, by_name, by_image, categories, shared, named_twice)
 
 
 @dataclass(frozen=True)
@@ -170,6 +182,21 @@ def coco_entry(index: CocoIndex, picture: str) -> tuple[dict, list[dict]]:
     anns = index.annotations.get(entry["id"], [])
     if not all(isinstance(a, dict) and _is_int(a.get("id", 0)) for a in anns):
         raise Reject(picture, f"an annotation of {name!r} in {index.rel} is not an object with an integer id")
+    if files := index.shared_ids.get(entry["id"]):
+        raise Reject(
+            picture,
+            f"image id {entry['id']} is used by {len(files)} image entries of {index.rel} ({', '.join(files)}): "
+            "whose objects its annotations are cannot be told",
+        )
+    for category in sorted({c for a in anns if (c := _category(a.get("category_id"))) in index.named_twice}):
+        listed = ", ".join(map(repr, index.named_twice[category]))
+        raise Reject(picture, f"category id {category} names more than one class in {index.rel}: {listed}")
+    ids = [a["id"] for a in anns if "id" in a]
+    if len(set(ids)) < len(ids):
+        repeated = next(i for i in ids if ids.count(i) > 1)
+        raise Reject(
+            picture, f"annotation id {repeated} appears {ids.count(repeated)} times in {index.rel}: one object twice?"
+        )
     return entry, sorted(anns, key=lambda a: a.get("id", 0))
 
 
