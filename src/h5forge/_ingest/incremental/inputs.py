@@ -35,12 +35,20 @@ from h5forge._samples import SampleRef
 from h5forge.spec import DatasetSpec
 
 
+# What h5forge's kinds accept and the values they decode to, beyond the spec: raised whenever a
+# release makes a kind store other values for an input or refuse one it took, so that the next
+# build of every dataset cleans all its samples again (nothing "unchanged", no row reused).
+CLEANING_RULES = 2
+
+
 def rules_hash(spec: DatasetSpec, format_version: int = FORMAT_VERSION) -> str:
-    """A hash of everything in the spec that decides the stored values of a sample, and of the
-    format they are stored in (rows of another format are not taken: their checksums differ)."""
+    """A hash of everything in the spec that decides the stored values of a sample, of the format
+    they are stored in (rows of another format are not taken: their checksums differ) and of the
+    kinds' own rules (``CLEANING_RULES``)."""
     data = drop_how_built(spec.model_dump(mode="json"))
     data.pop("duplicates", None)  # which samples a build takes, not what a sample's values are
     data["format_version"] = format_version
+    data["cleaning_rules"] = CLEANING_RULES
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
