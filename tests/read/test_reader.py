@@ -395,6 +395,9 @@ def test_clear_errors(data, tmp_path):
         H5Dataset(dangling)
     with pytest.raises(ReadError, match=r"dataset_v0001.h5.*no split 'training'"):
         H5Dataset(data["c1"], split="training")
+    for group in ("inputs", "meta", "diagnostics"):  # the file's groups that hold no split
+        with pytest.raises(ReadError, match=rf"no split '{group}'; the file has \['train', 'val', 'test'\]"):
+            H5Dataset(data["c1"], split=group)
     with pytest.raises(ReadError, match=r"dataset_v0001.h5.*split 'val' has no field or column 'labels'"):
         H5Dataset(data["c1"], split="val", fields=("images", "labels"))
     other = tmp_path / "plain.h5"

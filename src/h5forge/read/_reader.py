@@ -30,13 +30,11 @@ from h5forge._format import arrays, leases
 from h5forge._format.codecs import ensure_filters
 from h5forge._format.layout import decode_str
 from h5forge._format.names import (
-    DIAGNOSTICS,
     FORMAT,
     FORMAT_VERSION,
     IDS,
-    INDEX,
-    META,
     SPEC,
+    SPLITS,
     VERSION_RE,
     Attr,
     column_path,
@@ -273,8 +271,8 @@ class SplitReader:
         except (KeyError, ValueError, UnicodeDecodeError) as err:
             raise ReadError(f"{where}: the spec stored in /{SPEC} is missing or unreadable ({err})") from None
         self._check_sources(f)
-        if self.split not in f or not isinstance(f[self.split], h5py.Group):
-            present = [k for k in f.keys() if k not in (META, INDEX, DIAGNOSTICS)]
+        if self.split not in SPLITS or self.split not in f or not isinstance(f[self.split], h5py.Group):
+            present = [s for s in SPLITS if s in f]  # the file's other groups (inputs, index, ...) are no splits
             raise ReadError(f"{where}: no split {self.split!r}; the file has {present}")
         g = f[self.split]
         declared = [str(x) for x in f.attrs.get(Attr.FIELDS, [])]
