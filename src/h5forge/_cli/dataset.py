@@ -390,10 +390,12 @@ def rollback(
     from h5forge._store.verify import verify_file
     from h5forge._format.names import version_name
     from h5forge._store.versions import output_lock, published, set_latest, version_number
+    from h5forge._pipeline.build import recover_interrupted
 
     with _reported():
         number = version_number(version)
         with output_lock(folder, what="rollback"):
+            recover_interrupted(folder)  # a killed append's journal would otherwise undo this rollback
             if number not in published(folder):
                 _fail(f"{folder / version_name(number)} is not a published version")
             report = verify_file(folder / version_name(number), checksums=False, resample=0, latency_reads=0)

@@ -26,6 +26,7 @@ from typing import Iterator
 import h5py
 
 from h5forge.errors import LatestBroken, OutputBusy, UsageError, VersionError
+from h5forge._crash_points import checkpoint
 from h5forge._format.names import (
     CHUNKS_DIR,
     CHUNKS_DIR_BEFORE,
@@ -278,6 +279,7 @@ def publish(candidate: Candidate) -> Path:
     except OSError:  # they then create it themselves, or rely on the minimum age
         pass
     fsync_dir(candidate.out)
+    checkpoint("publish:before-latest")
     set_latest(candidate.out, candidate.number)
     return candidate.final
 
