@@ -104,10 +104,16 @@ def output_lock(out: str | Path, what: str = "build", wait: float = 0) -> Iterat
     """Hold the folder's writer lock; a second writer waits up to ``wait`` seconds, then fails
     with who holds it."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    try:  # never follow a symlink planted as the lock: writing to it would overwrite its target
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        # never follow a symlink planted as the lock: writing to it would overwrite its target
         fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as err:
+        if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):  # a read-only mount, another user's folder
+            raise UsageError(
+                f"cannot write to the output folder {out} ({err.strerror}); nothing was changed: "
+                "make it writable, or choose another output folder"
+            ) from None
         if err.errno not in (errno.ELOOP, errno.EISDIR):
             raise
         raise UsageError(f"{out / LOCK} is not a regular file ({err.strerror}); remove it and retry") from None
