@@ -183,15 +183,15 @@ def watch(
     if deployment:
         from h5forge.deployments.trigger import trigger_append
 
-        def run_once() -> int:
+        def run_once() -> int | None:
             return trigger_append(deployment, loaded.source.inbox)
     else:
         from h5forge.flows.append import append_samples
 
-        def run_once() -> int:
+        def run_once() -> int | None:
             result = append_samples(str(spec), str(loaded.source.inbox), _opt(output), dask_address, skip_if_busy=True)
             _print_append(result, spec)
-            return result.waiting
+            return None if result.skipped else result.waiting  # None: tried again at the next poll
 
     out.print(f"watching {loaded.source.inbox} (Ctrl-C to stop)")
     a = loaded.append
