@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import stat
 import threading
 import time
@@ -137,7 +138,13 @@ def output_lock(out: str | Path, what: str = "build", wait: float = 0) -> Iterat
                     "wait for it to finish, or stop it, then retry"
                 ) from None
         os.ftruncate(fd, 0)
-        mine = {"pid": os.getpid(), "what": what, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        # the host too: on a shared folder the holder may run elsewhere, where its pid means something
+        mine = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "what": what,
+            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         os.pwrite(fd, json.dumps(mine).encode(), 0)
         _remove_partials(out)
         try:
