@@ -207,3 +207,15 @@ def test_a_read_only_output_folder_is_refused_in_one_line_and_left_as_it_is(tmp_
         assert {p.name: sha(p) for p in out.iterdir() if p.is_file()} == before
         assert sorted(p.name for p in (tmp_path / "inbox" / "images").iterdir()) == ["new.png"]
         assert verify_file(out / LATEST, resample=0, latency_reads=0).ok
+
+
+def test_a_rollback_of_a_folder_that_is_no_output_folder_changes_nothing(tmp_path):
+    """A mistyped folder: one line, and no folder or lock file made there."""
+    done = cli("rollback", tmp_path / "typo", "v1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"error: {tmp_path / 'typo'} does not exist" in " ".join(done.stderr.split())
+    assert not (tmp_path / "typo").exists()
+    (tmp_path / "empty").mkdir()
+    done = cli("rollback", tmp_path / "empty", "v1")
+    assert done.returncode == 2 and "no published version in" in done.stderr, done.stderr
+    assert list((tmp_path / "empty").iterdir()) == []

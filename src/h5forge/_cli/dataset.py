@@ -394,6 +394,10 @@ def rollback(
 
     with _reported():
         number = version_number(version)
+        if not folder.is_dir():  # a mistyped folder: nothing made there
+            _fail(f"{folder} does not exist: no output folder there")
+        if not published(folder):
+            _fail(f"no published version in {folder}")
         with output_lock(folder, what="rollback"):
             recover_interrupted(folder)  # a killed append's journal would otherwise undo this rollback
             if number not in published(folder):
