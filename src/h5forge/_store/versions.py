@@ -305,9 +305,31 @@ def set_latest(out: str | Path, number: int) -> None:
         raise VersionError(f"{out / name} does not exist")
     tmp = out / f".{LATEST}.{os.getpid()}"
     tmp.unlink(missing_ok=True)
+    try:
+        left = os.readlink(out / LATEST)
+    except OSError:
+        left = None
     os.symlink(name, tmp)
     os.replace(tmp, out / LATEST)
     fsync_dir(out)
+    if left is not None and left != name and VERSION_RE.match(left) and (out / left).is_file():
+        _stamp_retired(out / left)
+
+
+def _stamp_retired(version_file: Path) -> None:
+    """Record when ``version_file`` stopped being latest, as its lease's mtime (``_retired_at``):
+    readers whose locks retention cannot see may have opened it until now (after a rollback, long
+    after it stopped being the newest)."""
+    lease = leases.lease_path(version_file)
+    try:
+        os.utime(lease, follow_symlinks=False)
+    except FileNotFoundError:
+        try:
+            leases.prepare(version_file)
+        except OSError:
+            pass
+    except OSError:  # a lease we may not touch: the newest-based age is all there is
+        pass
 
 
 def dependencies(path: Path) -> set[Path]:
@@ -370,9 +392,16 @@ def retain(out: str | Path, keep: int, retire_after: float = 0) -> list[Path]:
 
 
 def _retired_at(versions: dict[int, Path], number: int) -> float:
-    """When a version stopped being the newest: the time the next one was written."""
+    """When a version stopped being the newest (the time the next one was written), or later,
+    when it stopped being latest (a version rolled back to: its lease's mtime, ``_stamp_retired``)."""
     newer = [v for v in versions if v > number]
-    return versions[min(newer)].stat().st_mtime if newer else time.time()
+    if not newer:
+        return time.time()
+    at = versions[min(newer)].stat().st_mtime
+    try:
+        return max(at, os.stat(leases.lease_path(versions[number]), follow_symlinks=False).st_mtime)
+    except OSError:
+        return at
 
 
 def _drop_stale_leases(out: Path) -> None:
