@@ -148,6 +148,39 @@ def test_a_coco_file_keeps_the_entries_of_pictures_still_waiting(tmp_path):
     assert h5forge.build(spec).counts["train"] == 4
 
 
+def test_coco_entries_a_user_adds_while_an_append_runs_stay_in_the_inbox(tmp_path, monkeypatch):
+    """A COCO file a user replaces while an append runs (the entries of a picture dropped meanwhile
+    added to it) is not overwritten with, or removed for, what the append planned from the file it
+    read: the new picture's entry stays, and the next append takes the picture with its boxes."""
+    import os
+
+    write_coco(tmp_path / "raw", ["astronaut", "coffee"], "annotations/instances_train.json")
+    spec = coco_spec(tmp_path)
+    h5forge.build(spec)
+    inbox = tmp_path / "inbox"
+    coco = write_coco(inbox, ["flower"], "annotations/instances_train.json")
+    age_files(inbox)
+    real = append.checkpoint
+
+    def meanwhile(name: str) -> None:
+        if name == "append:reasons":  # the version is published, the inbox's COCO file not yet rewritten
+            mine = write_coco(tmp_path / "user", ["flower", "hubble_crop"], "instances_train.json")
+            os.replace(tmp_path / "user" / "images" / "hubble_crop.jpg", inbox / "images" / "hubble_crop.jpg")
+            os.replace(mine, coco)  # a new copy renamed over the file
+        real(name)
+
+    monkeypatch.setattr(append, "checkpoint", meanwhile)
+    added = h5forge.append(spec)
+    assert added.added == 1, added
+    assert "hubble_crop.jpg" in [im["file_name"] for im in json.loads(coco.read_text())["images"]]
+    monkeypatch.setattr(append, "checkpoint", real)
+    age_files(inbox)
+    later = h5forge.append(spec)
+    assert later.added == 1, later
+    assert len(stored(later.path)["hubble_crop"]) == 2  # its two boxes, from the entry that stayed
+    assert h5forge.build(spec).counts["train"] == 4
+
+
 def _demo_inbox(raw_demo: Path, inbox: Path, ids: list[str]) -> dict[str, dict]:
     import shutil
 

@@ -41,13 +41,13 @@ class Watcher:
             own_files=own_files, settle_seconds=a.settle_seconds, window_seconds=a.batch_window_seconds,
             poll_seconds=a.poll_seconds, stop=self.stop, looked=self.looked))
 
-    def append(self) -> int:
+    def append(self) -> int | None:
         result = h5forge.append(self.spec, skip_if_busy=True)
         with self.changed:
             self.calls.append(result)
             self.quiet = 0
             self.changed.notify_all()
-        return result.waiting
+        return None if result.skipped else result.waiting  # as `h5forge watch` runs it
 
     def looked(self) -> None:
         with self.changed:
@@ -156,3 +156,48 @@ def test_watch_does_not_take_its_own_rewrite_of_a_coco_file_for_news(tmp_path):
         watcher.stop.set()
         watcher.thread.join(60)
     assert not (inbox / "annotations" / "batch.json").exists()
+
+
+def test_watch_takes_what_waited_while_another_run_held_the_folder(raw_demo, raw_new, tmp_path):
+    """Samples the watcher found while a build held the output folder (its append skipped) are
+    appended once the folder is free, with nothing else dropped into the inbox."""
+    import subprocess
+    import sys
+
+    from tests.helpers.data import REPO, demo_spec, drop_samples
+
+    out, inbox = tmp_path / "out", tmp_path / "inbox"
+    spec = demo_spec(raw_demo, out)
+    spec = spec.model_copy(update={
+        "source": spec.source.model_copy(update={"inbox": inbox}),
+        "append": spec.append.model_copy(update={"settle_seconds": 0.5, "batch_window_seconds": 0.5,
+                                                 "poll_seconds": 1})})
+    assert h5forge.build(spec).version == 1
+    new = drop_samples(raw_new, inbox, ["cell_000000", "cell_000001"], rename="k_")
+    age_files(inbox)
+
+    holder = subprocess.Popen(  # another run writing to the folder: a real process holding its lock
+        [sys.executable, "-c", "import sys\nfrom h5forge._store.versions import output_lock\n"
+         "with output_lock(sys.argv[1], 'build-dataset'):\n    print('held', flush=True)\n    sys.stdin.read()",
+         str(out)], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    watcher = Watcher(spec, own_files=[])
+    watcher.thread.start()
+    try:
+        with watcher.changed:
+            watcher.changed.wait_for(lambda: watcher.calls or not watcher.thread.is_alive(), timeout=900)
+        assert [c.skipped is not None for c in watcher.calls] == [True]  # the folder was busy
+        holder.stdin.close()  # the other run ends
+        assert holder.wait(timeout=300) == 0
+        with watcher.changed:
+            watcher.quiet = 0
+            watcher.changed.wait_for(lambda: latest(out) == 2 or watcher.quiet >= QUIET_LOOKS
+                                     or not watcher.thread.is_alive(), timeout=900)
+        assert latest(out) == 2, [c.skipped or c.version for c in watcher.calls]
+    finally:
+        watcher.stop.set()
+        watcher.thread.join(60)
+        if holder.poll() is None:
+            holder.kill()
+    assert set(new) <= set(sum(all_ids(out / "dataset_latest.h5").values(), []))
+    assert not list((inbox / "images").iterdir())

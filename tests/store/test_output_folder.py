@@ -170,3 +170,52 @@ def test_an_output_folder_reached_through_a_symlink_into_the_source_is_refused(t
         check_folders(parse_spec(spec_data(raw, tmp_path / "link" / "out"), tmp_path))
     check_folders(parse_spec(spec_data(raw, tmp_path / "beside"), tmp_path))  # beside the source: fine
     shutil.rmtree(raw / "sub")
+
+
+def test_a_read_only_output_folder_is_refused_in_one_line_and_left_as_it_is(tmp_path):
+    """A folder the writer cannot write (a read-only mount): build, append and rollback say so in one
+    line, exit 2, and change nothing; the versions still read and verify."""
+    from h5forge.errors import UsageError
+    from h5forge.spec import parse_spec
+    from h5forge._store.verify import verify_file
+    from tests.helpers.tmpfs import mounted_tmpfs
+
+    raw = tmp_path / "raw"
+    make_pairs(raw, [f"s{i}" for i in range(6)])
+    with mounted_tmpfs(tmp_path) as mnt:
+        out = mnt / "out"
+        data = spec_data(raw, out)
+        data["source"]["inbox"] = str(tmp_path / "inbox")
+        spec = parse_spec(data, tmp_path)
+        library_build(spec)
+        make_pairs(raw, ["s6"], seed=100)
+        library_build(spec)
+        make_pairs(tmp_path / "inbox", ["new"], seed=200)
+        os.utime(tmp_path / "inbox" / "images" / "new.png", (1, 1))
+        os.utime(tmp_path / "inbox" / "masks" / "new.png", (1, 1))
+        before = {p.name: sha(p) for p in out.iterdir() if p.is_file()}
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+
+        done = cli("rollback", out, "v1")
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "Traceback" not in done.stderr
+        assert f"error: cannot write to the output folder {out} (Read-only file system)" in " ".join(done.stderr.split())
+        for run in (h5forge.build, h5forge.append):
+            with pytest.raises(UsageError, match=r"cannot write to the output folder .* \(Read-only file system\)"):
+                run(spec)
+        assert latest(out) == 2 and list(published(out)) == [1, 2]
+        assert {p.name: sha(p) for p in out.iterdir() if p.is_file()} == before
+        assert sorted(p.name for p in (tmp_path / "inbox" / "images").iterdir()) == ["new.png"]
+        assert verify_file(out / LATEST, resample=0, latency_reads=0).ok
+
+
+def test_a_rollback_of_a_folder_that_is_no_output_folder_changes_nothing(tmp_path):
+    """A mistyped folder: one line, and no folder or lock file made there."""
+    done = cli("rollback", tmp_path / "typo", "v1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"error: {tmp_path / 'typo'} does not exist" in " ".join(done.stderr.split())
+    assert not (tmp_path / "typo").exists()
+    (tmp_path / "empty").mkdir()
+    done = cli("rollback", tmp_path / "empty", "v1")
+    assert done.returncode == 2 and "no published version in" in done.stderr, done.stderr
+    assert list((tmp_path / "empty").iterdir()) == []

@@ -104,11 +104,31 @@ def test_the_minimum_age_keeps_a_just_retired_version(four_versions):
     assert retain(out, keep=1, retire_after=3600) == []
     newest = out / "dataset_v0004.h5"
     past = time.time() - 7200
-    for v in (2, 3, 4):  # published two hours ago
+    for v in (2, 3, 4):  # published two hours ago (latest moved on from v1-v3 then)
         os.utime(out / f"dataset_v000{v}.h5", (past, past), follow_symlinks=False)
+        os.utime(lease_path(out / f"dataset_v000{v - 1}.h5"), (past, past))
     assert sorted(p.name for p in retain(out, keep=1, retire_after=3600)) == [
         "dataset_v0001.h5", "dataset_v0002.h5", "dataset_v0003.h5"]
     assert newest.exists()
+
+
+def test_the_minimum_age_counts_from_when_a_version_stopped_being_latest(four_versions):
+    """A version rolled back to was latest until the next publish moved latest on: a reader whose
+    lock retention cannot see may have opened it until then, so its minimum age runs from that
+    moment, not from when it stopped being the newest (long before)."""
+    from h5forge._store.versions import set_latest
+
+    out = four_versions
+    past = time.time() - 7200
+    for v in (1, 2, 3, 4):  # published two hours ago
+        for p in (out / f"dataset_v000{v}.h5", lease_path(out / f"dataset_v000{v}.h5")):
+            os.utime(p, (past, past), follow_symlinks=False)
+    set_latest(out, 1)  # a rollback, now
+    set_latest(out, 4)  # and latest moved on again (a publish, a rollback)
+    assert sorted(p.name for p in retain(out, keep=1, retire_after=3600)) == ["dataset_v0002.h5", "dataset_v0003.h5"]
+    assert (out / "dataset_v0001.h5").exists()
+    os.utime(lease_path(out / "dataset_v0001.h5"), (past, past))  # an hour and more later
+    assert [p.name for p in retain(out, keep=1, retire_after=3600)] == ["dataset_v0001.h5"]
 
 
 def test_a_version_deleted_anyway_is_a_read_error_not_a_raw_file_not_found(four_versions):

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -99,6 +100,8 @@ def test_a_second_writer_fails_clearly_and_a_killed_one_leaves_nothing(tmp_path)
             with output_lock(out):
                 pass
         assert f'"pid": {holder.pid}' in str(err.value) and "test-holder" in str(err.value)
+        # a pid means something only on its host: a holder on another one (a shared folder) says where
+        assert f'"host": "{socket.gethostname()}"' in str(err.value)
         assert "another h5forge run is writing to" in str(err.value)
     finally:
         holder.send_signal(signal.SIGKILL)

@@ -189,15 +189,15 @@ def watch(
         with _reported():
             check_append_deployment(deployment, spec)
 
-        def run_once() -> int:
+        def run_once() -> int | None:
             return trigger_append(deployment, loaded.source.inbox, _opt(output), dask_address)
     else:
         from h5forge.flows.append import append_samples
 
-        def run_once() -> int:
+        def run_once() -> int | None:
             result = append_samples(str(spec), str(loaded.source.inbox), _opt(output), dask_address, skip_if_busy=True)
             _print_append(result, spec)
-            return result.waiting
+            return None if result.skipped else result.waiting  # None: tried again at the next poll
 
     out.print(f"watching {loaded.source.inbox} (Ctrl-C to stop)")
     a = loaded.append
@@ -399,12 +399,18 @@ def rollback(
     from h5forge._store.verify import verify_file
     from h5forge._format.names import version_name
     from h5forge._store.versions import output_lock, published, set_latest, version_number
+    from h5forge._pipeline.build import recover_interrupted
 
     if not folder.is_dir():  # the lock would make it (or fail on a file given for the folder)
         _fail(f"{folder} is not a folder: give the dataset's output folder")
     with _reported():
         number = version_number(version)
+        if not folder.is_dir():  # a mistyped folder: nothing made there
+            _fail(f"{folder} does not exist: no output folder there")
+        if not published(folder):
+            _fail(f"no published version in {folder}")
         with output_lock(folder, what="rollback"):
+            recover_interrupted(folder)  # a killed append's journal would otherwise undo this rollback
             if number not in published(folder):
                 _fail(f"{folder / version_name(number)} is not a published version")
             report = verify_file(folder / version_name(number), checksums=False, resample=0, latency_reads=0)

@@ -363,6 +363,9 @@ class MovePlan:
     records: list[tuple[str, list[dict]]] = field(default_factory=list)  # (file, records in its format)
     writes: list[tuple[str, str]] = field(default_factory=list)  # (file, text)
     inbox_rewrites: list[tuple[str, str | None]] = field(default_factory=list)  # shared files: what stays
+    # the sha256 of each shared file as it was when its rewrite was planned (none in older journals):
+    # a file a user replaced since is left as it is, their new entries with it
+    inbox_digests: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -522,9 +525,21 @@ def _plan_shared(
                 p.plan.writes.append((str(inbox / INBOX_QUARANTINE / rel), text))
                 p.reason(rel, f"the entry of sample {sid!r} in {', '.join(here)}, refused: {reason}")
         for rel in here:
+            digest = _digest(inbox / rel)  # before it is read for the plan: a later change shows
+            if digest is None:
+                continue
             if kind.shared_subset(inbox, (rel,), gone) is not None:  # a file none of them left stays as it is
                 rest = kind.shared_subset(inbox, (rel,), gone, complement=True)
                 p.plan.inbox_rewrites.append((str(inbox / rel), rest))
+                p.plan.inbox_digests[str(inbox / rel)] = digest
+
+
+def _digest(path: Path) -> str | None:
+    """The sha256 of a file's content; None when it cannot be read (or is gone)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 NAME_MAX = 255  # bytes in one file name, on every filesystem h5forge writes to
@@ -640,6 +655,14 @@ def apply_moves(plan: MovePlan) -> None:
     if plan.inbox_records:
         _prune_inbox_records(Path(plan.inbox_records[0]), plan.inbox_records[1], plan.inbox_taken)
     for where, rest in plan.inbox_rewrites:
+        planned, now = plan.inbox_digests.get(where), _digest(Path(where))
+        if now == (None if rest is None else hashlib.sha256(rest.encode("utf-8")).hexdigest()):
+            continue  # done already (a rerun after a kill)
+        if planned is not None and now != planned:
+            log.warning(
+                "%s changed while the append ran: left as it is (the entries taken are in processed/ too)", where
+            )
+            continue
         if rest is not None:
             replace_file(Path(where), rest, _own_temporary(Path(where)))
         else:

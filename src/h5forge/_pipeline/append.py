@@ -14,7 +14,7 @@ from h5forge._format.row_files import row_files_of
 from h5forge._format.summary import WriteSummary
 from h5forge._ingest import append as steps
 from h5forge._ingest.append import AppendCandidate, InboxScan, MovePlan, apply_moves, plan_moves, stage_append
-from h5forge._pipeline.build import apply_retention, resolve_spec
+from h5forge._pipeline.build import apply_retention, recover_interrupted, resolve_spec
 from h5forge._pipeline.main_module import leaves_main_alone
 from h5forge._pipeline.reports import log_report, show_health
 from h5forge._pipeline.results import AppendResult
@@ -97,13 +97,6 @@ def append(
         summary.rejections,
         chain=chain,
     )
-
-
-def recover_interrupted(out: Path) -> str | None:
-    outcome = steps.recover(out)
-    if outcome:
-        log.warning("a previous append was interrupted: %s", outcome)
-    return outcome
 
 
 def scan_inbox(spec: DatasetSpec, inbox: Path) -> InboxScan:

@@ -17,6 +17,7 @@ from h5forge._format.names import version_name
 from h5forge._format.row_files import counts_of
 from h5forge._format.summary import WriteSummary
 from h5forge._ingest import build as steps, discover as discovery
+from h5forge._ingest.append import recover as recover_append
 from h5forge._ingest.discover import Inventory
 from h5forge._ingest.duplicates import drop_duplicates
 from h5forge._ingest.incremental.hash_cache import known_digests
@@ -67,6 +68,7 @@ def build(
             log.warning("skipped: %s", busy)
             return BuildResult(spec.name, skipped=busy)
         claim_output(spec.output.dir, spec.name)
+        run("recover", recover_interrupted, spec.output.dir)
         # a build that will clean on a cluster starts its dask workers now, while it discovers, and verifies on them
         with cluster_ahead(spec, lambda: cleans_on_a_cluster(spec)) as ahead:
             inventory = run("discover", discover_samples, spec)
@@ -117,6 +119,17 @@ def cleans_on_a_cluster(spec: DatasetSpec) -> bool:
     if previous_sources(spec.output.dir, rules):
         return False
     return discovery.at_least(spec, (killed_build_rows(spec.output.dir, rules) or 0) + inline_limit(spec))
+
+
+def recover_interrupted(out: Path) -> str | None:
+    """Settle what a killed append left (its journal), first thing under the folder's lock, by every
+    writer: its inbox moves are finished when its version was published, else forgotten. A build that
+    went ahead would miss the samples still in the inbox, or publish the version number the journal
+    names, which the next append would then take for its own and file the inbox samples under."""
+    outcome = recover_append(out)
+    if outcome:
+        log.warning("a previous append was interrupted: %s", outcome)
+    return outcome
 
 
 def reported(what: str, show: Callable[..., Any], *args: Any) -> Any:

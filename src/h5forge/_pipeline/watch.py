@@ -41,7 +41,7 @@ class InboxFilter(DefaultFilter):
         )
 
 
-def serve_inbox(inbox: Path, append: Callable[[], int], **options) -> None:
+def serve_inbox(inbox: Path, append: Callable[[], int | None], **options) -> None:
     """Run ``watch_inbox`` until SIGTERM or SIGINT, which stop it between appends.
 
     The loop runs in a worker thread and the signals are handled here, in the main thread: an
@@ -101,7 +101,7 @@ def inbox_files(inbox: Path) -> Files:
 
 def watch_inbox(
     inbox: Path,
-    append: Callable[[], int],
+    append: Callable[[], int | None],
     *,
     settle_seconds: float,
     window_seconds: float,
@@ -121,6 +121,8 @@ def watch_inbox(
     compared with what the last append saw (a filesystem without events, an event missed).
     ``looked`` is called each time the loop wakes (an event, or a poll) and finds nothing to append:
     whoever needs to know that the loop has seen the inbox as it now is waits for it.
+    ``append`` returns None when it did not run (another run held the output folder): what it
+    would have taken is tried again at the next poll, as after a failed append.
     """
     inbox.mkdir(parents=True, exist_ok=True)
     own: set[str] = set()
@@ -132,9 +134,12 @@ def watch_inbox(
         own = set(own_files() if callable(own_files) else own_files)
         before, started = inbox_files(inbox), time.time()
         try:
-            append()
+            ran = append()
         except Exception as err:  # the service outlives one failed append
             log.error("append failed (retrying at the next change or poll): %s", err)
+            seen, due = {}, None
+            return
+        if ran is None:  # skipped, the folder busy: nothing was seen
             seen, due = {}, None
             return
         after = inbox_files(inbox)

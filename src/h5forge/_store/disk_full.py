@@ -20,8 +20,10 @@ import h5py
 from h5forge.errors import DiskFull, H5forgeError
 from h5forge._format.names import PARTIAL_RE
 
-_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-_FULL_TEXT = ("No space left on device", "Disk quota exceeded")
+# a file-size limit (EFBIG: ``ulimit -f``, a batch system's RLIMIT_FSIZE, FAT32's 4 GiB) fails the
+# write the same way, and is reported the same way, in its own words
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "File too large")
 _H5_FILENAME = re.compile(r"filename = '([^']+)'")
 
 
@@ -79,9 +81,16 @@ def as_disk_full(err: BaseException, fallback: str | os.PathLike) -> DiskFull | 
         return err
     if isinstance(err, H5forgeError):  # it says what happened already (e.g. published, but not moved)
         return None
-    if disk_full_cause(err) is None:
+    cause = disk_full_cause(err)
+    if cause is None:
         return None
     target = file_of(err) or os.fspath(fallback)
+    if getattr(cause, "errno", None) == errno.EFBIG or "File too large" in str(cause):
+        return DiskFull(
+            f"file too large for {device_of(target)} while writing {target} (a file-size limit: `ulimit -f`, "
+            "or the filesystem's largest file); nothing was published: raise the limit, or write to "
+            "another filesystem, and run it again"
+        )
     return DiskFull(
         f"no space left on {device_of(target)} while writing {target}; nothing was published: "
         "free some space and run it again"

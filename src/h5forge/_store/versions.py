@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import stat
 import threading
 import time
@@ -26,6 +27,7 @@ from typing import Iterator
 import h5py
 
 from h5forge.errors import LatestBroken, OutputBusy, UsageError, VersionError
+from h5forge._crash_points import checkpoint
 from h5forge._format.names import (
     CHUNKS_DIR,
     CHUNKS_DIR_BEFORE,
@@ -103,10 +105,16 @@ def output_lock(out: str | Path, what: str = "build", wait: float = 0) -> Iterat
     """Hold the folder's writer lock; a second writer waits up to ``wait`` seconds, then fails
     with who holds it."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    try:  # never follow a symlink planted as the lock: writing to it would overwrite its target
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        # never follow a symlink planted as the lock: writing to it would overwrite its target
         fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as err:
+        if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):  # a read-only mount, another user's folder
+            raise UsageError(
+                f"cannot write to the output folder {out} ({err.strerror}); nothing was changed: "
+                "make it writable, or choose another output folder"
+            ) from None
         if err.errno not in (errno.ELOOP, errno.EISDIR):
             raise
         raise UsageError(f"{out / LOCK} is not a regular file ({err.strerror}); remove it and retry") from None
@@ -130,7 +138,13 @@ def output_lock(out: str | Path, what: str = "build", wait: float = 0) -> Iterat
                     "wait for it to finish, or stop it, then retry"
                 ) from None
         os.ftruncate(fd, 0)
-        mine = {"pid": os.getpid(), "what": what, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        # the host too: on a shared folder the holder may run elsewhere, where its pid means something
+        mine = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "what": what,
+            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         os.pwrite(fd, json.dumps(mine).encode(), 0)
         _remove_partials(out)
         try:
@@ -278,6 +292,7 @@ def publish(candidate: Candidate) -> Path:
     except OSError:  # they then create it themselves, or rely on the minimum age
         pass
     fsync_dir(candidate.out)
+    checkpoint("publish:before-latest")
     set_latest(candidate.out, candidate.number)
     return candidate.final
 
@@ -290,9 +305,31 @@ def set_latest(out: str | Path, number: int) -> None:
         raise VersionError(f"{out / name} does not exist")
     tmp = out / f".{LATEST}.{os.getpid()}"
     tmp.unlink(missing_ok=True)
+    try:
+        left = os.readlink(out / LATEST)
+    except OSError:
+        left = None
     os.symlink(name, tmp)
     os.replace(tmp, out / LATEST)
     fsync_dir(out)
+    if left is not None and left != name and VERSION_RE.match(left) and (out / left).is_file():
+        _stamp_retired(out / left)
+
+
+def _stamp_retired(version_file: Path) -> None:
+    """Record when ``version_file`` stopped being latest, as its lease's mtime (``_retired_at``):
+    readers whose locks retention cannot see may have opened it until now (after a rollback, long
+    after it stopped being the newest)."""
+    lease = leases.lease_path(version_file)
+    try:
+        os.utime(lease, follow_symlinks=False)
+    except FileNotFoundError:
+        try:
+            leases.prepare(version_file)
+        except OSError:
+            pass
+    except OSError:  # a lease we may not touch: the newest-based age is all there is
+        pass
 
 
 def dependencies(path: Path) -> set[Path]:
@@ -355,9 +392,16 @@ def retain(out: str | Path, keep: int, retire_after: float = 0) -> list[Path]:
 
 
 def _retired_at(versions: dict[int, Path], number: int) -> float:
-    """When a version stopped being the newest: the time the next one was written."""
+    """When a version stopped being the newest (the time the next one was written), or later,
+    when it stopped being latest (a version rolled back to: its lease's mtime, ``_stamp_retired``)."""
     newer = [v for v in versions if v > number]
-    return versions[min(newer)].stat().st_mtime if newer else time.time()
+    if not newer:
+        return time.time()
+    at = versions[min(newer)].stat().st_mtime
+    try:
+        return max(at, os.stat(leases.lease_path(versions[number]), follow_symlinks=False).st_mtime)
+    except OSError:
+        return at
 
 
 def _drop_stale_leases(out: Path) -> None:
