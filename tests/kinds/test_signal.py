@@ -349,3 +349,30 @@ def test_a_filtered_flat_channel_is_stored_in_float32(tmp_path, build_spec):
     assert stored.keys() == {"flat", "filtered"}
     for sid, got in stored.items():
         assert got.dtype == np.float32 and np.array_equal(got, recordings[sid].astype(np.float32)), sid
+
+
+def test_a_float32_recording_resampled_is_stored_in_float32(tmp_path, build_spec):
+    """A barometer's float32 .npy at 1 Hz (pressures near 101325 Pa, steps of 0.01 Pa) declared at
+    4 Hz with resample: true. Its own values are float32's: the values interpolated between them
+    are stored in float32 like any other, never refused for steps the interpolation made. A float64
+    clock (1.7e9 s at 1 s steps) resampled the same way is refused for what float32 loses of its own
+    values."""
+    rng = np.random.default_rng(3)
+    recordings = {"baro": (101325 + np.cumsum(rng.integers(-1, 2, 600)) * 0.01).astype(np.float32),
+                  "clock": 1.7e9 + np.arange(600, dtype=np.float64)}
+    raw = tmp_path / "raw"
+    (raw / "rec").mkdir(parents=True)
+    for sid, values in recordings.items():
+        np.save(raw / "rec" / f"{sid}.npy", values)
+        (raw / "rec" / f"{sid}.json").write_text('{"rate": 1}')
+    fields = {"p": {"kind": "signal", "files": "rec/*.npy", "rate": 4, "resample": True}}
+    path, summary = build_spec(spec_data(raw, tmp_path / "out") | {"fields": fields})
+    assert [(r.path, r.reason) for r in summary.rejections] == [
+        ("rec/clock.npy", "float32 would round values by up to 64, where the median step between samples is 1 "
+                          "(values 1700000000..1700000599); set dtype: float64")]
+    t = np.arange(600) / 1.0
+    grid = np.arange(int(np.floor(t[-1] * 4)) + 1) / 4
+    want = np.interp(grid, t, recordings["baro"].astype(np.float64)).astype(np.float32)
+    with h5py.File(path, "r") as f:
+        g = next(f[s] for s in ("train", "val", "test") if decode_str(f[s]["ids"][()]) == ["baro"])
+        assert g["p"].dtype == np.float32 and np.array_equal(g["p"][()], want)
