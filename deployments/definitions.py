@@ -39,7 +39,7 @@ def dataset_deployments(
     suffix: str = "",
 ) -> list:
     """``suffix`` tells apart the deployments of several datasets served by one Prefect server."""
-    spec = str(Path(spec_path).resolve())  # runs start in other working directories
+    spec = str(Path(spec_path).expanduser().resolve())  # runs start in other working directories
     common = {"spec_path": spec, "output": None if output is None else str(Path(output).expanduser().resolve())}
     # module entrypoints: the runner imports flows.* from the installed package, from any directory
     opts: dict[str, Any] = {"entrypoint_type": EntrypointType.MODULE_PATH, "concurrency_limit": 1, "tags": ["h5forge"]}

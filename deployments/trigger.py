@@ -32,7 +32,7 @@ def check_append_deployment(deployment: str, spec_path: str | Path) -> None:
     if flow != "append-samples":
         raise UsageError(f"the deployment {deployment!r} runs the flow {flow!r}, not append-samples")
     theirs = (dep.parameters or {}).get("spec_path")
-    if theirs is not None and Path(str(theirs)).resolve() != Path(spec_path).resolve():
+    if theirs is not None and Path(str(theirs)).expanduser().resolve() != Path(spec_path).expanduser().resolve():
         raise UsageError(
             f"the deployment {deployment!r} appends with the spec {theirs}, not {spec_path}; serve this spec's "
             "deployments (h5forge serve, with --suffix) and name its append deployment"

@@ -159,6 +159,21 @@ def test_no_command_writes_under_the_names_of_an_output_folders_versions(raw_dem
     assert latest(out) == 2 and not list(out.glob(".*partial")) and not list(out.glob("dataset_v0001.rows/*"))
 
 
+def test_exports_kept_under_their_version_names_in_a_folder_of_their_own(two_versions, tmp_path):
+    """A folder of exported copies is no output folder (no latest link, lock or dataset marker): a
+    second copy goes there beside the first, each under the name of the version it copies."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    for number in (1, 2):
+        dest = archive / f"dataset_v{number:04d}.h5"
+        r = run("export", two_versions / dest.name, dest, "--codec", "gzip-1")
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in archive.iterdir()) == ["dataset_v0001.h5", "dataset_v0002.h5"]
+    for number in (1, 2):
+        with h5py.File(archive / f"dataset_v{number:04d}.h5", "r") as f:
+            assert int(f.attrs["version"]) == number
+
+
 def test_init_writes_a_valid_commented_spec(raw_demo, tmp_path):
     spec_path = tmp_path / "config" / "mydata.yaml"
     r = run("init", raw_demo, "--out", spec_path, cwd=tmp_path)

@@ -48,3 +48,15 @@ def test_nightly_parameters_wait_then_fail_and_inbox_parameters_skip(prefect_ser
     assert "another h5forge run is writing to" in message and "after waiting 1.5 s" in message
     assert skipped.version is None and skipped.skipped.startswith("another h5forge run is writing to")
     assert not any(Path(tmp_path / "out").glob("dataset_v*.h5"))
+
+
+def test_deployments_name_a_spec_under_the_home_folder_by_its_absolute_path(raw_demo, tmp_path, monkeypatch):
+    """`h5forge serve "~/specs/demo.yaml"` (a tilde the shell left alone): load_spec reads it from the
+    home folder, and so must every run, which starts in another working folder."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    (home / "specs").mkdir(parents=True)
+    spec = write_spec_file(raw_demo, tmp_path / "out", home / "specs" / "demo.yaml")
+    served = {d.name: d.parameters for d in dataset_deployments("~/specs/demo.yaml", "~/out")}
+    assert {name: (p["spec_path"], p["output"]) for name, p in served.items()} == {
+        name: (str(spec.resolve()), str((home / "out").resolve())) for name in served}

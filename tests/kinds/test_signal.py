@@ -317,3 +317,62 @@ def test_channels_float32_cannot_keep_are_refused_and_init_stores_them_in_float6
                     want = recordings[sid].astype(np.float32 if name == "light" else np.float64)
                     assert got.dtype == want.dtype and np.array_equal(got, want), (name, sid)
         assert seen == {"r0", "r1", "r2"}
+
+
+def test_a_filtered_flat_channel_is_stored_in_float32(tmp_path, build_spec):
+    """A flat channel passed through scipy's zero-phase filter (a disconnected electrode in a
+    filtered export) holds its level plus float64 arithmetic noise: steps of a few 1e-15 between
+    samples, which are no steps of the signal. float32 keeps the level to its own precision, so the
+    recording is stored in float32 like any other; a channel whose real steps float32 would merge
+    (timestamps near 1.7e9 s at 0.1 s steps) is still refused."""
+    from scipy import signal as scipy_signal
+
+    sos = scipy_signal.butter(4, 0.05, output="sos")
+    recordings = {"flat": scipy_signal.sosfiltfilt(sos, np.full(2000, 12.7)),
+                  "filtered": scipy_signal.filtfilt(*scipy_signal.butter(4, 0.1), np.full(2000, 5.0)),
+                  "clock": 1.7e9 + 0.1 * np.arange(2000)}
+    assert np.ptp(recordings["flat"]) > 0  # the filter's noise is there
+    raw = tmp_path / "raw"
+    (raw / "rec").mkdir(parents=True)
+    for sid, values in recordings.items():
+        np.save(raw / "rec" / f"{sid}.npy", values)
+    fields = {"level": {"kind": "signal", "files": "rec/*.npy", "rate": 10}}
+    path, summary = build_spec(spec_data(raw, tmp_path / "out") | {"fields": fields})
+    assert {r.path: r.reason.split(";")[-1] for r in summary.rejections} == {"rec/clock.npy": " set dtype: float64"}
+    with h5py.File(path, "r") as f:
+        stored = {}
+        for split in ("train", "val", "test"):
+            g = f[split]
+            at = arrays.offsets(g, "level")
+            for row, sid in enumerate(decode_str(g["ids"][()])):
+                stored[sid] = g["level"][at[row]:at[row + 1]]
+    assert stored.keys() == {"flat", "filtered"}
+    for sid, got in stored.items():
+        assert got.dtype == np.float32 and np.array_equal(got, recordings[sid].astype(np.float32)), sid
+
+
+def test_a_float32_recording_resampled_is_stored_in_float32(tmp_path, build_spec):
+    """A barometer's float32 .npy at 1 Hz (pressures near 101325 Pa, steps of 0.01 Pa) declared at
+    4 Hz with resample: true. Its own values are float32's: the values interpolated between them
+    are stored in float32 like any other, never refused for steps the interpolation made. A float64
+    clock (1.7e9 s at 1 s steps) resampled the same way is refused for what float32 loses of its own
+    values."""
+    rng = np.random.default_rng(3)
+    recordings = {"baro": (101325 + np.cumsum(rng.integers(-1, 2, 600)) * 0.01).astype(np.float32),
+                  "clock": 1.7e9 + np.arange(600, dtype=np.float64)}
+    raw = tmp_path / "raw"
+    (raw / "rec").mkdir(parents=True)
+    for sid, values in recordings.items():
+        np.save(raw / "rec" / f"{sid}.npy", values)
+        (raw / "rec" / f"{sid}.json").write_text('{"rate": 1}')
+    fields = {"p": {"kind": "signal", "files": "rec/*.npy", "rate": 4, "resample": True}}
+    path, summary = build_spec(spec_data(raw, tmp_path / "out") | {"fields": fields})
+    assert [(r.path, r.reason) for r in summary.rejections] == [
+        ("rec/clock.npy", "float32 would round values by up to 64, where the median step between samples is 1 "
+                          "(values 1700000000..1700000599); set dtype: float64")]
+    t = np.arange(600) / 1.0
+    grid = np.arange(int(np.floor(t[-1] * 4)) + 1) / 4
+    want = np.interp(grid, t, recordings["baro"].astype(np.float64)).astype(np.float32)
+    with h5py.File(path, "r") as f:
+        g = next(f[s] for s in ("train", "val", "test") if decode_str(f[s]["ids"][()]) == ["baro"])
+        assert g["p"].dtype == np.float32 and np.array_equal(g["p"][()], want)

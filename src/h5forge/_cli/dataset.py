@@ -405,8 +405,6 @@ def rollback(
         _fail(f"{folder} is not a folder: give the dataset's output folder")
     with _reported():
         number = version_number(version)
-        if not folder.is_dir():  # a mistyped folder: nothing made there
-            _fail(f"{folder} does not exist: no output folder there")
         if not published(folder):
             _fail(f"no published version in {folder}")
         with output_lock(folder, what="rollback"):

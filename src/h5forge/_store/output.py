@@ -57,7 +57,8 @@ def refuse_version_names(dest: Path, what: str = "the copy") -> None:
     """A file a command writes (an export's copy, a preview, a spec) is never put under a name the
     versions of an output folder use (a version, its delta file, the latest link, a file in a rows
     folder): it would replace a published version, turn the link into a file, or put there a version
-    no build published."""
+    no build published. An output folder is one with the latest link, the lock or the dataset
+    marker; a folder of exported copies named like versions is none."""
     out = dest.parent
     if ROWS_FOLDER_RE.match(Path(os.path.realpath(out)).name):
         out = out.parent
@@ -66,7 +67,7 @@ def refuse_version_names(dest: Path, what: str = "the copy") -> None:
     if not out.is_dir():
         return
     markers = (LATEST, LOCK, OWNER_FILE)
-    if any(os.path.lexists(out / m) for m in markers) or any(VERSION_RE.match(n) for n in os.listdir(out)):
+    if any(os.path.lexists(out / m) for m in markers):
         raise UsageError(f"{dest} is a name the versions of the output folder {out} use; write {what} elsewhere")
 
 

@@ -14,7 +14,7 @@ only); any other rate is resampled with ``resample: true``, else rejected. NaN/i
 the sample unless ``nonfinite: keep``, and so do values the field's ``dtype`` cannot hold (a
 fraction or 40000 in int16, 1e39 in float32: never wrapped, cut or made inf), and float32 must
 keep an integer channel exact and round a float one by less than half its median step
-(``float32_loss``). Stored ragged, the rate and channel as dataset attributes;
+(``float32_loss``, on the values as recorded, before any resampling). Stored ragged, the rate and channel as dataset attributes;
 readers return a 1-D array per sample, batched as padded values plus lengths.
 """
 
@@ -397,6 +397,7 @@ class SignalKind(Plugins, FloatSums, Preview, FieldKind[SignalField]):
         values = np.asarray(values)
         if values.ndim != 1 or values.dtype.kind not in "iuf":
             raise Reject(rel, f"a channel must be one row of numbers; found shape {values.shape}, dtype {values.dtype}")
+        recorded = values  # what float32 must keep: the recording's values, not those interpolated between them
         if abs(rate - f.rate) > RATE_TOLERANCE * f.rate:  # the one rule: any other rate is resampled or refused
             if not f.resample:
                 raise Reject(
@@ -415,8 +416,10 @@ class SignalKind(Plugins, FloatSums, Preview, FieldKind[SignalField]):
                 "(nonfinite: keep stores them)",
             )
         stored = stored_as(values, f.dtype, rel)
-        if f.dtype == "float32" and (lost := float32_loss(values, stored)):
-            raise Reject(rel, lost)
+        if f.dtype == "float32":
+            kept = stored if recorded is values else stored_as(recorded, f.dtype, rel)
+            if lost := float32_loss(recorded, kept):
+                raise Reject(rel, lost)
         return Decoded(stored, digest)
 
     # ---- statistics: count, sum, sum of squares of the finite values, each row's summed alone

@@ -492,3 +492,18 @@ def test_an_annotation_id_that_repeats_in_a_picture_rejects_it(coco_folder, tmp_
     with pytest.raises(Reject, match=r"annotation id 6 appears 2 times in .*merged.json"):
         _decode_one(coco_folder, tmp_path, {"coco": str(path)}, "chelsea")
     _decode_one(coco_folder, tmp_path, {"coco": str(path)}, "coffee")
+
+
+def test_an_image_entry_whose_id_is_a_list_rejects_only_its_picture(coco_folder, tmp_path):
+    """coffee's image id written as [2]: coffee has no integer id and is refused; the file's other
+    pictures are read as ever, not refused with the file."""
+
+    def listed_id(data):
+        entry = next(im for im in data["images"] if im["file_name"].startswith("coffee"))
+        entry["id"] = [entry["id"]]
+
+    path = _edited(coco_folder, tmp_path, listed_id)
+    with pytest.raises(Reject, match=r"the image entry of 'coffee\.[a-z]+' in .*merged.json has no integer id"):
+        _decode_one(coco_folder, tmp_path, {"coco": str(path)}, "coffee")
+    for picture in ("astronaut", "chelsea", "rocket"):
+        _decode_one(coco_folder, tmp_path, {"coco": str(path)}, picture)

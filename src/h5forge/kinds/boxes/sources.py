@@ -126,12 +126,13 @@ def _parse(raw: bytes, rel: str) -> CocoIndex:
         categories = {c: listed[-1] for c, listed in names.items()}
         named_twice = {c: tuple(sorted(set(listed))) for c, listed in names.items() if len(set(listed)) > 1}
         by_name: dict[str, dict | None] = {}
-        files_of: dict[Any, list[str]] = {}
+        files_of: dict[int, list[str]] = {}
         for im in images:
             name = PurePosixPath(str(im["file_name"])).name
             by_name[name] = None if name in by_name else im
-            files_of.setdefault(im.get("id"), []).append(name)
-        shared = {i: tuple(files) for i, files in files_of.items() if len(files) > 1 and _is_int(i)}
+            if _is_int(image_id := im.get("id")):  # any other id refuses its own picture (coco_entry)
+                files_of.setdefault(image_id, []).append(name)
+        shared = {i: tuple(files) for i, files in files_of.items() if len(files) > 1}
         by_image: dict[int, list[dict]] = {}
         for a in anns:
             by_image.setdefault(int(a["image_id"]), []).append(a)
