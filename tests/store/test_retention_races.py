@@ -1,0 +1,79 @@
+"""Retention racing what reads a version: a reader opened on `dataset_latest.h5` while latest
+moves on and retention deletes the version it resolved resolves the link again."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from h5forge._format import leases
+from h5forge._store.versions import published, retain, set_latest
+from tests.helpers.files import make_version
+
+RETAIN = "import sys; from h5forge._store.versions import retain; retain(sys.argv[1], keep=1, retire_after=0)"
+
+
+@pytest.fixture
+def four_versions(tmp_path, small_inventory, raw_demo):
+    out = tmp_path / "out"
+    for _ in range(4):
+        make_version(out, small_inventory, raw_demo)
+    return out
+
+
+def retention_in_another_process(out: Path) -> None:
+    subprocess.run([sys.executable, "-c", RETAIN, str(out)], check=True, cwd=os.getcwd(), timeout=600)
+
+
+OPEN_LATEST = textwrap.dedent("""
+    import sys
+    from h5forge.read._reader import SplitReader
+    print(SplitReader(sys.argv[1], "train").version, flush=True)
+""")
+
+
+def blocked_on(lease: Path, pid: int) -> bool:
+    """Whether process ``pid`` waits for a lock on ``lease`` (/proc/locks lists waiters with ->)."""
+    inode = os.stat(lease).st_ino
+    with open("/proc/locks") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 6 and parts[1] == "->" and int(parts[5]) == pid and parts[6].endswith(f":{inode}"):
+                return True
+    return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs /proc/locks to see a waiting lock")
+def test_a_reader_on_latest_resolves_again_when_retention_deleted_what_it_resolved(four_versions):
+    """The reader resolves latest to v3 and waits for its lease while retention holds it to delete
+    v3 (latest has moved on to v4): it then opens v4, never fails for the race."""
+    out = four_versions
+    set_latest(out, 3)
+    v3 = out / "dataset_v0003.h5"
+    with leases.unclaimed(v3) as free:  # retention's exclusive lock on v3's lease
+        assert free
+        reader = subprocess.Popen([sys.executable, "-c", OPEN_LATEST, str(out / "dataset_latest.h5")],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=os.getcwd())
+        try:
+            deadline = time.monotonic() + 600  # a bound for a failure, not a timing: it waits under any load
+            while not blocked_on(leases.lease_path(v3), reader.pid):
+                assert reader.poll() is None, reader.stderr.read()
+                assert time.monotonic() < deadline, "the reader never waited for v3's lease"
+                time.sleep(0.05)
+            set_latest(out, 4)  # latest moved on, and retention deletes v3 under its lock
+            v3.unlink()
+            leases.drop(v3)
+        except BaseException:
+            reader.kill()
+            raise
+    stdout, stderr = reader.communicate(timeout=600)
+    assert reader.returncode == 0, stderr
+    assert stdout.split() == ["4"]
+    assert not leases.lease_path(v3).exists()  # no lease made for the deleted version
