@@ -1,5 +1,7 @@
-"""Retention racing what reads a version: a reader opened on `dataset_latest.h5` while latest
-moves on and retention deletes the version it resolved resolves the link again."""
+"""Retention racing what reads a version: `verify` and `export` pin the version they read for the
+whole run, as readers do; a reader opened on `dataset_latest.h5` while latest moves on and
+retention deletes the version it resolved resolves the link again. Retention runs in a process of
+its own, with `keep: 1` and no minimum age (`retire_after_seconds: 0`), at a fixed point of the run."""
 
 from __future__ import annotations
 
@@ -30,6 +32,60 @@ def four_versions(tmp_path, small_inventory, raw_demo):
 
 def retention_in_another_process(out: Path) -> None:
     subprocess.run([sys.executable, "-c", RETAIN, str(out)], check=True, cwd=os.getcwd(), timeout=600)
+
+
+RETAIN = "import sys; from h5forge._store.versions import retain; retain(sys.argv[1], keep=1, retire_after=0)"
+
+
+@pytest.fixture
+def four_versions(tmp_path, small_inventory, raw_demo):
+    out = tmp_path / "out"
+    for _ in range(4):
+        make_version(out, small_inventory, raw_demo)
+    return out
+
+
+def retention_in_another_process(out: Path) -> None:
+    subprocess.run([sys.executable, "-c", RETAIN, str(out)], check=True, cwd=os.getcwd(), timeout=600)
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["library", "forked-as-the-cli"])
+def test_verify_pins_the_version_it_checks(four_versions, monkeypatch, isolate):
+    import h5forge._store.verify as verify
+
+    out = four_versions
+    checks = verify._check_dependencies
+
+    def retention_mid_run(*args):  # after the open, before the checks and the latency reads
+        retention_in_another_process(out)
+        return checks(*args)
+
+    monkeypatch.setattr(verify, "_check_dependencies", retention_mid_run)
+    report = verify.verify_file(out / "dataset_v0001.h5", resample=0, latency_reads=2, isolate=isolate)
+    assert report.ok, report.errors
+    assert list(published(out)) == [1, 4]  # retention ran, and kept the version being verified
+    monkeypatch.undo()
+    assert [p.name for p in retain(out, keep=1)] == ["dataset_v0001.h5"]  # the pin ends with verify
+
+
+def test_export_pins_the_version_it_copies(four_versions, monkeypatch, tmp_path):
+    import h5forge._store.thin as thin
+
+    out = four_versions
+    copy = thin._export
+
+    def retention_mid_run(*args):
+        retention_in_another_process(out)
+        return copy(*args)
+
+    monkeypatch.setattr(thin, "_export", retention_mid_run)
+    dest = thin.export(out / "dataset_v0001.h5", tmp_path / "copy.h5")
+    assert list(published(out)) == [1, 4]
+    monkeypatch.undo()
+    from h5forge._store.verify import verify_file
+
+    assert verify_file(dest, resample=0, latency_reads=0).ok
+    assert [p.name for p in retain(out, keep=1)] == ["dataset_v0001.h5"]
 
 
 OPEN_LATEST = textwrap.dedent("""

@@ -263,6 +263,7 @@ def export(
     """Write a self-contained copy of a version, to move to another machine or hand to other tools."""
     import h5py
 
+    from h5forge._format import leases
     from h5forge._format.codecs import CODECS
     from h5forge._format.names import Attr
     from h5forge._store.output import refuse_version_names
@@ -275,10 +276,11 @@ def export(
         _fail(f"{version}: no such file")
     with _reported():
         refuse_version_names(dest)
-    report = verify_file(version, checksums=False, resample=0, latency_reads=0)
-    if not report.ok:
-        _fail(f"{version} is broken: {'; '.join(report.errors)}", 1)
-    export_version(version, dest, codec)
+    with leases.pinned(version) as real:  # retention keeps it from the check to the end of the copy
+        report = verify_file(real, checksums=False, resample=0, latency_reads=0)
+        if not report.ok:
+            _fail(f"{version} is broken: {'; '.join(report.errors)}", 1)
+        export_version(Path(real), dest, codec)
     check = verify_file(dest, resample=0, latency_reads=0)
     if not check.ok:
         dest.unlink()
