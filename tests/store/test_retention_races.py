@@ -1,7 +1,8 @@
-"""Retention racing what reads a version: `verify` and `export` pin the version they read for the
-whole run, as readers do; a reader opened on `dataset_latest.h5` while latest moves on and
-retention deletes the version it resolved resolves the link again. Retention runs in a process of
-its own, with `keep: 1` and no minimum age (`retire_after_seconds: 0`), at a fixed point of the run."""
+"""Retention racing the commands that read a version: `verify` and `export` pin the version they
+read for the whole run, as readers do; `versions` names a version deleted between its listing and
+its read; a reader opened on `dataset_latest.h5` while latest moves on and retention deletes the
+version it resolved resolves the link again. Retention runs in a process of its own, with
+`keep: 1` and no minimum age (`retire_after_seconds: 0`), at a fixed point of the run."""
 
 from __future__ import annotations
 
@@ -18,21 +19,6 @@ import pytest
 from h5forge._format import leases
 from h5forge._store.versions import published, retain, set_latest
 from tests.helpers.files import make_version
-
-RETAIN = "import sys; from h5forge._store.versions import retain; retain(sys.argv[1], keep=1, retire_after=0)"
-
-
-@pytest.fixture
-def four_versions(tmp_path, small_inventory, raw_demo):
-    out = tmp_path / "out"
-    for _ in range(4):
-        make_version(out, small_inventory, raw_demo)
-    return out
-
-
-def retention_in_another_process(out: Path) -> None:
-    subprocess.run([sys.executable, "-c", RETAIN, str(out)], check=True, cwd=os.getcwd(), timeout=600)
-
 
 RETAIN = "import sys; from h5forge._store.versions import retain; retain(sys.argv[1], keep=1, retire_after=0)"
 
@@ -86,6 +72,36 @@ def test_export_pins_the_version_it_copies(four_versions, monkeypatch, tmp_path)
 
     assert verify_file(dest, resample=0, latency_reads=0).ok
     assert [p.name for p in retain(out, keep=1)] == ["dataset_v0001.h5"]
+
+
+def test_versions_names_a_version_deleted_between_listing_and_reading(four_versions, monkeypatch):
+    from typer.testing import CliRunner
+
+    import h5forge._store.versions as versions
+    from h5forge._cli import app
+
+    out = four_versions
+    listing = versions.published
+
+    def listed_then_deleted(folder):  # the command's listing, then retention deletes v2
+        found = listing(folder)
+        victim = out / "dataset_v0002.h5"
+        if victim.exists():
+            with leases.unclaimed(victim) as free:  # as retention deletes a version
+                assert free
+                victim.unlink()
+                leases.drop(victim)
+        return found
+
+    monkeypatch.setattr(versions, "published", listed_then_deleted)
+    result = CliRunner().invoke(app, ["versions", str(out)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 0, result.output
+    text = " ".join(re.sub(r"[│┃┏┓┗┛━─┡┩└┘┌┐┼┬┴╇╈]+", " ", result.output).split())  # a wrapped cell, joined
+    assert "v0002 deleted by retention while listing" in text, result.output
+    assert "Traceback" not in result.output
+    for v in ("v0001", "v0003", "v0004"):
+        assert any(v in line and "MB" in line for line in result.output.splitlines()), result.output
 
 
 OPEN_LATEST = textwrap.dedent("""
