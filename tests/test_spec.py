@@ -111,3 +111,29 @@ def test_a_path_starting_with_a_tilde_is_in_the_home_folder(tmp_path, monkeypatc
     assert (spec.source.root, spec.source.inbox, spec.output.dir) == (home / "raw", home / "inbox", home / "out")
     assert load_spec(path, output="~/other", inbox="~/box").output.dir == home / "other"
     assert load_spec(path, output="~/other", inbox="~/box").source.inbox == home / "box"
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda d: d["output"].update(keep=True), "output.keep"),
+    (lambda d: d["output"].update(retire_after_seconds=False), "output.retire_after_seconds"),
+    (lambda d: d["storage"].update(chunk_rows=True), "storage.chunk_rows"),
+    (lambda d: d.setdefault("verify", {}).update(resample=True), "verify.resample"),
+    (lambda d: d["fields"]["images"].update(fill=False), "fields.images.image.fill"),
+    (lambda d: d["fields"]["images"].update(size=[True, 224]), "fields.images.image.size"),
+    (lambda d: d["splits"].update(ratios={"train": True, "val": 0.0, "test": 0.0}), "splits.ratios"),
+    (lambda d: d.update(max_rejected=True), "max_rejected"),
+])
+def test_a_bool_where_a_number_belongs_is_refused_not_read_as_1(mutate, key):
+    """pydantic's lax mode reads true as 1 and false as 0: `keep: true` would keep one version."""
+    data = base()
+    mutate(data)
+    with pytest.raises(SpecError) as err:
+        parse_spec(data, REPO / "config", "test.yaml")
+    text = str(err.value)
+    assert f"  {key}:" in text, text
+    assert "true/false" in text, text
+
+
+def test_every_shipped_spec_still_loads():
+    for path in sorted((REPO / "config").glob("*.yaml")):
+        load_spec(path)

@@ -29,7 +29,7 @@ from h5forge.errors import SpecError
 from h5forge._format.codecs import CodecName
 from h5forge._format.names import RESERVED
 from h5forge.kinds import REGISTRY
-from h5forge.kinds.base import STORED, FieldModel
+from h5forge.kinds.base import BOOL_FOR_NUMBER, STORED, FieldModel
 from h5forge.kinds.base import StrictModel as _Strict
 
 
@@ -259,7 +259,8 @@ class DatasetSpec(_Strict):
 def _format_errors(err: ValidationError, origin: str) -> str:
     lines = [f"invalid spec {origin}:"]
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
+        loc = [*e["loc"], e["ctx"]["key"]] if e["type"] == BOOL_FOR_NUMBER else e["loc"]
+        key = ".".join(str(p) for p in loc if not str(p).startswith("function-after"))
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"

@@ -3,6 +3,7 @@ versions, rollback, demo-data (verify, versions and rollback hand a bucket addre
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Optional
@@ -263,6 +264,7 @@ def export(
     """Write a self-contained copy of a version, to move to another machine or hand to other tools."""
     import h5py
 
+    from h5forge._format import leases
     from h5forge._format.codecs import CODECS
     from h5forge._format.names import Attr
     from h5forge._store.output import refuse_version_names
@@ -275,10 +277,11 @@ def export(
         _fail(f"{version}: no such file")
     with _reported():
         refuse_version_names(dest)
-    report = verify_file(version, checksums=False, resample=0, latency_reads=0)
-    if not report.ok:
-        _fail(f"{version} is broken: {'; '.join(report.errors)}", 1)
-    export_version(version, dest, codec)
+    with leases.pinned(version) as real:  # retention keeps it from the check to the end of the copy
+        report = verify_file(real, checksums=False, resample=0, latency_reads=0)
+        if not report.ok:
+            _fail(f"{version} is broken: {'; '.join(report.errors)}", 1)
+        export_version(Path(real), dest, codec)
     check = verify_file(dest, resample=0, latency_reads=0)
     if not check.ok:
         dest.unlink()
@@ -349,8 +352,6 @@ def versions(
     is listed as such, with the reason."""
     from h5forge.read._remote import is_remote
     from h5forge._store.versions import latest, published
-    from h5forge._views.info import brief
-    from h5forge._store.isolated import in_child
 
     if is_remote(location):
         from h5forge._cli.bucket import versions_of
@@ -363,14 +364,28 @@ def versions(
         _fail(f"no published version in {folder}", 1)
     with _reported():
         current = latest(folder)
+    out.print(version_table(found, current))
+
+
+def version_table(found: dict[int, Path], current: int | None) -> Table:
+    """The listing of ``versions``: each listed version read while it is pinned (retention keeps
+    it meanwhile); one that retention deleted between the listing and its read is named as such."""
+    from h5forge._format import leases
+    from h5forge._store.isolated import in_child
+    from h5forge._views.info import brief
+
     t = Table("", "version", "samples", "size", "kind", "created", "parent")
     for number, p in found.items():
         mark = "latest →" if number == current else ""
-        try:
-            row = in_child(brief, p, what=f"read {p.name}")
-        except H5forgeError as err:
-            t.add_row(mark, f"v{number:04d}", "", f"{p.stat().st_size / 1e6:.1f} MB", f"unreadable: {err}", "", "")
-            continue
+        with leases.pinned(p) as real:
+            if not os.path.exists(real):
+                t.add_row(mark, f"v{number:04d}", "", "", "deleted by retention while listing", "", "")
+                continue
+            try:
+                row = in_child(brief, p, what=f"read {p.name}")
+            except H5forgeError as err:
+                t.add_row(mark, f"v{number:04d}", "", f"{p.stat().st_size / 1e6:.1f} MB", f"unreadable: {err}", "", "")
+                continue
         t.add_row(
             mark,
             f"v{number:04d}",
@@ -380,7 +395,7 @@ def versions(
             str(row["created_at"]),
             f"v{row['parent']:04d}" if row["parent"] else "",
         )
-    out.print(t)
+    return t
 
 
 @app.command()

@@ -30,7 +30,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from h5forge._format.names import VERSION_RE
+
 LEASE_DIR = "readers"
+RESOLVE_ATTEMPTS = 10  # a link that moves on while each version it named is deleted: tried this often
 FOLDER_MODE = 0o755  # others read and lock leases; only the dataset's writer adds or removes them
 LEASE_MODE = 0o644
 _LOCK = threading.Lock()
@@ -116,6 +119,42 @@ def acquire(version_file: str | os.PathLike) -> bool:
             return False
         _HELD[key] = [fd, 1]
         return True
+
+
+def pin_path(path: str | os.PathLike) -> tuple[str, bool]:
+    """Resolve ``path`` (a version file, or ``dataset_latest.h5``) and pin the version it names for
+    this process: ``(real path, whether a lease is held)``. Pinned before the existence check, so
+    the version returned exists and retention keeps it until ``release``. A link resolved to a
+    version that retention deleted before the pin (latest had moved on) is resolved again, up to
+    ``RESOLVE_ATTEMPTS`` times; when the real path does not exist in the end (a link to nothing,
+    a deleted version), nothing is held and the caller says so."""
+    path = os.fspath(path)
+    real = os.path.realpath(path)
+    for _ in range(RESOLVE_ATTEMPTS):
+        # nothing is leased for a file that is not there (no lease file made for it)
+        held = bool(VERSION_RE.match(os.path.basename(real))) and os.path.exists(real) and acquire(real)
+        if os.path.exists(real):
+            return real, held
+        if held:
+            release(real)
+        again = os.path.realpath(path)
+        if again == real:  # the link has not moved: it points at nothing
+            break
+        real = again
+    return real, False
+
+
+@contextmanager
+def pinned(path: str | os.PathLike) -> Iterator[str]:
+    """``pin_path`` for the time of a block (``verify``, ``export``, a listing): yields the real
+    path, which exists when the block starts unless nothing could be pinned (the caller's existence
+    check says so), and keeps the version from retention until the block ends."""
+    real, held = pin_path(path)
+    try:
+        yield real
+    finally:
+        if held:
+            release(real)
 
 
 def release(version_file: str | os.PathLike) -> None:

@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterator
 
 import h5py
 
-from h5forge.errors import UsageError, VersionError
+from h5forge.errors import ReadError, UsageError, VersionError
+from h5forge._format import leases
 from h5forge._format.checksums import drop_how_built, write_digests, write_file_digest
 from h5forge._format.codecs import CODECS, codec_options, ensure_filters
 from h5forge._format.dims import name_axes, plain_attrs
@@ -219,15 +220,18 @@ def export(version: Path, dest: Path, codec: str | None = None) -> Path:
         raise UsageError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
     refuse_version_names(dest)
     ensure_filters()
-    src_path = Path(os.path.realpath(version))
     tmp = dest.with_name(partial_name(dest.name))
-    try:
-        _export(src_path, tmp, codec)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    finally:
-        SOURCES.close_all()  # the mapped files read for the copy are not kept open after it
+    with leases.pinned(version) as real:  # as readers pin it: retention keeps it until the copy is done
+        src_path = Path(real)
+        if not src_path.exists():
+            raise ReadError(f"{version}: no such version file")
+        try:
+            _export(src_path, tmp, codec)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        finally:
+            SOURCES.close_all()  # the mapped files read for the copy are not kept open after it
     os.replace(tmp, dest)
     return dest
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import h5py
 import numpy as np
 
-from h5forge._format import arrays
+from h5forge._format import arrays, leases
 from h5forge._format import markdown
 from h5forge._format.checksums import (
     PROVENANCE,
@@ -157,30 +157,49 @@ def verify_file(
     ``executor``: running processes to checksum on and how many there are (a build passes the dask
     workers that cleaned it): the rows are shared among them from ``EXECUTOR_ROWS`` rows on, as
     they cost no start; a share they fail to check is checked as without them.
+
+    The version is pinned for the whole check, as readers pin it (its lease,
+    h5forge._format.leases): retention does not delete it meanwhile. ``dataset_latest.h5`` is
+    resolved and pinned in one step (a version deleted before the pin is resolved again).
     """
-    if isolate:
-        return _in_child(
-            path,
-            dict(
-                checksums=checksums,
-                resample=resample,
-                latency_reads=latency_reads,
-                source_root=source_root,
-                seed=seed,
-                checksum_sample=checksum_sample,
-                max_source_bytes=max_source_bytes,
-                workers=workers,
-            ),
-        )
+    options = dict(
+        checksums=checksums,
+        resample=resample,
+        latency_reads=latency_reads,
+        source_root=source_root,
+        seed=seed,
+        checksum_sample=checksum_sample,
+        max_source_bytes=max_source_bytes,
+        workers=workers,
+    )
+    with leases.pinned(path) as real:  # a forked child (isolate) shares the pin of this process
+        if isolate:
+            return _in_child(real, path, options)
+        return _verify(Path(path), real, executor=executor, **options)  # type: ignore[arg-type]
+
+
+def _verify(
+    path: Path,
+    real: str,
+    *,
+    checksums: bool,
+    resample: int | None,
+    latency_reads: int | None,
+    source_root: str | Path | None,
+    seed: int,
+    checksum_sample: int | None,
+    max_source_bytes: int,
+    workers: int | None,
+    executor: tuple[Executor, int] | None,
+) -> HealthReport:
+    """``verify_file`` on the pinned version ``real`` (``path`` as given, for the report)."""
     if executor is not None and executor[1] < 1:
         executor = None
     ensure_filters()
-    path = Path(path)
     report = HealthReport(str(path))
-    if not path.exists():
+    if not os.path.exists(real):
         report.error("open", f"{path}: no such file")
         return report
-    real = os.path.realpath(path)
     try:
         regular = stat.S_ISREG(os.stat(real).st_mode)
     except OSError as err:
@@ -232,19 +251,20 @@ def verify_file(
                     compared = (f, kinds, roots, n_resample, seed, report, max_source_bytes)
                     _guarded(report, "sources", _check_against_sources, *compared)
             reads = _count(report, "latency_reads", spec.verify.latency_reads, latency_reads)
-            _guarded(report, "figures", _figures, f, path, kinds, report)
+            _guarded(report, "figures", _figures, f, Path(real), kinds, report)
             _guarded(report, "non-finite values", _count_nonfinite, f, kinds, report)
     except Exception as err:  # noqa: BLE001 - e.g. closing a file whose metadata is corrupt
         report.error("read", f"{path}: cannot be read ({_why(err)})")
     if reads and report.ok:
-        _guarded(report, "read latency", _measure_latency, path, kinds, reads, seed, report)
+        _guarded(report, "read latency", _measure_latency, Path(real), kinds, reads, seed, report)
     SOURCES.close_all()  # the mapped files read for the checks, latency's included, are not kept open after them
     return report
 
 
-def _in_child(path: str | Path, options: dict) -> HealthReport:
+def _in_child(real: str, path: str | Path, options: dict) -> HealthReport:
+    """The checks of the pinned version ``real`` in a forked child (the pin's lease is inherited)."""
     try:
-        return in_child(lambda: verify_file(path, **options), what=f"verify {path}")
+        return in_child(lambda: _verify(Path(path), real, executor=None, **options), what=f"verify {path}")
     except Crashed as err:
         report = HealthReport(str(path))
         report.error("read", f"{path}: {crash_text(err.exitcode)}")

@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 
 from h5forge.errors import ReadError, SourceMissing
+from h5forge._format import leases
 from h5forge._format.codecs import ensure_filters
 from h5forge._format.layout import decode_str, index_parts
 from h5forge._format.names import (
@@ -270,20 +271,22 @@ def brief(path: Path) -> dict[str, Any]:
 
 def _brief_or_why(number: int, path: Path) -> dict[str, Any]:
     """A version's line, or what is wrong with a file that cannot be read (a listing of the
-    folder goes on)."""
-    try:
-        return brief(path)
-    except Exception as err:  # noqa: BLE001 - a damaged file: whatever h5py raises on it
-        return {
-            "version": number,
-            "file": path.name,
-            "samples": 0,
-            "counts": {},
-            "file_bytes": path.stat().st_size,
-            "kind": f"unreadable: {type(err).__name__}: {err}"[:300],
-            "created_at": "",
-            "parent": None,
-        }
+    folder goes on). Read under the version's lease, as readers hold it: one that retention deleted
+    since the listing is named as such."""
+    line: dict[str, Any] = {"version": number, "file": path.name, "samples": 0, "counts": {}, "file_bytes": 0}
+    with leases.pinned(path) as real:
+        if not os.path.exists(real):
+            return {**line, "kind": "deleted by retention while listing", "created_at": "", "parent": None}
+        try:
+            return brief(path)
+        except Exception as err:  # noqa: BLE001 - a damaged file: whatever h5py raises on it
+            return {
+                **line,
+                "file_bytes": path.stat().st_size,
+                "kind": f"unreadable: {type(err).__name__}: {err}"[:300],
+                "created_at": "",
+                "parent": None,
+            }
 
 
 def folder_info(folder: str | Path) -> dict[str, Any]:

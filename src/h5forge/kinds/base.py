@@ -18,16 +18,30 @@ import hashlib
 import logging
 import os
 import stat
+import types
 import warnings
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Generic, Iterator, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    BinaryIO,
+    ClassVar,
+    Generic,
+    Iterator,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+)
 
 import h5py
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic_core import PydanticCustomError
 
 from h5forge._format.arrays import Ragged, Stored
 from h5forge.kinds.reading import Reading
@@ -54,8 +68,63 @@ def warnings_logged(where: str) -> Iterator[list[warnings.WarningMessage]]:
 STORED = "stored"  # validation context of a spec read from a dataset file (spec_from_json)
 
 
+BOOL_FOR_NUMBER = "bool_for_number"  # the error type of a number given as true/false
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types a value of ``annotation`` may be: a union's members, ``Annotated`` unwrapped."""
+    if get_origin(annotation) is Annotated:
+        return _members(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, types.UnionType):
+        return [m for arg in get_args(annotation) for m in _members(arg)]
+    return [annotation]
+
+
+def bool_for_number(value: Any, annotation: Any) -> str | None:
+    """Where ``value`` holds a bool that ``annotation`` would take as a number (pydantic's lax mode
+    reads true as 1 and false as 0): ``""`` for the value itself, ``"[k]"`` for an item of a
+    mapping or a sequence; None when it holds none."""
+    members = _members(annotation)
+    if isinstance(value, bool):
+        return "" if bool not in members and (int in members or float in members) else None
+    for member in members:
+        origin, args = get_origin(member), get_args(member)
+        if isinstance(value, dict) and origin is dict and len(args) == 2:
+            items: list[tuple[Any, Any, Any]] = [(k, v, args[1]) for k, v in value.items()]
+        elif isinstance(value, (list, tuple)) and origin in (list, tuple, set, frozenset) and args:
+            if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+                items = [(i, v, t) for i, (v, t) in enumerate(zip(value, args))]
+            else:
+                items = [(i, v, args[0]) for i, v in enumerate(value)]
+        else:
+            continue
+        for key, item, wanted in items:
+            where = bool_for_number(item, wanted)
+            if where is not None:
+                return f"[{key}]{where}"
+    return None
+
+
 class StrictModel(BaseModel):
+    """The base of every spec model (the dataset spec's sections and each kind's field model)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, data: Any) -> Any:
+        """A number given as true/false is refused, never read as 1 or 0 (``keep: true``). The
+        error's type is ``BOOL_FOR_NUMBER`` and its ``key`` the field's name, which the spec's
+        error message adds to the location (h5forge.spec)."""
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                if name in data and (where := bool_for_number(data[name], field.annotation)) is not None:
+                    raise PydanticCustomError(
+                        BOOL_FOR_NUMBER,
+                        "expected a number, got true/false{where}",
+                        {"key": name, "where": f" at {where}" if where else ""},
+                    )
+        return data
 
 
 class FieldModel(StrictModel):

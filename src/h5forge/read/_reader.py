@@ -225,12 +225,12 @@ class SplitReader:
         self.locking = locking
         if not os.path.lexists(self.path):
             raise FileNotFoundError(f"{self.path}: no such dataset file")
-        real = os.path.realpath(self.path)
+        # pinned before the existence check (retention deletes only versions nobody pins); a link
+        # to a version deleted before the pin (latest moved on) is resolved again
+        real, held = leases.pin_path(self.path)
         self.real_path = real
-        self._pinned_pid: int | None = None
-        self._pin()  # before the existence check: retention deletes only versions nobody pins
+        self._pinned_pid: int | None = os.getpid() if held else None
         if not os.path.exists(real):
-            self._unpin()
             raise FileNotFoundError(f"{self.path}: link points to {real}, which does not exist")
         if isinstance(fields, str):
             fields = (fields,)
