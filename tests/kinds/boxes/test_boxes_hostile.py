@@ -482,16 +482,29 @@ def test_a_category_id_naming_two_classes_rejects_the_pictures_that_use_it(coco_
     _decode_one(coco_folder, tmp_path, {"coco": str(same)}, "chelsea")  # listed twice with one name: taken
 
 
-def test_an_annotation_id_that_repeats_in_a_picture_rejects_it(coco_folder, tmp_path):
+def test_an_annotation_listed_twice_in_a_picture_rejects_it(coco_folder, tmp_path):
     """The same object twice (a file merged with itself, in part) would be stored as two boxes."""
 
     def twice(data):
         data["annotations"].append(next(a for a in data["annotations"] if a["image_id"] == 3))
 
     path = _edited(coco_folder, tmp_path, twice)
-    with pytest.raises(Reject, match=r"annotation id 6 appears 2 times in .*merged.json"):
+    with pytest.raises(Reject, match=r"annotation id 6 is listed twice in .*merged.json, the same object each time"):
         _decode_one(coco_folder, tmp_path, {"coco": str(path)}, "chelsea")
     _decode_one(coco_folder, tmp_path, {"coco": str(path)}, "coffee")
+
+
+def test_two_objects_an_exporter_numbered_alike_are_both_kept(coco_folder, tmp_path):
+    """One annotation id on two different boxes of a picture: the file names two objects, both stored."""
+    data = json.loads((coco_folder / COCO).read_text())
+    first = next(a for a in data["annotations"] if a["image_id"] == 3)
+    x, y, w, h = first["bbox"]
+    other = {**first, "bbox": [x + 1, y + 1, w - 2, h - 2]}
+    before = _decode_one(coco_folder, tmp_path, {"coco": COCO}, "chelsea")
+    path = _edited(coco_folder, tmp_path, lambda d: d["annotations"].append(other))
+    after = _decode_one(coco_folder, tmp_path, {"coco": str(path)}, "chelsea")
+    was, now = np.asarray(before["boxes"].value), np.asarray(after["boxes"].value)
+    assert len(now) == len(was) + 1  # the cat fills the cropped picture: both boxes clip alike
 
 
 def test_an_image_entry_whose_id_is_a_list_rejects_only_its_picture(coco_folder, tmp_path):

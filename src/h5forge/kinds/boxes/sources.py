@@ -6,7 +6,7 @@ box's segmentation (COCO's as given, a YOLO polygon in pixels, or None) for inst
 COCO: ``bbox`` is ``[x, y, width, height]``; a picture is found by the last component of its
 ``file_name`` and must have its ``width``/``height``; ``iscrowd`` regions are left out; categories
 match by name; an image id of several entries, a category id listed under two names or an
-annotation id twice in one picture (lists of merged files) refuse the pictures concerned. YOLO: each line is ``class cx cy w h`` relative to the picture's size (a
+annotation listed twice whole in one picture (lists of merged files) refuse the pictures concerned. YOLO: each line is ``class cx cy w h`` relative to the picture's size (a
 segmentation polygon gives its bounding box). Coordinates must be finite, and a picture holds at
 most ``max_objects`` objects (``Limits``). A COCO file is read by ``read_bounded`` and parsed once
 per process, in discovery: each sample gets only its picture's part (``CocoIndex.part``).
@@ -192,12 +192,11 @@ def coco_entry(index: CocoIndex, picture: str) -> tuple[dict, list[dict]]:
     for category in sorted({c for a in anns if (c := _category(a.get("category_id"))) in index.named_twice}):
         listed = ", ".join(map(repr, index.named_twice[category]))
         raise Reject(picture, f"category id {category} names more than one class in {index.rel}: {listed}")
-    ids = [a["id"] for a in anns if "id" in a]
-    if len(set(ids)) < len(ids):
-        repeated = next(i for i in ids if ids.count(i) > 1)
-        raise Reject(
-            picture, f"annotation id {repeated} appears {ids.count(repeated)} times in {index.rel}: one object twice?"
-        )
+    # an annotation listed twice whole is one object twice (a file merged with itself); two objects
+    # an exporter numbered alike are two objects
+    repeated = next((a for i, a in enumerate(anns) if "id" in a and a in anns[:i]), None)
+    if repeated is not None:
+        raise Reject(picture, f"annotation id {repeated['id']} is listed twice in {index.rel}, the same object each time")
     return entry, sorted(anns, key=lambda a: a.get("id", 0))
 
 
