@@ -124,7 +124,7 @@ def test_rollback_of_a_path_that_is_no_output_folder_is_one_line_and_creates_not
     assert r.stderr.strip() == f"error: {dataset / 'dataset_v0001.h5'} is not a folder: give the dataset's output folder"
     missing = tmp_path / "no-such-folder"
     r = run("rollback", missing, "v1")
-    assert r.returncode == 2 and r.stderr.strip() == f"error: {missing} is not a folder: give the dataset's output folder"
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {missing} does not exist: give the dataset's output folder"
     assert not missing.exists()  # no folder, no lock file made for it
 
 
