@@ -417,7 +417,9 @@ def rollback(
     from h5forge._pipeline.build import recover_interrupted
 
     if not folder.is_dir():  # the lock would make it (or fail on a file given for the folder)
-        _fail(f"{folder} {'is not a folder' if folder.exists() else 'does not exist'}: give the dataset's output folder")
+        _fail(
+            f"{folder} {'is not a folder' if folder.exists() else 'does not exist'}: give the dataset's output folder"
+        )
     with _reported():
         number = version_number(version)
         if not published(folder):

@@ -196,7 +196,9 @@ def coco_entry(index: CocoIndex, picture: str) -> tuple[dict, list[dict]]:
     # an exporter numbered alike are two objects
     repeated = next((a for i, a in enumerate(anns) if "id" in a and a in anns[:i]), None)
     if repeated is not None:
-        raise Reject(picture, f"annotation id {repeated['id']} is listed twice in {index.rel}, the same object each time")
+        raise Reject(
+            picture, f"annotation id {repeated['id']} is listed twice in {index.rel}, the same object each time"
+        )
     return entry, sorted(anns, key=lambda a: a.get("id", 0))
 
 
