@@ -136,10 +136,19 @@ def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> Inbo
     return scan
 
 
+def sample_files(kinds: dict[str, FieldKind], inbox: Path, ref: SampleRef) -> list[str]:
+    """The files of ``ref``: its own, those its fields read beside them (``files_beside``), its sidecar."""
+    own = [*ref.files.values()]
+    for name, rel in ref.files.items():
+        if (kind := kinds.get(name)) is not None:
+            own.extend(c for c in kind.files_beside(inbox, rel) if c not in own)
+    return [*own, *ref.extra_files]
+
+
 def _members(kinds: dict[str, FieldKind], inbox: Path, ref: SampleRef) -> tuple[list[str], tuple[str, str] | None]:
     """Every file ``ref`` is made of (its own, its sidecar, the shared files holding its record),
     and why it waits when a shared file holding its record is not there yet."""
-    members = [*ref.files.values(), *ref.extra_files]
+    members = sample_files(kinds, inbox, ref)
     for name, kind in sharing(kinds).items():
         holders = kind.shared_files_of(inbox, ref)
         if holders is None:
@@ -443,8 +452,9 @@ def plan_moves(spec: DatasetSpec, scan: InboxScan, rejections: tuple[Rejection, 
     refused: dict[str, str] = {}
     refused_inputs: dict[str, tuple[list[str], str]] = {}  # input id -> (its files, why)
     recorded: set[str] = set()
+    kinds = field_kinds(spec)
     for ref in scan.ready:
-        rel_files = [*ref.files.values(), *ref.extra_files]
+        rel_files = sample_files(kinds, inbox, ref)
         if ref.id in rejected:
             refused.update((rel, rejected[ref.id]) for rel in rel_files if rel not in refused)
             refused_inputs.setdefault(ref.input_id, (rel_files, rejected[ref.id]))

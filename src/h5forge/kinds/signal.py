@@ -21,6 +21,7 @@ readers return a 1-D array per sample, batched as padded values plus lengths.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 from array import array
@@ -111,12 +112,29 @@ def _from_npy(data: bytes, rel: str, max_decoded: int) -> np.ndarray:
     return np.frombuffer(data, dtype, n, offset)
 
 
-def _sidecar_rate(root: Path, rel: str, max_bytes: int) -> float | None:
-    """The ``rate`` of the ``<stem>.json`` beside a .npy channel (read as the channel is), or None."""
-    side = Path(rel).with_suffix(".json").as_posix()
-    if not (root / side).is_symlink() and not (root / side).exists():
+def rate_sidecar(root: Path, rel: str) -> str | None:
+    """The ``<stem>.json`` beside a .npy channel (relative to ``root``) when there is one."""
+    if Path(rel).suffix.lower() != ".npy":
         return None
-    data, _ = read_source(root, side, max_bytes)
+    side = Path(rel).with_suffix(".json").as_posix()
+    return side if (root / side).is_symlink() or (root / side).exists() else None
+
+
+def with_sidecar(digest: str, sidecar_digest: str | None) -> str:
+    """A .npy channel's digest: its own, and its rate sidecar's when it has one (the rate decides
+    the stored values as much as the array: ``resample``, or a refusal)."""
+    if sidecar_digest is None or not digest:
+        return digest
+    return hashlib.sha256(f"{digest}+rate:{sidecar_digest}".encode()).hexdigest()
+
+
+def _sidecar_rate(root: Path, rel: str, max_bytes: int) -> tuple[float | None, str | None]:
+    """The ``rate`` of the ``<stem>.json`` beside a .npy channel (read as the channel is) and the
+    sidecar's sha256, or (None, None)."""
+    side = rate_sidecar(root, rel)
+    if side is None:
+        return None, None
+    data, digest = read_source(root, side, max_bytes)
     try:
         said = json.loads(data)["rate"]
         rate = float(said)
@@ -128,7 +146,7 @@ def _sidecar_rate(root: Path, rel: str, max_bytes: int) -> float | None:
         raise Reject(
             side, f"sidecar rate must be a positive finite number of samples a second; it is {json.dumps(said)}"
         )
-    return rate
+    return rate, digest
 
 
 def _shown(value: str) -> str:
@@ -373,6 +391,18 @@ class SignalKind(Plugins, FloatSums, Preview, FieldKind[SignalField]):
         channel = self.spec.channel
         return {"rate": self.spec.rate, **({"channel": channel} if channel is not None else {})}
 
+    def source_digest(self, root: Path, rel: str) -> str:
+        side = rate_sidecar(root, rel)
+        digest = super().source_digest(root, rel)
+        return digest if side is None else with_sidecar(digest, read_source(root, side, self.spec.max_bytes)[1])
+
+    def files_beside(self, root: Path, rel: str) -> tuple[str, ...]:
+        side = rate_sidecar(root, rel)
+        return () if side is None else (side,)
+
+    def state_decides(self, root: Path, rel: str) -> bool:
+        return rate_sidecar(root, rel) is None  # a sidecar's change leaves the array's state as it was
+
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         f, rel = self.spec, ref.files[self.name]
         size = (root / rel).stat().st_size if (root / rel).exists() else 0
@@ -382,8 +412,9 @@ class SignalKind(Plugins, FloatSums, Preview, FieldKind[SignalField]):
         suffix = Path(rel).suffix.lower()
         if suffix == ".npy":
             values = _from_npy(data, rel, f.max_decoded_bytes)
-            rate = _sidecar_rate(root, rel, f.max_bytes)
+            rate, side_digest = _sidecar_rate(root, rel, f.max_bytes)
             rate = f.rate if rate is None else rate
+            digest = with_sidecar(digest, side_digest)
         elif suffix == ".csv":
             values, rate = _from_csv(data, rel, f.channel, f.max_columns, f.max_decoded_bytes)
         elif suffix in (".edf", ".bdf"):

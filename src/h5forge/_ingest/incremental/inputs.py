@@ -184,7 +184,9 @@ def fingerprint(
     states = {
         rel: st
         for rel, kind in jobs
-        if not kind.reads_folders and (st := stated.get(rel) or state_of(os.path.join(root, rel)))
+        if not kind.reads_folders
+        and kind.state_decides(root, rel)
+        and (st := stated.get(rel) or state_of(os.path.join(root, rel)))
     }
     rules = rules_hash(spec)
     if not hash_files:
