@@ -178,9 +178,8 @@ class Verification(_Strict):
 
 
 def rejected_limit_value(v):
-    """``max_rejected`` as given: an int is a count, a float in [0, 1] a fraction, 'N%' a percentage."""
-    if isinstance(v, bool):
-        raise ValueError("true/false is neither a count nor a fraction")
+    """``max_rejected`` as given: an int is a count, a float in [0, 1] a fraction, 'N%' a percentage
+    (true/false never reaches here: ``StrictModel`` refuses a bool for a number)."""
     if isinstance(v, str):
         text = v.strip()
         try:

@@ -612,7 +612,7 @@ def _gather(
         args = (kind.reads_folders, spec.source.allow_symlinks_outside, () if prefix else skip, kind.id_suffix, states)
         taken, problems = _glob_field(r, kind.files, spec.source.ids, *args)
         inv.rejections.extend(problems)
-        inv.states.update((prefix + rel, st) for rel, st in states.items() if kind.state_decides(r, rel))
+        inv.states.update((prefix + rel, st) for rel, st in states.items() if not kind.files_beside(r, rel))
         files = found.per_field.setdefault(name, {})
         for stem, (rel, sid) in taken.items():
             if rel in shared.get(name, ()):

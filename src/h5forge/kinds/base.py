@@ -356,14 +356,10 @@ class FieldKind(Reading, ABC, Generic[S]):
 
     def files_beside(self, root: Path, rel: str) -> tuple[str, ...]:
         """Files beside the raw file ``rel`` that its decoding reads too (a .npy channel's rate
-        sidecar), relative to ``root``: an append moves them with it."""
+        sidecar), relative to ``root``: an append moves them with it, and its digest covers them, so
+        the raw file's own state (size, times, inode) no longer tells when that changes and the hash
+        cache does not answer for it."""
         return ()
-
-    def state_decides(self, root: Path, rel: str) -> bool:
-        """Whether the state of the raw file ``rel`` (size, times, inode) tells when its digest
-        (``source_digest``) changes, so that the hash cache may answer for it; not when the digest
-        also covers another file (a .npy channel's rate sidecar)."""
-        return True
 
     def source_digest(self, root: Path, rel: str) -> str:
         """sha256 of one raw input as ``decode`` hashes it (a kind whose input is a folder overrides

@@ -400,9 +400,6 @@ class SignalKind(Plugins, FloatSums, Preview, FieldKind[SignalField]):
         side = rate_sidecar(root, rel)
         return () if side is None else (side,)
 
-    def state_decides(self, root: Path, rel: str) -> bool:
-        return rate_sidecar(root, rel) is None  # a sidecar's change leaves the array's state as it was
-
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         f, rel = self.spec, ref.files[self.name]
         size = (root / rel).stat().st_size if (root / rel).exists() else 0

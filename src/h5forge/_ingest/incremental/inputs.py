@@ -185,7 +185,7 @@ def fingerprint(
         rel: st
         for rel, kind in jobs
         if not kind.reads_folders
-        and kind.state_decides(root, rel)
+        and not kind.files_beside(root, rel)  # a file beside it changes the digest, not the state
         and (st := stated.get(rel) or state_of(os.path.join(root, rel)))
     }
     rules = rules_hash(spec)
