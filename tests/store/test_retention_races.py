@@ -18,17 +18,8 @@ import pytest
 
 from h5forge._format import leases
 from h5forge._store.versions import published, retain, set_latest
-from tests.helpers.files import make_version
 
 RETAIN = "import sys; from h5forge._store.versions import retain; retain(sys.argv[1], keep=1, retire_after=0)"
-
-
-@pytest.fixture
-def four_versions(tmp_path, small_inventory, raw_demo):
-    out = tmp_path / "out"
-    for _ in range(4):
-        make_version(out, small_inventory, raw_demo)
-    return out
 
 
 def retention_in_another_process(out: Path) -> None:

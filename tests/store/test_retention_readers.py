@@ -36,14 +36,6 @@ READER = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def four_versions(tmp_path, small_inventory, raw_demo):
-    out = tmp_path / "out"
-    for _ in range(4):
-        make_version(out, small_inventory, raw_demo)
-    return out
-
-
 def start_reader(path) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", READER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=os.getcwd())
