@@ -73,25 +73,51 @@ def _sync(path: Path, sync, flags: int = 0) -> None:
         os.close(fd)
 
 
+def _synced(path: Path) -> OSError | None:
+    """``fdatasync`` of ``path`` from a background thread: the error the disk reports, or None. A file
+    that cannot be opened (gone, no descriptor left) is None: ``seal`` opens it again and syncs it.
+    The kernel reports a failed write-back once, to the first sync after it: an error returned here
+    is the caller's to raise, as the seal's own sync would not see it again."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        os.fdatasync(fd)
+    except OSError as err:
+        return err
+    finally:
+        os.close(fd)
+    return None
+
+
+WRITEBACK_SECONDS = 0.5  # between the syncs of a file the writer is writing
+
+
 @contextmanager
-def flushing(paths: list[Path]) -> Iterator[None]:
+def flushing(paths: list[Path], every: float | None = None) -> Iterator[None]:
     """Within the block, the data of ``paths`` is written to the disk in a background thread
-    (``fdatasync``), which the block's end waits for: the ``seal`` that publishes them then finds
-    little left to write. A failure here is left to ``seal``, which reports it."""
+    (``fdatasync``), the ``seal`` that publishes them then finds little left to write: once, or
+    with ``every``, what has been written so far every ``every`` seconds while the block writes
+    (the kernel would hold the pages until the seal). The block's end waits for the sync under
+    way; a write the disk failed is raised then."""
+    stop, errors = threading.Event(), []
 
     def flush() -> None:
-        for path in paths:
-            try:
-                _sync(path, os.fdatasync)
-            except OSError:
-                pass
+        while every is None or not stop.wait(every):
+            errors.extend(err for path in paths if (err := _synced(path)) is not None)
+            if every is None or errors:
+                return
 
     thread = threading.Thread(target=flush, name="h5forge-flush", daemon=True)
     thread.start()
     try:
         yield
     finally:
+        stop.set()
         thread.join()
+    if errors:
+        raise errors[0]
 
 
 def seal(path: Path) -> None:
