@@ -198,6 +198,42 @@ def test_bad_boxes_reject_the_picture_with_the_reason(coco_folder, tmp_path):
         _decode_one(coco_folder, tmp_path, {"coco": str(bad)}, "chelsea")
 
 
+@pytest.mark.parametrize("line,number", [
+    ("2 225.5 150 200 150", "225.5"),  # a label in pixels: every box would leave the frame and be dropped
+    ("2 0.5 0.5 3 0.2", "3"),  # three pictures wide: clipped to a full-width box no one drew
+    ("2 1.2 0.5 0.1 0.1", "1.2"),  # the centre beyond the right edge
+    ("2 0.5 -0.1 0.1 0.1", "-0.1"),  # the centre above the top edge
+    ("2 0.1 0.2 0.3 0.2 1.4 0.4", "1.4"),  # a polygon vertex
+])
+def test_a_yolo_number_outside_zero_to_one_rejects_the_picture(coco_folder, tmp_path, line, number):
+    """YOLO's numbers are fractions of the picture's size: a label with one outside 0..1 (written in
+    pixels, or for another picture) rejects its picture with the reason, and the others are
+    published as their labels say; a box that only reaches past the edge is clipped as before."""
+    raw = _yolo_folder(coco_folder, tmp_path)
+    (raw / "labels" / "chelsea.txt").write_text(line + "\n")
+    spec = _spec(raw, tmp_path / "out", {"files": "labels/*.txt"})
+    spec["max_rejected"] = 0.5
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    result = h5forge.build(tmp_path / "spec.yaml")
+    assert [(r.sample_id, r.reason) for r in result.rejections] == [
+        ("chelsea", f"line 1: {number} is no fraction of the picture's size (YOLO coordinates lie in 0..1; "
+                    "a label in pixels?)")]
+    got = {}
+    for split in SPLITS:
+        if result.counts.get(split):
+            with SplitReader(result.path, split, fields=["boxes"]) as r:
+                got.update(zip(r.ids(), r.read(range(len(r)))["boxes"]))
+    assert set(got) == set(PICTURES) - {"chelsea"}
+    for name in got:
+        assert np.allclose(got[name], _expected(name, "crop", "clip")[0], atol=1e-3), name
+    h, w, _ = PICTURES["chelsea"]  # its numbers within 0..1, the box reaching 0.05 above the top edge
+    (raw / "labels" / "chelsea.txt").write_text("2 0.5 0.05 0.2 0.2\n")
+    decoded = _decode_one(raw, tmp_path, {"files": "labels/*.txt"}, "chelsea")
+    top, left = (h - SIZE) // 2, (w - SIZE) // 2
+    assert np.allclose(decoded["boxes"].value, [[0.4 * w - left, 0, 0.6 * w - left, 0.15 * h - top, 2]], atol=1e-3)
+    assert decoded["boxes_clipped"].value == 1
+
+
 def _decode_with_classes(raw: Path, tmp_path: Path):
     from h5forge._ingest.discover import discover
     from h5forge.kinds import decode_sample, stored_kinds
