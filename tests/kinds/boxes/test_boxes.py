@@ -167,6 +167,41 @@ def test_init_recognises_coco_and_yolo_folders(coco_folder, tmp_path):
     assert fields["boxes"]["classes"] == list(CLASSES)
 
 
+def test_init_recognises_ultralytics_split_folders_and_the_build_keeps_each_split(coco_folder, tmp_path):
+    """Ultralytics' own layout, images/<split>/ beside labels/<split>/ and the names in data.yaml:
+    ``init`` writes a boxes spec taking the split from the folders (it was read as class folders
+    named train and val, every picture labelled with its split, its boxes left out); the build
+    publishes each picture in its folder's split with its label file's boxes."""
+    from h5forge._init import infer_spec
+
+    flat = _yolo_folder(coco_folder, tmp_path)
+    raw = tmp_path / "ultralytics"
+    split_of = {"astronaut": "train", "coffee": "train", "rocket": "train", "chelsea": "val"}
+    for name, split in split_of.items():
+        for folder, suffix in (("images", ".png"), ("labels", ".txt")):
+            (raw / folder / split).mkdir(parents=True, exist_ok=True)
+            (flat / folder / f"{name}{suffix}").rename(raw / folder / split / f"{name}{suffix}")
+    (raw / "data.yaml").write_text(yaml.safe_dump({"path": ".", "train": "images/train", "val": "images/val",
+                                                   "names": dict(enumerate(CLASSES))}))
+    found = infer_spec(raw, tmp_path / "spec.yaml")
+    data = yaml.safe_load(found.text)
+    assert found.layout == "boxes", found.text
+    assert data["source"]["ids"] == "path" and data["splits"]["column"] == "split"
+    assert data["fields"]["boxes"]["files"] == "labels/*/*.txt" and data["fields"]["images"]["files"] == "images/*/*.png"
+    assert data["fields"]["boxes"]["classes"] == list(CLASSES)
+    data["output"]["dir"] = str(tmp_path / "out")
+    data["fields"]["images"].update(size=[SIZE, SIZE], larger="crop")  # the sizes _expected computes with
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    result = h5forge.build(tmp_path / "spec.yaml")
+    assert result.rejections == () and result.counts == {"train": 3, "val": 1, "test": 0}
+    for split in ("train", "val"):
+        with SplitReader(result.path, split, fields=["boxes"]) as r:
+            got = dict(zip(r.ids(), r.read(range(len(r)))["boxes"]))
+        assert set(got) == {f"{split}/{name}" for name, s in split_of.items() if s == split}
+        for sid, boxes in got.items():
+            assert np.allclose(boxes, _expected(sid.split("/")[1], "crop", "clip")[0], atol=1e-3), sid
+
+
 def _decode_one(raw: Path, tmp_path: Path, boxes: dict, picture: str):
     from h5forge._ingest.discover import discover
     from h5forge.kinds import decode_sample, stored_kinds
