@@ -167,6 +167,24 @@ def test_init_recognises_coco_and_yolo_folders(coco_folder, tmp_path):
     assert fields["boxes"]["classes"] == list(CLASSES)
 
 
+def test_init_keeps_each_yolo_class_name_at_its_index(coco_folder, tmp_path):
+    """A label's class number is the name's position: data.yaml names keyed by quoted numbers ("10"
+    sorts before "2" as text) and a classes.txt with a blank line among the names (and a byte-order
+    mark) keep every name at its index, an index named by no one taking a placeholder."""
+    from h5forge._init import infer_spec
+
+    raw = _yolo_folder(coco_folder, tmp_path)
+    (raw / "classes.txt").unlink()
+    names = [f"thing{i}" for i in range(12)]
+    (raw / "data.yaml").write_text("names:\n" + "".join(f"  '{i}': {n}\n" for i, n in enumerate(names)))
+    found = infer_spec(raw, tmp_path / "spec.yaml")
+    assert yaml.safe_load(found.text)["fields"]["boxes"]["classes"] == names
+    (raw / "classes.txt").write_text("\ufeffperson\n\ncat\n\n", encoding="utf-8")
+    found = infer_spec(raw, tmp_path / "spec.yaml")
+    assert yaml.safe_load(found.text)["fields"]["boxes"]["classes"] == ["person", "class_1", "cat"]
+    assert any("classes.txt names no class 1" in n for n in found.notes), found.notes
+
+
 def test_init_recognises_ultralytics_split_folders_and_the_build_keeps_each_split(coco_folder, tmp_path):
     """Ultralytics' own layout, images/<split>/ beside labels/<split>/ and the names in data.yaml:
     ``init`` writes a boxes spec taking the split from the folders (it was read as class folders

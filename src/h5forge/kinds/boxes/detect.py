@@ -151,18 +151,30 @@ def _coco_layout(raw: Path, notes: list[str]) -> Layout | None:
     return Layout("boxes", body)
 
 
+def _by_index(names: dict[int, str], where: str, notes: list[str]) -> list[str]:
+    """The class names in index order, an index the file leaves out named ``class_<i>``: a label's
+    class number is its position in the list, so no name may move to another index."""
+    listed = [names.get(i, f"class_{i}") for i in range(max(names, default=-1) + 1)]
+    gaps = [i for i in range(len(listed)) if i not in names]
+    if gaps:
+        notes.append(f"{where} names no class {', '.join(map(str, gaps))}: named class_<i> here; rename them")
+    return listed
+
+
 def _yolo_classes(raw: Path, labels: list[Path], notes: list[str]) -> list[str]:
     names_file = next((p for p in (raw / "classes.txt", raw / "labels" / "classes.txt") if p.is_file()), None)
     if names_file is not None and (text := _read(names_file, raw)) is not None:
-        return [line.strip() for line in text.splitlines() if line.strip()]
+        lines = [line.strip() for line in text.removeprefix("\ufeff").splitlines()]
+        where = names_file.relative_to(raw).as_posix()
+        return _by_index({i: name for i, name in enumerate(lines) if name}, where, notes)
     data_yaml = raw / "data.yaml"
     if data_yaml.is_file() and (text := _read(data_yaml, raw)) is not None:
         try:
             names = yaml.safe_load(text).get("names")
         except (yaml.YAMLError, AttributeError):
             names = None
-        if isinstance(names, dict):
-            return [str(names[k]) for k in sorted(names)]
+        if isinstance(names, dict) and all(str(k).isdigit() for k in names):  # {0: person} or {"0": person}
+            return _by_index({int(k): str(v) for k, v in names.items()}, "data.yaml", notes)
         if isinstance(names, list):
             return [str(n) for n in names]
     top = -1
