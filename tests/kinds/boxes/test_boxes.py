@@ -251,6 +251,22 @@ def test_bad_boxes_reject_the_picture_with_the_reason(coco_folder, tmp_path):
         _decode_one(coco_folder, tmp_path, {"coco": str(bad)}, "chelsea")
 
 
+@pytest.mark.parametrize("spelling", [
+    pytest.param(lambda lines: "\ufeff" + "\n".join(lines) + "\n", id="byte-order mark"),
+    pytest.param(lambda lines: "\r\n".join(lines) + "\r\n", id="CRLF"),
+    pytest.param(lambda lines: "\n".join(line.replace(" ", "\t") for line in lines), id="tabs, no final newline"),
+    pytest.param(lambda lines: "\n\n".join(lines) + "\n\n  \n", id="blank lines"),
+])
+def test_a_yolo_label_file_as_editors_write_it_gives_the_same_boxes(coco_folder, tmp_path, spelling):
+    """The same label lines as Windows editors and exporters write them: the same boxes as the plain file."""
+    raw = _yolo_folder(coco_folder, tmp_path)
+    plain = (raw / "labels" / "coffee.txt").read_text().splitlines()
+    assert len(plain) == 3
+    (raw / "labels" / "coffee.txt").write_bytes(spelling(plain).encode("utf-8"))
+    decoded = _decode_one(raw, tmp_path, {"files": "labels/*.txt"}, "coffee")
+    assert np.allclose(decoded["boxes"].value, _expected("coffee", "crop", "clip")[0], atol=1e-3)
+
+
 @pytest.mark.parametrize("line,number", [
     ("2 225.5 150 200 150", "225.5"),  # a label in pixels: every box would leave the frame and be dropped
     ("2 0.5 0.5 3 0.2", "3"),  # three pictures wide: clipped to a full-width box no one drew

@@ -270,7 +270,8 @@ def yolo_boxes(data: bytes, rel: str, raw: tuple[int, int], n_classes: int, limi
     """The objects of a YOLO label file for a picture of size ``raw`` (h, w)."""
     h, w = raw
     found: list[tuple[list[float], int, Any, str]] = []
-    lines = [(n, line) for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1) if line.split()]
+    text = data.decode("utf-8", errors="replace").removeprefix("\ufeff")  # a byte-order mark (Windows editors)
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.split()]
     _count_objects(len(lines), rel, limits.max_objects)
     for number, line in lines:
         parts = line.split()
