@@ -205,7 +205,8 @@ def test_init_recognises_ultralytics_split_folders_and_the_build_keeps_each_spli
     data = yaml.safe_load(found.text)
     assert found.layout == "boxes", found.text
     assert data["source"]["ids"] == "path" and data["splits"]["column"] == "split"
-    assert data["fields"]["boxes"]["files"] == "labels/*/*.txt" and data["fields"]["images"]["files"] == "images/*/*.png"
+    assert data["fields"]["boxes"]["files"] == "labels/*/*.txt"
+    assert data["fields"]["images"]["files"] == "images/*/*.png"
     assert data["fields"]["boxes"]["classes"] == list(CLASSES)
     data["output"]["dir"] = str(tmp_path / "out")
     data["fields"]["images"].update(size=[SIZE, SIZE], larger="crop")  # the sizes _expected computes with
@@ -460,3 +461,77 @@ def test_a_yolo_polygon_is_its_boxes_instance_mask(coco_folder, tmp_path):
     assert m[150 - top, 200 - left] == 1  # inside the triangle
     assert m[255 - top, 102 - left] == 0  # the box's bottom-left corner is outside it
     assert m.sum() < 0.6 * (200 * 180)  # about half the box
+
+
+def _from_label(text: str, h: int, w: int) -> np.ndarray:
+    """The rows a YOLO label file gives a picture of h x w under ``_spec``'s centre crop to SIZE
+    (clipped to it, dropped when under a pixel), computed from its text."""
+    top, left = max(h - SIZE, 0) // 2, max(w - SIZE, 0) // 2
+    ch, cw = min(h, SIZE), min(w, SIZE)
+    pt, pl = (SIZE - ch) // 2, (SIZE - cw) // 2
+    rows = []
+    for line in text.split("\n"):
+        if line.strip():
+            c, cx, cy, bw, bh = (float(v) for v in line.split())
+            box = np.array([(cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h])
+            box = np.clip(box - [left, top, left, top], 0, [cw, ch, cw, ch])
+            if box[2] - box[0] >= 1 and box[3] - box[1] >= 1:
+                rows.append([*(box + [pl, pt, pl, pt]), c])
+    return np.array(rows, np.float32).reshape(-1, 5)
+
+
+def test_yolo_boxes_through_rebuild_append_and_rollback_are_the_label_files(coco_folder, tmp_path):
+    """Build, a label file edited, a rebuild, a picture and its label file appended from the inbox,
+    a rollback: after each, every reader (SplitReader, H5Dataset one by one and in batches) gives the
+    boxes the label files of that version say."""
+    import shutil
+
+    from h5forge.read.torch import H5Dataset
+    from tests.helpers.data import age_files
+    from tests.test_cli import run
+
+    raw, inbox = _yolo_folder(coco_folder, tmp_path), tmp_path / "inbox"
+    spec = _spec(raw, tmp_path / "out", {"files": "labels/*.txt"})
+    spec["source"]["inbox"] = str(inbox)
+    spec["output"]["retire_after_seconds"] = 0
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    sizes = {name: (h, w) for name, (h, w, _) in PICTURES.items()}
+    labels = {name: (raw / "labels" / f"{name}.txt").read_text() for name in PICTURES}
+
+    def check(want: dict[str, str]) -> None:
+        latest = tmp_path / "out" / "dataset_latest.h5"
+        got = {}
+        for split in SPLITS:
+            with SplitReader(latest, split, fields=["boxes"]) as r:
+                got.update(zip(r.ids(), r.read(range(len(r)))["boxes"]))
+                n = len(r)
+            if n:
+                ds = H5Dataset(latest, split, fields=("boxes",))
+                ids = ds.reader.ids()
+                for i, sid in enumerate(ids):
+                    assert np.allclose(ds[i].numpy(), _from_label(want[sid], *sizes[sid]), atol=1e-3), sid
+                for k, batch in enumerate(ds.loader(batch_size=2, shuffle=False)):
+                    for j, n in enumerate(batch.lengths.tolist()):
+                        sid = ids[2 * k + j]
+                        assert np.allclose(batch.values[j, :n].numpy(), _from_label(want[sid], *sizes[sid]), atol=1e-3)
+        assert set(got) == set(want)
+        for sid, boxes in got.items():
+            assert np.allclose(boxes, _from_label(want[sid], *sizes[sid]), atol=1e-3), sid
+
+    assert h5forge.build(tmp_path / "spec.yaml").version == 1
+    check(labels)
+    v1 = dict(labels)
+    labels["coffee"] = "2 0.5 0.5 0.2 0.3\n0 0.4 0.45 0.1 0.1\n"  # another class, one more box
+    (raw / "labels" / "coffee.txt").write_text(labels["coffee"])
+    assert h5forge.build(tmp_path / "spec.yaml").version == 2
+    check(labels)
+    (inbox / "images").mkdir(parents=True)
+    (inbox / "labels").mkdir()
+    shutil.copy(raw / "images" / "chelsea.png", inbox / "images" / "kitten.png")
+    labels["kitten"], sizes["kitten"] = "1 0.5 0.5 0.25 0.25\n", sizes["chelsea"]
+    (inbox / "labels" / "kitten.txt").write_text(labels["kitten"])
+    age_files(inbox)
+    assert h5forge.append(tmp_path / "spec.yaml").version == 3
+    check(labels)
+    assert run("rollback", tmp_path / "out", "v1").returncode == 0
+    check(v1)
