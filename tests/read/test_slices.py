@@ -166,7 +166,8 @@ def test_slice_cache_keeps_the_latest_slices_and_is_bounded(versions):
 
 def _save_case(folder, name: str, vol: np.ndarray) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    nibabel.save(nibabel.Nifti1Image(np.ascontiguousarray(vol.transpose(2, 1, 0)), np.eye(4)), folder / f"{name}.nii.gz")
+    image = nibabel.Nifti1Image(np.ascontiguousarray(vol.transpose(2, 1, 0)), np.eye(4))  # (D, H, W) -> (x, y, z)
+    nibabel.save(image, folder / f"{name}.nii.gz")
 
 
 @pytest.mark.parametrize("codec,chunk_rows,assemble", [("lz4", 4, "mapped"), ("none", 3, "copy")])

@@ -337,6 +337,7 @@ def test_a_killed_build_of_ragged_fields_is_taken_over_and_equals_a_fresh_build(
         with h5py.File(resumed) as f:
             flat, depths = f["train"]["ct"][()], f["train"]["ct_lengths"][()]
         ends = np.cumsum(depths)
-        near = [[min(max(j + o, e - d), e - 1) for o in (-1, 0, 1)] for d, e in zip(depths, ends) for j in range(e - d, e)]
+        near = [[min(max(j + o, e - d), e - 1) for o in (-1, 0, 1)]  # within the case ending at e
+                for d, e in zip(depths, ends) for j in range(e - d, e)]
         ds = H5Dataset(resumed, "train", fields=("ct",), unit="slice", context=1)
         assert np.array_equal(ds.__getitems__(list(range(len(ds)))).stacked.numpy(), flat[np.array(near)])
