@@ -162,3 +162,61 @@ def test_slice_cache_keeps_the_latest_slices_and_is_bounded(versions):
     assert list(cache.rows)[-3:] == [last - 2, last - 1, last]
     for row, plain in cache.rows.items():  # kept as decompressed
         assert np.array_equal(plain.view(np.int16).reshape(flat.shape[1:]), flat[row])
+
+
+def _save_case(folder, name: str, vol: np.ndarray) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    image = nibabel.Nifti1Image(np.ascontiguousarray(vol.transpose(2, 1, 0)), np.eye(4))  # (D, H, W) -> (x, y, z)
+    nibabel.save(image, folder / f"{name}.nii.gz")
+
+
+@pytest.mark.parametrize("codec,chunk_rows,assemble", [("lz4", 4, "mapped"), ("none", 3, "copy")])
+def test_stacks_stay_within_their_case_across_appends_and_rebuilds(tmp_path, codec, chunk_rows, assemble):
+    """2.5-D stacks never take a neighbour from another case while the cases move: after an append
+    (a thin version, the new cases read from the delta file, one sorting before every case held),
+    and after a rebuild that puts a case between two others, drops one and changes another's depth.
+    Every stack is its case's slices around it, the case's end slice repeated, as the source has them."""
+    import h5forge
+    from h5forge.read._reader import SplitReader
+    from h5forge.spec import DatasetSpec
+    from tests.helpers.data import age_files
+
+    base = source_volumes()["a"][:, :64, :64]
+    cases = {name: np.roll(base[:1], 7 * i, axis=2).repeat(depth, 0) + np.arange(depth, dtype=np.int16)[:, None, None]
+             * 100 + i for i, (name, depth) in enumerate({"c2": 3, "c4": 1, "c6": 5, "c8": 2, "c0": 4, "c5": 2,
+                                                          "c7": 6}.items())}
+    raw, inbox = tmp_path / "raw", tmp_path / "inbox"
+    for name in ("c2", "c4", "c6", "c8"):
+        _save_case(raw / "cases", name, cases[name])
+    data = {"name": "ct", "source": {"root": str(raw), "inbox": str(inbox)}, "output": {"dir": str(tmp_path / "out")},
+            "splits": {"ratios": {"train": 1.0}}, "compute": {"batch_size": 2}, "append": {"settle_seconds": 1},
+            "storage": {"chunk_rows": chunk_rows, "assemble": assemble}, "verify": {"resample": 2, "latency_reads": 0},
+            "fields": {"ct": {"kind": "volume", "files": "cases/*.nii.gz", "size": [64, 64], "codec": codec}}}
+    spec = DatasetSpec.model_validate(data)
+
+    def check(order: list[str]) -> None:
+        latest = tmp_path / "out" / "dataset_latest.h5"
+        with SplitReader(latest, "train", fields=("ct",)) as r:
+            assert r.ids() == order
+        want = np.concatenate([[cases[c][np.clip(np.arange(j - 2, j + 3), 0, len(cases[c]) - 1)]
+                                for j in range(len(cases[c]))] for c in order])
+        ds = H5Dataset(latest, fields=("ct",), unit="slice", context=2)
+        assert len(ds) == len(want)
+        assert np.array_equal(ds.__getitems__(list(range(len(ds)))[::-1]).stacked.numpy(), want[::-1])
+        for i in np.random.default_rng(0).permutation(len(ds)):
+            assert np.array_equal(ds[int(i)].numpy(), want[i]), i
+
+    assert h5forge.build(spec).rejections == ()
+    check(["c2", "c4", "c6", "c8"])
+    for name in ("c0", "c5"):
+        _save_case(inbox / "cases", name, cases[name])
+    age_files(inbox)
+    assert h5forge.append(spec).added == 2
+    check(["c2", "c4", "c6", "c8", "c0", "c5"])  # an append's cases follow those latest held
+    _save_case(raw / "cases", "c7", cases["c7"])
+    cases["c6"] = cases["c6"][:4]
+    _save_case(raw / "cases", "c6", cases["c6"])
+    (raw / "cases" / "c4.nii.gz").unlink()
+    data["output"]["allow_removals"] = True
+    assert h5forge.build(DatasetSpec.model_validate(data)).rejections == ()
+    check(["c0", "c2", "c5", "c6", "c7", "c8"])

@@ -251,3 +251,93 @@ def test_ragged_recordings_are_cut_back_to_their_durable_rows(tmp_path):
             assert np.allclose(left[k], right[k], rtol=1e-12), k  # recounted at once, not batch by batch
         else:
             assert np.array_equal(left[k], right[k]), k
+
+
+def ragged_raw(kind: str, root: Path, n: int) -> None:
+    """``n`` inputs of ragged fields, one of them rejected: NIfTI cases of 1 to 6 slices with their
+    label volumes (``volume``), or pictures with YOLO boxes, some as polygons (``boxes``)."""
+    rng = np.random.default_rng(5)
+    if kind == "volume":
+        import nibabel
+
+        for folder in ("cases", "masks"):
+            (root / folder).mkdir(parents=True)
+        for i in range(n):
+            depth = int(rng.integers(1, 7))
+            ct = rng.integers(-1000, 1000, (16, 12, depth)).astype(np.int16)
+            labels = rng.integers(0, 2, (16, 12, depth)).astype(np.uint8)
+            nibabel.save(nibabel.Nifti1Image(ct, np.eye(4)), root / "cases" / f"c{i:03d}.nii.gz")
+            nibabel.save(nibabel.Nifti1Image(labels, np.eye(4)), root / "masks" / f"c{i:03d}.nii.gz")
+        (root / "cases" / "c005.nii.gz").write_bytes(b"not a volume")
+        return
+    from PIL import Image
+
+    for folder in ("images", "labels"):
+        (root / folder).mkdir(parents=True)
+    for i in range(n):
+        h, w = (int(v) for v in rng.integers(16, 48, 2))
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / "images" / f"p{i:03d}.png")
+        lines = []
+        for _ in range(int(rng.integers(0, 4))):
+            c, (cx, cy), (bw, bh) = int(rng.integers(0, 3)), rng.uniform(0.2, 0.8, 2), rng.uniform(0.1, 0.4, 2)
+            polygon = [cx - bw / 2, cy - bh / 2, cx + bw / 2, cy - bh / 2, cx, cy + bh / 2]
+            lines.append(" ".join(f"{v:.5f}" for v in ([cx, cy, bw, bh] if rng.random() < 0.5 else polygon)))
+            lines[-1] = f"{c} {lines[-1]}"
+        (root / "labels" / f"p{i:03d}.txt").write_text("\n".join(lines) + "\n")
+    (root / "labels" / "p005.txt").write_text("7 0.5 0.5 0.1 0.1\n")
+
+
+def ragged_spec(kind: str, root: Path, out: Path):
+    from h5forge.spec import DatasetSpec
+
+    if kind == "volume":
+        fields = {"ct": {"kind": "volume", "files": "cases/*.nii.gz", "size": [16, 16]},
+                  "ct_mask": {"kind": "volume_mask", "files": "masks/*.nii.gz", "like": "ct"}}
+    else:
+        fields = {"images": {"kind": "image", "files": "images/*.png", "size": [32, 32], "larger": "shrink"},
+                  "boxes": {"kind": "boxes", "like": "images", "classes": ["a", "b", "c"], "files": "labels/*.txt",
+                            "masks": True}}
+    return DatasetSpec.model_validate({
+        "name": kind, "source": {"root": str(root)}, "output": {"dir": str(out)}, "fields": fields,
+        "compute": {"batch_size": 3}, "verify": {"resample": 4, "latency_reads": 0}})
+
+
+@pytest.mark.parametrize("kind", ["volume", "boxes"])
+def test_a_killed_build_of_ragged_fields_is_taken_over_and_equals_a_fresh_build(tmp_path, kind):
+    """CT cases with their label volumes, and pictures with their boxes and instance masks: ragged
+    fields whose elements share chunks. A build SIGKILLed with rows written past its last
+    checkpoint (one every 5 % of the inputs, batches of 3) is cut back to the durable rows, taken
+    over, and publishes what an uninterrupted build publishes: ids, checksums, every element, the
+    rejected input's reason; the CT slices read for 2.5-D training are h5py's."""
+    from h5forge.read.torch import H5Dataset
+
+    root = tmp_path / "raw"
+    ragged_raw(kind, root, 100)
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys, h5forge; from pathlib import Path; "
+         "from tests.ingest.incremental.test_take_over import ragged_spec; "
+         "h5forge.build(ragged_spec(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])))",
+         kind, str(root), str(tmp_path / "out")],
+        cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=900,
+        env={**os.environ, "H5FORGE_KILL_AT": "build:at-80%", "H5FORGE_CHECKPOINT_SECONDS": "1000"})
+    assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
+    partial = tmp_path / "out" / PARTIAL
+    state = json.loads(partial.with_name(partial.name + RESUME_SUFFIX).read_text())
+    durable = sum(state["counts"].values())
+    # the kill came once 80 of the 100 inputs were settled: the last batches were written past the checkpoint
+    assert durable + len(state["rejected"]) < 80
+
+    resumed, result = build(ragged_spec(kind, root, tmp_path / "out"))
+    assert result.timings["resumed_in_place"] == durable and result.timings["cleaned"] == 100 - durable - 1
+    fresh, fresh_result = build(ragged_spec(kind, root, tmp_path / "fresh"))
+    assert_same(resumed, fresh)
+    assert [(r.sample_id, r.reason) for r in result.rejections] == [
+        (r.sample_id, r.reason) for r in fresh_result.rejections] and len(result.rejections) == 1
+    if kind == "volume":
+        with h5py.File(resumed) as f:
+            flat, depths = f["train"]["ct"][()], f["train"]["ct_lengths"][()]
+        ends = np.cumsum(depths)
+        near = [[min(max(j + o, e - d), e - 1) for o in (-1, 0, 1)]  # within the case ending at e
+                for d, e in zip(depths, ends) for j in range(e - d, e)]
+        ds = H5Dataset(resumed, "train", fields=("ct",), unit="slice", context=1)
+        assert np.array_equal(ds.__getitems__(list(range(len(ds)))).stacked.numpy(), flat[np.array(near)])

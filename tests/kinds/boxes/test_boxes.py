@@ -167,6 +167,60 @@ def test_init_recognises_coco_and_yolo_folders(coco_folder, tmp_path):
     assert fields["boxes"]["classes"] == list(CLASSES)
 
 
+def test_init_keeps_each_yolo_class_name_at_its_index(coco_folder, tmp_path):
+    """A label's class number is the name's position: data.yaml names keyed by quoted numbers ("10"
+    sorts before "2" as text) and a classes.txt with a blank line among the names (and a byte-order
+    mark) keep every name at its index, an index named by no one taking a placeholder."""
+    from h5forge._init import infer_spec
+
+    raw = _yolo_folder(coco_folder, tmp_path)
+    (raw / "classes.txt").unlink()
+    names = [f"thing{i}" for i in range(12)]
+    (raw / "data.yaml").write_text("names:\n" + "".join(f"  '{i}': {n}\n" for i, n in enumerate(names)))
+    found = infer_spec(raw, tmp_path / "spec.yaml")
+    assert yaml.safe_load(found.text)["fields"]["boxes"]["classes"] == names
+    (raw / "classes.txt").write_text("\ufeffperson\n\ncat\n\n", encoding="utf-8")
+    found = infer_spec(raw, tmp_path / "spec.yaml")
+    assert yaml.safe_load(found.text)["fields"]["boxes"]["classes"] == ["person", "class_1", "cat"]
+    assert any("classes.txt names no class 1" in n for n in found.notes), found.notes
+
+
+def test_init_recognises_ultralytics_split_folders_and_the_build_keeps_each_split(coco_folder, tmp_path):
+    """Ultralytics' own layout, images/<split>/ beside labels/<split>/ and the names in data.yaml:
+    ``init`` writes a boxes spec taking the split from the folders (it was read as class folders
+    named train and val, every picture labelled with its split, its boxes left out); the build
+    publishes each picture in its folder's split with its label file's boxes."""
+    from h5forge._init import infer_spec
+
+    flat = _yolo_folder(coco_folder, tmp_path)
+    raw = tmp_path / "ultralytics"
+    split_of = {"astronaut": "train", "coffee": "train", "rocket": "train", "chelsea": "val"}
+    for name, split in split_of.items():
+        for folder, suffix in (("images", ".png"), ("labels", ".txt")):
+            (raw / folder / split).mkdir(parents=True, exist_ok=True)
+            (flat / folder / f"{name}{suffix}").rename(raw / folder / split / f"{name}{suffix}")
+    (raw / "data.yaml").write_text(yaml.safe_dump({"path": ".", "train": "images/train", "val": "images/val",
+                                                   "names": dict(enumerate(CLASSES))}))
+    found = infer_spec(raw, tmp_path / "spec.yaml")
+    data = yaml.safe_load(found.text)
+    assert found.layout == "boxes", found.text
+    assert data["source"]["ids"] == "path" and data["splits"]["column"] == "split"
+    assert data["fields"]["boxes"]["files"] == "labels/*/*.txt"
+    assert data["fields"]["images"]["files"] == "images/*/*.png"
+    assert data["fields"]["boxes"]["classes"] == list(CLASSES)
+    data["output"]["dir"] = str(tmp_path / "out")
+    data["fields"]["images"].update(size=[SIZE, SIZE], larger="crop")  # the sizes _expected computes with
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    result = h5forge.build(tmp_path / "spec.yaml")
+    assert result.rejections == () and result.counts == {"train": 3, "val": 1, "test": 0}
+    for split in ("train", "val"):
+        with SplitReader(result.path, split, fields=["boxes"]) as r:
+            got = dict(zip(r.ids(), r.read(range(len(r)))["boxes"]))
+        assert set(got) == {f"{split}/{name}" for name, s in split_of.items() if s == split}
+        for sid, boxes in got.items():
+            assert np.allclose(boxes, _expected(sid.split("/")[1], "crop", "clip")[0], atol=1e-3), sid
+
+
 def _decode_one(raw: Path, tmp_path: Path, boxes: dict, picture: str):
     from h5forge._ingest.discover import discover
     from h5forge.kinds import decode_sample, stored_kinds
@@ -196,6 +250,58 @@ def test_bad_boxes_reject_the_picture_with_the_reason(coco_folder, tmp_path):
     bad.write_text(json.dumps(data))
     with pytest.raises(Reject, match=r"says the picture is 450x300 \(WxH\); it is 451x300"):
         _decode_one(coco_folder, tmp_path, {"coco": str(bad)}, "chelsea")
+
+
+@pytest.mark.parametrize("spelling", [
+    pytest.param(lambda lines: "\ufeff" + "\n".join(lines) + "\n", id="byte-order mark"),
+    pytest.param(lambda lines: "\r\n".join(lines) + "\r\n", id="CRLF"),
+    pytest.param(lambda lines: "\n".join(line.replace(" ", "\t") for line in lines), id="tabs, no final newline"),
+    pytest.param(lambda lines: "\n\n".join(lines) + "\n\n  \n", id="blank lines"),
+])
+def test_a_yolo_label_file_as_editors_write_it_gives_the_same_boxes(coco_folder, tmp_path, spelling):
+    """The same label lines as Windows editors and exporters write them: the same boxes as the plain file."""
+    raw = _yolo_folder(coco_folder, tmp_path)
+    plain = (raw / "labels" / "coffee.txt").read_text().splitlines()
+    assert len(plain) == 3
+    (raw / "labels" / "coffee.txt").write_bytes(spelling(plain).encode("utf-8"))
+    decoded = _decode_one(raw, tmp_path, {"files": "labels/*.txt"}, "coffee")
+    assert np.allclose(decoded["boxes"].value, _expected("coffee", "crop", "clip")[0], atol=1e-3)
+
+
+@pytest.mark.parametrize("line,number", [
+    ("2 225.5 150 200 150", "225.5"),  # a label in pixels: every box would leave the frame and be dropped
+    ("2 0.5 0.5 3 0.2", "3"),  # three pictures wide: clipped to a full-width box no one drew
+    ("2 1.2 0.5 0.1 0.1", "1.2"),  # the centre beyond the right edge
+    ("2 0.5 -0.1 0.1 0.1", "-0.1"),  # the centre above the top edge
+    ("2 0.1 0.2 0.3 0.2 1.4 0.4", "1.4"),  # a polygon vertex
+])
+def test_a_yolo_number_outside_zero_to_one_rejects_the_picture(coco_folder, tmp_path, line, number):
+    """YOLO's numbers are fractions of the picture's size: a label with one outside 0..1 (written in
+    pixels, or for another picture) rejects its picture with the reason, and the others are
+    published as their labels say; a box that only reaches past the edge is clipped as before."""
+    raw = _yolo_folder(coco_folder, tmp_path)
+    (raw / "labels" / "chelsea.txt").write_text(line + "\n")
+    spec = _spec(raw, tmp_path / "out", {"files": "labels/*.txt"})
+    spec["max_rejected"] = 0.5
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    result = h5forge.build(tmp_path / "spec.yaml")
+    assert [(r.sample_id, r.reason) for r in result.rejections] == [
+        ("chelsea", f"line 1: {number} is no fraction of the picture's size (YOLO coordinates lie in 0..1; "
+                    "a label in pixels?)")]
+    got = {}
+    for split in SPLITS:
+        if result.counts.get(split):
+            with SplitReader(result.path, split, fields=["boxes"]) as r:
+                got.update(zip(r.ids(), r.read(range(len(r)))["boxes"]))
+    assert set(got) == set(PICTURES) - {"chelsea"}
+    for name in got:
+        assert np.allclose(got[name], _expected(name, "crop", "clip")[0], atol=1e-3), name
+    h, w, _ = PICTURES["chelsea"]  # its numbers within 0..1, the box reaching 0.05 above the top edge
+    (raw / "labels" / "chelsea.txt").write_text("2 0.5 0.05 0.2 0.2\n")
+    decoded = _decode_one(raw, tmp_path, {"files": "labels/*.txt"}, "chelsea")
+    top, left = (h - SIZE) // 2, (w - SIZE) // 2
+    assert np.allclose(decoded["boxes"].value, [[0.4 * w - left, 0, 0.6 * w - left, 0.15 * h - top, 2]], atol=1e-3)
+    assert decoded["boxes_clipped"].value == 1
 
 
 def _decode_with_classes(raw: Path, tmp_path: Path):
@@ -355,3 +461,77 @@ def test_a_yolo_polygon_is_its_boxes_instance_mask(coco_folder, tmp_path):
     assert m[150 - top, 200 - left] == 1  # inside the triangle
     assert m[255 - top, 102 - left] == 0  # the box's bottom-left corner is outside it
     assert m.sum() < 0.6 * (200 * 180)  # about half the box
+
+
+def _from_label(text: str, h: int, w: int) -> np.ndarray:
+    """The rows a YOLO label file gives a picture of h x w under ``_spec``'s centre crop to SIZE
+    (clipped to it, dropped when under a pixel), computed from its text."""
+    top, left = max(h - SIZE, 0) // 2, max(w - SIZE, 0) // 2
+    ch, cw = min(h, SIZE), min(w, SIZE)
+    pt, pl = (SIZE - ch) // 2, (SIZE - cw) // 2
+    rows = []
+    for line in text.split("\n"):
+        if line.strip():
+            c, cx, cy, bw, bh = (float(v) for v in line.split())
+            box = np.array([(cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h])
+            box = np.clip(box - [left, top, left, top], 0, [cw, ch, cw, ch])
+            if box[2] - box[0] >= 1 and box[3] - box[1] >= 1:
+                rows.append([*(box + [pl, pt, pl, pt]), c])
+    return np.array(rows, np.float32).reshape(-1, 5)
+
+
+def test_yolo_boxes_through_rebuild_append_and_rollback_are_the_label_files(coco_folder, tmp_path):
+    """Build, a label file edited, a rebuild, a picture and its label file appended from the inbox,
+    a rollback: after each, every reader (SplitReader, H5Dataset one by one and in batches) gives the
+    boxes the label files of that version say."""
+    import shutil
+
+    from h5forge.read.torch import H5Dataset
+    from tests.helpers.data import age_files
+    from tests.test_cli import run
+
+    raw, inbox = _yolo_folder(coco_folder, tmp_path), tmp_path / "inbox"
+    spec = _spec(raw, tmp_path / "out", {"files": "labels/*.txt"})
+    spec["source"]["inbox"] = str(inbox)
+    spec["output"]["retire_after_seconds"] = 0
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    sizes = {name: (h, w) for name, (h, w, _) in PICTURES.items()}
+    labels = {name: (raw / "labels" / f"{name}.txt").read_text() for name in PICTURES}
+
+    def check(want: dict[str, str]) -> None:
+        latest = tmp_path / "out" / "dataset_latest.h5"
+        got = {}
+        for split in SPLITS:
+            with SplitReader(latest, split, fields=["boxes"]) as r:
+                got.update(zip(r.ids(), r.read(range(len(r)))["boxes"]))
+                n = len(r)
+            if n:
+                ds = H5Dataset(latest, split, fields=("boxes",))
+                ids = ds.reader.ids()
+                for i, sid in enumerate(ids):
+                    assert np.allclose(ds[i].numpy(), _from_label(want[sid], *sizes[sid]), atol=1e-3), sid
+                for k, batch in enumerate(ds.loader(batch_size=2, shuffle=False)):
+                    for j, n in enumerate(batch.lengths.tolist()):
+                        sid = ids[2 * k + j]
+                        assert np.allclose(batch.values[j, :n].numpy(), _from_label(want[sid], *sizes[sid]), atol=1e-3)
+        assert set(got) == set(want)
+        for sid, boxes in got.items():
+            assert np.allclose(boxes, _from_label(want[sid], *sizes[sid]), atol=1e-3), sid
+
+    assert h5forge.build(tmp_path / "spec.yaml").version == 1
+    check(labels)
+    v1 = dict(labels)
+    labels["coffee"] = "2 0.5 0.5 0.2 0.3\n0 0.4 0.45 0.1 0.1\n"  # another class, one more box
+    (raw / "labels" / "coffee.txt").write_text(labels["coffee"])
+    assert h5forge.build(tmp_path / "spec.yaml").version == 2
+    check(labels)
+    (inbox / "images").mkdir(parents=True)
+    (inbox / "labels").mkdir()
+    shutil.copy(raw / "images" / "chelsea.png", inbox / "images" / "kitten.png")
+    labels["kitten"], sizes["kitten"] = "1 0.5 0.5 0.25 0.25\n", sizes["chelsea"]
+    (inbox / "labels" / "kitten.txt").write_text(labels["kitten"])
+    age_files(inbox)
+    assert h5forge.append(tmp_path / "spec.yaml").version == 3
+    check(labels)
+    assert run("rollback", tmp_path / "out", "v1").returncode == 0
+    check(v1)

@@ -2,7 +2,8 @@
 
 COCO: an ``instances_*.json`` whose images are pictures of a sub-folder, giving an image field
 there (the most common size, ``larger: shrink`` so no object is cropped away) and a boxes field
-with its categories as classes. YOLO: ``labels/*.txt`` beside ``images/``, the classes from
+with its categories as classes. YOLO: ``labels/*.txt`` beside ``images/`` (or ``labels/<split>/``
+beside ``images/<split>/``, the split from the folders), the classes from
 ``classes.txt`` or ``data.yaml``, else ``class_0`` ... (noted). Nothing here imports ``init``: the
 ``SpecText`` it writes into is passed in.
 """
@@ -19,6 +20,8 @@ from h5forge.kinds.base import DEFAULT_MAX_BYTES, read_bounded
 from h5forge.kinds.plugins import Layout
 
 PICTURES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
+# the split folders of Ultralytics' layout (images/train/ beside labels/train/), as discovery reads them
+SPLIT_FOLDERS = ("train", "val", "test", "training", "validation", "valid", "testing")
 SAMPLED = 200  # label files read to find the classes of a YOLO folder without a names file
 SMALL_FILE = 1 << 20  # a names file or a label file
 
@@ -148,18 +151,30 @@ def _coco_layout(raw: Path, notes: list[str]) -> Layout | None:
     return Layout("boxes", body)
 
 
+def _by_index(names: dict[int, str], where: str, notes: list[str]) -> list[str]:
+    """The class names in index order, an index the file leaves out named ``class_<i>``: a label's
+    class number is its position in the list, so no name may move to another index."""
+    listed = [names.get(i, f"class_{i}") for i in range(max(names, default=-1) + 1)]
+    gaps = [i for i in range(len(listed)) if i not in names]
+    if gaps:
+        notes.append(f"{where} names no class {', '.join(map(str, gaps))}: named class_<i> here; rename them")
+    return listed
+
+
 def _yolo_classes(raw: Path, labels: list[Path], notes: list[str]) -> list[str]:
     names_file = next((p for p in (raw / "classes.txt", raw / "labels" / "classes.txt") if p.is_file()), None)
     if names_file is not None and (text := _read(names_file, raw)) is not None:
-        return [line.strip() for line in text.splitlines() if line.strip()]
+        lines = [line.strip() for line in text.removeprefix("\ufeff").splitlines()]
+        where = names_file.relative_to(raw).as_posix()
+        return _by_index({i: name for i, name in enumerate(lines) if name}, where, notes)
     data_yaml = raw / "data.yaml"
     if data_yaml.is_file() and (text := _read(data_yaml, raw)) is not None:
         try:
             names = yaml.safe_load(text).get("names")
         except (yaml.YAMLError, AttributeError):
             names = None
-        if isinstance(names, dict):
-            return [str(names[k]) for k in sorted(names)]
+        if isinstance(names, dict) and all(str(k).isdigit() for k in names):  # {0: person} or {"0": person}
+            return _by_index({int(k): str(v) for k, v in names.items()}, "data.yaml", notes)
         if isinstance(names, list):
             return [str(n) for n in names]
     top = -1
@@ -172,18 +187,37 @@ def _yolo_classes(raw: Path, labels: list[Path], notes: list[str]) -> list[str]:
     return [f"class_{i}" for i in range(max(top + 1, 1))]
 
 
+def _label_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.txt") if p.name != "classes.txt") if folder.is_dir() else []
+
+
+def _split_folders(raw: Path) -> list[str]:
+    """The split folders of ``images/`` that ``labels/`` has too (Ultralytics' ``images/train/``,
+    ``labels/train/``, ...)."""
+    images = [d for d in sorted((raw / "images").iterdir()) if d.is_dir()] if (raw / "images").is_dir() else []
+    return [d.name for d in images if d.name.lower() in SPLIT_FOLDERS and (raw / "labels" / d.name).is_dir()]
+
+
 def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
-    labels_dir, images_dir = raw / "labels", raw / "images"
-    labels = sorted(p for p in labels_dir.glob("*.txt") if p.name != "classes.txt") if labels_dir.is_dir() else []
-    pictures = _pictures(images_dir)
-    if not labels or not pictures or not {p.stem for p in labels} & {p.stem for p in pictures}:
+    """``labels/*.txt`` beside ``images/``, or the same one folder down in split folders, the split
+    then taken from the folder (``ids: path``: one stem may name a picture of each split)."""
+    split = not _label_files(raw / "labels")
+    folders = _split_folders(raw) if split else [""]
+    labels = [p for f in folders for p in _label_files(raw / "labels" / f)]
+    pictures = [p for f in folders for p in _pictures(raw / "images" / f)]
+
+    def keys(files: list[Path]) -> set[tuple[str, str]]:  # (split folder or "", stem)
+        return {(p.parent.name if split else "", p.stem) for p in files}
+
+    if not labels or not pictures or not keys(labels) & keys(pictures):
         return None
     classes = _yolo_classes(raw, labels, notes)
-    missing = len({p.stem for p in pictures} - {p.stem for p in labels})
+    missing = len(keys(pictures) - keys(labels))
     if missing:
+        where = "labels/<split>/<stem>.txt" if split else "labels/<stem>.txt"
         notes.append(
             f"{missing} of {len(pictures)} pictures have no label file: they are quarantined as incomplete "
-            "(write an empty labels/<stem>.txt for a picture without objects)"
+            f"(write an empty {where} for a picture without objects)"
         )
     from PIL import Image
 
@@ -196,16 +230,23 @@ def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
             continue
     size = sizes.most_common(1)[0][0] if sizes else (256, 256)
 
+    below = "/*" if split else ""
+
     def body(t) -> None:
-        _image_lines(t, "images", pictures, size, f"{len(pictures)} pictures, YOLO boxes in labels/")
+        _image_lines(t, "images" + below, pictures, size, f"{len(pictures)} pictures, YOLO boxes in labels/")
         t(1, "boxes:")
         t(2, "kind: boxes", "YOLO labels: class cx cy w h relative to the picture, one file per picture")
         t(2, "like: images", "shrunk, cropped and padded with the picture")
-        t(2, 'files: "labels/*.txt"')
+        t(2, f'files: "labels{below}/*.txt"')
         t(2, f"classes: {_flow(classes)}")
         t(2, "outside: clip", "a box that leaves the frame is clipped to it (drop: dropped); both counted")
+        if split:
+            t(0, "annotations:")
+            t(1, "columns: {split: str}")
+            t(1, "folders: {split: -1}", "the split folder a picture and its label file lie in")
+            t(1, "required: false", "no annotation file: the folders say the split")
 
-    return Layout("boxes", body)
+    return Layout("boxes", body, ids="path" if split else None, split_column="split" if split else None)
 
 
 def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:

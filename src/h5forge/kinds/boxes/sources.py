@@ -6,8 +6,9 @@ box's segmentation (COCO's as given, a YOLO polygon in pixels, or None) for inst
 COCO: ``bbox`` is ``[x, y, width, height]``; a picture is found by the last component of its
 ``file_name`` and must have its ``width``/``height``; ``iscrowd`` regions are left out; categories
 match by name; an image id of several entries, a category id listed under two names or an
-annotation listed twice whole in one picture (lists of merged files) refuse the pictures concerned. YOLO: each line is ``class cx cy w h`` relative to the picture's size (a
-segmentation polygon gives its bounding box). Coordinates must be finite, and a picture holds at
+annotation listed twice whole in one picture (lists of merged files) refuse the pictures concerned.
+YOLO: each line is ``class cx cy w h``, fractions 0..1 of the picture's size (a segmentation
+polygon gives its bounding box). Coordinates must be finite, and a picture holds at
 most ``max_objects`` objects (``Limits``). A COCO file is read by ``read_bounded`` and parsed once
 per process, in discovery: each sample gets only its picture's part (``CocoIndex.part``).
 """
@@ -269,7 +270,8 @@ def yolo_boxes(data: bytes, rel: str, raw: tuple[int, int], n_classes: int, limi
     """The objects of a YOLO label file for a picture of size ``raw`` (h, w)."""
     h, w = raw
     found: list[tuple[list[float], int, Any, str]] = []
-    lines = [(n, line) for n, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1) if line.split()]
+    text = data.decode("utf-8", errors="replace").removeprefix("\ufeff")  # a byte-order mark (Windows editors)
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.split()]
     _count_objects(len(lines), rel, limits.max_objects)
     for number, line in lines:
         parts = line.split()
@@ -301,9 +303,23 @@ def yolo_boxes(data: bytes, rel: str, raw: tuple[int, int], n_classes: int, limi
             segment = [[v * (w if k % 2 == 0 else h) for k, v in enumerate(values)]]
         else:
             raise Reject(rel, f"line {number}: expected class cx cy w h (or a polygon), found {len(values)} numbers")
+        _check_fractions(values, rel, number)
         corners = _checked([box[0] * w, box[1] * h, box[2] * w, box[3] * h], rel, f"line {number}")
         found.append((corners, cls, segment, f"line {number}"))
     return _objects(found)
+
+
+def _check_fractions(values: list[float], rel: str, number: int) -> None:
+    """YOLO's numbers are fractions of the picture's width or height: one outside 0..1 is a label
+    written in pixels (or for another picture), whose boxes would be clipped or dropped into
+    something no one drew; Ultralytics' loader refuses such a file too."""
+    outside = next((v for v in values if not 0 <= v <= 1), None)
+    if outside is not None:
+        raise Reject(
+            rel,
+            f"line {number}: {outside:g} is no fraction of the picture's size (YOLO coordinates lie in 0..1; "
+            "a label in pixels?)",
+        )
 
 
 def _checked(box: list[float], where: str, what: str) -> list[float]:
