@@ -38,7 +38,7 @@ from h5forge.spec import DatasetSpec
 # What h5forge's kinds accept and the values they decode to, beyond the spec: raised whenever a
 # release makes a kind store other values for an input or refuse one it took, so that the next
 # build of every dataset cleans all its samples again (nothing "unchanged", no row reused).
-CLEANING_RULES = 2
+CLEANING_RULES = 3
 
 
 def rules_hash(spec: DatasetSpec, format_version: int = FORMAT_VERSION) -> str:
