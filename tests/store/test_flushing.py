@@ -1,6 +1,6 @@
-"""A candidate's files are written to the disk while verify reads them, and while the writer writes
-them: the flush runs beside the block and is over when the block ends; a file it cannot open is
-left to the publish's seal, and a write the disk failed is raised."""
+"""A candidate's files are written to the disk while verify reads them: the flush runs beside the
+block and is over when the block ends; a file it cannot open is left to the publish's seal, and a
+write the disk failed is raised."""
 
 import errno
 import os
@@ -55,52 +55,6 @@ def test_a_write_the_disk_failed_is_raised_when_the_flush_ends(tmp_path, monkeyp
     with pytest.raises(OSError) as failed, versions.flushing([data]):
         pass
     assert failed.value.errno == errno.EIO
-
-
-def test_the_writeback_syncs_while_the_block_writes_and_stops_with_it(tmp_path, monkeypatch):
-    data = tmp_path / "dataset_v0001.h5.partial"
-    data.write_bytes(b"")
-    synced: list[int] = []
-    real = os.fdatasync
-
-    def recorded(fd: int) -> None:
-        synced.append(os.fstat(fd).st_size)
-        real(fd)
-
-    monkeypatch.setattr(versions.os, "fdatasync", recorded)
-    with versions.flushing([data], every=0.01):
-        with open(data, "ab") as fh:
-            for _ in range(200):
-                fh.write(b"x" * 4096)
-                fh.flush()
-                time.sleep(0.002)
-                if len(set(synced)) >= 3:  # synced at three sizes while it grows
-                    break
-        deadline = time.monotonic() + 60
-        while len(set(synced)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(set(synced)) >= 3, synced
-    ended = len(synced)
-    time.sleep(0.1)
-    assert len(synced) == ended  # no sync after the block
-    assert not [t for t in threading.enumerate() if t.name == "h5forge-flush"]
-
-
-def test_the_writeback_raises_a_write_the_disk_failed(tmp_path, monkeypatch):
-    data = tmp_path / "dataset_v0001.h5.partial"
-    data.write_bytes(b"x" * 4096)
-    calls: list[int] = []
-
-    def failing(fd: int) -> None:
-        calls.append(fd)
-        _failing_fdatasync(fd)
-
-    monkeypatch.setattr(versions.os, "fdatasync", failing)
-    with pytest.raises(OSError) as failed, versions.flushing([data], every=0.01):
-        deadline = time.monotonic() + 60
-        while not calls and time.monotonic() < deadline:
-            time.sleep(0.01)
-    assert failed.value.errno == errno.EIO and len(calls) == 1  # one failure ends the writeback
 
 
 def test_a_build_whose_disk_fails_a_write_publishes_nothing(raw_demo, tmp_path, monkeypatch):

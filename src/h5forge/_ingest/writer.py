@@ -15,7 +15,6 @@ A writer left by an exception (or without ``finish``) deletes its file.
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import os
 import platform
@@ -61,7 +60,6 @@ from h5forge._samples import Rejection
 from h5forge.spec import DatasetSpec
 from h5forge._store.disk_full import as_disk_full, discard_h5
 from h5forge._store.sizes import own_sizes
-from h5forge._store.versions import WRITEBACK_SECONDS, flushing
 
 
 def _gather(pairs: list[tuple], n: int):
@@ -177,15 +175,11 @@ class DatasetWriter:
         names: list[str] = []
         self.file.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
         self._held: list[h5py.Dataset] = [_open_cached(self.file, name) for name in names]
-        self._writeback = contextlib.ExitStack()  # the disk writes the rows while more come
-        self._writeback.enter_context(flushing([self.path], every=WRITEBACK_SECONDS))
 
     def __enter__(self) -> "DatasetWriter":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        with contextlib.suppress(OSError):  # an unfinished file is discarded: its write-back does not matter
-            self._writeback.close()
         if not self._finished:
             discard_h5(self.file, self.path)  # emptied first: closes cleanly even on a full disk
             full = as_disk_full(exc, self.path) if exc is not None else None
@@ -448,7 +442,6 @@ class DatasetWriter:
         f.flush()
         self._held, self._direct, self._groups = [], {}, {}
         f.close()
-        self._writeback.close()
         self._finished = True
         return summary
 

@@ -91,30 +91,21 @@ def _synced(path: Path) -> OSError | None:
     return None
 
 
-WRITEBACK_SECONDS = 0.5  # between the syncs of a file the writer is writing
-
-
 @contextmanager
-def flushing(paths: list[Path], every: float | None = None) -> Iterator[None]:
+def flushing(paths: list[Path]) -> Iterator[None]:
     """Within the block, the data of ``paths`` is written to the disk in a background thread
-    (``fdatasync``), the ``seal`` that publishes them then finds little left to write: once, or
-    with ``every``, what has been written so far every ``every`` seconds while the block writes
-    (the kernel would hold the pages until the seal). The block's end waits for the sync under
-    way; a write the disk failed is raised then."""
-    stop, errors = threading.Event(), []
+    (``fdatasync``), which the block's end waits for: the ``seal`` that publishes them then finds
+    little left to write. A write the disk failed is raised when the block ends."""
+    errors: list[OSError] = []
 
     def flush() -> None:
-        while every is None or not stop.wait(every):
-            errors.extend(err for path in paths if (err := _synced(path)) is not None)
-            if every is None or errors:
-                return
+        errors.extend(err for path in paths if (err := _synced(path)) is not None)
 
     thread = threading.Thread(target=flush, name="h5forge-flush", daemon=True)
     thread.start()
     try:
         yield
     finally:
-        stop.set()
         thread.join()
     if errors:
         raise errors[0]
