@@ -85,6 +85,32 @@ def test_palette_png_masks_are_read_by_index_and_rgb_masks_by_colour(raw, tmp_pa
             assert set(np.unique(stored)) - {255} == {0, 1, 2}  # 255: padding
 
 
+def placed(full: np.ndarray, pad: int = 255) -> np.ndarray:
+    """A mask as a 256 x 256 field stores it: centre-cropped, then padded evenly with ``pad``."""
+    h, w = full.shape
+    top, left = max(0, (h - 256) // 2), max(0, (w - 256) // 2)
+    crop = full[top:top + 256, left:left + 256]
+    out = np.full((256, 256), pad, np.uint8)
+    pt, pl = (256 - crop.shape[0]) // 2, (256 - crop.shape[1]) // 2
+    out[pt:pt + crop.shape[0], pl:pl + crop.shape[1]] = crop
+    return out
+
+
+def test_palette_png_masks_follow_the_declared_colours_not_their_index_order(raw, tmp_path, build_spec):
+    colours = {0: (128, 128, 128), 1: (128, 0, 0), 2: (128, 64, 128)}
+    for name, order in zip(PHOTOS, [(0, 1, 2), (2, 0, 1), (1, 2, 0), (2, 1, 0), (0, 2, 1), (1, 0, 2)]):
+        cls = classes_of(getattr(data, name)())
+        # an editor's indexed export: each file numbers the colours in its own order
+        indexed = Image.fromarray(np.asarray(order, np.uint8)[cls], "P")
+        indexed.putpalette([c for k in np.argsort(order) for c in colours[int(k)]])
+        indexed.save(raw / "masks" / f"{name}.png")
+    path, summary = build_spec(spec_data(raw, tmp_path / "out", palette={k: list(v) for k, v in colours.items()}))
+    assert summary.rejections == ()
+    with h5py.File(path, "r") as f:
+        for row, sid in enumerate(decode_str(f["train"]["ids"][()])):
+            assert np.array_equal(f["train"]["masks"][row, 0], placed(classes_of(getattr(data, sid)()))), sid
+
+
 def test_ignore_value_is_kept_and_pads(raw, tmp_path, build_spec):
     cls = classes_of(data.page())  # 191 x 384: padded to 256 rows, columns 64..320 kept
     cls[:, 100:110] = 255

@@ -2,10 +2,10 @@
 
 Binary (the default): values {0,1} or {0,255}, stored {0,1}; anything else (128 would become a
 silent NaN loss) rejects the sample. Multi-class (``classes: K``): values 0..K-1 and the
-``ignore_value``, read by palette index, through ``palette`` (RGB) or by value; a value or colour
-outside them rejects the sample. Values are judged exactly as stored: a float mask's 0.5 or 1.5
-is no class, never cut to one. A mask has its image's raw size and follows its geometry
-(nearest), padded with ``pad_value``, never a class and never counted (the loss's
+``ignore_value``, read by palette index, through ``palette`` (RGB, or a palette picture's colours) or
+by value; a value or colour outside them rejects the sample. Values are judged exactly as stored: a
+float mask's 0.5 or 1.5 is no class, never cut to one. A mask has its image's raw size and follows
+its geometry (nearest), padded with ``pad_value``, never a class and never counted (the loss's
 ``ignore_index``). Statistics: pixels per class per split and the rows holding each class.
 """
 
@@ -67,7 +67,9 @@ class MaskField(FieldModel):
     like: str = Field(description="the image field whose size and geometry this mask follows")
     classes: int | None = Field(None, ge=2, le=255, description="multi-class: values 0..classes-1")
     ignore_value: int | None = Field(None, ge=0, le=255, description="a value that marks pixels to ignore")
-    palette: dict[int, tuple[int, int, int]] | None = Field(None, description="RGB masks: class -> [r, g, b]")
+    palette: dict[int, tuple[int, int, int]] | None = Field(
+        None, description="colour and palette masks: class -> [r, g, b]"
+    )
     pad_value: int | None = Field(None, ge=0, le=255, description=PAD_DOC)
     max_pixels: int = Field(64_000_000, gt=0)
 
@@ -153,10 +155,13 @@ def binary_array(arr: np.ndarray, path: str) -> np.ndarray:
 
 
 def class_values(img, spec: MaskField, path: str) -> np.ndarray:
-    """HW uint8 class indices (and the ignore value), by palette index, palette colour or value."""
+    """HW uint8 class indices (and the ignore value): by the declared palette's colours for a colour
+    or palette picture, else by palette index or value."""
     mode = mode_of(img)
-    if spec.palette and mode in ("RGB", "RGBA"):
-        rgb = np.asarray(img)[..., :3]
+    if spec.palette and mode in ("RGB", "RGBA", "P"):
+        # a palette picture's index order is the file's own (an editor numbers colours as it meets
+        # them): its colours are what the declared palette names
+        rgb = np.asarray(img.convert("RGB") if mode == "P" else img)[..., :3]
         arr = np.full(rgb.shape[:2], 256, np.uint16)
         for cls, colour in spec.palette.items():
             arr[(rgb == np.asarray(colour, np.uint8)).all(axis=2)] = cls
@@ -165,7 +170,7 @@ def class_values(img, spec: MaskField, path: str) -> np.ndarray:
             colours = np.unique(rgb[unknown].reshape(-1, 3), axis=0)
             raise Reject(path, f"mask colours {_listed(colours)} are not in the palette")
         return arr.astype(np.uint8)
-    arr = picture_values(img, path)  # a palette picture (P): each pixel's index is its class
+    arr = picture_values(img, path)  # a palette picture (P) without a declared palette: its index is its class
     assert spec.classes is not None  # a multi-class mask's values; binary masks never come here
     return class_array(arr, spec.classes, spec.ignore_value, path)
 
