@@ -111,6 +111,25 @@ def test_palette_png_masks_follow_the_declared_colours_not_their_index_order(raw
             assert np.array_equal(f["train"]["masks"][row, 0], placed(classes_of(getattr(data, sid)()))), sid
 
 
+def test_class_masks_in_a_lossy_format_are_rejected_never_stored_with_its_noise(raw, tmp_path, build_spec):
+    for name in PHOTOS[:4]:  # JPEG and lossy WebP change values near every edge, within the classes
+        (raw / "masks" / f"{name}.png").unlink()
+        mask = Image.fromarray(classes_of(getattr(data, name)()))
+        mask.save(raw / "masks" / f"{name}.{'jpg' if name in PHOTOS[:2] else 'webp'}", quality=95)
+    Image.fromarray(classes_of(data.text())).save(raw / "masks" / "text.webp", lossless=True)
+    (raw / "masks" / "text.png").unlink()
+    spec = spec_data(raw, tmp_path / "out", classes=21)
+    spec["fields"]["masks"]["files"] = ["masks/*.png", "masks/*.jpg", "masks/*.webp"]
+    path, summary = build_spec(spec)
+    assert sorted(r.sample_id for r in summary.rejections) == sorted(PHOTOS[:4])
+    assert all("lossy" in r.reason for r in summary.rejections)
+    with h5py.File(path, "r") as f:
+        ids = decode_str(f["train"]["ids"][()])
+        assert ids == ["clock", "text"]
+        for row, sid in enumerate(ids):
+            assert np.array_equal(f["train"]["masks"][row, 0], placed(classes_of(getattr(data, sid)()))), sid
+
+
 def test_ignore_value_is_kept_and_pads(raw, tmp_path, build_spec):
     cls = classes_of(data.page())  # 191 x 384: padded to 256 rows, columns 64..320 kept
     cls[:, 100:110] = 255

@@ -125,6 +125,31 @@ def _single_channel(mode: str, arr: np.ndarray, path: str) -> np.ndarray:
     return colour[..., 0]
 
 
+def lossy_format(data: bytes) -> str | None:
+    """The name of a lossy picture format a file is in (JPEG, or WebP of a VP8 stream), else None."""
+    if data.startswith(b"\xff\xd8\xff"):
+        return "JPEG"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        at = 12
+        while at + 8 <= len(data):  # the chunks: VP8 is lossy, VP8L lossless, VP8X an extended header
+            kind, size = data[at : at + 4], int.from_bytes(data[at + 4 : at + 8], "little")
+            if kind == b"VP8 ":
+                return "lossy WebP"
+            at += 8 + size + size % 2
+    return None
+
+
+def class_picture(data: bytes, path: str, max_pixels: int):
+    """A class mask's picture as ``decode_picture`` gives it. A lossy format rejects the sample: its
+    compression moves values near every edge, mostly onto other classes, which no value check finds."""
+    if fmt := lossy_format(data):
+        raise Reject(
+            path,
+            f"class mask is a {fmt}, a lossy format whose values near edges are not the classes drawn: save it as PNG",
+        )
+    return decode_picture(data, path, max_pixels)
+
+
 def picture_values(img, path: str) -> np.ndarray:
     """A mask picture's one channel as ``decode_picture`` gives it, values as stored: a palette
     picture's indices, a 16-bit or float picture's own values (the mask rules then judge them)."""
@@ -292,8 +317,10 @@ class MaskKind(Plugins, ClassMasks[MaskField]):
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         rel = ref.files[self.name]
         data, digest = read_source(root, rel)
-        img = decode_picture(data, rel, self.spec.max_pixels)
-        values = binary_values(img, rel) if self.spec.classes is None else class_values(img, self.spec, rel)
+        if self.spec.classes is None:  # a lossy binary mask keeps 0 and 255 exactly or is rejected by its values
+            values = binary_values(decode_picture(data, rel, self.spec.max_pixels), rel)
+        else:
+            values = class_values(class_picture(data, rel, self.spec.max_pixels), self.spec, rel)
         geometry = done[self.spec.like].context
         if values.shape != geometry.raw:
             ih, iw = geometry.raw
