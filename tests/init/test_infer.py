@@ -345,6 +345,26 @@ def test_masks_beyond_two_values_without_an_ignore_value(tmp_path):
     assert summary.rejections == ()
 
 
+def test_jpeg_masks_are_not_taken_for_classes_by_their_compression_noise(tmp_path):
+    raw = tmp_path / "kvasir"  # Kvasir-SEG ships its binary masks as JPEG: values near 0 and 255
+    (raw / "images").mkdir(parents=True)
+    (raw / "masks").mkdir()
+    for i in range(8):
+        pic = photo(i).convert("RGB")
+        pic.save(raw / "images" / f"cju{i}.jpg")
+        mask = Image.fromarray(np.where(otsu_classes(pic) > 0, 255, 0).astype(np.uint8))
+        mask.save(raw / "masks" / (f"cju{i}.jpg" if i < 6 else f"cju{i}.png"))
+    inferred, spec, spec_path = infer(raw, tmp_path)
+    masks = spec.fields["masks"]
+    assert (masks.classes, masks.ignore_value) == (None, None)  # binary, as the PNG masks say
+    [note] = [n for n in inferred.notes if "JPEG" in n]
+    assert note.startswith("6 of 8 sampled masks are JPEG") and "save the masks as PNG" in note
+    path, summary = build(spec_path, tmp_path / "out")
+    assert sorted(r.sample_id for r in summary.rejections) == [f"cju{i}" for i in range(6)]
+    with h5py.File(path, "r") as f:
+        assert set(np.unique(np.concatenate([f[s]["masks"][()].ravel() for s in SPLITS]))) <= {0, 1, 255}
+
+
 @pytest.mark.parametrize("values, classes, ignore, stray", [
     ([{0, 1}, {0, 255}, {0, 1}, {0, 255}, {0, 1}, {0, 1, 128}], None, None, 128),  # binary, one stray
     ([{0, 1, 4}, {0, 1, 4}, {0, 1, 2}, {0, 1}, {0, 1}, {0, 1}], 5, None, None),  # a rare class inside 0..4
