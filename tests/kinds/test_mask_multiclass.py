@@ -130,6 +130,20 @@ def test_class_masks_in_a_lossy_format_are_rejected_never_stored_with_its_noise(
             assert np.array_equal(f["train"]["masks"][row, 0], placed(classes_of(getattr(data, sid)()))), sid
 
 
+def test_masks_named_with_a_suffix_pair_with_their_images(raw, tmp_path, build_spec):
+    for mask in (raw / "masks").glob("*.png"):  # ISIC: ISIC_0000000.jpg and ISIC_0000000_segmentation.png
+        mask.rename(mask.with_name(f"{mask.stem}_segmentation.png"))
+    Image.fromarray(classes_of(data.camera())).save(raw / "masks" / "camera.png")  # no suffix: no mask of camera
+    path, summary = build_spec(spec_data(raw, tmp_path / "out", id_suffix="_segmentation"))
+    assert {r.sample_id: r.reason for r in summary.rejections} == {
+        "camera": "the file name does not end in '_segmentation' (the field's id_suffix)"}
+    with h5py.File(path, "r") as f:
+        ids = decode_str(f["train"]["ids"][()])
+        assert ids == sorted(set(PHOTOS) - {"camera"})
+        for row, sid in enumerate(ids):
+            assert np.array_equal(f["train"]["masks"][row, 0], placed(classes_of(getattr(data, sid)()))), sid
+
+
 def test_ignore_value_is_kept_and_pads(raw, tmp_path, build_spec):
     cls = classes_of(data.page())  # 191 x 384: padded to 256 rows, columns 64..320 kept
     cls[:, 100:110] = 255

@@ -4,6 +4,7 @@ read from the values of sampled masks. A value seen in one sampled mask only is 
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,13 +138,15 @@ def pad_line(t: SpecText, mc: MaskClasses) -> None:
         t(2, "pad_value: 255", why)
 
 
-def mask_field(t: SpecText, globs: list[str], mc: MaskClasses) -> None:
+def mask_field(t: SpecText, globs: list[str], mc: MaskClasses, suffix: str | None = None) -> None:
     t(1, "masks:")
     if mc.classes is None:
         t(2, "kind: mask", "single channel, values {0,1} or {0,255}; stored as {0,1}")
     else:
         t(2, "kind: mask", "class index per pixel" + (" (palette PNGs: the palette index)" if mc.palette else ""))
     t(2, f"files: {files_value(globs)}")
+    if suffix:
+        t(2, f"id_suffix: {json.dumps(suffix)}", f"mask names end in it after their image's stem (<id>{suffix})")
     t(2, "like: images", "must have its image's size; padded/cropped the same way")
     class_lines(t, mc, "pixels to ignore in the loss (VOC convention); padding uses it")
     pad_line(t, mc)

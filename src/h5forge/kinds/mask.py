@@ -64,6 +64,9 @@ class MaskField(FieldModel):
 
     kind: Literal["mask"] = "mask"
     files: Globs
+    id_suffix: str | None = Field(
+        None, min_length=1, description="an end of the file stems not part of the id (_segmentation: ISIC's masks)"
+    )
     like: str = Field(description="the image field whose size and geometry this mask follows")
     classes: int | None = Field(None, ge=2, le=255, description="multi-class: values 0..classes-1")
     ignore_value: int | None = Field(None, ge=0, le=255, description="a value that marks pixels to ignore")
