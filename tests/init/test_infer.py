@@ -345,6 +345,48 @@ def test_masks_beyond_two_values_without_an_ignore_value(tmp_path):
     assert summary.rejections == ()
 
 
+def test_jpeg_masks_are_not_taken_for_classes_by_their_compression_noise(tmp_path):
+    raw = tmp_path / "kvasir"  # Kvasir-SEG ships its binary masks as JPEG: values near 0 and 255
+    (raw / "images").mkdir(parents=True)
+    (raw / "masks").mkdir()
+    for i in range(8):
+        pic = photo(i).convert("RGB")
+        pic.save(raw / "images" / f"cju{i}.jpg")
+        mask = Image.fromarray(np.where(otsu_classes(pic) > 0, 255, 0).astype(np.uint8))
+        mask.save(raw / "masks" / (f"cju{i}.jpg" if i < 6 else f"cju{i}.png"))
+    inferred, spec, spec_path = infer(raw, tmp_path)
+    masks = spec.fields["masks"]
+    assert (masks.classes, masks.ignore_value) == (None, None)  # binary, as the PNG masks say
+    [note] = [n for n in inferred.notes if "JPEG" in n]
+    assert note.startswith("6 of 8 sampled masks are JPEG") and "save the masks as PNG" in note
+    path, summary = build(spec_path, tmp_path / "out")
+    assert sorted(r.sample_id for r in summary.rejections) == [f"cju{i}" for i in range(6)]
+    with h5py.File(path, "r") as f:
+        assert set(np.unique(np.concatenate([f[s]["masks"][()].ravel() for s in SPLITS]))) <= {0, 1, 255}
+
+
+def test_masks_named_with_a_suffix_after_their_image_stem_pair(tmp_path):
+    raw = tmp_path / "isic"  # ISIC: ISIC_0000000.jpg beside ISIC_0000000_segmentation.png
+    (raw / "images").mkdir(parents=True)
+    (raw / "masks").mkdir()
+    truth = {}
+    for i in range(8):
+        pic = photo(i).convert("RGB")
+        pic.save(raw / "images" / f"ISIC_{i:07d}.jpg")
+        truth[f"ISIC_{i:07d}"] = np.where(otsu_classes(pic) > 0, 255, 0).astype(np.uint8)
+        Image.fromarray(truth[f"ISIC_{i:07d}"]).save(raw / "masks" / f"ISIC_{i:07d}_segmentation.png")
+    inferred, spec, spec_path = infer(raw, tmp_path)
+    assert spec.fields["masks"].id_suffix == "_segmentation" and inferred.unbuildable is None
+    path, summary = build(spec_path, tmp_path / "out")
+    assert summary.rejections == () and sorted(all_ids(path)) == sorted(truth)
+    with h5py.File(path, "r") as f:
+        for s in SPLITS:
+            for sid, mask in zip(decode_str(f[s]["ids"][()]), f[s]["masks"][()]):
+                h, w = truth[sid].shape  # smaller than the field's size: padded evenly with 255
+                top, left = (mask.shape[1] - h) // 2, (mask.shape[2] - w) // 2
+                assert np.array_equal(mask[0, top:top + h, left:left + w], truth[sid] // 255), sid
+
+
 @pytest.mark.parametrize("values, classes, ignore, stray", [
     ([{0, 1}, {0, 255}, {0, 1}, {0, 255}, {0, 1}, {0, 1, 128}], None, None, 128),  # binary, one stray
     ([{0, 1, 4}, {0, 1, 4}, {0, 1, 2}, {0, 1}, {0, 1}, {0, 1}], 5, None, None),  # a rare class inside 0..4

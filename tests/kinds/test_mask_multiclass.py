@@ -85,6 +85,65 @@ def test_palette_png_masks_are_read_by_index_and_rgb_masks_by_colour(raw, tmp_pa
             assert set(np.unique(stored)) - {255} == {0, 1, 2}  # 255: padding
 
 
+def placed(full: np.ndarray, pad: int = 255) -> np.ndarray:
+    """A mask as a 256 x 256 field stores it: centre-cropped, then padded evenly with ``pad``."""
+    h, w = full.shape
+    top, left = max(0, (h - 256) // 2), max(0, (w - 256) // 2)
+    crop = full[top:top + 256, left:left + 256]
+    out = np.full((256, 256), pad, np.uint8)
+    pt, pl = (256 - crop.shape[0]) // 2, (256 - crop.shape[1]) // 2
+    out[pt:pt + crop.shape[0], pl:pl + crop.shape[1]] = crop
+    return out
+
+
+def test_palette_png_masks_follow_the_declared_colours_not_their_index_order(raw, tmp_path, build_spec):
+    colours = {0: (128, 128, 128), 1: (128, 0, 0), 2: (128, 64, 128)}
+    for name, order in zip(PHOTOS, [(0, 1, 2), (2, 0, 1), (1, 2, 0), (2, 1, 0), (0, 2, 1), (1, 0, 2)]):
+        cls = classes_of(getattr(data, name)())
+        # an editor's indexed export: each file numbers the colours in its own order
+        indexed = Image.fromarray(np.asarray(order, np.uint8)[cls], "P")
+        indexed.putpalette([c for k in np.argsort(order) for c in colours[int(k)]])
+        indexed.save(raw / "masks" / f"{name}.png")
+    path, summary = build_spec(spec_data(raw, tmp_path / "out", palette={k: list(v) for k, v in colours.items()}))
+    assert summary.rejections == ()
+    with h5py.File(path, "r") as f:
+        for row, sid in enumerate(decode_str(f["train"]["ids"][()])):
+            assert np.array_equal(f["train"]["masks"][row, 0], placed(classes_of(getattr(data, sid)()))), sid
+
+
+def test_class_masks_in_a_lossy_format_are_rejected_never_stored_with_its_noise(raw, tmp_path, build_spec):
+    for name in PHOTOS[:4]:  # JPEG and lossy WebP change values near every edge, within the classes
+        (raw / "masks" / f"{name}.png").unlink()
+        mask = Image.fromarray(classes_of(getattr(data, name)()))
+        mask.save(raw / "masks" / f"{name}.{'jpg' if name in PHOTOS[:2] else 'webp'}", quality=95)
+    Image.fromarray(classes_of(data.text())).save(raw / "masks" / "text.webp", lossless=True)
+    (raw / "masks" / "text.png").unlink()
+    spec = spec_data(raw, tmp_path / "out", classes=21)
+    spec["fields"]["masks"]["files"] = ["masks/*.png", "masks/*.jpg", "masks/*.webp"]
+    path, summary = build_spec(spec)
+    assert sorted(r.sample_id for r in summary.rejections) == sorted(PHOTOS[:4])
+    assert all("lossy" in r.reason for r in summary.rejections)
+    with h5py.File(path, "r") as f:
+        ids = decode_str(f["train"]["ids"][()])
+        assert ids == ["clock", "text"]
+        for row, sid in enumerate(ids):
+            assert np.array_equal(f["train"]["masks"][row, 0], placed(classes_of(getattr(data, sid)()))), sid
+
+
+def test_masks_named_with_a_suffix_pair_with_their_images(raw, tmp_path, build_spec):
+    for mask in (raw / "masks").glob("*.png"):  # ISIC: ISIC_0000000.jpg and ISIC_0000000_segmentation.png
+        mask.rename(mask.with_name(f"{mask.stem}_segmentation.png"))
+    Image.fromarray(classes_of(data.camera())).save(raw / "masks" / "camera.png")  # no suffix: no mask of camera
+    path, summary = build_spec(spec_data(raw, tmp_path / "out", id_suffix="_segmentation"))
+    assert {r.sample_id: r.reason for r in summary.rejections} == {
+        "camera": "the file name does not end in '_segmentation' (the field's id_suffix)"}
+    with h5py.File(path, "r") as f:
+        ids = decode_str(f["train"]["ids"][()])
+        assert ids == sorted(set(PHOTOS) - {"camera"})
+        for row, sid in enumerate(ids):
+            assert np.array_equal(f["train"]["masks"][row, 0], placed(classes_of(getattr(data, sid)()))), sid
+
+
 def test_ignore_value_is_kept_and_pads(raw, tmp_path, build_spec):
     cls = classes_of(data.page())  # 191 x 384: padded to 256 rows, columns 64..320 kept
     cls[:, 100:110] = 255

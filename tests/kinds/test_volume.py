@@ -305,7 +305,7 @@ def test_slice_masks_are_read_by_the_2d_mask_rules(tmp_path, build_spec):
     (root / "cases").mkdir(parents=True)
     rng = np.random.default_rng(1)
     truth = {}
-    for name in ("palette", "grey", "wide", "float", "sizes"):
+    for name in ("palette", "grey", "wide", "float", "sizes", "jpeg"):
         nibabel.save(nibabel.Nifti1Image(rng.integers(-1000, 1000, (32, 24, 3)).astype(np.int16), np.eye(4)),
                      root / "cases" / f"{name}.nii.gz")
         truth[name] = rng.integers(0, 3, (3, 24, 32)).astype(np.uint8)  # (z, y, x)
@@ -320,6 +320,10 @@ def test_slice_masks_are_read_by_the_2d_mask_rules(tmp_path, build_spec):
                 Image.fromarray(classes.astype(np.uint16) * 1000).save(out)
             elif name == "float":  # 32-bit float TIFF: 1.5 is no class, and would be cut to 1
                 Image.fromarray(classes.astype(np.float32) * 1.5, "F").save(out.with_suffix(".tif"))
+            elif name == "jpeg":  # a block of class 1 keeps values 0 and 1, on other pixels than drawn
+                block = np.zeros_like(classes)
+                block[5:17, 7:23] = 1
+                Image.fromarray(block).save(out.with_suffix(".jpg"), quality=90)
             elif name == "sizes" and k == 1:
                 Image.fromarray(classes[:12]).save(out)
             else:
@@ -331,7 +335,9 @@ def test_slice_masks_are_read_by_the_2d_mask_rules(tmp_path, build_spec):
     assert {r.sample_id: r.reason for r in summary.rejections} == {
         "wide": "mask values 0..2000 are outside 0..255",
         "float": "mask values [1.5, 3] are not classes 0..2",
-        "sizes": "slice masks of several sizes (HxW): 12x32, 24x32"}
+        "sizes": "slice masks of several sizes (HxW): 12x32, 24x32",
+        "jpeg": "class mask is a JPEG, a lossy format whose values near edges are not the classes drawn: "
+                "save it as PNG"}
     with h5py.File(path, "r") as f:
         g = f["train"]
         ids, lengths = decode_str(g["ids"][()]), g["ct_mask_lengths"][()].tolist()

@@ -4,6 +4,7 @@ read from the values of sampled masks. A value seen in one sampled mask only is 
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from PIL import Image
 from h5forge._init.folders import sample
 from h5forge._init.pictures import HEADER_LIMIT
 from h5forge._init.text import SpecText, files_value
+from h5forge.kinds.mask import lossy_format
 
 MASK_SAMPLE = 50
 
@@ -33,6 +35,8 @@ def _mask_values(path: Path) -> tuple[set[int] | None, str]:
         with Image.open(path) as im:
             if im.size[0] * im.size[1] > HEADER_LIMIT:
                 return None, "too large"
+            if im.format == "JPEG" or (im.format == "WEBP" and lossy_format(path.read_bytes())):
+                return None, "lossy"
             im.load()
             mode = im.mode
             if mode in ("RGB", "RGBA", "LA", "La", "RGBa"):
@@ -55,11 +59,12 @@ def _mask_values(path: Path) -> tuple[set[int] | None, str]:
 def mask_classes(paths: list[Path], notes: list[str]) -> MaskClasses:
     per_file: list[tuple[Path, set[int]]] = []
     info = MaskClasses()
-    colour = 0
+    colour = lossy = 0
     for p in sample(paths, MASK_SAMPLE):
         values, mode = _mask_values(p)
         if values is None:
             colour += mode == "colour"
+            lossy += mode == "lossy"
             continue
         info.palette += mode == "P"
         per_file.append((p, values))
@@ -68,6 +73,13 @@ def mask_classes(paths: list[Path], notes: list[str]) -> MaskClasses:
         notes.append(
             f"{colour} sampled masks are RGB colour pictures: declare the mask's palette "
             "({class: [r, g, b]}) and classes, or they are rejected"
+        )
+    if lossy:
+        notes.append(
+            f"{lossy} of {min(len(paths), MASK_SAMPLE)} sampled masks are JPEG (or lossy WebP): their "
+            "compression leaves values near every edge that are no class, so their values declare none; "
+            "a build rejects such a mask unless it holds exactly {0,1} or {0,255} (and any multi-class "
+            "one): save the masks as PNG"
         )
     if not per_file:
         return info
@@ -126,13 +138,15 @@ def pad_line(t: SpecText, mc: MaskClasses) -> None:
         t(2, "pad_value: 255", why)
 
 
-def mask_field(t: SpecText, globs: list[str], mc: MaskClasses) -> None:
+def mask_field(t: SpecText, globs: list[str], mc: MaskClasses, suffix: str | None = None) -> None:
     t(1, "masks:")
     if mc.classes is None:
         t(2, "kind: mask", "single channel, values {0,1} or {0,255}; stored as {0,1}")
     else:
         t(2, "kind: mask", "class index per pixel" + (" (palette PNGs: the palette index)" if mc.palette else ""))
     t(2, f"files: {files_value(globs)}")
+    if suffix:
+        t(2, f"id_suffix: {json.dumps(suffix)}", f"mask names end in it after their image's stem (<id>{suffix})")
     t(2, "like: images", "must have its image's size; padded/cropped the same way")
     class_lines(t, mc, "pixels to ignore in the loss (VOC convention); padding uses it")
     pad_line(t, mc)

@@ -3,6 +3,7 @@ when a mask folder is found beside them, and a label offered from the annotation
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from h5forge.kinds import Layout
@@ -17,14 +18,28 @@ MASK_DIRS = tuple(
 )
 
 
+def mask_suffix(image_stems: set[str], mask_stems: set[str]) -> str | None:
+    """The end most mask stems add to their image's stem (ISIC's ``_segmentation``, CamVid's ``_L``),
+    when no mask is named as its image is."""
+    if not mask_stems or image_stems & mask_stems:
+        return None
+    ends = Counter(next((m[k:] for k in range(len(m) - 1, 0, -1) if m[:k] in image_stems), None) for m in mask_stems)
+    ends.pop(None, None)
+    end, n = ends.most_common(1)[0] if ends else (None, 0)
+    return end if 2 * n > len(mask_stems) else None
+
+
 def segment_body(raw: Path, images: Path, notes: list[str]) -> Layout:
     image_files = pictures_in(images)
     masks = next((d for d in named(raw, MASK_DIRS) if pictures_in(d) and d != images), None)
     mask_files = pictures_in(masks) if masks else []
     size = target_size(image_files, str(images))
     mc = mask_classes(mask_files, notes) if masks else None
+    suffix = None
     if masks:
         stems_i, stems_m = {p.stem for p in image_files}, {p.stem for p in mask_files}
+        if suffix := mask_suffix(stems_i, stems_m):
+            stems_m = {m[: -len(suffix)] for m in stems_m if m.endswith(suffix)}
         if stems_i - stems_m:
             notes.append(
                 f"{len(stems_i - stems_m)} of {len(stems_i)} pictures in {images.name}/ have no mask in "
@@ -38,7 +53,7 @@ def segment_body(raw: Path, images: Path, notes: list[str]) -> Layout:
         larger, why = larger_choice(size, "crop")
         image_field(t, "images", picture_globs(f"{images.name}/", image_files), size, larger, why)
         if masks and mc is not None:
-            mask_field(t, picture_globs(f"{masks.name}/", mask_files), mc)
+            mask_field(t, picture_globs(f"{masks.name}/", mask_files), mc, suffix)
         if ann is not None and ann.label is not None:
             column, classes = ann.label
             label_field(t, column, classes, f"the class, from {ann.file}", active=not masks)

@@ -2,10 +2,10 @@
 
 Binary (the default): values {0,1} or {0,255}, stored {0,1}; anything else (128 would become a
 silent NaN loss) rejects the sample. Multi-class (``classes: K``): values 0..K-1 and the
-``ignore_value``, read by palette index, through ``palette`` (RGB) or by value; a value or colour
-outside them rejects the sample. Values are judged exactly as stored: a float mask's 0.5 or 1.5
-is no class, never cut to one. A mask has its image's raw size and follows its geometry
-(nearest), padded with ``pad_value``, never a class and never counted (the loss's
+``ignore_value``, read by palette index, through ``palette`` (RGB, or a palette picture's colours) or
+by value; a value or colour outside them rejects the sample. Values are judged exactly as stored: a
+float mask's 0.5 or 1.5 is no class, never cut to one. A mask has its image's raw size and follows
+its geometry (nearest), padded with ``pad_value``, never a class and never counted (the loss's
 ``ignore_index``). Statistics: pixels per class per split and the rows holding each class.
 """
 
@@ -64,10 +64,15 @@ class MaskField(FieldModel):
 
     kind: Literal["mask"] = "mask"
     files: Globs
+    id_suffix: str | None = Field(
+        None, min_length=1, description="an end of the file stems not part of the id (_segmentation: ISIC's masks)"
+    )
     like: str = Field(description="the image field whose size and geometry this mask follows")
     classes: int | None = Field(None, ge=2, le=255, description="multi-class: values 0..classes-1")
     ignore_value: int | None = Field(None, ge=0, le=255, description="a value that marks pixels to ignore")
-    palette: dict[int, tuple[int, int, int]] | None = Field(None, description="RGB masks: class -> [r, g, b]")
+    palette: dict[int, tuple[int, int, int]] | None = Field(
+        None, description="colour and palette masks: class -> [r, g, b]"
+    )
     pad_value: int | None = Field(None, ge=0, le=255, description=PAD_DOC)
     max_pixels: int = Field(64_000_000, gt=0)
 
@@ -123,6 +128,31 @@ def _single_channel(mode: str, arr: np.ndarray, path: str) -> np.ndarray:
     return colour[..., 0]
 
 
+def lossy_format(data: bytes) -> str | None:
+    """The name of a lossy picture format a file is in (JPEG, or WebP of a VP8 stream), else None."""
+    if data.startswith(b"\xff\xd8\xff"):
+        return "JPEG"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        at = 12
+        while at + 8 <= len(data):  # the chunks: VP8 is lossy, VP8L lossless, VP8X an extended header
+            kind, size = data[at : at + 4], int.from_bytes(data[at + 4 : at + 8], "little")
+            if kind == b"VP8 ":
+                return "lossy WebP"
+            at += 8 + size + size % 2
+    return None
+
+
+def class_picture(data: bytes, path: str, max_pixels: int):
+    """A class mask's picture as ``decode_picture`` gives it. A lossy format rejects the sample: its
+    compression moves values near every edge, mostly onto other classes, which no value check finds."""
+    if fmt := lossy_format(data):
+        raise Reject(
+            path,
+            f"class mask is a {fmt}, a lossy format whose values near edges are not the classes drawn: save it as PNG",
+        )
+    return decode_picture(data, path, max_pixels)
+
+
 def picture_values(img, path: str) -> np.ndarray:
     """A mask picture's one channel as ``decode_picture`` gives it, values as stored: a palette
     picture's indices, a 16-bit or float picture's own values (the mask rules then judge them)."""
@@ -153,10 +183,13 @@ def binary_array(arr: np.ndarray, path: str) -> np.ndarray:
 
 
 def class_values(img, spec: MaskField, path: str) -> np.ndarray:
-    """HW uint8 class indices (and the ignore value), by palette index, palette colour or value."""
+    """HW uint8 class indices (and the ignore value): by the declared palette's colours for a colour
+    or palette picture, else by palette index or value."""
     mode = mode_of(img)
-    if spec.palette and mode in ("RGB", "RGBA"):
-        rgb = np.asarray(img)[..., :3]
+    if spec.palette and mode in ("RGB", "RGBA", "P"):
+        # a palette picture's index order is the file's own (an editor numbers colours as it meets
+        # them): its colours are what the declared palette names
+        rgb = np.asarray(img.convert("RGB") if mode == "P" else img)[..., :3]
         arr = np.full(rgb.shape[:2], 256, np.uint16)
         for cls, colour in spec.palette.items():
             arr[(rgb == np.asarray(colour, np.uint8)).all(axis=2)] = cls
@@ -165,7 +198,7 @@ def class_values(img, spec: MaskField, path: str) -> np.ndarray:
             colours = np.unique(rgb[unknown].reshape(-1, 3), axis=0)
             raise Reject(path, f"mask colours {_listed(colours)} are not in the palette")
         return arr.astype(np.uint8)
-    arr = picture_values(img, path)  # a palette picture (P): each pixel's index is its class
+    arr = picture_values(img, path)  # a palette picture (P) without a declared palette: its index is its class
     assert spec.classes is not None  # a multi-class mask's values; binary masks never come here
     return class_array(arr, spec.classes, spec.ignore_value, path)
 
@@ -287,8 +320,10 @@ class MaskKind(Plugins, ClassMasks[MaskField]):
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         rel = ref.files[self.name]
         data, digest = read_source(root, rel)
-        img = decode_picture(data, rel, self.spec.max_pixels)
-        values = binary_values(img, rel) if self.spec.classes is None else class_values(img, self.spec, rel)
+        if self.spec.classes is None:  # a lossy binary mask keeps 0 and 255 exactly or is rejected by its values
+            values = binary_values(decode_picture(data, rel, self.spec.max_pixels), rel)
+        else:
+            values = class_values(class_picture(data, rel, self.spec.max_pixels), self.spec, rel)
         geometry = done[self.spec.like].context
         if values.shape != geometry.raw:
             ih, iw = geometry.raw

@@ -31,6 +31,7 @@ from h5forge.kinds.mask import (
     binary_array,
     check_pad,
     class_array,
+    class_picture,
     class_pixels,
     pad_of,
     picture_values,
@@ -116,10 +117,11 @@ class VolumeMaskKind(ClassMasks[VolumeMaskField]):
             parts = sorted(parts, key=lambda p: _slice_number(p[0]))
         except ValueError as err:
             raise Reject(f"{rel}/{err}", "a slice mask's file name has no slice number") from None
-        # each slice by the 2-D mask's rules: a palette slice by index, a 16-bit or float one by value
+        # each slice by the 2-D mask's rules: a palette slice by index, a 16-bit or float one by value,
+        # a class mask in a lossy format rejected
+        decode = decode_picture if self.spec.classes is None else class_picture
         slices = [
-            picture_values(decode_picture(data, f"{rel}/{name}", self.spec.max_pixels), f"{rel}/{name}")
-            for name, data in parts
+            picture_values(decode(data, f"{rel}/{name}", self.spec.max_pixels), f"{rel}/{name}") for name, data in parts
         ]
         if len(sizes := {s.shape for s in slices}) > 1:
             listed = ", ".join("x".join(map(str, size)) for size in sorted(sizes))
