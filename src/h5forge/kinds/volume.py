@@ -230,32 +230,7 @@ def _series(datasets: list, rule: str | dict | None, rel: str) -> list:
 def _from_dicom(
     parts: list[tuple[str, bytes]], rel: str, rule: str | dict | None, max_slices: int, max_decoded: int
 ) -> tuple[np.ndarray, dict]:
-    import pydicom
-    from pydicom.errors import InvalidDicomError
-
-    datasets, names, segmentations, imageless = [], {}, 0, []
-    for name, data in parts:
-        if not is_dicom(name, data):
-            continue  # not a DICOM file (notes, thumbnails): not part of any series
-        try:
-            with warnings_logged(f"{rel}/{name}") as warned:
-                ds = pydicom.dcmread(io.BytesIO(data))
-        except (InvalidDicomError, ValueError, EOFError, OSError) as err:
-            raise Reject(f"{rel}/{name}", f"not a readable DICOM file: {err}") from None
-        if is_segmentation(ds):  # a SEG beside its series is a mask (kind: volume_mask), no slice
-            segmentations += 1
-        elif "PixelData" in ds:
-            datasets.append(ds)
-            names[id(ds)] = name
-        else:  # a DICOMDIR or a report holds no slice; a truncated slice must not pass for one
-            imageless.append((name, ds, len(data), [str(w.message) for w in warned]))
-    _no_slice_lost(imageless, {str(ds.get("SeriesInstanceUID", "")) for ds in datasets}, rel)
-    if not datasets:
-        raise Reject(
-            rel,
-            "no DICOM image in the case folder"
-            + (" (a DICOM SEG is read as the mask of a volume_mask field)" if segmentations else ""),
-        )
+    datasets, names = _image_datasets(parts, rel)
     series = _series(datasets, rule, rel)
     counts = [frame_count(ds, f"{rel}/{names[id(ds)]}") for ds in series]
     multiframe = max(counts) > 1
@@ -294,51 +269,12 @@ def _from_dicom(
     normal = np.cross(iop[0][:3], iop[0][3:])
     order = np.argsort(ipp @ normal, kind="stable")
     frames = [frames[i] for i in order]
-    positions = (ipp @ normal)[order]
-    steps = np.diff(positions)
-    if len(steps):
-        if (steps < POSITION_TOLERANCE).any():
-            if multiframe:
-                distinct = int((steps >= POSITION_TOLERANCE).sum()) + 1
-                raise Reject(
-                    rel,
-                    f"{len(frames)} frames at {distinct} positions: not one stack of slices (several "
-                    "stacks, echoes or time points in one series?)",
-                )
-            k = int(np.argmax(steps < POSITION_TOLERANCE))
-            raise Reject(rel, f"duplicate slice positions: {positions[k]:.2f} mm appears twice")
-        step = float(np.median(steps))
-        gaps = np.flatnonzero(steps > (1 + SPACING_TOLERANCE) * step)
-        if gaps.size and np.any(np.abs(steps[gaps] / step - np.round(steps[gaps] / step)) < SPACING_TOLERANCE):
-            k = int(gaps[0])
-            raise Reject(
-                rel,
-                f"missing slice: a gap of {steps[k]:.2f} mm between {positions[k]:.2f} and "
-                f"{positions[k + 1]:.2f} mm (spacing {step:.2f} mm)",
-            )
-        if np.abs(steps - step).max() > SPACING_TOLERANCE * step:
-            raise Reject(rel, f"uneven slice spacing: steps from {steps.min():.2f} to {steps.max():.2f} mm")
-    else:
-        step = frames[0].thickness
+    step = _slice_step((ipp @ normal)[order], multiframe, rel) if len(frames) > 1 else frames[0].thickness
     rescale = [rescale_of(f.rescale) for f in frames]
     wrong = [r for r in rescale if isinstance(r, str)]
     if wrong:
         raise Reject(rel, f"{wrong[0]} in {wrong.count(wrong[0])} of {len(frames)} slices")
-    decoded: dict[int, np.ndarray] = {}
-    for ds in series:
-        try:
-            with warnings_logged(f"{rel}/{names[id(ds)]}") as warned:
-                decoded[id(ds)] = ds.pixel_array
-        except (NotImplementedError, RuntimeError, ValueError) as err:
-            # no handler for the syntax (NotImplementedError, RuntimeError) or a damaged or short
-            # pixel data element (ValueError): either way the file is named
-            where = "here" if not isinstance(err, ValueError) else "(damaged or cut short?)"
-            said = f"; pydicom warns: {warned[0].message}" if warned else ""
-            raise Reject(
-                f"{rel}/{names[id(ds)]}",
-                f"pixel data in {ds.file_meta.TransferSyntaxUID.name} "
-                f"({ds.file_meta.TransferSyntaxUID}) cannot be decoded {where}: {err}{said}",
-            ) from None
+    decoded = {id(ds): _pixels(ds, f"{rel}/{names[id(ds)]}") for ds in series}
     slices = [
         frame_pixels(decoded, f).astype(np.float64) * slope + intercept
         for f, (slope, intercept) in zip(frames, cast(list[tuple[float, float]], rescale))  # none is a str here
@@ -356,6 +292,80 @@ def _from_dicom(
         "frame_of_reference": str(first.ds.get("FrameOfReferenceUID", "")),
     }
     return np.stack(slices), meta
+
+
+def _image_datasets(parts: list[tuple[str, bytes]], rel: str) -> tuple[list, dict[int, str]]:
+    """The DICOM files of a case folder that hold a slice, and their names by ``id``: other files
+    (notes, thumbnails) are no part of any series, a SEG is a mask, and a file that holds no
+    pixels must not be a slice cut off (``_no_slice_lost``)."""
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
+    datasets, names, segmentations, imageless = [], {}, 0, []
+    for name, data in parts:
+        if not is_dicom(name, data):
+            continue
+        try:
+            with warnings_logged(f"{rel}/{name}") as warned:
+                ds = pydicom.dcmread(io.BytesIO(data))
+        except (InvalidDicomError, ValueError, EOFError, OSError) as err:
+            raise Reject(f"{rel}/{name}", f"not a readable DICOM file: {err}") from None
+        if is_segmentation(ds):  # a SEG beside its series is a mask (kind: volume_mask), no slice
+            segmentations += 1
+        elif "PixelData" in ds:
+            datasets.append(ds)
+            names[id(ds)] = name
+        else:  # a DICOMDIR or a report holds no slice; a truncated slice must not pass for one
+            imageless.append((name, ds, len(data), [str(w.message) for w in warned]))
+    _no_slice_lost(imageless, {str(ds.get("SeriesInstanceUID", "")) for ds in datasets}, rel)
+    if not datasets:
+        raise Reject(
+            rel,
+            "no DICOM image in the case folder"
+            + (" (a DICOM SEG is read as the mask of a volume_mask field)" if segmentations else ""),
+        )
+    return datasets, names
+
+
+def _slice_step(positions: np.ndarray, multiframe: bool, rel: str) -> float:
+    """The spacing of slices at ``positions`` (mm along their normal, sorted): one stack, evenly
+    spaced, no slice twice and none missing, or the case is refused with what is wrong."""
+    steps = np.diff(positions)
+    if (steps < POSITION_TOLERANCE).any():
+        if multiframe:
+            distinct = int((steps >= POSITION_TOLERANCE).sum()) + 1
+            raise Reject(
+                rel,
+                f"{len(positions)} frames at {distinct} positions: not one stack of slices (several "
+                "stacks, echoes or time points in one series?)",
+            )
+        k = int(np.argmax(steps < POSITION_TOLERANCE))
+        raise Reject(rel, f"duplicate slice positions: {positions[k]:.2f} mm appears twice")
+    step = float(np.median(steps))
+    gaps = np.flatnonzero(steps > (1 + SPACING_TOLERANCE) * step)
+    if gaps.size and np.any(np.abs(steps[gaps] / step - np.round(steps[gaps] / step)) < SPACING_TOLERANCE):
+        k = int(gaps[0])
+        raise Reject(
+            rel,
+            f"missing slice: a gap of {steps[k]:.2f} mm between {positions[k]:.2f} and "
+            f"{positions[k + 1]:.2f} mm (spacing {step:.2f} mm)",
+        )
+    if np.abs(steps - step).max() > SPACING_TOLERANCE * step:
+        raise Reject(rel, f"uneven slice spacing: steps from {steps.min():.2f} to {steps.max():.2f} mm")
+    return step
+
+
+def _pixels(ds, where: str) -> np.ndarray:
+    """A DICOM file's pixel data, decoded; a syntax no handler decodes (NotImplementedError,
+    RuntimeError) or a damaged or short pixel data element (ValueError) refuses the case, naming the file."""
+    try:
+        with warnings_logged(where) as warned:
+            return ds.pixel_array
+    except (NotImplementedError, RuntimeError, ValueError) as err:
+        how = "here" if not isinstance(err, ValueError) else "(damaged or cut short?)"
+        said = f"; pydicom warns: {warned[0].message}" if warned else ""
+        syntax = ds.file_meta.TransferSyntaxUID
+        raise Reject(where, f"pixel data in {syntax.name} ({syntax}) cannot be decoded {how}: {err}{said}") from None
 
 
 def _one_pixel_spacing(spacings: np.ndarray, rel: str) -> None:

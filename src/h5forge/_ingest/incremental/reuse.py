@@ -373,6 +373,79 @@ def taken_stats(src: Source, split: str, taken_rows: np.ndarray, kinds: dict[str
 # ---- the build ---------------------------------------------------------------------------------
 
 
+class _Copies:
+    """The taken rows waiting to be copied into ``writer``, in order, and the copiers of the
+    sources open (at most ``open_sources_budget`` of them: ``hold``)."""
+
+    def __init__(self, sources: list[Source], writer: DatasetWriter, kinds: dict[str, FieldKind], progress):
+        self.sources, self.writer, self.kinds, self.progress = sources, writer, kinds, progress
+        self.copiers: dict[tuple[int, str], Copier] = {}
+        self.pending: dict[str, list[Taken]] = {s: [] for s in SPLITS}
+        self.indexed = [p for p, kind in kinds.items() if isinstance(kind, RowIndex)]
+        self.listed: dict[tuple[int, str, str], list[list]] = {}
+        self.direct_rows = self.copied_rows = 0  # by the copiers of sources closed since
+        self.seconds = 0.0
+
+    def opened(self, k: int) -> h5py.File:
+        """Source ``k``, open; the copiers of the sources closed to keep within the budget go with them."""
+        for j in hold(self.sources, k):
+            for split in SPLITS:
+                gone = self.copiers.pop((j, split), None)
+                if gone is not None:
+                    self.direct_rows += gone.direct_rows
+                    self.copied_rows += gone.copied_rows
+        return self.sources[k].file
+
+    def copier(self, k: int, split: str) -> Copier:
+        f = self.opened(k)
+        if (k, split) not in self.copiers:
+            keys = f[sample_keys_path(split)]
+            self.copiers[k, split] = Copier(
+                f[split], self.writer.file[split], self.kinds, keys, self.sources[k].descriptor
+            )
+        return self.copiers[k, split]
+
+    def listed_rows(self, k: int, split: str, path: str) -> list[list]:
+        if (k, split, path) not in self.listed:
+            self.opened(k)
+            self.listed[k, split, path] = _listed_rows(self.sources[k], split, path)
+        return self.listed[k, split, path]
+
+    def emit(self) -> None:
+        """Copy every pending row, a run of one source at a time."""
+        t0 = time.perf_counter()
+        for split, items in self.pending.items():
+            for k, group in itertools.groupby(items, key=lambda t: t.source):
+                rows = np.array([t.row for t in group], np.int64)
+                listed = {p: [self.listed_rows(k, split, p)[r] for r in rows.tolist()] for p in self.indexed}
+                self.writer.add_stored(split, *self.copier(k, split)(rows), listed)
+                self.progress(len(rows), False)
+            items.clear()
+        self.seconds += time.perf_counter() - t0
+
+    def add_stats(self, plan: Plan) -> None:
+        """The statistics of every row taken, added once all are written (a checkpoint before that
+        records the cleaned rows' statistics only, and says so)."""
+        taken: dict[tuple[int, str], list[int]] = {}  # (source, split) -> the rows taken from it
+        for ref, t in zip(plan.samples, plan.taken):
+            if t is not None:
+                taken.setdefault((t.source, ref.split), []).append(t.row)
+        for k, src in enumerate(self.sources):
+            self.opened(k)
+            for split in SPLITS:
+                rows = np.array(sorted(taken.get((k, split), [])), np.int64)
+                if src.rows[split]:
+                    for path, counts in taken_stats(src, split, rows, self.kinds).items():
+                        self.writer.add_stats(path, split, counts)
+
+    def counts(self) -> dict:
+        return {
+            "reused_chunks_copied": self.direct_rows + sum(c.direct_rows for c in self.copiers.values()),
+            "reused_rows_rewritten": self.copied_rows + sum(c.copied_rows for c in self.copiers.values()),
+            "reused_copy_seconds": round(self.seconds, 3),
+        }
+
+
 def write_reusing(
     spec: DatasetSpec,
     root: Path,
@@ -387,47 +460,7 @@ def write_reusing(
     source, the rest from ``cleaned``, the batches of ``plan.to_clean`` in order. Returns what was
     reused and how. A deferred ``inputs`` learns each cleaned sample's key before its row is written."""
     kinds = stored_kinds(spec)
-    copiers: dict[tuple[int, str], Copier] = {}  # of the sources open
-    counted = {"direct_rows": 0, "copied_rows": 0}  # by the copiers of sources closed since
-
-    def opened(k: int) -> h5py.File:
-        """Source ``k``, open; the copiers of the sources closed to keep within the budget go with them."""
-        for j in hold(sources, k):
-            for split in SPLITS:
-                gone = copiers.pop((j, split), None)
-                if gone is not None:
-                    counted["direct_rows"] += gone.direct_rows
-                    counted["copied_rows"] += gone.copied_rows
-        return sources[k].file
-
-    def copier(k: int, split: str) -> Copier:
-        f = opened(k)
-        if (k, split) not in copiers:
-            keys = f[sample_keys_path(split)]
-            copiers[(k, split)] = Copier(f[split], writer.file[split], kinds, keys, sources[k].descriptor)
-        return copiers[(k, split)]
-
-    indexed = [p for p, kind in kinds.items() if isinstance(kind, RowIndex)]
-
-    @functools.cache
-    def listed_rows(k: int, split: str, path: str) -> list[list]:
-        opened(k)
-        return _listed_rows(sources[k], split, path)
-
-    pending: dict[str, list[Taken]] = {s: [] for s in SPLITS}
-    copying = [0.0]  # seconds spent copying taken rows
-
-    def emit_pending() -> None:
-        t0 = time.perf_counter()
-        for split, items in pending.items():
-            for k, group in itertools.groupby(items, key=lambda t: t.source):
-                rows = np.array([t.row for t in group], np.int64)
-                listed = {p: [listed_rows(k, split, p)[r] for r in rows.tolist()] for p in indexed}
-                writer.add_stored(split, *copier(k, split)(rows), listed)
-                progress(len(rows), False)
-            items.clear()
-        copying[0] += time.perf_counter() - t0
-
+    copies = _Copies(sources, writer, kinds, progress)
     to_clean = plan.to_clean
     position = {ref.id: i for i, ref in enumerate(plan.samples)}
     cursor, done = 0, 0
@@ -448,10 +481,10 @@ def write_reusing(
                 if run:
                     _add_cleaned_run(writer, kinds, batch, run, cleaned_rows)
                     run = []
-                pending[ref.split].append(t)
+                copies.pending[ref.split].append(t)
             elif ref.id in in_batch:
-                if any(pending.values()):
-                    emit_pending()
+                if any(copies.pending.values()):
+                    copies.emit()
                 run.append(in_batch[ref.id])
             cursor += 1
         if run:
@@ -459,29 +492,10 @@ def write_reusing(
         progress(len(refs), True)
     for ref, t in zip(plan.samples[cursor:], plan.taken[cursor:]):
         if t is not None:
-            pending[ref.split].append(t)
-    emit_pending()
-    # the statistics of everything taken, added once every row is written (a checkpoint before
-    # that records the cleaned rows' statistics only, and says so)
-    taken: dict[tuple[int, str], list[int]] = {}  # (source, split) -> the rows taken from it
-    for ref, t in zip(plan.samples, plan.taken):
-        if t is not None:
-            taken.setdefault((t.source, ref.split), []).append(t.row)
-    for k, src in enumerate(sources):
-        opened(k)
-        for split in SPLITS:
-            rows = np.array(sorted(taken.get((k, split), [])), np.int64)
-            if src.rows[split]:
-                for path, counts in taken_stats(src, split, rows, kinds).items():
-                    writer.add_stats(path, split, counts)
-    return {
-        "reused": plan.reused,
-        "cleaned": len(to_clean),
-        "cleaned_rows": cleaned_rows,
-        "reused_chunks_copied": counted["direct_rows"] + sum(c.direct_rows for c in copiers.values()),
-        "reused_rows_rewritten": counted["copied_rows"] + sum(c.copied_rows for c in copiers.values()),
-        "reused_copy_seconds": round(copying[0], 3),
-    }
+            copies.pending[ref.split].append(t)
+    copies.emit()
+    copies.add_stats(plan)
+    return {"reused": plan.reused, "cleaned": len(to_clean), "cleaned_rows": cleaned_rows, **copies.counts()}
 
 
 def _add_cleaned_run(
