@@ -4,7 +4,8 @@ COCO: an ``instances_*.json`` whose images are pictures of a sub-folder, giving 
 there (the most common size, ``larger: shrink`` so no object is cropped away) and a boxes field
 with its categories as classes. YOLO: ``labels/*.txt`` beside ``images/`` (or ``labels/<split>/``
 beside ``images/<split>/``, the split from the folders), the classes from
-``classes.txt`` or ``data.yaml``, else ``class_0`` ... (noted). Nothing here imports ``init``: the
+``classes.txt`` or ``data.yaml``, else ``class_0`` ... (noted); a ``kpt_shape`` in ``data.yaml`` (pose
+labels) goes into the spec. Nothing here imports ``init``: the
 ``SpecText`` it writes into is passed in.
 """
 
@@ -14,9 +15,9 @@ import json
 from collections import Counter
 from pathlib import Path, PurePosixPath
 
-import yaml
-
 from h5forge.kinds.base import DEFAULT_MAX_BYTES, read_bounded
+from h5forge.kinds.boxes import datayaml
+from h5forge.kinds.boxes.datayaml import DATA_YAML
 from h5forge.kinds.plugins import Layout
 
 PICTURES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
@@ -167,16 +168,11 @@ def _yolo_classes(raw: Path, labels: list[Path], notes: list[str]) -> list[str]:
         lines = [line.strip() for line in text.removeprefix("\ufeff").splitlines()]
         where = names_file.relative_to(raw).as_posix()
         return _by_index({i: name for i, name in enumerate(lines) if name}, where, notes)
-    data_yaml = raw / "data.yaml"
-    if data_yaml.is_file() and (text := _read(data_yaml, raw)) is not None:
-        try:
-            names = yaml.safe_load(text).get("names")
-        except (yaml.YAMLError, AttributeError):
-            names = None
-        if isinstance(names, dict) and all(str(k).isdigit() for k in names):  # {0: person} or {"0": person}
-            return _by_index({int(k): str(v) for k, v in names.items()}, "data.yaml", notes)
-        if isinstance(names, list):
-            return [str(n) for n in names]
+    names = _data_yaml(raw).get("names")
+    if isinstance(names, dict) and all(str(k).isdigit() for k in names):  # {0: person} or {"0": person}
+        return _by_index({int(k): str(v) for k, v in names.items()}, "data.yaml", notes)
+    if isinstance(names, list):
+        return [str(n) for n in names]
     top = -1
     for p in labels[:SAMPLED]:
         for line in (_read(p, raw) or "").splitlines():
@@ -185,6 +181,12 @@ def _yolo_classes(raw: Path, labels: list[Path], notes: list[str]) -> list[str]:
                 top = max(top, int(head[0]))
     notes.append("no classes.txt or data.yaml names: the classes are named class_0 ... by index; rename them")
     return [f"class_{i}" for i in range(max(top + 1, 1))]
+
+
+def _data_yaml(raw: Path) -> dict:
+    """What the folder's data.yaml says (Ultralytics' names, kpt_shape, ...), or nothing."""
+    path = raw / DATA_YAML
+    return datayaml.parse(_read(path, raw)) if path.is_file() else {}
 
 
 def _label_files(folder: Path) -> list[Path]:
@@ -212,6 +214,13 @@ def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
     if not labels or not pictures or not keys(labels) & keys(pictures):
         return None
     classes = _yolo_classes(raw, labels, notes)
+    described = _data_yaml(raw)
+    declared, kpt_shape = described.get("kpt_shape"), datayaml.kpt_shape_of(described)
+    if declared is not None and kpt_shape is None:
+        notes.append(
+            f"data.yaml declares kpt_shape {declared!r}, which is no [K, D] of K >= 1 keypoints of 2 or 3 "
+            "numbers: the spec gives none, and a build refuses the lines that are no plain box"
+        )
     missing = len(keys(pictures) - keys(labels))
     if missing:
         where = "labels/<split>/<stem>.txt" if split else "labels/<stem>.txt"
@@ -239,6 +248,9 @@ def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
         t(2, "like: images", "shrunk, cropped and padded with the picture")
         t(2, f'files: "labels{below}/*.txt"')
         t(2, f"classes: {_flow(classes)}")
+        if kpt_shape is not None:
+            k, d = kpt_shape
+            t(2, f"kpt_shape: [{k}, {d}]", f"data.yaml: pose lines, the box then {k} keypoints (not stored)")
         t(2, "outside: clip", "a box that leaves the frame is clipped to it (drop: dropped); both counted")
         if split:
             t(0, "annotations:")
