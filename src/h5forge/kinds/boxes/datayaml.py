@@ -1,8 +1,9 @@
-"""Ultralytics' ``data.yaml``: what a YOLO folder says of its labels besides the files: the class
-``names`` and, for pose labels, ``kpt_shape: [K, D]`` (each line's box followed by K keypoints of D
-numbers). Ultralytics reads every label line by the ``kpt_shape`` its dataset declares, so ``init``
-writes it into the spec, and a build refuses lines a declared ``kpt_shape`` makes pose lines when
-the spec does not say so.
+"""Ultralytics' dataset conventions: its split folders (``labels/train/`` beside ``images/train/``)
+and its ``data.yaml``, which says what the label files do not: the class ``names`` and, for pose
+labels, ``kpt_shape: [K, D]`` (each line's box followed by K keypoints of D numbers). Ultralytics
+reads every label line by the ``kpt_shape`` its dataset declares, so ``init`` writes it into the
+spec, and a build refuses lines a declared ``kpt_shape`` makes pose lines when the spec does not
+say so.
 """
 
 from __future__ import annotations
@@ -17,8 +18,15 @@ import yaml
 from h5forge.kinds.base import read_bounded
 
 DATA_YAML = "data.yaml"
+# the split folders of Ultralytics' layout (images/train/ beside labels/train/), as discovery reads them
+SPLIT_FOLDERS = ("train", "val", "test", "training", "validation", "valid", "testing")
 SMALL_FILE = 1 << 20  # a data.yaml names classes and folders: a larger one is no such file
 KEYPOINT_NUMBERS = (2, 3)  # x y, or x y visibility
+
+
+def split_folder_names() -> tuple[str, ...]:
+    """Each split folder name as folders spell it: ``train``, ``Train``, ``TRAIN``."""
+    return tuple(dict.fromkeys(v for name in SPLIT_FOLDERS for v in (name, name.capitalize(), name.upper())))
 
 
 def parse(text: str | None) -> dict:

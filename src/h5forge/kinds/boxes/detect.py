@@ -17,12 +17,10 @@ from pathlib import Path, PurePosixPath
 
 from h5forge.kinds.base import DEFAULT_MAX_BYTES, read_bounded
 from h5forge.kinds.boxes import datayaml
-from h5forge.kinds.boxes.datayaml import DATA_YAML
+from h5forge.kinds.boxes.datayaml import DATA_YAML, SPLIT_FOLDERS
 from h5forge.kinds.plugins import Layout
 
 PICTURES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
-# the split folders of Ultralytics' layout (images/train/ beside labels/train/), as discovery reads them
-SPLIT_FOLDERS = ("train", "val", "test", "training", "validation", "valid", "testing")
 SAMPLED = 200  # label files read to find the classes of a YOLO folder without a names file
 SMALL_FILE = 1 << 20  # a names file or a label file
 
@@ -162,11 +160,27 @@ def _by_index(names: dict[int, str], where: str, notes: list[str]) -> list[str]:
     return listed
 
 
-def _yolo_classes(raw: Path, labels: list[Path], notes: list[str]) -> list[str]:
-    names_file = next((p for p in (raw / "classes.txt", raw / "labels" / "classes.txt") if p.is_file()), None)
-    if names_file is not None and (text := _read(names_file, raw)) is not None:
+def _names_file(raw: Path, folders: list[str], notes: list[str]) -> tuple[str, str] | None:
+    """The first classes.txt at the top, in ``labels/`` or in a ``labels/<split>/`` folder, as (its
+    path, its text); a split folder's that names other classes is noted."""
+    found = []
+    for p in (
+        raw / "classes.txt",
+        raw / "labels" / "classes.txt",
+        *(raw / "labels" / f / "classes.txt" for f in folders),
+    ):
+        if p.is_file() and (text := _read(p, raw)) is not None:
+            found.append((p.relative_to(raw).as_posix(), text))
+    for where, text in found[1:]:
+        if text.split() != found[0][1].split():
+            notes.append(f"{where} names other classes than {found[0][0]}: the classes are {found[0][0]}'s")
+    return found[0] if found else None
+
+
+def _yolo_classes(raw: Path, labels: list[Path], folders: list[str], notes: list[str]) -> list[str]:
+    if (names_file := _names_file(raw, folders, notes)) is not None:
+        where, text = names_file
         lines = [line.strip() for line in text.removeprefix("\ufeff").splitlines()]
-        where = names_file.relative_to(raw).as_posix()
         return _by_index({i: name for i, name in enumerate(lines) if name}, where, notes)
     names = _data_yaml(raw).get("names")
     if isinstance(names, dict) and all(str(k).isdigit() for k in names):  # {0: person} or {"0": person}
@@ -213,7 +227,7 @@ def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
 
     if not labels or not pictures or not keys(labels) & keys(pictures):
         return None
-    classes = _yolo_classes(raw, labels, notes)
+    classes = _yolo_classes(raw, labels, [f for f in folders if f], notes)
     described = _data_yaml(raw)
     declared, kpt_shape = described.get("kpt_shape"), datayaml.kpt_shape_of(described)
     if declared is not None and kpt_shape is None:

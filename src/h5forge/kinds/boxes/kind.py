@@ -35,7 +35,7 @@ from h5forge.kinds.base import (
     field_of,
     read_source,
 )
-from h5forge.kinds.boxes.datayaml import DATA_YAML, KEYPOINT_NUMBERS, declared_kpt_shape
+from h5forge.kinds.boxes.datayaml import DATA_YAML, KEYPOINT_NUMBERS, declared_kpt_shape, split_folder_names
 from h5forge.kinds.boxes.geometry import place
 from h5forge.kinds.boxes.inbox import coco_files_in, coco_subset
 from h5forge.kinds.boxes.instances import instance_masks
@@ -136,11 +136,12 @@ class BoxesKind(Plugins, Follows, SharedInputs, ClassCounts, RowIndex, Preview, 
     def shared_files(self) -> tuple[str, ...]:
         """The COCO files; for YOLO labels, the files YOLO folders name their classes in
         (``classes.txt``, ``data.yaml``) at the top of the source and beside the labels: ``init``
-        takes the classes from them, so they are the dataset's."""
+        takes the classes from them, so they are the dataset's. In Ultralytics' split layout
+        (``labels/*/*.txt``) they are beside the labels of each split folder."""
         if self.coco_files:
             return self.coco_files
-        folders = {"", *(PurePosixPath(g).parent.as_posix() for g in self.files)}
-        return tuple(sorted((PurePosixPath(d) / name).as_posix() for d in folders for name in YOLO_CLASS_FILES))
+        folders = {f for g in self.files for f in _label_folders(PurePosixPath(g).parent)}
+        return tuple(sorted((PurePosixPath(d) / name).as_posix() for d in {"", *folders} for name in YOLO_CLASS_FILES))
 
     @property
     def limits(self) -> Limits:
@@ -233,11 +234,12 @@ class BoxesKind(Plugins, Follows, SharedInputs, ClassCounts, RowIndex, Preview, 
         return (part.path, part.reason) if isinstance(part, Reject) else part
 
     def _declared_kpt_shape(self, root: Path) -> Any:
-        """The kpt_shape a data.yaml of the dataset declares when the spec gives none (then the
-        label lines are read by the spec alone), else None."""
+        """The kpt_shape a data.yaml at the top or beside the labels declares when the spec gives
+        none (then the label lines are read by the spec alone), else None."""
         if self.spec.kpt_shape is not None:
             return None
-        data_yamls = tuple(f for f in self.shared_files() if PurePosixPath(f).name == DATA_YAML)
+        folders = dict.fromkeys(["", *(PurePosixPath(g).parent.as_posix() for g in self.files)])
+        data_yamls = tuple((PurePosixPath(d) / DATA_YAML).as_posix() for d in folders)
         return declared_kpt_shape(root, data_yamls, self.dataset.source.allow_symlinks_outside)
 
     def input_digest(self, root: Path, ref: SampleRef) -> str | None:
@@ -313,6 +315,18 @@ class BoxesKind(Plugins, Follows, SharedInputs, ClassCounts, RowIndex, Preview, 
         counts = [int(np.count_nonzero(labels == i)) for i in range(len(self.spec.classes))]
         named = ", ".join(f"{n} {c}" for n, c in zip(counts, self.spec.classes) if n)
         return f"{self.name}: {len(labels)}" + (f" ({named})" if named else "")
+
+
+def _label_folders(parent: PurePosixPath) -> tuple[str, ...]:
+    """The folders a label glob's ``parent`` names: itself, or for a ``*`` among its parts
+    (``labels/*``, Ultralytics' split layout) the folder of each split name there."""
+    wild = [i for i, part in enumerate(parent.parts) if part == "*"]
+    if len(wild) != 1:
+        return (parent.as_posix(),)
+    parts = list(parent.parts)
+    return tuple(
+        PurePosixPath(*parts[: wild[0]], name, *parts[wild[0] + 1 :]).as_posix() for name in split_folder_names()
+    )
 
 
 def _nearest_listing(
