@@ -464,6 +464,23 @@ def test_a_yolo_polygon_is_its_boxes_instance_mask(coco_folder, tmp_path):
 
 
 
+def test_a_yolo_oriented_box_gives_the_upright_box_around_its_corners(coco_folder, tmp_path):
+    """An Ultralytics OBB line ``class x1 y1 ... x4 y4`` (a 120 x 60 rectangle turned 30 degrees on
+    chelsea) is stored as the upright box around its four corners, computed here from the rectangle."""
+    raw = _yolo_folder(coco_folder, tmp_path)
+    h, w, _ = PICTURES["chelsea"]
+    turn = np.deg2rad(30)
+    half = np.array([[-60, -30], [60, -30], [60, 30], [-60, 30]], np.float64)
+    corners = half @ np.array([[np.cos(turn), np.sin(turn)], [-np.sin(turn), np.cos(turn)]]) + [225, 150]
+    line = "1 " + " ".join(f"{x / w:.9f} {y / h:.9f}" for x, y in corners)
+    (raw / "labels" / "chelsea.txt").write_text(line + "\n")
+    boxes = _decode_one(raw, tmp_path, {"files": "labels/*.txt"}, "chelsea")["boxes"].value
+    top, left = (h - SIZE) // 2, (w - SIZE) // 2
+    reach = 60 * np.cos(turn) + 30 * np.sin(turn), 60 * np.sin(turn) + 30 * np.cos(turn)
+    want = [225 - reach[0] - left, 150 - reach[1] - top, 225 + reach[0] - left, 150 + reach[1] - top, 1]
+    assert np.allclose(boxes, [want], atol=1e-3), (boxes, want)
+
+
 def _pose_folder(coco_folder: Path, tmp_path: Path, kpt_shape: tuple[int, int]) -> Path:
     """The YOLO folder with Ultralytics' pose labels: each line ``class cx cy w h`` followed by K
     keypoints of D numbers (x, y inside the box; visibility 2 when D is 3), and a data.yaml naming
