@@ -221,6 +221,43 @@ def test_init_recognises_ultralytics_split_folders_and_the_build_keeps_each_spli
             assert np.allclose(boxes, _expected(sid.split("/")[1], "crop", "clip")[0], atol=1e-3), sid
 
 
+def test_init_recognises_split_folders_holding_images_and_labels_and_the_build_keeps_each_split(coco_folder, tmp_path):
+    """Roboflow's Ultralytics export, train/images/ beside train/labels/ (and valid/, test/) with a
+    data.yaml naming ../train/images: ``init`` writes a boxes spec taking the split from the folder
+    above images/ (it was read as one class named 'images', the boxes left out); the build publishes
+    each picture in its folder's split with its label file's boxes."""
+    from h5forge._init import infer_spec
+
+    flat = _yolo_folder(coco_folder, tmp_path)
+    raw = tmp_path / "roboflow"
+    split_of = {"astronaut": "train", "coffee": "train", "rocket": "test", "chelsea": "valid"}
+    for name, split in split_of.items():
+        for folder, suffix in (("images", ".png"), ("labels", ".txt")):
+            (raw / split / folder).mkdir(parents=True, exist_ok=True)
+            (flat / folder / f"{name}{suffix}").rename(raw / split / folder / f"{name}{suffix}")
+    (raw / "data.yaml").write_text(yaml.safe_dump({"train": "../train/images", "val": "../valid/images",
+                                                   "test": "../test/images", "nc": 3, "names": list(CLASSES)}))
+    found = infer_spec(raw, tmp_path / "spec.yaml")
+    data = yaml.safe_load(found.text)
+    assert found.layout == "boxes", found.text
+    assert data["fields"]["images"]["files"] == "*/images/*.png"
+    assert data["fields"]["boxes"]["files"] == "*/labels/*.txt"
+    assert data["fields"]["boxes"]["classes"] == list(CLASSES)
+    assert data["splits"]["column"] == "split" and data["annotations"]["folders"] == {"split": -2}
+    assert not any("taken by no glob" in n for n in found.notes), found.notes
+    data["output"]["dir"] = str(tmp_path / "out")
+    data["fields"]["images"].update(size=[SIZE, SIZE], larger="crop")  # the sizes _expected computes with
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    result = h5forge.build(tmp_path / "spec.yaml")
+    assert result.rejections == () and result.counts == {"train": 2, "val": 1, "test": 1}
+    for split, folder in (("train", "train"), ("val", "valid"), ("test", "test")):
+        with SplitReader(result.path, split, fields=["boxes"]) as r:
+            got = dict(zip(r.ids(), r.read(range(len(r)))["boxes"]))
+        assert set(got) == {name for name, s in split_of.items() if s == folder}
+        for name, boxes in got.items():
+            assert np.allclose(boxes, _expected(name, "crop", "clip")[0], atol=1e-3), name
+
+
 def _decode_one(raw: Path, tmp_path: Path, boxes: dict, picture: str):
     from h5forge._ingest.discover import discover
     from h5forge.kinds import decode_sample, stored_kinds
