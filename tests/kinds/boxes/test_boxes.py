@@ -221,6 +221,43 @@ def test_init_recognises_ultralytics_split_folders_and_the_build_keeps_each_spli
             assert np.allclose(boxes, _expected(sid.split("/")[1], "crop", "clip")[0], atol=1e-3), sid
 
 
+def test_init_recognises_split_folders_holding_images_and_labels_and_the_build_keeps_each_split(coco_folder, tmp_path):
+    """Roboflow's Ultralytics export, train/images/ beside train/labels/ (and valid/, test/) with a
+    data.yaml naming ../train/images: ``init`` writes a boxes spec taking the split from the folder
+    above images/ (it was read as one class named 'images', the boxes left out); the build publishes
+    each picture in its folder's split with its label file's boxes."""
+    from h5forge._init import infer_spec
+
+    flat = _yolo_folder(coco_folder, tmp_path)
+    raw = tmp_path / "roboflow"
+    split_of = {"astronaut": "train", "coffee": "train", "rocket": "test", "chelsea": "valid"}
+    for name, split in split_of.items():
+        for folder, suffix in (("images", ".png"), ("labels", ".txt")):
+            (raw / split / folder).mkdir(parents=True, exist_ok=True)
+            (flat / folder / f"{name}{suffix}").rename(raw / split / folder / f"{name}{suffix}")
+    (raw / "data.yaml").write_text(yaml.safe_dump({"train": "../train/images", "val": "../valid/images",
+                                                   "test": "../test/images", "nc": 3, "names": list(CLASSES)}))
+    found = infer_spec(raw, tmp_path / "spec.yaml")
+    data = yaml.safe_load(found.text)
+    assert found.layout == "boxes", found.text
+    assert data["fields"]["images"]["files"] == "*/images/*.png"
+    assert data["fields"]["boxes"]["files"] == "*/labels/*.txt"
+    assert data["fields"]["boxes"]["classes"] == list(CLASSES)
+    assert data["splits"]["column"] == "split" and data["annotations"]["folders"] == {"split": -2}
+    assert not any("taken by no glob" in n for n in found.notes), found.notes
+    data["output"]["dir"] = str(tmp_path / "out")
+    data["fields"]["images"].update(size=[SIZE, SIZE], larger="crop")  # the sizes _expected computes with
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    result = h5forge.build(tmp_path / "spec.yaml")
+    assert result.rejections == () and result.counts == {"train": 2, "val": 1, "test": 1}
+    for split, folder in (("train", "train"), ("val", "valid"), ("test", "test")):
+        with SplitReader(result.path, split, fields=["boxes"]) as r:
+            got = dict(zip(r.ids(), r.read(range(len(r)))["boxes"]))
+        assert set(got) == {name for name, s in split_of.items() if s == folder}
+        for name, boxes in got.items():
+            assert np.allclose(boxes, _expected(name, "crop", "clip")[0], atol=1e-3), name
+
+
 def _decode_one(raw: Path, tmp_path: Path, boxes: dict, picture: str):
     from h5forge._ingest.discover import discover
     from h5forge.kinds import decode_sample, stored_kinds
@@ -461,6 +498,120 @@ def test_a_yolo_polygon_is_its_boxes_instance_mask(coco_folder, tmp_path):
     assert m[150 - top, 200 - left] == 1  # inside the triangle
     assert m[255 - top, 102 - left] == 0  # the box's bottom-left corner is outside it
     assert m.sum() < 0.6 * (200 * 180)  # about half the box
+
+
+
+def test_a_yolo_oriented_box_gives_the_upright_box_around_its_corners(coco_folder, tmp_path):
+    """An Ultralytics OBB line ``class x1 y1 ... x4 y4`` (a 120 x 60 rectangle turned 30 degrees on
+    chelsea) is stored as the upright box around its four corners, computed here from the rectangle."""
+    raw = _yolo_folder(coco_folder, tmp_path)
+    h, w, _ = PICTURES["chelsea"]
+    turn = np.deg2rad(30)
+    half = np.array([[-60, -30], [60, -30], [60, 30], [-60, 30]], np.float64)
+    corners = half @ np.array([[np.cos(turn), np.sin(turn)], [-np.sin(turn), np.cos(turn)]]) + [225, 150]
+    line = "1 " + " ".join(f"{x / w:.9f} {y / h:.9f}" for x, y in corners)
+    (raw / "labels" / "chelsea.txt").write_text(line + "\n")
+    boxes = _decode_one(raw, tmp_path, {"files": "labels/*.txt"}, "chelsea")["boxes"].value
+    top, left = (h - SIZE) // 2, (w - SIZE) // 2
+    reach = 60 * np.cos(turn) + 30 * np.sin(turn), 60 * np.sin(turn) + 30 * np.cos(turn)
+    want = [225 - reach[0] - left, 150 - reach[1] - top, 225 + reach[0] - left, 150 + reach[1] - top, 1]
+    assert np.allclose(boxes, [want], atol=1e-3), (boxes, want)
+
+
+def _pose_folder(coco_folder: Path, tmp_path: Path, kpt_shape: tuple[int, int]) -> Path:
+    """The YOLO folder with Ultralytics' pose labels: each line ``class cx cy w h`` followed by K
+    keypoints of D numbers (x, y inside the box; visibility 2 when D is 3), and a data.yaml naming
+    the classes and declaring ``kpt_shape``."""
+    k, d = kpt_shape
+    raw = _yolo_folder(coco_folder, tmp_path)
+    (raw / "classes.txt").unlink()
+    rng = np.random.default_rng(10 * k + d)
+    for name in PICTURES:
+        lines = []
+        for line in (raw / "labels" / f"{name}.txt").read_text().splitlines():
+            _, cx, cy, bw, bh = (float(v) for v in line.split())
+            xs, ys = rng.uniform(cx - bw / 2, cx + bw / 2, k), rng.uniform(cy - bh / 2, cy + bh / 2, k)
+            points = np.column_stack([xs, ys, np.full(k, 2.0)])[:, :d]
+            lines.append(line + "".join(f" {v:.6f}" for v in points.ravel()))
+        (raw / "labels" / f"{name}.txt").write_text("".join(f"{line}\n" for line in lines))
+    (raw / "data.yaml").write_text(yaml.safe_dump({"path": ".", "train": "images", "val": "images",
+                                                   "kpt_shape": [k, d], "names": dict(enumerate(CLASSES))}))
+    return raw
+
+
+@pytest.mark.parametrize("kpt_shape", [(4, 2), (2, 3), (17, 3)])
+def test_yolo_pose_labels_give_the_box_of_their_first_four_numbers(coco_folder, tmp_path, kpt_shape):
+    """Ultralytics' pose labels: ``init`` takes ``kpt_shape`` from data.yaml into the spec, and every
+    reader gives each line's box, its first four numbers (the keypoints were read as polygon vertices:
+    a line of 4 + 2K numbers gave the box around the box's centre, its size and the keypoints, and
+    other lines were refused as no polygon)."""
+    from h5forge._init import infer_spec
+    from h5forge.read.torch import H5Dataset
+
+    raw = _pose_folder(coco_folder, tmp_path, kpt_shape)
+    found = infer_spec(raw, tmp_path / "spec.yaml")
+    data = yaml.safe_load(found.text)
+    assert data["fields"]["boxes"]["kpt_shape"] == list(kpt_shape), found.text
+    data["output"]["dir"] = str(tmp_path / "out")
+    data["fields"]["images"].update(size=[SIZE, SIZE], larger="crop")  # the sizes _expected computes with
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    result = h5forge.build(tmp_path / "spec.yaml")
+    assert result.rejections == () and sum(result.counts.values()) == len(PICTURES)
+    seen = set()
+    for split in SPLITS:
+        if result.counts.get(split):
+            ds = H5Dataset(result.path, split, fields=("boxes",))
+            for i, sid in enumerate(ds.reader.ids()):
+                assert np.allclose(ds[i].numpy(), _expected(sid, "crop", "clip")[0], atol=1e-3), sid
+                seen.add(sid)
+    assert seen == set(PICTURES)
+
+
+@pytest.mark.parametrize("line,reason", [
+    ("0 0.5 0.5 0.2 0.2", r"line 1: 4 numbers; a pose line of kpt_shape \[2, 3\] holds 10: class cx cy w h "
+                          r"and 2 keypoints of 3 numbers"),
+    ("0 0.5 0.5 0.2 0.2 0.45 0.5 2 0.55 0.5", r"line 1: 9 numbers; a pose line of kpt_shape \[2, 3\] holds 10"),
+    ("0 0.5 0.5 0.2 0.2 0.45 0.5 2 1.5 0.5 2", r"line 1: 1.5 is no fraction of the picture's size"),
+    ("0 0.5 0.5 0.2 0.2 0.45 0.5 -1 0.55 0.5 2", r"line 1: keypoint 1 has the visibility -1, below 0"),
+])
+def test_a_pose_line_that_does_not_fit_kpt_shape_rejects_its_picture(coco_folder, tmp_path, line, reason):
+    from h5forge._samples import Reject
+
+    raw = _yolo_folder(coco_folder, tmp_path)
+    (raw / "labels" / "chelsea.txt").write_text(f"{line}\n")
+    with pytest.raises(Reject, match=reason):
+        _decode_one(raw, tmp_path, {"files": "labels/*.txt", "kpt_shape": [2, 3]}, "chelsea")
+
+
+def test_pose_lines_are_refused_when_data_yaml_declares_kpt_shape_and_the_spec_does_not(coco_folder, tmp_path):
+    """Ultralytics reads a line by the dataset's kpt_shape: with data.yaml declaring one and the spec
+    none, a line that is no plain box is refused with the key to set, never read as a polygon; a
+    plain box line is still its box."""
+    from h5forge._samples import Reject
+
+    raw = _pose_folder(coco_folder, tmp_path, (4, 2))
+    with pytest.raises(Reject, match=r"line 1: 12 numbers, and data.yaml declares kpt_shape \[4, 2\]: a pose line "
+                                     r"\(class cx cy w h and keypoints\), no polygon; set the field's kpt_shape: "
+                                     r"\[4, 2\]"):
+        _decode_one(raw, tmp_path, {"files": "labels/*.txt"}, "chelsea")
+    h, w, _ = PICTURES["chelsea"]
+    (raw / "labels" / "chelsea.txt").write_text("2 0.5 0.5 0.2 0.2\n")
+    boxes = _decode_one(raw, tmp_path, {"files": "labels/*.txt"}, "chelsea")["boxes"].value
+    assert np.allclose(boxes, _from_label("2 0.5 0.5 0.2 0.2\n", h, w), atol=1e-3)
+
+
+@pytest.mark.parametrize("boxes,message", [
+    ({"coco": "annotations/instances_val.json", "kpt_shape": [17, 3]}, "kpt_shape is for YOLO pose labels"),
+    ({"files": "labels/*.txt", "kpt_shape": [17, 4]}, r"kpt_shape \[17, 4\]: K keypoints \(K >= 1\) of 2"),
+    ({"files": "labels/*.txt", "kpt_shape": [0, 3]}, r"kpt_shape \[0, 3\]: K keypoints \(K >= 1\) of 2"),
+])
+def test_kpt_shape_is_refused_where_it_cannot_describe_the_labels(tmp_path, boxes, message):
+    from pydantic import ValidationError
+
+    from h5forge.spec import DatasetSpec
+
+    with pytest.raises(ValidationError, match=message):
+        DatasetSpec.model_validate(_spec(tmp_path, tmp_path / "out", boxes))
 
 
 def _from_label(text: str, h: int, w: int) -> np.ndarray:

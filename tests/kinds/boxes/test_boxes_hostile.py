@@ -407,6 +407,32 @@ def test_yolo_classes_file_is_the_datasets_not_an_unused_file(coco_folder, tmp_p
     assert (result.unclaimed, result.rejected, sum(result.counts.values())) == (0, 0, len(PICTURES))
 
 
+def test_a_classes_file_in_each_split_folder_is_the_datasets_not_a_sample(coco_folder, tmp_path):
+    """Ultralytics' split layout with the names in labels/train/classes.txt and labels/val/classes.txt
+    (as some exporters write them): ``init`` names the classes from them, and the build takes
+    neither file for a sample (each was an incomplete sample with no picture) nor warns of it."""
+    from h5forge._init import infer_spec
+
+    flat = _yolo_folder(coco_folder, tmp_path)
+    raw = tmp_path / "split"
+    split_of = {"astronaut": "train", "coffee": "train", "rocket": "train", "chelsea": "val"}
+    for name, split in split_of.items():
+        for folder, suffix in (("images", ".png"), ("labels", ".txt")):
+            (raw / folder / split).mkdir(parents=True, exist_ok=True)
+            (flat / folder / f"{name}{suffix}").rename(raw / folder / split / f"{name}{suffix}")
+    for split in ("train", "val"):
+        (raw / "labels" / split / "classes.txt").write_text((flat / "classes.txt").read_text())
+    found = infer_spec(raw, tmp_path / "spec.yaml")
+    spec = yaml.safe_load(found.text)
+    assert spec["fields"]["boxes"]["classes"] == ["person", "cup", "cat"], found.notes
+    assert not any("taken by no glob" in n or "rejects" in n for n in found.notes), found.notes
+    spec["output"] = {"dir": str(tmp_path / "out")}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    result = h5forge.build(tmp_path / "spec.yaml")
+    assert (result.unclaimed, result.rejected, result.rejections) == (0, 0, ())
+    assert result.counts == {"train": 3, "val": 1, "test": 0}
+
+
 INIT = textwrap.dedent("""
     import json, sys
     from pathlib import Path

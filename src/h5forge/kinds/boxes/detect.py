@@ -3,8 +3,10 @@
 COCO: an ``instances_*.json`` whose images are pictures of a sub-folder, giving an image field
 there (the most common size, ``larger: shrink`` so no object is cropped away) and a boxes field
 with its categories as classes. YOLO: ``labels/*.txt`` beside ``images/`` (or ``labels/<split>/``
-beside ``images/<split>/``, the split from the folders), the classes from
-``classes.txt`` or ``data.yaml``, else ``class_0`` ... (noted). Nothing here imports ``init``: the
+beside ``images/<split>/``, or ``<split>/labels/`` beside ``<split>/images/``, the split from the
+folders), the classes from
+``classes.txt`` or ``data.yaml``, else ``class_0`` ... (noted); a ``kpt_shape`` in ``data.yaml`` (pose
+labels) goes into the spec. Nothing here imports ``init``: the
 ``SpecText`` it writes into is passed in.
 """
 
@@ -12,16 +14,15 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-import yaml
-
 from h5forge.kinds.base import DEFAULT_MAX_BYTES, read_bounded
+from h5forge.kinds.boxes import datayaml
+from h5forge.kinds.boxes.datayaml import DATA_YAML, SPLIT_FOLDERS
 from h5forge.kinds.plugins import Layout
 
 PICTURES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
-# the split folders of Ultralytics' layout (images/train/ beside labels/train/), as discovery reads them
-SPLIT_FOLDERS = ("train", "val", "test", "training", "validation", "valid", "testing")
 SAMPLED = 200  # label files read to find the classes of a YOLO folder without a names file
 SMALL_FILE = 1 << 20  # a names file or a label file
 
@@ -161,22 +162,33 @@ def _by_index(names: dict[int, str], where: str, notes: list[str]) -> list[str]:
     return listed
 
 
-def _yolo_classes(raw: Path, labels: list[Path], notes: list[str]) -> list[str]:
-    names_file = next((p for p in (raw / "classes.txt", raw / "labels" / "classes.txt") if p.is_file()), None)
-    if names_file is not None and (text := _read(names_file, raw)) is not None:
+def _names_file(raw: Path, folders: list[str], notes: list[str]) -> tuple[str, str] | None:
+    """The first classes.txt at the top, in ``labels/`` or in a split folder's labels (``folders``),
+    as (its path, its text); a split folder's that names other classes is noted."""
+    found = []
+    for p in (
+        raw / "classes.txt",
+        raw / "labels" / "classes.txt",
+        *(raw / f / "classes.txt" for f in folders),
+    ):
+        if p.is_file() and (text := _read(p, raw)) is not None:
+            found.append((p.relative_to(raw).as_posix(), text))
+    for where, text in found[1:]:
+        if text.split() != found[0][1].split():
+            notes.append(f"{where} names other classes than {found[0][0]}: the classes are {found[0][0]}'s")
+    return found[0] if found else None
+
+
+def _yolo_classes(raw: Path, labels: list[Path], folders: list[str], notes: list[str]) -> list[str]:
+    if (names_file := _names_file(raw, folders, notes)) is not None:
+        where, text = names_file
         lines = [line.strip() for line in text.removeprefix("\ufeff").splitlines()]
-        where = names_file.relative_to(raw).as_posix()
         return _by_index({i: name for i, name in enumerate(lines) if name}, where, notes)
-    data_yaml = raw / "data.yaml"
-    if data_yaml.is_file() and (text := _read(data_yaml, raw)) is not None:
-        try:
-            names = yaml.safe_load(text).get("names")
-        except (yaml.YAMLError, AttributeError):
-            names = None
-        if isinstance(names, dict) and all(str(k).isdigit() for k in names):  # {0: person} or {"0": person}
-            return _by_index({int(k): str(v) for k, v in names.items()}, "data.yaml", notes)
-        if isinstance(names, list):
-            return [str(n) for n in names]
+    names = _data_yaml(raw).get("names")
+    if isinstance(names, dict) and all(str(k).isdigit() for k in names):  # {0: person} or {"0": person}
+        return _by_index({int(k): str(v) for k, v in names.items()}, "data.yaml", notes)
+    if isinstance(names, list):
+        return [str(n) for n in names]
     top = -1
     for p in labels[:SAMPLED]:
         for line in (_read(p, raw) or "").splitlines():
@@ -187,34 +199,85 @@ def _yolo_classes(raw: Path, labels: list[Path], notes: list[str]) -> list[str]:
     return [f"class_{i}" for i in range(max(top + 1, 1))]
 
 
+def _data_yaml(raw: Path) -> dict:
+    """What the folder's data.yaml says (Ultralytics' names, kpt_shape, ...), or nothing."""
+    path = raw / DATA_YAML
+    return datayaml.parse(_read(path, raw)) if path.is_file() else {}
+
+
 def _label_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*.txt") if p.name != "classes.txt") if folder.is_dir() else []
 
 
-def _split_folders(raw: Path) -> list[str]:
-    """The split folders of ``images/`` that ``labels/`` has too (Ultralytics' ``images/train/``,
-    ``labels/train/``, ...)."""
-    images = [d for d in sorted((raw / "images").iterdir()) if d.is_dir()] if (raw / "images").is_dir() else []
-    return [d.name for d in images if d.name.lower() in SPLIT_FOLDERS and (raw / "labels" / d.name).is_dir()]
+@dataclass(frozen=True)
+class _Arrangement:
+    """Where a YOLO folder keeps its pictures and label files: ``images/`` beside ``labels/``, or
+    the same in split folders, one folder down (``images/train/``, Ultralytics') or up
+    (``train/images/``, Roboflow's export). ``{split}`` marks the split folder in each path."""
+
+    images: str
+    labels: str
+    splits: tuple[str, ...] = ()
+
+    def folders(self, pattern: str) -> list[str]:
+        return [pattern.format(split=s) for s in self.splits] if self.splits else [pattern]
+
+    def glob(self, pattern: str) -> str:
+        return pattern.replace("{split}", "*")
+
+    @property
+    def split_level(self) -> int:
+        """The split folder's place above a picture (``annotations.folders``)."""
+        return -1 - self.images.split("/")[::-1].index("{split}")
+
+    @property
+    def ids(self) -> str | None:
+        # below images/, a path id pairs images/train/x with labels/train/x and lets x recur in each
+        # split; above it the paths differ by images/ and labels/, so the stem pairs them
+        return "path" if self.images.startswith("images/") else None
+
+
+def _arrangement(raw: Path) -> _Arrangement:
+    """Flat ``images/`` and ``labels/`` when ``labels/`` holds label files, else the split folders
+    of ``images/`` that ``labels/`` has too, else top-level split folders holding both."""
+    if _label_files(raw / "labels"):
+        return _Arrangement("images", "labels")
+
+    def splits(folder: Path, has) -> tuple[str, ...]:
+        found = sorted(d for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else []
+        return tuple(d.name for d in found if d.name.lower() in SPLIT_FOLDERS and has(d.name))
+
+    below = splits(raw / "images", lambda name: (raw / "labels" / name).is_dir())
+    if below:
+        return _Arrangement("images/{split}", "labels/{split}", below)
+    above = splits(raw, lambda name: (raw / name / "images").is_dir() and (raw / name / "labels").is_dir())
+    return _Arrangement("{split}/images", "{split}/labels", above)
 
 
 def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
-    """``labels/*.txt`` beside ``images/``, or the same one folder down in split folders, the split
-    then taken from the folder (``ids: path``: one stem may name a picture of each split)."""
-    split = not _label_files(raw / "labels")
-    folders = _split_folders(raw) if split else [""]
-    labels = [p for f in folders for p in _label_files(raw / "labels" / f)]
-    pictures = [p for f in folders for p in _pictures(raw / "images" / f)]
+    """``labels/*.txt`` beside ``images/``, or the same in split folders (``_Arrangement``), the split
+    then taken from the folder."""
+    at = _arrangement(raw)
+    labels = [p for f in at.folders(at.labels) for p in _label_files(raw / f)]
+    pictures = [p for f in at.folders(at.images) for p in _pictures(raw / f)]
+    split = bool(at.splits)
 
     def keys(files: list[Path]) -> set[tuple[str, str]]:  # (split folder or "", stem)
-        return {(p.parent.name if split else "", p.stem) for p in files}
+        return {(p.relative_to(raw).parts[at.split_level - 1] if split else "", p.stem) for p in files}
 
     if not labels or not pictures or not keys(labels) & keys(pictures):
         return None
-    classes = _yolo_classes(raw, labels, notes)
+    classes = _yolo_classes(raw, labels, at.folders(at.labels) if split else [], notes)
+    described = _data_yaml(raw)
+    declared, kpt_shape = described.get("kpt_shape"), datayaml.kpt_shape_of(described)
+    if declared is not None and kpt_shape is None:
+        notes.append(
+            f"data.yaml declares kpt_shape {declared!r}, which is no [K, D] of K >= 1 keypoints of 2 or 3 "
+            "numbers: the spec gives none, and a build refuses the lines that are no plain box"
+        )
     missing = len(keys(pictures) - keys(labels))
     if missing:
-        where = "labels/<split>/<stem>.txt" if split else "labels/<stem>.txt"
+        where = at.labels.replace("{split}", "<split>") + "/<stem>.txt"
         notes.append(
             f"{missing} of {len(pictures)} pictures have no label file: they are quarantined as incomplete "
             f"(write an empty {where} for a picture without objects)"
@@ -230,23 +293,24 @@ def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
             continue
     size = sizes.most_common(1)[0][0] if sizes else (256, 256)
 
-    below = "/*" if split else ""
-
     def body(t) -> None:
-        _image_lines(t, "images" + below, pictures, size, f"{len(pictures)} pictures, YOLO boxes in labels/")
+        _image_lines(t, at.glob(at.images), pictures, size, f"{len(pictures)} pictures, YOLO boxes in labels/")
         t(1, "boxes:")
         t(2, "kind: boxes", "YOLO labels: class cx cy w h relative to the picture, one file per picture")
         t(2, "like: images", "shrunk, cropped and padded with the picture")
-        t(2, f'files: "labels{below}/*.txt"')
+        t(2, f'files: "{at.glob(at.labels)}/*.txt"')
         t(2, f"classes: {_flow(classes)}")
+        if kpt_shape is not None:
+            k, d = kpt_shape
+            t(2, f"kpt_shape: [{k}, {d}]", f"data.yaml: pose lines, the box then {k} keypoints (not stored)")
         t(2, "outside: clip", "a box that leaves the frame is clipped to it (drop: dropped); both counted")
         if split:
             t(0, "annotations:")
             t(1, "columns: {split: str}")
-            t(1, "folders: {split: -1}", "the split folder a picture and its label file lie in")
+            t(1, f"folders: {{split: {at.split_level}}}", "the split folder a picture and its label file lie in")
             t(1, "required: false", "no annotation file: the folders say the split")
 
-    return Layout("boxes", body, ids="path" if split else None, split_column="split" if split else None)
+    return Layout("boxes", body, ids=at.ids if split else None, split_column="split" if split else None)
 
 
 def detect(kind, raw: Path, notes: list[str], todo: list[str]) -> Layout | None:

@@ -4,6 +4,7 @@
       images: {kind: image, files: images/*.jpg, size: [256, 256], larger: shrink}
       boxes:  {kind: boxes, like: images, coco: annotations/instances_train.json, classes: [cat, dog]}
       boxes:  {kind: boxes, like: images, files: labels/*.txt, classes: [cat, dog]}      # YOLO
+      boxes:  {kind: boxes, like: images, files: labels/*.txt, classes: [person], kpt_shape: [17, 3]}  # pose
 
 The boxes follow their picture's geometry (``like``; the frame rules: ``geometry``), and each
 picture records how many were clipped and dropped. Sources: ``sources``. Stored ragged, rows
@@ -34,6 +35,7 @@ from h5forge.kinds.base import (
     field_of,
     read_source,
 )
+from h5forge.kinds.boxes.datayaml import DATA_YAML, KEYPOINT_NUMBERS, declared_kpt_shape, split_folder_names
 from h5forge.kinds.boxes.geometry import place
 from h5forge.kinds.boxes.inbox import coco_files_in, coco_subset
 from h5forge.kinds.boxes.instances import instance_masks
@@ -59,7 +61,7 @@ COLUMNS = ("x0", "y0", "x1", "y1", "class")
 DEFAULT_MAX_OBJECTS = 1_000  # ten times what the busiest COCO pictures hold
 DEFAULT_MAX_VERTICES = 10_000  # COCO polygons hold tens to hundreds
 DEFAULT_MAX_OUTLINE = 4_000_000  # pixels of polygon outline: about 160 MB while rasterising
-YOLO_CLASS_FILES = ("classes.txt", "data.yaml")  # where YOLO folders name their classes
+YOLO_CLASS_FILES = ("classes.txt", DATA_YAML)  # where YOLO folders name their classes
 
 
 class BoxesField(FieldModel):
@@ -72,6 +74,11 @@ class BoxesField(FieldModel):
     files: Globs | None = Field(None, description="YOLO label files, one <stem>.txt per picture")
     outside: Literal["clip", "drop"] = Field("clip", description="a box that leaves the frame: clipped, or dropped")
     min_size: float = Field(1.0, ge=0, description="a box narrower or lower than this (pixels) is dropped")
+    kpt_shape: tuple[int, int] | None = Field(
+        None,
+        description="YOLO pose labels: [K, D], each line's box followed by K keypoints of D numbers (x y, or "
+        "x y visibility), as Ultralytics' data.yaml declares it; the box is the line's first four numbers",
+    )
     masks: bool = Field(False, description="also store each box's instance mask (COCO or YOLO segmentation)")
     max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a larger COCO or YOLO label file is refused unread")
     max_objects: int = Field(
@@ -88,6 +95,12 @@ class BoxesField(FieldModel):
             raise ValueError("give either coco (COCO instances files) or files (YOLO labels)")
         if not self.classes or len(set(self.classes)) != len(self.classes):
             raise ValueError("classes must be a non-empty list of distinct names")
+        if self.kpt_shape is not None:
+            if self.coco is not None:
+                raise ValueError("kpt_shape is for YOLO pose labels (files), not COCO files")
+            k, d = self.kpt_shape
+            if k < 1 or d not in KEYPOINT_NUMBERS:
+                raise ValueError(f"kpt_shape [{k}, {d}]: K keypoints (K >= 1) of 2 (x y) or 3 (x y visibility) numbers")
         return self
 
 
@@ -123,11 +136,12 @@ class BoxesKind(Plugins, Follows, SharedInputs, ClassCounts, RowIndex, Preview, 
     def shared_files(self) -> tuple[str, ...]:
         """The COCO files; for YOLO labels, the files YOLO folders name their classes in
         (``classes.txt``, ``data.yaml``) at the top of the source and beside the labels: ``init``
-        takes the classes from them, so they are the dataset's."""
+        takes the classes from them, so they are the dataset's. In Ultralytics' split layout
+        (``labels/*/*.txt``) they are beside the labels of each split folder."""
         if self.coco_files:
             return self.coco_files
-        folders = {"", *(PurePosixPath(g).parent.as_posix() for g in self.files)}
-        return tuple(sorted((PurePosixPath(d) / name).as_posix() for d in folders for name in YOLO_CLASS_FILES))
+        folders = {f for g in self.files for f in _label_folders(PurePosixPath(g).parent)}
+        return tuple(sorted((PurePosixPath(d) / name).as_posix() for d in {"", *folders} for name in YOLO_CLASS_FILES))
 
     @property
     def limits(self) -> Limits:
@@ -219,9 +233,21 @@ class BoxesKind(Plugins, Follows, SharedInputs, ClassCounts, RowIndex, Preview, 
             return (err.path, err.reason)
         return (part.path, part.reason) if isinstance(part, Reject) else part
 
+    def _declared_kpt_shape(self, root: Path) -> Any:
+        """The kpt_shape a data.yaml at the top or beside the labels declares when the spec gives
+        none (then the label lines are read by the spec alone), else None."""
+        if self.spec.kpt_shape is not None:
+            return None
+        folders = dict.fromkeys(["", *(PurePosixPath(g).parent.as_posix() for g in self.files)])
+        data_yamls = tuple((PurePosixPath(d) / DATA_YAML).as_posix() for d in folders)
+        return declared_kpt_shape(root, data_yamls, self.dataset.source.allow_symlinks_outside)
+
     def input_digest(self, root: Path, ref: SampleRef) -> str | None:
         if not self.is_coco:
-            return None  # YOLO: the label file is hashed as the field's file
+            # YOLO: the label file is hashed as the field's file; a data.yaml's kpt_shape decides
+            # whether its lines are taken
+            declared = self._declared_kpt_shape(root)
+            return None if declared is None else f"data.yaml kpt_shape {declared!r}"
         try:
             return coco_digest(self._coco_of(root, ref), ref.files[self.spec.like])
         except Reject as err:
@@ -239,7 +265,15 @@ class BoxesKind(Plugins, Follows, SharedInputs, ClassCounts, RowIndex, Preview, 
         else:
             where = ref.files[self.name]
             data, digest = read_source(root, where, limits.max_bytes)
-            objects = yolo_boxes(data, where, geometry.raw, len(self.spec.classes), limits)
+            objects = yolo_boxes(
+                data,
+                where,
+                geometry.raw,
+                len(self.spec.classes),
+                limits,
+                self.spec.kpt_shape,
+                self._declared_kpt_shape(root),
+            )
         placed = place(objects.corners, geometry, self.spec.outside, self.spec.min_size)
         rows = np.column_stack([placed.boxes, objects.labels[placed.kept]]).astype(np.float32)
         context = {"clipped": placed.clipped, "dropped": placed.dropped}
@@ -281,6 +315,18 @@ class BoxesKind(Plugins, Follows, SharedInputs, ClassCounts, RowIndex, Preview, 
         counts = [int(np.count_nonzero(labels == i)) for i in range(len(self.spec.classes))]
         named = ", ".join(f"{n} {c}" for n, c in zip(counts, self.spec.classes) if n)
         return f"{self.name}: {len(labels)}" + (f" ({named})" if named else "")
+
+
+def _label_folders(parent: PurePosixPath) -> tuple[str, ...]:
+    """The folders a label glob's ``parent`` names: itself, or for a ``*`` among its parts
+    (``labels/*``, Ultralytics' split layout) the folder of each split name there."""
+    wild = [i for i, part in enumerate(parent.parts) if part == "*"]
+    if len(wild) != 1:
+        return (parent.as_posix(),)
+    parts = list(parent.parts)
+    return tuple(
+        PurePosixPath(*parts[: wild[0]], name, *parts[wild[0] + 1 :]).as_posix() for name in split_folder_names()
+    )
 
 
 def _nearest_listing(

@@ -8,7 +8,8 @@ COCO: ``bbox`` is ``[x, y, width, height]``; a picture is found by the last comp
 match by name; an image id of several entries, a category id listed under two names or an
 annotation listed twice whole in one picture (lists of merged files) refuse the pictures concerned.
 YOLO: each line is ``class cx cy w h``, fractions 0..1 of the picture's size (a segmentation
-polygon gives its bounding box). Coordinates must be finite, and a picture holds at
+polygon, or an oriented box's four corners, gives its bounding box); with the field's ``kpt_shape``
+(K, D), a pose line: the box followed by K keypoints of D numbers (``pose_line``). Coordinates must be finite, and a picture holds at
 most ``max_objects`` objects (``Limits``). A COCO file is read by ``read_bounded`` and parsed once
 per process, in discovery: each sample gets only its picture's part (``CocoIndex.part``).
 """
@@ -266,8 +267,18 @@ def finite(values: list) -> np.ndarray | None:
     return out if np.isfinite(out).all() else None
 
 
-def yolo_boxes(data: bytes, rel: str, raw: tuple[int, int], n_classes: int, limits: Limits):
-    """The objects of a YOLO label file for a picture of size ``raw`` (h, w)."""
+def yolo_boxes(
+    data: bytes,
+    rel: str,
+    raw: tuple[int, int],
+    n_classes: int,
+    limits: Limits,
+    kpt_shape: tuple[int, int] | None = None,
+    declared: Any = None,
+):
+    """The objects of a YOLO label file for a picture of size ``raw`` (h, w). ``kpt_shape`` (K, D):
+    the lines are pose lines, read as ``pose_line`` says. ``declared``: the kpt_shape a data.yaml of
+    the dataset declares when the spec gives none; a line that is no plain box is then refused."""
     h, w = raw
     found: list[tuple[list[float], int, Any, str]] = []
     text = data.decode("utf-8", errors="replace").removeprefix("\ufeff")  # a byte-order mark (Windows editors)
@@ -285,28 +296,76 @@ def yolo_boxes(data: bytes, rel: str, raw: tuple[int, int], n_classes: int, limi
             raise Reject(rel, f"line {number}: class {cls} is not a class index 0..{n_classes - 1}")
         if not np.isfinite(values).all():
             raise Reject(rel, f"line {number}: a coordinate is not a finite number")
-        if len(values) == 4:
-            cx, cy, bw, bh = values
-            box = [cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2]
-            if bw < 0 or bh < 0:
-                raise Reject(rel, f"line {number}: negative width or height")
-            segment: Any = None
-        elif len(values) >= 6 and len(values) % 2 == 0:
-            if len(values) // 2 > limits.max_vertices:
-                raise Reject(
-                    rel,
-                    f"line {number}: a polygon of {len(values) // 2:,} vertices, more than the field's limit of "
-                    f"{limits.max_vertices:,} (max_vertices)",
-                )
-            xs, ys = values[0::2], values[1::2]
-            box = [min(xs), min(ys), max(xs), max(ys)]
-            segment = [[v * (w if k % 2 == 0 else h) for k, v in enumerate(values)]]
+        if kpt_shape is not None:
+            box, segment = pose_line(values, rel, number, kpt_shape), None
         else:
-            raise Reject(rel, f"line {number}: expected class cx cy w h (or a polygon), found {len(values)} numbers")
-        _check_fractions(values, rel, number)
+            box, segment = _box_or_polygon(values, rel, number, limits, declared)
         corners = _checked([box[0] * w, box[1] * h, box[2] * w, box[3] * h], rel, f"line {number}")
-        found.append((corners, cls, segment, f"line {number}"))
+        found.append((corners, cls, _in_pixels(segment, h, w), f"line {number}"))
     return _objects(found)
+
+
+def _box_or_polygon(
+    values: list[float], rel: str, number: int, limits: Limits, declared: Any
+) -> tuple[list[float], list[float] | None]:
+    """The box of a line ``cx cy w h`` or a polygon ``x1 y1 x2 y2 ...`` (its bounding box; an
+    oriented box's four corners give the box around them), in fractions, and the polygon or None."""
+    if len(values) == 4:
+        cx, cy, bw, bh = values
+        if bw < 0 or bh < 0:
+            raise Reject(rel, f"line {number}: negative width or height")
+        _check_fractions(values, rel, number)
+        return [cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], None
+    if declared is not None:  # Ultralytics reads such a line by the dataset's kpt_shape
+        raise Reject(
+            rel,
+            f"line {number}: {len(values)} numbers, and data.yaml declares kpt_shape {declared}: a pose line "
+            f"(class cx cy w h and keypoints), no polygon; set the field's kpt_shape: {declared}",
+        )
+    if len(values) < 6 or len(values) % 2:
+        raise Reject(
+            rel,
+            f"line {number}: expected class cx cy w h (or a polygon), found {len(values)} numbers "
+            "(pose labels: set the field's kpt_shape)",
+        )
+    if len(values) // 2 > limits.max_vertices:
+        raise Reject(
+            rel,
+            f"line {number}: a polygon of {len(values) // 2:,} vertices, more than the field's limit of "
+            f"{limits.max_vertices:,} (max_vertices)",
+        )
+    _check_fractions(values, rel, number)
+    xs, ys = values[0::2], values[1::2]
+    return [min(xs), min(ys), max(xs), max(ys)], values
+
+
+def pose_line(values: list[float], rel: str, number: int, kpt_shape: tuple[int, int]) -> list[float]:
+    """The box of a pose line ``cx cy w h`` followed by K keypoints of D numbers (``x y`` or
+    ``x y visibility``), as fractions: its first four numbers. The count must be 4 + K*D; each x and
+    y is a fraction, a visibility no negative number (Ultralytics refuses both otherwise)."""
+    k, d = kpt_shape
+    if len(values) != 4 + k * d:
+        raise Reject(
+            rel,
+            f"line {number}: {len(values)} numbers; a pose line of kpt_shape [{k}, {d}] holds {4 + k * d}: "
+            f"class cx cy w h and {k} keypoints of {d} numbers",
+        )
+    cx, cy, bw, bh = values[:4]
+    if bw < 0 or bh < 0:
+        raise Reject(rel, f"line {number}: negative width or height")
+    points = np.array(values[4:]).reshape(k, d)
+    _check_fractions([*values[:4], *points[:, :2].ravel().tolist()], rel, number)
+    if d == 3 and (points[:, 2] < 0).any():
+        first = int(np.argmax(points[:, 2] < 0))
+        raise Reject(rel, f"line {number}: keypoint {first + 1} has the visibility {points[first, 2]:g}, below 0")
+    return [cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2]
+
+
+def _in_pixels(polygon: list[float] | None, h: int, w: int) -> Any:
+    """A polygon of fractions as a COCO segmentation in the picture's pixels, or None."""
+    if polygon is None:
+        return None
+    return [[v * (w if k % 2 == 0 else h) for k, v in enumerate(polygon)]]
 
 
 def _check_fractions(values: list[float], rel: str, number: int) -> None:
