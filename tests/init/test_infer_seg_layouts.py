@@ -212,3 +212,13 @@ def test_plain_img_and_label_folders_pair(tmp_path):
     path, result = build(spec_path, tmp_path / "out")
     assert result.rejections == ()
     assert_built_as(path, truth)
+
+
+def test_split_folders_of_unlabelled_pictures_are_not_classes(tmp_path):
+    raw = tmp_path / "unlabelled"
+    for split in ("train", "val"):
+        (raw / "images" / split).mkdir(parents=True)
+        for i in range(4):
+            photo(i).convert("RGB").save(raw / "images" / split / f"{split}{i}.jpg")
+    with pytest.raises(UsageError, match="no layout h5forge knows"):  # never label = the split's name
+        infer_spec(raw, tmp_path / "unlabelled.yaml")
