@@ -98,7 +98,7 @@ def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
                         "are taken too; their pictures get the split the ratios give"
                     )
                 return ClassTree(prefix, True, files, sorted(per_class), per_class, top)
-        class_dirs = [d for d in dirs if pictures_in(d)]
+        class_dirs = [d for d in dirs if pictures_in(d) and d not in splits]  # a split folder names no class
         if len(class_dirs) >= 2:
             loose = pictures_in(base)
             if loose:
