@@ -15,7 +15,7 @@ from PIL import Image
 from h5forge._init.folders import sample
 from h5forge._init.pictures import HEADER_LIMIT
 from h5forge._init.text import SpecText, files_value
-from h5forge.kinds.mask import lossy_format
+from h5forge.kinds.base import lossy_format
 
 MASK_SAMPLE = 50
 

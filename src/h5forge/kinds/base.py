@@ -403,3 +403,17 @@ class Companion(FieldKind[S]):
 
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         return Decoded(done[self.owner].context[self.key])
+
+
+def lossy_format(data: bytes) -> str | None:
+    """The name of a lossy picture format a file is in (JPEG, or WebP of a VP8 stream), else None."""
+    if data.startswith(b"\xff\xd8\xff"):
+        return "JPEG"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        at = 12
+        while at + 8 <= len(data):  # the chunks: VP8 is lossy, VP8L lossless, VP8X an extended header
+            kind, size = data[at : at + 4], int.from_bytes(data[at + 4 : at + 8], "little")
+            if kind == b"VP8 ":
+                return "lossy WebP"
+            at += 8 + size + size % 2
+    return None

@@ -17,7 +17,17 @@ from typing import Any, Literal, Protocol, TypeVar
 import numpy as np
 from pydantic import Field, model_validator
 
-from h5forge.kinds.base import Decoded, FieldKind, FieldModel, Follows, Globs, Stored, field_of, read_source
+from h5forge.kinds.base import (
+    Decoded,
+    FieldKind,
+    FieldModel,
+    Follows,
+    Globs,
+    Stored,
+    field_of,
+    lossy_format,
+    read_source,
+)
 from h5forge.kinds.image import ImageField, apply_geometry, decode_picture, mode_of
 from h5forge.kinds.index import RowIndex
 from h5forge.kinds.plugins import Demo, Plugins
@@ -126,20 +136,6 @@ def _single_channel(mode: str, arr: np.ndarray, path: str) -> np.ndarray:
             "(or declare a palette)",
         )
     return colour[..., 0]
-
-
-def lossy_format(data: bytes) -> str | None:
-    """The name of a lossy picture format a file is in (JPEG, or WebP of a VP8 stream), else None."""
-    if data.startswith(b"\xff\xd8\xff"):
-        return "JPEG"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        at = 12
-        while at + 8 <= len(data):  # the chunks: VP8 is lossy, VP8L lossless, VP8X an extended header
-            kind, size = data[at : at + 4], int.from_bytes(data[at + 4 : at + 8], "little")
-            if kind == b"VP8 ":
-                return "lossy WebP"
-            at += 8 + size + size % 2
-    return None
 
 
 def class_picture(data: bytes, path: str, max_pixels: int):
