@@ -200,3 +200,32 @@ def test_float_masks_are_judged_by_their_exact_values(raw, tmp_path, build_spec)
     with h5py.File(path, "r") as f:
         assert decode_str(f["train"]["ids"][()]) == ["camera"]
         assert np.array_equal(f["train"]["masks"][0, 0], (data.camera() > 100).astype(np.uint8)[128:384, 128:384])
+
+
+def test_binary_palette_masks_of_black_and_white_are_read_by_their_colours(raw, tmp_path, build_spec):
+    """An editor numbers a palette's colours as it meets them: a black-and-white mask saved as GIF or
+    indexed PNG may draw its white with index 0. The white is the mask, whatever its index; a
+    palette of other colours (VOC's) keeps the index as the value."""
+    drawn = {}
+    for k, name in enumerate(PHOTOS):
+        grey = getattr(data, name)()
+        drawn[name] = (grey > filters.threshold_otsu(grey)).astype(np.uint8)
+        white_first = k % 2 == 0
+        index = (1 - drawn[name]) if white_first else drawn[name]
+        picture = Image.fromarray(index, "P")
+        picture.putpalette([255, 255, 255, 0, 0, 0] if white_first else [0, 0, 0, 255, 255, 255])
+        (raw / "masks" / f"{name}.png").unlink()
+        picture.save(raw / "masks" / f"{name}{'.gif' if k % 3 == 0 else '.png'}")
+    voc = Image.fromarray(drawn["text"], "P")  # VOC's colours: index 1 is the class, drawn dark red
+    voc.putpalette([0, 0, 0, 128, 0, 0])
+    voc.save(raw / "masks" / "text.png")
+    spec = spec_data(raw, tmp_path / "out")
+    del spec["fields"]["masks"]["classes"]
+    spec["fields"]["masks"]["files"] = ["masks/*.png", "masks/*.gif"]
+    path, summary = build_spec(spec)
+    assert summary.rejections == ()
+    with h5py.File(path, "r") as f:
+        ids = decode_str(f["train"]["ids"][()])
+        assert ids == sorted(PHOTOS)
+        for row, sid in enumerate(ids):
+            assert np.array_equal(f["train"]["masks"][row, 0], placed(drawn[sid])), sid

@@ -149,17 +149,36 @@ def class_picture(data: bytes, path: str, max_pixels: int):
     return decode_picture(data, path, max_pixels)
 
 
-def picture_values(img, path: str) -> np.ndarray:
+def picture_values(img, path: str, binary: bool = False) -> np.ndarray:
     """A mask picture's one channel as ``decode_picture`` gives it, values as stored: a palette
-    picture's indices, a 16-bit or float picture's own values (the mask rules then judge them)."""
-    if mode_of(img) == "1":
+    picture's indices, a 16-bit or float picture's own values (the mask rules then judge them).
+    A ``binary`` mask's palette picture of black and white is read by its colours: an editor
+    numbers the colours as it meets them, so index 0 may be the mask's white."""
+    mode = mode_of(img)
+    if mode == "1":
         return np.asarray(img, dtype=np.uint8)
-    return _single_channel(mode_of(img), np.asarray(img), path)
+    if binary and mode == "P" and (shades := _black_and_white(img)) is not None:
+        return shades
+    return _single_channel(mode, np.asarray(img), path)
+
+
+def _black_and_white(img) -> np.ndarray | None:
+    """A palette picture's pixels as the black (0) and white (255) its palette draws them; None
+    when it uses another colour (VOC's palettes: the index is the class, the colour only shows it)."""
+    index = np.asarray(img)
+    palette = np.asarray(img.getpalette() or [], np.uint8).reshape(-1, 3)
+    used = np.flatnonzero(np.bincount(index.ravel(), minlength=256))
+    if not used.size or used[-1] >= len(palette):
+        return None
+    colours = palette[used]
+    if not (np.isin(colours, (0, 255)).all() and (colours == colours[:, :1]).all()):
+        return None
+    return palette[:, 0][index]
 
 
 def binary_values(img, path: str) -> np.ndarray:
     """HW uint8 with values {0,1}, from a picture as ``decode_picture`` gives it."""
-    return binary_array(picture_values(img, path), path)
+    return binary_array(picture_values(img, path, binary=True), path)
 
 
 def binary_array(arr: np.ndarray, path: str) -> np.ndarray:

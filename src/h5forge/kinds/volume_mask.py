@@ -117,11 +117,13 @@ class VolumeMaskKind(ClassMasks[VolumeMaskField]):
             parts = sorted(parts, key=lambda p: _slice_number(p[0]))
         except ValueError as err:
             raise Reject(f"{rel}/{err}", "a slice mask's file name has no slice number") from None
-        # each slice by the 2-D mask's rules: a palette slice by index, a 16-bit or float one by value,
-        # a class mask in a lossy format rejected
-        decode = decode_picture if self.spec.classes is None else class_picture
+        # each slice by the 2-D mask's rules: a palette slice by index (a binary one of black and
+        # white by its colours), a 16-bit or float one by value, a class mask in a lossy format rejected
+        binary = self.spec.classes is None
+        decode = decode_picture if binary else class_picture
         slices = [
-            picture_values(decode(data, f"{rel}/{name}", self.spec.max_pixels), f"{rel}/{name}") for name, data in parts
+            picture_values(decode(data, f"{rel}/{name}", self.spec.max_pixels), f"{rel}/{name}", binary)
+            for name, data in parts
         ]
         if len(sizes := {s.shape for s in slices}) > 1:
             listed = ", ".join("x".join(map(str, size)) for size in sorted(sizes))
