@@ -23,6 +23,7 @@ from skimage import data, filters
 import h5forge
 from h5forge._format.layout import decode_str
 from h5forge._ingest.discover import discover
+from h5forge.errors import UsageError
 from h5forge._init import infer_spec
 from h5forge.read.torch import H5Dataset
 from h5forge.spec import load_spec, parse_spec
@@ -532,3 +533,23 @@ def test_low_res_high_res_names_and_no_folder_at_all(tmp_path):
     empty.mkdir()
     with pytest.raises(ValueError, match="no layout h5forge knows"):
         infer_spec(empty, tmp_path / "e.yaml")
+
+
+@pytest.mark.parametrize("with_coco", [False, True])
+def test_coco_split_folders_named_with_a_year_are_never_classes(tmp_path, with_coco):
+    raw = tmp_path / "coco"  # images/train2017/*.jpg, images/val2017/*.jpg (+ annotations/instances_*.json)
+    for split, n in (("train2017", 6), ("val2017", 3)):
+        (raw / "images" / split).mkdir(parents=True)
+        entries = []
+        for i in range(n):
+            name = f"{i + 100 * (split == 'val2017'):012d}.jpg"
+            photo(i).convert("RGB").save(raw / "images" / split / name)
+            entries.append({"id": i + 1, "file_name": name, "width": 64, "height": 64 - 8 * (i % 2)})
+        if with_coco:
+            (raw / "annotations").mkdir(exist_ok=True)
+            coco = {"images": entries, "categories": [{"id": 1, "name": "person"}],
+                    "annotations": [{"id": e["id"], "image_id": e["id"], "category_id": 1, "bbox": [4, 4, 20, 20],
+                                     "area": 400, "iscrowd": 0} for e in entries]}
+            (raw / "annotations" / f"instances_{split}.json").write_text(json.dumps(coco))
+    with pytest.raises(UsageError, match="no layout h5forge knows found"):
+        infer_spec(raw, tmp_path / "coco.yaml")  # refused, never a label field of classes [train2017, val2017]
