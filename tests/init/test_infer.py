@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from PIL import Image
+from PIL import Image, ImageDraw
 from skimage import data, filters
 
 import h5forge
 from h5forge._format.layout import decode_str
 from h5forge._ingest.discover import discover
+from h5forge.errors import UsageError
 from h5forge._init import infer_spec
 from h5forge.read.torch import H5Dataset
 from h5forge.spec import load_spec, parse_spec
@@ -357,12 +358,59 @@ def test_jpeg_masks_are_not_taken_for_classes_by_their_compression_noise(tmp_pat
     inferred, spec, spec_path = infer(raw, tmp_path)
     masks = spec.fields["masks"]
     assert (masks.classes, masks.ignore_value) == (None, None)  # binary, as the PNG masks say
-    [note] = [n for n in inferred.notes if "JPEG" in n]
-    assert note.startswith("6 of 8 sampled masks are JPEG") and "save the masks as PNG" in note
+    assert masks.threshold == 128 and not [n for n in inferred.notes if "JPEG" in n]
+    [line] = [x for x in inferred.text.splitlines() if "threshold:" in x]
+    assert "# JPEG masks: a value >= 128 is 1, below is 0" in line
     path, summary = build(spec_path, tmp_path / "out")
-    assert sorted(r.sample_id for r in summary.rejections) == [f"cju{i}" for i in range(6)]
+    assert summary.rejections == () and len(all_ids(path)) == 8
     with h5py.File(path, "r") as f:
         assert set(np.unique(np.concatenate([f[s]["masks"][()].ravel() for s in SPLITS]))) <= {0, 1, 255}
+
+
+def kvasir_shape(w: int, h: int, i: int) -> Image.Image:
+    """A polyp drawn as Kvasir-SEG's annotators draw it: a white region (an ellipse and a triangle) on black."""
+    m = Image.new("L", (w, h), 0)
+    d = ImageDraw.Draw(m)
+    d.ellipse((w * .2 + i, h * .2, w * .6 + i, h * .7), fill=255)
+    d.polygon([(w * .65, h * .1), (w * .95, h * .4), (w * .7, h * .8)], fill=255)
+    return m
+
+
+def test_kvasir_jpeg_masks_get_a_threshold_and_build_as_the_files_cut_at_it(tmp_path):
+    raw = tmp_path / "Kvasir-SEG"  # images/cju*.jpg beside masks/cju*.jpg, grey and RGB JPEG masks
+    (raw / "images").mkdir(parents=True)
+    (raw / "masks").mkdir()
+    drawn = {}
+    for i in range(9):
+        w, h = 96 + 8 * i, 80
+        sid = f"cju{i:04d}"
+        Image.fromarray(getattr(data, PHOTOS[i % 4])()).convert("RGB").resize((w, h)).save(raw / "images" / f"{sid}.jpg")
+        mask = kvasir_shape(w, h, i)
+        drawn[sid] = np.asarray(mask) // 255
+        (mask.convert("RGB") if i % 2 else mask).save(raw / "masks" / f"{sid}.jpg", quality=(75, 85, 95)[i % 3])
+    grey = Image.fromarray(data.camera()).resize((96, 80))  # a grey photograph given as a mask
+    grey.convert("RGB").save(raw / "images" / "cju9999.jpg")
+    grey.save(raw / "masks" / "cju9999.jpg", quality=90)
+    inferred, spec, spec_path = infer(raw, tmp_path)
+    assert spec.fields["masks"].threshold == 128 and spec.fields["masks"].classes is None
+    [note] = [n for n in inferred.notes if "JPEG" in n]
+    assert note.startswith("1 of 10 sampled JPEG (or lossy WebP) masks have over 5% of their pixels 64..191")
+    path, summary = build(spec_path, tmp_path / "out")
+    [rejection] = summary.rejections
+    assert rejection.sample_id == "cju9999" and "far from 0 and 255" in rejection.reason
+    size = spec.fields["images"].size
+    with h5py.File(path, "r") as f:
+        stored = {sid: m[0] for s in SPLITS for sid, m in zip(decode_str(f[s]["ids"][()]), f[s]["masks"][()])}
+    assert sorted(stored) == sorted(drawn)
+    for sid, truth in drawn.items():
+        values = np.asarray(Image.open(raw / "masks" / f"{sid}.jpg").convert("L"))
+        assert not np.isin(values, (0, 255)).all()  # JPEG moved values: read exactly, it would be rejected
+        h, w = truth.shape  # centre-cropped to the field's width, padded to its height with 255
+        top, left = (size[0] - h) // 2, max(0, (w - size[1]) // 2)
+        ph, pw = min(h, size[0]), min(w, size[1])
+        got = stored[sid][max(0, top):max(0, top) + ph, max(0, (size[1] - w) // 2):][:, :pw]
+        assert got.shape == (ph, pw) and got.any() and np.array_equal(got, (values >= 128)[:ph, left:left + pw]), sid
+        assert (got != truth[:ph, left:left + pw]).sum() == 0, sid  # these hard edges stay on their side of 128
 
 
 def test_masks_named_with_a_suffix_after_their_image_stem_pair(tmp_path):
@@ -485,3 +533,23 @@ def test_low_res_high_res_names_and_no_folder_at_all(tmp_path):
     empty.mkdir()
     with pytest.raises(ValueError, match="no layout h5forge knows"):
         infer_spec(empty, tmp_path / "e.yaml")
+
+
+@pytest.mark.parametrize("with_coco", [False, True])
+def test_coco_split_folders_named_with_a_year_are_never_classes(tmp_path, with_coco):
+    raw = tmp_path / "coco"  # images/train2017/*.jpg, images/val2017/*.jpg (+ annotations/instances_*.json)
+    for split, n in (("train2017", 6), ("val2017", 3)):
+        (raw / "images" / split).mkdir(parents=True)
+        entries = []
+        for i in range(n):
+            name = f"{i + 100 * (split == 'val2017'):012d}.jpg"
+            photo(i).convert("RGB").save(raw / "images" / split / name)
+            entries.append({"id": i + 1, "file_name": name, "width": 64, "height": 64 - 8 * (i % 2)})
+        if with_coco:
+            (raw / "annotations").mkdir(exist_ok=True)
+            coco = {"images": entries, "categories": [{"id": 1, "name": "person"}],
+                    "annotations": [{"id": e["id"], "image_id": e["id"], "category_id": 1, "bbox": [4, 4, 20, 20],
+                                     "area": 400, "iscrowd": 0} for e in entries]}
+            (raw / "annotations" / f"instances_{split}.json").write_text(json.dumps(coco))
+    with pytest.raises(UsageError, match="no layout h5forge knows found"):
+        infer_spec(raw, tmp_path / "coco.yaml")  # refused, never a label field of classes [train2017, val2017]

@@ -4,6 +4,7 @@ class; the label, and the split, come from the folder names."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ from h5forge._ingest.splits import assign_split
 from h5forge.spec import Splits
 
 SPLIT_NAMES = ("train", "val", "test", "training", "validation", "valid", "testing")
+# a split named with its year, as COCO's train2017/, val2014/: a split, never a class
+_DATED_SPLIT = re.compile(r"(?:(?:19|20)\d\d[_-]?)?(" + "|".join(SPLIT_NAMES) + r")(?:[_-]?(?:19|20)\d\d)?")
 
 
 @dataclass
@@ -28,6 +31,11 @@ class ClassTree:
     classes: list[str]
     per_class: Counter
     top: list[Path] | None = None  # with split folders: pictures of class folders beside them (<class>/*.jpg)
+
+
+def split_folder_name(name: str) -> bool:
+    """Whether a folder's name says a split: one of SPLIT_NAMES, alone or with a year (``train2017``)."""
+    return _DATED_SPLIT.fullmatch(name.lower()) is not None
 
 
 def _split_understood(name: str) -> bool:
@@ -98,7 +106,8 @@ def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
                         "are taken too; their pictures get the split the ratios give"
                     )
                 return ClassTree(prefix, True, files, sorted(per_class), per_class, top)
-        class_dirs = [d for d in dirs if pictures_in(d) and d not in splits]  # a split folder names no class
+        # a split folder names no class, nor one named with its year (COCO's images/train2017/)
+        class_dirs = [d for d in dirs if pictures_in(d) and not split_folder_name(d.name)]
         if len(class_dirs) >= 2:
             loose = pictures_in(base)
             if loose:

@@ -1,6 +1,8 @@
 """Segmentation masks: binary, or a class index per pixel with ``classes`` and ``ignore_value``
 read from the values of sampled masks. A value seen in one sampled mask only is taken for a stray
-(and noted) unless it continues the class indices, so one bad mask does not declare a class."""
+(and noted) unless it continues the class indices, so one bad mask does not declare a class. Binary
+masks in a lossy format whose values lie near 0 and 255 (Kvasir-SEG's JPEG masks) get the field's
+``threshold``, by the rule the mask kind reads them with."""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ from PIL import Image
 from h5forge._init.folders import sample
 from h5forge._init.pictures import HEADER_LIMIT
 from h5forge._init.text import SpecText, files_value
+from h5forge.kinds._mask_threshold import FAR, MAX_UNCLEAR, clear_enough, grey_and_unclear
 from h5forge.kinds.base import lossy_format
 
 MASK_SAMPLE = 50
+THRESHOLD = 128  # halfway: JPEG moves a drawn mask's values a few levels, never near the middle
 
 
 @dataclass
@@ -27,6 +31,7 @@ class MaskClasses:
     sampled: int = 0
     palette: int = 0  # palette-mode masks among the sampled
     found: list[int] = field(default_factory=list)
+    threshold: int | None = None  # binary masks in a lossy format, read by their values near 0 and 255
 
 
 def _mask_values(path: Path) -> tuple[set[int] | None, str]:
@@ -56,15 +61,29 @@ def _mask_values(path: Path) -> tuple[set[int] | None, str]:
     return {int(v) for v in values}, mode
 
 
+def near_binary(path: Path) -> bool:
+    """Whether a mask in a lossy format is a binary mask the field's threshold reads: its values
+    near 0 and 255 (``_mask_threshold``), not a grey or colour picture."""
+    try:
+        with Image.open(path) as im:
+            arr = np.asarray(im if im.mode in ("L", "RGB") else im.convert("RGB"))
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        return False
+    _, unclear = grey_and_unclear(arr)
+    return clear_enough(unclear, arr.shape[0] * arr.shape[1])
+
+
 def mask_classes(paths: list[Path], notes: list[str]) -> MaskClasses:
     per_file: list[tuple[Path, set[int]]] = []
     info = MaskClasses()
-    colour = lossy = 0
+    colour = lossy = binary_lossy = 0
     for p in sample(paths, MASK_SAMPLE):
         values, mode = _mask_values(p)
         if values is None:
             colour += mode == "colour"
-            lossy += mode == "lossy"
+            if mode == "lossy":
+                lossy += 1
+                binary_lossy += near_binary(p)
             continue
         info.palette += mode == "P"
         per_file.append((p, values))
@@ -74,15 +93,33 @@ def mask_classes(paths: list[Path], notes: list[str]) -> MaskClasses:
             f"{colour} sampled masks are RGB colour pictures: declare the mask's palette "
             "({class: [r, g, b]}) and classes, or they are rejected"
         )
+    classes_of_values(per_file, info, notes)
     if lossy:
+        lossy_masks(info, lossy, binary_lossy, min(len(paths), MASK_SAMPLE), notes)
+    return info
+
+
+def lossy_masks(info: MaskClasses, lossy: int, binary: int, sampled: int, notes: list[str]) -> None:
+    """The threshold for binary masks in a lossy format, or a note on the lossy masks a build rejects."""
+    if info.classes is not None:
         notes.append(
-            f"{lossy} of {min(len(paths), MASK_SAMPLE)} sampled masks are JPEG (or lossy WebP): their "
-            "compression leaves values near every edge that are no class, so their values declare none; "
-            "a build rejects such a mask unless it holds exactly {0,1} or {0,255} (and any multi-class "
-            "one): save the masks as PNG"
+            f"{lossy} of {sampled} sampled masks are JPEG (or lossy WebP): their compression moves values "
+            "near every edge onto other classes, so a build rejects such a class mask: save the masks as PNG"
         )
+        return
+    if binary:
+        info.threshold = THRESHOLD
+    if binary < lossy:
+        notes.append(
+            f"{lossy - binary} of {lossy} sampled JPEG (or lossy WebP) masks have over {MAX_UNCLEAR:.0%} of "
+            f"their pixels {FAR}..{255 - FAR} or coloured (grey pictures, not binary masks?): a build rejects them"
+        )
+
+
+def classes_of_values(per_file: list[tuple[Path, set[int]]], info: MaskClasses, notes: list[str]) -> None:
+    """``info``'s classes and ignore value from the values of the sampled masks (binary: none)."""
     if not per_file:
-        return info
+        return
     freq = Counter(v for _, vals in per_file for v in vals)
     rare = {v for v, n in freq.items() if n == 1 and len(per_file) >= 5}  # in one sampled mask only
 
@@ -98,7 +135,7 @@ def mask_classes(paths: list[Path], notes: list[str]) -> MaskClasses:
     binary_strays = rare - {0, 1, 255}
     if all((vals - binary_strays) <= {0, 1} or (vals - binary_strays) <= {0, 255} for _, vals in per_file):
         note_strays(binary_strays)
-        return info  # binary: {0,1} or {0,255} per mask
+        return  # binary: {0,1} or {0,255} per mask
     real = set(freq) - rare
     for v in sorted(rare):  # a rare value is a rare class when it is within (or continues) 0..K-1
         if v != 255 and v <= max(real - {255}, default=-1) + 1:
@@ -110,7 +147,7 @@ def mask_classes(paths: list[Path], notes: list[str]) -> MaskClasses:
             f"masks hold values up to {max(real)} (16-bit, instance ids?): only 8-bit class indices "
             "are supported; the mask is declared binary and such masks will be rejected"
         )
-        return info
+        return
     info.classes = max(top + 1, 2)
     info.ignore_value = 255 if 255 in real else None
     info.found = sorted(real)
@@ -119,7 +156,6 @@ def mask_classes(paths: list[Path], notes: list[str]) -> MaskClasses:
             f"mask values {sorted(real - {255})} are sparse for classes: {info.classes}; if they are "
             "grey levels rather than class indices, remap them to 0..K-1"
         )
-    return info
 
 
 def class_lines(t: SpecText, mc: MaskClasses, ignored: str) -> None:
@@ -148,5 +184,11 @@ def mask_field(t: SpecText, globs: list[str], mc: MaskClasses, suffix: str | Non
     if suffix:
         t(2, f"id_suffix: {json.dumps(suffix)}", f"mask names end in it after their image's stem (<id>{suffix})")
     t(2, "like: images", "must have its image's size; padded/cropped the same way")
+    if mc.threshold is not None:
+        why = (
+            f"JPEG masks: a value >= {mc.threshold} is 1, below is 0 (compression moves values near edges); "
+            f"a mask with over {MAX_UNCLEAR:.0%} of its pixels {FAR}..{255 - FAR} is rejected"
+        )
+        t(2, f"threshold: {mc.threshold}", why)
     class_lines(t, mc, "pixels to ignore in the loss (VOC convention); padding uses it")
     pad_line(t, mc)

@@ -1,7 +1,8 @@
 """``kind: mask``: a label mask that follows an image field.
 
 Binary (the default): values {0,1} or {0,255}, stored {0,1}; anything else (128 would become a
-silent NaN loss) rejects the sample. Multi-class (``classes: K``): values 0..K-1 and the
+silent NaN loss) rejects the sample, unless the field's ``threshold`` reads a lossy binary mask (a
+JPEG's values near 0 and 255: ``_mask_threshold``). Multi-class (``classes: K``): values 0..K-1 and the
 ``ignore_value``, read by palette index, through ``palette`` (RGB, or a palette picture's colours) or
 by value; a value or colour outside them rejects the sample. Values are judged exactly as stored: a
 float mask's 0.5 or 1.5 is no class, never cut to one. A mask has its image's raw size and follows
@@ -28,6 +29,7 @@ from h5forge.kinds.base import (
     lossy_format,
     read_source,
 )
+from h5forge.kinds._mask_threshold import THRESHOLD_DOC, clear_enough, grey_and_unclear
 from h5forge.kinds.image import ImageField, apply_geometry, decode_picture, mode_of
 from h5forge.kinds.index import RowIndex
 from h5forge.kinds.plugins import Demo, Plugins
@@ -84,6 +86,7 @@ class MaskField(FieldModel):
         None, description="colour and palette masks: class -> [r, g, b]"
     )
     pad_value: int | None = Field(None, ge=0, le=255, description=PAD_DOC)
+    threshold: int | None = Field(None, ge=1, le=255, description=THRESHOLD_DOC)
     max_pixels: int = Field(64_000_000, gt=0)
 
     @property
@@ -94,6 +97,11 @@ class MaskField(FieldModel):
     def _consistent(self) -> "MaskField":
         if (self.ignore_value is not None or self.palette) and self.classes is None:
             raise ValueError("ignore_value and palette need classes")
+        if self.threshold is not None and self.classes is not None:
+            raise ValueError(
+                "threshold reads binary masks only: a class mask in a lossy format has its edges moved onto "
+                "other classes, which no threshold undoes (save it as PNG)"
+            )
         if self.classes is not None and self.ignore_value is not None and self.ignore_value < self.classes:
             raise ValueError(f"ignore_value {self.ignore_value} is one of the classes 0..{self.classes - 1}")
         check_pad(self.pad, self.classes)
@@ -122,13 +130,20 @@ def _listed(values, limit: int = 8) -> str:
     return f"{values[:limit]}{'...' if len(values) > limit else ''}"
 
 
-def _single_channel(mode: str, arr: np.ndarray, path: str) -> np.ndarray:
-    """The one channel of a picture's HW or HWC values, which must agree in every colour channel."""
+def _opaque(mode: str, arr: np.ndarray, path: str) -> np.ndarray:
+    """A picture's HW values, or its HWC colour channels without an alpha that must be opaque."""
     if arr.ndim == 2:
         return arr
     if mode in ("RGBA", "LA") and (arr[..., -1] != 255).any():
         raise Reject(path, "mask has transparency; masks must be a single opaque channel")
-    colour = arr[..., :3] if arr.shape[2] >= 3 else arr[..., :1]
+    return arr[..., :3] if arr.shape[2] >= 3 else arr[..., :1]
+
+
+def _single_channel(mode: str, arr: np.ndarray, path: str) -> np.ndarray:
+    """The one channel of a picture's HW or HWC values, which must agree in every colour channel."""
+    colour = _opaque(mode, arr, path)
+    if colour.ndim == 2:
+        return colour
     if not (colour == colour[..., :1]).all():
         raise Reject(
             path,
@@ -179,6 +194,28 @@ def _black_and_white(img) -> np.ndarray | None:
 def binary_values(img, path: str) -> np.ndarray:
     """HW uint8 with values {0,1}, from a picture as ``decode_picture`` gives it."""
     return binary_array(picture_values(img, path, binary=True), path)
+
+
+def thresholded(img, path: str, threshold: int) -> np.ndarray:
+    """HW uint8 {0,1} of a binary mask in a lossy format, as ``decode_picture`` gives it: 1 where
+    its grey value (the luma of a colour picture) is ``threshold`` or more. A mask whose values are
+    {0,1} or {0,255} already is read as without a threshold, and so is a 1-bit, palette, 16-bit or
+    float picture (exact values only); a grey picture, whose values are not near 0 and 255, is
+    rejected rather than cut in two."""
+    mode = mode_of(img)
+    if mode not in ("L", "RGB", "RGBA", "LA"):
+        return binary_values(img, path)
+    pixels = _opaque(mode, np.asarray(img), path)
+    grey, unclear = grey_and_unclear(pixels[..., 0] if pixels.ndim == 3 and pixels.shape[2] == 1 else pixels)
+    if not clear_enough(unclear, grey.size):
+        raise Reject(
+            path,
+            f"mask has {unclear / grey.size:.0%} of its pixels far from 0 and 255 (or coloured): not a "
+            f"binary mask, which threshold {threshold} would cut in two",
+        )
+    if grey.size and grey.max() <= 1:
+        return grey
+    return (grey >= threshold).view(np.uint8)
 
 
 def binary_array(arr: np.ndarray, path: str) -> np.ndarray:
@@ -335,8 +372,8 @@ class MaskKind(Plugins, ClassMasks[MaskField]):
     def decode(self, root: Path, ref: SampleRef, done: dict[str, Decoded]) -> Decoded:
         rel = ref.files[self.name]
         data, digest = read_source(root, rel)
-        if self.spec.classes is None:  # a lossy binary mask keeps 0 and 255 exactly or is rejected by its values
-            values = binary_values(decode_picture(data, rel, self.spec.max_pixels), rel)
+        if self.spec.classes is None:
+            values = self._binary(data, rel)
         else:
             values = class_values(class_picture(data, rel, self.spec.max_pixels), self.spec, rel)
         geometry = done[self.spec.like].context
@@ -348,6 +385,18 @@ class MaskKind(Plugins, ClassMasks[MaskField]):
                 f"{ref.files[self.spec.like]} is {ih}x{iw}",
             )
         return Decoded(apply_geometry(values[..., None], geometry, self.spec.pad, nearest=True), digest)
+
+    def _binary(self, data: bytes, rel: str) -> np.ndarray:
+        """A binary mask's {0,1}: by its values, or cut at the field's threshold."""
+        img = decode_picture(data, rel, self.spec.max_pixels)
+        if self.spec.threshold is not None:
+            return thresholded(img, rel, self.spec.threshold)
+        try:
+            return binary_values(img, rel)
+        except Reject as err:
+            if fmt := lossy_format(data):  # its compression moved values off 0 and 255: say what reads it
+                raise Reject(rel, f"{err.reason} ({fmt}: the field's threshold reads a lossy binary mask)") from None
+            raise
 
     def row_counts(self, block: np.ndarray) -> np.ndarray:
         return class_pixels(block, self.n_classes)
