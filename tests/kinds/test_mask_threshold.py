@@ -48,6 +48,12 @@ def raw(tmp_path):
     Image.fromarray((np.asarray(drawn(5)) // 255).astype(np.uint8)).save(root / "masks" / "ones.png")
     photo.save(root / "images" / "exact.png")
     drawn(6).save(root / "masks" / "exact.png")
+    photo.save(root / "images" / "scaled.png")  # a {0,1} mask saved as JPEG: nothing near 255 to cut at 128
+    Image.fromarray((np.asarray(drawn(7)) // 255).astype(np.uint8)).save(root / "masks" / "scaled.jpg", quality=90)
+    photo.save(root / "images" / "faint.png")  # a small region drawn grey (100): no edge, a threshold would drop it
+    faint = drawn(8)
+    ImageDraw.Draw(faint).rectangle((2, 86, 20, 94), fill=100)
+    faint.save(root / "masks" / "faint.png")
     return root
 
 
@@ -73,7 +79,7 @@ def stored_masks(path) -> dict[str, np.ndarray]:
 def test_without_threshold_a_jpeg_mask_is_rejected_and_the_reason_names_the_option(raw, tmp_path, build_spec):
     path, summary = build_spec(spec_data(raw, tmp_path / "out"))
     reasons = {r.sample_id: r.reason for r in summary.rejections}
-    assert sorted(reasons) == ["grey", "j0", "j1", "j2", "j3", "red"]
+    assert sorted(reasons) == ["faint", "grey", "j0", "j1", "j2", "j3", "red", "scaled"]
     assert reasons["j0"].startswith("mask values [0, 1, 2") and "not allowed" in reasons["j0"]
     for i in range(4):  # grey and RGB JPEGs alike
         assert reasons[f"j{i}"].endswith("not allowed: a mask must hold {0,1} or {0,255} (JPEG: the field's "
@@ -85,9 +91,11 @@ def test_without_threshold_a_jpeg_mask_is_rejected_and_the_reason_names_the_opti
 def test_threshold_reads_jpeg_masks_at_the_threshold_and_still_rejects_pictures(raw, tmp_path, build_spec):
     path, summary = build_spec(spec_data(raw, tmp_path / "out", threshold=128))
     reasons = {r.sample_id: r.reason for r in summary.rejections}
-    assert sorted(reasons) == ["grey", "red"]
+    assert sorted(reasons) == ["faint", "grey", "red", "scaled"]
     for sid in ("grey", "red"):
         assert "of its pixels far from 0 and 255 (or coloured): not a binary mask" in reasons[sid]
+    assert reasons["scaled"].startswith("mask values 0..") and "nothing near 255" in reasons["scaled"]
+    assert "pixels 64..191 away from any edge" in reasons["faint"]
     masks = stored_masks(path)
     for i in range(4):
         file = Image.open(raw / "masks" / f"j{i}.jpg")

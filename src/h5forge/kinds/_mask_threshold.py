@@ -6,7 +6,9 @@ A pixel is unclear when its grey value lies at least ``FAR`` from both 0 and 255
 its colour channels spread ``FAR`` or more apart (a colour, not a grey). JPEG's own noise keeps a
 drawn mask's pixels within a few levels of 0 and 255 (under 0.2 % of pixels beyond 32 at quality
 75), while a photograph has 40-99 % of its pixels in that band: a mask with more than
-``MAX_UNCLEAR`` of them unclear is no binary mask and is refused, never cut at the threshold."""
+``MAX_UNCLEAR`` of them unclear is no binary mask and is refused, never cut at the threshold. So is
+one whose unclear pixels lie away from its edges (``stray_pixels``: a region drawn in grey, which
+a threshold would drop or keep whole by its shade)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ import numpy as np
 
 FAR = 64  # levels from 0 and from 255, and between two channels, that no compression noise moves a pixel
 MAX_UNCLEAR = 0.05  # the share of unclear pixels a binary mask may hold (anti-aliased or blurred edges)
+EDGE = 3  # pixels from both a dark and a bright one within which an unclear pixel is an edge's
 THRESHOLD_DOC = (
     "binary masks in a lossy format (JPEG): a value >= threshold is 1, below is 0; a mask already "
     f"holding {{0,1}} or {{0,255}} is read as without it, and one with more than {MAX_UNCLEAR:.0%} of its "
-    f"pixels {FAR}..{255 - FAR} (or coloured) is rejected"
+    f"pixels {FAR}..{255 - FAR} (or coloured), one such pixel off an edge, or nothing near 255 is rejected"
 )
 
 
@@ -44,3 +47,23 @@ def grey_and_unclear(pixels: np.ndarray) -> tuple[np.ndarray, int]:
 def clear_enough(unclear: int, size: int) -> bool:
     """Whether a mask of ``size`` pixels, ``unclear`` of them unclear, is read as a binary mask."""
     return unclear <= MAX_UNCLEAR * size
+
+
+def stray_pixels(grey: np.ndarray) -> int:
+    """How many unclear pixels of a HW grey mask lie farther than ``EDGE`` pixels from a dark (below
+    ``FAR``) or from a bright (above ``255 - FAR``) one: no edge between the two made them."""
+    unclear = (grey >= FAR) & (grey <= 255 - FAR)
+    if not unclear.any():
+        return 0
+    on_edge = _near(grey < FAR, EDGE) & _near(grey > 255 - FAR, EDGE)
+    return int(np.count_nonzero(unclear & ~on_edge))
+
+
+def _near(mask: np.ndarray, k: int) -> np.ndarray:
+    """Where a HW bool ``mask`` has a True pixel within ``k`` pixels (a square around each)."""
+    h, w = mask.shape
+    padded, out = np.pad(mask, k), np.zeros_like(mask)
+    for dy in range(2 * k + 1):
+        for dx in range(2 * k + 1):
+            out |= padded[dy : dy + h, dx : dx + w]
+    return out

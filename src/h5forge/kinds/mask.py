@@ -29,7 +29,7 @@ from h5forge.kinds.base import (
     lossy_format,
     read_source,
 )
-from h5forge.kinds._mask_threshold import THRESHOLD_DOC, clear_enough, grey_and_unclear
+from h5forge.kinds._mask_threshold import FAR, THRESHOLD_DOC, clear_enough, grey_and_unclear, stray_pixels
 from h5forge.kinds.image import ImageField, apply_geometry, decode_picture, mode_of
 from h5forge.kinds.index import RowIndex
 from h5forge.kinds.plugins import Demo, Plugins
@@ -213,8 +213,21 @@ def thresholded(img, path: str, threshold: int) -> np.ndarray:
             f"mask has {unclear / grey.size:.0%} of its pixels far from 0 and 255 (or coloured): not a "
             f"binary mask, which threshold {threshold} would cut in two",
         )
-    if grey.size and grey.max() <= 1:
+    top = int(grey.max()) if grey.size else 0
+    if top <= 1:
         return grey
+    if top < 256 - FAR:
+        raise Reject(
+            path,
+            f"mask values 0..{top} hold nothing near 255: a {{0,1}} mask in a lossy format, which threshold "
+            f"{threshold} would empty (save it as PNG)",
+        )
+    if stray := stray_pixels(grey):
+        raise Reject(
+            path,
+            f"mask has {stray} pixels {FAR}..{255 - FAR} away from any edge: a region drawn in grey, which "
+            f"threshold {threshold} would drop or keep whole by its shade",
+        )
     return (grey >= threshold).view(np.uint8)
 
 
