@@ -77,6 +77,19 @@ def _check(out: Path, want: dict[str, str], sizes: dict[str, tuple[int, int]]) -
             assert f[split].attrs["boxes_class_boxes"].tolist() == np.bincount(labels, minlength=len(CLASSES)).tolist()
 
 
+def _check_only_backgrounds(out: Path, backgrounds: list[str]) -> None:
+    """A batch of background pictures alone collates: (B, 0, 5) values, every count 0."""
+    from torch.utils.data import DataLoader
+
+    from h5forge.read.torch import H5Dataset, collate
+
+    ds = H5Dataset(out / "dataset_latest.h5", "train", fields=("images", "boxes"))
+    rows = [ds.reader.ids().index(sid) for sid in backgrounds]
+    images, boxes = next(iter(DataLoader(ds, batch_size=len(rows), sampler=rows, collate_fn=collate)))
+    assert tuple(images.shape) == (len(rows), 3, SIZE, SIZE)
+    assert tuple(boxes.values.shape) == (len(rows), 0, 5) and boxes.lengths.tolist() == [0] * len(rows)
+
+
 def _init_spec(raw: Path, tmp_path: Path, inbox: Path) -> Path:
     """The spec ``init`` writes for ``raw``, its picture size and crop set to the tests' own rules."""
     from h5forge._init import infer_spec
@@ -93,6 +106,7 @@ def _init_spec(raw: Path, tmp_path: Path, inbox: Path) -> Path:
     spec["output"] = {"dir": str(tmp_path / "out"), "retire_after_seconds": 0}
     spec["verify"] = {"resample": 50, "latency_reads": 0}
     spec["append"] = {"settle_seconds": SETTLE}
+    spec["splits"] = {"ratios": {"train": 1.0}}  # one split: batches of several backgrounds
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -123,6 +137,7 @@ def test_backgrounds_through_init_build_append_rebuild_and_rollback(coco_folder,
     assert first.version == 1 and first.rejected == 0 and sum(first.counts.values()) == 4, first
     assert "0 sources changed" in first.health["sources"], first.health
     _check(tmp_path / "out", labels, sizes)
+    _check_only_backgrounds(tmp_path / "out", ["chelsea", "rocket"])
     v1 = dict(labels)
     assert h5forge.build(spec).unchanged  # a background's input key is the same from build to build
 
