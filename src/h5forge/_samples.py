@@ -22,6 +22,11 @@ class SampleRef:
     # sample's part of a COCO file), read by discovery so that a cleaning worker need not read it
     shared: dict[str, Any] = field(default_factory=dict, compare=False)
 
+    def file_of(self, name: str) -> str:
+        """The raw file of field ``name``; ``""`` when the sample has none (an optional file it lacks:
+        ``h5forge.kinds.optional``)."""
+        return self.files.get(name, "")
+
     @property
     def input_id(self) -> str:
         """The id of the input the sample comes from (its annotation record's, its split's)."""

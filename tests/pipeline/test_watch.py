@@ -201,3 +201,41 @@ def test_watch_takes_what_waited_while_another_run_held_the_folder(raw_demo, raw
             holder.kill()
     assert set(new) <= set(sum(all_ids(out / "dataset_latest.h5").values(), []))
     assert not list((inbox / "images").iterdir())
+
+
+def test_watch_takes_a_background_picture_once_it_has_been_in_the_inbox_settle_seconds(tmp_path):
+    """A YOLO picture without its label file (``missing: empty``) moved into the inbox keeps its old
+    mtime: the append the watcher starts lets it wait for its label file, and the watcher appends
+    again once it has been there ``settle_seconds`` by its ctime, with no other file event."""
+    import yaml
+    from PIL import Image
+
+    from tests.kinds.boxes.test_boxes import _picture, _spec
+
+    raw = tmp_path / "raw"
+    (raw / "images").mkdir(parents=True)
+    (raw / "labels").mkdir()
+    Image.fromarray(_picture("astronaut")).save(raw / "images" / "astronaut.png")
+    (raw / "labels" / "astronaut.txt").write_text("0 0.5 0.5 0.2 0.4\n")
+    inbox = tmp_path / "inbox"
+    spec = _spec(raw, tmp_path / "out", {"files": "labels/*.txt", "missing": "empty"})
+    spec["source"]["inbox"] = str(inbox)
+    spec["append"] = {"settle_seconds": 2, "batch_window_seconds": 0.2, "poll_seconds": 0.5}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    loaded = DatasetSpec.model_validate(spec)
+    assert h5forge.build(loaded).version == 1
+    (inbox / "images").mkdir(parents=True)
+    Image.fromarray(_picture("camera")).save(inbox / "images" / "camera.png")
+    age_files(inbox)  # as `mv` leaves it: an old mtime, a ctime of now
+    watcher = Watcher(loaded, own_files=())
+    watcher.thread.start()
+    try:
+        with watcher.changed:
+            watcher.changed.wait_for(lambda: latest(loaded.output.dir) == 2, timeout=60)
+        waits = [c.waiting for c in watcher.calls]
+        assert latest(loaded.output.dir) == 2 and waits[0] == 1 and waits[-1] == 0, waits
+    finally:
+        watcher.stop.set()
+        watcher.thread.join(60)
+    assert (inbox / "processed" / "v0002" / "images" / "camera.png").is_file()
+    assert sorted(sum(all_ids(tmp_path / "out" / "dataset_latest.h5").values(), [])) == ["astronaut", "camera"]

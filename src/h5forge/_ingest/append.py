@@ -121,7 +121,7 @@ def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> Inbo
     settle = spec.append.settle_seconds
     for ref in inv.samples:
         members, missing = _members(kinds, inbox, ref)
-        busy = missing or _unsettled(inbox, members, now, settle)
+        busy = missing or _unsettled(inbox, members, now, settle) or _file_may_come(kinds, ref, inbox, now, settle)
         if busy:
             scan.waiting.append(Rejection(ref.id, (busy[0],), busy[1], waitable=True))
         else:
@@ -180,6 +180,33 @@ def _unsettled(inbox: Path, members: list[str], now: float, settle: float) -> tu
                 if _changed_since(Path(inner), since):
                     return where, f"still being written: {name} changed less than {settle:g} s ago"
     return None
+
+
+def _file_may_come(
+    kinds: dict[str, FieldKind], ref: SampleRef, inbox: Path, now: float, settle: float
+) -> tuple[str, str] | None:
+    """Why a sample without a file its field may lack (``h5forge.kinds.optional``: a YOLO picture
+    without its label file) waits: the file may still be on its way while the sample's own files
+    arrived less than ``settle`` seconds before ``now``. Arrived is the later of a file's mtime and
+    ctime: a picture moved in (``mv``) or copied with its times (``cp -p``) keeps an old mtime, and
+    a label file dropped in just after it must not find the picture taken without it."""
+    lacking = [name for name, kind in kinds.items() if kind.files and name not in ref.files]
+    if not lacking:
+        return None
+    since = now - settle
+    fresh = next((rel for rel in ref.files.values() if _arrived_since(inbox / rel, since)), None)
+    if fresh is None:
+        return None
+    where = ", ".join(f"{name} ({', '.join(kinds[name].files)})" for name in lacking)
+    return fresh, f"no file for {where} yet: taken without it once it has been in the inbox {settle:g} s"
+
+
+def _arrived_since(path: Path, when: float) -> bool:
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return max(st.st_mtime, st.st_ctime) > when
 
 
 def _changed_since(path: Path, when: float) -> bool:
@@ -318,8 +345,10 @@ def write_delta(
         for i, batch in enumerate(clean_all(scan.spec or spec, scan.inbox, scan.ready, timings, status, fmt)):
             settled = len(batch) + len(batch.rejections)
             batch = _dedupe(batch, kinds, known, version_name(cand.parent), spec.duplicates == "keep_all")
-            # record where the raw files will live once moved out of the inbox
-            batch.files = [[os.path.relpath(final_dir / rel, spec.source.root) for rel in row] for row in batch.files]
+            # record where the raw files will live once moved out of the inbox (no file: none)
+            batch.files = [
+                [rel and os.path.relpath(final_dir / rel, spec.source.root) for rel in row] for row in batch.files
+            ]
             writer.add(batch)
             progress(settled)
             if i == 0:

@@ -162,7 +162,7 @@ def clean_batch(
     return CleanedBatch(
         ids=[k[0].id for k in kept],
         splits=splits,
-        files=[[k[0].files[name] for name in files_of] for k in kept],
+        files=[[k[0].file_of(name) for name in files_of] for k in kept],
         arrays=encode_rows(spec, kinds, arrays) if encode else arrays,  # digests and statistics use the arrays
         source_sha256=[k[2] for k in kept],
         digests=[values_digest((arrays[p][i] for p in kinds), format_version) for i in range(len(kept))],

@@ -25,6 +25,7 @@ from h5forge._format.names import INBOX_PROCESSED, INBOX_TEMPORARY
 from h5forge._ingest.incremental.hash_cache import State
 from h5forge._ingest.splits import assign_split, ratio_split
 from h5forge.kinds import FieldKind, field_kinds
+from h5forge.kinds.optional import may_lack_file
 from h5forge.kinds.parts import SampleParts
 from h5forge.kinds.shared import sharing
 from h5forge.kinds.base import DEFAULT_MAX_BYTES, Outside, read_bounded
@@ -649,9 +650,10 @@ def _gather(
 
 
 def _join(spec: DatasetSpec, kinds: dict[str, FieldKind], inv: Inventory, found: _Found) -> None:
-    """The samples of ``found``, sorted by id: each input whose every field has a file and whose
-    record gives its columns and split; the rest, and the records without files, as rejections."""
-    globs = {name: kind.files for name, kind in kinds.items() if kind.files}
+    """The samples of ``found``, sorted by id: each input whose every field has a file (but a field
+    whose file may be missing: ``may_lack_file``) and whose record gives its columns and split; the
+    rest, and the records without files, as rejections."""
+    globs = {name: kind.files for name, kind in kinds.items() if kind.files and not may_lack_file(kind)}
     per_field, records, record_file = found.per_field, found.records, found.record_file
     already = {match_key(r.sample_id) for r in inv.rejections if r.sample_id}  # reported once is enough
     for key in sorted(set().union(*per_field.values()) - already):

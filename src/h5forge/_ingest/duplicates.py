@@ -54,8 +54,10 @@ def drop_duplicates(spec: DatasetSpec, inventory: Inventory) -> int:
     sizes: dict[int, tuple] = {}
     for i, ref in enumerate(inventory.samples):
         try:
+            # a field whose file the sample lacks (``h5forge.kinds.optional``) is no file of any size
             sizes[i] = tuple(
-                _size(os.path.join(top, ref.files[n]), k, stated.get(ref.files[n])) for n, k in kinds.items()
+                _size(os.path.join(top, ref.files[n]), k, stated.get(ref.files[n])) if n in ref.files else ()
+                for n, k in kinds.items()
             )
         except OSError:
             continue  # unreadable: cleaning rejects it with its own reason
@@ -64,7 +66,7 @@ def drop_duplicates(spec: DatasetSpec, inventory: Inventory) -> int:
     # a sample whose digests are all known is compared by them; so is every sample of a size one of
     # those shares (nothing else tells it from them); the rest are first told apart by their ends
     refs = inventory.samples
-    settled = {size for i, size in same_size.items() if all(refs[i].files[n] in known for n in kinds)}
+    settled = {size for i, size in same_size.items() if all(rel in known for rel in refs[i].files.values())}
     unsettled = [refs[i] for i, size in same_size.items() if size not in settled]
     by_ends = _alike(unsettled, kinds, lambda rel, kind: _ends(Path(top, rel), kind))
     compared = {id(ref) for ref in by_ends} | {id(refs[i]) for i, size in same_size.items() if size in settled}
@@ -74,7 +76,10 @@ def drop_duplicates(spec: DatasetSpec, inventory: Inventory) -> int:
     def digest(ref: SampleRef) -> bytes | None:
         hexes = []
         for name, kind in kinds.items():
-            rel = ref.files[name]
+            rel = ref.file_of(name)
+            if not rel:  # no file, as cleaning hashes it: an empty digest
+                hexes.append("")
+                continue
             if (rel, name) not in digests:
                 digests[rel, name] = known.get(rel) or raw_digest(root, rel, kind)
                 if digests[rel, name] and rel in stated:
@@ -108,7 +113,7 @@ def _alike(refs: list[SampleRef], kinds: dict[str, FieldKind], key) -> list[Samp
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, ref in enumerate(refs):
         try:
-            groups[tuple(key(ref.files[n], k) for n, k in kinds.items())].append(i)
+            groups[tuple(key(ref.files[n], k) if n in ref.files else "" for n, k in kinds.items())].append(i)
         except OSError:
             continue  # unreadable: cleaning rejects it with its own reason
     keep = sorted(i for members in groups.values() if len(members) > 1 for i in members)

@@ -77,7 +77,9 @@ def serve_inbox(inbox: Path, append: Callable[[], int | None], **options) -> Non
         raise failure[0]
 
 
-Files = dict[str, tuple[int, int]]  # path relative to the inbox -> (mtime_ns, size)
+# path relative to the inbox -> (mtime_ns, size, arrived_ns): arrived is the later of mtime and
+# ctime, when a file moved in with an old mtime came (a sample without an optional file waits by it)
+Files = dict[str, tuple[int, int, int]]
 
 
 def inbox_files(inbox: Path) -> Files:
@@ -95,7 +97,7 @@ def inbox_files(inbox: Path) -> Files:
                 st = os.stat(os.path.join(folder, name))
             except FileNotFoundError:
                 continue
-            found[name if top else f"{rel}/{name}"] = (st.st_mtime_ns, st.st_size)
+            found[name if top else f"{rel}/{name}"] = (st.st_mtime_ns, st.st_size, max(st.st_mtime_ns, st.st_ctime_ns))
     return found
 
 
@@ -145,9 +147,9 @@ def watch_inbox(
         after = inbox_files(inbox)
         seen = {p: s for p, s in after.items() if p in own or before.get(p) == s}
         fresh = [
-            s[0] / 1e9 + settle_seconds
+            s[2] / 1e9 + settle_seconds
             for p, s in after.items()
-            if p in seen and p not in own and s[0] / 1e9 > started - settle_seconds
+            if p in seen and p not in own and s[2] / 1e9 > started - settle_seconds
         ]
         due = min(fresh) if fresh else None
 

@@ -803,8 +803,10 @@ def _locate_unreadable(
 
 
 def _stored_ref(g: h5py.Group, kinds: dict[str, FieldKind], split: str, row: int) -> SampleRef:
-    """The sample of a stored row as discovery saw it: its files and its annotation columns."""
-    files = dict(zip(decode_str(g[SOURCE_SHA256].attrs[Attr.FIELDS]), decode_str(rows_of(g[SOURCE_FILES])[row])))
+    """The sample of a stored row as discovery saw it: its files (an empty path: a file the sample
+    lacks, ``h5forge.kinds.optional``) and its annotation columns."""
+    stored = zip(decode_str(g[SOURCE_SHA256].attrs[Attr.FIELDS]), decode_str(rows_of(g[SOURCE_FILES])[row]))
+    files = {name: rel for name, rel in stored if rel}
     columns = {}
     for kind in kinds.values():
         if kind.annotation_column:
@@ -846,7 +848,8 @@ def _check_against_sources(
         except Reject as rej:
             changed.append(f"{split}[{row}] source {rej.path} no longer cleans: {rej.reason}")
             continue
-        if [decoded[n].sha256 for n in ref.files] != decode_str(rows_of(g[SOURCE_SHA256])[row]):
+        fields = decode_str(g[SOURCE_SHA256].attrs[Attr.FIELDS])
+        if [decoded[n].sha256 for n in fields] != decode_str(rows_of(g[SOURCE_SHA256])[row]):
             changed.append(f"{split}[{row}] raw files of {ref.id!r} changed since the build; not compared")
             continue
         for path, kind in kinds.items():

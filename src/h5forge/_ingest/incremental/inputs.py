@@ -20,7 +20,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence, cast
+from typing import Any, Callable, Iterable, Sequence, cast
 
 import numpy as np
 
@@ -107,11 +107,11 @@ class Inputs:
         for ref in refs:
             hexes = made.get(ref.id)
             if hexes is None:
-                hexes = [sample_digest(kinds[n], raw_digest(root, ref.files[n], kinds[n]), ref) for n in names]
+                hexes = [_field_digest(kinds[n], ref, lambda rel, kind: raw_digest(root, rel, kind)) for n in names]
             self.samples[ref.id] = _key(ref, names, hexes, _shared_inputs(shared, root, ref))
             # the hash cache keeps files' digests: a sample's own digest of a part of its file is none
             for n, h in zip(names, hexes):
-                if _whole_files(kinds[n]) and self.hexes.get(rel := ref.files[n]) != h:
+                if n in ref.files and _whole_files(kinds[n]) and self.hexes.get(rel := ref.files[n]) != h:
                     self.hexes[rel] = h
                     self.learnt.append(rel)
 
@@ -131,6 +131,13 @@ def _file_fields(spec: DatasetSpec) -> tuple[list[str], dict[str, FieldKind]]:
     return names, {n: kinds[n] for n in names}
 
 
+def _field_digest(kind: FieldKind, ref: SampleRef, file_digest: Callable[[str, FieldKind], str]) -> str:
+    """The raw digest of ``kind``'s field of ``ref`` from its file's (``file_digest`` of its path);
+    empty when the sample has no file for it (``h5forge.kinds.optional``), as cleaning leaves it."""
+    rel = ref.files.get(kind.name)
+    return "" if rel is None else sample_digest(kind, file_digest(rel, kind), ref)
+
+
 def _whole_files(kind: FieldKind) -> bool:
     """Whether the kind's samples' raw digests are their files' (not ``SampleParts``)."""
     return not isinstance(kind, SampleParts)
@@ -143,7 +150,7 @@ def _shared_inputs(kinds: Iterable[SharedInputs], root: Path, ref: SampleRef) ->
 
 def _key(ref: SampleRef, names: list[str], hexes: list[str], shared: Sequence[str] = ()) -> bytes:
     # a sample with shared inputs has them after its files' digests; one without keeps its key
-    return sample_key(ref.id, ref.split, [ref.files[n] for n in names], [*hexes, *shared], ref.columns)
+    return sample_key(ref.id, ref.split, [ref.file_of(n) for n in names], [*hexes, *shared], ref.columns)
 
 
 def total_key(rules: str, samples: dict[str, bytes], inventory: Inventory) -> str:
@@ -176,7 +183,7 @@ def fingerprint(
     root = inventory.root
     cache = cache or HashCache()
     # a file that holds several samples (the time points of a 4-D volume) is hashed once
-    jobs = list(dict.fromkeys((ref.files[n], kinds[n]) for ref in inventory.samples for n in names))
+    jobs = list(dict.fromkeys((ref.files[n], kinds[n]) for ref in inventory.samples for n in names if n in ref.files))
 
     # each file's state before its bytes are read (see hash_cache): discovery's, or a stat here (a
     # few microseconds, less than handing it to a pool); only the files to read go to the threads
@@ -202,7 +209,7 @@ def fingerprint(
     shared = sharing(field_kinds(spec)).values()
 
     def digests_of(ref: SampleRef) -> list[str]:
-        return [sample_digest(kinds[n], of_job[ref.files[n], kinds[n]], ref) for n in names]
+        return [_field_digest(kinds[n], ref, lambda rel, kind: of_job[rel, kind]) for n in names]
 
     samples = {
         ref.id: _key(ref, names, digests_of(ref), _shared_inputs(shared, root, ref)) for ref in inventory.samples

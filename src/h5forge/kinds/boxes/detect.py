@@ -275,13 +275,8 @@ def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
             f"data.yaml declares kpt_shape {declared!r}, which is no [K, D] of K >= 1 keypoints of 2 or 3 "
             "numbers: the spec gives none, and a build refuses the lines that are no plain box"
         )
-    missing = len(keys(pictures) - keys(labels))
-    if missing:
-        where = at.labels.replace("{split}", "<split>") + "/<stem>.txt"
-        notes.append(
-            f"{missing} of {len(pictures)} pictures have no label file: they are quarantined as incomplete "
-            f"(write an empty {where} for a picture without objects)"
-        )
+    # Ultralytics reads a picture without a label file as a background picture (no objects)
+    backgrounds = len(keys(pictures) - keys(labels))
     from PIL import Image
 
     sizes: Counter[tuple[int, int]] = Counter()
@@ -304,6 +299,13 @@ def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
             k, d = kpt_shape
             t(2, f"kpt_shape: [{k}, {d}]", f"data.yaml: pose lines, the box then {k} keypoints (not stored)")
         t(2, "outside: clip", "a box that leaves the frame is clipped to it (drop: dropped); both counted")
+        if backgrounds:
+            t(
+                2,
+                "missing: empty",
+                f"a picture without a label file ({backgrounds} of {len(pictures)}) is a background picture, "
+                "no boxes (refuse: quarantined as incomplete)",
+            )
         if split:
             t(0, "annotations:")
             t(1, "columns: {split: str}")

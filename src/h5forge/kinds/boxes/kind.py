@@ -5,12 +5,15 @@
       boxes:  {kind: boxes, like: images, coco: annotations/instances_train.json, classes: [cat, dog]}
       boxes:  {kind: boxes, like: images, files: labels/*.txt, classes: [cat, dog]}      # YOLO
       boxes:  {kind: boxes, like: images, files: labels/*.txt, classes: [person], kpt_shape: [17, 3]}  # pose
+      boxes:  {kind: boxes, like: images, files: labels/*.txt, classes: [cat, dog], missing: empty}  # backgrounds
 
 The boxes follow their picture's geometry (``like``; the frame rules: ``geometry``), and each
 picture records how many were clipped and dropped. Sources: ``sources``. Stored ragged, rows
 ``x0, y0, x1, y1, class`` in pixels of the stored image, any number per picture; statistics:
 boxes per class and the pictures holding each class. Readers return a picture's (n, 5) rows,
 batched as ``Padded``. ``masks: true`` also stores each kept box's instance mask (``instances``).
+``missing: empty`` makes a picture without its YOLO label file a background picture, no boxes
+(``h5forge.kinds.optional``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from h5forge._format.arrays import Ragged, Stored
 from h5forge.kinds.base import (
@@ -42,6 +45,7 @@ from h5forge.kinds.boxes.instances import instance_masks
 from h5forge.kinds.boxes.sources import (
     CocoIndex,
     Limits,
+    Objects,
     coco_boxes,
     coco_digest,
     coco_entry,
@@ -51,6 +55,7 @@ from h5forge.kinds.boxes.sources import (
 from h5forge.kinds.image import ImageField
 from h5forge.kinds.index import RowIndex
 from h5forge.kinds.mask import OVERLAY
+from h5forge.kinds.optional import OptionalFile
 from h5forge.kinds.plugins import Demo, Detector, Plugins
 from h5forge.kinds.preview import Preview
 from h5forge.kinds.shared import SharedInputs
@@ -80,6 +85,11 @@ class BoxesField(FieldModel):
         "x y visibility), as Ultralytics' data.yaml declares it; the box is the line's first four numbers",
     )
     masks: bool = Field(False, description="also store each box's instance mask (COCO or YOLO segmentation)")
+    missing: Literal["refuse", "empty"] = Field(
+        "refuse",
+        description="YOLO: a picture without its label file is refused as incomplete, or (empty) a background "
+        "picture with no boxes, as Ultralytics reads it",
+    )
     max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="a larger COCO or YOLO label file is refused unread")
     max_objects: int = Field(
         DEFAULT_MAX_OBJECTS, gt=0, description="a picture with more annotations (YOLO: label lines) is rejected"
@@ -101,10 +111,24 @@ class BoxesField(FieldModel):
             k, d = self.kpt_shape
             if k < 1 or d not in KEYPOINT_NUMBERS:
                 raise ValueError(f"kpt_shape [{k}, {d}]: K keypoints (K >= 1) of 2 (x y) or 3 (x y visibility) numbers")
+        if self.missing != "refuse" and self.coco is not None:
+            raise ValueError(
+                "missing is for YOLO label files (files): a picture a COCO file lists without annotations has "
+                "no boxes already, and one it does not list is no picture of the dataset"
+            )
         return self
 
+    @model_serializer(mode="wrap")
+    def _without_the_default_missing(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # the spec a version stores, and the rules hash made of it, stay those of a spec written
+        # before the key existed: a dataset that does not use it is not cleaned again for it
+        data = handler(self)
+        if data.get("missing") == "refuse":
+            del data["missing"]
+        return data
 
-class BoxesKind(Plugins, Follows, SharedInputs, ClassCounts, RowIndex, Preview, FieldKind[BoxesField]):
+
+class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIndex, Preview, FieldKind[BoxesField]):
     kind = "boxes"
     Spec = BoxesField
     follows = "image"
@@ -127,6 +151,11 @@ class BoxesKind(Plugins, Follows, SharedInputs, ClassCounts, RowIndex, Preview, 
     def is_coco(self) -> bool:
         """Boxes from COCO files (an inbox may hold none of them yet), not YOLO labels."""
         return self.spec.coco is not None
+
+    @property
+    def file_optional(self) -> bool:
+        """``missing: empty``: a picture without its label file is a background picture."""
+        return self.spec.missing == "empty"
 
     @property
     def coco_files(self) -> tuple[str, ...]:
@@ -262,6 +291,8 @@ class BoxesKind(Plugins, Follows, SharedInputs, ClassCounts, RowIndex, Preview, 
             objects = coco_boxes(index, picture, geometry.raw, self.spec.classes, limits.max_objects)
             digest = None
             where = picture
+        elif self.name not in ref.files:
+            objects, digest, where = self._background(picture), "", picture
         else:
             where = ref.files[self.name]
             data, digest = read_source(root, where, limits.max_bytes)
@@ -281,6 +312,13 @@ class BoxesKind(Plugins, Follows, SharedInputs, ClassCounts, RowIndex, Preview, 
             size = field_of(self.dataset, self.spec.like, ImageField).size
             context["masks"] = instance_masks(objects, np.flatnonzero(placed.kept), geometry, size, where, limits)
         return Decoded(rows.reshape(-1, len(COLUMNS)), digest, context)
+
+    def _background(self, picture: str) -> Objects:
+        """No objects: a picture without its label file, under ``missing: empty``. The file has no
+        digest (the sample's stored one is empty), so one that appears later changes the input key."""
+        if not self.file_optional:
+            raise Reject(picture, f"no label file for {self.name} ({', '.join(self.files)})")
+        return Objects(np.zeros((0, 4), np.float64), np.zeros(0, np.int64), [], [])
 
     # ---- statistics: boxes per class, and which pictures hold each class
     counted = "class_boxes"
