@@ -244,35 +244,37 @@ def _files_below(folder: str):
             yield os.path.join(top, name)
 
 
-def _matches(root: str, pattern: str) -> Iterator[tuple[str, os.DirEntry | None]]:
+def _matches(root: str, pattern: str, unlistable: list[str] | None = None) -> Iterator[tuple[str, os.DirEntry | None]]:
     """The paths ``pattern`` matches below ``root``, as ``Path.glob`` finds them, each with the
     directory entry that listed it when one did (its type and whether it is a symlink known without
-    a system call). ``**`` and relative components are left to ``Path.glob``."""
+    a system call); a folder it may not list into ``unlistable``. ``**`` and relative components
+    are left to ``Path.glob``."""
     parts = pattern.split("/")
     if any(p in ("", ".", "..") or "**" in p for p in parts):
         yield from ((str(p), None) for p in Path(root).glob(pattern))
     else:
-        yield from _below(root, parts)
+        yield from _below(root, parts, [] if unlistable is None else unlistable)
 
 
-def _below(folder: str, parts: list[str]) -> Iterator[tuple[str, os.DirEntry | None]]:
+def _below(folder: str, parts: list[str], unlistable: list[str]) -> Iterator[tuple[str, os.DirEntry | None]]:
     part, rest = parts[0], parts[1:]
     if not _WILDCARD.search(part):  # a literal name, taken when it exists (a folder, when more follows)
         path = f"{folder}/{part}"
         if os.path.isdir(path) if rest else os.path.exists(path):
-            yield from _below(path, rest) if rest else [(path, None)]
+            yield from _below(path, rest, unlistable) if rest else [(path, None)]
         return
     match = re.compile(fnmatch.translate(part)).fullmatch
     try:
         with os.scandir(folder) as listing:
             entries = [e for e in listing if match(e.name)]
-    except PermissionError:  # as Path.glob: a folder it may not list holds no match
+    except PermissionError:  # its files are not seen: the caller says so, never takes them as absent
+        unlistable.append(folder)
         return
     for entry in entries:
         if not rest:
             yield entry.path, entry
         elif _is_dir(entry):
-            yield from _below(entry.path, rest)
+            yield from _below(entry.path, rest, unlistable)
 
 
 def _is_dir(entry: os.DirEntry) -> bool:
@@ -288,6 +290,11 @@ def _stat(path: str, entry: os.DirEntry | None) -> os.stat_result | None:
         return entry.stat() if entry is not None else os.stat(path)
     except OSError:
         return None
+
+
+# why a folder below the source the process may not list is rejected: its files are not seen, and a
+# sample whose files lie there must not pass for one without them
+UNLISTABLE = "cannot list this folder (permission denied): the files in it are not seen"
 
 
 def _not_a_file(path: str, pattern: str) -> str | None:
@@ -330,10 +337,11 @@ def _glob_field(
     leaves = None if allow_outside else Outside(root)
     start = len(str(root).rstrip("/")) + 1
     stems = ids == "stem"
+    unlistable: list[str] = []
     for pattern in patterns:
         # paths in Path's own order, by parts: a string with "/" made the lowest character sorts as
         # its parts do, and keeps pathlib and a list per file out of the sort
-        for path, entry in sorted(_matches(str(root), pattern), key=lambda m: m[0].replace("/", "\0")):
+        for path, entry in sorted(_matches(str(root), pattern, unlistable), key=lambda m: m[0].replace("/", "\0")):
             name = entry.name if entry is not None else path.rsplit("/", 1)[-1]
             if name.startswith(".") or path in seen or (skip and name.endswith(INBOX_TEMPORARY)):
                 continue  # in an inbox, a name being copied under a temporary name waits for its rename
@@ -380,6 +388,10 @@ def _glob_field(
             by_stem[match_key(sid)].append((rel, sid))
             if not is_dir and st is not None and states is not None:
                 states[rel] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    for folder in dict.fromkeys(unlistable):
+        rel = folder[start:] or "."
+        if not (skip and rel.split("/", 1)[0] in skip):
+            outside.append(Rejection("", (rel,), UNLISTABLE))
     found, problems = {}, outside
     for entries in by_stem.values():
         paths = tuple(rel for rel, _ in entries)
@@ -586,6 +598,7 @@ class _Found:
     """What discovery found in the source folders, by match key, before samples are made of it."""
 
     per_field: dict[str, dict[str, str]] = field(default_factory=dict)  # field -> key -> file
+    unlisted: set[str] = field(default_factory=set)  # fields some of whose folders could not be listed
     spelled: dict[str, str] = field(default_factory=dict)  # key -> the id as its first file spells it
     records: dict[str, dict] = field(default_factory=dict)
     record_file: dict[str, str] = field(default_factory=dict)
@@ -613,6 +626,8 @@ def _gather(
         args = (kind.reads_folders, spec.source.allow_symlinks_outside, () if prefix else skip, kind.id_suffix, states)
         taken, problems = _glob_field(r, kind.files, spec.source.ids, *args)
         inv.rejections.extend(problems)
+        if any(p.reason == UNLISTABLE for p in problems):
+            found.unlisted.add(name)
         inv.states.update((prefix + rel, st) for rel, st in states.items() if not kind.files_beside(r, rel))
         files = found.per_field.setdefault(name, {})
         for stem, (rel, sid) in taken.items():
@@ -653,7 +668,12 @@ def _join(spec: DatasetSpec, kinds: dict[str, FieldKind], inv: Inventory, found:
     """The samples of ``found``, sorted by id: each input whose every field has a file (but a field
     whose file may be missing: ``may_lack_file``) and whose record gives its columns and split; the
     rest, and the records without files, as rejections."""
-    globs = {name: kind.files for name, kind in kinds.items() if kind.files and not may_lack_file(kind)}
+    # a file that may be missing is not missing where a folder could not be listed: it may lie there
+    globs = {
+        name: kind.files
+        for name, kind in kinds.items()
+        if kind.files and (not may_lack_file(kind) or name in found.unlisted)
+    }
     per_field, records, record_file = found.per_field, found.records, found.record_file
     already = {match_key(r.sample_id) for r in inv.rejections if r.sample_id}  # reported once is enough
     for key in sorted(set().union(*per_field.values()) - already):

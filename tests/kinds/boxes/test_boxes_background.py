@@ -237,19 +237,6 @@ def test_a_label_file_that_cannot_be_read_refuses_its_picture(coco_folder, tmp_p
     assert set(_stored(result.path)) == set(PICTURES) - {"chelsea"}
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode")
-def test_a_label_file_without_read_permission_refuses_its_picture(coco_folder, tmp_path):
-    raw = _background_folder(coco_folder, tmp_path)
-    (raw / "labels" / "chelsea.txt").write_text("2 0.5 0.5 0.4 0.4\n")
-    (raw / "labels" / "chelsea.txt").chmod(0)
-    spec = _spec(raw, tmp_path / "out", {"files": "labels/*.txt", "missing": "empty"})
-    spec["max_rejected"] = 1
-    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
-    result = h5forge.build(tmp_path / "spec.yaml")
-    assert [r.sample_id for r in result.rejections] == ["chelsea"]
-    assert "Permission denied" in result.rejections[0].reason
-
-
 def test_an_inbox_fifo_label_file_goes_to_quarantine_with_its_picture(coco_folder, tmp_path):
     raw, inbox = _background_folder(coco_folder, tmp_path), tmp_path / "inbox"
     spec = _spec(raw, tmp_path / "out", {"files": "labels/*.txt", "missing": "empty"})
