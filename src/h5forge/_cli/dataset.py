@@ -89,6 +89,8 @@ def _print_build(result) -> None:
     for check, res in result.health.items():
         t.add_row(f"verify {check}", res)
     out.print(t)
+    for warning in result.warnings:
+        say(f"warning: {warning}", err)
 
 
 @app.command()
@@ -157,6 +159,8 @@ def _print_append(result, spec: Path | None = None) -> None:
         say(f"  rejected {r.sample_id} ({r.path}): {r.reason}")
     if result.waiting:
         out.print(f"  {result.waiting} sample(s) wait for a missing part or for their files to settle")
+    for warning in result.warnings:
+        say(f"warning: {warning}", err)
     from h5forge._store.thin import compact_advice
 
     advice = compact_advice(result.version, result.chain, str(spec or "SPEC")) if result.version else None

@@ -23,7 +23,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import h5py
 
@@ -373,11 +373,13 @@ def write_thin_catalog(f: h5py.File, parent: Path, delta: Path) -> None:
     write_catalog(f, old.merged(new, shift))
 
 
-def verify_append(cand: AppendCandidate, seed: int = 0) -> HealthReport:
+def verify_append(cand: AppendCandidate, found: Sequence[str] = (), seed: int = 0) -> HealthReport:
     """The delta in full; the thin version's structure, dependencies and sampled rows of every
-    row file. The health report is written beside the versions."""
+    row file. The health report, with the append's own warnings (``found``), is written beside
+    the versions."""
     thin = verify_file(cand.version.partial, checksum_sample=64, resample=0, latency_reads=50, seed=seed)
     thin.merge(verify_file(cand.delta, resample=0, latency_reads=0), "delta")
+    thin.warnings.extend(found)
     write_health(cand.out, cand.number, thin)
     return thin
 

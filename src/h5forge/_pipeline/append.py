@@ -7,6 +7,7 @@ each step as a Prefect task.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from h5forge.errors import UsageError
 from h5forge._format.names import version_name
@@ -14,6 +15,7 @@ from h5forge._format.row_files import row_files_of
 from h5forge._format.summary import WriteSummary
 from h5forge._ingest import append as steps
 from h5forge._ingest.append import AppendCandidate, InboxScan, MovePlan, apply_moves, plan_moves, stage_append
+from h5forge._ingest.leaks import append_leaks, leak_warnings
 from h5forge._pipeline.build import apply_retention, recover_interrupted, resolve_spec
 from h5forge._pipeline.main_module import leaves_main_alone
 from h5forge._pipeline.reports import log_report, show_health
@@ -76,8 +78,9 @@ def append(
             log.info("nothing new to append: every ready sample was a duplicate or rejected")
             return AppendResult(spec.name, waiting=waiting, rejections=summary.rejections)
         write_quarantine(out, cand.number, summary.rejections)
+        found = leaks_found(spec, cand)  # warnings, with the verify report
         merged = run("write-thin-version", write_thin_version, spec, cand, summary)
-        report = run("verify", verify_append, cand)
+        report = run("verify", verify_append, cand, found)
         run("report", show_health, runner, spec.name, report, merged, cand.number)
         plan = plan_moves(spec, scan, summary.rejections, cand.number)
         path = run("publish", publish_append, cand, report, plan)
@@ -96,6 +99,7 @@ def append(
         waiting,
         summary.rejections,
         chain=chain,
+        warnings=tuple(report.warnings),
     )
 
 
@@ -135,8 +139,18 @@ def write_thin_version(spec: DatasetSpec, cand: AppendCandidate, summary: WriteS
     return merged
 
 
-def verify_append(cand: AppendCandidate) -> HealthReport:
-    return log_report(steps.verify_append(cand))
+def leaks_found(spec: DatasetSpec, cand: AppendCandidate) -> list[str]:
+    """Warnings for the raw inputs the new samples share with another split or other label files,
+    in this append or in latest (``_ingest.leaks``), by the digests the delta and latest store."""
+    found = leak_warnings(append_leaks(spec, cand.out / version_name(cand.parent), cand.delta_partial))
+    for line in found:
+        log.warning("%s", line)
+    return found
+
+
+def verify_append(cand: AppendCandidate, found: Sequence[str] = ()) -> HealthReport:
+    """The append's health report, with its own warnings (``found``, logged already)."""
+    return log_report(steps.verify_append(cand, found), logged=found)
 
 
 def publish_append(cand: AppendCandidate, report: HealthReport, plan: MovePlan) -> str:

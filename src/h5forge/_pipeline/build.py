@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import h5py
 
@@ -20,6 +20,7 @@ from h5forge._ingest import build as steps, discover as discovery
 from h5forge._ingest.append import recover as recover_append
 from h5forge._ingest.discover import Inventory
 from h5forge._ingest.duplicates import drop_duplicates
+from h5forge._ingest.leaks import build_leaks, leak_warnings
 from h5forge._ingest.incremental.hash_cache import known_digests
 from h5forge._ingest.incremental.inputs import Inputs, rules_hash
 from h5forge._ingest.incremental.rebuild import inputs_of, killed_build_rows, previous_sources, unchanged_since
@@ -79,9 +80,10 @@ def build(
                 return BuildResult(spec.name, same, str(path), counts_in(path), unchanged=True)
             candidate = run("stage-version", stage_version, spec)
             summary = run("clean-and-write", clean_and_write, spec, inventory, candidate, inputs, runner, ahead)
+            found = leaks_found(spec, inventory, inputs, summary)  # warnings, with the verify report
             check_rejected(spec, inventory, summary, candidate)  # above max_rejected: nothing is published
             leaving = run("removals", samples_leaving, spec, candidate)  # unless allowed: nothing is published
-            report = run("verify", verify_candidate, candidate, summary, ahead)
+            report = run("verify", verify_candidate, candidate, summary, ahead, found)
             if not report.ok:  # nothing is published: the run shows why before it fails
                 run("report", show_health, runner, spec.name, report, summary, candidate.number)
             published = run("publish", publish_version, candidate, report)
@@ -106,6 +108,7 @@ def build(
         left_latest=leaving,
         unclaimed=inventory.unclaimed,
         rejections=summary.rejections,
+        warnings=tuple(report.warnings),
     )
 
 
@@ -227,6 +230,17 @@ def clean_and_write(
     return summary
 
 
+def leaks_found(spec: DatasetSpec, inventory: Inventory, inputs: Inputs, summary: WriteSummary) -> list[str]:
+    """Warnings for the raw inputs the published samples share across splits or labels
+    (``_ingest.leaks``), found by the digests the build made once its samples are cleaned."""
+    rejected = {r.sample_id for r in summary.rejections}
+    kept = [ref for ref in inventory.samples if ref.id not in rejected]
+    found = leak_warnings(build_leaks(spec, inventory.root, kept, inputs.hexes))
+    for line in found:
+        log.warning("%s", line)
+    return found
+
+
 def samples_leaving(spec: DatasetSpec, candidate: Candidate) -> list[str]:
     leaving = check_removals(spec, candidate)
     if leaving:
@@ -240,17 +254,22 @@ def samples_leaving(spec: DatasetSpec, candidate: Candidate) -> list[str]:
     return leaving
 
 
-def verify_candidate(candidate: Candidate, summary: WriteSummary, cluster: ClusterAhead | None = None) -> HealthReport:
+def verify_candidate(
+    candidate: Candidate, summary: WriteSummary, cluster: ClusterAhead | None = None, found: Sequence[str] = ()
+) -> HealthReport:
     """Verify the written candidate, its checksums on the workers that cleaned it while they are up:
-    every row's, or the summary's ``checksum_sample`` rows of each split. A failed report is written
-    at once (nothing will be published); a passing one after the publish (``report_health``)."""
+    every row's, or the summary's ``checksum_sample`` rows of each split. The build's own warnings
+    (``found``, logged already) join the report's. A failed report is written at once (nothing
+    will be published); a passing one after the publish (``report_health``)."""
     executor = cluster.executor() if cluster is not None else None
     files = [candidate.partial, *(sorted(candidate.rows_folder.iterdir()) if candidate.rows_folder.is_dir() else [])]
     with versions.flushing(files):  # written to the disk while verify reads them: the publish's fsync waits less
         report = verify_file(candidate.partial, checksum_sample=summary.checksum_sample, executor=executor)
+    log_report(report)
+    report.warnings.extend(found)
     if not report.ok:
         write_health(candidate.out, candidate.number, report)
-    return log_report(report)
+    return report
 
 
 def publish_version(candidate: Candidate, report: HealthReport) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Sequence
 
 from h5forge.errors import H5forgeError
 from h5forge._figures import size
@@ -25,14 +26,16 @@ def artifact_key(name: str, what: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"{name}-{what}".lower()).strip("-")
 
 
-def log_report(report: HealthReport) -> HealthReport:
-    """Every check, error and warning of a health report, in the run log."""
+def log_report(report: HealthReport, logged: Sequence[str] = ()) -> HealthReport:
+    """Every check, error and warning of a health report, in the run log, but the warnings the
+    run ``logged`` when it found them."""
     for check, result in report.checks.items():
         log.info("verify %s: %s", check, result)
     for err in report.errors:
         log.error("verify: %s", err)
     for warning in report.warnings:
-        log.warning("verify: %s", warning)
+        if warning not in logged:
+            log.warning("verify: %s", warning)
     return report
 
 

@@ -19,6 +19,11 @@ def _rejected(n: int) -> str:
     return f"; {n} input{'s' if n != 1 else ''} rejected (.rejections)" if n else ""
 
 
+def _warned(warnings: tuple[str, ...]) -> str:
+    n = len(warnings)
+    return f"; {n} warning{'s' if n != 1 else ''} (.warnings)" if n else ""
+
+
 @dataclass(frozen=True, repr=False)
 class BuildResult:
     name: str
@@ -35,6 +40,7 @@ class BuildResult:
     left_latest: list[str] = field(default_factory=list)  # ids the previous latest held and this version does not
     unclaimed: int = 0  # files under the source root that no glob of the spec takes
     rejections: tuple[Rejection, ...] = ()  # each input turned away, with its stage and reason
+    warnings: tuple[str, ...] = ()  # the health report's (a raw input shared across splits, ...)
 
     @property
     def samples(self) -> int:
@@ -47,7 +53,7 @@ class BuildResult:
         what = f"unchanged since v{self.version:04d}" if self.unchanged else f"published v{self.version:04d}"
         return (
             f"<BuildResult {self.name}: {what}, {self.samples} samples ({_splits(self.counts)})"
-            f"{_rejected(self.rejected)}; {self.path}>"
+            f"{_rejected(self.rejected)}{_warned(self.warnings)}; {self.path}>"
         )
 
 
@@ -63,6 +69,7 @@ class AppendResult:
     rejections: tuple[Rejection, ...] = ()
     skipped: str | None = None
     chain: int = 0  # appends' delta files the new version reads (_store.thin.MAX_THIN_CHAIN)
+    warnings: tuple[str, ...] = ()  # the health report's (a new raw input shared across splits, ...)
 
     @property
     def rejected(self) -> int:
@@ -77,5 +84,5 @@ class AppendResult:
         return (
             f"<AppendResult {self.name}: published v{self.version:04d}, {self.added} added "
             f"({_splits(self.added_counts)}), {sum(self.counts.values())} in all{waiting}"
-            f"{_rejected(self.rejected)}; {self.path}>"
+            f"{_rejected(self.rejected)}{_warned(self.warnings)}; {self.path}>"
         )
