@@ -154,3 +154,23 @@ def test_a_rebuild_finds_a_new_copy_of_a_file_it_knows_from_its_hash_cache(tmp_p
     reasons = {r.sample_id: r.reason for r in second.rejections}
     assert set(reasons) == {"z_copy", "p4", "p5"}
     assert "as 'p2'" in reasons["z_copy"] and "as 'a_copy'" in reasons["p4"] and "as 'p0'" in reasons["p5"]
+
+
+def test_a_copy_annotated_otherwise_says_so_in_its_reason(tmp_path):
+    """The same picture under two labels: one is kept, and the copy's reason says which label is
+    dropped with it, so the conflict is not lost in a list of duplicates."""
+    _pictures(tmp_path / "raw", {f"p{k}": k for k in range(4)})
+    shutil.copy(tmp_path / "raw" / "images" / "p2.bmp", tmp_path / "raw" / "images" / "a_copy.bmp")
+    shutil.copy(tmp_path / "raw" / "images" / "p1.bmp", tmp_path / "raw" / "images" / "b_copy.bmp")
+    labels = {"a_copy": "dog", "b_copy": "cat", "p0": "cat", "p1": "cat", "p2": "cat", "p3": "dog"}
+    (tmp_path / "raw" / "labels.json").write_text(json.dumps([{"id": k, "label": v} for k, v in labels.items()]))
+    spec = _spec(tmp_path, annotations={"file": "labels.json", "columns": {"label": "str"}})
+    built = h5forge.build(spec)
+    assert _ids(built.path) == ["a_copy", "b_copy", "p0", "p3"]
+    reasons = {r.sample_id: r.reason for r in built.rejections}
+    assert reasons == {
+        "p2": "duplicate: identical content is earlier in this build as 'a_copy', annotated otherwise: label "
+              "'dog' there, 'cat' here (the spec's duplicates: keep_all keeps both)",
+        "p1": "duplicate: identical content is earlier in this build as 'b_copy' (the spec's duplicates: "
+              "keep_all keeps both)",
+    }

@@ -89,23 +89,34 @@ def drop_duplicates(spec: DatasetSpec, inventory: Inventory) -> int:
             hexes.append(sample_digest(kind, digests[rel, name], ref))
         return content_digest(hexes)
 
-    first: dict[bytes, str] = {}
+    first: dict[bytes, SampleRef] = {}
     dropped: set[str] = set()
     for ref in alike:  # in the inventory's order: the first of each content is kept
         d = digest(ref)
         if d is None:
             continue
         if d in first:
-            inventory.rejections.append(
-                Rejection(ref.id, tuple(ref.files.values()), duplicate_reason(first[d], "earlier in this build"))
-            )
+            kept = first[d]
+            why = duplicate_reason(kept.id, "earlier in this build", _other_annotations(kept, ref))
+            inventory.rejections.append(Rejection(ref.id, tuple(ref.files.values()), why))
             dropped.add(ref.id)
-            inventory.duplicate_of[ref.id] = first[d]
+            inventory.duplicate_of[ref.id] = kept.id
         else:
-            first[d] = ref.id
+            first[d] = ref
     if dropped:
         inventory.samples = [s for s in inventory.samples if s.id not in dropped]
     return len(dropped)
+
+
+def _other_annotations(kept: SampleRef, copy: SampleRef) -> str:
+    """What a reason adds when a copy's annotation values are not the kept sample's (the same picture
+    in two class folders): the first that differs, since keeping one drops the other's label."""
+    differ = next(
+        (k for k in sorted({*kept.columns, *copy.columns}) if kept.columns.get(k) != copy.columns.get(k)), None
+    )
+    if differ is None:
+        return ""
+    return f", annotated otherwise: {differ} {kept.columns.get(differ)!r} there, {copy.columns.get(differ)!r} here"
 
 
 def _alike(refs: list[SampleRef], kinds: dict[str, FieldKind], key) -> list[SampleRef]:
