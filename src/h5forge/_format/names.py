@@ -14,6 +14,8 @@ FORMAT_VERSION = 3
 CHECKSUMS_COVER_ALL = 2  # the first format whose checksums and digests cover everything
 BLAKE3_CHECKSUMS = 3  # the first format whose row checksums are BLAKE3 (sha256 before)
 SPLITS = ("train", "val", "test")
+# how folders name the splits (images/train/, training/, valid/...): one list for init and the kinds' detectors
+SPLIT_FOLDER_NAMES = ("train", "val", "test", "training", "validation", "valid", "testing")
 
 # ---- files of an output folder ----------------------------------------------------------------
 LATEST = "dataset_latest.h5"

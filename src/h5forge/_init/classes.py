@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from h5forge._format.names import SPLIT_FOLDER_NAMES as SPLIT_NAMES
 from h5forge.kinds import Layout
 from h5forge._ingest.discover import sample_id
 from h5forge._init.annotations import annotation_lines, find_annotations
@@ -18,7 +19,6 @@ from h5forge._init.text import SpecText, flow
 from h5forge._ingest.splits import assign_split
 from h5forge.spec import Splits
 
-SPLIT_NAMES = ("train", "val", "test", "training", "validation", "valid", "testing")
 # a split named with its year, as COCO's train2017/, val2014/: a split, never a class
 _DATED_SPLIT = re.compile(r"(?:(?:19|20)\d\d[_-]?)?(" + "|".join(SPLIT_NAMES) + r")(?:[_-]?(?:19|20)\d\d)?")
 

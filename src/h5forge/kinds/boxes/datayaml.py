@@ -15,11 +15,10 @@ from typing import Any
 
 import yaml
 
+from h5forge._format.names import SPLIT_FOLDER_NAMES as SPLIT_FOLDERS  # Ultralytics' images/train/, labels/train/
 from h5forge.kinds.base import read_bounded
 
 DATA_YAML = "data.yaml"
-# the split folders of Ultralytics' layout (images/train/ beside labels/train/), as discovery reads them
-SPLIT_FOLDERS = ("train", "val", "test", "training", "validation", "valid", "testing")
 SMALL_FILE = 1 << 20  # a data.yaml names classes and folders: a larger one is no such file
 KEYPOINT_NUMBERS = (2, 3)  # x y, or x y visibility
 
