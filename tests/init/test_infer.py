@@ -551,5 +551,12 @@ def test_coco_split_folders_named_with_a_year_are_never_classes(tmp_path, with_c
                     "annotations": [{"id": e["id"], "image_id": e["id"], "category_id": 1, "bbox": [4, 4, 20, 20],
                                      "area": 400, "iscrowd": 0} for e in entries]}
             (raw / "annotations" / f"instances_{split}.json").write_text(json.dumps(coco))
-    with pytest.raises(UsageError, match="no layout h5forge knows found"):
-        infer_spec(raw, tmp_path / "coco.yaml")  # refused, never a label field of classes [train2017, val2017]
+    if not with_coco:
+        with pytest.raises(UsageError, match="no layout h5forge knows found"):
+            infer_spec(raw, tmp_path / "coco.yaml")  # refused, never a label field of classes [train2017, val2017]
+        return
+    found = infer_spec(raw, tmp_path / "coco.yaml")  # COCO's boxes, each picture in its folder's split
+    spec = yaml.safe_load(found.text)
+    assert found.layout == "boxes" and "label" not in spec["fields"]
+    assert spec["fields"]["images"]["files"] == ["images/train2017/*.jpg", "images/val2017/*.jpg"]
+    assert spec["splits"]["column"] == "split" and spec["annotations"]["folders"] == {"split": -1}

@@ -4,12 +4,11 @@ class; the label, and the split, come from the folder names."""
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from h5forge._format.names import SPLIT_FOLDER_NAMES as SPLIT_NAMES
+from h5forge._format.names import SPLIT_FOLDER_NAMES as SPLIT_NAMES, split_named
 from h5forge.kinds import Layout
 from h5forge._ingest.discover import sample_id
 from h5forge._init.annotations import annotation_lines, find_annotations
@@ -18,9 +17,6 @@ from h5forge._init.pictures import IMAGE_DIRS, image_field, larger_choice, pictu
 from h5forge._init.text import SpecText, flow
 from h5forge._ingest.splits import assign_split
 from h5forge.spec import Splits
-
-# a split named with its year, as COCO's train2017/, val2014/: a split, never a class
-_DATED_SPLIT = re.compile(r"(?:(?:19|20)\d\d[_-]?)?(" + "|".join(SPLIT_NAMES) + r")(?:[_-]?(?:19|20)\d\d)?")
 
 
 @dataclass
@@ -31,11 +27,6 @@ class ClassTree:
     classes: list[str]
     per_class: Counter
     top: list[Path] | None = None  # with split folders: pictures of class folders beside them (<class>/*.jpg)
-
-
-def split_folder_name(name: str) -> bool:
-    """Whether a folder's name says a split: one of SPLIT_NAMES, alone or with a year (``train2017``)."""
-    return _DATED_SPLIT.fullmatch(name.lower()) is not None
 
 
 def _split_understood(name: str) -> bool:
@@ -107,7 +98,7 @@ def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
                     )
                 return ClassTree(prefix, True, files, sorted(per_class), per_class, top)
         # a split folder names no class, nor one named with its year (COCO's images/train2017/)
-        class_dirs = [d for d in dirs if pictures_in(d) and not split_folder_name(d.name)]
+        class_dirs = [d for d in dirs if pictures_in(d) and not split_named(d.name)]
         if len(class_dirs) >= 2:
             loose = pictures_in(base)
             if loose:

@@ -233,14 +233,21 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
             if isinstance(near, CocoIndex):
                 return near
             unreadable = unreadable or near
-        last = None
+        last, listing = None, {}
         for rel in self.coco_files:
             index = self._index(root, rel)
             try:
-                coco_digest(index, picture)
-                return index
+                listing[rel] = (index, coco_digest(index, picture))
             except Reject as err:
                 last = err
+        if len({digest for _, digest in listing.values()}) > 1:  # COCO names a picture by file name only
+            raise Reject(
+                picture,
+                f"{' and '.join(listing)} each list a picture named {PurePosixPath(picture).name!r}, with other "
+                "boxes: which are this picture's cannot be told; rename the pictures apart, or list each in one file",
+            )
+        if listing:
+            return next(iter(listing.values()))[0]
         raise unreadable or last or Reject(picture, "no COCO file to look it up in")
 
     def _coco_of(self, root: Path, ref: SampleRef) -> CocoIndex:
