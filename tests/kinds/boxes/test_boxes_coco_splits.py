@@ -115,6 +115,38 @@ def test_init_keeps_coco_2017_splits_and_leaves_the_unannotated_test_folder_out(
         assert np.allclose(got[stem][1], want, atol=1e-2), (stem, got[stem][1], want)
 
 
+def test_pictures_appended_into_split_folders_take_their_folders_split_and_their_boxes(tmp_path):
+    """The inbox of a COCO download's dataset: new pictures in ``val2017/`` and ``train2017/`` with
+    the instances file of each at the spec's paths. Each lands in its folder's split with its own
+    boxes, and a rebuild from the processed folders keeps them."""
+    from h5forge._init import infer_spec
+    from tests.helpers.data import age_files
+
+    raw = _coco_download(tmp_path / "coco", SPLIT_PICTURES)
+    spec = yaml.safe_load(infer_spec(raw, tmp_path / "spec.yaml").text)
+    spec["fields"]["images"] |= {"size": [640, 640], "larger": "shrink"}
+    spec["source"] |= {"root": str(raw), "inbox": str(tmp_path / "inbox")}
+    spec["output"]["dir"] = str(tmp_path / "out")
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    assert h5forge.build(tmp_path / "spec.yaml").rejected == 0
+    arriving = {"val2017": {"000000000010": ("hubble_deep_field", [("cup", 10, 20, 100, 50)])},
+                "train2017": {"000000000011": ("immunohistochemistry", [("cat", 5, 6, 200, 150),
+                                                                        ("cat", 250, 10, 100, 100)])}}
+    inbox = _coco_download(tmp_path / "inbox", arriving)
+    age_files(inbox)
+    added = h5forge.append(tmp_path / "spec.yaml")
+    assert added.added == 2 and added.rejections == (), added.rejections
+    for path in (added.path, h5forge.build(tmp_path / "spec.yaml").path):
+        got = _published(path)
+        assert got["000000000010"][0] == "val" and got["000000000011"][0] == "train"
+        for stem, (photo, objects) in {**arriving["val2017"], **arriving["train2017"]}.items():
+            h, w = _photo(photo).shape[:2]
+            scale = min(640 / h, 640 / w, 1.0)
+            pad = np.array([(640 - round(w * scale)) // 2, (640 - round(h * scale)) // 2] * 2 + [0], np.float32)
+            want = _raw_boxes(objects) * np.array([scale] * 4 + [1], np.float32) + pad
+            assert np.allclose(got[stem][1], want, atol=1e-2), (stem, got[stem][1], want)
+
+
 def test_a_picture_named_alike_in_two_coco_files_never_takes_the_other_files_boxes(tmp_path):
     """Each split exported on its own names its first picture 1.png: with path ids both pictures are
     samples, and the COCO files name pictures by file name only. Which file's boxes are a picture's
