@@ -15,8 +15,6 @@ from h5forge._init.annotations import annotation_lines, find_annotations
 from h5forge._init.folders import named, subdirs
 from h5forge._init.pictures import IMAGE_DIRS, image_field, larger_choice, picture_globs, pictures_in, target_size
 from h5forge._init.text import SpecText, flow
-from h5forge._ingest.splits import assign_split
-from h5forge.spec import Splits
 
 
 @dataclass
@@ -29,21 +27,12 @@ class ClassTree:
     top: list[Path] | None = None  # with split folders: pictures of class folders beside them (<class>/*.jpg)
 
 
-def _split_understood(name: str) -> bool:
-    """Whether discovery takes this folder name as a split (asked, not assumed)."""
-    try:
-        assign_split("x", Splits(column="split"), {"split": name})
-        return True
-    except ValueError:
-        return False
-
-
 def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
     bases = [raw, *named(raw, IMAGE_DIRS)]
     for base in bases:
         prefix = "" if base == raw else base.name + "/"
         dirs = subdirs(base)
-        splits = [d for d in dirs if d.name.lower() in SPLIT_NAMES]
+        splits = [d for d in dirs if split_named(d.name)]  # as discovery reads a split column
         if splits:
             files: list[Path] = []
             per_class: Counter[str] = Counter()
@@ -69,12 +58,6 @@ def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
                         notes.append(
                             f"{prefix}{d.name}/ is not a split folder ({', '.join(SPLIT_NAMES)}): its "
                             "samples will be rejected (split column)"
-                        )
-                for s in splits:
-                    if not _split_understood(s.name):
-                        notes.append(
-                            f"split folder {prefix}{s.name}/ is not understood as a split name (lower "
-                            f"case is), so its samples will be rejected; rename it {s.name.lower()}/"
                         )
                 names = {s.name for s in splits if any(pictures_in(c) for c in subdirs(s))}
                 for name, where in sorted(found_in.items()):
