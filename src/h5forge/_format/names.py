@@ -33,6 +33,7 @@ def split_named(name: str) -> str | None:
 LATEST = "dataset_latest.h5"
 LOCK = ".h5forge.lock"
 JOURNAL = ".append-journal.json"
+PUBLISHING = ".publishing"  # the number of the version being published, until latest points at it
 RESUMABLE = ".build-resumable.h5"  # what a killed build wrote, kept for the next build to take over
 RESUME_SUFFIX = ".resume"  # beside a partial version file: how far it is durable (rows, statistics)
 HASH_CACHE = ".h5forge-hashes.npz"  # raw-file states and hashes the last build saw (_ingest/incremental/hash_cache.py)

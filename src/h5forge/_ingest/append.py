@@ -746,9 +746,14 @@ def publish_append(cand: AppendCandidate, report: HealthReport, plan: MovePlan) 
         cand.delta.unlink(missing_ok=True)
         raise VerificationFailed(report.errors)
     write_journal(cand.out, plan)
-    seal(cand.delta)  # what the version reads is as immutable as the version itself
-    checkpoint("append:before-publish")
-    path = publish(cand.version)
+    try:
+        seal(cand.delta)  # what the version reads is as immutable as the version itself
+        checkpoint("append:before-publish")
+        path = publish(cand.version)
+    except OSError:  # a full disk before the version's rename: nothing published, no moves to finish
+        if not cand.version.final.exists():
+            (cand.out / JOURNAL).unlink(missing_ok=True)
+        raise
     checkpoint("append:before-move")
     apply_moves(plan)
     (cand.out / JOURNAL).unlink()

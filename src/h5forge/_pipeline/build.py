@@ -36,7 +36,7 @@ from h5forge._store import versions
 from h5forge._store.output import claim_output, preflight
 from h5forge._store.reports import write_health
 from h5forge._store.verify import HealthReport, verify_file
-from h5forge._store.versions import Candidate, output_lock_or_skip, publish
+from h5forge._store.versions import Candidate, finish_publish, output_lock_or_skip, publish
 
 
 @leaves_main_alone
@@ -125,14 +125,20 @@ def cleans_on_a_cluster(spec: DatasetSpec) -> bool:
 
 
 def recover_interrupted(out: Path) -> str | None:
-    """Settle what a killed append left (its journal), first thing under the folder's lock, by every
-    writer: its inbox moves are finished when its version was published, else forgotten. A build that
-    went ahead would miss the samples still in the inbox, or publish the version number the journal
-    names, which the next append would then take for its own and file the inbox samples under."""
-    outcome = recover_append(out)
-    if outcome:
+    """Settle what a killed writer left, first thing under the folder's lock, by every writer: a
+    killed append's inbox moves (its journal) are finished when its version was published, else
+    forgotten; a version published by a writer killed before latest moved is made latest. A build
+    that went ahead would miss the samples still in the inbox, or publish the version number the
+    journal names, which the next append would then take for its own and file the inbox samples
+    under; or build again, from scratch, the version it was killed publishing."""
+    outcomes = []
+    if outcome := recover_append(out):
         log.warning("a previous append was interrupted: %s", outcome)
-    return outcome
+        outcomes.append(outcome)
+    if outcome := finish_publish(out):
+        log.warning("a previous run was interrupted: %s", outcome)
+        outcomes.append(outcome)
+    return "; ".join(outcomes) or None
 
 
 def reported(what: str, show: Callable[..., Any], *args: Any) -> Any:

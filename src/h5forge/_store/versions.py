@@ -36,6 +36,7 @@ from h5forge._format.names import (
     LATEST,
     LOCK,
     PARTIAL_RE,
+    PUBLISHING,
     RESUMABLE,
     RESUME_SUFFIX,
     VERSION_RE,
@@ -47,6 +48,7 @@ from h5forge._format.names import (
 from h5forge._format import leases
 from h5forge._format.row_files import virtual_sources
 from h5forge._store.disk_full import as_disk_full, release_partials
+from h5forge._store.whole_files import replace_file
 from h5forge._format.mapped import out_of_descriptors
 
 log = logging.getLogger("h5forge._store")
@@ -303,6 +305,11 @@ def publish(candidate: Candidate) -> Path:
             seal(part)
         fsync_dir(candidate.rows_folder)
     seal(candidate.partial)
+    # a writer killed between the two steps below leaves a published version latest does not point
+    # at, as a rollback does: the marker tells the next writer to finish this one (finish_publish)
+    marker = candidate.out / PUBLISHING
+    replace_file(marker, str(candidate.number), durable=True)
+    fsync_dir(candidate.out)
     os.replace(candidate.partial, candidate.final)
     try:
         leases.prepare(candidate.final)  # lockable by readers without write access to the folder
@@ -311,7 +318,26 @@ def publish(candidate: Candidate) -> Path:
     fsync_dir(candidate.out)
     checkpoint("publish:before-latest")
     set_latest(candidate.out, candidate.number)
+    marker.unlink()
     return candidate.final
+
+
+def finish_publish(out: Path) -> str | None:
+    """Point latest at the version a killed writer published but did not point latest at (its
+    ``PUBLISHING`` marker); what it says, or None when no publish was interrupted. Call under the lock."""
+    marker = Path(out) / PUBLISHING
+    try:
+        number = int(marker.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):  # unreadable: nothing to finish, as when the kill came before the rename
+        number = 0
+    outcome = None
+    if number in published(out) and (latest(out) or 0) < number:
+        set_latest(out, number)
+        outcome = f"finished publishing {version_name(number)}: latest points at it"
+    marker.unlink()
+    return outcome
 
 
 def set_latest(out: str | Path, number: int) -> None:
