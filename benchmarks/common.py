@@ -357,14 +357,8 @@ def run_sampled(cmd: list[str], **popen) -> tuple[float, float]:
 def child_json(module: str, *args: str, python=sys.executable, env: dict | None = None) -> dict:
     """``python -m benchmarks.<module> args`` in a fresh process: the JSON of its last such line of output."""
     env = {**(env or os.environ), "PYTHONPATH": str(REPO)}  # the peers' venvs find this tree's modules
-    proc = subprocess.run(
-        [str(python), "-m", f"benchmarks.{module}", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=3600,
-    )
+    cmd = [str(python), "-m", f"benchmarks.{module}", *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(f"{module} {' '.join(map(str, args))[:300]} failed:\n{proc.stderr[-3000:]}")
     return next((json.loads(line) for line in reversed(proc.stdout.splitlines()) if line.startswith("{")), {})
@@ -409,13 +403,9 @@ def start_prefect_server(home: Path) -> tuple[str, subprocess.Popen, float]:
     port = free_port()
     url, t0, logfile = f"http://127.0.0.1:{port}/api", time.perf_counter(), home / "server.log"
     home.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
-        stdout=open(logfile, "w"),
-        stderr=subprocess.STDOUT,
-        env=prefect_env(home),
-        start_new_session=True,
-    )
+    cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
+    out = {"stdout": open(logfile, "w"), "stderr": subprocess.STDOUT}
+    proc = subprocess.Popen(cmd, **out, env=prefect_env(home), start_new_session=True)
     while proc.poll() is None and time.perf_counter() - t0 < 240:
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:

@@ -124,10 +124,9 @@ def ct_part(args) -> dict:
     from h5forge.read.torch import H5Dataset
     from h5forge._demo import generate_ct
 
-    raw = generated(
-        f"kinds-ct-{args.cases}-{args.depth_min}-{args.depth_max}",
-        lambda root: generate_ct(root, n=args.cases, seed=0, bad=False, depth_range=(args.depth_min, args.depth_max)),
-    )  # 128² int16 DICOM
+    depths = (args.depth_min, args.depth_max)  # slices per case; each slice 128² int16, in DICOM files
+    make = lambda root: generate_ct(root, n=args.cases, seed=0, bad=False, depth_range=depths)  # noqa: E731
+    raw = generated(f"kinds-ct-{args.cases}-{args.depth_min}-{args.depth_max}", make)
 
     def ct_spec(codec: str | None):
         field = {"kind": "volume", "files": "case_*", "size": [128, 128], **({"codec": codec} if codec else {})}

@@ -39,9 +39,8 @@ def _unthreaded(self):
     recent = deque(maxlen=max(1, self.num_workers) * (self.prefetch_factor or 2) * 2 + 2)
     for batch in DataLoader.__iter__(self):
         recent.append(batch)
-        yield h5torch._converted(
-            self.dataset, batch, self.device, self.dataset._targets(batch) if self.device is None else {}
-        )
+        targets = self.dataset._targets(batch) if self.device is None else {}
+        yield h5torch._converted(self.dataset, batch, self.device, targets)
 
 
 def _switches() -> dict[str, tuple]:
@@ -49,21 +48,14 @@ def _switches() -> dict[str, tuple]:
     from h5forge._format import chunk_codec
     from h5forge.read import _direct as direct, torch as h5torch
 
+    never = classmethod(lambda cls, *args, **kwargs: None)
     return {
         "ctypes": (chunk_codec, "_LZ4_SAFE", None),  # LZ4 blocks through lz4.block.decompress + a copy
-        "mmap": (
-            direct._ChunkIndex,
-            "of",
-            classmethod(lambda cls, *args, **kwargs: None),
-        ),  # chunks by read_direct_chunk
-        "direct": (
-            direct.DirectRows,
-            "of",
-            classmethod(lambda cls, *args, **kwargs: None),
-        ),  # every row through h5py's filters
-        "pool": (h5torch._BlockPool, "take", lambda self, nbytes: h5torch._shared_block(nbytes)),  # a new block a batch
-        "thread": (h5torch._ConvertingLoader, "__iter__", _unthreaded),
-    }  # converted in the main thread
+        "mmap": (direct._ChunkIndex, "of", never),  # chunks by read_direct_chunk
+        "direct": (direct.DirectRows, "of", never),  # every row through h5py's filters
+        "pool": (h5torch._BlockPool, "take", lambda self, nbytes: h5torch._shared_block(nbytes)),  # a block a batch
+        "thread": (h5torch._ConvertingLoader, "__iter__", _unthreaded),  # converted in the main thread
+    }
 
 
 @contextlib.contextmanager
