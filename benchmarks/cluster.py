@@ -101,7 +101,8 @@ def build_once(spec, cluster: External | None) -> dict:
 
 
 def local_start_stop_cpu(workers: int) -> float:
-    """CPU seconds of a LocalCluster's workers that start and stop with no work: what a local build's spend besides cleaning."""
+    """CPU seconds of a LocalCluster's workers that start and stop with no work: what a local build spends
+    besides cleaning."""
     from h5forge._ingest.parallel import dask_client
 
     children0 = sum(os.times()[2:4])

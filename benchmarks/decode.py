@@ -69,7 +69,8 @@ def main() -> None:
         assert all(np.array_equal(a, b) for a, b in zip(decode_all(files), expected)), name  # the same values
         routed = [image._fast_pixels(b, image._open_unchecked(b), image.DEFAULT_MAX_DECODED) is not None for b in files]
         fast_share[name] = round(sum(routed) / len(files), 3)
-        per_file[name] = {"files": len(files), **least_cpu_ms(lambda: decode_all(files), args.reps, len(files))}  # noqa: B023
+        cpu = least_cpu_ms(lambda: decode_all(files), args.reps, len(files))  # noqa: B023
+        per_file[name] = {"files": len(files), **cpu}
     spec = make_spec(raw, raw.parent / "decode-out")
     inventory = discover(spec)
     n = len(inventory.samples)

@@ -426,8 +426,9 @@ def main() -> None:
     # default: ds.loader() with nothing asked (uint8); float: asked for float32 + int64, converted after the
     # transfer, where the machinery's pieces (pool, thread) work, so they are switched off there
     names = [
-        *"npy_mmap h5forge_lz4_plain h5forge_lz4_loader h5forge_lz4_default h5forge_lz4_float h5forge_lz4_worker".split(),
-        *"h5forge_none_plain npy_mmap-0workers h5forge_lz4_plain-0workers h5forge_lz4_float-0workers".split(),
+        *"npy_mmap h5forge_lz4_plain h5forge_lz4_loader h5forge_lz4_default h5forge_lz4_float".split(),
+        *"h5forge_lz4_worker h5forge_none_plain npy_mmap-0workers h5forge_lz4_plain-0workers".split(),
+        "h5forge_lz4_float-0workers",
         *(f"h5forge_lz4_float-off-{p}" for p in pieces),
         "h5forge_lz4_plain-off-direct",
     ]
