@@ -94,12 +94,23 @@ def main() -> None:
         try:
             rows = compare(committed, rerun(name, out), args.tolerance)
         except subprocess.CalledProcessError as e:
-            rows = [{"figure": "(the command)", "committed": "exit 0", "rerun": f"exit {e.returncode}", "verdict": "off"}]
+            rows = [
+                {"figure": "(the command)", "committed": "exit 0", "rerun": f"exit {e.returncode}", "verdict": "off"}
+            ]
         lines += [line(name, r) for r in rows]
         off += [line(name, r) for r in rows if r["verdict"] == "off"]
-    print("\n".join(["", *lines, *(f"no longer runs: {s}" for s in stale), "",
-                     f"{len(off)} of {len(lines)} figures off by more than {args.tolerance:.0%}; "
-                     f"{len(stale)} committed commands no longer run"]))
+    print(
+        "\n".join(
+            [
+                "",
+                *lines,
+                *(f"no longer runs: {s}" for s in stale),
+                "",
+                f"{len(off)} of {len(lines)} figures off by more than {args.tolerance:.0%}; "
+                f"{len(stale)} committed commands no longer run",
+            ]
+        )
+    )
     sys.exit(1 if off or stale else 0)
 
 

@@ -11,13 +11,20 @@ import socket
 import subprocess
 import time
 
-from benchmarks.common import (BIN, CACHE, cli, free_port, log, make_spec, med, proc_cpu, ratio, raw_folder, save,
-                               timing_runner, version_identity, warm)
+from benchmarks.common import BIN, CACHE, cli, free_port, log, make_spec, med, proc_cpu, ratio, raw_folder, save
+from benchmarks.common import timing_runner, version_identity, warm
 
 WORK = CACHE / "cluster"
+# what the build's timings say of where its batches went, kept for each build
+TIMINGS = ("clean_write_seconds", "cluster_start_seconds", "cleaned_in", "batches_via_chunk_files")
+TIMINGS += ("batches_sent_through_dask",)
 # what h5forge's LocalCluster sets for its workers (parallel.LEAN_WORKERS), as environment variables
-LEAN = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1"}
+LEAN = {
+    "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+}
 
 
 class External:
@@ -27,10 +34,10 @@ class External:
     def __init__(self, name: str, workers: int):
         self.logs = WORK / "logs" / name
         self.logs.mkdir(parents=True, exist_ok=True)
-        port = free_port()
+        port, dask = free_port(), str(BIN / "dask")
         self.address = f"tcp://127.0.0.1:{port}"
-        self.procs = [self._start([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                                   "--no-dashboard", "--idle-timeout", "3600"], "scheduler")]
+        scheduler = [dask, "scheduler", "--host", "127.0.0.1", "--port", str(port)]
+        self.procs = [self._start([*scheduler, "--no-dashboard", "--idle-timeout", "3600"], "scheduler")]
         deadline = time.monotonic() + 600
         while True:
             try:
@@ -41,10 +48,10 @@ class External:
                     self.stop()
                     raise RuntimeError((self.logs / "scheduler.log").read_text()) from None
                 time.sleep(0.2)
+        single = "--nworkers 1 --nthreads 1 --no-nanny --host 127.0.0.1 --no-dashboard".split()
         for i in range(workers):
-            self.procs.append(self._start([str(BIN / "dask"), "worker", self.address, "--nworkers", "1",
-                                           "--nthreads", "1", "--no-nanny", "--host", "127.0.0.1",
-                                           "--no-dashboard", "--name", f"{name}-w{i}"], f"worker{i}"))
+            worker = [dask, "worker", self.address, *single, "--name", f"{name}-w{i}"]
+            self.procs.append(self._start(worker, f"worker{i}"))
         from distributed import Client
 
         with Client(self.address, timeout="600s") as client:
@@ -52,8 +59,8 @@ class External:
 
     def _start(self, args: list[str], name: str) -> subprocess.Popen:
         with open(self.logs / f"{name}.log", "w") as sink:
-            return subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **LEAN}, start_new_session=True)
+            streams = {"stdout": sink, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
+            return subprocess.Popen(args, **streams, env={**os.environ, **LEAN}, start_new_session=True)
 
     def cpu(self) -> tuple[float, float]:
         """CPU seconds so far of the scheduler and of the workers."""
@@ -82,17 +89,20 @@ def build_once(spec, cluster: External | None) -> dict:
         sched, workers, caller = sched1 - sched0, workers1 - workers0, caller + children
     else:  # the scheduler runs in this process; the workers were its children, reaped at the cluster's close
         sched, workers = None, children
-    t = result.timings
-    return {"samples": sum(result.counts.values()), "wall": wall, "caller_cpu": caller, "scheduler_cpu": sched,
-            "workers_cpu": workers, "clean_write_seconds": t.get("clean_write_seconds"),
-            "cluster_start_seconds": t.get("cluster_start_seconds"), "cleaned_in": t.get("cleaned_in"),
-            "batches_via_chunk_files": t.get("batches_via_chunk_files"),
-            "batches_sent_through_dask": t.get("batches_sent_through_dask"), "steps": runner.seconds,
-            "identity": version_identity(result.path)}
+    cpu = {"caller_cpu": caller, "scheduler_cpu": sched, "workers_cpu": workers}
+    return {
+        "samples": sum(result.counts.values()),
+        "wall": wall,
+        **cpu,
+        **{k: result.timings.get(k) for k in TIMINGS},
+        "steps": runner.seconds,
+        "identity": version_identity(result.path),
+    }
 
 
 def local_start_stop_cpu(workers: int) -> float:
-    """CPU seconds of a LocalCluster's workers that start and stop with no work: what a local build's spend besides cleaning."""
+    """CPU seconds of a LocalCluster's workers that start and stop with no work: what a local build spends
+    besides cleaning."""
     from h5forge._ingest.parallel import dask_client
 
     children0 = sum(os.times()[2:4])
@@ -105,17 +115,25 @@ def best(runs: list[dict], idle_workers_cpu: float | None = None) -> dict:
     """The fastest run's figures, CPU per sample of each part (``idle_workers_cpu`` taken off the workers')."""
     r = min(runs, key=lambda r: r["wall"])
     n = r["samples"]
-    ms = lambda x: None if x is None else round(1000 * x / n, 3)  # noqa: E731
-    return {"samples": n, "wall_seconds": round(r["wall"], 3), "samples_per_s": round(n / r["wall"], 1),
-            "clean_write_seconds": r["clean_write_seconds"],
-            "clean_write_samples_per_s": round(n / r["clean_write_seconds"], 1),
-            "cluster_start_seconds": r["cluster_start_seconds"], "cleaned_in": r["cleaned_in"],
-            "caller_cpu_ms_per_sample": ms(r["caller_cpu"]), "scheduler_cpu_ms_per_sample": ms(r["scheduler_cpu"]),
-            "workers_cpu_ms_per_sample": ms(r["workers_cpu"]),
-            "workers_cpu_ms_per_sample_without_start_stop": ms(r["workers_cpu"] - (idle_workers_cpu or 0.0)),
-            "batches_via_chunk_files": r["batches_via_chunk_files"],
-            "batches_sent_through_dask": r["batches_sent_through_dask"], "steps_seconds": r["steps"],
-            "walls_of_reps": [round(x["wall"], 3) for x in runs]}
+    cpu = {k: r[k] for k in ("caller_cpu", "scheduler_cpu", "workers_cpu")}
+    cpu["workers_cpu_without_start_stop"] = r["workers_cpu"] - (idle_workers_cpu or 0.0)
+    return {
+        "samples": n,
+        "wall_seconds": round(r["wall"], 3),
+        "samples_per_s": round(n / r["wall"], 1),
+        "clean_write_seconds": r["clean_write_seconds"],
+        "clean_write_samples_per_s": round(n / r["clean_write_seconds"], 1),
+        "cluster_start_seconds": r["cluster_start_seconds"],
+        "cleaned_in": r["cleaned_in"],
+        **{
+            k.replace("_cpu", "_cpu_ms_per_sample"): None if v is None else round(1000 * v / n, 3)
+            for k, v in cpu.items()
+        },
+        "batches_via_chunk_files": r["batches_via_chunk_files"],
+        "batches_sent_through_dask": r["batches_sent_through_dask"],
+        "steps_seconds": r["steps"],
+        "walls_of_reps": [round(x["wall"], 3) for x in runs],
+    }
 
 
 def uptime() -> str:
@@ -136,10 +154,10 @@ def main() -> None:
             idle.append(local_start_stop_cpu(2))
             for arm in arms if rep % 2 == 0 else arms[::-1]:  # the machine's load changes during the run
                 cluster = clusters.get(arm)
-                compute = {"workers": 2, "inline_below": 0, "batch_size": args.batch_size}
+                compute = {"batch_size": args.batch_size}
                 if cluster:  # in flight: 2 batches per worker, as on a LocalCluster
                     compute.update(dask_address=cluster.address, workers=len(cluster.procs) - 1)
-                spec = make_spec(raw, WORK / arm, args.size, compute=compute)
+                spec = make_spec(raw, WORK / arm, args.size, 2, compute=compute)
                 runs[arm].append(build_once(spec, cluster))
                 log(f"{arm}: {runs[arm][-1]['wall']:.2f} s")
     finally:
@@ -155,14 +173,13 @@ def main() -> None:
                 raise RuntimeError(f"{arm}: the workers sent their chunks through dask instead of segment files")
     idle_cpu = med(idle, 9)
     figures = {arm: best(rs, None if arm in clusters else idle_cpu) for arm, rs in runs.items()}
-    over = lambda a, b, key: ratio(figures[a][key], figures[b][key])  # noqa: E731
-    result.update(same_version=same, local_2_workers_start_stop_cpu_seconds=round(idle_cpu, 3), arms=figures,
-                  uptime_end=uptime(), ratios={
-                      **{f"{a}_over_{b}_{key}": over(a, b, key) for a, b, key in (
-                          ("external_2", "local_2", "samples_per_s"), ("external_4", "external_2", "samples_per_s"),
-                          ("external_2", "local_2", "clean_write_samples_per_s"))},
-                      "caller_cpu_external_2_over_local_2": over("external_2", "local_2", "caller_cpu_ms_per_sample")})
-    save("cluster", result, args.smoke)
+    compared = [("external_2", "local_2", "samples_per_s"), ("external_4", "external_2", "samples_per_s")]
+    compared += [("external_2", "local_2", "clean_write_samples_per_s")]
+    ratios = {f"{a}_over_{b}_{key}": ratio(figures[a][key], figures[b][key]) for a, b, key in compared}
+    caller = {arm: f["caller_cpu_ms_per_sample"] for arm, f in figures.items()}
+    ratios["caller_cpu_external_2_over_local_2"] = ratio(caller["external_2"], caller["local_2"])
+    result.update(same_version=same, local_2_workers_start_stop_cpu_seconds=round(idle_cpu, 3), arms=figures)
+    save("cluster", result | {"uptime_end": uptime(), "ratios": ratios})
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ import numpy as np
 
 from h5forge.read._direct import chunk_index
 
-from benchmarks.common import (CACHE, built, clean_batches, cli, fresh, least_seconds, log, make_spec, med, ratio,
-                               raw_folder, save, warm, write_version)
+from benchmarks.common import CACHE, built, clean_batches, cli, fresh, least_seconds, log, make_spec, med, parts, ratio
+from benchmarks.common import raw_folder, save, warm, write_version
 
 WORK = CACHE / "ingest_parts"
 
@@ -29,6 +29,7 @@ def clean_and_write(spec, inventory, n: int) -> tuple[dict, dict]:
     from h5forge.kinds import stored_kinds
     from h5forge.kinds._pictures import channel_counts
     from h5forge._store.verify import verify_file
+
     inventory.samples = refs = inventory.samples[:n]
     n, cpu, t = len(refs), time.process_time, {}
     inputs = fingerprint(spec, inventory)  # as the build gives them to the writer
@@ -53,9 +54,14 @@ def clean_and_write(spec, inventory, n: int) -> tuple[dict, dict]:
     ms = {k: round(1000 * v / n, 3) for k, v in t.items()}
     worker_ms = ms["clean_batch_without_encode"] + ms["encode_in_worker"] + ms["ship_pickle_dumps"]
     writer_ms = ms["writer_from_chunks"] + ms["ship_pickle_loads"]
-    writer = {"samples": n, "cpu_ms_per_sample": ms, "bytes_shipped_per_sample": round(sum(map(len, blobs)) / n),
-              "projection_samples_per_s": {f"{w} workers": round(min(1000 * w / worker_ms, 1000 / writer_ms))
-                                           for w in (2, 8, 32, 128)}}
+    writer = {
+        "samples": n,
+        "cpu_ms_per_sample": ms,
+        "bytes_shipped_per_sample": round(sum(map(len, blobs)) / n),
+        "projection_samples_per_s": {
+            f"{w} workers": round(min(1000 * w / worker_ms, 1000 / writer_ms)) for w in (2, 8, 32, 128)
+        },
+    }
     blocks = [b.arrays["images"] for b in plain]
     c0 = cpu()
     pairs = [channel_counts(b) for b in blocks]
@@ -64,8 +70,10 @@ def clean_and_write(spec, inventory, n: int) -> tuple[dict, dict]:
     c2 = cpu()
     if not all(np.array_equal(a, b) for a, b in zip(pairs, per_channel)):
         raise RuntimeError("channel_counts differs from a bincount per channel")
-    return writer, {"pairs_cpu_ms_per_sample": round((c1 - c0) / n * 1e3, 3),
-                    "bincount_per_channel_cpu_ms_per_sample": round((c2 - c1) / n * 1e3, 3)}
+    return writer, {
+        "pairs_cpu_ms_per_sample": round((c1 - c0) / n * 1e3, 3),
+        "bincount_per_channel_cpu_ms_per_sample": round((c2 - c1) / n * 1e3, 3),
+    }
 
 
 def chunk_copy(path: Path, n: int) -> dict:
@@ -77,15 +85,15 @@ def chunk_copy(path: Path, n: int) -> dict:
     with h5py.File(path, "r") as f:
         d, where = f["train"]["images"], []
         n, tail = min(n, d.shape[0]), (0,) * (d.ndim - 1)
-        t0 = time.perf_counter()
+        t0, us = time.perf_counter(), {}  # µs per chunk of each way, in the order the results list them
         chunks = [d.id.read_direct_chunk((r, *tail)) for r in range(n)]
-        read_us = (time.perf_counter() - t0) / n * 1e6
+        us["read_direct_chunk_us"] = (time.perf_counter() - t0) / n * 1e6
         d.id.chunk_iter(lambda info: where.append((info.byte_offset, info.size)))
         with open(path, "rb") as fh:
             t0 = time.perf_counter()
             for offset, size in where[:n]:
                 os.pread(fh.fileno(), size, offset)
-            pread_us = (time.perf_counter() - t0) / n * 1e6
+            us["pread_us"] = (time.perf_counter() - t0) / n * 1e6
 
         def into_new_file(copy) -> float:
             with h5py.File(out_path, "w") as out:
@@ -115,26 +123,23 @@ def chunk_copy(path: Path, n: int) -> dict:
                     os.preadv(fh.fileno(), [buffer[:size]], offset)
                     write((r, *tail), buffer[:size], mask)
 
-        write_us, hdf5_copy_us, indexed_copy_us = into_new_file(written), into_new_file(hdf5_copy), into_new_file(indexed_copy)
+        for key, copy in (("write_direct_chunk", written), ("hdf5_copy", hdf5_copy), ("indexed_copy", indexed_copy)):
+            us[f"{key}_us"] = into_new_file(copy)
     nbytes = sum(len(c[1]) for c in chunks)
     with open(WORK / "plain.bin", "wb") as fh:
         t0, at = time.perf_counter(), 0
         for _, data in chunks:
             at += os.pwrite(fh.fileno(), data, at)
-        pwrite_us = (time.perf_counter() - t0) / n * 1e6
+        us["pwrite_us"] = (time.perf_counter() - t0) / n * 1e6
     sync_and_remove(WORK / "plain.bin")
     with open(path, "rb") as src, open(WORK / "whole.h5", "wb") as dst:
         t0, whole = time.perf_counter(), os.fstat(src.fileno()).st_size
         left = whole
         while left > 0:
             left -= os.copy_file_range(src.fileno(), dst.fileno(), left)
-        whole_us = (time.perf_counter() - t0) / (whole / (nbytes / n)) * 1e6
+        us["whole_file_copy_us_per_chunk"] = (time.perf_counter() - t0) / (whole / (nbytes / n)) * 1e6
     sync_and_remove(WORK / "whole.h5")
-    return {"chunks": n, "chunk_bytes_mean": round(nbytes / n),
-            **{k: round(v, 1) for k, v in (("read_direct_chunk_us", read_us), ("pread_us", pread_us),
-                                           ("write_direct_chunk_us", write_us), ("hdf5_copy_us", hdf5_copy_us),
-                                           ("indexed_copy_us", indexed_copy_us), ("pwrite_us", pwrite_us),
-                                           ("whole_file_copy_us_per_chunk", whole_us))}}
+    return {"chunks": n, "chunk_bytes_mean": round(nbytes / n), **{k: round(v, 1) for k, v in us.items()}}
 
 
 def sync_and_remove(path: Path) -> None:
@@ -163,12 +168,11 @@ def verify_processes(path: Path) -> dict:
 
 
 def main() -> None:
-    args = cli(__doc__, dict(n=120, size=64, clean_n=64, copy_n=100, reps=1),
-               n=10_000, size=224, clean_n=1000, copy_n=3000, reps=3, only="")
+    smoke = dict(n=120, size=64, clean_n=64, copy_n=100, reps=1)
+    args = cli(__doc__, smoke, n=10_000, size=224, clean_n=1000, copy_n=3000, reps=3, only="")
     from h5forge._ingest.discover import discover
 
-    if args.only not in ("", "chunk_copy"):
-        raise SystemExit(f"--only {args.only!r}: the only part that runs alone is 'chunk_copy'")
+    parts(args.only, ("chunk_copy",))  # the only part that runs alone
     fresh(WORK)
     raw = raw_folder(args.n, args.size)
     warm([raw])
@@ -179,29 +183,33 @@ def main() -> None:
         rounds = [chunk_copy(path, args.copy_n) for _ in range(args.reps)]
         result["chunk_copy_rounds"] = rounds
         result["chunk_copy"] = c = {k: med(r[k] for r in rounds) for k in rounds[0]}  # medians
-        result["ratios"] = {"chunk copy us, HDF5 read + write": c["hdf5_copy_us"],
-                            "chunk copy us, indexed pread + write (a rebuild's)": c["indexed_copy_us"],
-                            "indexed copy / HDF5 read + write": ratio(c["indexed_copy_us"], c["hdf5_copy_us"]),
-                            "indexed copy / pwrite of the same bytes": ratio(c["indexed_copy_us"], c["pwrite_us"])}
+        result["ratios"] = {
+            "chunk copy us, HDF5 read + write": c["hdf5_copy_us"],
+            "chunk copy us, indexed pread + write (a rebuild's)": c["indexed_copy_us"],
+            "indexed copy / HDF5 read + write": ratio(c["indexed_copy_us"], c["hdf5_copy_us"]),
+            "indexed copy / pwrite of the same bytes": ratio(c["indexed_copy_us"], c["pwrite_us"]),
+        }
         shutil.rmtree(WORK, ignore_errors=True)
-        save("ingest_parts_copy", result, args.smoke, module="ingest_parts")
+        save("ingest_parts_copy", result)
         return
     inventory = discover(spec)
-    result["discover"] = {"samples": len(inventory.samples), "seconds": round(least_seconds(lambda: discover(spec), args.reps), 3)}
+    seconds = round(least_seconds(lambda: discover(spec), args.reps), 3)
+    result["discover"] = {"samples": len(inventory.samples), "seconds": seconds}
     path = built(spec, f"ingest-parts-n{args.n}-{args.size}")
     result["chunk_copy"] = c = chunk_copy(path, args.copy_n)
     result["verify"] = v = verify_processes(path)
     result["writer"], result["histograms"] = w, h = clean_and_write(spec, inventory, args.clean_n)
     log(" ".join(f"{k}: {result[k]}" for k in ("discover", "chunk_copy", "verify", "writer", "histograms")))
-    result["ratios"] = {"histogram CPU, pairs / bincount per channel": ratio(h["pairs_cpu_ms_per_sample"],
-                                                                             h["bincount_per_channel_cpu_ms_per_sample"]),
-                        "chunk copy us (read + write)": round(c["read_direct_chunk_us"] + c["write_direct_chunk_us"], 1),
-                        "chunk copy us, indexed pread + write (a rebuild's)": c["indexed_copy_us"],
-                        "verify 2 processes / 1": ratio(v["2_process_seconds"], v["1_process_seconds"]),
-                        "writer CPU ms/sample, chunks from the workers": w["cpu_ms_per_sample"]["writer_from_chunks"],
-                        "writer CPU ms/sample, compressing itself": w["cpu_ms_per_sample"]["writer_compressing"]}
+    result["ratios"] = {
+        "histogram CPU, pairs / bincount per channel": ratio(*h.values()),
+        "chunk copy us (read + write)": round(c["read_direct_chunk_us"] + c["write_direct_chunk_us"], 1),
+        "chunk copy us, indexed pread + write (a rebuild's)": c["indexed_copy_us"],
+        "verify 2 processes / 1": ratio(v["2_process_seconds"], v["1_process_seconds"]),
+        "writer CPU ms/sample, chunks from the workers": w["cpu_ms_per_sample"]["writer_from_chunks"],
+        "writer CPU ms/sample, compressing itself": w["cpu_ms_per_sample"]["writer_compressing"],
+    }
     shutil.rmtree(WORK, ignore_errors=True)
-    save("ingest_parts", result, args.smoke)
+    save("ingest_parts", result)
 
 
 if __name__ == "__main__":

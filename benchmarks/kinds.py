@@ -12,16 +12,24 @@ import numpy as np
 import psutil
 import torch
 
-from benchmarks.common import (CACHE, DEMO_SPEC, REPO, built, cli, generated, interleaved, latencies_us, log, med, proc_cpu,
-                               percentiles, ratio, raw_folder, rounds, save, warm)
+from benchmarks.common import CACHE, DEMO_SPEC, REPO, built, cli, generated, interleaved, latencies_us, log, med
+from benchmarks.common import parts, percentiles, proc_cpu, ratio, raw_folder, rounds, save, warm
 
 WORK = CACHE / "kinds"
+PARTS = ("labels", "ct", "ct_codec", "signals")
+SLICES = ("lz4", "none")  # the codecs CT slices are read with
 ARTICLE_LZF_STORED_VS_RAW = round(1 / 3.2, 3)  # the source article: 3.2:1 with LZF
 
 
 def parse(data: dict):
     from h5forge.spec import parse_spec
+
     return parse_spec({"output": {"dir": str(WORK / "unused")}, "splits": {"ratios": {"train": 1.0}}, **data}, REPO)
+
+
+def spec_of(name: str, root, batch_size: int, **fields):
+    """A spec of ``fields`` on ``root``, ``batch_size`` samples a dask task."""
+    return parse({"name": name, "source": {"root": str(root)}, "compute": {"batch_size": batch_size}, "fields": fields})
 
 
 def loader_rates(loaders: dict, n_rounds: int) -> dict:
@@ -40,9 +48,15 @@ def loader_rates(loaders: dict, n_rounds: int) -> dict:
         return (n / (time.perf_counter() - t), *(1000 * (proc_cpu(p) - c) / batches for p, c in zip(pids, before)))
 
     runs = rounds(loaders, n_rounds, epoch)
-    return {k: {"samples_per_s": med(x[0] for x in v), "main_cpu_ms_per_batch": med(x[1] for x in v),
-                "workers_cpu_ms_per_batch": med(sum(x[2:]) for x in v), "rounds": [round(x[0], 1) for x in v]}
-            for k, v in runs.items()}
+    return {
+        k: {
+            "samples_per_s": med(x[0] for x in v),
+            "main_cpu_ms_per_batch": med(x[1] for x in v),
+            "workers_cpu_ms_per_batch": med(sum(x[2:]) for x in v),
+            "rounds": [round(x[0], 1) for x in v],
+        }
+        for k, v in runs.items()
+    }
 
 
 def labels_part(args) -> dict:
@@ -51,6 +65,7 @@ def labels_part(args) -> dict:
     from h5forge._demo import LABELS
     from h5forge._format.layout import decode_str
     from h5forge.read.torch import H5Dataset
+
     raw = raw_folder(args.n, args.size, size_range=(args.size * 3 // 4, args.size * 5 // 4))
     data = yaml.safe_load(DEMO_SPEC.read_text())
     data["fields"].pop("masks")
@@ -62,13 +77,23 @@ def labels_part(args) -> dict:
     n = len(both)
     stored = both.reader.read(range(n))["label"]  # the labels are the annotation column's, row by row
     assert stored.tolist() == [LABELS.index(s) for s in decode_str(both.meta("label"))]
-    loaders = {f"{name}_{w}workers": H5Dataset(path, fields=fields).loader(batch_size=32, num_workers=w, shuffle=True)
-               for w in (args.workers, 0) for name, fields in (("images+label", ("images", "label")), ("images", ("images",)))}
+    loaders = {
+        f"{name}_{w}workers": H5Dataset(path, fields=fields).loader(batch_size=32, num_workers=w, shuffle=True)
+        for w in (args.workers, 0)
+        for name, fields in (("images+label", ("images", "label")), ("images", ("images",)))
+    }
     got = loader_rates(loaders, args.rounds)
-    return {"samples": n, "image_px": args.size, "class_counts": np.bincount(stored, minlength=len(LABELS)).tolist(),
-            "loaders": got, "labels_vs_images_only": {f"{w}workers": ratio(got[f"images+label_{w}workers"]["samples_per_s"],
-                                                                           got[f"images_{w}workers"]["samples_per_s"])
-                                                      for w in (args.workers, 0)}}
+    speed = {k: v["samples_per_s"] for k, v in got.items()}
+    return {
+        "samples": n,
+        "image_px": args.size,
+        "class_counts": np.bincount(stored, minlength=len(LABELS)).tolist(),
+        "loaders": got,
+        "labels_vs_images_only": {
+            f"{w}workers": ratio(speed[f"images+label_{w}workers"], speed[f"images_{w}workers"])
+            for w in (args.workers, 0)
+        },
+    }
 
 
 def slices_npy(version, name: str):
@@ -87,8 +112,9 @@ def worker_fds(cases, workers: int, epochs: int) -> list[dict]:
     for e in range(epochs):
         for k, _ in enumerate(loader):
             pids = pids or ([w.pid for w in loader._iterator._workers] if k == 1 else None)
-        out.append({"epoch": e + 1, "worker_fds": [psutil.Process(p).num_fds() for p in pids], "dataset_handles": [
-            sum(f.path == cases.real_path for f in psutil.Process(p).open_files()) for p in pids]})
+        procs = [psutil.Process(p) for p in pids]
+        handles = [sum(f.path == cases.real_path for f in p.open_files()) for p in procs]
+        out.append({"epoch": e + 1, "worker_fds": [p.num_fds() for p in procs], "dataset_handles": handles})
         log(f"ct epoch {e + 1}: {out[-1]}")
     return out
 
@@ -97,12 +123,14 @@ def ct_part(args) -> dict:
     from h5forge.read._direct import DirectRows
     from h5forge.read.torch import H5Dataset
     from h5forge._demo import generate_ct
-    raw = generated(f"kinds-ct-{args.cases}-{args.depth_min}-{args.depth_max}", lambda root: generate_ct(
-        root, n=args.cases, seed=0, bad=False, depth_range=(args.depth_min, args.depth_max)))  # 128² int16 DICOM
+
+    depths = (args.depth_min, args.depth_max)  # slices per case; each slice 128² int16, in DICOM files
+    make = lambda root: generate_ct(root, n=args.cases, seed=0, bad=False, depth_range=depths)  # noqa: E731
+    raw = generated(f"kinds-ct-{args.cases}-{args.depth_min}-{args.depth_max}", make)
 
     def ct_spec(codec: str | None):
         field = {"kind": "volume", "files": "case_*", "size": [128, 128], **({"codec": codec} if codec else {})}
-        return parse({"name": "ct", "source": {"root": str(raw)}, "compute": {"batch_size": 2}, "fields": {"ct": field}})
+        return spec_of("ct", raw, 2, ct=field)
 
     spec = ct_spec(None)  # the default: storage.codec (lz4)
     path = built(spec, f"kinds-{raw.name}")
@@ -114,8 +142,11 @@ def ct_part(args) -> dict:
     # and in a sweep through consecutive slices (a 2.5-D model's validation)
     k = args.ct_context
     ds = {"lz4": H5Dataset(path, fields=("ct",), unit="slice"), "none": H5Dataset(plain, fields=("ct",), unit="slice")}
-    stack = {f"{codec}_cache{c}": H5Dataset(p, fields=("ct",), unit="slice", context=k, slice_cache=c)
-             for codec, p in (("lz4", path), ("none", plain)) for c in ((0, None) if codec == "lz4" else (None,))}
+    stack = {
+        f"{codec}_cache{c}": H5Dataset(p, fields=("ct",), unit="slice", context=k, slice_cache=c)
+        for codec, p in (("lz4", path), ("none", plain))
+        for c in ((0, None) if codec == "lz4" else (None,))
+    }
     n = len(ds["lz4"])
     mm, npy = slices_npy(path, raw.name)
     index = stack["lz4_cache0"].slices
@@ -141,14 +172,21 @@ def ct_part(args) -> dict:
     def npy_stack(i: int):
         return torch.from_numpy(mm[index.elements(np.array([i]))[0]])
 
-    probes = {"npy_mmap": lambda i: torch.from_numpy(np.array(mm[i])), "slice_lz4": ds["lz4"].__getitem__,
-              "slice_none": ds["none"].__getitem__, "slice_lz4_h5py": via_h5py.__getitem__,
-              "lz4_decompress_only": decompress, f"npy_mmap_context{k}": npy_stack,
-              **{f"stack_{name}": d.__getitem__ for name, d in stack.items()}}
+    probes = {
+        "npy_mmap": lambda i: torch.from_numpy(np.array(mm[i])),
+        "slice_lz4": ds["lz4"].__getitem__,
+        "slice_none": ds["none"].__getitem__,
+        "slice_lz4_h5py": via_h5py.__getitem__,
+        "lz4_decompress_only": decompress,
+        f"npy_mmap_context{k}": npy_stack,
+        **{f"stack_{name}": d.__getitem__ for name, d in stack.items()},
+    }
     rng = np.random.default_rng(0)
     start = int(rng.integers(0, n))
-    orders = {"random": rng.integers(0, n, args.slice_reads).tolist(),
-              "sweep": [(start + j) % n for j in range(args.slice_reads)]}
+    orders = {
+        "random": rng.integers(0, n, args.slice_reads).tolist(),
+        "sweep": [(start + j) % n for j in range(args.slice_reads)],
+    }
     times: dict[str, list[float]] = {}
     by_round: dict[tuple[int, str], float] = {}  # each round's p50 of the single slices: the ratios' spread
     for r, name in interleaved(list(probes), args.slice_rounds + 1):  # the first round warms up
@@ -165,19 +203,36 @@ def ct_part(args) -> dict:
         with h5py.File(p, "r") as f:
             stored[codec] = ratio(f["train"]["ct"].id.get_storage_size(), mm.nbytes)
     base, base_k = lat["npy_mmap"], lat[f"npy_mmap_context{k}"]
-    vs = {f"{name}_{q}_vs_npy": ratio(lat[name][f"{q}_us"], base[f"{q}_us"], 2)
-          for name in ("slice_lz4", "slice_none", "slice_lz4_h5py", "lz4_decompress_only") for q in ("p50", "p90")}
-    vs.update({f"{name}_{q}_vs_npy": ratio(lat[name][f"{q}_us"], (base_k if "sweep" not in name else
-                                                                    lat[f"npy_mmap_context{k}.sweep"])[f"{q}_us"], 2)
-               for name in lat if name.startswith("stack") for q in ("p50", "p90")})
-    return {"cases": len(cases), "slices": n, "slice_bytes": int(mm[0].nbytes), "codec_default": spec.storage.codec,
-            "stored_vs_raw": stored, "context": k, "slice_cache_default": stack["lz4_cacheNone"].reader.slice_cache,
-            "worker_fds": epochs, "worker_fds_constant": all(e["worker_fds"] == epochs[0]["worker_fds"] for e in epochs),
-            "slice_latency": lat, "vs_npy": vs,
-            "slice_p50_vs_npy": vs["slice_lz4_p50_vs_npy"], "slice_none_p50_vs_npy": vs["slice_none_p50_vs_npy"],
-            "rounds": {f"slice{'' if codec == 'lz4' else '_none'}_p50_vs_npy":
-                       [ratio(by_round[r, f"slice_{codec}"], by_round[r, "npy_mmap"], 2) for r in range(1, args.slice_rounds + 1)]
-                       for codec in ("lz4", "none")}}
+    vs = {
+        f"{name}_{q}_vs_npy": ratio(lat[name][f"{q}_us"], base[f"{q}_us"], 2)
+        for name in ("slice_lz4", "slice_none", "slice_lz4_h5py", "lz4_decompress_only")
+        for q in ("p50", "p90")
+    }
+    for name in (name for name in lat if name.startswith("stack")):  # against the .npy stack in the same order
+        against = lat[f"npy_mmap_context{k}.sweep"] if "sweep" in name else base_k
+        vs |= {f"{name}_{q}_vs_npy": ratio(lat[name][f"{q}_us"], against[f"{q}_us"], 2) for q in ("p50", "p90")}
+    return {
+        "cases": len(cases),
+        "slices": n,
+        "slice_bytes": int(mm[0].nbytes),
+        "codec_default": spec.storage.codec,
+        "stored_vs_raw": stored,
+        "context": k,
+        "slice_cache_default": stack["lz4_cacheNone"].reader.slice_cache,
+        "worker_fds": epochs,
+        "worker_fds_constant": all(e["worker_fds"] == epochs[0]["worker_fds"] for e in epochs),
+        "slice_latency": lat,
+        "vs_npy": vs,
+        "slice_p50_vs_npy": vs["slice_lz4_p50_vs_npy"],
+        "slice_none_p50_vs_npy": vs["slice_none_p50_vs_npy"],
+        "rounds": {
+            f"slice{'' if codec == 'lz4' else '_none'}_p50_vs_npy": [
+                ratio(by_round[r, f"slice_{codec}"], by_round[r, "npy_mmap"], 2)
+                for r in range(1, args.slice_rounds + 1)
+            ]
+            for codec in ("lz4", "none")
+        },
+    }
 
 
 def ct_codec_part(args) -> dict:
@@ -186,6 +241,7 @@ def ct_codec_part(args) -> dict:
     import nibabel
 
     from h5forge.read.torch import H5Dataset
+
     rows, times = [], {}
     sizes, outside = [int(x) for x in args.codec_sizes.split(",")], [float(x) for x in args.codec_outside.split(",")]
 
@@ -201,12 +257,12 @@ def ct_codec_part(args) -> dict:
     names = [(size, share) for size in sizes for share in outside]
     sets = {}
     for size, share in names:
-        raw = generated(f"kinds-ctcodec-{size}-{share}-{args.codec_cases}-{args.codec_slices}",
-                        lambda root, size=size, share=share: make(root, size, share))
+        raw = generated(
+            f"kinds-ctcodec-{size}-{share}-{args.codec_cases}-{args.codec_slices}",
+            lambda root, size=size, share=share: make(root, size, share),
+        )
         field = {"kind": "volume", "files": "*.nii", "size": [size, size]}
-        paths = {codec: built(parse({"name": "ctcodec", "source": {"root": str(raw)}, "compute": {"batch_size": 2},
-                                     "fields": {"ct": {**field, "codec": codec}}}), f"kinds-{raw.name}-{codec}")
-                 for codec in ("lz4", "none")}
+        paths = {c: built(spec_of("ctcodec", raw, 2, ct=field | {"codec": c}), f"kinds-{raw.name}-{c}") for c in SLICES}
         mm, npy = slices_npy(paths["none"], raw.name)
         warm([*paths.values(), npy])
         ds = {codec: H5Dataset(p, fields=("ct",), unit="slice") for codec, p in paths.items()}
@@ -225,9 +281,8 @@ def ct_codec_part(args) -> dict:
             times.setdefault((key, how), []).extend(got)
     for size, share in names:
         p50 = {how: percentiles(times[((size, share), how)], (50,), nd=2)["p50_us"] for how in ("npy", "lz4", "none")}
-        rows.append({"slice_px": size, "outside_fov": share, "lz4_saves": round(sets[(size, share)][2], 3),
-                     "p50_us": p50, "lz4_p50_vs_npy": ratio(p50["lz4"], p50["npy"], 2),
-                     "none_p50_vs_npy": ratio(p50["none"], p50["npy"], 2)})
+        row = {"slice_px": size, "outside_fov": share, "lz4_saves": round(sets[(size, share)][2], 3), "p50_us": p50}
+        rows.append(row | {f"{c}_p50_vs_npy": ratio(p50[c], p50["npy"], 2) for c in SLICES})
         log(f"ct_codec {rows[-1]}")
     # per slice size, the least LZ4 saving from which on a random lz4 slice reads within 1.5x of .npy
     within = {}
@@ -240,16 +295,26 @@ def ct_codec_part(args) -> dict:
 def signals_part(args) -> dict:
     from h5forge._demo import SIGNAL_CHANNELS, generate_signals
     from h5forge._format.codecs import CODECS
-    root = generated(f"kinds-edf-{args.recordings}-{args.seconds_min}-{args.seconds_max}", lambda root: generate_signals(
-        root, n=args.recordings, seed=0, bad=False, seconds_range=(args.seconds_min, args.seconds_max)))
+
+    root = generated(
+        f"kinds-edf-{args.recordings}-{args.seconds_min}-{args.seconds_max}",
+        lambda root: generate_signals(
+            root, n=args.recordings, seed=0, bad=False, seconds_range=(args.seconds_min, args.seconds_max)
+        ),
+    )
     ch = {label.lower(): (label, float(s[0])) for label, s in SIGNAL_CHANNELS.items()}
     edf = sum(p.stat().st_size for p in root.glob("*.edf"))
-    out = {"recordings": args.recordings, "edf_bytes": edf, "article_lzf_stored_vs_raw_claim": ARTICLE_LZF_STORED_VS_RAW}
+    out = {
+        "recordings": args.recordings,
+        "edf_bytes": edf,
+        "article_lzf_stored_vs_raw_claim": ARTICLE_LZF_STORED_VS_RAW,
+    }
     for codec in ("default", *CODECS):
         chosen = {} if codec == "default" else {"codec": codec}  # each signal field has its own codec
-        spec = parse({"name": "signals", "source": {"root": str(root)}, "compute": {"batch_size": 8},
-                      "fields": {k: {"kind": "signal", "files": "*.edf", "channel": label, "rate": rate, **chosen}
-                                 for k, (label, rate) in ch.items()}})
+        fields = {
+            k: {"kind": "signal", "files": "*.edf", "channel": label, "rate": rate} for k, (label, rate) in ch.items()
+        }
+        spec = spec_of("signals", root, 8, **{k: field | chosen for k, field in fields.items()})
         with h5py.File(built(spec, f"kinds-{root.name}-{codec}"), "r") as f:
             raw, stored = sum(f["train"][k].size * 4 for k in ch), sum(f["train"][k].id.get_storage_size() for k in ch)
         out[codec] = {"stored_vs_raw": round(stored / raw, 4), "stored_vs_edf": ratio(stored, edf)}
@@ -258,32 +323,69 @@ def signals_part(args) -> dict:
 
 
 def main() -> None:
-    args = cli(__doc__, dict(n=200, size=64, rounds=1, cases=4, depth_min=8, depth_max=16, ct_epochs=2, slice_reads=100,
-                             slice_rounds=1, recordings=4, seconds_min=2, seconds_max=10, codec_sizes="64",
-                             codec_outside="0,0.6", codec_cases=2, codec_slices=16),
-               parts="labels,ct,ct_codec,signals", n=5_000, size=128, workers=2, rounds=9, cases=36, depth_min=60,
-               depth_max=150, ct_epochs=3, ct_workers=4, ct_context=2, slice_reads=2_000, slice_rounds=4, recordings=60,
-               seconds_min=60, seconds_max=600, codec_sizes="128,256,512", codec_outside="0,0.1,0.2,0.3,0.45,0.6,0.8",
-               codec_cases=8, codec_slices=240)
+    args = cli(
+        __doc__,
+        dict(
+            n=200,
+            size=64,
+            rounds=1,
+            cases=4,
+            depth_min=8,
+            depth_max=16,
+            ct_epochs=2,
+            slice_reads=100,
+            slice_rounds=1,
+            recordings=4,
+            seconds_min=2,
+            seconds_max=10,
+            codec_sizes="64",
+            codec_outside="0,0.6",
+            codec_cases=2,
+            codec_slices=16,
+        ),
+        parts=",".join(PARTS),
+        n=5_000,
+        size=128,
+        workers=2,
+        rounds=9,
+        cases=36,
+        depth_min=60,
+        depth_max=150,
+        ct_epochs=3,
+        ct_workers=4,
+        ct_context=2,
+        slice_reads=2_000,
+        slice_rounds=4,
+        recordings=60,
+        seconds_min=60,
+        seconds_max=600,
+        codec_sizes="128,256,512",
+        codec_outside="0,0.1,0.2,0.3,0.45,0.6,0.8",
+        codec_cases=8,
+        codec_slices=240,
+    )
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", "The given NumPy array is not writable")
     warnings.filterwarnings("ignore", "This DataLoader will create")  # 4 CT workers on 2 cores: asked for
     WORK.mkdir(parents=True, exist_ok=True)
-    parts, result = [p for p in args.parts.split(",") if p], {}
+    only, result = parts(args.parts, PARTS), {}
     for name, fn in (("labels", labels_part), ("ct", ct_part), ("ct_codec", ct_codec_part), ("signals", signals_part)):
-        if name in parts:
+        if name in only:
             result[name] = fn(args)
     lab, ct, sig = (result.get(k, {}) for k in ("labels", "ct", "signals"))
-    ratios = {**{f"labels_vs_images_only_{k}": v for k, v in lab.get("labels_vs_images_only", {}).items()},
-              **{f"ct_{k}": ct[k] for k in ("worker_fds_constant", "slice_p50_vs_npy", "slice_none_p50_vs_npy") if ct},
-              **{f"ct_lz4_within_1_5x_npy_from_saving_{k}": v
-                 for k, v in result.get("ct_codec", {}).get("lz4_within_1_5x_npy_from_saving", {}).items()},
-              **{f"signals_{c}_stored_vs_raw": sig[c]["stored_vs_raw"] for c in ("default", "lzf") if sig}}
+    ratios = {
+        **{f"labels_vs_images_only_{k}": v for k, v in lab.get("labels_vs_images_only", {}).items()},
+        **{f"ct_{k}": ct[k] for k in ("worker_fds_constant", "slice_p50_vs_npy", "slice_none_p50_vs_npy") if ct},
+        **{
+            f"ct_lz4_within_1_5x_npy_from_saving_{k}": v
+            for k, v in result.get("ct_codec", {}).get("lz4_within_1_5x_npy_from_saving", {}).items()
+        },
+        **{f"signals_{c}_stored_vs_raw": sig[c]["stored_vs_raw"] for c in ("default", "lzf") if sig},
+    }
     result = {"ratios": ratios, **result}
     if ct:
         result["spread"] = {f"ct_{k}": [min(v), max(v)] for k, v in ct["rounds"].items()}
-    save("kinds" if set(parts) == {"labels", "ct", "ct_codec", "signals"} else "kinds_" + "_".join(parts), result, args.smoke,
-         module="kinds")
+    save("kinds" if set(only) == set(PARTS) else "kinds_" + "_".join(only), result)
 
 
 if __name__ == "__main__":

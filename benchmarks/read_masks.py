@@ -14,11 +14,16 @@ import sys
 from pathlib import Path
 
 
-from benchmarks.common import (CACHE, cli, interleaved, log, make_spec, med, own_cpu, random_read_latency, ratio,
-                               raw_folder, sampled, save, warm)
+from benchmarks.common import CACHE, cli, interleaved, log, make_spec, med, own_cpu, parts, random_read_latency, ratio
+from benchmarks.common import raw_folder, sampled, save, warm
 from benchmarks.read_peers import FIELDS, LOADS, medians, prepare, probe_rounds, write_npy
 
 READERS = ("npy_mmap", "h5forge_lz4_plain", "h5forge_lz4_collate", "h5forge_lz4_default", "h5forge_lz4_float")
+# the chunks part's figures compared between each number of samples per chunk and the first
+COMPARED = (
+    "build_cpu_ms_per_sample inline_build_cpu_ms_per_sample inline_file_bytes_per_sample file_bytes_per_sample"
+    " loader_samples_per_s loader_cpu_ms_per_batch random_read_p50_us h5py_random_read_p50_us"
+).split()
 
 
 def masks(args) -> dict:
@@ -28,22 +33,30 @@ def masks(args) -> dict:
     LOADS.clear()
     rates, cpus, outputs = probe_rounds(dict.fromkeys(READERS, Path(sys.executable)), data, args)
     rate, cpu = medians(rates, cpus)
-    pairs = {"default_loader_vs_npy": ("h5forge_lz4_default", "npy_mmap"),
-             "float_loader_vs_npy": ("h5forge_lz4_float", "npy_mmap"),
-             "uint8_plain_vs_npy": ("h5forge_lz4_plain", "npy_mmap"),
-             "default_loader_vs_uint8_plain": ("h5forge_lz4_default", "h5forge_lz4_plain"),
-             "uint8_plain_vs_h5forge_collate": ("h5forge_lz4_plain", "h5forge_lz4_collate"),
-             "float_loader_vs_default": ("h5forge_lz4_float", "h5forge_lz4_default")}
+    pairs = {
+        "default_loader_vs_npy": ("h5forge_lz4_default", "npy_mmap"),
+        "float_loader_vs_npy": ("h5forge_lz4_float", "npy_mmap"),
+        "uint8_plain_vs_npy": ("h5forge_lz4_plain", "npy_mmap"),
+        "default_loader_vs_uint8_plain": ("h5forge_lz4_default", "h5forge_lz4_plain"),
+        "uint8_plain_vs_h5forge_collate": ("h5forge_lz4_plain", "h5forge_lz4_collate"),
+        "float_loader_vs_default": ("h5forge_lz4_float", "h5forge_lz4_default"),
+    }
     rounds = {k: [ratio(x, y) for x, y in zip(rates[a], rates[b])] for k, (a, b) in pairs.items()}
     ratios = {k: ratio(rate[a], rate[b]) for k, (a, b) in pairs.items()}
     ratios |= {f"{k} (median of rounds)": round(statistics.median(v), 3) for k, v in rounds.items()}
     ratios["cpu_per_batch_float_vs_default"] = ratio(cpu["h5forge_lz4_float"], cpu["h5forge_lz4_default"])
     ratios["cpu_per_batch_uint8_plain_vs_h5forge_collate"] = ratio(cpu["h5forge_lz4_plain"], cpu["h5forge_lz4_collate"])
-    return {"ratios": ratios, "spread": {f"{k} (median of rounds)": [min(v), max(v)] for k, v in rounds.items()},
-            "ratio_rounds": rounds, "samples_per_s": rate,
-            "samples_per_s_spread": {k: [round(min(v)), round(max(v))] for k, v in rates.items()},
-            "loader_cpu_ms_per_batch": cpu, "all_rounds": {k: [round(x) for x in v] for k, v in rates.items()},
-            "loadavg_rounds": [min(LOADS), statistics.median(LOADS), max(LOADS)], "outputs": outputs}
+    return {
+        "ratios": ratios,
+        "spread": {f"{k} (median of rounds)": [min(v), max(v)] for k, v in rounds.items()},
+        "ratio_rounds": rounds,
+        "samples_per_s": rate,
+        "samples_per_s_spread": {k: [round(min(v)), round(max(v))] for k, v in rates.items()},
+        "loader_cpu_ms_per_batch": cpu,
+        "all_rounds": {k: [round(x) for x in v] for k, v in rates.items()},
+        "loadavg_rounds": [min(LOADS), statistics.median(LOADS), max(LOADS)],
+        "outputs": outputs,
+    }
 
 
 def chunks(args) -> dict:
@@ -51,6 +64,7 @@ def chunks(args) -> dict:
     build CPU, the default loader's epoch, random single-sample reads (README, "read_masks")."""
     import h5forge
     from h5forge.read.torch import H5Dataset
+
     n, size, ks = args.chunk_n, args.chunk_size, [int(k) for k in args.chunk_rows.split(",")]
     raw = raw_folder(n, size, size_range=(size, size))
     warm([raw])
@@ -58,22 +72,22 @@ def chunks(args) -> dict:
     data.mkdir(parents=True, exist_ok=True)
     runs: dict[int, list] = {k: [] for k in ks}
     for r, k in interleaved(ks, args.rounds):
-        out = work / f"k{k}"
-        inline = make_spec(raw, work / f"inline{k}", size, splits={"ratios": {"train": 1.0}},
-                           storage={"chunk_rows": k}, compute={"inline_below": n + 1})  # no dask: the pipeline alone
+        out, layout = work / f"k{k}", {"splits": {"ratios": {"train": 1.0}}, "storage": {"chunk_rows": k}}
+        inline = make_spec(raw, work / f"inline{k}", size, **layout, compute={"inline_below": n + 1})  # no dask
         shutil.rmtree(inline.output.dir, ignore_errors=True)
         c0 = own_cpu()
         res = h5forge.build(inline)
-        runs[k].append({"inline_cpu_ms_per_sample": round(1000 * (own_cpu() - c0) / n, 3),
-                        "inline_file_bytes": os.path.getsize(res.path)})
+        cpu_ms, size_bytes = round(1000 * (own_cpu() - c0) / n, 3), os.path.getsize(res.path)
+        runs[k].append({"inline_cpu_ms_per_sample": cpu_ms, "inline_file_bytes": size_bytes})
         shutil.rmtree(out, ignore_errors=True)
-        spec = make_spec(raw, out, size, splits={"ratios": {"train": 1.0}}, storage={"chunk_rows": k},
-                         compute={"workers": args.workers, "inline_below": 0})
+        spec = make_spec(raw, out, size, args.workers, **layout)
         with sampled() as usage:
             res = h5forge.build(spec)
-        runs[k][-1] |= {"cpu_ms_per_sample": round(1000 * usage["cpu_seconds"] / n, 3),
-                        "clean_write_samples_per_s": round(n / res.timings["clean_write_seconds"]),
-                        "file_bytes": os.path.getsize(res.path)}
+        runs[k][-1] |= {
+            "cpu_ms_per_sample": round(1000 * usage["cpu_seconds"] / n, 3),
+            "clean_write_samples_per_s": round(n / res.timings["clean_write_seconds"]),
+            "file_bytes": os.path.getsize(res.path),
+        }
         log(f"round {r + 1}/{args.rounds} chunk_rows {k}: {runs[k][-1]}")
         shutil.rmtree(data / f"k{k}", ignore_errors=True)
         os.replace(out, data / f"k{k}")  # the last round's version is the one read
@@ -85,43 +99,67 @@ def chunks(args) -> dict:
     rates, cpus, _ = probe_rounds(dict.fromkeys(names, Path(sys.executable)), data, steady)
     rate, cpu = medians(rates, cpus)
     import h5py
+
     latency: dict[int, dict] = {}
     for r in range(2):  # random single samples as stored (uint8), the second round kept
-        for k in (ks if r % 2 == 0 else ks[::-1]):
+        for k in ks if r % 2 == 0 else ks[::-1]:
             ds = H5Dataset(data / f"lz4k{k}.h5", "train", FIELDS)
             with h5py.File(data / f"lz4k{k}.h5", "r") as f:  # HDF5's own read, default chunk cache
                 plain = [f["train"][name] for name in FIELDS]
-                latency[k] = {"h5forge": random_read_latency(ds.reader.read_one, len(ds), args.reads, r),
-                              "h5py": random_read_latency(lambda i, plain=plain: [d[i] for d in plain], len(ds), args.reads, r)}
-    table = {k: {"build_cpu_ms_per_sample": med([x["cpu_ms_per_sample"] for x in runs[k]], 3),
-                 "inline_build_cpu_ms_per_sample": med([x["inline_cpu_ms_per_sample"] for x in runs[k]], 3),
-                 "inline_file_bytes_per_sample": round(runs[k][-1]["inline_file_bytes"] / n, 1),
-                 "build_clean_write_samples_per_s": med([x["clean_write_samples_per_s"] for x in runs[k]], 0),
-                 "file_bytes_per_sample": round(runs[k][-1]["file_bytes"] / n, 1),
-                 "loader_samples_per_s": rate[f"h5forge_lz4k{k}_float"],
-                 "loader_cpu_ms_per_batch": cpu[f"h5forge_lz4k{k}_float"],
-                 "random_read_p50_us": latency[k]["h5forge"]["p50_us"],
-                 "random_read_p99_us": latency[k]["h5forge"]["p99_us"],
-                 "h5py_random_read_p50_us": latency[k]["h5py"]["p50_us"]}
-             for k in ks}
+                h5py_read = lambda i, plain=plain: [d[i] for d in plain]  # noqa: E731
+                latency[k] = {
+                    name: random_read_latency(get, len(ds), args.reads, r)
+                    for name, get in (("h5forge", ds.reader.read_one), ("h5py", h5py_read))
+                }
+    table = {
+        k: {
+            "build_cpu_ms_per_sample": med([x["cpu_ms_per_sample"] for x in runs[k]], 3),
+            "inline_build_cpu_ms_per_sample": med([x["inline_cpu_ms_per_sample"] for x in runs[k]], 3),
+            "inline_file_bytes_per_sample": round(runs[k][-1]["inline_file_bytes"] / n, 1),
+            "build_clean_write_samples_per_s": med([x["clean_write_samples_per_s"] for x in runs[k]], 0),
+            "file_bytes_per_sample": round(runs[k][-1]["file_bytes"] / n, 1),
+            "loader_samples_per_s": rate[f"h5forge_lz4k{k}_float"],
+            "loader_cpu_ms_per_batch": cpu[f"h5forge_lz4k{k}_float"],
+            "random_read_p50_us": latency[k]["h5forge"]["p50_us"],
+            "random_read_p99_us": latency[k]["h5forge"]["p99_us"],
+            "h5py_random_read_p50_us": latency[k]["h5py"]["p50_us"],
+        }
+        for k in ks
+    }
     one = table[ks[0]]
-    ratios = {f"chunk_rows {k} / {ks[0]}: {m}": ratio(table[k][m], one[m], 2) for k in ks[1:]
-              for m in ("build_cpu_ms_per_sample", "inline_build_cpu_ms_per_sample", "inline_file_bytes_per_sample",
-                        "file_bytes_per_sample", "loader_samples_per_s",
-                        "loader_cpu_ms_per_batch", "random_read_p50_us", "h5py_random_read_p50_us")}
-    return {"ratios": ratios, "sample_bytes": 4 * size * size, "by_chunk_rows": table,
-            "npy_mmap_loader_samples_per_s": rate["npy_mmap"], "builds": runs,
-            "loader_all_rounds": {k: [round(x) for x in v] for k, v in rates.items()}, "latency": latency}
+    ratios = {f"chunk_rows {k} / {ks[0]}: {m}": ratio(table[k][m], one[m], 2) for k in ks[1:] for m in COMPARED}
+    return {
+        "ratios": ratios,
+        "sample_bytes": 4 * size * size,
+        "by_chunk_rows": table,
+        "npy_mmap_loader_samples_per_s": rate["npy_mmap"],
+        "builds": runs,
+        "loader_all_rounds": {k: [round(x) for x in v] for k, v in rates.items()},
+        "latency": latency,
+    }
 
 
 def main() -> None:
-    args = cli(__doc__, dict(n=200, size=64, rounds=1, epochs=1, chunk_n=600, chunk_rows="1,16", reads=200),
-               n=10_000, size=224, rounds=7, epochs=2, content="photos", workers=2, batch=32, only="masks,chunks",
-               chunk_n=20_000, chunk_size=32, chunk_rows="1,4,16,64,256", reads=2000)
-    parts = args.only.split(",")
+    args = cli(
+        __doc__,
+        dict(n=200, size=64, rounds=1, epochs=1, chunk_n=600, chunk_rows="1,16", reads=200),
+        n=10_000,
+        size=224,
+        rounds=7,
+        epochs=2,
+        content="photos",
+        workers=2,
+        batch=32,
+        only="masks,chunks",
+        chunk_n=20_000,
+        chunk_size=32,
+        chunk_rows="1,4,16,64,256",
+        reads=2000,
+    )
+    only = parts(args.only, ("masks", "chunks"))
     for part, run in (("masks", masks), ("chunks", chunks)):
-        if part in parts:  # each part its own results: read_masks.*, read_masks_chunks.*
-            save("read_masks" if part == "masks" else f"read_masks_{part}", run(args), args.smoke, module="read_masks")
+        if part in only:  # each part its own results: read_masks.*, read_masks_chunks.*
+            save("read_masks" if part == "masks" else f"read_masks_{part}", run(args))
 
 
 if __name__ == "__main__":

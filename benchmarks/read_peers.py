@@ -11,13 +11,14 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.common import (CACHE, REPO, built, child_json, cli, fresh, interleaved, log, make_spec, own_cpu,
-                               peers_venv, photo_folder, proc_cpu, random_read_latency, ratio, raw_folder, save, warm)
+from benchmarks.common import CACHE, REPO, built, child_json, cli, fresh, interleaved, log, make_spec, own_cpu
+from benchmarks.common import peers_venv, photo_folder, proc_cpu, random_read_latency, ratio, raw_folder, save, warm
 
 PEERS_VENV = REPO / "build" / "peers-venv"
 PEERS = ["webdataset==1.0.2", "mosaicml-streaming==0.13.0", "lmdb==3.0.0"]
@@ -28,26 +29,33 @@ PIECES = ("ctypes", "mmap", "direct", "pool", "thread")
 
 # ---- the read path's machinery, each piece with its switch ---------------------------------------
 
+
 def _unthreaded(self):
     """``_ConvertingLoader.__iter__`` with each batch converted in the caller's thread."""
     from collections import deque
 
     from h5forge.read import torch as h5torch
+
     recent = deque(maxlen=max(1, self.num_workers) * (self.prefetch_factor or 2) * 2 + 2)
     for batch in DataLoader.__iter__(self):
         recent.append(batch)
-        yield h5torch._converted(self.dataset, batch, self.device, self.dataset._targets(batch) if self.device is None else {})
+        targets = self.dataset._targets(batch) if self.device is None else {}
+        yield h5torch._converted(self.dataset, batch, self.device, targets)
 
 
 def _switches() -> dict[str, tuple]:
     """piece -> (owner, attribute, what turns it off)."""
     from h5forge._format import chunk_codec
     from h5forge.read import _direct as direct, torch as h5torch
-    return {"ctypes": (chunk_codec, "_LZ4_SAFE", None),  # LZ4 blocks through lz4.block.decompress + a copy
-            "mmap": (direct._ChunkIndex, "of", classmethod(lambda cls, *args, **kwargs: None)),  # chunks by read_direct_chunk
-            "direct": (direct.DirectRows, "of", classmethod(lambda cls, *args, **kwargs: None)),  # every row through h5py's filters
-            "pool": (h5torch._BlockPool, "take", lambda self, nbytes: h5torch._shared_block(nbytes)),  # a new block a batch
-            "thread": (h5torch._ConvertingLoader, "__iter__", _unthreaded)}  # converted in the main thread
+
+    never = classmethod(lambda cls, *args, **kwargs: None)
+    return {
+        "ctypes": (chunk_codec, "_LZ4_SAFE", None),  # LZ4 blocks through lz4.block.decompress + a copy
+        "mmap": (direct._ChunkIndex, "of", never),  # chunks by read_direct_chunk
+        "direct": (direct.DirectRows, "of", never),  # every row through h5py's filters
+        "pool": (h5torch._BlockPool, "take", lambda self, nbytes: h5torch._shared_block(nbytes)),  # a block a batch
+        "thread": (h5torch._ConvertingLoader, "__iter__", _unthreaded),  # converted in the main thread
+    }
 
 
 @contextlib.contextmanager
@@ -66,6 +74,7 @@ def off(*pieces: str):
 
 
 # ---- the readers (each built in a probe process) ---------------------------------------------------
+
 
 class NpyItems(Dataset):
     """Memory-mapped .npy, one copied uint8 row per field (opened lazily in each process)."""
@@ -93,6 +102,7 @@ class LmdbItems(Dataset):
 
     def __getitem__(self, i):
         import lmdb
+
         self.env = self.env or lmdb.open(self.path, readonly=True, lock=False, readahead=False, meminit=False)
         cut = int(np.prod(self.shapes[0]))
         with self.env.begin(buffers=True) as txn:  # copied out inside the read txn
@@ -102,10 +112,12 @@ class LmdbItems(Dataset):
 
 def as_tuples(dataset_class):
     """A peer's dataset class whose samples (dicts of arrays) come as (image, mask) tensors."""
+
     class Tuples(dataset_class):
         def __getitem__(self, i):
             s = super().__getitem__(i)
             return torch.from_numpy(s["images"]), torch.from_numpy(s["masks"])
+
     return Tuples
 
 
@@ -114,49 +126,62 @@ def peer_dataset(name: str, where, seed: int, batch: int, cache: str | None = No
     ``where``, ``mosaic*`` over MDS shards (a local folder, or a remote one cached in ``cache``), ``litdata*``."""
     if name.startswith("webdataset"):
         import webdataset as wds
-        return (wds.WebDataset(where, shardshuffle=len(where), seed=seed, empty_check=False).shuffle(1000, seed=seed)
-                .decode().to_tuple("images.npy", "masks.npy").map_tuple(torch.from_numpy, torch.from_numpy))
+
+        return (
+            wds.WebDataset(where, shardshuffle=len(where), seed=seed, empty_check=False)
+            .shuffle(1000, seed=seed)
+            .decode()
+            .to_tuple("images.npy", "masks.npy")
+            .map_tuple(torch.from_numpy, torch.from_numpy)
+        )
     if name.startswith("mosaic"):
         from streaming import StreamingDataset
         from streaming.base.util import clean_stale_shared_memory
+
         clean_stale_shared_memory()
         place = {"local": where} if cache is None else {"remote": where, "local": cache}
         return as_tuples(StreamingDataset)(**place, shuffle=True, shuffle_seed=seed, batch_size=batch)
     from litdata import StreamingDataset
     from litdata.streaming import downloader
+
     # litdata's obstore chunk path builds its client without allow_http, so it refuses a plain-http
     # endpoint; its boto3 path (the one it takes without obstore) honours endpoint_url
     downloader._OBSTORE_AVAILABLE = False
-    return as_tuples(StreamingDataset)(where, cache_dir=cache, shuffle=True, seed=seed,
-                                       storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
+    endpoint = {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}
+    return as_tuples(StreamingDataset)(where, cache_dir=cache, shuffle=True, seed=seed, storage_options=endpoint)
 
 
 def reader(name: str, data: Path, args):
     """npy_mmap, lmdb, webdataset, mosaic, or h5forge_<codec>_<plain|collate|loader|default|float|worker>
     (README). With ``--epochs`` the workers are not persistent: each epoch starts its own."""
-    persistent = args.workers > 0 and not args.epochs
-    dl = lambda ds, **kw: DataLoader(ds, batch_size=args.batch, num_workers=args.workers,  # noqa: E731
-                                     persistent_workers=persistent, **kw)
+    common = {"batch_size": args.batch, "num_workers": args.workers, "persistent_workers": args.workers > 0}
+    common["persistent_workers"] &= not args.epochs
+
+    def dl(ds, **kw) -> DataLoader:
+        return DataLoader(ds, **common, **kw)
+
     shapes = json.loads((data / "shapes.json").read_text())
     if name == "npy_mmap":
         return dl(NpyItems(data), shuffle=True)
     if name == "lmdb":
         return dl(LmdbItems(data / "peers" / "lmdb", shapes["n"], shapes["shapes"]), shuffle=True)
     if name == "webdataset":
-        return dl(peer_dataset(name, sorted(str(p) for p in (data / "peers" / "wds").glob("*.tar")), args.seed, args.batch))
+        shards = sorted(str(p) for p in (data / "peers" / "wds").glob("*.tar"))
+        return dl(peer_dataset(name, shards, args.seed, args.batch))
     if name == "mosaic":
         return dl(peer_dataset(name, str(data / "peers" / "mds"), args.seed, args.batch))
     from h5forge.read.torch import H5Dataset, collate
+
     codec, how = name.split("_")[1:3]
-    as_float = {"image_dtype": "float32", "mask_dtype": "int64"}  # float32 in [0, 1], int64: converted by h5forge
-    kw = {"default": {}, "float": as_float, "worker": as_float}.get(how, {"image_dtype": "uint8", "mask_dtype": "uint8"})
+    kw = {"image_dtype": "uint8", "mask_dtype": "uint8"}
+    if how in ("default", "float", "worker"):  # nothing asked, or float32 in [0, 1] and int64 converted by h5forge
+        kw = {"image_dtype": "float32", "mask_dtype": "int64"} if how != "default" else {}
     ds = H5Dataset(data / f"{codec}.h5", "train", FIELDS, **kw)
     if how == "plain":  # torch's default_collate stacks the samples
         return dl(ds, shuffle=True)
     if how == "collate":  # h5forge's collate: each batch read into shared memory and passed through
         return dl(ds, shuffle=True, collate_fn=collate)
-    return ds.loader(batch_size=args.batch, num_workers=args.workers, shuffle=True, seed=args.seed,
-                     persistent_workers=persistent, convert="worker" if how == "worker" else "after")
+    return ds.loader(**common, shuffle=True, seed=args.seed, convert="worker" if how == "worker" else "after")
 
 
 def children_cpu() -> float:
@@ -165,17 +190,19 @@ def children_cpu() -> float:
     return sum(proc_cpu(int(pid)) for pid in pids if Path(f"/proc/{pid}").exists())
 
 
-def probe(args) -> None:
-    """One reader (name: reader[-0workers][-off-piece+piece]), one timed pass; --check: every value summed."""
+def probe(probe: str, data: str, seed: int, batch: int, workers: int, limit: int, epochs: int, check: int) -> dict:
+    """(In a probe process.) One reader (name: reader[-0workers][-off-piece+piece]), one timed pass (``limit``
+    samples at most, 0: all), or ``epochs`` whole epochs; ``check``: then every value of an epoch summed."""
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", "The given NumPy array is not writable")
-    name, _, pieces = args.probe.partition("-off-")
+    name, _, pieces = probe.partition("-off-")
     if name.endswith("-0workers"):
-        name, args.workers = name.removesuffix("-0workers"), 0
+        name, workers = name.removesuffix("-0workers"), 0
+    args = SimpleNamespace(seed=seed, batch=batch, workers=workers, limit=limit, epochs=epochs, check=check)
     with off(*filter(None, pieces.split("+"))):
-        loader = reader(name, Path(args.data), args)
+        loader = reader(name, Path(data), args)
         if args.epochs:
-            return print(json.dumps(epochs(loader, args)), flush=True)
+            return whole_epochs(loader, args)
         it = iter(loader)
         first = next(it)
         for _ in range(WARMUP - 1):
@@ -185,13 +212,16 @@ def probe(args) -> None:
             n, batches = n + x.shape[0], batches + 1
             if args.limit and n >= args.limit:
                 break
-        out = {"samples_per_s": n / (time.perf_counter() - t), "dtypes": [str(v.dtype)[6:] for v in first],
-               "main_cpu_ms_per_batch": round((time.process_time() - cpu) / batches * 1000, 2),
-               "workers_cpu_ms_per_batch": round((children_cpu() - kids) / batches * 1000, 2)}
+        out = {
+            "samples_per_s": n / (time.perf_counter() - t),
+            "dtypes": [str(v.dtype)[6:] for v in first],
+            "main_cpu_ms_per_batch": round((time.process_time() - cpu) / batches * 1000, 2),
+            "workers_cpu_ms_per_batch": round((children_cpu() - kids) / batches * 1000, 2),
+        }
         if args.check:
             del it
             out["epoch_sums"] = epoch_sums(loader)
-    print(json.dumps(out), flush=True)
+    return out
 
 
 def epoch_sums(loader) -> list[int]:
@@ -203,7 +233,7 @@ def epoch_sums(loader) -> list[int]:
     return sums
 
 
-def epochs(loader, args) -> dict:
+def whole_epochs(loader, args) -> dict:
     """``--epochs`` whole epochs, each from a new iterator (its workers started, and stopped at its end,
     inside the clock), after one short untimed pass (``WARMUP`` batches): samples/s over all of them, and
     CPU per batch of this process and of the workers (which have ended). --check: then one more epoch,
@@ -220,15 +250,20 @@ def epochs(loader, args) -> dict:
             dtypes = dtypes or [str(v.dtype)[6:] for v in (x, m)]
         per_epoch.append(round((n - n0) / (time.perf_counter() - t0)))
     seconds, main = time.perf_counter() - t, time.process_time() - cpu
-    out = {"samples_per_s": n / seconds, "epoch_samples_per_s": per_epoch, "dtypes": dtypes,
-           "main_cpu_ms_per_batch": round(main / batches * 1000, 2),
-           "workers_cpu_ms_per_batch": round((own_cpu(children=True) - kids) / batches * 1000, 2)}
+    out = {
+        "samples_per_s": n / seconds,
+        "epoch_samples_per_s": per_epoch,
+        "dtypes": dtypes,
+        "main_cpu_ms_per_batch": round(main / batches * 1000, 2),
+        "workers_cpu_ms_per_batch": round((own_cpu(children=True) - kids) / batches * 1000, 2),
+    }
     if args.check:
         out["epoch_sums"] = epoch_sums(loader)
     return out
 
 
 # ---- data ------------------------------------------------------------------------------------------
+
 
 def prepare(n: int, size: int, codecs=("lz4", "none"), content: str = "generated") -> Path:
     """Links to the lz4 and none versions ``h5forge.build`` makes, and the same arrays as .npy (cached).
@@ -254,6 +289,7 @@ def write_npy(data: Path, version: Path, n: int, stale: bool = True) -> None:
     """The version's train images and masks as ``data/<field>.npy`` (missing or ``stale`` ones written),
     their shapes in ``data/shapes.json``: what the probes' .npy and peer readers read."""
     import h5py
+
     with h5py.File(version, "r") as f:
         for k in FIELDS:
             if stale or not (data / f"{k}.npy").exists():
@@ -263,8 +299,9 @@ def write_npy(data: Path, version: Path, n: int, stale: bool = True) -> None:
     (data / "shapes.json").write_text(json.dumps({"n": n, "shapes": shapes}))
 
 
-def write_peers(data: Path) -> None:
+def write_peers(data: str) -> None:
     """(In the peers' venv.) The .npy arrays as an LMDB, webdataset shards and MDS shards."""
+    data = Path(data)
     imgs, masks = (np.load(data / f"{k}.npy", mmap_mode="r") for k in FIELDS)
     n, root = imgs.shape[0], data / "peers"
     if (root / ".complete").exists():
@@ -273,6 +310,7 @@ def write_peers(data: Path) -> None:
     import lmdb
     import webdataset as wds
     from streaming import MDSWriter
+
     samples = lambda: ((i, np.array(imgs[i]), np.array(masks[i])) for i in range(n))  # noqa: E731
     env = lmdb.open(str(root / "lmdb"), map_size=int((imgs.nbytes + masks.nbytes) * 1.5) + (1 << 30))
     with env.begin(write=True) as txn:
@@ -292,22 +330,26 @@ def write_peers(data: Path) -> None:
 
 # ---- in this process: single-sample latency and a worker's CPU per batch --------------------------
 
+
 def in_process(data: Path, reads: int, batches: int) -> tuple[dict, dict]:
     """(latency, cpu) of h5forge (lz4 with each codec piece off, none) against .npy (README). Each set
     is opened under its switches: a reader's chunk handling is fixed when it first reads."""
     from torch.utils.data._utils.collate import default_collate
 
     from h5forge.read.torch import H5Dataset
+
     mm = NpyItems(data)
-    probes = {"npy_mmap": (lambda i: (lambda x, m: (x.div(255), m.to(torch.int64)))(*mm[i]), ()),
-              "npy_mmap_raw": (mm.__getitem__, ())}
+    probes = {
+        "npy_mmap": (lambda i: (lambda x, m: (x.div(255), m.to(torch.int64)))(*mm[i]), ()),
+        "npy_mmap_raw": (mm.__getitem__, ()),
+    }
     fetch = {"npy_mmap": (lambda idx: default_collate([mm[i] for i in idx]), ())}
-    for key, codec, pieces in (("lz4", "lz4", ()), *((f"lz4-off-{p}", "lz4", (p,)) for p in ("ctypes", "mmap", "direct")),
-                               ("none", "none", ()), ("none-off-direct", "none", ("direct",))):
+    sets = [("lz4", ()), *(("lz4", (p,)) for p in ("ctypes", "mmap", "direct")), ("none", ()), ("none", ("direct",))]
+    for codec, pieces in sets:
+        key, path = codec + "".join(f"-off-{p}" for p in pieces), data / f"{codec}.h5"
         with off(*pieces):
-            ds, u8 = (H5Dataset(data / f"{codec}.h5", "train", FIELDS, **kw)  # read + convert, and as stored
-                      for kw in ({"image_dtype": "float32", "mask_dtype": "int64"}, {"image_dtype": "uint8",
-                                                                                  "mask_dtype": "uint8"}))
+            ds = H5Dataset(path, "train", FIELDS, image_dtype="float32", mask_dtype="int64")  # read + convert
+            u8 = H5Dataset(path, "train", FIELDS, image_dtype="uint8", mask_dtype="uint8")  # as stored
             ds.reader.read_one(0), u8.reader.read_one(0)
         probes |= {f"h5forge_{key}": (ds.__getitem__, pieces), f"h5forge_{key}_raw": (ds.reader.read_one, pieces)}
         fetch[f"h5forge_{key}"] = (u8.__getitems__, pieces)
@@ -344,9 +386,8 @@ def probe_rounds(pythons: dict, data: Path, args, limit=lambda name: 0) -> tuple
     for r, name in interleaved(list(pythons), args.rounds):
         check = r == 0 and "-0workers" not in name
         LOADS.append(os.getloadavg()[0])
-        res = child_json("read_peers", "--probe", name, "--data", data, "--seed", r, "--batch", args.batch, "--workers",
-                         args.workers, "--limit", limit(name), "--epochs", getattr(args, "epochs", 0),
-                         *(["--check"] if check else []), python=pythons[name])
+        how = (name, data, r, args.batch, args.workers, limit(name), getattr(args, "epochs", 0), int(check))
+        res = child_json("read_peers", "--child", "probe", *how, python=pythons[name])
         rates[name].append(res.pop("samples_per_s"))
         info.setdefault(name, res)
         cpus[name].append(res["main_cpu_ms_per_batch"] + res["workers_cpu_ms_per_batch"])
@@ -359,56 +400,89 @@ def probe_rounds(pythons: dict, data: Path, args, limit=lambda name: 0) -> tuple
 
 def medians(rates: dict, cpus: dict) -> tuple[dict, dict]:
     """Per reader, the median samples/s and loader CPU ms per batch (main + workers) of the rounds."""
-    return ({k: round(statistics.median(v)) for k, v in rates.items()},
-            {k: round(statistics.median(v), 2) for k, v in cpus.items()})
+    return (
+        {k: round(statistics.median(v)) for k, v in rates.items()},
+        {k: round(statistics.median(v), 2) for k, v in cpus.items()},
+    )
 
 
 def main() -> None:
-    args = cli(__doc__, dict(n=200, size=64, rounds=1, reads=100, cpu_batches=10),
-               n=10_000, size=224, rounds=3, workers=2, batch=32, reads=2_000, cpu_batches=100,
-               pieces=",".join(PIECES), probe="", data="", seed=0, limit=0, epochs=0, check=False, write_peers=False)
-    if args.probe:
-        return probe(args)
-    if args.write_peers:
-        return write_peers(Path(args.data))
+    args = cli(
+        __doc__,
+        dict(n=200, size=64, rounds=1, reads=100, cpu_batches=10),
+        n=10_000,
+        size=224,
+        rounds=3,
+        workers=2,
+        batch=32,
+        reads=2_000,
+        cpu_batches=100,
+        pieces=",".join(PIECES),
+    )
     torch.set_num_threads(1)  # as in the probes: one intra-op thread (2 spin on 2 busy cores)
     data = prepare(args.n, args.size)
     peers_py = peers_venv(PEERS_VENV, not args.smoke, PEERS)
     pieces = [p for p in args.pieces.split(",") if p]
     # default: ds.loader() with nothing asked (uint8); float: asked for float32 + int64, converted after the
     # transfer, where the machinery's pieces (pool, thread) work, so they are switched off there
-    names = ["npy_mmap", "h5forge_lz4_plain", "h5forge_lz4_loader", "h5forge_lz4_default", "h5forge_lz4_float",
-             "h5forge_lz4_worker", "h5forge_none_plain", "npy_mmap-0workers", "h5forge_lz4_plain-0workers",
-             "h5forge_lz4_float-0workers", *(f"h5forge_lz4_float-off-{p}" for p in pieces), "h5forge_lz4_plain-off-direct"]
+    names = [
+        *"npy_mmap h5forge_lz4_plain h5forge_lz4_loader h5forge_lz4_default h5forge_lz4_float".split(),
+        *"h5forge_lz4_worker h5forge_none_plain npy_mmap-0workers h5forge_lz4_plain-0workers".split(),
+        "h5forge_lz4_float-0workers",
+        *(f"h5forge_lz4_float-off-{p}" for p in pieces),
+        "h5forge_lz4_plain-off-direct",
+    ]
     pythons = dict.fromkeys(names, Path(sys.executable))
     if peers_py is not None:
-        child_json("read_peers", "--write-peers", "--data", data, python=peers_py)
+        child_json("read_peers", "--child", "write_peers", data, python=peers_py)
         pythons |= dict.fromkeys(("lmdb", "webdataset", "mosaic"), peers_py)
     rates, cpus, info = probe_rounds(pythons, data, args, limit=lambda name: args.n // 2 if "-0workers" in name else 0)
     lat, cpu = in_process(data, args.reads, args.cpu_batches)
     rate, loader_cpu = medians(rates, cpus)
     vs_npy = {k: ratio(v, rate["npy_mmap-0workers" if "-0workers" in k else "npy_mmap"]) for k, v in rate.items()}
     # A/B: each piece's gain = with it on / with it off (speed), and the CPU it saves
-    ab = {p: {"speed_on_over_off": ratio(rate["h5forge_lz4_float"], rate[f"h5forge_lz4_float-off-{p}"]),
-              "loader_cpu_off_over_on": ratio(loader_cpu[f"h5forge_lz4_float-off-{p}"], loader_cpu["h5forge_lz4_float"]),
-              **({"worker_cpu_off_over_on": ratio(cpu[f"h5forge_lz4-off-{p}"], cpu["h5forge_lz4"]),
-                  "latency_p50_off_over_on": ratio(lat[f"h5forge_lz4-off-{p}"]["p50_us"], lat["h5forge_lz4"]["p50_us"]),
-                  "raw_p50_off_over_on": ratio(lat[f"h5forge_lz4-off-{p}_raw"]["p50_us"], lat["h5forge_lz4_raw"]["p50_us"])}
-                 if f"h5forge_lz4-off-{p}" in cpu else {})} for p in pieces}
+    ab = {}
+    for p in pieces:
+        on, off_ = "h5forge_lz4_float", f"h5forge_lz4_float-off-{p}"
+        ab[p] = {
+            "speed_on_over_off": ratio(rate[on], rate[off_]),
+            "loader_cpu_off_over_on": ratio(loader_cpu[off_], loader_cpu[on]),
+        }
+        if (k := f"h5forge_lz4-off-{p}") in cpu:  # a codec piece: a worker's CPU per batch and the latency too
+            ab[p] |= {
+                "worker_cpu_off_over_on": ratio(cpu[k], cpu["h5forge_lz4"]),
+                "latency_p50_off_over_on": ratio(lat[k]["p50_us"], lat["h5forge_lz4"]["p50_us"]),
+                "raw_p50_off_over_on": ratio(lat[f"{k}_raw"]["p50_us"], lat["h5forge_lz4_raw"]["p50_us"]),
+            }
     ratios = {f"{k}_vs_npy": v for k, v in vs_npy.items() if not k.startswith("npy") and "-off-" not in k}
-    ratios |= {"default_loader_vs_uint8_plain": ratio(rate["h5forge_lz4_default"], rate["h5forge_lz4_plain"]),
-               "float_loader_vs_uint8_plain": ratio(rate["h5forge_lz4_float"], rate["h5forge_lz4_plain"]),
-               "cpu_per_batch_float_vs_uint8_plain": ratio(loader_cpu["h5forge_lz4_float"], loader_cpu["h5forge_lz4_plain"]),
-               "cpu_per_batch_default_vs_uint8_plain": ratio(loader_cpu["h5forge_lz4_default"], loader_cpu["h5forge_lz4_plain"]),
-               "worker_cpu_per_batch_lz4_vs_npy": ratio(cpu["h5forge_lz4"], cpu["npy_mmap"]),
-               **{f"latency_p50_{c}_vs_npy": lat[f"h5forge_{c}"]["p50_vs_npy"] for c in ("lz4", "none")},
-               **{f"{p} on/off speed, off/on loader CPU": [v["speed_on_over_off"], v["loader_cpu_off_over_on"]]
-                  for p, v in ab.items()}}
-    result = {"peers": PEERS if peers_py else "not installed (skipped)", "args": vars(args) | {"warmup_batches": WARMUP},
-              "ratios": ratios, "machinery_ab": ab, "samples_per_s": rate, "vs_npy": vs_npy,
-              "all_rounds": {k: [round(x) for x in v] for k, v in rates.items()}, "outputs": info,
-              "loader_cpu_ms_per_batch": loader_cpu, "latency": lat, "cpu_ms_per_batch": cpu}
-    save("read_peers", result, args.smoke)
+    ratios |= {
+        "default_loader_vs_uint8_plain": ratio(rate["h5forge_lz4_default"], rate["h5forge_lz4_plain"]),
+        "float_loader_vs_uint8_plain": ratio(rate["h5forge_lz4_float"], rate["h5forge_lz4_plain"]),
+        "cpu_per_batch_float_vs_uint8_plain": ratio(loader_cpu["h5forge_lz4_float"], loader_cpu["h5forge_lz4_plain"]),
+        "cpu_per_batch_default_vs_uint8_plain": ratio(
+            loader_cpu["h5forge_lz4_default"], loader_cpu["h5forge_lz4_plain"]
+        ),
+        "worker_cpu_per_batch_lz4_vs_npy": ratio(cpu["h5forge_lz4"], cpu["npy_mmap"]),
+        **{f"latency_p50_{c}_vs_npy": lat[f"h5forge_{c}"]["p50_vs_npy"] for c in ("lz4", "none")},
+        **{
+            f"{p} on/off speed, off/on loader CPU": [v["speed_on_over_off"], v["loader_cpu_off_over_on"]]
+            for p, v in ab.items()
+        },
+    }
+    result = {
+        "peers": PEERS if peers_py else "not installed (skipped)",
+        "args": vars(args) | {"warmup_batches": WARMUP},
+        "ratios": ratios,
+        "machinery_ab": ab,
+        "samples_per_s": rate,
+        "vs_npy": vs_npy,
+        "all_rounds": {k: [round(x) for x in v] for k, v in rates.items()},
+        "outputs": info,
+        "loader_cpu_ms_per_batch": loader_cpu,
+        "latency": lat,
+        "cpu_ms_per_batch": cpu,
+    }
+    save("read_peers", result)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from benchmarks.common import BIN, CACHE, REPO, cli, log, make_spec, med, prefect_env, raw_folder, sampled, save, write_spec
+from benchmarks.common import BIN, CACHE, REPO, cli, log, make_spec, med, prefect_env, raw_folder, sampled, save
+from benchmarks.common import write_spec
 
 WORK = CACHE / "second_build"
 LINE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) \| \w+ +\| (Flow run|Task run) '([^']+)' - (.*)$")
@@ -22,11 +23,18 @@ def _clock(stamp: str, day: datetime) -> float:
     return t.timestamp()
 
 
-def run_build(spec: Path, home: Path, **env: str) -> dict:
+def run_build(spec: Path, home: Path, which: str, **env: str) -> dict:
+    """``h5forge build SPEC`` (``which`` build, for the log): wall, CPU, where the time went."""
     started = time.time()
     with sampled() as usage:
-        r = subprocess.run([str(BIN / "h5forge"), "build", str(spec)], capture_output=True, text=True,
-                           env=prefect_env(home, **env), cwd=REPO, timeout=1800)
+        r = subprocess.run(
+            [str(BIN / "h5forge"), "build", str(spec)],
+            capture_output=True,
+            text=True,
+            env=prefect_env(home, **env),
+            cwd=REPO,
+            timeout=1800,
+        )
     ended = time.time()
     if r.returncode != 0:
         raise RuntimeError(f"build failed:\n{r.stdout}\n{r.stderr}")
@@ -45,13 +53,17 @@ def run_build(spec: Path, home: Path, **env: str) -> dict:
             steps[step] = round(steps.get(step, 0) + t - last, 3)
             last = t
     wall = ended - started
-    return {"wall_seconds": round(wall, 2), "cpu_seconds": usage["cpu_seconds"],
-            "started_server": "started a local Prefect server" in r.stderr,
-            "unchanged": "unchanged since" in r.stdout,
-            "before_flow_seconds": round(begin - started, 2) if begin else None,
-            "flow_seconds": round(end - begin, 2) if begin and end else None,
-            "after_flow_seconds": round(ended - end, 2) if end else None,
-            "flow_steps_seconds": steps}
+    log(f"{which} build: {wall:.2f} s wall, {usage['cpu_seconds']} s CPU")
+    return {
+        "wall_seconds": round(wall, 2),
+        "cpu_seconds": usage["cpu_seconds"],
+        "started_server": "started a local Prefect server" in r.stderr,
+        "unchanged": "unchanged since" in r.stdout,
+        "before_flow_seconds": round(begin - started, 2) if begin else None,
+        "flow_seconds": round(end - begin, 2) if begin and end else None,
+        "after_flow_seconds": round(ended - end, 2) if end else None,
+        "flow_steps_seconds": steps,
+    }
 
 
 def import_seconds() -> float:
@@ -69,32 +81,29 @@ def main() -> None:
     specs = [write_spec(make_spec(raw, WORK / f"out{i}"), WORK / f"spec{i}.yaml") for i in range(args.reps + 2)]
     result: dict = {"n": args.n}
     try:
-        result["first"] = run_build(specs[0], home)
-        log(f"first build: {result['first']['wall_seconds']} s wall, {result['first']['cpu_seconds']} s CPU")
-        rounds = []
-        for spec in specs[1 : args.reps + 1]:
-            rounds.append(run_build(spec, home))
-            log(f"second build: {rounds[-1]['wall_seconds']} s wall, {rounds[-1]['cpu_seconds']} s CPU")
+        result["first"] = run_build(specs[0], home, "first")
+        rounds = [run_build(spec, home, "second") for spec in specs[1 : args.reps + 1]]
         result["second_rounds"] = rounds
         result["second"] = sorted(rounds, key=lambda r: r["wall_seconds"])[len(rounds) // 2]  # the median round
-        result["unchanged"] = run_build(specs[args.reps], home)
-        log(f"unchanged build: {result['unchanged']['wall_seconds']} s wall, {result['unchanged']['cpu_seconds']} s CPU")
+        result["unchanged"] = run_build(specs[args.reps], home, "unchanged")
         result["import_seconds"] = import_seconds()
     finally:
         subprocess.run([str(BIN / "h5forge"), "server", "stop"], env=prefect_env(home), capture_output=True)
     # the same full build on Prefect's temporary server (the database exists already): what each
     # command paid before the local server
-    result["temporary_server"] = run_build(specs[-1], home, H5FORGE_LOCAL_SERVER="0")
-    log(f"temporary-server build: {result['temporary_server']['wall_seconds']} s wall")
+    result["temporary_server"] = run_build(specs[-1], home, "temporary-server", H5FORGE_LOCAL_SERVER="0")
     assert result["first"]["started_server"] and not any(r["started_server"] for r in rounds)
     temp = result["temporary_server"]
     wall, cpu = med(r["wall_seconds"] for r in rounds), med(r["cpu_seconds"] for r in rounds)
-    result["ratios"] = {"second_build_wall_seconds": wall, "second_build_cpu_seconds": cpu,
-                        "second_over_temporary_server_wall": round(wall / temp["wall_seconds"], 3),
-                        "second_over_temporary_server_cpu": round(cpu / temp["cpu_seconds"], 3)}
-    result["spread"] = {f"second_build_{k}_seconds": [min(r[f"{k}_seconds"] for r in rounds),
-                                                      max(r[f"{k}_seconds"] for r in rounds)] for k in ("wall", "cpu")}
-    save("second_build", result, args.smoke)
+    result["ratios"] = {
+        "second_build_wall_seconds": wall,
+        "second_build_cpu_seconds": cpu,
+        "second_over_temporary_server_wall": round(wall / temp["wall_seconds"], 3),
+        "second_over_temporary_server_cpu": round(cpu / temp["cpu_seconds"], 3),
+    }
+    spread = {k: [r[f"{k}_seconds"] for r in rounds] for k in ("wall", "cpu")}
+    result["spread"] = {f"second_build_{k}_seconds": [min(v), max(v)] for k, v in spread.items()}
+    save("second_build", result)
 
 
 if __name__ == "__main__":

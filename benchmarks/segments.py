@@ -11,8 +11,8 @@ from pathlib import Path
 
 import h5py
 
-from benchmarks.common import (CACHE, clean_batches, cli, folder_bytes, fresh, latencies_us, make_spec, med, percentiles,
-                               ratio, raw_folder, save, version_identity, warm)
+from benchmarks.common import CACHE, clean_batches, cli, folder_bytes, fresh, latencies_us, make_spec, med, percentiles
+from benchmarks.common import ratio, raw_folder, save, version_identity, warm
 
 WORK = CACHE / "segments"
 ARMS = ("sent", "files", "segments")
@@ -47,8 +47,14 @@ def build_once(spec, arm: str) -> dict:
         build.write_samples, parallel.make_folder = write_samples, make_folder
     with h5py.File(result.path, "r") as f:
         virtual = f["train/images"].is_virtual
-    return {"samples": sum(result.counts.values()), "path": result.path, "virtual": virtual,
-            "cpu": spent["cpu"], "wall": spent["wall"], "identity": version_identity(result.path)}
+    return {
+        "samples": sum(result.counts.values()),
+        "path": result.path,
+        "virtual": virtual,
+        "cpu": spent["cpu"],
+        "wall": spent["wall"],
+        "identity": version_identity(result.path),
+    }
 
 
 def _arm_once(spec, arm: str, batches: list, repeat: int) -> dict:
@@ -86,8 +92,14 @@ def _arm_once(spec, arm: str, batches: list, repeat: int) -> dict:
             w.add(batch)
         t_add = time.process_time() - c
         w.finish()
-    return {"worker_write": worker_write, "add": t_add, "all": time.process_time() - c + t_open, "wrote": wrote,
-            "returned": sum(map(len, returned)), "version_bytes": path.stat().st_size}
+    return {
+        "worker_write": worker_write,
+        "add": t_add,
+        "all": time.process_time() - c + t_open,
+        "wrote": wrote,
+        "returned": sum(map(len, returned)),
+        "version_bytes": path.stat().st_size,
+    }
 
 
 def _file_of(batch) -> str:
@@ -114,7 +126,11 @@ def publisher_part(spec, n: int) -> dict:
     clean_ms = 1000 * (time.process_time() - c) / len(refs)
     kept = sum(len(b) for b in batches)
     few, many = 2, 8
-    out: dict = {"clean_ms_per_sample": round(clean_ms, 4), "samples": kept, "publisher_rows": [few * kept, many * kept]}
+    out: dict = {
+        "clean_ms_per_sample": round(clean_ms, 4),
+        "samples": kept,
+        "publisher_rows": [few * kept, many * kept],
+    }
     for arm in ARMS:
         small, large = _best(spec, arm, batches, few), _best(spec, arm, batches, many)
         marginal = (large["all"] - small["all"]) / ((many - few) * kept)
@@ -141,18 +157,26 @@ def projection(parts: dict) -> dict:
     for arm in ARMS:
         p = parts[arm]
         worker_ms = parts["clean_ms_per_sample"] + p["worker_write_ms_per_sample"]
-        storage = p["bytes_workers_write_per_sample"] + p["bytes_publisher_reads_per_sample"] + p["bytes_publisher_writes_per_sample"]
-        link = p["bytes_to_publisher_per_sample"] + p["bytes_publisher_reads_per_sample"] + p["bytes_publisher_writes_per_sample"]
-        caps = {"publisher": 1000 / p["publisher_ms_per_sample"], "storage": BANDWIDTH_BYTES_PER_S / storage,
-                "publisher_link": BANDWIDTH_BYTES_PER_S / link}
+        publisher_io = p["bytes_publisher_reads_per_sample"] + p["bytes_publisher_writes_per_sample"]
+        storage = p["bytes_workers_write_per_sample"] + publisher_io
+        link = p["bytes_to_publisher_per_sample"] + publisher_io
+        caps = {
+            "publisher": 1000 / p["publisher_ms_per_sample"],
+            "storage": BANDWIDTH_BYTES_PER_S / storage,
+            "publisher_link": BANDWIDTH_BYTES_PER_S / link,
+        }
         rows = {}
         for w in WORKERS:
             limits = {"workers": w * 1000 / worker_ms, **caps}
             by = min(limits, key=limits.get)
             rows[f"{w}_workers"] = {"samples_per_s": round(limits[by]), "limited_by": by}
-        out[arm] = {"worker_ms_per_sample": round(worker_ms, 4), "storage_bytes_per_sample": storage,
-                    "publisher_link_bytes_per_sample": link,
-                    **{f"cap_{k}_samples_per_s": round(v) for k, v in caps.items()}, **rows}
+        out[arm] = {
+            "worker_ms_per_sample": round(worker_ms, 4),
+            "storage_bytes_per_sample": storage,
+            "publisher_link_bytes_per_sample": link,
+            **{f"cap_{k}_samples_per_s": round(v) for k, v in caps.items()},
+            **rows,
+        }
     return out
 
 
@@ -176,12 +200,17 @@ def read_part(paths: dict[str, Path], workers: int, reps: int) -> dict:
                 images = f["train/images"]
                 order = np.random.default_rng(r).integers(0, images.shape[0], 500).tolist()
                 single[k].append(percentiles(latencies_us(images.__getitem__, order), (50,))["p50_us"])
-    return {"loader_samples_per_s": rates, "random_read_p50_us": single,
-            "loader_segments_over_copy": ratio(med(rates["segments"]), med(rates["files"])),
-            "random_read_p50_segments_over_copy": ratio(med(single["segments"]), med(single["files"])),
-            # each round's ratio: a random read's p50 moves between rounds more than between versions
-            "rounds": {"loader_segments_over_copy": [ratio(a, b) for a, b in zip(rates["segments"], rates["files"])],
-                       "random_read_p50_segments_over_copy": [ratio(a, b) for a, b in zip(single["segments"], single["files"])]}}
+    return {
+        "loader_samples_per_s": rates,
+        "random_read_p50_us": single,
+        "loader_segments_over_copy": ratio(med(rates["segments"]), med(rates["files"])),
+        "random_read_p50_segments_over_copy": ratio(med(single["segments"]), med(single["files"])),
+        # each round's ratio: a random read's p50 moves between rounds more than between versions
+        "rounds": {
+            "loader_segments_over_copy": list(map(ratio, rates["segments"], rates["files"])),
+            "random_read_p50_segments_over_copy": list(map(ratio, single["segments"], single["files"])),
+        },
+    }
 
 
 def mapping_scaling(counts=(16, 160, 1600), rows: int = 64, reads: int = 500) -> dict:
@@ -197,7 +226,7 @@ def mapping_scaling(counts=(16, 160, 1600), rows: int = 64, reads: int = 500) ->
         data = np.random.default_rng(k).integers(0, 255, (k * rows, 3, 16, 16), dtype=np.uint8)
         for i in range(k):
             with h5py.File(folder / f"s{i}.h5", "w") as f:
-                f.create_dataset("train/x", data=data[i * rows:(i + 1) * rows], chunks=(1, 3, 16, 16))
+                f.create_dataset("train/x", data=data[i * rows : (i + 1) * rows], chunks=(1, 3, 16, 16))
         with h5py.File(folder / "one.h5", "w") as f:
             f.create_dataset("train/x", data=data, chunks=(1, 3, 16, 16))
         segments = [{"file": f"s{i}.h5", "counts": {"train": rows}} for i in range(k)]
@@ -210,7 +239,10 @@ def mapping_scaling(counts=(16, 160, 1600), rows: int = 64, reads: int = 500) ->
                 order = np.random.default_rng(0).integers(0, k * rows, reads).tolist()
                 latencies_us(ds.__getitem__, order[:50])  # every source opened once, as a reader's first epoch does
                 p50[name] = percentiles(latencies_us(ds.__getitem__, order), (50,))["p50_us"]
-        out[f"{k}_files"] = {**{f"{n}_p50_us": v for n, v in p50.items()}, "vds_over_one": ratio(p50["vds"], p50["one"])}
+        out[f"{k}_files"] = {
+            **{f"{n}_p50_us": v for n, v in p50.items()},
+            "vds_over_one": ratio(p50["vds"], p50["one"]),
+        }
     shutil.rmtree(folder, ignore_errors=True)
     return out
 
@@ -226,33 +258,35 @@ def main() -> None:
     runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     for _ in range(args.reps):
         for arm in ARMS:  # interleaved: the machine's load changes during the run
-            spec = make_spec(raw, WORK / arm, args.size, compute={"workers": args.workers, "inline_below": 0},
-                             storage={"assemble": "mapped" if arm == "segments" else "copy"})
+            assemble = {"assemble": "mapped" if arm == "segments" else "copy"}
+            spec = make_spec(raw, WORK / arm, args.size, args.workers, storage=assemble)
             runs[arm].append(build_once(spec, arm))
     first = runs["sent"][0]
     same = all(r["identity"] == first["identity"] for arm in runs.values() for r in arm)
     if not same or not all(r["virtual"] for r in runs["segments"]):
         raise RuntimeError("the versions differ between the arms, or the segments arm copied its rows")
     n = first["samples"]
-    best = {arm: {"cpu_ms_per_sample": round(1000 * min(r["cpu"] for r in rs) / n, 4),
-                  "wall_seconds": round(min(r["wall"] for r in rs), 3)} for arm, rs in runs.items()}
+    best = {}
+    for arm, rs in runs.items():
+        cpu_ms, wall = 1000 * min(r["cpu"] for r in rs) / n, min(r["wall"] for r in rs)
+        best[arm] = {"cpu_ms_per_sample": round(cpu_ms, 4), "wall_seconds": round(wall, 3)}
     result.update(samples=n, same_version=same, build_calling_process=best)
-    result["read"] = read_part({arm: Path(runs[arm][-1]["path"]) for arm in ("files", "segments")},
-                               args.workers, args.reps)
+    last = {arm: Path(runs[arm][-1]["path"]) for arm in ("files", "segments")}
+    result["read"] = read_part(last, args.workers, args.reps)
     result["read_mappings"] = mapping_scaling((4, 16) if args.smoke else (16, 160, 1600))
+    publisher = {arm: parts[arm]["publisher_ms_per_sample"] for arm in ("segments", "files")}
+    build = {k: ratio(best["segments"][k], best["files"][k]) for k in ("cpu_ms_per_sample", "wall_seconds")}
     result["ratios"] = {
-        "publisher_ms_segments": parts["segments"]["publisher_ms_per_sample"],
-        "publisher_ms_copy_files": parts["files"]["publisher_ms_per_sample"],
-        "publisher_segments_over_copy_files": ratio(parts["segments"]["publisher_ms_per_sample"],
-                                                    parts["files"]["publisher_ms_per_sample"]),
-        "build_cpu_segments_over_copy_files": ratio(best["segments"]["cpu_ms_per_sample"],
-                                                    best["files"]["cpu_ms_per_sample"]),
-        "build_wall_segments_over_copy_files": ratio(best["segments"]["wall_seconds"], best["files"]["wall_seconds"]),
+        "publisher_ms_segments": publisher["segments"],
+        "publisher_ms_copy_files": publisher["files"],
+        "publisher_segments_over_copy_files": ratio(publisher["segments"], publisher["files"]),
+        "build_cpu_segments_over_copy_files": build["cpu_ms_per_sample"],
+        "build_wall_segments_over_copy_files": build["wall_seconds"],
         "loader_segments_over_copy": result["read"]["loader_segments_over_copy"],
         "random_read_p50_segments_over_copy": result["read"]["random_read_p50_segments_over_copy"],
     }
     result["spread"] = {k: [min(v), max(v)] for k, v in result["read"]["rounds"].items()}
-    save("segments", result, args.smoke)
+    save("segments", result)
 
 
 if __name__ == "__main__":
