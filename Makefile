@@ -103,7 +103,7 @@ bench-check: install-test
 # contracts and mypy on the package as pip installs it, where flows/, tasks/ and deployments/ sit
 # inside h5forge/ (h5forge.flows, ...), as the contracts name them.
 LINT_DIR = build/lint
-LINT_SRC = src/h5forge flows tasks deployments
+LINT_SRC = src/h5forge flows tasks deployments benchmarks/*.py
 lint: install-test
 	$(BIN)/ruff check $(LINT_SRC)
 	$(BIN)/ruff format --check $(LINT_SRC)
