@@ -77,3 +77,25 @@ def test_a_rollback_after_the_killed_build_stays(killed):
     assert latest(out) == 1 and strays(out) == []
     h5forge.append(str(spec_file))  # nothing in the inbox: the rolled-back folder is left as it is
     assert latest(out) == 1 and list(published(out)) == [1, 2]
+
+
+@pytest.mark.parametrize("planted", ["fifo", "folder", "garbage"])
+def test_a_marker_that_is_no_number_in_a_file_never_hangs_or_moves_latest(raw_demo, tmp_path, planted):
+    """A FIFO or a folder at the marker's path stops the writer with a line naming it (a FIFO is
+    never opened for a writer to wait on); a marker of no version's number is dropped."""
+    from h5forge.errors import UsageError
+
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    shutil.copytree(raw_demo, raw)
+    spec_file = write_spec_file(raw, out, tmp_path / "spec.yaml")
+    (tmp_path / "inbox").mkdir()
+    h5forge.build(str(spec_file))
+    marker = out / ".publishing"
+    {"fifo": os.mkfifo, "folder": os.mkdir, "garbage": lambda p: Path(p).write_bytes(b"\xff2\n")}[planted](marker)
+    if planted == "garbage":
+        assert h5forge.build(str(spec_file)).unchanged
+        assert not marker.exists() and latest(out) == 1
+    else:
+        with pytest.raises(UsageError, match=r"\.publishing is not a regular file"):
+            h5forge.build(str(spec_file))
+        assert latest(out) == 1

@@ -49,6 +49,7 @@ from h5forge._format import leases
 from h5forge._format.row_files import virtual_sources
 from h5forge._store.disk_full import as_disk_full, release_partials
 from h5forge._store.whole_files import replace_file
+from h5forge.kinds.base import read_bounded
 from h5forge._format.mapped import out_of_descriptors
 
 log = logging.getLogger("h5forge._store")
@@ -327,10 +328,12 @@ def finish_publish(out: Path) -> str | None:
     ``PUBLISHING`` marker); what it says, or None when no publish was interrupted. Call under the lock."""
     marker = Path(out) / PUBLISHING
     try:
-        number = int(marker.read_text())
+        number = int(read_bounded(marker, 64))  # a FIFO planted there never waits for a writer
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):  # unreadable: nothing to finish, as when the kill came before the rename
+    except ValueError as err:  # a number of no version: the kill came before the marker was whole
+        if os.path.isdir(marker) or not os.path.isfile(marker):
+            raise UsageError(f"{marker} is not a regular file ({err}); remove it and retry") from None
         number = 0
     outcome = None
     if number in published(out) and (latest(out) or 0) < number:
