@@ -79,10 +79,12 @@ def test_a_rollback_after_the_killed_build_stays(killed):
     assert latest(out) == 1 and list(published(out)) == [1, 2]
 
 
+@pytest.mark.parametrize("name", [".publishing", ".append-journal.json"])
 @pytest.mark.parametrize("planted", ["fifo", "folder", "garbage"])
-def test_a_marker_that_is_no_number_in_a_file_never_hangs_or_moves_latest(raw_demo, tmp_path, planted):
-    """A FIFO or a folder at the marker's path stops the writer with a line naming it (a FIFO is
-    never opened for a writer to wait on); a marker of no version's number is dropped."""
+def test_a_record_of_a_killed_writer_that_cannot_be_read_never_hangs_or_moves_latest(raw_demo, tmp_path, name, planted):
+    """A FIFO or a folder at the publish marker's or the append journal's path stops the next writer
+    with a line naming it (a FIFO is never opened for a writer to wait on); so does a journal of no
+    JSON, while a marker of no version's number is dropped (the kill came before it was whole)."""
     from h5forge.errors import UsageError
 
     raw, out = tmp_path / "raw", tmp_path / "out"
@@ -90,12 +92,12 @@ def test_a_marker_that_is_no_number_in_a_file_never_hangs_or_moves_latest(raw_de
     spec_file = write_spec_file(raw, out, tmp_path / "spec.yaml")
     (tmp_path / "inbox").mkdir()
     h5forge.build(str(spec_file))
-    marker = out / ".publishing"
-    {"fifo": os.mkfifo, "folder": os.mkdir, "garbage": lambda p: Path(p).write_bytes(b"\xff2\n")}[planted](marker)
-    if planted == "garbage":
+    record = out / name
+    {"fifo": os.mkfifo, "folder": os.mkdir, "garbage": lambda p: Path(p).write_bytes(b"\xff2\n")}[planted](record)
+    if planted == "garbage" and name == ".publishing":
         assert h5forge.build(str(spec_file)).unchanged
-        assert not marker.exists() and latest(out) == 1
+        assert not record.exists() and latest(out) == 1
     else:
-        with pytest.raises(UsageError, match=r"\.publishing is not a regular file"):
+        with pytest.raises(UsageError, match=rf"{name} (is not a regular file|cannot be read)"):
             h5forge.build(str(spec_file))
         assert latest(out) == 1

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import h5py
 
-from h5forge.errors import InboxMoveFailed, NoBaseVersion, VerificationFailed
+from h5forge.errors import InboxMoveFailed, NoBaseVersion, UsageError, VerificationFailed
 from h5forge._format.catalog import (
     catalog_from_rows,
     catalog_intact,
@@ -60,6 +60,7 @@ from h5forge._ingest.incremental.inputs import Inputs, rules_hash
 from h5forge._ingest.parallel import clean_all
 from h5forge._ingest.writer import DatasetWriter
 from h5forge.kinds import FieldKind, field_kinds, stored_kinds
+from h5forge.kinds.base import read_bounded
 from h5forge.kinds.shared import sharing
 from h5forge._samples import Rejection, SampleRef, encodable
 from h5forge.spec import DatasetSpec
@@ -720,12 +721,18 @@ def _move(src: str, dst: str) -> None:
     os.replace(src, dst)
 
 
+JOURNAL_MAX_BYTES = 1 << 30  # a journal lists every inbox file its append moves
+
+
 def recover(out: Path) -> str | None:
     """Finish (version published) or forget (not published) a killed append. Call under the lock."""
     journal = out / JOURNAL
-    if not journal.exists():
+    try:
+        plan = MovePlan.from_json(read_bounded(journal, JOURNAL_MAX_BYTES).decode())
+    except FileNotFoundError:
         return None
-    plan = MovePlan.from_json(journal.read_text())
+    except (ValueError, KeyError, TypeError) as err:  # a FIFO planted there is never waited on
+        raise UsageError(f"{journal} cannot be read as an append's journal ({err}); remove it and retry") from None
     number = plan.version
     assert number is not None  # a journal is written only when a staged version is published
     if number in published(out):
