@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from h5forge.kinds.base import DEFAULT_MAX_BYTES, read_bounded
-from h5forge.kinds.boxes import datayaml
+from h5forge.kinds.boxes import classfile, datayaml
 from h5forge.kinds.boxes.datayaml import DATA_YAML, SPLIT_FOLDERS
 from h5forge.kinds.plugins import Layout
 
@@ -175,15 +175,17 @@ def _names_file(raw: Path, folders: list[str], notes: list[str]) -> tuple[str, s
             found.append((p.relative_to(raw).as_posix(), text))
     for where, text in found[1:]:
         if text.split() != found[0][1].split():
-            notes.append(f"{where} names other classes than {found[0][0]}: the classes are {found[0][0]}'s")
+            notes.append(
+                f"{where} names other classes than {found[0][0]}: the classes are {found[0][0]}'s, and a build "
+                f"refuses each picture whose label file uses a class number {where} names otherwise"
+            )
     return found[0] if found else None
 
 
 def _yolo_classes(raw: Path, labels: list[Path], folders: list[str], notes: list[str]) -> list[str]:
     if (names_file := _names_file(raw, folders, notes)) is not None:
         where, text = names_file
-        lines = [line.strip() for line in text.removeprefix("\ufeff").splitlines()]
-        return _by_index({i: name for i, name in enumerate(lines) if name}, where, notes)
+        return _by_index(classfile.names(text), where, notes)
     names = _data_yaml(raw).get("names")
     if isinstance(names, dict) and all(str(k).isdigit() for k in names):  # {0: person} or {"0": person}
         return _by_index({int(k): str(v) for k, v in names.items()}, "data.yaml", notes)

@@ -38,6 +38,7 @@ from h5forge.kinds.base import (
     field_of,
     read_source,
 )
+from h5forge.kinds.boxes import classfile
 from h5forge.kinds.boxes.datayaml import DATA_YAML, KEYPOINT_NUMBERS, declared_kpt_shape, split_folder_names
 from h5forge.kinds.boxes.geometry import place
 from h5forge.kinds.boxes.inbox import coco_files_in, coco_subset
@@ -66,7 +67,7 @@ COLUMNS = ("x0", "y0", "x1", "y1", "class")
 DEFAULT_MAX_OBJECTS = 1_000  # ten times what the busiest COCO pictures hold
 DEFAULT_MAX_VERTICES = 10_000  # COCO polygons hold tens to hundreds
 DEFAULT_MAX_OUTLINE = 4_000_000  # pixels of polygon outline: about 160 MB while rasterising
-YOLO_CLASS_FILES = ("classes.txt", DATA_YAML)  # where YOLO folders name their classes
+YOLO_CLASS_FILES = (classfile.CLASSES_TXT, DATA_YAML)  # where YOLO folders name their classes
 
 
 class BoxesField(FieldModel):
@@ -262,6 +263,11 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
             return (err.path, err.reason)
         return (part.path, part.reason) if isinstance(part, Reject) else part
 
+    @property
+    def _outside(self) -> bool:
+        """Whether a class file may be read through a symlink out of its source folder."""
+        return self.dataset.source.allow_symlinks_outside
+
     def _declared_kpt_shape(self, root: Path) -> Any:
         """The kpt_shape a data.yaml at the top or beside the labels declares when the spec gives
         none (then the label lines are read by the spec alone), else None."""
@@ -274,9 +280,15 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
     def input_digest(self, root: Path, ref: SampleRef) -> str | None:
         if not self.is_coco:
             # YOLO: the label file is hashed as the field's file; a data.yaml's kpt_shape decides
-            # whether its lines are taken
+            # whether its lines are taken, and the classes.txt above it what its numbers name
             declared = self._declared_kpt_shape(root)
-            return None if declared is None else f"data.yaml kpt_shape {declared!r}"
+            said = [] if declared is None else [f"data.yaml kpt_shape {declared!r}"]
+            if (label := ref.files.get(self.name)) is not None and (found := classfile.nearest(root, label)):
+                try:
+                    said.append(f"{found[0]} {classfile.read(root, *found, self._outside)[1]}")
+                except Reject as err:
+                    said.append(f"rejected: {err}")
+            return "; ".join(said) or None
         try:
             return coco_digest(self._coco_of(root, ref), ref.files[self.spec.like])
         except Reject as err:
@@ -305,6 +317,9 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
                 self.spec.kpt_shape,
                 self._declared_kpt_shape(root),
             )
+            if (found := classfile.nearest(root, where)) is not None:
+                listed, _ = classfile.read(root, *found, self._outside)
+                classfile.check(listed, found[0], objects.labels, self.spec.classes, where)
         placed = place(objects.corners, geometry, self.spec.outside, self.spec.min_size)
         rows = np.column_stack([placed.boxes, objects.labels[placed.kept]]).astype(np.float32)
         context = {"clipped": placed.clipped, "dropped": placed.dropped}
