@@ -130,6 +130,45 @@ def test_class_masks_in_a_lossy_format_are_rejected_never_stored_with_its_noise(
             assert np.array_equal(f["train"]["masks"][row, 0], placed(classes_of(getattr(data, sid)()))), sid
 
 
+@pytest.mark.parametrize(
+    "name,save",
+    [
+        ("tiff-jpeg", lambda mask, path: mask.save(path.with_suffix(".tif"), compression="jpeg", quality=95)),
+        ("jpeg2000-97", lambda mask, path: mask.save(path.with_suffix(".jp2"), irreversible=True,
+                                                    quality_mode="rates", quality_layers=[8])),
+        ("avif", lambda mask, path: mask.save(path.with_suffix(".avif"), quality=95)),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_class_masks_in_other_lossy_encodings_are_rejected_and_lossless_ones_kept(raw, tmp_path, build_spec, name, save):
+    """A TIFF whose strips are JPEG, a JPEG 2000 of the irreversible 9-7 wavelet and an AVIF move a
+    class mask's values near its edges onto the neighbouring classes, as a JPEG does: each is refused
+    as lossy. The same masks as LZW TIFF and reversible JPEG 2000 are stored exactly."""
+    lossy, kept = PHOTOS[:2], PHOTOS[2:4]
+    for photo in PHOTOS:
+        (raw / "masks" / f"{photo}.png").unlink()
+        mask = Image.fromarray(classes_of(getattr(data, photo)()))
+        if photo in lossy:
+            save(mask, raw / "masks" / photo)
+        elif photo in kept:
+            mask.save(raw / "masks" / f"{photo}.tif" if photo == kept[0] else raw / "masks" / f"{photo}.jp2",
+                      **({"compression": "tiff_lzw"} if photo == kept[0] else {}))
+        else:
+            mask.save(raw / "masks" / f"{photo}.png")
+    noisy = np.asarray(Image.open(next((raw / "masks").glob(f"{lossy[0]}.*"))))
+    assert (noisy != classes_of(getattr(data, lossy[0])())).any()  # the encoding moved values
+    spec = spec_data(raw, tmp_path / "out", classes=21)  # the noise stays within the classes
+    spec["fields"]["masks"]["files"] = ["masks/*.png", "masks/*.tif", "masks/*.jp2", "masks/*.avif"]
+    path, summary = build_spec(spec)
+    assert sorted(r.sample_id for r in summary.rejections) == sorted(lossy), summary.rejections
+    assert all("lossy" in r.reason and "save it as PNG" in r.reason for r in summary.rejections), summary.rejections
+    with h5py.File(path, "r") as f:
+        ids = decode_str(f["train"]["ids"][()])
+        assert sorted(ids) == sorted(PHOTOS[2:])
+        for row, sid in enumerate(ids):
+            assert np.array_equal(f["train"]["masks"][row, 0], placed(classes_of(getattr(data, sid)()))), sid
+
+
 def test_masks_named_with_a_suffix_pair_with_their_images(raw, tmp_path, build_spec):
     for mask in (raw / "masks").glob("*.png"):  # ISIC: ISIC_0000000.jpg and ISIC_0000000_segmentation.png
         mask.rename(mask.with_name(f"{mask.stem}_segmentation.png"))
