@@ -283,3 +283,39 @@ def test_an_inbox_picture_waits_for_its_label_file_while_it_may_come(coco_folder
     assert [r.sample_id for r in scan.waiting] == ["ihc"]
     later = scan_inbox(loaded, inbox, now=now + 31)
     assert sorted((r.id, sorted(r.files)) for r in later.ready) == [("cam", ["boxes", "images"]), ("ihc", ["images"])]
+
+
+def test_a_label_file_arriving_after_its_picture_was_taken_as_a_background_goes_to_quarantine(coco_folder, tmp_path):
+    """The picture was published as a background (no label file within the settle time); its label
+    file arrives alone. It can make no new sample (latest holds the id), so it does not wait in the
+    inbox for ever, unseen by every build: it goes to quarantine/ saying so, and put beside its
+    picture in processed/ a rebuild gives the picture its boxes. A lone file of a sample latest does
+    not hold still waits for its picture."""
+    raw, inbox = _background_folder(coco_folder, tmp_path), tmp_path / "inbox"
+    spec = _spec(raw, tmp_path / "out", {"files": "labels/*.txt", "missing": "empty"})
+    spec["source"]["inbox"] = str(inbox)
+    spec["append"] = {"settle_seconds": 0}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    assert h5forge.build(tmp_path / "spec.yaml").version == 1
+    ihc = _picture("immunohistochemistry")
+    _save(ihc, inbox / "images" / "ihc.png")
+    assert h5forge.append(tmp_path / "spec.yaml").added == 1
+    assert _stored(tmp_path / "out" / "dataset_latest.h5")["ihc"].shape == (0, 5)
+
+    label = "1 0.5 0.5 0.25 0.25\n"
+    (inbox / "labels").mkdir()
+    (inbox / "labels" / "ihc.txt").write_text(label)
+    (inbox / "labels" / "newcomer.txt").write_text(label)  # its picture may still come
+    added = h5forge.append(tmp_path / "spec.yaml")
+    assert (added.added, added.waiting) == (0, 1), added
+    assert [r.sample_id for r in added.rejections] == ["ihc"], added.rejections
+    assert "already in the dataset" in added.rejections[0].reason and "rebuild" in added.rejections[0].reason
+    assert not (inbox / "labels" / "ihc.txt").exists() and (inbox / "labels" / "newcomer.txt").is_file()
+    assert (inbox / "quarantine" / "labels" / "ihc.txt").read_text() == label
+    assert "already in the dataset" in (inbox / "quarantine" / "labels" / "ihc.txt.reason").read_text()
+
+    (inbox / "processed" / "v0002" / "labels").mkdir()
+    (inbox / "quarantine" / "labels" / "ihc.txt").rename(inbox / "processed" / "v0002" / "labels" / "ihc.txt")
+    rebuilt = h5forge.build(tmp_path / "spec.yaml")
+    assert rebuilt.rejected == 0, rebuilt
+    assert np.allclose(_stored(tmp_path / "out" / "dataset_latest.h5")["ihc"], _from_label(label, *ihc.shape[:2]), atol=1e-3)
