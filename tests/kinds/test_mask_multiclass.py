@@ -268,3 +268,30 @@ def test_binary_palette_masks_of_black_and_white_are_read_by_their_colours(raw, 
         assert ids == sorted(PHOTOS)
         for row, sid in enumerate(ids):
             assert np.array_equal(f["train"]["masks"][row, 0], placed(drawn[sid])), sid
+
+
+def test_binary_palette_masks_of_black_and_one_colour_are_read_by_their_colours(raw, tmp_path, build_spec):
+    """A binary mask drawn in one colour on black, saved indexed by an editor that numbers the
+    colours as it meets them, has the colour at index 0 when the object touches the first pixel:
+    the colour is the mask, black is not, whatever their indices (as for black and white)."""
+    drawn = {}
+    for k, name in enumerate(PHOTOS):
+        grey = getattr(data, name)()
+        drawn[name] = (grey > filters.threshold_otsu(grey)).astype(np.uint8)
+        colour_first = k % 2 == 0
+        index = (1 - drawn[name]) if colour_first else drawn[name]
+        picture = Image.fromarray(index, "P")
+        red, black = [220, 20, 60], [0, 0, 0]
+        picture.putpalette(red + black if colour_first else black + red)
+        (raw / "masks" / f"{name}.png").unlink()
+        picture.save(raw / "masks" / f"{name}{'.gif' if k % 3 == 0 else '.png'}")
+    spec = spec_data(raw, tmp_path / "out")
+    del spec["fields"]["masks"]["classes"]
+    spec["fields"]["masks"]["files"] = ["masks/*.png", "masks/*.gif"]
+    path, summary = build_spec(spec)
+    assert summary.rejections == ()
+    with h5py.File(path, "r") as f:
+        ids = decode_str(f["train"]["ids"][()])
+        assert ids == sorted(PHOTOS)
+        for row, sid in enumerate(ids):
+            assert np.array_equal(f["train"]["masks"][row, 0], placed(drawn[sid])), sid
