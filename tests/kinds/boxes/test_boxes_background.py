@@ -319,3 +319,35 @@ def test_a_label_file_arriving_after_its_picture_was_taken_as_a_background_goes_
     rebuilt = h5forge.build(tmp_path / "spec.yaml")
     assert rebuilt.rejected == 0, rebuilt
     assert np.allclose(_stored(tmp_path / "out" / "dataset_latest.h5")["ihc"], _from_label(label, *ihc.shape[:2]), atol=1e-3)
+
+
+def test_a_picture_both_labelled_and_a_background_is_a_leak_warning_not_a_failed_build(coco_folder, tmp_path):
+    """The same picture in train with its label file and in val without one (a background): the
+    leak check reads a background's missing label file as no file (the build failed with a
+    KeyError after writing every sample); the build publishes both with a warning naming them."""
+    import shutil
+
+    flat = _yolo_folder(coco_folder, tmp_path)
+    raw = tmp_path / "split"
+    split_of = {"astronaut": "train", "coffee": "train", "rocket": "train", "chelsea": "val"}
+    for name, split in split_of.items():
+        for folder, suffix in (("images", ".png"), ("labels", ".txt")):
+            (raw / folder / split).mkdir(parents=True, exist_ok=True)
+            (flat / folder / f"{name}{suffix}").rename(raw / folder / split / f"{name}{suffix}")
+    shutil.copy(raw / "images" / "train" / "astronaut.png", raw / "images" / "val" / "astronaut.png")
+    spec = _spec(raw, tmp_path / "out", {"files": "labels/*/*.txt", "missing": "empty"})
+    spec["fields"]["images"]["files"] = "images/*/*.png"
+    spec["source"]["ids"] = "path"
+    spec["annotations"] = {"columns": {"split": "str"}, "folders": {"split": -1}, "required": False}
+    spec["splits"] = {"column": "split"}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    built = h5forge.build(tmp_path / "spec.yaml")
+    assert built.rejected == 0 and built.counts == {"train": 3, "val": 2, "test": 0}, built
+    assert built.warnings == (
+        "leak between splits: 1 raw input(s) of images are in more than one split "
+        "('train/astronaut' (train), 'val/astronaut' (val), labelled differently)",
+    )
+    got = _stored(Path(built.path))
+    assert got["val/astronaut"].shape == (0, 5)
+    label = (raw / "labels" / "train" / "astronaut.txt").read_text()
+    assert np.allclose(got["train/astronaut"], _from_label(label, 512, 512), atol=1e-3)
