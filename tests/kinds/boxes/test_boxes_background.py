@@ -351,3 +351,56 @@ def test_a_picture_both_labelled_and_a_background_is_a_leak_warning_not_a_failed
     assert got["val/astronaut"].shape == (0, 5)
     label = (raw / "labels" / "train" / "astronaut.txt").read_text()
     assert np.allclose(got["train/astronaut"], _from_label(label, 512, 512), atol=1e-3)
+
+
+def _split_layout(coco_folder: Path, tmp_path: Path, roboflow: bool = False) -> Path:
+    """Ultralytics' split layout (Roboflow's with ``roboflow``), chelsea in val, rocket a
+    background in train, and a test split of pictures no one labelled: no label folder for it."""
+    flat = _yolo_folder(coco_folder, tmp_path)
+    raw = tmp_path / "split"
+    split_of = {"astronaut": "train", "coffee": "train", "rocket": "train", "chelsea": "val"}
+
+    def folder(kind: str, split: str) -> Path:
+        return raw / split / kind if roboflow else raw / kind / split
+
+    for name, split in split_of.items():
+        for kind, suffix in (("images", ".png"), ("labels", ".txt")):
+            folder(kind, split).mkdir(parents=True, exist_ok=True)
+            (flat / kind / f"{name}{suffix}").rename(folder(kind, split) / f"{name}{suffix}")
+    (folder("labels", "train") / "rocket.txt").unlink()
+    _save(_picture("immunohistochemistry"), folder("images", "test") / "ihc.png")
+    _save(_picture("camera"), folder("images", "test") / "cam.png")
+    return raw
+
+
+@pytest.mark.parametrize("roboflow", [False, True], ids=["ultralytics", "roboflow"])
+def test_pictures_of_a_split_without_its_label_folder_are_unlabelled_not_backgrounds(coco_folder, tmp_path, roboflow):
+    """A test split published without labels (images/test/ and no labels/test/, as competitions
+    hand it out) is no split of background pictures: under missing: empty, each of its pictures is
+    refused with the label folder it lacks (they were published as pictures with no objects, exit
+    0). A background beside label files of its split is still one, and an empty label folder
+    makes the split's pictures backgrounds."""
+    from h5forge._init import infer_spec
+
+    raw = _split_layout(coco_folder, tmp_path, roboflow)
+    found = infer_spec(raw, tmp_path / "init.yaml")
+    spec = yaml.safe_load(found.text)
+    assert spec["fields"]["boxes"]["missing"] == "empty"
+    test = "test/labels" if roboflow else "labels/test"
+    pictures = "test/images" if roboflow else "images/test"
+    assert f"{pictures}/ holds 2 pictures and has no {test}/: a build refuses them as unlabelled" in " ".join(found.notes)
+    spec["output"] = {"dir": str(tmp_path / "out"), "allow_removals": True}
+    spec["fields"]["images"].update(size=[SIZE, SIZE], larger="crop")
+    spec["max_rejected"] = 2
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    built = h5forge.build(tmp_path / "spec.yaml")
+    refused = {r.sample_id: r.reason for r in built.rejections}
+    assert sorted(refused) == (["cam", "ihc"] if roboflow else ["test/cam", "test/ihc"]), refused
+    assert all(f"{test}/ does not exist" in reason for reason in refused.values()), refused
+    assert built.counts == {"train": 3, "val": 1, "test": 0}, built
+    got = _stored(Path(built.path))
+    assert got["rocket" if roboflow else "train/rocket"].shape == (0, 5)
+
+    (raw / test).mkdir()  # said so: the test split's pictures are backgrounds
+    built = h5forge.build(tmp_path / "spec.yaml")
+    assert built.rejections == () and built.counts == {"train": 3, "val": 1, "test": 2}, built

@@ -256,6 +256,22 @@ def _arrangement(raw: Path) -> _Arrangement:
     return _Arrangement("{split}/images", "{split}/labels", above)
 
 
+def _note_unlabelled_splits(raw: Path, at: _Arrangement, notes: list[str]) -> None:
+    """Note the folders the picture glob takes that have no label folder (a test split handed out
+    unlabelled): a build refuses their pictures, which are no background pictures."""
+    pattern = at.glob(at.images)
+    for folder in sorted(raw.glob(pattern)):
+        rel = folder.relative_to(raw)
+        split = rel.parts[at.split_level]
+        if split in at.splits or not _pictures(folder):
+            continue
+        notes.append(
+            f"{rel.as_posix()}/ holds {len(_pictures(folder))} pictures and has no "
+            f"{at.labels.format(split=split)}/: a build refuses them as unlabelled (an empty "
+            f"{at.labels.format(split=split)}/ makes them background pictures)"
+        )
+
+
 def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
     """``labels/*.txt`` beside ``images/``, or the same in split folders (``_Arrangement``), the split
     then taken from the folder."""
@@ -270,6 +286,8 @@ def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
     if not labels or not pictures or not keys(labels) & keys(pictures):
         return None
     classes = _yolo_classes(raw, labels, at.folders(at.labels) if split else [], notes)
+    if split:
+        _note_unlabelled_splits(raw, at, notes)
     described = _data_yaml(raw)
     declared, kpt_shape = described.get("kpt_shape"), datayaml.kpt_shape_of(described)
     if declared is not None and kpt_shape is None:

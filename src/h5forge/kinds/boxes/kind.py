@@ -18,7 +18,9 @@ batched as ``Padded``. ``masks: true`` also stores each kept box's instance mask
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -68,6 +70,7 @@ DEFAULT_MAX_OBJECTS = 1_000  # ten times what the busiest COCO pictures hold
 DEFAULT_MAX_VERTICES = 10_000  # COCO polygons hold tens to hundreds
 DEFAULT_MAX_OUTLINE = 4_000_000  # pixels of polygon outline: about 160 MB while rasterising
 YOLO_CLASS_FILES = (classfile.CLASSES_TXT, DATA_YAML)  # where YOLO folders name their classes
+_WILD = re.compile(r"[*?\[]")  # a glob part that matches several names
 
 
 class BoxesField(FieldModel):
@@ -288,6 +291,8 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
                     said.append(f"{found[0]} {classfile.read(root, *found, self._outside)[1]}")
                 except Reject as err:
                     said.append(f"rejected: {err}")
+            elif label is None and (folder := self._missing_label_folder(root, ref.files[self.spec.like])):
+                said.append(f"no label folder {folder}")  # made, it makes the picture a background
             return "; ".join(said) or None
         try:
             return coco_digest(self._coco_of(root, ref), ref.files[self.spec.like])
@@ -304,7 +309,7 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
             digest = None
             where = picture
         elif self.name not in ref.files:
-            objects, digest, where = self._background(picture), "", picture
+            objects, digest, where = self._background(root, picture), "", picture
         else:
             where = ref.files[self.name]
             data, digest = read_source(root, where, limits.max_bytes)
@@ -328,12 +333,48 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
             context["masks"] = instance_masks(objects, np.flatnonzero(placed.kept), geometry, size, where, limits)
         return Decoded(rows.reshape(-1, len(COLUMNS)), digest, context)
 
-    def _background(self, picture: str) -> Objects:
+    def _background(self, root: Path, picture: str) -> Objects:
         """No objects: a picture without its label file, under ``missing: empty``. The file has no
-        digest (the sample's stored one is empty), so one that appears later changes the input key."""
+        digest (the sample's stored one is empty), so one that appears later changes the input key.
+        In split folders, only where its split has a label folder: a split handed out without one
+        (a competition's test pictures) is unlabelled, not a split of pictures with no objects."""
         if not self.file_optional:
             raise Reject(picture, f"no label file for {self.name} ({', '.join(self.files)})")
+        if (folder := self._missing_label_folder(root, picture)) is not None:
+            raise Reject(
+                picture,
+                f"no label file for {self.name}, and {folder}/ does not exist: a picture of a split without its "
+                f"label folder is unlabelled, not a background picture (an empty {folder}/ makes its pictures "
+                "backgrounds)",
+            )
         return Objects(np.zeros((0, 4), np.float64), np.zeros(0, np.int64), [], [])
+
+    def _missing_label_folder(self, root: Path, picture: str) -> str | None:
+        """The folder the label file of ``picture`` would lie in when the label files lie in split
+        folders (a ``*`` in their folder: ``labels/*/``, ``*/labels/``) and no such folder is there;
+        None when one is, or when the globs do not place it. The ``*`` parts above the picture take
+        the picture's folder names, in order, below the part of its path its glob does not cover
+        (``../inbox/processed/vNNNN/`` for an appended picture)."""
+        parts = picture.split("/")
+        expected = []
+        globs = field_of(self.dataset, self.spec.like, ImageField).files
+        for image_glob in (globs,) if isinstance(globs, str) else globs:
+            pattern = image_glob.split("/")
+            if len(pattern) > len(parts) or not all(map(fnmatch.fnmatchcase, parts[-len(pattern) :], pattern)):
+                continue
+            base, tail = parts[: -len(pattern)], parts[-len(pattern) :]
+            names = [name for name, part in zip(tail[:-1], pattern[:-1]) if _WILD.search(part)]
+            for label_glob in self.files:
+                folder = label_glob.split("/")[:-1]
+                wild = [i for i, part in enumerate(folder) if _WILD.search(part)]
+                if not names or len(wild) != len(names) or any("**" in part for part in folder):
+                    continue
+                for i, name in zip(wild, names):
+                    folder[i] = name
+                expected.append("/".join([*base, *folder]))
+        if not expected or any(os.path.isdir(root / f) for f in expected):
+            return None
+        return expected[0]
 
     # ---- statistics: boxes per class, and which pictures hold each class
     counted = "class_boxes"
