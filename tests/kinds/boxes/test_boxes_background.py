@@ -6,6 +6,7 @@ stored box is compared with what the label files say, computed here from their t
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -404,3 +405,38 @@ def test_pictures_of_a_split_without_its_label_folder_are_unlabelled_not_backgro
     (raw / test).mkdir()  # said so: the test split's pictures are backgrounds
     built = h5forge.build(tmp_path / "spec.yaml")
     assert built.rejections == () and built.counts == {"train": 3, "val": 1, "test": 2}, built
+
+
+def test_an_appended_background_of_a_split_stays_one_in_the_rebuild(coco_folder, tmp_path):
+    """An inbox in split folders: a background beside its split's label folder is appended, its
+    picture moved to processed/ without any label folder (it has no label file to move); the
+    rebuild keeps it a background (it was judged in the inbox), while an inbox picture of a split
+    without its label folder goes to quarantine as unlabelled."""
+    raw, inbox = _split_layout(coco_folder, tmp_path), tmp_path / "inbox"
+    shutil.rmtree(raw / "images" / "test")
+    spec = _spec(raw, tmp_path / "out", {"files": "labels/*/*.txt", "missing": "empty"})
+    spec["fields"]["images"]["files"] = "images/*/*.png"
+    spec["source"].update(ids="path", inbox=str(inbox))
+    spec["annotations"] = {"columns": {"split": "str"}, "folders": {"split": -1}, "required": False}
+    spec["splits"] = {"column": "split"}
+    spec["append"] = {"settle_seconds": 0}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    assert h5forge.build(tmp_path / "spec.yaml").counts == {"train": 3, "val": 1, "test": 0}
+    _save(_picture("immunohistochemistry"), inbox / "images" / "train" / "ihc.png")
+    _save(_picture("camera"), inbox / "images" / "val" / "cam.png")
+    _save(_picture("coins"), inbox / "images" / "test" / "coins.png")  # no labels/test/
+    (inbox / "labels" / "val").mkdir(parents=True)
+    (inbox / "labels" / "val" / "cam.txt").write_text("0 0.5 0.5 0.5 0.5\n")
+    (inbox / "labels" / "train").mkdir()  # no file in it: ihc is a background
+    added = h5forge.append(tmp_path / "spec.yaml")
+    assert (added.added, added.counts) == (2, {"train": 4, "val": 2, "test": 0}), added
+    assert [r.sample_id for r in added.rejections] == ["test/coins"], added.rejections
+    assert "labels/test/ does not exist" in added.rejections[0].reason
+    assert (inbox / "quarantine" / "images" / "test" / "coins.png").is_file()
+    assert not (inbox / "processed" / "v0002" / "labels" / "train").exists()
+    before = _stored(tmp_path / "out" / "dataset_latest.h5")
+    assert before["train/ihc"].shape == (0, 5) and before["val/cam"].shape == (1, 5)
+    rebuilt = h5forge.build(tmp_path / "spec.yaml")
+    assert rebuilt.rejections == () and rebuilt.counts == {"train": 4, "val": 2, "test": 0}, rebuilt
+    after = _stored(tmp_path / "out" / "dataset_latest.h5")
+    assert set(after) == set(before) and all(np.array_equal(after[s], before[s]) for s in before)

@@ -352,9 +352,10 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
     def _missing_label_folder(self, root: Path, picture: str) -> str | None:
         """The folder the label file of ``picture`` would lie in when the label files lie in split
         folders (a ``*`` in their folder: ``labels/*/``, ``*/labels/``) and no such folder is there;
-        None when one is, or when the globs do not place it. The ``*`` parts above the picture take
-        the picture's folder names, in order, below the part of its path its glob does not cover
-        (``../inbox/processed/vNNNN/`` for an appended picture)."""
+        None when one is, when the globs do not place it, or for a picture of another source folder
+        (``../inbox/processed/vNNNN/...``: the append judged it in its inbox, and moved no label
+        folder for a background). The ``*`` parts above the picture take the picture's folder
+        names, in order."""
         parts = picture.split("/")
         expected = []
         globs = field_of(self.dataset, self.spec.like, ImageField).files
@@ -363,6 +364,8 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
             if len(pattern) > len(parts) or not all(map(fnmatch.fnmatchcase, parts[-len(pattern) :], pattern)):
                 continue
             base, tail = parts[: -len(pattern)], parts[-len(pattern) :]
+            if ".." in base:  # an appended picture, judged in its inbox (no label file: no folder moved)
+                return None
             names = [name for name, part in zip(tail[:-1], pattern[:-1]) if _WILD.search(part)]
             for label_glob in self.files:
                 folder = label_glob.split("/")[:-1]
