@@ -4,6 +4,8 @@ the values found; class pixel counts and the per-class row index are stored per 
 
 from __future__ import annotations
 
+import io
+
 import h5py
 import numpy as np
 import pytest
@@ -165,6 +167,41 @@ def test_class_masks_in_other_lossy_encodings_are_rejected_and_lossless_ones_kep
     with h5py.File(path, "r") as f:
         ids = decode_str(f["train"]["ids"][()])
         assert sorted(ids) == sorted(PHOTOS[2:])
+        for row, sid in enumerate(ids):
+            assert np.array_equal(f["train"]["masks"][row, 0], placed(classes_of(getattr(data, sid)()))), sid
+
+
+def _damaged_in_its_last_block(png: bytes, classes: np.ndarray) -> bytes:
+    """``png`` with one bit of its pixel data flipped where Pillow, which reads no IDAT checksum and
+    stops once it has every row, decodes it without an error to other values that are all classes."""
+    at = png.index(b"IDAT") - 4
+    length = int.from_bytes(png[at : at + 4], "big")
+    for pos in range(at + 8 + length - 5, at + 8, -1):  # the last deflate block: before its Adler-32
+        for bit in (0x80, 0x10, 0x01):
+            bad = bytearray(png)
+            bad[pos] ^= bit
+            try:
+                with Image.open(io.BytesIO(bytes(bad))) as im:
+                    got = np.asarray(im)
+            except (OSError, SyntaxError, ValueError):
+                continue
+            if not np.array_equal(got, classes) and got.max() < 3:
+                return bytes(bad)
+    raise AssertionError("no such flip")
+
+
+def test_a_class_mask_whose_pixel_data_is_damaged_is_rejected_not_stored_with_other_classes(raw, tmp_path, build_spec):
+    """A PNG's IDAT checksum says its pixel data is not what was written (a bit flipped on a disk or
+    in a copy): the mask is refused with that reason, never decoded to the classes the damage made."""
+    cls = classes_of(data.coins())
+    damaged = _damaged_in_its_last_block((raw / "masks" / "coins.png").read_bytes(), cls)
+    (raw / "masks" / "coins.png").write_bytes(damaged)
+    path, summary = build_spec(spec_data(raw, tmp_path / "out"))
+    assert [(r.sample_id, r.paths) for r in summary.rejections] == [("coins", ("masks/coins.png",))]
+    assert "IDAT" in summary.rejections[0].reason and "checksum" in summary.rejections[0].reason
+    with h5py.File(path, "r") as f:
+        ids = decode_str(f["train"]["ids"][()])
+        assert sorted(ids) == sorted(set(PHOTOS) - {"coins"})
         for row, sid in enumerate(ids):
             assert np.array_equal(f["train"]["masks"][row, 0], placed(classes_of(getattr(data, sid)()))), sid
 
