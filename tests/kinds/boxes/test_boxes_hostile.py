@@ -610,3 +610,39 @@ def test_a_split_whose_classes_file_numbers_the_classes_otherwise_is_refused_not
     result = h5forge.build(tmp_path / "spec.yaml")
     assert [r.sample_id for r in result.rejections] == ["val/chelsea"], result
     assert "class 2 is 'cup' in labels/val/classes.txt but 'cat'" in result.rejections[0].reason
+
+
+def test_an_inbox_classes_file_numbers_its_own_label_files_only(coco_folder, tmp_path):
+    """An inbox batch's classes.txt names the numbers of the label files it came with: one that
+    lists the classes in another order refuses the batch's pictures that use a number it names
+    otherwise (to quarantine/, with both names). Labels appended before it came are judged by what
+    was beside them then: the rebuild still publishes them as their files say."""
+    from PIL import Image
+
+    from tests.kinds.boxes.test_boxes import _picture
+    from tests.kinds.boxes.test_boxes_background import _stored
+
+    raw, inbox = _yolo_folder(coco_folder, tmp_path), tmp_path / "inbox"
+    spec = _spec(raw, tmp_path / "out", {"files": "labels/*.txt"})
+    spec["source"]["inbox"] = str(inbox)
+    spec["append"] = {"settle_seconds": 0}
+    spec["output"]["allow_removals"] = False
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    assert h5forge.build(tmp_path / "spec.yaml").rejected == 0
+    (inbox / "images").mkdir(parents=True)
+    (inbox / "labels").mkdir()
+    Image.fromarray(_picture("immunohistochemistry")).save(inbox / "images" / "ihc.png")
+    (inbox / "labels" / "ihc.txt").write_text("2 0.5 0.5 0.5 0.5\n")  # a cat, in the dataset's numbers
+    assert h5forge.append(tmp_path / "spec.yaml").added == 1
+
+    (inbox / "classes.txt").write_text("cat\ncup\nperson\n")  # the next batch's exporter numbers otherwise
+    Image.fromarray(_picture("camera")).save(inbox / "images" / "cam.png")
+    (inbox / "labels" / "cam.txt").write_text("0 0.5 0.5 0.5 0.5\n")  # a cat, in its numbers
+    added = h5forge.append(tmp_path / "spec.yaml")
+    assert added.added == 0 and [r.sample_id for r in added.rejections] == ["cam"], added
+    assert "class 0 is 'cat' in classes.txt but 'person'" in added.rejections[0].reason
+    assert (inbox / "quarantine" / "labels" / "cam.txt").is_file()
+
+    rebuilt = h5forge.build(tmp_path / "spec.yaml")
+    assert rebuilt.rejected == 0, rebuilt.rejections
+    assert _stored(tmp_path / "out" / "dataset_latest.h5")["ihc"][:, 4].tolist() == [CLASSES.index("cat")]

@@ -1,17 +1,19 @@
 """A YOLO folder's ``classes.txt``: one class name a line, a label line's class number being the
 name's position. Exporters write one at the top, in ``labels/`` or in each split folder's labels
 (``labels/val/classes.txt``), and two of them may list the classes in other orders: the numbers of a
-label file are then those of the ``classes.txt`` nearest above it. A number it names otherwise than
+label file are then those of the ``classes.txt`` nearest above it in its source folder (an
+inbox batch's own, for the label files it came with). A number it names otherwise than
 the field's ``classes`` would be stored as another class, so the picture is refused with both names
 (``check``). ``init`` reads the names the same way (``names``).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import threading
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 
@@ -34,16 +36,23 @@ _CACHE: dict[tuple[str, int, int, str, bool], tuple[dict[int, str], str] | str] 
 _LOCK = threading.Lock()
 
 
-def nearest(root: Path, label: str) -> tuple[str, Path] | None:
-    """The classes.txt nearest above the label file ``label`` (relative to ``root``): in its folder,
-    then each folder up to the top, and the folder it may not lead out of through a symlink (its own
-    for a file of another source folder, ``../inbox/processed/vNNNN/...``, else ``root``); or None."""
-    for folder in PurePosixPath(label).parents:
-        if folder.parts and folder.parts[-1] == "..":
-            continue
-        rel = (folder / CLASSES_TXT).as_posix()
+def nearest(root: Path, label: str, globs: tuple[str, ...]) -> tuple[str, Path] | None:
+    """The classes.txt nearest above the label file ``label`` (relative to ``root``), matched by one
+    of the field's ``globs``: in its folder, then each folder up to the top of its source folder
+    (for an appended file, ``../inbox/processed/vNNNN/``, the inbox it was judged in, never the
+    folders above it), and the folder it may not lead out of through a symlink; or None."""
+    parts = label.split("/")
+    top = 0
+    for glob in globs:
+        pattern = glob.split("/")
+        if len(pattern) <= len(parts) and all(map(fnmatch.fnmatchcase, parts[-len(pattern) :], pattern)):
+            top = len(parts) - len(pattern)
+            break
+    within = root / "/".join(parts[:top]) if ".." in parts[:top] else root
+    for depth in range(len(parts) - 1, top - 1, -1):
+        rel = "/".join([*parts[:depth], CLASSES_TXT])
         if os.path.lexists(root / rel):
-            return rel, root / folder if ".." in folder.parts else root
+            return rel, within
     return None
 
 

@@ -286,7 +286,9 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
             # whether its lines are taken, and the classes.txt above it what its numbers name
             declared = self._declared_kpt_shape(root)
             said = [] if declared is None else [f"data.yaml kpt_shape {declared!r}"]
-            if (label := ref.files.get(self.name)) is not None and (found := classfile.nearest(root, label)):
+            if (label := ref.files.get(self.name)) is not None and (
+                found := classfile.nearest(root, label, self.files)
+            ):
                 try:
                     said.append(f"{found[0]} {classfile.read(root, *found, self._outside)[1]}")
                 except Reject as err:
@@ -322,7 +324,7 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
                 self.spec.kpt_shape,
                 self._declared_kpt_shape(root),
             )
-            if (found := classfile.nearest(root, where)) is not None:
+            if (found := classfile.nearest(root, where, self.files)) is not None:
                 listed, _ = classfile.read(root, *found, self._outside)
                 classfile.check(listed, found[0], objects.labels, self.spec.classes, where)
         placed = place(objects.corners, geometry, self.spec.outside, self.spec.min_size)
