@@ -187,10 +187,10 @@ def _black_and_white(img) -> np.ndarray | None:
     used = np.flatnonzero(np.bincount(index.ravel(), minlength=256))
     if not used.size or used[-1] >= len(palette):
         return None
-    drawn = palette.any(axis=1)  # any colour but black
+    drawn = np.asarray(palette.any(axis=1))  # any colour but black
     if len(np.unique(palette[used][drawn[used]], axis=0)) > 1:
         return None
-    return (drawn * np.uint8(255))[index]
+    return np.where(drawn, np.uint8(255), np.uint8(0))[index]
 
 
 def binary_values(img, path: str) -> np.ndarray:
