@@ -147,22 +147,23 @@ def test_class_folders_become_a_label_from_the_folder_names(tmp_path):
     assert spec.fields["label"].classes[int(label)] == ds.ids()[0].split("/")[0]
 
 
-def test_split_and_class_folders_take_the_split_from_the_folder(tmp_path):
+@pytest.mark.parametrize("folders", [("training", "validation", "test"), ("train2017", "val2017", "test2017")])
+def test_split_and_class_folders_take_the_split_from_the_folder(tmp_path, folders):
     raw = tmp_path / "flowers"
-    class_tree(raw, split_names=["training", "validation", "test"], per_class=2)
+    class_tree(raw, split_names=list(folders), per_class=2)
     for k in range(2):  # an unlabelled test folder, as on Kaggle
-        photo(k).save(raw / "test" / f"unlabelled{k}.png")
+        photo(k).save(raw / folders[2] / f"unlabelled{k}.png")
     inferred, spec, spec_path = infer(raw, tmp_path)
     assert inferred.layout == "classify"
     assert set(spec.fields["images"].files) == {"*/*/*.jpg", "*/*/*.png", "*/*/*.JPG", "*/*/*.webp"}
     ann = spec.annotations
     assert ann.columns == {"label": "str", "split": "str"} and ann.folders == {"label": -1, "split": -2}
     assert spec.splits.column == "split"
-    assert any("2 pictures lie directly in test/" in n for n in inferred.notes)
+    assert any(f"2 pictures lie directly in {folders[2]}/" in n for n in inferred.notes)
     path, summary = build(spec_path, tmp_path / "out")
     assert summary.rejections == ()
     with h5py.File(path, "r") as f:
-        for folder, split in (("training", "train"), ("validation", "val"), ("test", "test")):
+        for folder, split in zip(folders, ("train", "val", "test")):
             ids = decode_str(f[split]["ids"][()])
             assert len(ids) == 8 and all(i.startswith(folder + "/") for i in ids)
 
@@ -551,5 +552,12 @@ def test_coco_split_folders_named_with_a_year_are_never_classes(tmp_path, with_c
                     "annotations": [{"id": e["id"], "image_id": e["id"], "category_id": 1, "bbox": [4, 4, 20, 20],
                                      "area": 400, "iscrowd": 0} for e in entries]}
             (raw / "annotations" / f"instances_{split}.json").write_text(json.dumps(coco))
-    with pytest.raises(UsageError, match="no layout h5forge knows found"):
-        infer_spec(raw, tmp_path / "coco.yaml")  # refused, never a label field of classes [train2017, val2017]
+    if not with_coco:
+        with pytest.raises(UsageError, match="no layout h5forge knows found"):
+            infer_spec(raw, tmp_path / "coco.yaml")  # refused, never a label field of classes [train2017, val2017]
+        return
+    found = infer_spec(raw, tmp_path / "coco.yaml")  # COCO's boxes, each picture in its folder's split
+    spec = yaml.safe_load(found.text)
+    assert found.layout == "boxes" and "label" not in spec["fields"]
+    assert spec["fields"]["images"]["files"] == ["images/train2017/*.jpg", "images/val2017/*.jpg"]
+    assert spec["splits"]["column"] == "split" and spec["annotations"]["folders"] == {"split": -1}

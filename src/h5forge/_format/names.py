@@ -16,6 +16,18 @@ BLAKE3_CHECKSUMS = 3  # the first format whose row checksums are BLAKE3 (sha256 
 SPLITS = ("train", "val", "test")
 # how folders name the splits (images/train/, training/, valid/...): one list for init and the kinds' detectors
 SPLIT_FOLDER_NAMES = ("train", "val", "test", "training", "validation", "valid", "testing")
+# a split named with its year, as COCO's train2017/ and val2014/, or VOC's 2012_train
+_DATED_SPLIT = re.compile(r"(?:(?:19|20)\d\d[_-]?)?([a-z]+)(?:[_-]?(?:19|20)\d\d)?")
+
+
+def split_named(name: str) -> str | None:
+    """The split a folder name or a split column's value says (``train``, ``Validation``,
+    ``val2017``), or None."""
+    found = _DATED_SPLIT.fullmatch(name.lower())
+    if found is None or found.group(1) not in SPLIT_FOLDER_NAMES:
+        return None
+    return {"training": "train", "validation": "val", "valid": "val", "testing": "test"}.get(found[1], found[1])
+
 
 # ---- files of an output folder ----------------------------------------------------------------
 LATEST = "dataset_latest.h5"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from h5forge._format.names import SPLITS
+from h5forge._format.names import SPLITS, split_named
 
 
 def unit_hash(sample_id: str, seed: str) -> float:
@@ -20,15 +20,12 @@ def unit_hash(sample_id: str, seed: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-ALIASES = {"training": "train", "validation": "val", "valid": "val", "testing": "test"}  # common folder names
-
-
 def assign_split(sample_id: str, splits: Any, columns: dict[str, Any] | None = None) -> str:
     """The split of one sample; from an annotation column when the spec names one."""
     if splits.column:
         value = (columns or {}).get(splits.column)
-        if isinstance(value, str):
-            value = ALIASES.get(value.lower(), value.lower())
+        if isinstance(value, str):  # a folder's name, as folders name splits (``valid``, ``train2017``)
+            value = split_named(value) or value.lower()
         if value not in SPLITS:
             raise ValueError(f"split column {splits.column!r} is {value!r}; expected one of {', '.join(SPLITS)}")
         return value

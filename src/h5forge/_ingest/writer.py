@@ -352,19 +352,22 @@ class DatasetWriter:
     def _write_chunks(self, split: str, path: str, rows: EncodedRows) -> None:
         """Rows a cleaning worker compressed, one chunk each: placed as they are, or joined into
         chunks of several rows, from a chunk boundary of the dataset on. A dataset whose layout or
-        filters are not what the chunks were made for, or rows that start or end inside a chunk,
-        get the decoded rows instead."""
+        filters are not what the chunks were made for gets the decoded rows instead, and so do the
+        rows that complete a partial last chunk (a checkpoint writes one) or start one."""
         key, ds = (split, path), self._dataset(split, path)
         direct = self._direct[key][1]
         if direct is None:
             direct = accepts(ds, rows.codec, rows.shape, rows.dtype)
             self._direct[key] = (ds, direct)
         k = ds.chunks[0]
-        whole = len(rows) - len(rows) % k if direct and ds.shape[0] % k == 0 else 0
+        head = min(-ds.shape[0] % k, len(rows)) if direct else len(rows)
+        whole = (len(rows) - head) // k * k
+        if head:
+            arrays.extend(self._groups[split], path, rows[:head].decoded())
         if whole:
-            append_chunks(ds, rows[:whole].joined(k), rows=k)
-        if whole < len(rows):  # the rows of a last, partial chunk
-            arrays.extend(self._groups[split], path, rows[whole:].decoded())
+            append_chunks(ds, rows[head : head + whole].joined(k), rows=k)
+        if head + whole < len(rows):
+            arrays.extend(self._groups[split], path, rows[head + whole :].decoded())
 
     def _sample_keys(self, batch: CleanedBatch) -> np.ndarray:
         """Each row's sample key: the build's, or made from what the batch holds (an append)."""

@@ -4,23 +4,17 @@ class; the label, and the split, come from the folder names."""
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from h5forge._format.names import SPLIT_FOLDER_NAMES as SPLIT_NAMES
+from h5forge._format.names import SPLIT_FOLDER_NAMES as SPLIT_NAMES, split_named
 from h5forge.kinds import Layout
 from h5forge._ingest.discover import sample_id
 from h5forge._init.annotations import annotation_lines, find_annotations
 from h5forge._init.folders import named, subdirs
 from h5forge._init.pictures import IMAGE_DIRS, image_field, larger_choice, picture_globs, pictures_in, target_size
 from h5forge._init.text import SpecText, flow
-from h5forge._ingest.splits import assign_split
-from h5forge.spec import Splits
-
-# a split named with its year, as COCO's train2017/, val2014/: a split, never a class
-_DATED_SPLIT = re.compile(r"(?:(?:19|20)\d\d[_-]?)?(" + "|".join(SPLIT_NAMES) + r")(?:[_-]?(?:19|20)\d\d)?")
 
 
 @dataclass
@@ -33,26 +27,12 @@ class ClassTree:
     top: list[Path] | None = None  # with split folders: pictures of class folders beside them (<class>/*.jpg)
 
 
-def split_folder_name(name: str) -> bool:
-    """Whether a folder's name says a split: one of SPLIT_NAMES, alone or with a year (``train2017``)."""
-    return _DATED_SPLIT.fullmatch(name.lower()) is not None
-
-
-def _split_understood(name: str) -> bool:
-    """Whether discovery takes this folder name as a split (asked, not assumed)."""
-    try:
-        assign_split("x", Splits(column="split"), {"split": name})
-        return True
-    except ValueError:
-        return False
-
-
 def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
     bases = [raw, *named(raw, IMAGE_DIRS)]
     for base in bases:
         prefix = "" if base == raw else base.name + "/"
         dirs = subdirs(base)
-        splits = [d for d in dirs if d.name.lower() in SPLIT_NAMES]
+        splits = [d for d in dirs if split_named(d.name)]  # as discovery reads a split column
         if splits:
             files: list[Path] = []
             per_class: Counter[str] = Counter()
@@ -79,12 +59,6 @@ def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
                             f"{prefix}{d.name}/ is not a split folder ({', '.join(SPLIT_NAMES)}): its "
                             "samples will be rejected (split column)"
                         )
-                for s in splits:
-                    if not _split_understood(s.name):
-                        notes.append(
-                            f"split folder {prefix}{s.name}/ is not understood as a split name (lower "
-                            f"case is), so its samples will be rejected; rename it {s.name.lower()}/"
-                        )
                 names = {s.name for s in splits if any(pictures_in(c) for c in subdirs(s))}
                 for name, where in sorted(found_in.items()):
                     if where != names and len(names) > 1:
@@ -107,7 +81,7 @@ def class_tree(raw: Path, notes: list[str]) -> ClassTree | None:
                     )
                 return ClassTree(prefix, True, files, sorted(per_class), per_class, top)
         # a split folder names no class, nor one named with its year (COCO's images/train2017/)
-        class_dirs = [d for d in dirs if pictures_in(d) and not split_folder_name(d.name)]
+        class_dirs = [d for d in dirs if pictures_in(d) and not split_named(d.name)]
         if len(class_dirs) >= 2:
             loose = pictures_in(base)
             if loose:

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from h5forge.errors import UsageError
-from h5forge._init.classes import SPLIT_NAMES, _split_understood
+from h5forge._format.names import split_named
 from h5forge._init.folders import files_in, sample, subdirs
 from h5forge._init.masks import _mask_values
 from h5forge._init.pictures import PICTURES
@@ -253,8 +253,8 @@ def _split_level(folders: list[_Folder]) -> int | None:
     depth = len(folders[0].rel)
     for k in range(depth):
         names = {f.rel[k] for f in folders}
-        if len(names) > 1 and {n.lower() for n in names} <= set(SPLIT_NAMES):
-            return k - depth if all(_split_understood(n) for n in names) else None
+        if len(names) > 1 and all(map(split_named, names)):  # as discovery reads a split column
+            return k - depth
     return None
 
 

@@ -50,7 +50,11 @@ def footer(
     """``nbytes``: a sample's stored bytes (``sample_bytes``), which ``chunk_rows`` is chosen from."""
     t(0, "splits:")
     if split_column:
-        t(1, f"column: {split_column}", "from the split folders (training, validation, valid, testing understood)")
+        t(
+            1,
+            f"column: {split_column}",
+            "from the split folders (training, validation, valid, testing, train2017 understood)",
+        )
         t(1, "ratios: {train: 0.8, val: 0.1, test: 0.1}", "for a picture outside the split folders")
     else:
         t(1, "ratios: {train: 0.8, val: 0.1, test: 0.1}", "stable: a sample's split depends on its id only")

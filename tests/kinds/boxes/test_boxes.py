@@ -185,11 +185,13 @@ def test_init_keeps_each_yolo_class_name_at_its_index(coco_folder, tmp_path):
     assert any("classes.txt names no class 1" in n for n in found.notes), found.notes
 
 
-def test_init_recognises_ultralytics_split_folders_and_the_build_keeps_each_split(coco_folder, tmp_path):
-    """Ultralytics' own layout, images/<split>/ beside labels/<split>/ and the names in data.yaml:
-    ``init`` writes a boxes spec taking the split from the folders (it was read as class folders
-    named train and val, every picture labelled with its split, its boxes left out); the build
-    publishes each picture in its folder's split with its label file's boxes."""
+@pytest.mark.parametrize("year", ["", "2017"])
+def test_init_recognises_ultralytics_split_folders_and_the_build_keeps_each_split(coco_folder, tmp_path, year):
+    """Ultralytics' own layout, images/<split>/ beside labels/<split>/ and the names in data.yaml
+    (its coco128 names the folders with COCO's year, images/train2017/): ``init`` writes a boxes spec
+    taking the split from the folders (it was read as class folders named train and val, every
+    picture labelled with its split, its boxes left out); the build publishes each picture in its
+    folder's split with its label file's boxes."""
     from h5forge._init import infer_spec
 
     flat = _yolo_folder(coco_folder, tmp_path)
@@ -197,8 +199,8 @@ def test_init_recognises_ultralytics_split_folders_and_the_build_keeps_each_spli
     split_of = {"astronaut": "train", "coffee": "train", "rocket": "train", "chelsea": "val"}
     for name, split in split_of.items():
         for folder, suffix in (("images", ".png"), ("labels", ".txt")):
-            (raw / folder / split).mkdir(parents=True, exist_ok=True)
-            (flat / folder / f"{name}{suffix}").rename(raw / folder / split / f"{name}{suffix}")
+            (raw / folder / f"{split}{year}").mkdir(parents=True, exist_ok=True)
+            (flat / folder / f"{name}{suffix}").rename(raw / folder / f"{split}{year}" / f"{name}{suffix}")
     (raw / "data.yaml").write_text(yaml.safe_dump({"path": ".", "train": "images/train", "val": "images/val",
                                                    "names": dict(enumerate(CLASSES))}))
     found = infer_spec(raw, tmp_path / "spec.yaml")
@@ -216,7 +218,7 @@ def test_init_recognises_ultralytics_split_folders_and_the_build_keeps_each_spli
     for split in ("train", "val"):
         with SplitReader(result.path, split, fields=["boxes"]) as r:
             got = dict(zip(r.ids(), r.read(range(len(r)))["boxes"]))
-        assert set(got) == {f"{split}/{name}" for name, s in split_of.items() if s == split}
+        assert set(got) == {f"{split}{year}/{name}" for name, s in split_of.items() if s == split}
         for sid, boxes in got.items():
             assert np.allclose(boxes, _expected(sid.split("/")[1], "crop", "clip")[0], atol=1e-3), sid
 

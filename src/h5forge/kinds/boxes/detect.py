@@ -17,9 +17,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from h5forge._format.names import split_named
 from h5forge.kinds.base import DEFAULT_MAX_BYTES, read_bounded
 from h5forge.kinds.boxes import classfile, datayaml
-from h5forge.kinds.boxes.datayaml import DATA_YAML, SPLIT_FOLDERS
+from h5forge.kinds.boxes.datayaml import DATA_YAML
 from h5forge.kinds.plugins import Layout
 
 PICTURES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
@@ -87,21 +88,26 @@ def _is_coco(data) -> bool:
     )
 
 
-def _image_folder(raw: Path, names: set[str]) -> Path | None:
-    """The sub-folder holding the most of the COCO file names."""
-    best, hits = None, 0
-    for folder in [raw, *sorted(d for d in raw.iterdir() if d.is_dir())]:
-        n = len(names & {p.name for p in _pictures(folder)})
-        if n > hits:
-            best, hits = folder, n
-    return best
+def _image_folders(raw: Path, names: set[str]) -> list[Path]:
+    """The folders of the pictures the COCO files list: the split folders of a download with an
+    instances file per split (``train2017/``, ``val2017/``, also below ``images/``) that hold any,
+    else the one folder holding the most of them (none when no folder holds one)."""
+    hits: Counter[Path] = Counter()
+    for parent in (raw, raw / "images"):
+        for folder in [parent, *sorted(d for d in parent.iterdir() if d.is_dir())] if parent.is_dir() else []:
+            hits[folder] = len(names & {p.name for p in _pictures(folder)})
+    for parent in (raw, raw / "images"):
+        splits = [f for f in hits if hits[f] and f.parent == parent and split_named(f.name)]
+        if len(splits) > 1:
+            return splits
+    best = max(hits, key=lambda f: hits[f], default=None)
+    return [best] if best is not None and hits[best] else []
 
 
-def _image_lines(t, rel: str, pictures: list[Path], size: tuple[int, int], what: str) -> None:
+def _image_lines(t, globs: list[str], size: tuple[int, int], what: str) -> None:
     t(0, "fields:")
     t(1, "images:")
     t(2, "kind: image", what)
-    globs = _globs(rel, pictures)
     t(2, f"files: {_quoted(globs[0]) if len(globs) == 1 else _flow(globs)}")
     t(2, f"size: [{size[0]}, {size[1]}]", "(height, width): the most common picture size")
     t(2, "larger: shrink", "a larger picture is shrunk (keeping its aspect), so no box is cropped away")
@@ -112,10 +118,10 @@ def _coco_layout(raw: Path, notes: list[str]) -> Layout | None:
     if not found:
         return None
     names = {PurePosixPath(str(im.get("file_name", ""))).name for _, d in found for im in d["images"]}
-    folder = _image_folder(raw, names)
-    if folder is None:
+    folders = _image_folders(raw, names)
+    if not folders:
         return None
-    pictures = _pictures(folder)
+    split = len(folders) > 1  # each picture's split is its folder's
     sizes = Counter(
         (int(im["height"]), int(im["width"]))
         for _, d in found
@@ -128,18 +134,22 @@ def _coco_layout(raw: Path, notes: list[str]) -> Layout | None:
         for c in d["categories"]:
             categories.setdefault(int(c["id"]), str(c["name"]))
     classes = list(dict.fromkeys(categories[k] for k in sorted(categories)))
-    listed = len(names & {p.name for p in pictures})
-    if listed < len(pictures):
-        notes.append(
-            f"{len(pictures) - listed} of {len(pictures)} pictures in {folder.name}/ have no entry in the "
-            "COCO file(s): they are rejected"
-        )
+    pictures, globs = [], []
+    for folder in folders:
+        inside = _pictures(folder)
+        pictures += inside
+        globs += _globs(folder.relative_to(raw).as_posix() if folder != raw else ".", inside)
+        listed = len(names & {p.name for p in inside})
+        if listed < len(inside):
+            notes.append(
+                f"{len(inside) - listed} of {len(inside)} pictures in {folder.name}/ have no entry in the "
+                "COCO file(s): they are rejected"
+            )
     coco = [p.relative_to(raw).as_posix() for p, _ in found]
     segmented = any(a.get("segmentation") for _, d in found for a in d["annotations"])
-    rel = folder.relative_to(raw).as_posix() if folder != raw else "."
 
     def body(t) -> None:
-        _image_lines(t, rel, pictures, size, f"{len(pictures)} pictures, boxes in {', '.join(coco)}")
+        _image_lines(t, globs, size, f"{len(pictures)} pictures, boxes in {', '.join(coco)}")
         t(1, "boxes:")
         t(2, "kind: boxes", "COCO boxes per picture, by its file_name; crowd regions left out")
         t(2, "like: images", "shrunk, cropped and padded with the picture")
@@ -148,8 +158,17 @@ def _coco_layout(raw: Path, notes: list[str]) -> Layout | None:
         t(2, "outside: clip", "a box that leaves the frame is clipped to it (drop: dropped); both counted")
         if segmented:
             t(2, "masks: false", "the COCO file has segmentations: true also stores each box's instance mask")
+        if split:
+            _split_from_folders(t, -1, "the split folder a picture lies in")
 
-    return Layout("boxes", body)
+    return Layout("boxes", body, split_column="split" if split else None)
+
+
+def _split_from_folders(t, level: int, why: str) -> None:
+    t(0, "annotations:")
+    t(1, "columns: {split: str}")
+    t(1, f"folders: {{split: {level}}}", why)
+    t(1, "required: false", "no annotation file: the folders say the split")
 
 
 def _by_index(names: dict[int, str], where: str, notes: list[str]) -> list[str]:
@@ -247,7 +266,7 @@ def _arrangement(raw: Path) -> _Arrangement:
 
     def splits(folder: Path, has) -> tuple[str, ...]:
         found = sorted(d for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else []
-        return tuple(d.name for d in found if d.name.lower() in SPLIT_FOLDERS and has(d.name))
+        return tuple(d.name for d in found if split_named(d.name) and has(d.name))
 
     below = splits(raw / "images", lambda name: (raw / "labels" / name).is_dir())
     if below:
@@ -309,7 +328,7 @@ def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
     size = sizes.most_common(1)[0][0] if sizes else (256, 256)
 
     def body(t) -> None:
-        _image_lines(t, at.glob(at.images), pictures, size, f"{len(pictures)} pictures, YOLO boxes in labels/")
+        _image_lines(t, _globs(at.glob(at.images), pictures), size, f"{len(pictures)} pictures, YOLO boxes in labels/")
         t(1, "boxes:")
         t(2, "kind: boxes", "YOLO labels: class cx cy w h relative to the picture, one file per picture")
         t(2, "like: images", "shrunk, cropped and padded with the picture")
@@ -327,10 +346,7 @@ def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
                 "no boxes (refuse: quarantined as incomplete)",
             )
         if split:
-            t(0, "annotations:")
-            t(1, "columns: {split: str}")
-            t(1, f"folders: {{split: {at.split_level}}}", "the split folder a picture and its label file lie in")
-            t(1, "required: false", "no annotation file: the folders say the split")
+            _split_from_folders(t, at.split_level, "the split folder a picture and its label file lie in")
 
     return Layout("boxes", body, ids=at.ids if split else None, split_column="split" if split else None)
 

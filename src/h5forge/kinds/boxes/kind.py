@@ -228,23 +228,28 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
         return coco_index(root, rel, self.spec.max_bytes, self.dataset.source.allow_symlinks_outside, within)
 
     def _coco(self, root: Path, picture: str) -> CocoIndex:
-        """The index of the COCO file that lists ``picture``: the first of ``coco`` that does, beside
+        """The index of the COCO file that lists ``picture``: the one of ``coco`` that does, beside
         the picture's own source folder first (an append's folder with its own COCO file), then under
         the root; an unreadable file beside the picture is the reason when none lists it."""
         unreadable: Reject | None = None
+        near: dict[str, CocoIndex] = {}
         for rel in self.coco_files:
-            near = _nearest_listing(root, rel, picture, self._index)
-            if isinstance(near, CocoIndex):
-                return near
-            unreadable = unreadable or near
-        last = None
+            found = _nearest_listing(root, rel, picture, self._index)
+            if isinstance(found, CocoIndex):
+                near[rel] = found
+            unreadable = unreadable or (found if isinstance(found, Reject) else None)
+        if near:
+            return _only_listing(picture, near)
+        last, listing = None, {}
         for rel in self.coco_files:
             index = self._index(root, rel)
             try:
-                coco_digest(index, picture)
-                return index
+                coco_entry(index, picture)
+                listing[rel] = index
             except Reject as err:
                 last = err
+        if listing:
+            return _only_listing(picture, listing)
         raise unreadable or last or Reject(picture, "no COCO file to look it up in")
 
     def _coco_of(self, root: Path, ref: SampleRef) -> CocoIndex:
@@ -452,6 +457,19 @@ def _nearest_listing(
             continue
         return index
     return unreadable
+
+
+def _only_listing(picture: str, listing: dict[str, CocoIndex]) -> CocoIndex:
+    """The index of the COCO files listing ``picture``; files saying other things of it refuse it:
+    COCO names a picture by its file name alone, so which file's boxes are its cannot be told (two
+    splits exported apart, each numbering its pictures from 1)."""
+    if len({coco_digest(index, picture) for index in listing.values()}) > 1:
+        raise Reject(
+            picture,
+            f"{' and '.join(listing)} each list a picture named {PurePosixPath(picture).name!r}, with other "
+            "boxes: which are this picture's cannot be told; rename the pictures apart, or list each in one file",
+        )
+    return next(iter(listing.values()))
 
 
 class BoxCount(Companion[None]):
