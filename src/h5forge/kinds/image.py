@@ -231,9 +231,9 @@ def _fast_pixels(data: bytes, img, max_decoded: int) -> np.ndarray | None:
 
 def _damaged_png_chunk(data: bytes) -> str | None:
     """The name of a PNG's first pixel-data chunk (IDAT) whose CRC does not match, else None (and
-    for any other file). Pillow and libspng read no IDAT's CRC and stop once they have every row,
-    unread the stream's Adler-32: a bit flipped in the last rows decodes, without an error, to
-    other values."""
+    for any other file). Pillow reads no IDAT's CRC, and both it and libspng stop once they have
+    every row, before the last IDAT's CRC and the stream's Adler-32: a bit flipped in the last rows
+    decodes, without an error, to other values."""
     if not data.startswith(_PNG_SIGNATURE):
         return None
     at = 8
