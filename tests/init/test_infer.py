@@ -331,6 +331,42 @@ def test_voc_style_palette_masks_give_classes_and_the_ignore_value(tmp_path):
     assert set(torch.unique(mask).tolist()) <= {0, 1, 2, 255}
 
 
+def test_palette_masks_numbering_their_colours_per_file_are_read_by_colour(tmp_path):
+    """An editor's indexed export numbers the colours in each file's own order: the same colour is
+    index 1 in one mask and 2 in the next. ``init`` declares the palette by the colours it finds
+    (black first), so the build stores each colour as one class in every mask; read by index, each
+    file's classes were permuted, exit 0."""
+    raw = tmp_path / "indexed"
+    (raw / "images").mkdir(parents=True)
+    (raw / "masks").mkdir()
+    colours = [(0, 0, 0), (200, 30, 30), (30, 200, 30)]
+    orders = [(0, 1, 2), (2, 0, 1), (1, 2, 0), (2, 1, 0), (0, 2, 1), (1, 0, 2)]
+    drawn = {}
+    for i, order in enumerate(orders):
+        pic = photo(i)
+        pic.save(raw / "images" / f"m{i}.png")
+        drawn[f"m{i}"] = classes = otsu_classes(pic)
+        mask = Image.fromarray(np.asarray(order, np.uint8)[classes], "P")  # class k drawn in colours[k]
+        mask.putpalette([c for k in np.argsort(order) for c in colours[int(k)]])
+        mask.save(raw / "masks" / f"m{i}.png")
+    inferred, spec, spec_path = infer(raw, tmp_path)
+    masks = spec.fields["masks"]
+    assert masks.classes == 3 and masks.palette == {0: (0, 0, 0), 1: (30, 200, 30), 2: (200, 30, 30)}
+    assert any("number their colours differently" in n for n in inferred.notes), inferred.notes
+    path, summary = build(spec_path, tmp_path / "out")
+    assert summary.rejections == ()
+    by_colour = np.array([0, 2, 1], np.uint8)  # class k drawn in colours[k]: its class by the palette
+    for split in SPLITS:
+        with h5py.File(path, "r") as f:
+            ids = decode_str(f[split]["ids"][()])
+            stored = f[split]["masks"][()]
+        for row, sid in enumerate(ids):
+            want = by_colour[drawn[sid]]
+            h, w = want.shape
+            got = stored[row, 0]
+            assert np.array_equal(got[got != 255].reshape(h, w), want), sid
+
+
 def test_masks_beyond_two_values_without_an_ignore_value(tmp_path):
     raw = tmp_path / "otsu"
     (raw / "images").mkdir(parents=True)

@@ -4,6 +4,8 @@ the values found; class pixel counts and the per-class row index are stored per 
 
 from __future__ import annotations
 
+import io
+
 import h5py
 import numpy as np
 import pytest
@@ -130,6 +132,80 @@ def test_class_masks_in_a_lossy_format_are_rejected_never_stored_with_its_noise(
             assert np.array_equal(f["train"]["masks"][row, 0], placed(classes_of(getattr(data, sid)()))), sid
 
 
+@pytest.mark.parametrize(
+    "name,save",
+    [
+        ("tiff-jpeg", lambda mask, path: mask.save(path.with_suffix(".tif"), compression="jpeg", quality=95)),
+        ("jpeg2000-97", lambda mask, path: mask.save(path.with_suffix(".jp2"), irreversible=True,
+                                                    quality_mode="rates", quality_layers=[8])),
+        ("avif", lambda mask, path: mask.save(path.with_suffix(".avif"), quality=95)),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_class_masks_in_other_lossy_encodings_are_rejected_and_lossless_ones_kept(raw, tmp_path, build_spec, name, save):
+    """A TIFF whose strips are JPEG, a JPEG 2000 of the irreversible 9-7 wavelet and an AVIF move a
+    class mask's values near its edges onto the neighbouring classes, as a JPEG does: each is refused
+    as lossy. The same masks as LZW TIFF and reversible JPEG 2000 are stored exactly."""
+    lossy, kept = PHOTOS[:2], PHOTOS[2:4]
+    for photo in PHOTOS:
+        (raw / "masks" / f"{photo}.png").unlink()
+        mask = Image.fromarray(classes_of(getattr(data, photo)()))
+        if photo in lossy:
+            save(mask, raw / "masks" / photo)
+        elif photo in kept:
+            mask.save(raw / "masks" / f"{photo}.tif" if photo == kept[0] else raw / "masks" / f"{photo}.jp2",
+                      **({"compression": "tiff_lzw"} if photo == kept[0] else {}))
+        else:
+            mask.save(raw / "masks" / f"{photo}.png")
+    noisy = np.asarray(Image.open(next((raw / "masks").glob(f"{lossy[0]}.*"))))
+    assert (noisy != classes_of(getattr(data, lossy[0])())).any()  # the encoding moved values
+    spec = spec_data(raw, tmp_path / "out", classes=21)  # the noise stays within the classes
+    spec["fields"]["masks"]["files"] = ["masks/*.png", "masks/*.tif", "masks/*.jp2", "masks/*.avif"]
+    path, summary = build_spec(spec)
+    assert sorted(r.sample_id for r in summary.rejections) == sorted(lossy), summary.rejections
+    assert all("lossy" in r.reason and "save it as PNG" in r.reason for r in summary.rejections), summary.rejections
+    with h5py.File(path, "r") as f:
+        ids = decode_str(f["train"]["ids"][()])
+        assert sorted(ids) == sorted(PHOTOS[2:])
+        for row, sid in enumerate(ids):
+            assert np.array_equal(f["train"]["masks"][row, 0], placed(classes_of(getattr(data, sid)()))), sid
+
+
+def _damaged_in_its_last_block(png: bytes, classes: np.ndarray) -> bytes:
+    """``png`` with one bit of its pixel data flipped where Pillow, which reads no IDAT checksum and
+    stops once it has every row, decodes it without an error to other values that are all classes."""
+    at = png.index(b"IDAT") - 4
+    length = int.from_bytes(png[at : at + 4], "big")
+    for pos in range(at + 8 + length - 5, at + 8, -1):  # the last deflate block: before its Adler-32
+        for bit in (0x80, 0x10, 0x01):
+            bad = bytearray(png)
+            bad[pos] ^= bit
+            try:
+                with Image.open(io.BytesIO(bytes(bad))) as im:
+                    got = np.asarray(im)
+            except (OSError, SyntaxError, ValueError):
+                continue
+            if not np.array_equal(got, classes) and got.max() < 3:
+                return bytes(bad)
+    raise AssertionError("no such flip")
+
+
+def test_a_class_mask_whose_pixel_data_is_damaged_is_rejected_not_stored_with_other_classes(raw, tmp_path, build_spec):
+    """A PNG's IDAT checksum says its pixel data is not what was written (a bit flipped on a disk or
+    in a copy): the mask is refused with that reason, never decoded to the classes the damage made."""
+    cls = classes_of(data.coins())
+    damaged = _damaged_in_its_last_block((raw / "masks" / "coins.png").read_bytes(), cls)
+    (raw / "masks" / "coins.png").write_bytes(damaged)
+    path, summary = build_spec(spec_data(raw, tmp_path / "out"))
+    assert [(r.sample_id, r.paths) for r in summary.rejections] == [("coins", ("masks/coins.png",))]
+    assert "IDAT" in summary.rejections[0].reason and "checksum" in summary.rejections[0].reason
+    with h5py.File(path, "r") as f:
+        ids = decode_str(f["train"]["ids"][()])
+        assert sorted(ids) == sorted(set(PHOTOS) - {"coins"})
+        for row, sid in enumerate(ids):
+            assert np.array_equal(f["train"]["masks"][row, 0], placed(classes_of(getattr(data, sid)()))), sid
+
+
 def test_masks_named_with_a_suffix_pair_with_their_images(raw, tmp_path, build_spec):
     for mask in (raw / "masks").glob("*.png"):  # ISIC: ISIC_0000000.jpg and ISIC_0000000_segmentation.png
         mask.rename(mask.with_name(f"{mask.stem}_segmentation.png"))
@@ -219,6 +295,33 @@ def test_binary_palette_masks_of_black_and_white_are_read_by_their_colours(raw, 
     voc = Image.fromarray(drawn["text"], "P")  # VOC's colours: index 1 is the class, drawn dark red
     voc.putpalette([0, 0, 0, 128, 0, 0])
     voc.save(raw / "masks" / "text.png")
+    spec = spec_data(raw, tmp_path / "out")
+    del spec["fields"]["masks"]["classes"]
+    spec["fields"]["masks"]["files"] = ["masks/*.png", "masks/*.gif"]
+    path, summary = build_spec(spec)
+    assert summary.rejections == ()
+    with h5py.File(path, "r") as f:
+        ids = decode_str(f["train"]["ids"][()])
+        assert ids == sorted(PHOTOS)
+        for row, sid in enumerate(ids):
+            assert np.array_equal(f["train"]["masks"][row, 0], placed(drawn[sid])), sid
+
+
+def test_binary_palette_masks_of_black_and_one_colour_are_read_by_their_colours(raw, tmp_path, build_spec):
+    """A binary mask drawn in one colour on black, saved indexed by an editor that numbers the
+    colours as it meets them, has the colour at index 0 when the object touches the first pixel:
+    the colour is the mask, black is not, whatever their indices (as for black and white)."""
+    drawn = {}
+    for k, name in enumerate(PHOTOS):
+        grey = getattr(data, name)()
+        drawn[name] = (grey > filters.threshold_otsu(grey)).astype(np.uint8)
+        colour_first = k % 2 == 0
+        index = (1 - drawn[name]) if colour_first else drawn[name]
+        picture = Image.fromarray(index, "P")
+        red, black = [220, 20, 60], [0, 0, 0]
+        picture.putpalette(red + black if colour_first else black + red)
+        (raw / "masks" / f"{name}.png").unlink()
+        picture.save(raw / "masks" / f"{name}{'.gif' if k % 3 == 0 else '.png'}")
     spec = spec_data(raw, tmp_path / "out")
     del spec["fields"]["masks"]["classes"]
     spec["fields"]["masks"]["files"] = ["masks/*.png", "masks/*.gif"]

@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -55,7 +55,7 @@ from h5forge._format.names import (
 from h5forge._format.summary import WriteSummary
 from h5forge._ingest.clean import CleanedBatch
 from h5forge._ingest.duplicates import duplicate_reason
-from h5forge._ingest.discover import TEXT_FORMAT, discover, match_key, read_annotation_file, record_key
+from h5forge._ingest.discover import INCOMPLETE, TEXT_FORMAT, discover, match_key, read_annotation_file, record_key
 from h5forge._ingest.incremental.inputs import Inputs, rules_hash
 from h5forge._ingest.parallel import clean_all
 from h5forge._ingest.writer import DatasetWriter
@@ -135,6 +135,38 @@ def scan_inbox(spec: DatasetSpec, inbox: Path, now: float | None = None) -> Inbo
             r = Rejection(r.sample_id, (fresh[0],), why, waitable=True)
         (scan.waiting if r.waitable else scan.rejections).append(r)
     return scan
+
+
+def refuse_waits_for_held_ids(scan: InboxScan, parent: Path | None, now: float | None = None) -> None:
+    """Move to ``scan.rejections`` each settled part of an incomplete sample whose id ``parent``
+    (latest) holds: whatever part it waits for, the sample it would make is refused for its id, so
+    the file would wait in the inbox for ever, read by no build (a YOLO label file that arrives after
+    its picture was taken as a background picture)."""
+    if parent is None or scan.spec is None:
+        return
+    settle = scan.spec.append.settle_seconds
+    now = time.time() if now is None else now
+
+    def settled(r: Rejection) -> bool:
+        return all("#" not in p and not _changed_since(scan.inbox / p, now - settle) for p in r.paths)
+
+    candidates = [r for r in scan.waiting if r.sample_id and r.reason.startswith(INCOMPLETE) and settled(r)]
+    if not candidates:
+        return
+    known = KnownSamples(parent)
+    held = {id(r) for r in candidates if known.holds(r.sample_id)}
+    for r in scan.waiting:
+        if id(r) in held:
+            scan.rejections.append(
+                replace(
+                    r,
+                    reason=f"{r.reason}; the sample is already in the dataset ({parent.name}) and an append never "
+                    "replaces one: put the file beside the sample's others (in processed/ when an append took "
+                    "them) and rebuild",
+                    waitable=False,
+                )
+            )
+    scan.waiting = [r for r in scan.waiting if id(r) not in held]
 
 
 def sample_files(kinds: dict[str, FieldKind], inbox: Path, ref: SampleRef) -> list[str]:

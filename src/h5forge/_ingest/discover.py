@@ -295,6 +295,7 @@ def _stat(path: str, entry: os.DirEntry | None) -> os.stat_result | None:
 # why a folder below the source the process may not list is rejected: its files are not seen, and a
 # sample whose files lie there must not pass for one without them
 UNLISTABLE = "cannot list this folder (permission denied): the files in it are not seen"
+INCOMPLETE = "incomplete sample"  # a sample without a file of a field it needs (in an inbox: it may still come)
 
 
 def _not_a_file(path: str, pattern: str) -> str | None:
@@ -687,7 +688,7 @@ def _join(spec: DatasetSpec, kinds: dict[str, FieldKind], inv: Inventory, found:
         if missing:
             where = ", ".join(f"{m} ({', '.join(globs[m])})" for m in missing)
             inv.rejections.append(
-                Rejection(sid, tuple(files.values()), f"incomplete sample: no file for {where}", waitable=True)
+                Rejection(sid, tuple(files.values()), f"{INCOMPLETE}: no file for {where}", waitable=True)
             )
             continue
         rejection, columns = _columns_for(spec, sid, records.get(key), files, record_file.get(key, ""))

@@ -129,7 +129,9 @@ def build_leaks(spec: DatasetSpec, root: Path, refs: list[SampleRef], hexes: Map
         ref = by_id[sid]
         columns = {k: v for k, v in ref.columns.items() if k not in dropped}
         entries = [k.input_digest(root, ref) for k in shared]
-        return _digest([[hexes.get(ref.files[n], ref.files[n]) for n in labels], columns, entries])
+        # a label file the sample may lack (a background picture's) is no file: ""
+        files = [hexes.get(rel, rel) if (rel := ref.file_of(n)) else "" for n in labels]
+        return _digest([files, columns, entries])
 
     return shared_inputs(spec, digests, label)
 

@@ -32,6 +32,8 @@ class MaskClasses:
     palette: int = 0  # palette-mode masks among the sampled
     found: list[int] = field(default_factory=list)
     threshold: int | None = None  # binary masks in a lossy format, read by their values near 0 and 255
+    # class -> colour: palette masks whose files number their colours differently, read by colour
+    colours: dict[int, tuple[int, int, int]] | None = None
 
 
 def _mask_values(path: Path) -> tuple[set[int] | None, str]:
@@ -73,8 +75,12 @@ def near_binary(path: Path) -> bool:
     return clear_enough(unclear, arr.shape[0] * arr.shape[1])
 
 
-def mask_classes(paths: list[Path], notes: list[str]) -> MaskClasses:
+def mask_classes(paths: list[Path], notes: list[str], by_colour: bool = True) -> MaskClasses:
+    """The classes of sampled masks; ``by_colour``: palette masks whose files number their colours
+    differently are declared by their colours (``MaskClasses.colours``), which a 2-D mask field
+    reads (a volume mask's slices have no palette to declare)."""
     per_file: list[tuple[Path, set[int]]] = []
+    palettes: list[tuple[Path, dict[int, tuple[int, int, int]]]] = []
     info = MaskClasses()
     colour = lossy = binary_lossy = 0
     for p in sample(paths, MASK_SAMPLE):
@@ -87,7 +93,20 @@ def mask_classes(paths: list[Path], notes: list[str]) -> MaskClasses:
             continue
         info.palette += mode == "P"
         per_file.append((p, values))
+        if mode == "P" and (drawn := _palette_colours(p, values)) is not None:
+            palettes.append((p, drawn))
     info.sampled = len(per_file)
+    if (clash := _renumbered(palettes)) is not None:
+        where = "; ".join(f"{p.name}: index {i} is {list(c)}" for p, i, c in clash)
+        if by_colour and len(colours := sorted({c for _, d in palettes for c in d.values()}, key=_black_first)) <= 255:
+            info.colours = dict(enumerate(colours))
+            info.classes, info.ignore_value, info.found = max(len(colours), 2), None, sorted(info.colours)
+            notes.append(
+                f"the palette masks number their colours differently ({where}): the index is no class, so "
+                "they are read by their colours (palette), black first; name the classes in that order"
+            )
+            return info
+        notes.append(f"the palette masks number their colours differently ({where}): the index is no class; remap them")
     if colour:
         notes.append(
             f"{colour} sampled masks are RGB colour pictures: declare the mask's palette "
@@ -97,6 +116,36 @@ def mask_classes(paths: list[Path], notes: list[str]) -> MaskClasses:
     if lossy:
         lossy_masks(info, lossy, binary_lossy, min(len(paths), MASK_SAMPLE), notes)
     return info
+
+
+def _palette_colours(path: Path, used: set[int]) -> dict[int, tuple[int, int, int]] | None:
+    """The colour a palette mask draws each of its ``used`` indices in, or None when unreadable."""
+    try:
+        with Image.open(path) as im:
+            palette = im.getpalette() or []
+    except (OSError, ValueError):
+        return None
+    if 3 * (max(used, default=0) + 1) > len(palette):
+        return None
+    return {i: (palette[3 * i], palette[3 * i + 1], palette[3 * i + 2]) for i in sorted(used)}
+
+
+def _renumbered(palettes: list[tuple[Path, dict[int, tuple[int, int, int]]]]) -> list | None:
+    """Two masks that draw one index in other colours, as (file, index, colour) each; else None,
+    also when they draw black and one colour only: a binary mask's palette is read by its colours."""
+    if len({c for _, drawn in palettes for c in drawn.values()} - {(0, 0, 0)}) <= 1:
+        return None
+    first: dict[int, tuple[Path, tuple[int, int, int]]] = {}
+    for path, drawn in palettes:
+        for index, colour in drawn.items():
+            seen = first.setdefault(index, (path, colour))
+            if seen[1] != colour:
+                return [(seen[0], index, seen[1]), (path, index, colour)]
+    return None
+
+
+def _black_first(colour: tuple[int, int, int]) -> tuple[bool, tuple[int, int, int]]:
+    return (colour != (0, 0, 0), colour)
 
 
 def lossy_masks(info: MaskClasses, lossy: int, binary: int, sampled: int, notes: list[str]) -> None:
@@ -161,7 +210,11 @@ def classes_of_values(per_file: list[tuple[Path, set[int]]], info: MaskClasses, 
 def class_lines(t: SpecText, mc: MaskClasses, ignored: str) -> None:
     """A class mask's ``classes`` and ``ignore_value`` lines (none for a binary mask); ``ignored``
     says what the ignore value marks. Shared by picture masks and volume masks."""
-    if mc.classes is not None:
+    if mc.colours is not None:
+        t(2, f"classes: {mc.classes}", f"{len(mc.colours)} colours in {mc.sampled} sampled palette masks")
+        listed = ", ".join(f"{k}: {list(c)}" for k, c in mc.colours.items())
+        t(2, f"palette: {{{listed}}}", "class -> colour: each file numbers its colours in its own order")
+    elif mc.classes is not None:
         t(2, f"classes: {mc.classes}", f"values 0..{mc.classes - 1}: found {mc.found} in {mc.sampled} sampled masks")
         if mc.ignore_value is not None:
             t(2, f"ignore_value: {mc.ignore_value}", ignored)
@@ -179,7 +232,8 @@ def mask_field(t: SpecText, globs: list[str], mc: MaskClasses, suffix: str | Non
     if mc.classes is None:
         t(2, "kind: mask", "single channel, values {0,1} or {0,255}; stored as {0,1}")
     else:
-        t(2, "kind: mask", "class index per pixel" + (" (palette PNGs: the palette index)" if mc.palette else ""))
+        index = " (palette PNGs: the palette index)" if mc.palette and mc.colours is None else ""
+        t(2, "kind: mask", "class index per pixel" + (" (palette masks: by colour)" if mc.colours else index))
     t(2, f"files: {files_value(globs)}")
     if suffix:
         t(2, f"id_suffix: {json.dumps(suffix)}", f"mask names end in it after their image's stem (<id>{suffix})")

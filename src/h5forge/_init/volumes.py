@@ -132,7 +132,7 @@ def volume_masks(raw: Path, base: Path, ids: set[str], notes: list[str]) -> Volu
             mask_ids = {c.name for c in folders}
             slices = [p for c in sample(folders, CASE_SAMPLE) for p in pictures_in(c)]
             what = "a folder of per-slice pictures per case, numbered in slice order"
-            mask = VolumeMask([f"{d.name}/*"], what, mask_classes(slices, notes))
+            mask = VolumeMask([f"{d.name}/*"], what, mask_classes(slices, notes, by_colour=False))
         else:
             continue
         if ids - mask_ids:

@@ -27,7 +27,7 @@ from h5forge._store.output import claim_output, preflight
 from h5forge._store.reports import write_quarantine
 from h5forge._store.thin import chain_length, compact_advice
 from h5forge._store.verify import HealthReport
-from h5forge._store.versions import output_lock_or_skip
+from h5forge._store.versions import latest, output_lock_or_skip
 
 
 @leaves_main_alone
@@ -65,7 +65,7 @@ def append(
             return AppendResult(spec.name, skipped=busy)
         claim_output(out, spec.name)
         run("recover", recover_interrupted, out)
-        scan = run("scan-inbox", scan_inbox, spec, box)
+        scan = run("scan-inbox", scan_inbox, spec, box, out)
         waiting = rejected_count(scan.waiting)
         if not scan.ready:
             apply_moves(plan_moves(spec, scan, (), None))  # rejected inputs still go to quarantine/
@@ -103,8 +103,10 @@ def append(
     )
 
 
-def scan_inbox(spec: DatasetSpec, inbox: Path) -> InboxScan:
+def scan_inbox(spec: DatasetSpec, inbox: Path, out: Path) -> InboxScan:
     scan = steps.scan_inbox(spec, inbox)
+    parent = latest(out)
+    steps.refuse_waits_for_held_ids(scan, None if parent is None else out / version_name(parent))
     log.info(
         "inbox %s: %d sample(s) ready, %d waiting, %d rejected",
         inbox,

@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import stat
+import struct
 import types
 import warnings
 from abc import ABC, abstractmethod
@@ -406,7 +407,8 @@ class Companion(FieldKind[S]):
 
 
 def lossy_format(data: bytes) -> str | None:
-    """The name of a lossy picture format a file is in (JPEG, or WebP of a VP8 stream), else None."""
+    """The name of a lossy picture format a file is in, else None: JPEG, WebP of a VP8 stream, a TIFF
+    whose pixels are JPEG or WebP compressed, a JPEG 2000 of the irreversible (9-7) wavelet, AVIF."""
     if data.startswith(b"\xff\xd8\xff"):
         return "JPEG"
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
@@ -416,4 +418,60 @@ def lossy_format(data: bytes) -> str | None:
             if kind == b"VP8 ":
                 return "lossy WebP"
             at += 8 + size + size % 2
+    if data[4:8] == b"ftyp" and data[8:12] in (b"avif", b"avis"):
+        return "AVIF"
+    if (scheme := _tiff_compression(data)) in _LOSSY_TIFF:
+        return f"TIFF of {_LOSSY_TIFF[scheme]} compressed pixels"
+    if _irreversible_jpeg2000(data):
+        return "JPEG 2000 of the irreversible wavelet"
     return None
+
+
+# TIFF Compression tag values whose codecs drop detail: old-style and new JPEG, lossy DNG JPEG, WebP
+_LOSSY_TIFF = {6: "JPEG", 7: "JPEG", 34892: "JPEG", 50001: "WebP"}
+
+
+def _tiff_compression(data: bytes) -> int | None:
+    """The Compression tag (259) of a TIFF's first page, the one a picture decodes to, or None."""
+
+    order = {b"II": "<", b"MM": ">"}.get(data[:2])
+    if order is None:
+        return None
+    try:
+        (magic,) = struct.unpack_from(order + "H", data, 2)
+        if magic == 42:  # classic TIFF: 2-byte counts, 12-byte entries
+            (at,) = struct.unpack_from(order + "I", data, 4)
+            (n,) = struct.unpack_from(order + "H", data, at)
+            entries, size, value = at + 2, 12, 8
+        elif magic == 43:  # BigTIFF: 8-byte counts and offsets, 20-byte entries
+            (at,) = struct.unpack_from(order + "Q", data, 8)
+            (n,) = struct.unpack_from(order + "Q", data, at)
+            entries, size, value = at + 8, 20, 12
+        else:
+            return None
+        for i in range(min(n, 4096)):
+            tag, kind = struct.unpack_from(order + "HH", data, entries + i * size)
+            if tag == 259:
+                return struct.unpack_from(order + ("H" if kind == 3 else "I"), data, entries + i * size + value)[0]
+    except struct.error:  # cut short: the decoder says what is wrong
+        return None
+    return None
+
+
+def _irreversible_jpeg2000(data: bytes) -> bool:
+    """Whether a JPEG 2000 codestream (bare, or in a JP2 file) is coded with the 9-7 wavelet, which
+    never gives the values back (its COD segment's transform byte is 0)."""
+    if not (data.startswith(b"\xff\x4f\xff\x51") or data[4:12] == b"jP  \r\n\x87\n"):
+        return False
+    at = data.find(b"\xff\x4f\xff\x51")  # SOC then SIZ: the main header's segments follow
+    if at < 0:
+        return False
+    at += 2
+    while at + 4 <= len(data) and data[at] == 0xFF:
+        marker, length = data[at + 1], int.from_bytes(data[at + 2 : at + 4], "big")
+        if marker == 0x52:  # COD: Scod, progression, layers (2), MCT, levels, block w, h, style, transform
+            return at + 13 < len(data) and data[at + 13] == 0
+        if marker == 0x90 or length < 2:  # a tile's start: the main header had no COD
+            return False
+        at += 2 + length
+    return False

@@ -167,7 +167,7 @@ def class_picture(data: bytes, path: str, max_pixels: int):
 def picture_values(img, path: str, binary: bool = False) -> np.ndarray:
     """A mask picture's one channel as ``decode_picture`` gives it, values as stored: a palette
     picture's indices, a 16-bit or float picture's own values (the mask rules then judge them).
-    A ``binary`` mask's palette picture of black and white is read by its colours: an editor
+    A ``binary`` mask's palette picture of black and one colour is read by its colours: an editor
     numbers the colours as it meets them, so index 0 may be the mask's white."""
     mode = mode_of(img)
     if mode == "1":
@@ -178,17 +178,19 @@ def picture_values(img, path: str, binary: bool = False) -> np.ndarray:
 
 
 def _black_and_white(img) -> np.ndarray | None:
-    """A palette picture's pixels as the black (0) and white (255) its palette draws them; None
-    when it uses another colour (VOC's palettes: the index is the class, the colour only shows it)."""
+    """A palette picture's pixels as black (0) and the one other colour it draws (255: white, or a
+    mask drawn in red); None when it uses two colours besides black (VOC's palettes: the index is
+    the class, the colour only shows it). Where the palette numbers black 0, as VOC's does, the
+    colours give the indices' values."""
     index = np.asarray(img)
     palette = np.asarray(img.getpalette() or [], np.uint8).reshape(-1, 3)
     used = np.flatnonzero(np.bincount(index.ravel(), minlength=256))
     if not used.size or used[-1] >= len(palette):
         return None
-    colours = palette[used]
-    if not (np.isin(colours, (0, 255)).all() and (colours == colours[:, :1]).all()):
+    drawn = np.asarray(palette.any(axis=1))  # any colour but black
+    if len(np.unique(palette[used][drawn[used]], axis=0)) > 1:
         return None
-    return palette[:, 0][index]
+    return np.where(drawn, np.uint8(255), np.uint8(0))[index]
 
 
 def binary_values(img, path: str) -> np.ndarray:

@@ -6,6 +6,7 @@ stored box is compared with what the label files say, computed here from their t
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -283,3 +284,159 @@ def test_an_inbox_picture_waits_for_its_label_file_while_it_may_come(coco_folder
     assert [r.sample_id for r in scan.waiting] == ["ihc"]
     later = scan_inbox(loaded, inbox, now=now + 31)
     assert sorted((r.id, sorted(r.files)) for r in later.ready) == [("cam", ["boxes", "images"]), ("ihc", ["images"])]
+
+
+def test_a_label_file_arriving_after_its_picture_was_taken_as_a_background_goes_to_quarantine(coco_folder, tmp_path):
+    """The picture was published as a background (no label file within the settle time); its label
+    file arrives alone. It can make no new sample (latest holds the id), so it does not wait in the
+    inbox for ever, unseen by every build: it goes to quarantine/ saying so, and put beside its
+    picture in processed/ a rebuild gives the picture its boxes. A lone file of a sample latest does
+    not hold still waits for its picture."""
+    raw, inbox = _background_folder(coco_folder, tmp_path), tmp_path / "inbox"
+    spec = _spec(raw, tmp_path / "out", {"files": "labels/*.txt", "missing": "empty"})
+    spec["source"]["inbox"] = str(inbox)
+    spec["append"] = {"settle_seconds": 0}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    assert h5forge.build(tmp_path / "spec.yaml").version == 1
+    ihc = _picture("immunohistochemistry")
+    _save(ihc, inbox / "images" / "ihc.png")
+    assert h5forge.append(tmp_path / "spec.yaml").added == 1
+    assert _stored(tmp_path / "out" / "dataset_latest.h5")["ihc"].shape == (0, 5)
+
+    label = "1 0.5 0.5 0.25 0.25\n"
+    (inbox / "labels").mkdir()
+    (inbox / "labels" / "ihc.txt").write_text(label)
+    (inbox / "labels" / "newcomer.txt").write_text(label)  # its picture may still come
+    added = h5forge.append(tmp_path / "spec.yaml")
+    assert (added.added, added.waiting) == (0, 1), added
+    assert [r.sample_id for r in added.rejections] == ["ihc"], added.rejections
+    assert "already in the dataset" in added.rejections[0].reason and "rebuild" in added.rejections[0].reason
+    assert not (inbox / "labels" / "ihc.txt").exists() and (inbox / "labels" / "newcomer.txt").is_file()
+    assert (inbox / "quarantine" / "labels" / "ihc.txt").read_text() == label
+    assert "already in the dataset" in (inbox / "quarantine" / "labels" / "ihc.txt.reason").read_text()
+
+    (inbox / "processed" / "v0002" / "labels").mkdir()
+    (inbox / "quarantine" / "labels" / "ihc.txt").rename(inbox / "processed" / "v0002" / "labels" / "ihc.txt")
+    rebuilt = h5forge.build(tmp_path / "spec.yaml")
+    assert rebuilt.rejected == 0, rebuilt
+    assert np.allclose(_stored(tmp_path / "out" / "dataset_latest.h5")["ihc"], _from_label(label, *ihc.shape[:2]), atol=1e-3)
+
+
+def test_a_picture_both_labelled_and_a_background_is_a_leak_warning_not_a_failed_build(coco_folder, tmp_path):
+    """The same picture in train with its label file and in val without one (a background): the
+    leak check reads a background's missing label file as no file (the build failed with a
+    KeyError after writing every sample); the build publishes both with a warning naming them."""
+    import shutil
+
+    flat = _yolo_folder(coco_folder, tmp_path)
+    raw = tmp_path / "split"
+    split_of = {"astronaut": "train", "coffee": "train", "rocket": "train", "chelsea": "val"}
+    for name, split in split_of.items():
+        for folder, suffix in (("images", ".png"), ("labels", ".txt")):
+            (raw / folder / split).mkdir(parents=True, exist_ok=True)
+            (flat / folder / f"{name}{suffix}").rename(raw / folder / split / f"{name}{suffix}")
+    shutil.copy(raw / "images" / "train" / "astronaut.png", raw / "images" / "val" / "astronaut.png")
+    spec = _spec(raw, tmp_path / "out", {"files": "labels/*/*.txt", "missing": "empty"})
+    spec["fields"]["images"]["files"] = "images/*/*.png"
+    spec["source"]["ids"] = "path"
+    spec["annotations"] = {"columns": {"split": "str"}, "folders": {"split": -1}, "required": False}
+    spec["splits"] = {"column": "split"}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    built = h5forge.build(tmp_path / "spec.yaml")
+    assert built.rejected == 0 and built.counts == {"train": 3, "val": 2, "test": 0}, built
+    assert built.warnings == (
+        "leak between splits: 1 raw input(s) of images are in more than one split "
+        "('train/astronaut' (train), 'val/astronaut' (val), labelled differently)",
+    )
+    got = _stored(Path(built.path))
+    assert got["val/astronaut"].shape == (0, 5)
+    label = (raw / "labels" / "train" / "astronaut.txt").read_text()
+    assert np.allclose(got["train/astronaut"], _from_label(label, 512, 512), atol=1e-3)
+
+
+def _split_layout(coco_folder: Path, tmp_path: Path, roboflow: bool = False) -> Path:
+    """Ultralytics' split layout (Roboflow's with ``roboflow``), chelsea in val, rocket a
+    background in train, and a test split of pictures no one labelled: no label folder for it."""
+    flat = _yolo_folder(coco_folder, tmp_path)
+    raw = tmp_path / "split"
+    split_of = {"astronaut": "train", "coffee": "train", "rocket": "train", "chelsea": "val"}
+
+    def folder(kind: str, split: str) -> Path:
+        return raw / split / kind if roboflow else raw / kind / split
+
+    for name, split in split_of.items():
+        for kind, suffix in (("images", ".png"), ("labels", ".txt")):
+            folder(kind, split).mkdir(parents=True, exist_ok=True)
+            (flat / kind / f"{name}{suffix}").rename(folder(kind, split) / f"{name}{suffix}")
+    (folder("labels", "train") / "rocket.txt").unlink()
+    _save(_picture("immunohistochemistry"), folder("images", "test") / "ihc.png")
+    _save(_picture("camera"), folder("images", "test") / "cam.png")
+    return raw
+
+
+@pytest.mark.parametrize("roboflow", [False, True], ids=["ultralytics", "roboflow"])
+def test_pictures_of_a_split_without_its_label_folder_are_unlabelled_not_backgrounds(coco_folder, tmp_path, roboflow):
+    """A test split published without labels (images/test/ and no labels/test/, as competitions
+    hand it out) is no split of background pictures: under missing: empty, each of its pictures is
+    refused with the label folder it lacks (they were published as pictures with no objects, exit
+    0). A background beside label files of its split is still one, and an empty label folder
+    makes the split's pictures backgrounds."""
+    from h5forge._init import infer_spec
+
+    raw = _split_layout(coco_folder, tmp_path, roboflow)
+    found = infer_spec(raw, tmp_path / "init.yaml")
+    spec = yaml.safe_load(found.text)
+    assert spec["fields"]["boxes"]["missing"] == "empty"
+    test = "test/labels" if roboflow else "labels/test"
+    pictures = "test/images" if roboflow else "images/test"
+    assert f"{pictures}/ holds 2 pictures and has no {test}/: a build refuses them as unlabelled" in " ".join(found.notes)
+    spec["output"] = {"dir": str(tmp_path / "out"), "allow_removals": True}
+    spec["fields"]["images"].update(size=[SIZE, SIZE], larger="crop")
+    spec["max_rejected"] = 2
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    built = h5forge.build(tmp_path / "spec.yaml")
+    refused = {r.sample_id: r.reason for r in built.rejections}
+    assert sorted(refused) == (["cam", "ihc"] if roboflow else ["test/cam", "test/ihc"]), refused
+    assert all(f"{test}/ does not exist" in reason for reason in refused.values()), refused
+    assert built.counts == {"train": 3, "val": 1, "test": 0}, built
+    got = _stored(Path(built.path))
+    assert got["rocket" if roboflow else "train/rocket"].shape == (0, 5)
+
+    (raw / test).mkdir()  # said so: the test split's pictures are backgrounds
+    built = h5forge.build(tmp_path / "spec.yaml")
+    assert built.rejections == () and built.counts == {"train": 3, "val": 1, "test": 2}, built
+
+
+def test_an_appended_background_of_a_split_stays_one_in_the_rebuild(coco_folder, tmp_path):
+    """An inbox in split folders: a background beside its split's label folder is appended, its
+    picture moved to processed/ without any label folder (it has no label file to move); the
+    rebuild keeps it a background (it was judged in the inbox), while an inbox picture of a split
+    without its label folder goes to quarantine as unlabelled."""
+    raw, inbox = _split_layout(coco_folder, tmp_path), tmp_path / "inbox"
+    shutil.rmtree(raw / "images" / "test")
+    spec = _spec(raw, tmp_path / "out", {"files": "labels/*/*.txt", "missing": "empty"})
+    spec["fields"]["images"]["files"] = "images/*/*.png"
+    spec["source"].update(ids="path", inbox=str(inbox))
+    spec["annotations"] = {"columns": {"split": "str"}, "folders": {"split": -1}, "required": False}
+    spec["splits"] = {"column": "split"}
+    spec["append"] = {"settle_seconds": 0}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    assert h5forge.build(tmp_path / "spec.yaml").counts == {"train": 3, "val": 1, "test": 0}
+    _save(_picture("immunohistochemistry"), inbox / "images" / "train" / "ihc.png")
+    _save(_picture("camera"), inbox / "images" / "val" / "cam.png")
+    _save(_picture("coins"), inbox / "images" / "test" / "coins.png")  # no labels/test/
+    (inbox / "labels" / "val").mkdir(parents=True)
+    (inbox / "labels" / "val" / "cam.txt").write_text("0 0.5 0.5 0.5 0.5\n")
+    (inbox / "labels" / "train").mkdir()  # no file in it: ihc is a background
+    added = h5forge.append(tmp_path / "spec.yaml")
+    assert (added.added, added.counts) == (2, {"train": 4, "val": 2, "test": 0}), added
+    assert [r.sample_id for r in added.rejections] == ["test/coins"], added.rejections
+    assert "labels/test/ does not exist" in added.rejections[0].reason
+    assert (inbox / "quarantine" / "images" / "test" / "coins.png").is_file()
+    assert not (inbox / "processed" / "v0002" / "labels" / "train").exists()
+    before = _stored(tmp_path / "out" / "dataset_latest.h5")
+    assert before["train/ihc"].shape == (0, 5) and before["val/cam"].shape == (1, 5)
+    rebuilt = h5forge.build(tmp_path / "spec.yaml")
+    assert rebuilt.rejections == () and rebuilt.counts == {"train": 4, "val": 2, "test": 0}, rebuilt
+    after = _stored(tmp_path / "out" / "dataset_latest.h5")
+    assert set(after) == set(before) and all(np.array_equal(after[s], before[s]) for s in before)

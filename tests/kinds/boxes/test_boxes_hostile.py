@@ -23,7 +23,18 @@ import h5forge
 from h5forge._format.layout import decode_str
 from h5forge._samples import Reject
 from tests.helpers.data import REPO
-from tests.kinds.boxes.test_boxes import PICTURES, _decode_one, _masks_of, _spec, _yolo_folder, coco_folder  # noqa: F401
+from h5forge.read._reader import SplitReader
+from tests.kinds.boxes.test_boxes import (  # noqa: F401
+    CLASSES,
+    PICTURES,
+    SIZE,
+    _decode_one,
+    _expected,
+    _masks_of,
+    _spec,
+    _yolo_folder,
+    coco_folder,
+)
 
 COCO = "annotations/instances_val.json"
 
@@ -546,3 +557,92 @@ def test_an_image_entry_whose_id_is_a_list_rejects_only_its_picture(coco_folder,
         _decode_one(coco_folder, tmp_path, {"coco": str(path)}, "coffee")
     for picture in ("astronaut", "chelsea", "rocket"):
         _decode_one(coco_folder, tmp_path, {"coco": str(path)}, picture)
+
+
+def _split_folders(coco_folder: Path, tmp_path: Path, val_classes: str) -> Path:
+    """Ultralytics' split layout, chelsea in val, with a classes.txt in each split's labels."""
+    flat = _yolo_folder(coco_folder, tmp_path)
+    raw = tmp_path / "split"
+    split_of = {"astronaut": "train", "coffee": "train", "rocket": "train", "chelsea": "val"}
+    for name, split in split_of.items():
+        for folder, suffix in (("images", ".png"), ("labels", ".txt")):
+            (raw / folder / split).mkdir(parents=True, exist_ok=True)
+            (flat / folder / f"{name}{suffix}").rename(raw / folder / split / f"{name}{suffix}")
+    (raw / "labels" / "train" / "classes.txt").write_text((flat / "classes.txt").read_text())
+    (raw / "labels" / "val" / "classes.txt").write_text(val_classes)
+    return raw
+
+
+def test_a_split_whose_classes_file_numbers_the_classes_otherwise_is_refused_not_relabelled(coco_folder, tmp_path):
+    """labels/val/classes.txt lists the classes in another order than labels/train/classes.txt, whose
+    names ``init`` writes: chelsea's line ``2 ...`` (a cat in val's numbering) is refused with both
+    names, never stored as the class the field's list has at 2; train's pictures are published as
+    their files say. A val file that agrees at the numbers used (a longer list) is taken, and
+    editing it so it disagrees cleans chelsea again in the next build."""
+    from h5forge._init import infer_spec
+
+    raw = _split_folders(coco_folder, tmp_path, "cat\ncup\nperson\n")
+    (raw / "labels" / "val" / "chelsea.txt").write_text("0 0.5 0.5 0.4 0.4\n")  # a cat, in val's numbers
+    found = infer_spec(raw, tmp_path / "spec.yaml")
+    assert any("labels/val/classes.txt names other classes" in n and "refuses" in n for n in found.notes), found.notes
+    spec = yaml.safe_load(found.text)
+    assert spec["fields"]["boxes"]["classes"] == list(CLASSES)
+    spec["output"] = {"dir": str(tmp_path / "out"), "allow_removals": True}  # the last build refuses chelsea
+    spec["fields"]["images"].update(size=[SIZE, SIZE], larger="crop")
+    spec["max_rejected"] = 1
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    result = h5forge.build(tmp_path / "spec.yaml")
+    assert [r.sample_id for r in result.rejections] == ["val/chelsea"], result.rejections
+    assert "class 0 is 'cat' in labels/val/classes.txt but 'person'" in result.rejections[0].reason
+    assert result.counts == {"train": 3, "val": 0, "test": 0}
+    with SplitReader(result.path, "train", fields=["boxes"]) as r:
+        got = dict(zip(r.ids(), r.read(range(len(r)))["boxes"]))
+    for sid, boxes in got.items():
+        assert np.allclose(boxes, _expected(sid.split("/")[1], "crop", "clip")[0], atol=1e-3), sid
+
+    (raw / "labels" / "val" / "classes.txt").write_text("person\ncup\ncat\ndog\n")
+    (raw / "labels" / "val" / "chelsea.txt").write_text("2 0.5 0.5 0.4 0.4\n")
+    result = h5forge.build(tmp_path / "spec.yaml")
+    assert result.rejections == () and result.counts == {"train": 3, "val": 1, "test": 0}, result
+    with SplitReader(result.path, "val", fields=["boxes"]) as r:
+        assert r.read([0])["boxes"][0][:, 4].tolist() == [CLASSES.index("cat")]
+    (raw / "labels" / "val" / "classes.txt").write_text("person\ncat\ncup\n")  # only the file changes
+    result = h5forge.build(tmp_path / "spec.yaml")
+    assert [r.sample_id for r in result.rejections] == ["val/chelsea"], result
+    assert "class 2 is 'cup' in labels/val/classes.txt but 'cat'" in result.rejections[0].reason
+
+
+def test_an_inbox_classes_file_numbers_its_own_label_files_only(coco_folder, tmp_path):
+    """An inbox batch's classes.txt names the numbers of the label files it came with: one that
+    lists the classes in another order refuses the batch's pictures that use a number it names
+    otherwise (to quarantine/, with both names). Labels appended before it came are judged by what
+    was beside them then: the rebuild still publishes them as their files say."""
+    from PIL import Image
+
+    from tests.kinds.boxes.test_boxes import _picture
+    from tests.kinds.boxes.test_boxes_background import _stored
+
+    raw, inbox = _yolo_folder(coco_folder, tmp_path), tmp_path / "inbox"
+    spec = _spec(raw, tmp_path / "out", {"files": "labels/*.txt"})
+    spec["source"]["inbox"] = str(inbox)
+    spec["append"] = {"settle_seconds": 0}
+    spec["output"]["allow_removals"] = False
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    assert h5forge.build(tmp_path / "spec.yaml").rejected == 0
+    (inbox / "images").mkdir(parents=True)
+    (inbox / "labels").mkdir()
+    Image.fromarray(_picture("immunohistochemistry")).save(inbox / "images" / "ihc.png")
+    (inbox / "labels" / "ihc.txt").write_text("2 0.5 0.5 0.5 0.5\n")  # a cat, in the dataset's numbers
+    assert h5forge.append(tmp_path / "spec.yaml").added == 1
+
+    (inbox / "classes.txt").write_text("cat\ncup\nperson\n")  # the next batch's exporter numbers otherwise
+    Image.fromarray(_picture("camera")).save(inbox / "images" / "cam.png")
+    (inbox / "labels" / "cam.txt").write_text("0 0.5 0.5 0.5 0.5\n")  # a cat, in its numbers
+    added = h5forge.append(tmp_path / "spec.yaml")
+    assert added.added == 0 and [r.sample_id for r in added.rejections] == ["cam"], added
+    assert "class 0 is 'cat' in classes.txt but 'person'" in added.rejections[0].reason
+    assert (inbox / "quarantine" / "labels" / "cam.txt").is_file()
+
+    rebuilt = h5forge.build(tmp_path / "spec.yaml")
+    assert rebuilt.rejected == 0, rebuilt.rejections
+    assert _stored(tmp_path / "out" / "dataset_latest.h5")["ihc"][:, 4].tolist() == [CLASSES.index("cat")]

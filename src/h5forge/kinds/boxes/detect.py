@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 
 from h5forge._format.names import split_named
 from h5forge.kinds.base import DEFAULT_MAX_BYTES, read_bounded
-from h5forge.kinds.boxes import datayaml
+from h5forge.kinds.boxes import classfile, datayaml
 from h5forge.kinds.boxes.datayaml import DATA_YAML
 from h5forge.kinds.plugins import Layout
 
@@ -194,15 +194,17 @@ def _names_file(raw: Path, folders: list[str], notes: list[str]) -> tuple[str, s
             found.append((p.relative_to(raw).as_posix(), text))
     for where, text in found[1:]:
         if text.split() != found[0][1].split():
-            notes.append(f"{where} names other classes than {found[0][0]}: the classes are {found[0][0]}'s")
+            notes.append(
+                f"{where} names other classes than {found[0][0]}: the classes are {found[0][0]}'s, and a build "
+                f"refuses each picture whose label file uses a class number {where} names otherwise"
+            )
     return found[0] if found else None
 
 
 def _yolo_classes(raw: Path, labels: list[Path], folders: list[str], notes: list[str]) -> list[str]:
     if (names_file := _names_file(raw, folders, notes)) is not None:
         where, text = names_file
-        lines = [line.strip() for line in text.removeprefix("\ufeff").splitlines()]
-        return _by_index({i: name for i, name in enumerate(lines) if name}, where, notes)
+        return _by_index(classfile.names(text), where, notes)
     names = _data_yaml(raw).get("names")
     if isinstance(names, dict) and all(str(k).isdigit() for k in names):  # {0: person} or {"0": person}
         return _by_index({int(k): str(v) for k, v in names.items()}, "data.yaml", notes)
@@ -273,6 +275,22 @@ def _arrangement(raw: Path) -> _Arrangement:
     return _Arrangement("{split}/images", "{split}/labels", above)
 
 
+def _note_unlabelled_splits(raw: Path, at: _Arrangement, notes: list[str]) -> None:
+    """Note the folders the picture glob takes that have no label folder (a test split handed out
+    unlabelled): a build refuses their pictures, which are no background pictures."""
+    pattern = at.glob(at.images)
+    for folder in sorted(raw.glob(pattern)):
+        rel = folder.relative_to(raw)
+        split = rel.parts[at.split_level]
+        if split in at.splits or not _pictures(folder):
+            continue
+        notes.append(
+            f"{rel.as_posix()}/ holds {len(_pictures(folder))} pictures and has no "
+            f"{at.labels.format(split=split)}/: a build refuses them as unlabelled (an empty "
+            f"{at.labels.format(split=split)}/ makes them background pictures)"
+        )
+
+
 def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
     """``labels/*.txt`` beside ``images/``, or the same in split folders (``_Arrangement``), the split
     then taken from the folder."""
@@ -287,6 +305,8 @@ def _yolo_layout(raw: Path, notes: list[str]) -> Layout | None:
     if not labels or not pictures or not keys(labels) & keys(pictures):
         return None
     classes = _yolo_classes(raw, labels, at.folders(at.labels) if split else [], notes)
+    if split:
+        _note_unlabelled_splits(raw, at, notes)
     described = _data_yaml(raw)
     declared, kpt_shape = described.get("kpt_shape"), datayaml.kpt_shape_of(described)
     if declared is not None and kpt_shape is None:

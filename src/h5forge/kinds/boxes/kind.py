@@ -18,7 +18,9 @@ batched as ``Padded``. ``masks: true`` also stores each kept box's instance mask
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -38,6 +40,7 @@ from h5forge.kinds.base import (
     field_of,
     read_source,
 )
+from h5forge.kinds.boxes import classfile
 from h5forge.kinds.boxes.datayaml import DATA_YAML, KEYPOINT_NUMBERS, declared_kpt_shape, split_folder_names
 from h5forge.kinds.boxes.geometry import place
 from h5forge.kinds.boxes.inbox import coco_files_in, coco_subset
@@ -66,7 +69,8 @@ COLUMNS = ("x0", "y0", "x1", "y1", "class")
 DEFAULT_MAX_OBJECTS = 1_000  # ten times what the busiest COCO pictures hold
 DEFAULT_MAX_VERTICES = 10_000  # COCO polygons hold tens to hundreds
 DEFAULT_MAX_OUTLINE = 4_000_000  # pixels of polygon outline: about 160 MB while rasterising
-YOLO_CLASS_FILES = ("classes.txt", DATA_YAML)  # where YOLO folders name their classes
+YOLO_CLASS_FILES = (classfile.CLASSES_TXT, DATA_YAML)  # where YOLO folders name their classes
+_WILD = re.compile(r"[*?\[]")  # a glob part that matches several names
 
 
 class BoxesField(FieldModel):
@@ -267,6 +271,11 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
             return (err.path, err.reason)
         return (part.path, part.reason) if isinstance(part, Reject) else part
 
+    @property
+    def _outside(self) -> bool:
+        """Whether a class file may be read through a symlink out of its source folder."""
+        return self.dataset.source.allow_symlinks_outside
+
     def _declared_kpt_shape(self, root: Path) -> Any:
         """The kpt_shape a data.yaml at the top or beside the labels declares when the spec gives
         none (then the label lines are read by the spec alone), else None."""
@@ -279,9 +288,19 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
     def input_digest(self, root: Path, ref: SampleRef) -> str | None:
         if not self.is_coco:
             # YOLO: the label file is hashed as the field's file; a data.yaml's kpt_shape decides
-            # whether its lines are taken
+            # whether its lines are taken, and the classes.txt above it what its numbers name
             declared = self._declared_kpt_shape(root)
-            return None if declared is None else f"data.yaml kpt_shape {declared!r}"
+            said = [] if declared is None else [f"data.yaml kpt_shape {declared!r}"]
+            if (label := ref.files.get(self.name)) is not None and (
+                found := classfile.nearest(root, label, self.files)
+            ):
+                try:
+                    said.append(f"{found[0]} {classfile.read(root, *found, self._outside)[1]}")
+                except Reject as err:
+                    said.append(f"rejected: {err}")
+            elif label is None and (folder := self._missing_label_folder(root, ref.files[self.spec.like])):
+                said.append(f"no label folder {folder}")  # made, it makes the picture a background
+            return "; ".join(said) or None
         try:
             return coco_digest(self._coco_of(root, ref), ref.files[self.spec.like])
         except Reject as err:
@@ -297,7 +316,7 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
             digest = None
             where = picture
         elif self.name not in ref.files:
-            objects, digest, where = self._background(picture), "", picture
+            objects, digest, where = self._background(root, picture), "", picture
         else:
             where = ref.files[self.name]
             data, digest = read_source(root, where, limits.max_bytes)
@@ -310,6 +329,9 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
                 self.spec.kpt_shape,
                 self._declared_kpt_shape(root),
             )
+            if (found := classfile.nearest(root, where, self.files)) is not None:
+                listed, _ = classfile.read(root, *found, self._outside)
+                classfile.check(listed, found[0], objects.labels, self.spec.classes, where)
         placed = place(objects.corners, geometry, self.spec.outside, self.spec.min_size)
         rows = np.column_stack([placed.boxes, objects.labels[placed.kept]]).astype(np.float32)
         context = {"clipped": placed.clipped, "dropped": placed.dropped}
@@ -318,12 +340,51 @@ class BoxesKind(Plugins, Follows, SharedInputs, OptionalFile, ClassCounts, RowIn
             context["masks"] = instance_masks(objects, np.flatnonzero(placed.kept), geometry, size, where, limits)
         return Decoded(rows.reshape(-1, len(COLUMNS)), digest, context)
 
-    def _background(self, picture: str) -> Objects:
+    def _background(self, root: Path, picture: str) -> Objects:
         """No objects: a picture without its label file, under ``missing: empty``. The file has no
-        digest (the sample's stored one is empty), so one that appears later changes the input key."""
+        digest (the sample's stored one is empty), so one that appears later changes the input key.
+        In split folders, only where its split has a label folder: a split handed out without one
+        (a competition's test pictures) is unlabelled, not a split of pictures with no objects."""
         if not self.file_optional:
             raise Reject(picture, f"no label file for {self.name} ({', '.join(self.files)})")
+        if (folder := self._missing_label_folder(root, picture)) is not None:
+            raise Reject(
+                picture,
+                f"no label file for {self.name}, and {folder}/ does not exist: a picture of a split without its "
+                f"label folder is unlabelled, not a background picture (an empty {folder}/ makes its pictures "
+                "backgrounds)",
+            )
         return Objects(np.zeros((0, 4), np.float64), np.zeros(0, np.int64), [], [])
+
+    def _missing_label_folder(self, root: Path, picture: str) -> str | None:
+        """The folder the label file of ``picture`` would lie in when the label files lie in split
+        folders (a ``*`` in their folder: ``labels/*/``, ``*/labels/``) and no such folder is there;
+        None when one is, when the globs do not place it, or for a picture of another source folder
+        (``../inbox/processed/vNNNN/...``: the append judged it in its inbox, and moved no label
+        folder for a background). The ``*`` parts above the picture take the picture's folder
+        names, in order."""
+        parts = picture.split("/")
+        expected = []
+        globs = field_of(self.dataset, self.spec.like, ImageField).files
+        for image_glob in (globs,) if isinstance(globs, str) else globs:
+            pattern = image_glob.split("/")
+            if len(pattern) > len(parts) or not all(map(fnmatch.fnmatchcase, parts[-len(pattern) :], pattern)):
+                continue
+            base, tail = parts[: -len(pattern)], parts[-len(pattern) :]
+            if ".." in base:  # an appended picture, judged in its inbox (no label file: no folder moved)
+                return None
+            names = [name for name, part in zip(tail[:-1], pattern[:-1]) if _WILD.search(part)]
+            for label_glob in self.files:
+                folder = label_glob.split("/")[:-1]
+                wild = [i for i, part in enumerate(folder) if _WILD.search(part)]
+                if not names or len(wild) != len(names) or any("**" in part for part in folder):
+                    continue
+                for i, name in zip(wild, names):
+                    folder[i] = name
+                expected.append("/".join([*base, *folder]))
+        if not expected or any(os.path.isdir(root / f) for f in expected):
+            return None
+        return expected[0]
 
     # ---- statistics: boxes per class, and which pictures hold each class
     counted = "class_boxes"
