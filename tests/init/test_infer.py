@@ -383,7 +383,8 @@ def test_masks_beyond_two_values_without_an_ignore_value(tmp_path):
     assert summary.rejections == ()
 
 
-def test_jpeg_masks_are_not_taken_for_classes_by_their_compression_noise(tmp_path):
+@pytest.mark.parametrize("lossy", ["jpg", "tif"])
+def test_jpeg_masks_are_not_taken_for_classes_by_their_compression_noise(tmp_path, lossy):
     raw = tmp_path / "kvasir"  # Kvasir-SEG ships its binary masks as JPEG: values near 0 and 255
     (raw / "images").mkdir(parents=True)
     (raw / "masks").mkdir()
@@ -391,7 +392,10 @@ def test_jpeg_masks_are_not_taken_for_classes_by_their_compression_noise(tmp_pat
         pic = photo(i).convert("RGB")
         pic.save(raw / "images" / f"cju{i}.jpg")
         mask = Image.fromarray(np.where(otsu_classes(pic) > 0, 255, 0).astype(np.uint8))
-        mask.save(raw / "masks" / (f"cju{i}.jpg" if i < 6 else f"cju{i}.png"))
+        if i >= 6:
+            mask.save(raw / "masks" / f"cju{i}.png")
+        else:  # a TIFF of JPEG-compressed pixels is as lossy as a JPEG
+            mask.save(raw / "masks" / f"cju{i}.{lossy}", **({"compression": "jpeg"} if lossy == "tif" else {}))
     inferred, spec, spec_path = infer(raw, tmp_path)
     masks = spec.fields["masks"]
     assert (masks.classes, masks.ignore_value) == (None, None)  # binary, as the PNG masks say
@@ -431,7 +435,7 @@ def test_kvasir_jpeg_masks_get_a_threshold_and_build_as_the_files_cut_at_it(tmp_
     inferred, spec, spec_path = infer(raw, tmp_path)
     assert spec.fields["masks"].threshold == 128 and spec.fields["masks"].classes is None
     [note] = [n for n in inferred.notes if "JPEG" in n]
-    assert note.startswith("1 of 10 sampled JPEG (or lossy WebP) masks have over 5% of their pixels 64..191")
+    assert note.startswith("1 of 10 sampled JPEG (or other lossy) masks have over 5% of their pixels 64..191")
     path, summary = build(spec_path, tmp_path / "out")
     [rejection] = summary.rejections
     assert rejection.sample_id == "cju9999" and "far from 0 and 255" in rejection.reason

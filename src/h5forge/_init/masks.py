@@ -42,7 +42,7 @@ def _mask_values(path: Path) -> tuple[set[int] | None, str]:
         with Image.open(path) as im:
             if im.size[0] * im.size[1] > HEADER_LIMIT:
                 return None, "too large"
-            if im.format == "JPEG" or (im.format == "WEBP" and lossy_format(path.read_bytes())):
+            if lossy_format(path.read_bytes()):  # as a build judges it: JPEG, lossy WebP, TIFF-JPEG, ...
                 return None, "lossy"
             im.load()
             mode = im.mode
@@ -152,7 +152,7 @@ def lossy_masks(info: MaskClasses, lossy: int, binary: int, sampled: int, notes:
     """The threshold for binary masks in a lossy format, or a note on the lossy masks a build rejects."""
     if info.classes is not None:
         notes.append(
-            f"{lossy} of {sampled} sampled masks are JPEG (or lossy WebP): their compression moves values "
+            f"{lossy} of {sampled} sampled masks are JPEG (or in another lossy format): their compression moves values "
             "near every edge onto other classes, so a build rejects such a class mask: save the masks as PNG"
         )
         return
@@ -160,7 +160,7 @@ def lossy_masks(info: MaskClasses, lossy: int, binary: int, sampled: int, notes:
         info.threshold = THRESHOLD
     if binary < lossy:
         notes.append(
-            f"{lossy - binary} of {lossy} sampled JPEG (or lossy WebP) masks have over {MAX_UNCLEAR:.0%} of "
+            f"{lossy - binary} of {lossy} sampled JPEG (or other lossy) masks have over {MAX_UNCLEAR:.0%} of "
             f"their pixels {FAR}..{255 - FAR} or coloured (grey pictures, not binary masks?): a build rejects them"
         )
 
