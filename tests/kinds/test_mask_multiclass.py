@@ -278,39 +278,12 @@ def test_float_masks_are_judged_by_their_exact_values(raw, tmp_path, build_spec)
         assert np.array_equal(f["train"]["masks"][0, 0], (data.camera() > 100).astype(np.uint8)[128:384, 128:384])
 
 
-def test_binary_palette_masks_of_black_and_white_are_read_by_their_colours(raw, tmp_path, build_spec):
-    """An editor numbers a palette's colours as it meets them: a black-and-white mask saved as GIF or
-    indexed PNG may draw its white with index 0. The white is the mask, whatever its index; a
-    palette of other colours (VOC's) keeps the index as the value."""
-    drawn = {}
-    for k, name in enumerate(PHOTOS):
-        grey = getattr(data, name)()
-        drawn[name] = (grey > filters.threshold_otsu(grey)).astype(np.uint8)
-        white_first = k % 2 == 0
-        index = (1 - drawn[name]) if white_first else drawn[name]
-        picture = Image.fromarray(index, "P")
-        picture.putpalette([255, 255, 255, 0, 0, 0] if white_first else [0, 0, 0, 255, 255, 255])
-        (raw / "masks" / f"{name}.png").unlink()
-        picture.save(raw / "masks" / f"{name}{'.gif' if k % 3 == 0 else '.png'}")
-    voc = Image.fromarray(drawn["text"], "P")  # VOC's colours: index 1 is the class, drawn dark red
-    voc.putpalette([0, 0, 0, 128, 0, 0])
-    voc.save(raw / "masks" / "text.png")
-    spec = spec_data(raw, tmp_path / "out")
-    del spec["fields"]["masks"]["classes"]
-    spec["fields"]["masks"]["files"] = ["masks/*.png", "masks/*.gif"]
-    path, summary = build_spec(spec)
-    assert summary.rejections == ()
-    with h5py.File(path, "r") as f:
-        ids = decode_str(f["train"]["ids"][()])
-        assert ids == sorted(PHOTOS)
-        for row, sid in enumerate(ids):
-            assert np.array_equal(f["train"]["masks"][row, 0], placed(drawn[sid])), sid
-
-
-def test_binary_palette_masks_of_black_and_one_colour_are_read_by_their_colours(raw, tmp_path, build_spec):
-    """A binary mask drawn in one colour on black, saved indexed by an editor that numbers the
-    colours as it meets them, has the colour at index 0 when the object touches the first pixel:
-    the colour is the mask, black is not, whatever their indices (as for black and white)."""
+@pytest.mark.parametrize("colour", [[255, 255, 255], [220, 20, 60]], ids=["white", "red"])
+def test_binary_palette_masks_of_black_and_one_colour_are_read_by_their_colours(raw, tmp_path, build_spec, colour):
+    """An editor numbers a palette's colours as it meets them: a mask drawn in white (or red) on
+    black, saved as GIF or indexed PNG, may draw its colour with index 0 when the object touches the
+    first pixel. The colour is the mask, black is not, whatever their indices; a palette of other
+    colours (VOC's, with white) keeps the index as the value."""
     drawn = {}
     for k, name in enumerate(PHOTOS):
         grey = getattr(data, name)()
@@ -318,10 +291,13 @@ def test_binary_palette_masks_of_black_and_one_colour_are_read_by_their_colours(
         colour_first = k % 2 == 0
         index = (1 - drawn[name]) if colour_first else drawn[name]
         picture = Image.fromarray(index, "P")
-        red, black = [220, 20, 60], [0, 0, 0]
-        picture.putpalette(red + black if colour_first else black + red)
+        picture.putpalette(colour + [0, 0, 0] if colour_first else [0, 0, 0] + colour)
         (raw / "masks" / f"{name}.png").unlink()
         picture.save(raw / "masks" / f"{name}{'.gif' if k % 3 == 0 else '.png'}")
+    if colour == [255, 255, 255]:
+        voc = Image.fromarray(drawn["text"], "P")  # VOC's colours: index 1 is the class, drawn dark red
+        voc.putpalette([0, 0, 0, 128, 0, 0])
+        voc.save(raw / "masks" / "text.png")
     spec = spec_data(raw, tmp_path / "out")
     del spec["fields"]["masks"]["classes"]
     spec["fields"]["masks"]["files"] = ["masks/*.png", "masks/*.gif"]
