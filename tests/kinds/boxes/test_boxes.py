@@ -140,6 +140,21 @@ def _yolo_folder(coco_folder: Path, tmp_path: Path) -> Path:
     return raw
 
 
+SPLIT_OF = {"astronaut": "train", "coffee": "train", "rocket": "train", "chelsea": "val"}
+
+
+def _ultralytics_folder(coco_folder: Path, tmp_path: Path, year: str = "") -> tuple[Path, Path]:
+    """The YOLO folder in Ultralytics' split layout, ``images/<split><year>/`` beside
+    ``labels/<split><year>/`` (``SPLIT_OF``): (that folder, the flat one left with its classes.txt)."""
+    flat = _yolo_folder(coco_folder, tmp_path)
+    raw = tmp_path / "split"
+    for name, split in SPLIT_OF.items():
+        for folder, suffix in (("images", ".png"), ("labels", ".txt")):
+            (raw / folder / f"{split}{year}").mkdir(parents=True, exist_ok=True)
+            (flat / folder / f"{name}{suffix}").rename(raw / folder / f"{split}{year}" / f"{name}{suffix}")
+    return raw, flat
+
+
 def test_yolo_labels_give_the_same_boxes(coco_folder, tmp_path):
     raw = _yolo_folder(coco_folder, tmp_path)
     yolo = _build(tmp_path / "y", _spec(raw, tmp_path / "y" / "out", {"files": "labels/*.txt"}))
@@ -194,13 +209,7 @@ def test_init_recognises_ultralytics_split_folders_and_the_build_keeps_each_spli
     folder's split with its label file's boxes."""
     from h5forge._init import infer_spec
 
-    flat = _yolo_folder(coco_folder, tmp_path)
-    raw = tmp_path / "ultralytics"
-    split_of = {"astronaut": "train", "coffee": "train", "rocket": "train", "chelsea": "val"}
-    for name, split in split_of.items():
-        for folder, suffix in (("images", ".png"), ("labels", ".txt")):
-            (raw / folder / f"{split}{year}").mkdir(parents=True, exist_ok=True)
-            (flat / folder / f"{name}{suffix}").rename(raw / folder / f"{split}{year}" / f"{name}{suffix}")
+    raw, _ = _ultralytics_folder(coco_folder, tmp_path, year)
     (raw / "data.yaml").write_text(yaml.safe_dump({"path": ".", "train": "images/train", "val": "images/val",
                                                    "names": dict(enumerate(CLASSES))}))
     found = infer_spec(raw, tmp_path / "spec.yaml")
@@ -218,7 +227,7 @@ def test_init_recognises_ultralytics_split_folders_and_the_build_keeps_each_spli
     for split in ("train", "val"):
         with SplitReader(result.path, split, fields=["boxes"]) as r:
             got = dict(zip(r.ids(), r.read(range(len(r)))["boxes"]))
-        assert set(got) == {f"{split}{year}/{name}" for name, s in split_of.items() if s == split}
+        assert set(got) == {f"{split}{year}/{name}" for name, s in SPLIT_OF.items() if s == split}
         for sid, boxes in got.items():
             assert np.allclose(boxes, _expected(sid.split("/")[1], "crop", "clip")[0], atol=1e-3), sid
 

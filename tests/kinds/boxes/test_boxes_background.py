@@ -19,7 +19,7 @@ from PIL import Image
 import h5forge
 from h5forge._format.names import SPLITS
 from h5forge.read._reader import SplitReader
-from tests.kinds.boxes.test_boxes import CLASSES, PICTURES, SIZE, _from_label, _picture, _spec, _yolo_folder, coco_folder  # noqa: F401
+from tests.kinds.boxes.test_boxes import _ultralytics_folder, CLASSES, PICTURES, SIZE, _from_label, _picture, _spec, _yolo_folder, coco_folder  # noqa: F401
 
 SETTLE = 3.0  # the inbox's settle_seconds in these tests
 
@@ -328,13 +328,7 @@ def test_a_picture_both_labelled_and_a_background_is_a_leak_warning_not_a_failed
     KeyError after writing every sample); the build publishes both with a warning naming them."""
     import shutil
 
-    flat = _yolo_folder(coco_folder, tmp_path)
-    raw = tmp_path / "split"
-    split_of = {"astronaut": "train", "coffee": "train", "rocket": "train", "chelsea": "val"}
-    for name, split in split_of.items():
-        for folder, suffix in (("images", ".png"), ("labels", ".txt")):
-            (raw / folder / split).mkdir(parents=True, exist_ok=True)
-            (flat / folder / f"{name}{suffix}").rename(raw / folder / split / f"{name}{suffix}")
+    raw, flat = _ultralytics_folder(coco_folder, tmp_path)
     shutil.copy(raw / "images" / "train" / "astronaut.png", raw / "images" / "val" / "astronaut.png")
     spec = _spec(raw, tmp_path / "out", {"files": "labels/*/*.txt", "missing": "empty"})
     spec["fields"]["images"]["files"] = "images/*/*.png"

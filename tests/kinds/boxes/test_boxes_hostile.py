@@ -25,6 +25,7 @@ from h5forge._samples import Reject
 from tests.helpers.data import REPO
 from h5forge.read._reader import SplitReader
 from tests.kinds.boxes.test_boxes import (  # noqa: F401
+    _ultralytics_folder,
     CLASSES,
     PICTURES,
     SIZE,
@@ -424,13 +425,7 @@ def test_a_classes_file_in_each_split_folder_is_the_datasets_not_a_sample(coco_f
     neither file for a sample (each was an incomplete sample with no picture) nor warns of it."""
     from h5forge._init import infer_spec
 
-    flat = _yolo_folder(coco_folder, tmp_path)
-    raw = tmp_path / "split"
-    split_of = {"astronaut": "train", "coffee": "train", "rocket": "train", "chelsea": "val"}
-    for name, split in split_of.items():
-        for folder, suffix in (("images", ".png"), ("labels", ".txt")):
-            (raw / folder / split).mkdir(parents=True, exist_ok=True)
-            (flat / folder / f"{name}{suffix}").rename(raw / folder / split / f"{name}{suffix}")
+    raw, flat = _ultralytics_folder(coco_folder, tmp_path)
     for split in ("train", "val"):
         (raw / "labels" / split / "classes.txt").write_text((flat / "classes.txt").read_text())
     found = infer_spec(raw, tmp_path / "spec.yaml")
@@ -561,13 +556,7 @@ def test_an_image_entry_whose_id_is_a_list_rejects_only_its_picture(coco_folder,
 
 def _split_folders(coco_folder: Path, tmp_path: Path, val_classes: str) -> Path:
     """Ultralytics' split layout, chelsea in val, with a classes.txt in each split's labels."""
-    flat = _yolo_folder(coco_folder, tmp_path)
-    raw = tmp_path / "split"
-    split_of = {"astronaut": "train", "coffee": "train", "rocket": "train", "chelsea": "val"}
-    for name, split in split_of.items():
-        for folder, suffix in (("images", ".png"), ("labels", ".txt")):
-            (raw / folder / split).mkdir(parents=True, exist_ok=True)
-            (flat / folder / f"{name}{suffix}").rename(raw / folder / split / f"{name}{suffix}")
+    raw, flat = _ultralytics_folder(coco_folder, tmp_path)
     (raw / "labels" / "train" / "classes.txt").write_text((flat / "classes.txt").read_text())
     (raw / "labels" / "val" / "classes.txt").write_text(val_classes)
     return raw
