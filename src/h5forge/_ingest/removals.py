@@ -14,6 +14,7 @@ from pathlib import Path
 import h5py
 
 from h5forge.errors import SamplesRemoved
+from h5forge._format import heap
 from h5forge._format.layout import decode_str
 from h5forge._format.mapped import read_all
 from h5forge._format.names import IDS, SPLITS, version_name
@@ -48,7 +49,18 @@ def named(ids: list[str]) -> str:
 
 def check_removals(spec: DatasetSpec, candidate: Candidate) -> list[str]:
     """The samples that leave latest with this build. Raises ``SamplesRemoved`` (after discarding
-    the candidate) when there are any and the spec does not allow removals."""
+    the candidate) when there are any and the spec does not allow removals, or when latest is too
+    damaged to tell (its global heap, where the ids are)."""
+    damaged = candidate.parent is not None and heap.version_damage(candidate.out / version_name(candidate.parent))
+    if damaged:
+        assert candidate.parent is not None
+        if spec.output.allow_removals:
+            return []
+        candidate.discard()
+        raise SamplesRemoved(
+            f"cannot tell which samples would leave latest, {version_name(candidate.parent)}: {damaged}; nothing "
+            "published. Set output.allow_removals: true in the spec to publish this build without that check"
+        )
     leaving = leaving_latest(candidate)
     if leaving and not spec.output.allow_removals:
         assert candidate.parent is not None  # samples leave only a parent version

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import h5py
 import numpy as np
 
-from h5forge._format import arrays, leases
+from h5forge._format import arrays, heap, leases
 from h5forge._format import markdown
 from h5forge._format.checksums import (
     PROVENANCE,
@@ -209,6 +209,14 @@ def _verify(
         report.error("open", f"{path}: not a regular file")
         return report
     try:
+        damaged = heap.damage(real)  # before HDF5 reads a string: a damaged heap can make it loop for ever
+    except (OSError, ValueError) as err:
+        report.error("open", f"{path}: cannot be read ({_why(err)})")
+        return report
+    report.errors_of("global heap", [f"{path}: {damaged}"] if damaged else [], "ok")
+    if damaged:
+        return report
+    try:
         f = h5py.File(real, "r")
     except Exception as err:  # noqa: BLE001 - any failure to open is a verdict on the file
         report.error("open", f"{path}: not a readable HDF5 file ({_why(err)})")
@@ -379,6 +387,9 @@ def _row_file_problems(path: Path, counts: dict[str, int]) -> list[str]:
     if not path.is_file() or path.stat().st_size == 0:
         return [f"file this version reads from is not a version file: {path} (empty or not a file)"]
     try:
+        damaged = heap.damage(path)
+        if damaged:
+            return [f"file this version reads from is damaged: {path}: {damaged}"]
         with h5py.File(path, "r") as row_file:
             if row_file.attrs.get(Attr.FORMAT) != FORMAT:
                 return [f"file this version reads from is not an h5forge file: {path}"]

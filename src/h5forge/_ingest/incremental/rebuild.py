@@ -8,6 +8,7 @@ rebuild with no earlier version takes nothing and cleans everything.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from concurrent.futures import Executor
@@ -18,6 +19,7 @@ from typing import Callable, Iterable
 import h5py
 import numpy as np
 
+from h5forge._format import heap
 from h5forge._format.catalog import input_key
 from h5forge._format.mapped import rows_of
 from h5forge._format.names import RESUMABLE, RESUME_SUFFIX, version_name
@@ -33,6 +35,8 @@ from h5forge.kinds import stored_kinds
 from h5forge._ingest.writer import DatasetWriter
 from h5forge.spec import DatasetSpec
 from h5forge._store.versions import latest
+
+log = logging.getLogger(__name__)
 
 
 def inputs_of(spec: DatasetSpec, inventory: Inventory) -> Inputs:
@@ -70,8 +74,11 @@ def unchanged_since(out: Path, inputs: Inputs) -> int | None:
     number = latest(out)
     if number is None or inputs.deferred or not inputs.key:
         return None
+    path = Path(out) / version_name(number)
     try:
-        with h5py.File(os.path.realpath(Path(out) / version_name(number)), "r") as f:
+        if heap.version_damage(path):  # a damaged version is built again from the sources
+            return None
+        with h5py.File(os.path.realpath(path), "r") as f:
             return number if input_key(f)[0] == inputs.key else None
     except OSError:
         return None
@@ -84,6 +91,10 @@ def previous_sources(out: Path, rules: str) -> list[Source]:
         return []
     path = Path(out) / version_name(number)
     try:
+        problem = heap.version_damage(path)
+        if problem:
+            log.warning("nothing is taken from %s: %s", path.name, problem)
+            return []
         files = [path.parent / seg["file"] for seg in row_files_of(path)]
     except OSError:
         return []

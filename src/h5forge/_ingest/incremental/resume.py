@@ -27,6 +27,7 @@ from pathlib import Path
 
 import h5py
 
+from h5forge._format import heap
 from h5forge._format.catalog import sample_keys
 from h5forge._format.names import IDS, RESUMABLE, RESUME_SUFFIX
 from h5forge._ingest.incremental import hash_cache
@@ -133,6 +134,8 @@ def resumable_source(out: Path, inputs: Inputs) -> Source | None:
         data, _, saved = found
         if saved.get("rules") != inputs.rules:
             raise ValueError("other field rules")
+        if heap.damage(data):
+            raise ValueError("a damaged global heap")
         with h5py.File(data, "r") as f:  # everything the plan reads must be readable, or nothing is taken
             for split, n in saved["counts"].items():
                 if len(sample_keys(f, split, n)) != n or f[split][IDS].shape[0] < n:

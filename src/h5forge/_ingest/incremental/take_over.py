@@ -27,7 +27,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from h5forge._format import arrays
+from h5forge._format import arrays, heap
 from h5forge._format.catalog import KEY, sample_keys, sample_keys_path
 from h5forge._format.checksums import stored_checksums
 from h5forge._format.codecs import ensure_filters
@@ -83,6 +83,8 @@ def take_over(
         if found is None or found[2].get("rules") != inputs.rules:
             return None
         data, state, saved = found
+        if heap.damage(data):
+            return None
         with h5py.File(data, "r") as f:
             keep, ids, rejections = _prefix(f, saved, inputs, samples)
             if not any(keep.values()) or not all(_listed(f, split, m, kinds) for split, m in keep.items()):

@@ -1,0 +1,82 @@
+"""The global heap of a version file, checked before HDF5 reads it.
+
+HDF5 keeps every variable-length string (ids, source paths, string columns, most attributes) in
+global heap collections, which carry no checksum. The library walks a collection's objects by their
+stored sizes: a damaged size sends that walk past the collection's end into other bytes, or round
+for ever (an object of size 0), so one flipped bit there makes a read of any string in it fail with
+an unrelated message or never return. ``damage`` walks every collection of a file first, as HDF5
+does but within bounds, and names what is wrong.
+
+It costs one pass over the file's bytes, so it guards the reads that would otherwise meet the damage
+unprotected: ``verify``, and a build or append that reads an earlier version.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from functools import lru_cache
+from pathlib import Path
+
+import h5py
+
+from h5forge._format.row_files import listed_row_files
+
+SIGNATURE = b"GCOL\x01\x00\x00\x00"  # a collection starts so: signature, version 1, three reserved bytes
+MIN_SIZE = 4096  # HDF5 makes no smaller collection
+HEADER = 16  # a collection's header, and an object's: index (u16), references (u16), reserved (4), size (u64)
+
+
+def damage(path: str | Path) -> str | None:
+    """What is wrong with the global heap of the file at ``path``, or None when every collection
+    holds together. A file is walked once per process while its size and times stay the same."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return _damage(real, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def version_damage(path: str | Path) -> str | None:
+    """``damage`` of a version file, then of each row file it reads from (named in what it says)."""
+    problem = damage(path)
+    if problem:
+        return problem
+    with h5py.File(os.path.realpath(path), "r") as f:
+        listed = listed_row_files(f) or []
+    folder = Path(os.path.realpath(path)).parent
+    for row_file in listed:
+        problem = damage(folder / row_file["file"])
+        if problem:
+            return f"{row_file['file']}, which it reads from: {problem}"
+    return None
+
+
+@lru_cache(maxsize=256)
+def _damage(path: str, _inode: int, size: int, _mtime: int, _ctime: int) -> str | None:
+    if size == 0:
+        return None
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        at = m.find(SIGNATURE)
+        while at >= 0:
+            problem = _collection_problem(m, at)
+            if problem:
+                return f"its global heap collection at byte {at} {problem} (the file is damaged)"
+            at = m.find(SIGNATURE, at + len(SIGNATURE))
+    return None
+
+
+def _collection_problem(m: mmap.mmap, at: int) -> str | None:
+    if at + HEADER > len(m):
+        return "is cut short"
+    (size,) = struct.unpack_from("<Q", m, at + 8)
+    if not MIN_SIZE <= size <= len(m) - at:
+        return f"gives its size as {size} bytes, which does not fit in the file"
+    end, p = at + size, at + HEADER
+    while end - p >= HEADER:  # less than a header left over is free space, as HDF5 reads it
+        index, _, _, object_size = struct.unpack_from("<HHIQ", m, p)
+        # an object takes its header and its size rounded up to 8; the free space (index 0) its size
+        need = HEADER + (object_size + 7) // 8 * 8 if index else object_size
+        if not HEADER <= need <= end - p:
+            return f"holds an object at byte {p} of {object_size} bytes, which does not fit in it"
+        p += need
+    return None

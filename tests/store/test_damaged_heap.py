@@ -1,0 +1,169 @@
+"""A version whose global heap (where HDF5 keeps the strings: ids, paths, most attributes) is damaged.
+
+HDF5 walks a heap collection by the sizes stored in it, with no checksum: a damaged size made
+``h5forge verify`` and a rebuild spin for ever inside the library, or fail with a traceback about a
+buffer. Verify must say BROKEN, a rebuild and an append must stop with a clear error before reading
+the file, and nothing may be published from it.
+"""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+import yaml
+
+import h5forge
+from h5forge._format import heap
+from h5forge._store.verify import verify_file
+from h5forge._store.versions import latest
+from h5forge.errors import ReadError, SamplesRemoved
+from tests.helpers.data import age_files, drop_samples, write_spec_file
+from tests.helpers.tamper import reader_view
+
+QUICK = {"resample": 0, "latency_reads": 0}
+
+
+def collections(path: Path) -> list[int]:
+    data = path.read_bytes()
+    found, at = [], data.find(heap.SIGNATURE)
+    while at >= 0:
+        found.append(at)
+        at = data.find(heap.SIGNATURE, at + 8)
+    return found
+
+
+def grown(path: Path, offset: int, by: int) -> bytes:
+    """The bytes of ``path`` with the size (u64) at ``offset`` grown by ``by``."""
+    data = bytearray(path.read_bytes())
+    (size,) = struct.unpack_from("<Q", data, offset)
+    struct.pack_into("<Q", data, offset, size + by)
+    return bytes(data)
+
+
+def damaged_copies(path: Path, work: Path) -> list[tuple[str, Path]]:
+    """Per collection of ``path``: its size grown by 256 bytes (into whatever follows it in the file),
+    and its first object's size grown past the collection's end."""
+    copies = []
+    for at in collections(path):
+        for what, offset, by in (("size", at + 8, 256), ("object size", at + 16 + 8, 1 << 56)):
+            copy = work / f"{at}-{what.replace(' ', '_')}.h5"
+            copy.write_bytes(grown(path, offset, by))
+            copies.append((f"{what} of the collection at {at}", copy))
+    return copies
+
+
+@pytest.fixture
+def built(raw_demo, tmp_path):
+    spec_file = write_spec_file(raw_demo, tmp_path / "out", tmp_path / "spec.yaml", inbox=tmp_path / "inbox")
+    assert h5forge.build(spec_file).version == 1
+    return spec_file, tmp_path / "out"
+
+
+def test_every_collection_of_a_version_is_walked_and_each_damage_is_named(built, tmp_path):
+    _, out = built
+    version = out / "dataset_v0001.h5"
+    assert heap.damage(version) is None
+    copies = damaged_copies(version, tmp_path)
+    assert len(copies) >= 4  # a version keeps its strings in several collections
+    for what, copy in copies:
+        problem = heap.damage(copy)
+        assert problem is not None and "global heap collection at byte" in problem, what
+        report = verify_file(copy, isolate=True, **QUICK)
+        assert not report.ok and report.checks["global heap"] == "FAILED", what
+        assert any("the file is damaged" in e for e in report.errors), (what, report.errors)
+
+
+def free_spaces(path: Path) -> list[tuple[int, int]]:
+    """(offset, size) of each collection's free space (the object of index 0), walked as HDF5 walks it."""
+    data, found = path.read_bytes(), []
+    for at in collections(path):
+        (size,) = struct.unpack_from("<Q", data, at + 8)
+        p = at + heap.HEADER
+        while at + size - p >= heap.HEADER:
+            index, _, _, object_size = struct.unpack_from("<HHIQ", data, p)
+            if index == 0:
+                found.append((p, object_size))
+            p += heap.HEADER + (object_size + 7) // 8 * 8 if index else object_size
+    return found
+
+
+def test_verify_of_a_heap_that_sent_hdf5_round_for_ever_ends_with_broken(built, tmp_path):
+    """A collection's free space cut to 16 bytes: HDF5 2.0 then reads the zeros after it as an object
+    of size 0 and loops for ever (in H5HG__cache_heap_deserialize) on reading any string of that
+    collection, which ``h5forge verify`` did. The command must end (a bound that survives a loaded
+    machine) and say BROKEN."""
+    _, out = built
+    version = out / "dataset_v0001.h5"
+    at, size = next((at, size) for at, size in free_spaces(version) if size >= 32)
+    data = bytearray(version.read_bytes())
+    struct.pack_into("<Q", data, at + 8, 16)
+    damaged = tmp_path / "damaged.h5"
+    damaged.write_bytes(bytes(data))
+    cli = Path(sys.executable).parent / "h5forge"
+    done = subprocess.run([str(cli), "verify", "--quick", str(damaged)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"holds an object at byte {at + 16}" in done.stdout + done.stderr
+
+
+def test_a_thin_version_names_the_damaged_file_it_reads_from(built, raw_new, tmp_path):
+    spec_file, out = built
+    drop_samples(raw_new, tmp_path / "inbox", [f"cell_{i:06d}" for i in range(6)], rename="new_")
+    age_files(tmp_path / "inbox")
+    assert h5forge.append(spec_file).version == 2
+    delta = out / "dataset_v0002.delta.h5"
+    delta.chmod(0o644)
+    delta.write_bytes(grown(delta, collections(delta)[0] + 8, 256))
+    problem = heap.version_damage(out / "dataset_v0002.h5")
+    assert problem is not None and problem.startswith("dataset_v0002.delta.h5, which it reads from:")
+    assert not verify_file(out / "dataset_v0002.h5", isolate=True, **QUICK).ok
+
+
+def damage_latest(out: Path) -> None:
+    version = out / "dataset_v0001.h5"
+    version.chmod(0o644)
+    version.write_bytes(grown(version, collections(version)[0] + 8, 256))
+    version.chmod(0o444)
+
+
+def test_a_rebuild_over_a_damaged_latest_stops_clearly_or_builds_afresh(built, tmp_path):
+    spec_file, out = built
+    pristine = reader_view(out / "dataset_v0001.h5")
+    damage_latest(out)
+    with pytest.raises(SamplesRemoved, match="cannot tell which samples would leave latest.*global heap"):
+        h5forge.build(spec_file)
+    assert latest(out) == 1 and not (out / "dataset_v0002.h5").exists()
+    # allowed to drop samples, the build takes nothing from the damaged version and cleans every sample
+    data = yaml.safe_load(spec_file.read_text())
+    data["output"]["allow_removals"] = True
+    spec_file.write_text(yaml.safe_dump(data))
+    result = h5forge.build(spec_file)
+    assert result.version == 2 and latest(out) == 2
+    assert verify_file(out / "dataset_latest.h5").ok
+    assert reader_view(out / "dataset_v0002.h5") == pristine
+
+
+def test_an_append_onto_a_damaged_latest_is_refused_and_leaves_the_inbox(built, raw_new, tmp_path):
+    spec_file, out = built
+    damage_latest(out)
+    new_ids = drop_samples(raw_new, tmp_path / "inbox", [f"cell_{i:06d}" for i in range(4)], rename="new_")
+    age_files(tmp_path / "inbox")
+    with pytest.raises(ReadError, match="cannot append to dataset_v0001.h5: its global heap collection"):
+        h5forge.append(spec_file)
+    assert latest(out) == 1 and not list(out.glob("dataset_v0002*"))
+    assert sorted(p.stem for p in (tmp_path / "inbox" / "images").iterdir()) == sorted(new_ids)
+
+
+def test_heaps_written_by_other_hdf5_builds_pass():
+    """The HDF5 files h5py ships for its own tests, written elsewhere (one on a big-endian machine)."""
+    data_files = Path(h5py.__file__).parent / "tests" / "data_files"
+    with_heaps = [p for p in sorted(data_files.glob("*.h5")) if heap.SIGNATURE in p.read_bytes()]
+    assert len(with_heaps) >= 2, sorted(data_files.glob("*.h5"))
+    for path in with_heaps:
+        assert heap.damage(path) is None, path
+        with h5py.File(path, "r") as f:  # and HDF5 reads them, strings and all
+            f.visititems(lambda name, obj: obj[()] if isinstance(obj, h5py.Dataset) else None)
