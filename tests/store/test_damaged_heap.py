@@ -8,6 +8,7 @@ the file, and nothing may be published from it.
 
 from __future__ import annotations
 
+import mmap
 import struct
 import subprocess
 import sys
@@ -19,7 +20,9 @@ import yaml
 
 import h5forge
 from h5forge._format import heap
+from h5forge._store.isolated import Stuck, in_child
 from h5forge._store.verify import verify_file
+from h5forge._views.info import version_info
 from h5forge._store.versions import latest
 from h5forge.errors import ReadError, SamplesRemoved
 from tests.helpers.data import age_files, drop_samples, write_spec_file
@@ -64,10 +67,14 @@ def built(raw_demo, tmp_path):
     return spec_file, tmp_path / "out"
 
 
-def test_every_collection_of_a_version_is_walked_and_each_damage_is_named(built, tmp_path):
+def test_every_collection_of_a_version_is_walked_and_each_damage_is_named(built, tmp_path, monkeypatch):
     _, out = built
     version = out / "dataset_v0001.h5"
     assert heap.damage(version) is None
+    with open(version, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        assert heap.MEMMEM is not None and heap._signatures(m) == collections(version)
+        monkeypatch.setattr(heap, "MEMMEM", None)  # where the C library has no memmem
+        assert heap._signatures(m) == collections(version)
     copies = damaged_copies(version, tmp_path)
     assert len(copies) >= 4  # a version keeps its strings in several collections
     for what, copy in copies:
@@ -78,36 +85,38 @@ def test_every_collection_of_a_version_is_walked_and_each_damage_is_named(built,
         assert any("the file is damaged" in e for e in report.errors), (what, report.errors)
 
 
-def free_spaces(path: Path) -> list[tuple[int, int]]:
-    """(offset, size) of each collection's free space (the object of index 0), walked as HDF5 walks it."""
-    data, found = path.read_bytes(), []
+def looping(path: Path, work: Path) -> Path:
+    """A copy of ``path`` whose collections each start with an object of index 0 and size 0: HDF5
+    2.0 then walks on the spot for ever (in H5HG__cache_heap_deserialize) when it reads any string,
+    as ``h5forge verify`` and ``h5forge info`` did."""
+    data = bytearray(path.read_bytes())
     for at in collections(path):
-        (size,) = struct.unpack_from("<Q", data, at + 8)
-        p = at + heap.HEADER
-        while at + size - p >= heap.HEADER:
-            index, _, _, object_size = struct.unpack_from("<HHIQ", data, p)
-            if index == 0:
-                found.append((p, object_size))
-            p += heap.HEADER + (object_size + 7) // 8 * 8 if index else object_size
-    return found
+        data[at + heap.HEADER : at + 2 * heap.HEADER] = bytes(heap.HEADER)
+    copy = work / "looping.h5"
+    copy.write_bytes(bytes(data))
+    return copy
 
 
 def test_verify_of_a_heap_that_sent_hdf5_round_for_ever_ends_with_broken(built, tmp_path):
-    """A collection's free space cut to 16 bytes: HDF5 2.0 then reads the zeros after it as an object
-    of size 0 and loops for ever (in H5HG__cache_heap_deserialize) on reading any string of that
-    collection, which ``h5forge verify`` did. The command must end (a bound that survives a loaded
-    machine) and say BROKEN."""
     _, out = built
     version = out / "dataset_v0001.h5"
-    at, size = next((at, size) for at, size in free_spaces(version) if size >= 32)
-    data = bytearray(version.read_bytes())
-    struct.pack_into("<Q", data, at + 8, 16)
-    damaged = tmp_path / "damaged.h5"
-    damaged.write_bytes(bytes(data))
+    damaged = looping(version, tmp_path)
     cli = Path(sys.executable).parent / "h5forge"
+    # the command must end: a bound no loaded machine reaches, where it used to run for ever
     done = subprocess.run([str(cli), "verify", "--quick", str(damaged)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert f"holds an object at byte {at + 16}" in done.stdout + done.stderr
+    first = collections(version)[0]
+    assert f"global heap collection at byte {first} holds an object at byte {first + 16}" in done.stdout
+
+
+def test_a_look_that_hdf5_loops_on_is_stopped_and_said(built, tmp_path):
+    """``info``, ``diff``, ``preview`` and ``versions`` do not walk the heap first (a pass over the
+    whole file): their child is given a time limit instead, and killed past it."""
+    _, out = built
+    damaged = looping(out / "dataset_v0001.h5", tmp_path)
+    with pytest.raises(Stuck, match=r"cannot read .*looping.h5: no answer in 20 s; the HDF5 library may be stuck"):
+        in_child(version_info, damaged, what=f"read {damaged}", limit=20)
+    assert in_child(version_info, out / "dataset_v0001.h5", what="read it")["file"] == "dataset_v0001.h5"
 
 
 def test_a_thin_version_names_the_damaged_file_it_reads_from(built, raw_new, tmp_path):

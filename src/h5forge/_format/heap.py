@@ -13,13 +13,17 @@ unprotected: ``verify``, and a build or append that reads an earlier version.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import mmap
 import os
 import struct
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 import h5py
+import numpy as np
 
 from h5forge._format.row_files import listed_row_files
 
@@ -56,13 +60,44 @@ def _damage(path: str, _inode: int, size: int, _mtime: int, _ctime: int) -> str 
     if size == 0:
         return None
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        at = m.find(SIGNATURE)
-        while at >= 0:
+        for at in _signatures(m):
             problem = _collection_problem(m, at)
             if problem:
                 return f"its global heap collection at byte {at} {problem} (the file is damaged)"
-            at = m.find(SIGNATURE, at + len(SIGNATURE))
     return None
+
+
+def _memmem() -> Callable | None:
+    try:
+        found = ctypes.CDLL(ctypes.util.find_library("c")).memmem
+    except (AttributeError, OSError, TypeError):
+        return None
+    found.restype = ctypes.c_void_p
+    found.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+    return found
+
+
+MEMMEM = _memmem()  # the C library's search: a few times faster than mmap.find over a large file
+
+
+def _signatures(m: mmap.mmap) -> list[int]:
+    """The offset of every collection signature in ``m``."""
+    found: list[int] = []
+    if MEMMEM is None:
+        at = m.find(SIGNATURE)
+        while at >= 0:
+            found.append(at)
+            at = m.find(SIGNATURE, at + len(SIGNATURE))
+        return found
+    view = np.frombuffer(m, np.uint8)
+    try:
+        base, at = view.ctypes.data, 0
+        while hit := MEMMEM(base + at, len(m) - at, SIGNATURE, len(SIGNATURE)):
+            found.append(hit - base)
+            at = hit - base + len(SIGNATURE)
+    finally:
+        del view  # the mapping closes only once nothing holds its buffer
+    return found
 
 
 def _collection_problem(m: mmap.mmap, at: int) -> str | None:

@@ -4,7 +4,8 @@ A damaged file can make the HDF5 library itself crash (a corrupt virtual-dataset
 segfaults when the dataset is opened) or raise from anywhere while its metadata is read. ``verify``
 and the commands that only look (``info``, ``diff``, ``preview``, ``versions``) call their work
 through ``in_child``: a crash or an exception of the child becomes one ``ReadError`` naming the
-file, and the command says it in one line. For callers without other threads (the command line).
+file, and the command says it in one line; a child that gives no answer in time (HDF5 looping on a
+damaged file) is stopped and said so. For callers without other threads (the command line).
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from typing import Any, Callable
 
 from h5forge.errors import H5forgeError, ReadError
 
+# what a command that only looks (info, diff, preview, versions) may take: far more than any of them
+# needs on a loaded machine, and an end for one that HDF5 keeps looping on a damaged file
+LOOK_LIMIT = 300.0
+STUCK = "the HDF5 library may be stuck on a damaged file (`h5forge verify` names the damage)"
+
 
 class Crashed(ReadError):
     """The child died without an answer: the HDF5 library crashed on the file."""
@@ -25,15 +31,21 @@ class Crashed(ReadError):
         super().__init__(f"cannot {what}: {crash_text(exitcode)}")
 
 
+class Stuck(ReadError):
+    """The child gave no answer in time: the HDF5 library loops on some damage (a global heap
+    whose sizes send its walk round for ever is one; ``h5forge._format.heap``)."""
+
+
 def crash_text(exitcode: int | None) -> str:
     return f"the HDF5 library crashed while reading it (exit code {exitcode}); the file is corrupt"
 
 
-def in_child(fn: Callable[..., Any], *args: Any, what: str) -> Any:
+def in_child(fn: Callable[..., Any], *args: Any, what: str, limit: float | None = LOOK_LIMIT) -> Any:
     """``fn(*args)`` computed in a forked child; its result (picklable) returned here. An
     ``H5forgeError`` of the child is raised again as it was; any other exception becomes a
-    ``ReadError`` saying ``cannot <what>``, a crash a ``Crashed``. Where this process may not
-    have children (a daemonic worker), ``fn`` runs here."""
+    ``ReadError`` saying ``cannot <what>``, a crash a ``Crashed``, no answer within ``limit``
+    seconds (None: no limit) a ``Stuck``, the child killed. Where this process may not have
+    children (a daemonic worker), ``fn`` runs here."""
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child, args=(send, fn, args))
@@ -42,6 +54,10 @@ def in_child(fn: Callable[..., Any], *args: Any, what: str) -> Any:
     except (AssertionError, OSError):
         return fn(*args)
     send.close()
+    if limit is not None and not receive.poll(limit):
+        child.kill()
+        child.join()
+        raise Stuck(f"cannot {what}: no answer in {limit:.0f} s; {STUCK}")
     try:
         outcome, value = receive.recv()
     except EOFError:  # the child died without an answer

@@ -272,7 +272,8 @@ def _verify(
 def _in_child(real: str, path: str | Path, options: dict) -> HealthReport:
     """The checks of the pinned version ``real`` in a forked child (the pin's lease is inherited)."""
     try:
-        return in_child(lambda: _verify(Path(path), real, executor=None, **options), what=f"verify {path}")
+        # no time limit: a big version takes what it takes, and the heap, which HDF5 can loop on, is walked first
+        return in_child(lambda: _verify(Path(path), real, executor=None, **options), what=f"verify {path}", limit=None)
     except Crashed as err:
         report = HealthReport(str(path))
         report.error("read", f"{path}: {crash_text(err.exitcode)}")
