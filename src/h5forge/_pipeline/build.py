@@ -270,7 +270,9 @@ def verify_candidate(
     executor = cluster.executor() if cluster is not None else None
     files = [candidate.partial, *(sorted(candidate.rows_folder.iterdir()) if candidate.rows_folder.is_dir() else [])]
     with versions.flushing(files):  # written to the disk while verify reads them: the publish's fsync waits less
-        report = verify_file(candidate.partial, checksum_sample=summary.checksum_sample, executor=executor)
+        report = verify_file(
+            candidate.partial, checksum_sample=summary.checksum_sample, executor=executor, walk_heap=False
+        )
     log_report(report)
     report.warnings.extend(found)
     if not report.ok:
