@@ -12,6 +12,7 @@ import mmap
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -176,3 +177,28 @@ def test_heaps_written_by_other_hdf5_builds_pass():
         assert heap.damage(path) is None, path
         with h5py.File(path, "r") as f:  # and HDF5 reads them, strings and all
             f.visititems(lambda name, obj: obj[()] if isinstance(obj, h5py.Dataset) else None)
+
+
+def test_a_walk_started_ahead_is_the_only_walk(built, tmp_path, monkeypatch):
+    """A build walks latest's heap while it discovers (``walk_ahead``); its later checks wait for
+    that walk, whichever call starts first, and never walk the file twice."""
+    _, out = built
+    version = out / "dataset_v0001.h5"
+    damaged = looping(version, tmp_path)
+    walked = []
+    plain = heap._walk
+
+    def slow(path: str, size: int):
+        walked.append(path)
+        time.sleep(0.3)  # long enough for the checks below to arrive while it runs
+        return plain(path, size)
+
+    monkeypatch.setattr(heap, "_walk", slow)
+    monkeypatch.setattr(heap, "_walks", {})
+    for path in (version, damaged):
+        heap.walk_ahead(path)
+        found = [heap.damage(path) for _ in range(3)]
+        assert found[0] == found[1] == found[2]
+    assert found[0] is not None and found[0].startswith(f"its global heap collection at byte {collections(version)[0]}")
+    assert heap.damage(version) is None
+    assert sorted(walked) == sorted([str(version.resolve()), str(damaged.resolve())])

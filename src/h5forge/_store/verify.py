@@ -214,14 +214,15 @@ def _verify(
     if not regular:
         report.error("open", f"{path}: not a regular file")
         return report
-    try:
-        damaged = heap.damage(real) if walk_heap else None  # a damaged heap can make HDF5 loop for ever
-    except (OSError, ValueError) as err:
-        report.error("open", f"{path}: cannot be read ({_why(err)})")
-        return report
-    report.errors_of("global heap", [f"{path}: {damaged}"] if damaged else [], "ok" if walk_heap else "not walked")
-    if damaged:
-        return report
+    if walk_heap:  # before HDF5 reads a string: a damaged heap can make it loop for ever
+        try:
+            damaged = heap.damage(real)
+        except (OSError, ValueError) as err:
+            report.error("open", f"{path}: cannot be read ({_why(err)})")
+            return report
+        report.errors_of("global heap", [f"{path}: {damaged}"] if damaged else [], "ok")
+        if damaged:
+            return report
     try:
         f = h5py.File(real, "r")
     except Exception as err:  # noqa: BLE001 - any failure to open is a verdict on the file
