@@ -36,6 +36,7 @@ from h5forge._format.checksums import (
     split_digest,
 )
 from h5forge._format.catalog import INPUTS, Catalog, catalog_intact, content_digest, id_digest, location, read_catalog
+from h5forge._format.chunk_codec import ZSTD_FILTER, zstd_intact
 from h5forge._format.codecs import ensure_filters
 from h5forge._format.dims import scale_problems
 from h5forge._format.mapped import SOURCES, read_all, rows_of
@@ -703,8 +704,31 @@ def _checksum_blocks(
             for i in range(stop - start)
             if sums[i].encode() != stored[i]
         ]
+        bad += _corrupt_zstd_chunks(g, summed, split, start, stop)
         checked += stop - start
     return bad, checked
+
+
+def _corrupt_zstd_chunks(g: h5py.Group, kinds: dict[str, FieldKind], split: str, start: int, stop: int) -> list[str]:
+    """The chunks holding rows ``start:stop`` that zstd finds corrupt: HDF5's Zstd filter returns
+    uninitialised memory for them instead of failing, which the checksums above may have matched
+    (``chunk_codec.zstd_intact``)."""
+    problems = []
+    for path, kind in kinds.items():
+        ds = g[path]
+        plist = ds.id.get_create_plist() if ds.chunks and not ds.is_virtual else None
+        if plist is None or [plist.get_filter(i)[0] for i in range(plist.get_nfilters())] != [ZSTD_FILTER]:
+            continue
+        lo, hi = (start, stop)
+        if kind.stored().ragged:
+            starts = arrays.offsets(g, path)
+            lo, hi = int(starts[start]), int(starts[stop])
+        rows, size = ds.chunks[0], int(np.prod(ds.chunks)) * ds.dtype.itemsize
+        for c in range(lo // rows, -(-hi // rows)):
+            mask, raw = ds.id.read_direct_chunk((c * rows,) + (0,) * (ds.ndim - 1))
+            if (len(raw) != size) if mask & 1 else zstd_intact(raw, size) is False:
+                problems.append(f"{split}/{path}: its stored chunk {c} is corrupt (zstd cannot decode it)")
+    return problems
 
 
 # Below this many rows a file is checksummed in the calling process: starting a checking process
