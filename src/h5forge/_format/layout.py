@@ -8,7 +8,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5forge._format.names import INDEX
+from h5forge._format.names import CHECKSUM, IDS, INDEX, SOURCE_FILES, SOURCE_SHA256
 
 STR = h5py.string_dtype("utf-8")
 HEX = h5py.string_dtype("ascii", 64)
@@ -20,6 +20,17 @@ def small_options(dtype) -> dict:
     """Chunking and compression of a per-sample column (variable-length strings stay unfiltered)."""
     info = h5py.check_string_dtype(np.dtype(dtype))
     return {} if info is not None and info.length is None else dict(SMALL_CODEC)
+
+
+def provenance_layout(file_fields: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """Shape (after the row axis) and dtype of each per-sample provenance dataset, for a sample
+    with ``file_fields`` raw-file fields."""
+    return {
+        IDS: ((), STR),
+        SOURCE_FILES: ((file_fields,), STR),
+        SOURCE_SHA256: ((file_fields,), HEX),
+        CHECKSUM: ((), HEX),
+    }
 
 
 def decode_str(values: Any) -> list[str]:

@@ -36,7 +36,7 @@ from h5forge._format.checksums import row_checksum, write_digests, write_file_di
 from h5forge._format.chunk_codec import EncodedRows, accepts, append_chunks
 from h5forge._format.codecs import CODECS, codec_options, ensure_filters
 from h5forge._format.dims import name_axes
-from h5forge._format.layout import HEX, SMALL_ROWS, STR, small_options, write_index, write_index_lists
+from h5forge._format.layout import SMALL_ROWS, STR, provenance_layout, small_options, write_index, write_index_lists
 from h5forge._format.names import (
     CHECKSUM,
     FORMAT,
@@ -188,8 +188,7 @@ class DatasetWriter:
 
     # ---- structure ---------------------------------------------------------------------------
     def _provenance(self) -> dict[str, tuple[tuple[int, ...], object]]:
-        nf = len(self.file_fields)
-        return {IDS: ((), STR), SOURCE_FILES: ((nf,), STR), SOURCE_SHA256: ((nf,), HEX), CHECKSUM: ((), HEX)}
+        return provenance_layout(len(self.file_fields))
 
     def _header(self, version: int, parent_version: int | None) -> None:
         """The file's attributes and stored spec (rewritten when a resumed build takes a file over)."""

@@ -40,7 +40,7 @@ from h5forge._format.chunk_codec import ZSTD_FILTER, zstd_intact
 from h5forge._format.codecs import ensure_filters
 from h5forge._format.dims import scale_problems
 from h5forge._format.mapped import SOURCES, read_all, rows_of
-from h5forge._format.layout import SMALL_ROWS, decode_str
+from h5forge._format.layout import SMALL_ROWS, decode_str, provenance_layout
 from h5forge._format.names import (
     CHECKSUM,
     CHECKSUMS_COVER_ALL,
@@ -459,11 +459,18 @@ def _check_structure(f: h5py.File, spec: DatasetSpec, kinds: dict[str, FieldKind
                 problems += [f"/{split} lacks the {a} attribute" for a in kind.stats_attrs() if a not in g.attrs]
             if isinstance(kind, RowIndex) and f"{INDEX}/{split}/{path}" not in f:
                 problems.append(f"/{INDEX}/{split}/{path} is missing")
+        layout = provenance_layout(g[SOURCE_FILES].shape[1] if SOURCE_FILES in g and g[SOURCE_FILES].ndim == 2 else 0)
         for key in PER_SAMPLE:
             if key not in g:
                 problems.append(f"/{split}/{key} is missing")
-            elif g[key].shape[0] != count:
-                problems.append(f"/{split}/{key} has {g[key].shape[0]} rows, count attribute says {count}")
+                continue
+            ds, (shape, dtype) = g[key], layout[key]
+            if ds.shape[0] != count:
+                problems.append(f"/{split}/{key} has {ds.shape[0]} rows, count attribute says {count}")
+            if ds.shape[1:] != shape or not _dtype_matches(ds, dtype):  # plain HDF5 reads it with these
+                problems.append(
+                    f"/{split}/{key} holds {ds.shape[1:]} of {ds.dtype}, expected {shape} of {np.dtype(dtype)}"
+                )
         for col in spec.annotations.index_by:
             key = f"{INDEX}/{split}/{col}"
             if key not in f:
