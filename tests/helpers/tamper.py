@@ -128,6 +128,7 @@ def reader_view(path: Path) -> object:
     A read that fails is part of the view (as its error), never an exception."""
     from h5forge._format.codecs import ensure_filters
     from h5forge._format.layout import index_parts
+    from h5forge._format import mapped
     from h5forge._format.names import INDEX, SOURCE_FILES, SOURCE_SHA256, SPLITS
     from h5forge.kinds import ReadOptions, stored_kinds
     from h5forge.read._reader import SplitReader, model_batch
@@ -151,6 +152,10 @@ def reader_view(path: Path) -> object:
                 }
         except Exception as err:  # noqa: BLE001 - a failing read is what the caller compares
             view[split] = ("error", type(err).__name__)
+    # nothing of the files read stays known here: a verify forked from this process would inherit it, and
+    # take a row file the caller replaced since (with a damaged copy, or the pristine one back) for a swap
+    mapped._mappings.clear()
+    mapped.SOURCES.close_all()
     return _plain(view)
 
 
