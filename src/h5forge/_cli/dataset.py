@@ -282,7 +282,7 @@ def export(
     with _reported():
         refuse_version_names(dest)
     with leases.pinned(version) as real:  # retention keeps it from the check to the end of the copy
-        report = verify_file(real, checksums=False, resample=0, latency_reads=0)
+        report = verify_file(real, checksums=False, resample=0, latency_reads=0, isolate=True)
         if not report.ok:
             _fail(f"{version} is broken: {'; '.join(report.errors)}", 1)
         export_version(Path(real), dest, codec)
@@ -432,7 +432,9 @@ def rollback(
             recover_interrupted(folder)  # a killed append's journal would otherwise undo this rollback
             if number not in published(folder):
                 _fail(f"{folder / version_name(number)} is not a published version")
-            report = verify_file(folder / version_name(number), checksums=False, resample=0, latency_reads=0)
+            report = verify_file(
+                folder / version_name(number), checksums=False, resample=0, latency_reads=0, isolate=True
+            )
             if not report.ok:
                 _fail(f"refusing to roll back to a broken version: {'; '.join(report.errors)}", 1)
             set_latest(folder, number)

@@ -7,8 +7,8 @@ for ever (an object of size 0), so one flipped bit there makes a read of any str
 an unrelated message or never return. ``damage`` walks every collection of a file first, as HDF5
 does but within bounds, and names what is wrong.
 
-It costs one pass over the file's bytes, so it guards the reads that would otherwise meet the damage
-unprotected: ``verify``, and a build or append that reads an earlier version.
+It costs one pass over the file's bytes, so it guards the reads that read the whole file anyway: a full
+``verify`` (its checksums), and a build that copies rows from an earlier version.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import ctypes
 import mmap
 import os
 import struct
-import threading
-from concurrent.futures import Future
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -37,38 +36,7 @@ def damage(path: str | Path) -> str | None:
     holds together. A file is walked once per process while its size and times stay the same."""
     real = os.path.realpath(path)
     st = os.stat(real)
-    key = (real, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    with _lock:
-        walk = _walks.get(key)
-        mine = walk is None
-        if walk is None:
-            walk = _walks[key] = Future()
-            while len(_walks) > MAX_REMEMBERED:
-                del _walks[next(iter(_walks))]
-    if mine:
-        try:
-            walk.set_result(_walk(real, st.st_size))
-        except Exception as err:  # noqa: BLE001 - raised to every caller, as to this one
-            walk.set_exception(err)
-        except BaseException as err:  # an interrupted walk is not remembered
-            with _lock:
-                _walks.pop(key, None)
-            walk.set_exception(err)
-            raise
-    return walk.result()
-
-
-def walk_ahead(path: str | Path) -> None:
-    """Walk the heap of ``path`` in a thread from now, so that a ``damage`` of it later waits less:
-    the search runs in the C library, without the GIL, beside the caller's own work."""
-    threading.Thread(target=_ahead, args=(path,), daemon=True, name="h5forge-heap-walk").start()
-
-
-def _ahead(path: str | Path) -> None:
-    try:
-        damage(path)
-    except OSError:  # gone or unreadable: the caller's own ``damage`` of it says so
-        pass
+    return _damage(real, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def version_damage(path: str | Path) -> str | None:
@@ -86,12 +54,8 @@ def version_damage(path: str | Path) -> str | None:
     return None
 
 
-MAX_REMEMBERED = 256  # files whose walk is kept
-_walks: dict[tuple, Future] = {}  # by path, inode, size and times: the walk done or under way
-_lock = threading.Lock()
-
-
-def _walk(path: str, size: int) -> str | None:
+@lru_cache(maxsize=256)
+def _damage(path: str, _inode: int, size: int, _mtime: int, _ctime: int) -> str | None:
     if size == 0:
         return None
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:

@@ -27,8 +27,7 @@ from typing import Callable, Sequence
 
 import h5py
 
-from h5forge.errors import InboxMoveFailed, NoBaseVersion, ReadError, UsageError, VerificationFailed
-from h5forge._format import heap
+from h5forge.errors import InboxMoveFailed, NoBaseVersion, UsageError, VerificationFailed
 from h5forge._format.catalog import (
     catalog_from_rows,
     catalog_intact,
@@ -259,7 +258,6 @@ class KnownSamples:
 
     def __init__(self, path: Path):
         self.path = Path(os.path.realpath(path))
-        refuse_damaged(path)
         with h5py.File(self.path, "r") as f:
             catalog = read_catalog(f)
             if catalog is not None and catalog_intact(f, catalog) is False:
@@ -344,21 +342,10 @@ class AppendCandidate:
         return self.out / partial_name(delta_name(self.number))
 
 
-def refuse_damaged(parent: Path) -> None:
-    """An append reads the version it extends: one whose global heap is damaged is refused before
-    HDF5 reads a string of it (``h5forge._format.heap``)."""
-    problem = heap.version_damage(parent)
-    if problem:
-        raise ReadError(
-            f"cannot append to {Path(parent).name}: {problem}; `h5forge build` makes a new version from the sources"
-        )
-
-
 def stage_append(out: Path) -> AppendCandidate:
     parent = latest(out)
     if parent is None:
         raise NoBaseVersion(f"no published version in {out} to append to; run `h5forge build` first")
-    refuse_damaged(out / version_name(parent))
     return AppendCandidate(out, max(published(out)) + 1, parent)
 
 

@@ -13,7 +13,6 @@ from typing import Any, Callable, Sequence
 import h5py
 
 from h5forge.errors import VerificationFailed
-from h5forge._format import heap
 from h5forge._format.names import version_name
 from h5forge._format.row_files import counts_of
 from h5forge._format.summary import WriteSummary
@@ -37,7 +36,7 @@ from h5forge._store import versions
 from h5forge._store.output import claim_output, preflight
 from h5forge._store.reports import write_health
 from h5forge._store.verify import HealthReport, verify_file
-from h5forge._store.versions import Candidate, finish_publish, latest, output_lock_or_skip, publish
+from h5forge._store.versions import Candidate, finish_publish, output_lock_or_skip, publish
 
 
 @leaves_main_alone
@@ -71,9 +70,6 @@ def build(
             return BuildResult(spec.name, skipped=busy)
         claim_output(spec.output.dir, spec.name)
         run("recover", recover_interrupted, spec.output.dir)
-        current = latest(spec.output.dir)
-        if current is not None:  # the rebuild reads it after discovery: its heap is walked meanwhile
-            heap.walk_ahead(spec.output.dir / version_name(current))
         # a build that will clean on a cluster starts its dask workers now, while it discovers, and verifies on them
         with cluster_ahead(spec, lambda: cleans_on_a_cluster(spec)) as ahead:
             inventory = run("discover", discover_samples, spec)

@@ -62,7 +62,7 @@ from h5forge.kinds.index import RowIndex
 from h5forge.kinds.statistics import Statistics
 from h5forge._samples import Reject, SampleRef
 from h5forge.spec import DatasetSpec, spec_from_json
-from h5forge._store.isolated import Crashed, crash_text, in_child
+from h5forge._store.isolated import LOOK_LIMIT, Crashed, Stuck, crash_text, in_child
 from h5forge._store.sizes import version_sizes
 from h5forge._store.sources import MAX_SOURCE_BYTES, source_problem
 from h5forge._figures import figure_rows
@@ -142,7 +142,7 @@ def verify_file(
     isolate: bool = False,
     workers: int | None = None,
     executor: tuple[Executor, int] | None = None,
-    walk_heap: bool = True,
+    walk_heap: bool | None = None,
 ) -> HealthReport:
     """Run every check on ``path``; never raises for a broken file: whatever cannot be read is an
     error of the check that tried, and the report says BROKEN.
@@ -160,8 +160,11 @@ def verify_file(
     workers that cleaned it): the rows are shared among them from ``EXECUTOR_ROWS`` rows on, as
     they cost no start; a share they fail to check is checked as without them.
     ``walk_heap``: walk the global heap of the file and of the files it reads from before HDF5
-    reads a string (``h5forge._format.heap``); a build verifying what it has just written passes
-    False, as that heap is what HDF5 wrote moments ago, read back from the page cache.
+    reads a string (``h5forge._format.heap``), a pass over their bytes; default: when every row's
+    checksum is recomputed, which reads them all anyway. A build verifying what it has just written passes
+    False, as that heap is what HDF5 wrote moments ago, read back from the page cache. An
+    ``isolate``d check that does not walk it is given ``isolated.LOOK_LIMIT`` instead: HDF5 can
+    loop for ever on a damaged heap.
 
     The version is pinned for the whole check, as readers pin it (its lease,
     h5forge._format.leases): retention does not delete it meanwhile. ``dataset_latest.h5`` is
@@ -176,7 +179,7 @@ def verify_file(
         checksum_sample=checksum_sample,
         max_source_bytes=max_source_bytes,
         workers=workers,
-        walk_heap=walk_heap,
+        walk_heap=(checksums and checksum_sample is None) if walk_heap is None else walk_heap,
     )
     with leases.pinned(path) as real:  # a forked child (isolate) shares the pin of this process
         if isolate:
@@ -280,11 +283,16 @@ def _verify(
 def _in_child(real: str, path: str | Path, options: dict) -> HealthReport:
     """The checks of the pinned version ``real`` in a forked child (the pin's lease is inherited)."""
     try:
-        # no time limit: a big version takes what it takes, and the heap, which HDF5 can loop on, is walked first
-        return in_child(lambda: _verify(Path(path), real, executor=None, **options), what=f"verify {path}", limit=None)
+        # a walked heap leaves HDF5 nothing to loop on, and a big version takes what it takes
+        limit = None if options["walk_heap"] else LOOK_LIMIT
+        return in_child(lambda: _verify(Path(path), real, executor=None, **options), what=f"verify {path}", limit=limit)
     except Crashed as err:
         report = HealthReport(str(path))
         report.error("read", f"{path}: {crash_text(err.exitcode)}")
+        return report
+    except Stuck as err:
+        report = HealthReport(str(path))
+        report.error("read", str(err))
         return report
 
 
