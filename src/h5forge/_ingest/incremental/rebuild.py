@@ -74,9 +74,8 @@ def unchanged_since(out: Path, inputs: Inputs) -> int | None:
     number = latest(out)
     if number is None or inputs.deferred or not inputs.key:
         return None
-    path = Path(out) / version_name(number)
     try:
-        with h5py.File(os.path.realpath(path), "r") as f:
+        with h5py.File(os.path.realpath(Path(out) / version_name(number)), "r") as f:
             return number if input_key(f)[0] == inputs.key else None
     except OSError:
         return None
