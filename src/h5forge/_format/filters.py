@@ -62,7 +62,8 @@ def codec_filters(codec: str) -> set[int]:
     return filters_of_options(codec_options(codec))
 
 
-def _pipeline(ds: h5py.Dataset) -> list[int]:
+def filter_ids(ds: h5py.Dataset) -> list[int]:
+    """The ids of the filters ``ds`` is stored through, in order."""
     plist = ds.id.get_create_plist()
     return [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
 
@@ -79,7 +80,7 @@ def filters_used(path: str | Path) -> dict[int, list[str]]:
 
             def visit(name: str, obj, file: Path = file) -> None:
                 if isinstance(obj, h5py.Dataset) and not obj.is_virtual and obj.chunks is not None:
-                    for fid in _pipeline(obj):
+                    for fid in filter_ids(obj):
                         used.setdefault(fid, []).append(f"{file.name}:{name}")
 
             f.visititems(visit)

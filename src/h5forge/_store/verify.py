@@ -39,6 +39,7 @@ from h5forge._format.catalog import INPUTS, Catalog, catalog_intact, content_dig
 from h5forge._format.chunk_codec import ZSTD_FILTER, zstd_intact
 from h5forge._format.codecs import ensure_filters
 from h5forge._format.dims import scale_problems
+from h5forge._format.filters import filter_ids
 from h5forge._format.mapped import SOURCES, read_all, rows_of
 from h5forge._format.layout import SMALL_ROWS, decode_str, provenance_layout
 from h5forge._format.names import (
@@ -701,6 +702,7 @@ def _checksum_blocks(
     # format 1 sums the stored bytes of the image-like fields only
     summed = {p: k for p, k in kinds.items() if k.checksummed} if old_format else kinds
     made: dict[str, RowChecksums] = {}
+    zstd: dict[str, _ZstdChunks] = {}
     for split, start, stop in blocks:
         g = f[split]
         try:
@@ -711,6 +713,7 @@ def _checksum_blocks(
             else:  # each split's datasets opened once
                 sums = (made.get(split) or made.setdefault(split, RowChecksums(g, summed)))(start, stop)
             ids = decode_str(rows_of(g[IDS])[start:stop])
+            corrupt = (zstd.get(split) or zstd.setdefault(split, _ZstdChunks(g, summed))).corrupt(split, start, stop)
         except Exception as err:  # noqa: BLE001 - a corrupt chunk, heap or string
             bad.extend(_locate_unreadable(g, summed, split, start, stop, err))
             continue
@@ -719,31 +722,35 @@ def _checksum_blocks(
             for i in range(stop - start)
             if sums[i].encode() != stored[i]
         ]
-        bad += _corrupt_zstd_chunks(g, summed, split, start, stop)
+        bad += corrupt
         checked += stop - start
     return bad, checked
 
 
-def _corrupt_zstd_chunks(g: h5py.Group, kinds: dict[str, FieldKind], split: str, start: int, stop: int) -> list[str]:
-    """The chunks holding rows ``start:stop`` that zstd finds corrupt: HDF5's Zstd filter returns
-    uninitialised memory for them instead of failing, which the checksums above may have matched
-    (``chunk_codec.zstd_intact``)."""
-    problems = []
-    for path, kind in kinds.items():
-        ds = g[path]
-        plist = ds.id.get_create_plist() if ds.chunks and not ds.is_virtual else None
-        if plist is None or [plist.get_filter(i)[0] for i in range(plist.get_nfilters())] != [ZSTD_FILTER]:
-            continue
-        lo, hi = (start, stop)
-        if kind.stored().ragged:
-            starts = arrays.offsets(g, path)
-            lo, hi = int(starts[start]), int(starts[stop])
-        rows, size = ds.chunks[0], int(np.prod(ds.chunks)) * ds.dtype.itemsize
-        for c in range(lo // rows, -(-hi // rows)):
-            mask, raw = ds.id.read_direct_chunk((c * rows,) + (0,) * (ds.ndim - 1))
-            if (len(raw) != size) if mask & 1 else zstd_intact(raw, size) is False:
-                problems.append(f"{split}/{path}: its stored chunk {c} is corrupt (zstd cannot decode it)")
-    return problems
+class _ZstdChunks:
+    """The chunks of one split's fields stored by the Zstd filter alone, asked of zstd itself: HDF5's
+    Zstd filter returns uninitialised memory for a chunk zstd finds corrupt instead of failing,
+    which a row's checksum may then match (``chunk_codec.zstd_intact``). Each chunk is asked once."""
+
+    def __init__(self, g: h5py.Group, kinds: dict[str, FieldKind]):
+        self.fields: list[tuple[str, h5py.Dataset, np.ndarray | None, set[int]]] = [
+            (path, g[path], arrays.offsets(g, path) if kind.stored().ragged else None, set())
+            for path, kind in kinds.items()
+            if g[path].chunks and not g[path].is_virtual and filter_ids(g[path]) == [ZSTD_FILTER]
+        ]
+
+    def corrupt(self, split: str, start: int, stop: int) -> list[str]:
+        """The corrupt chunks holding rows ``start:stop``."""
+        problems = []
+        for path, ds, starts, asked in self.fields:
+            lo, hi = (start, stop) if starts is None else (int(starts[start]), int(starts[stop]))
+            rows, size = ds.chunks[0], int(np.prod(ds.chunks)) * ds.dtype.itemsize
+            for c in set(range(lo // rows, -(-hi // rows))) - asked:
+                asked.add(c)
+                mask, raw = ds.id.read_direct_chunk((c * rows,) + (0,) * (ds.ndim - 1))
+                if (len(raw) != size) if mask & 1 else zstd_intact(raw, size) is False:
+                    problems.append(f"{split}/{path}: its stored chunk {c} is corrupt (zstd cannot decode it)")
+        return problems
 
 
 # Below this many rows a file is checksummed in the calling process: starting a checking process
