@@ -7,8 +7,10 @@ for ever (an object of size 0), so one flipped bit there makes a read of any str
 an unrelated message or never return. ``damage`` walks every collection of a file first, as HDF5
 does but within bounds, and names what is wrong.
 
-It costs one pass over the file's bytes, so it guards the reads that read the whole file anyway: a full
-``verify`` (its checksums), and a build that copies rows from an earlier version.
+A collection lies outside every dataset's stored data, so the search for collections skips the
+bytes HDF5's chunk indexes and contiguous layouts place (``_stored``): what is left to read is the
+file's metadata and strings, a small share of a version. The walk guards the reads of a full
+``verify`` and of a build that copies rows from an earlier version.
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ def version_damage(path: str | Path) -> str | None:
 def _damage(path: str, _inode: int, size: int, _mtime: int, _ctime: int) -> str | None:
     if size == 0:
         return None
+    stored = _stored(path, size)
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        for at in _signatures(m):
+        for at in _signatures(m, _gaps(stored, len(m))):
             problem = _collection_problem(m, at)
             if problem:
                 return f"its global heap collection at byte {at} {problem} (the file is damaged)"
@@ -79,21 +82,67 @@ def _memmem() -> Callable | None:
 MEMMEM = _memmem()  # the C library's search: a few times faster than mmap.find over a large file
 
 
-def _signatures(m: mmap.mmap) -> list[int]:
-    """The offset of every collection signature in ``m``."""
+def _stored(path: str, size: int) -> list[tuple[int, int]]:
+    """(start, end) of the bytes each dataset's stored data takes (its chunks, or its contiguous
+    block), in order; none when HDF5 cannot list them or two would overlap or end past the file (a
+    damaged index: then every byte is searched). Listing them reads HDF5's metadata, no string."""
+    starts: list[int] = []
+    ends: list[int] = []
+
+    def chunk(info) -> None:
+        starts.append(info.byte_offset)
+        ends.append(info.byte_offset + info.size)
+
+    def visit(_: str, obj: object) -> None:
+        if not isinstance(obj, h5py.Dataset) or obj.is_virtual:
+            return
+        if obj.chunks is not None:
+            obj.id.chunk_iter(chunk)
+        elif (offset := obj.id.get_offset()) is not None:
+            starts.append(offset)
+            ends.append(offset + obj.id.get_storage_size())
+
+    try:
+        with h5py.File(path, "r") as f:
+            f.visititems(visit)
+    except (OSError, RuntimeError, ValueError, KeyError):
+        return []
+    order = np.argsort(starts, kind="stable")
+    s, e = np.asarray(starts, np.int64)[order], np.asarray(ends, np.int64)[order]
+    if len(s) and (s[0] < 0 or e[-1] > size or (s[1:] < e[:-1]).any()):
+        return []
+    return list(zip(s.tolist(), e.tolist()))
+
+
+def _gaps(stored: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """(start, end) of the bytes between the ``stored`` ranges, up to ``size``."""
+    gaps, at = [], 0
+    for start, end in stored:
+        if start > at:
+            gaps.append((at, start))
+        at = max(at, end)
+    return gaps + [(at, size)] if at < size else gaps
+
+
+def _signatures(m: mmap.mmap, spans: list[tuple[int, int]]) -> list[int]:
+    """The offset of every collection signature that starts within the (start, end) ``spans`` of ``m``."""
     found: list[int] = []
+    n = len(SIGNATURE)
     if MEMMEM is None:
-        at = m.find(SIGNATURE)
-        while at >= 0:
-            found.append(at)
-            at = m.find(SIGNATURE, at + len(SIGNATURE))
+        for start, end in spans:
+            at = m.find(SIGNATURE, start, end + n - 1)
+            while 0 <= at < end:
+                found.append(at)
+                at = m.find(SIGNATURE, at + n, end + n - 1)
         return found
     view = np.frombuffer(m, np.uint8)
     try:
-        base, at = view.ctypes.data, 0
-        while hit := MEMMEM(base + at, len(m) - at, SIGNATURE, len(SIGNATURE)):
-            found.append(hit - base)
-            at = hit - base + len(SIGNATURE)
+        base = view.ctypes.data
+        for start, end in spans:
+            at, stop = start, min(end + n - 1, len(m))
+            while at < end and (hit := MEMMEM(base + at, stop - at, SIGNATURE, n)):
+                found.append(hit - base)
+                at = hit - base + n
     finally:
         del view  # the mapping closes only once nothing holds its buffer
     return found
