@@ -182,3 +182,22 @@ def test_heaps_written_by_other_hdf5_builds_pass():
         with h5py.File(path, "r") as f:  # and HDF5 reads them, strings and all
             f.visititems(lambda name, obj: obj[()] if isinstance(obj, h5py.Dataset) else None)
 
+
+def in_a_child(call: str, *args: Path) -> subprocess.CompletedProcess:
+    """``call`` (Python, ``sys.argv[1:]`` its arguments) in a fresh process, within a bound no loaded
+    machine reaches: a read HDF5 loops on must fail the test, not hang it."""
+    code = f"import sys, h5forge; {call}"
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=900)
+
+
+def test_a_nightly_over_a_looping_latest_ends_with_a_clear_stop(built, tmp_path):
+    """Nothing changed in the sources: the unchanged check reads latest's input key, a string."""
+    spec_file, out = built
+    version = out / "dataset_v0001.h5"
+    looped = looping(version, tmp_path).read_bytes()
+    version.chmod(0o644)
+    version.write_bytes(looped)
+    done = in_a_child("h5forge.build(sys.argv[1])", spec_file)
+    assert done.returncode == 1 and "SamplesRemoved" in done.stderr, done.stderr[-3000:]
+    assert "cannot tell which samples would leave latest" in done.stderr and "global heap" in done.stderr
+    assert latest(out) == 1 and not (out / "dataset_v0002.h5").exists()

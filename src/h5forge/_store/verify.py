@@ -143,7 +143,7 @@ def verify_file(
     isolate: bool = False,
     workers: int | None = None,
     executor: tuple[Executor, int] | None = None,
-    walk_heap: bool | None = None,
+    walk_heap: bool = True,
 ) -> HealthReport:
     """Run every check on ``path``; never raises for a broken file: whatever cannot be read is an
     error of the check that tried, and the report says BROKEN.
@@ -161,11 +161,10 @@ def verify_file(
     workers that cleaned it): the rows are shared among them from ``EXECUTOR_ROWS`` rows on, as
     they cost no start; a share they fail to check is checked as without them.
     ``walk_heap``: walk the global heap of the file and of the files it reads from before HDF5
-    reads a string (``h5forge._format.heap``), a pass over their bytes; default: when every row's
-    checksum is recomputed, which reads them all anyway. A build verifying what it has just
-    written passes False, as that heap is what HDF5 wrote moments ago, read back from the page
-    cache. An ``isolate``d check that does not walk it is given ``isolated.LOOK_LIMIT`` instead:
-    HDF5 can loop for ever on a damaged heap.
+    reads a string (``h5forge._format.heap``: it reads their metadata). A build verifying what it
+    has just written passes False, as that heap is what HDF5 wrote moments ago. An ``isolate``d
+    check that does not walk it is given ``isolated.LOOK_LIMIT`` instead: HDF5 can loop for ever
+    on a damaged heap.
 
     The version is pinned for the whole check, as readers pin it (its lease,
     h5forge._format.leases): retention does not delete it meanwhile. ``dataset_latest.h5`` is
@@ -180,7 +179,7 @@ def verify_file(
         checksum_sample=checksum_sample,
         max_source_bytes=max_source_bytes,
         workers=workers,
-        walk_heap=(checksums and checksum_sample is None) if walk_heap is None else walk_heap,
+        walk_heap=walk_heap,
     )
     with leases.pinned(path) as real:  # a forked child (isolate) shares the pin of this process
         if isolate:

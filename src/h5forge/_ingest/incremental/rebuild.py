@@ -81,19 +81,20 @@ def unchanged_since(out: Path, inputs: Inputs) -> int | None:
         return None
 
 
-def previous_sources(out: Path, rules: str, walk_heap: bool = False) -> list[Source]:
-    """The files holding the latest version's rows, when written under the same field rules.
-    ``walk_heap``: for a build that copies rows from them, which reads every string of them: none
-    is taken from a version whose global heap is damaged (``h5forge._format.heap``), which makes
-    HDF5 loop for ever or fail on some of those strings."""
+def previous_sources(out: Path, rules: str, say: bool = False) -> list[Source]:
+    """The files holding the latest version's rows, when written under the same field rules. None
+    is taken from a version whose global heap is damaged (``h5forge._format.heap``, walked once per
+    process): HDF5 loops for ever or fails on some of its strings, the first of which this reads.
+    ``say``: log why nothing is taken from such a version (the plan of the build's rows does)."""
     number = latest(out)
     if number is None:
         return []
     path = Path(out) / version_name(number)
     try:
-        problem = heap.version_damage(path) if walk_heap else None
+        problem = heap.version_damage(path)
         if problem:
-            log.warning("nothing is taken from %s: %s", path.name, problem)
+            if say:
+                log.warning("nothing is taken from %s: %s", path.name, problem)
             return []
         files = [path.parent / seg["file"] for seg in row_files_of(path)]
     except OSError:
@@ -166,7 +167,7 @@ def plan_reuse(
         timings["take_over_processes"] = taken.processes
     t0 = time.perf_counter()
     resumed = resumable_source(out, inputs)
-    sources = ([resumed] if resumed else []) + previous_sources(out, inputs.rules, walk_heap=True)
+    sources = ([resumed] if resumed else []) + previous_sources(out, inputs.rules, say=True)
     try:
         reuse = Reuse(make_plan(samples, inputs, sources), sources, taken, resumed)
     except BaseException:
