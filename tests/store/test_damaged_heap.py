@@ -201,3 +201,23 @@ def test_a_nightly_over_a_looping_latest_ends_with_a_clear_stop(built, tmp_path)
     assert done.returncode == 1 and "SamplesRemoved" in done.stderr, done.stderr[-3000:]
     assert "cannot tell which samples would leave latest" in done.stderr and "global heap" in done.stderr
     assert latest(out) == 1 and not (out / "dataset_v0002.h5").exists()
+
+
+def test_a_damaged_chunk_index_makes_the_walk_search_every_byte(built, tmp_path, monkeypatch):
+    """The walk skips the bytes HDF5's chunk indexes place; an index whose chunk runs past the file
+    must not hide a collection: every byte is searched then."""
+    _, out = built
+    monkeypatch.setattr(heap, "LISTED_CHUNK_BYTES", 0)  # every chunk listed, however small
+    version = out / "dataset_v0001.h5"
+    size = version.stat().st_size
+    assert heap._stored(str(version), size)
+    data = bytearray(version.read_bytes())
+    node = data.find(b"TREE\x01")  # a B-tree node of chunks: its first key's chunk size at byte 24
+    assert node > 0
+    struct.pack_into("<I", data, node + 24, 0x7FFFFFFF)
+    damaged = tmp_path / "index.h5"
+    damaged.write_bytes(bytes(data))
+    assert heap._stored(str(damaged), size) == []
+    with open(damaged, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        assert heap._signatures(m, heap._gaps([], size)) == collections(damaged)
+    assert heap.damage(damaged) is None  # the heap itself is intact

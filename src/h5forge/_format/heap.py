@@ -88,9 +88,10 @@ LISTED_CHUNK_BYTES = 32 << 10
 
 
 def _stored(path: str, size: int) -> list[tuple[int, int]]:
-    """(start, end) of the bytes each dataset's stored data takes (its chunks of at least
-    ``LISTED_CHUNK_BYTES`` on average, or its contiguous block), in order; none when HDF5 cannot list them or two would overlap or end past the file (a
-    damaged index: then every byte is searched). Listing them reads HDF5's metadata, no string."""
+    """(start, end) of the bytes each dataset's stored data takes (its chunks, where they average
+    ``LISTED_CHUNK_BYTES`` or more, or its contiguous block), in order; none when HDF5 cannot list
+    them, or two overlap, or one ends past the file (a damaged index: then every byte is searched).
+    Listing them reads HDF5's metadata, no string."""
     starts: list[int] = []
     ends: list[int] = []
 
@@ -112,11 +113,11 @@ def _stored(path: str, size: int) -> list[tuple[int, int]]:
     try:
         with h5py.File(path, "r") as f:
             f.visititems(visit)
-    except (OSError, RuntimeError, ValueError, KeyError):
+    except Exception:  # noqa: BLE001 - whatever HDF5 cannot list is searched byte by byte
         return []
     order = np.argsort(starts, kind="stable")
     s, e = np.asarray(starts, np.int64)[order], np.asarray(ends, np.int64)[order]
-    if len(s) and (s[0] < 0 or e[-1] > size or (s[1:] < e[:-1]).any()):
+    if len(s) and (s[0] < 0 or e.max() > size or (s[1:] < e[:-1]).any()):
         return []
     return list(zip(s.tolist(), e.tolist()))
 
