@@ -8,9 +8,10 @@ an unrelated message or never return. ``damage`` walks every collection of a fil
 does but within bounds, and names what is wrong.
 
 A collection lies outside every dataset's stored data, so the search for collections skips the
-bytes HDF5's chunk indexes and contiguous layouts place (``_stored``): what is left to read is the
-file's metadata and strings, a small share of a version. The walk guards the reads of a full
-``verify`` and of a build that copies rows from an earlier version.
+contiguous datasets and the chunks HDF5's chunk indexes list where they are large (``_stored``): a
+version of large pictures is read for its metadata and strings, a few MB; the small chunks of small
+pictures are searched with the rest, a pass over their bytes. ``verify`` and a build walk the files
+they read before HDF5 reads a string of them.
 """
 
 from __future__ import annotations

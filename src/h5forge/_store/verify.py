@@ -161,10 +161,10 @@ def verify_file(
     workers that cleaned it): the rows are shared among them from ``EXECUTOR_ROWS`` rows on, as
     they cost no start; a share they fail to check is checked as without them.
     ``walk_heap``: walk the global heap of the file and of the files it reads from before HDF5
-    reads a string (``h5forge._format.heap``: it reads their metadata). A build verifying what it
-    has just written passes False, as that heap is what HDF5 wrote moments ago. An ``isolate``d
-    check that does not walk it is given ``isolated.LOOK_LIMIT`` instead: HDF5 can loop for ever
-    on a damaged heap.
+    reads a string (``h5forge._format.heap``: their metadata, and their small chunks). A build
+    verifying what it has just written passes False, as that heap is what HDF5 wrote moments ago.
+    An ``isolate``d check that does not walk it is given ``isolated.LOOK_LIMIT`` instead: HDF5 can
+    loop for ever on a damaged heap.
 
     The version is pinned for the whole check, as readers pin it (its lease,
     h5forge._format.leases): retention does not delete it meanwhile. ``dataset_latest.h5`` is
