@@ -8,9 +8,11 @@ still reach the run's log on the server, but not the terminal, unless ``debug`` 
 Prefect's console handlers, keyed on the exception a record carries and the run it belongs to). A bug (any
 other exception) keeps its traceback on the terminal. Without ``PREFECT_API_URL`` the run goes to a temporary server that
 Prefect starts as a child process writing to the same terminal; stopping it at exit cancels its
-services mid-write, and each logs an error with its traceback. That child inherits the settings
-of the run, so its log level is CRITICAL unless ``debug`` or the user set one: the terminal keeps
-the command's one line.
+services mid-write, and each logs an error with its traceback: Prefect's own loggers through the
+server log level, which the child inherits from the run's settings, and other libraries' (the
+database pool's) through the root logger, whose level the child reads from its environment
+(``PREFECT_LOGGING_ROOT_LEVEL``). Both are CRITICAL unless ``debug`` or the user set them: the
+terminal keeps the command's one line.
 
 Prefect 3.9 emits a flow-run heartbeat event every ``flows.heartbeat_frequency`` seconds (180 by
 default) from a thread that sleeps in 1 s steps, and joins that thread when the run ends: every run
@@ -24,6 +26,7 @@ keep Prefect's default.
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import ExitStack, contextmanager
 from typing import Iterator
 
@@ -44,9 +47,28 @@ def foreground_run(debug: bool = False) -> Iterator[None]:
             stack.enter_context(_expected_failures_off_the_terminal())
             if "logging_level" not in get_current_settings().server.model_fields_set:  # unless the user asked
                 stack.enter_context(temporary_settings(updates={PREFECT_SERVER_LOGGING_LEVEL: "CRITICAL"}))
+            if not get_current_settings().api.url:  # a temporary server starts in the block
+                stack.enter_context(_environment_default(ROOT_LEVEL, "CRITICAL"))
         if "heartbeat_frequency" not in get_current_settings().flows.model_fields_set:  # unless the user asked
             stack.enter_context(temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         yield
+
+
+ROOT_LEVEL = "PREFECT_LOGGING_ROOT_LEVEL"  # Prefect's override of its logging config's root level
+
+
+@contextmanager
+def _environment_default(name: str, value: str) -> Iterator[None]:
+    """Within the block, ``name`` is ``value`` in the environment of the processes it starts, unless
+    the user set it."""
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 class _NotExpected(logging.Filter):

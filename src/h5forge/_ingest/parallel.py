@@ -133,7 +133,11 @@ def dask_client(
 
 
 def local_cluster(workers: int, secure: bool, security):
-    """The LocalCluster of ``dask_client``: ``workers`` single-threaded processes on 127.0.0.1."""
+    """The LocalCluster of ``dask_client``: ``workers`` single-threaded processes on 127.0.0.1.
+    Its logs (the workers', and distributed's console handlers here while it runs) show only
+    critical records: a worker's heartbeat can race the worker's close and log an error with its
+    traceback, and a worker's real failure reaches the run anyway, as a task's exception or a lost
+    worker."""
     from distributed import LocalCluster
 
     return LocalCluster(
@@ -144,7 +148,7 @@ def local_cluster(workers: int, secure: bool, security):
         protocol="tls://" if secure else "tcp://",
         security=security,
         dashboard_address="127.0.0.1:0",
-        silence_logs=logging.ERROR,
+        silence_logs=logging.CRITICAL,
     )
 
 
