@@ -34,11 +34,12 @@ QUICK = {"resample": 0, "latency_reads": 0}
 
 
 def collections(path: Path) -> list[int]:
-    data = path.read_bytes()
-    found, at = [], data.find(heap.SIGNATURE)
+    """Where the collections HDF5 wrote start (their signature and reserved bytes)."""
+    data, written = path.read_bytes(), heap.SIGNATURE + heap.RESERVED
+    found, at = [], data.find(written)
     while at >= 0:
         found.append(at)
-        at = data.find(heap.SIGNATURE, at + 8)
+        at = data.find(written, at + 8)
     return found
 
 
@@ -73,16 +74,10 @@ def test_every_collection_of_a_version_is_walked_and_each_damage_is_named(built,
     _, out = built
     version = out / "dataset_v0001.h5"
     assert heap.damage(version) is None
-    size = version.stat().st_size
-    stored = heap._stored(str(version), size)
-    gaps = heap._gaps(stored, size)
-    # the search skips the datasets' stored data, most of the file, and still finds every collection
-    assert sum(end - start for start, end in gaps) < size / 2 and all(a < b for a, b in gaps)
     with open(version, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        assert heap.MEMMEM is not None and heap._signatures(m, gaps) == collections(version)
-        assert heap._signatures(m, [(0, size)]) == collections(version)
+        assert heap.MEMMEM is not None and heap._signatures(m) == collections(version)
         monkeypatch.setattr(heap, "MEMMEM", None)  # where the C library has no memmem
-        assert heap._signatures(m, gaps) == collections(version)
+        assert heap._signatures(m) == collections(version)
     copies = damaged_copies(version, tmp_path)
     assert len(copies) >= 4  # a version keeps its strings in several collections
     for what, copy in copies:
@@ -203,21 +198,81 @@ def test_a_nightly_over_a_looping_latest_ends_with_a_clear_stop(built, tmp_path)
     assert latest(out) == 1 and not (out / "dataset_v0002.h5").exists()
 
 
-def test_a_damaged_chunk_index_makes_the_walk_search_every_byte(built, tmp_path, monkeypatch):
-    """The walk skips the bytes HDF5's chunk indexes place; an index whose chunk runs past the file
-    must not hide a collection: every byte is searched then."""
+def test_a_dataset_address_moved_onto_a_looping_collection_does_not_hide_it(built, tmp_path):
+    """The walk reads no layout: a contiguous dataset said to lie over a collection (one damaged
+    address) does not take that collection out of the search."""
     _, out = built
-    monkeypatch.setattr(heap, "LISTED_CHUNK_BYTES", 0)  # every chunk listed, however small
     version = out / "dataset_v0001.h5"
-    size = version.stat().st_size
-    assert heap._stored(str(version), size)
-    data = bytearray(version.read_bytes())
-    node = data.find(b"TREE\x01")  # a B-tree node of chunks: its first key's chunk size at byte 24
-    assert node > 0
-    struct.pack_into("<I", data, node + 24, 0x7FFFFFFF)
-    damaged = tmp_path / "index.h5"
-    damaged.write_bytes(bytes(data))
-    assert heap._stored(str(damaged), size) == []
-    with open(damaged, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        assert heap._signatures(m, heap._gaps([], size)) == collections(damaged)
-    assert heap.damage(damaged) is None  # the heap itself is intact
+    looped = looping(version, tmp_path)
+    data = bytearray(looped.read_bytes())
+    with h5py.File(version, "r") as f:
+        contiguous = [d for d in _datasets(f) if d.chunks is None and d.id.get_offset() is not None]
+        offset, size = contiguous[0].id.get_offset(), contiguous[0].id.get_storage_size()
+    layout = b"\x03\x01" + struct.pack("<QQ", offset, size)  # layout message v3, contiguous: address, size
+    assert data.count(layout) == 1
+    first = collections(version)[0]
+    struct.pack_into("<Q", data, data.find(layout) + 2, first)
+    looped.write_bytes(bytes(data))
+    assert f"collection at byte {first} holds an object at byte {first + 16}" in (heap.damage(looped) or "")
+    check = "from h5forge._store.verify import verify_file; print(verify_file(sys.argv[1], isolate=True).ok)"
+    done = in_a_child(check, looped)
+    assert done.stdout.strip() == "False", done.stderr[-3000:]
+
+
+def _datasets(f: h5py.File) -> list[h5py.Dataset]:
+    found: list[h5py.Dataset] = []
+    f.visititems(lambda _, obj: found.append(obj) if isinstance(obj, h5py.Dataset) else None)
+    return found
+
+
+def test_a_chunk_index_that_never_ends_does_not_stall_the_walk(tmp_path):
+    """A v1 chunk B-tree made a graph of nodes each listing the one below 64 times: reading a chunk
+    (a search) stays quick, listing the chunks visits 64**6 entries. The walk lists none."""
+    path = tmp_path / "dag.h5"
+    with h5py.File(path, "w", libver="earliest") as f:
+        f.create_dataset("x", data=np.zeros(4 * 33000, np.uint8), chunks=(33000,))
+        f.create_dataset("ids", data=[f"id-{i}" for i in range(20)], dtype=h5py.string_dtype())
+    data = bytearray(path.read_bytes())
+    leaf = data.find(b"TREE\x01\x00")  # the index's one leaf
+    key_size, header, entries = 4 + 4 + 2 * 8, 24, 64  # a key: chunk size, filter mask, offsets (rank 1, + 1)
+    key = bytes(data[leaf + header : leaf + header + key_size])
+    undefined = struct.pack("<Q", 2**64 - 1)
+    below = leaf
+    for level in range(1, 7):
+        node = b"TREE" + bytes([1, level]) + struct.pack("<H", entries) + undefined + undefined
+        node += b"".join(key + struct.pack("<Q", below) for _ in range(entries)) + key
+        below = len(data)
+        data += node
+    layout = data.find(b"\x03\x02\x02" + struct.pack("<Q", leaf))  # chunked layout v3: the index's address
+    assert layout > 0
+    struct.pack_into("<Q", data, layout + 3, below)
+    struct.pack_into("<Q", data, 40, len(data))  # the superblock's end of file
+    path.write_bytes(bytes(data))
+    done = in_a_child("from h5forge._format import heap; print(heap.damage(sys.argv[1]))", path)
+    assert done.stdout.strip() == "None", done.stderr[-3000:]
+
+
+def _strings_file(path: Path, strings: list[str]) -> Path:
+    with h5py.File(path, "w") as f:
+        f.create_dataset("s", data=strings, dtype=h5py.string_dtype())
+    return path
+
+
+def test_a_collection_with_other_reserved_bytes_is_walked_as_hdf5_reads_it(tmp_path):
+    """HDF5 checks a collection's signature and version, not the three reserved bytes after them."""
+    path = _strings_file(tmp_path / "reserved.h5", [f"id-{i}" for i in range(20)])
+    (first,) = collections(path)
+    data = bytearray(path.read_bytes())
+    data[first + 5] = 1
+    data[first + heap.HEADER : first + 2 * heap.HEADER] = bytes(heap.HEADER)  # and made to loop
+    path.write_bytes(bytes(data))
+    assert f"collection at byte {first} holds an object" in (heap.damage(path) or "")
+
+
+def test_a_string_that_spells_a_collection_signature_is_no_damage(tmp_path):
+    """The bytes of a collection's signature inside one of its strings are that string's."""
+    path = _strings_file(tmp_path / "spelled.h5", ["GCOL\x01", "GCOL\x01\x01\x01\x01\xff", "plain"])
+    assert path.read_bytes().count(heap.SIGNATURE) == 3
+    assert heap.damage(path) is None
+    with h5py.File(path, "r") as f:
+        assert f["s"][0] == b"GCOL\x01"

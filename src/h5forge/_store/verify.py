@@ -161,10 +161,10 @@ def verify_file(
     workers that cleaned it): the rows are shared among them from ``EXECUTOR_ROWS`` rows on, as
     they cost no start; a share they fail to check is checked as without them.
     ``walk_heap``: walk the global heap of the file and of the files it reads from before HDF5
-    reads a string (``h5forge._format.heap``: their metadata, and their small chunks). A build
-    verifying what it has just written passes False, as that heap is what HDF5 wrote moments ago.
-    An ``isolate``d check that does not walk it is given ``isolated.LOOK_LIMIT`` instead: HDF5 can
-    loop for ever on a damaged heap.
+    reads a string (``h5forge._format.heap``: a pass over their bytes). A build verifying what it
+    has just written passes False, as that heap is what HDF5 wrote moments ago. An ``isolate``d
+    check that does not walk it, or reads no checksums, is given ``isolated.LOOK_LIMIT``: HDF5 can
+    loop for ever on a damaged heap, or on damage the walk does not look for.
 
     The version is pinned for the whole check, as readers pin it (its lease,
     h5forge._format.leases): retention does not delete it meanwhile. ``dataset_latest.h5`` is
@@ -283,8 +283,9 @@ def _verify(
 def _in_child(real: str, path: str | Path, options: dict) -> HealthReport:
     """The checks of the pinned version ``real`` in a forked child (the pin's lease is inherited)."""
     try:
-        # a walked heap leaves HDF5 nothing to loop on, and a big version takes what it takes
-        limit = None if options["walk_heap"] else LOOK_LIMIT
+        # a check of every row takes what the version's size asks; one without the checksums reads
+        # little, and past the limit HDF5 loops on something the heap walk does not see
+        limit = None if options["walk_heap"] and options["checksums"] else LOOK_LIMIT
         return in_child(lambda: _verify(Path(path), real, executor=None, **options), what=f"verify {path}", limit=limit)
     except Crashed as err:
         report = HealthReport(str(path))
@@ -744,7 +745,7 @@ class _ZstdChunks:
         for path, ds, starts, asked in self.fields:
             lo, hi = (start, stop) if starts is None else (int(starts[start]), int(starts[stop]))
             rows, size = ds.chunks[0], int(np.prod(ds.chunks)) * ds.dtype.itemsize
-            for c in set(range(lo // rows, -(-hi // rows))) - asked:
+            for c in sorted(set(range(lo // rows, -(-hi // rows))) - asked):  # reported in file order
                 asked.add(c)
                 mask, raw = ds.id.read_direct_chunk((c * rows,) + (0,) * (ds.ndim - 1))
                 if (len(raw) != size) if mask & 1 else zstd_intact(raw, size) is False:
