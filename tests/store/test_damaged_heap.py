@@ -276,3 +276,66 @@ def test_a_string_that_spells_a_collection_signature_is_no_damage(tmp_path):
     assert heap.damage(path) is None
     with h5py.File(path, "r") as f:
         assert f["s"][0] == b"GCOL\x01"
+
+
+def test_a_signature_in_the_last_bytes_of_a_file_is_no_damage(tmp_path):
+    """Stored values that end the file with a signature's five bytes leave no room for HDF5's header."""
+    path = tmp_path / "tail.h5"
+    with h5py.File(path, "w", libver="latest") as f:
+        f.create_dataset("ids", data=["a", "b"], dtype=h5py.string_dtype())
+        f.create_dataset("image", shape=(4096,), dtype=np.uint8)[-8:] = np.frombuffer(b"\0\0\0GCOL\x01", np.uint8)
+    assert path.read_bytes().endswith(heap.SIGNATURE)
+    assert heap.damage(path) is None
+
+
+def _adjacent(path: Path) -> tuple[Path, list[int]]:
+    """A file of 4,000 strings, written at once: HDF5 puts them in adjacent collections of 64 KiB."""
+    strings = [f"string-{i:06d}-" * 4 for i in range(4000)]
+    _strings_file(path, strings)
+    found = collections(path)
+    assert found[1] == found[0] + 65536 and found[2] == found[1] + 65536
+    return path, found
+
+
+def _reads(path: Path) -> list[bytes]:
+    with h5py.File(path, "r") as f:
+        return list(f["s"][()])
+
+
+def test_one_bit_that_grows_a_collection_over_the_next_is_named(tmp_path):
+    """HDF5 then reads other strings, silently, in place of 910 of them."""
+    path, (first, second, *_) = _adjacent(tmp_path / "adjacent.h5")
+    intact = _reads(path)
+    data = bytearray(path.read_bytes())
+    data[first + 10] ^= 0x02  # bit 17 of its size: 65,536 becomes 196,608 bytes
+    path.write_bytes(bytes(data))
+    assert _reads(path) != intact  # the damage this guards against
+    assert heap.damage(path) == (
+        f"its global heap collection at byte {first} runs into the collection at byte {second} (the file is damaged)"
+    )
+
+
+def test_a_collection_whose_size_lost_a_few_bytes_still_leaves_the_next_one_walked(tmp_path):
+    """The bytes a collection's end leaves over are its free space: a collection starting there is walked."""
+    path, (first, second, *_) = _adjacent(tmp_path / "adjacent.h5")
+    data = bytearray(path.read_bytes())
+    data[first + 8] ^= 0x08  # its size grows by 8 bytes, into the next one's header
+    data[second + heap.HEADER : second + 2 * heap.HEADER] = bytes(heap.HEADER)  # which loops
+    path.write_bytes(bytes(data))
+    assert f"collection at byte {second} holds an object at byte {second + 16}" in (heap.damage(path) or "")
+
+
+def test_two_objects_of_one_index_are_named(tmp_path):
+    """HDF5 gives each object of a collection an index of its own: two that share one are damage."""
+    path = _strings_file(tmp_path / "twice.h5", ["first", "second", "third"])
+    (at,) = collections(path)
+    data = bytearray(path.read_bytes())
+    objects = []
+    p = at + heap.HEADER
+    while len(objects) < 2:
+        index, _, _, size = struct.unpack_from("<HHIQ", data, p)
+        objects.append(p)
+        p += heap.HEADER + (size + 7) // 8 * 8
+    data[objects[1] : objects[1] + 2] = data[objects[0] : objects[0] + 2]
+    path.write_bytes(bytes(data))
+    assert "holds two objects of index" in (heap.damage(path) or "")
