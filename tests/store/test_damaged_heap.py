@@ -323,19 +323,3 @@ def test_a_collection_whose_size_lost_a_few_bytes_still_leaves_the_next_one_walk
     data[second + heap.HEADER : second + 2 * heap.HEADER] = bytes(heap.HEADER)  # which loops
     path.write_bytes(bytes(data))
     assert f"collection at byte {second} holds an object at byte {second + 16}" in (heap.damage(path) or "")
-
-
-def test_two_objects_of_one_index_are_named(tmp_path):
-    """HDF5 gives each object of a collection an index of its own: two that share one are damage."""
-    path = _strings_file(tmp_path / "twice.h5", ["first", "second", "third"])
-    (at,) = collections(path)
-    data = bytearray(path.read_bytes())
-    objects = []
-    p = at + heap.HEADER
-    while len(objects) < 2:
-        index, _, _, size = struct.unpack_from("<HHIQ", data, p)
-        objects.append(p)
-        p += heap.HEADER + (size + 7) // 8 * 8
-    data[objects[1] : objects[1] + 2] = data[objects[0] : objects[0] + 2]
-    path.write_bytes(bytes(data))
-    assert "holds two objects of index" in (heap.damage(path) or "")

@@ -22,7 +22,7 @@ import os
 import struct
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import h5py
 import numpy as np
@@ -32,7 +32,8 @@ from h5forge._format.row_files import listed_row_files
 # a collection starts so: signature and version 1, then three reserved bytes HDF5 does not check
 SIGNATURE = b"GCOL\x01"
 RESERVED = b"\x00\x00\x00"  # as HDF5 writes them
-WRITTEN = SIGNATURE + RESERVED
+# a collection's header read as an object's: no object's reads so, as its reserved bytes are 0
+COLLECTION_AS_OBJECT = struct.unpack("<HHI", SIGNATURE + RESERVED)
 MIN_SIZE = 4096  # HDF5 makes no smaller collection
 HEADER = 16  # a collection's header, and an object's: index (u16), references (u16), reserved (4), size (u64)
 
@@ -65,16 +66,15 @@ def _damage(path: str, _inode: int, size: int, _mtime: int, _ctime: int) -> str 
     if size == 0:
         return None
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        strings: list[tuple[int, int]] = []  # the bytes of the objects walked, in order
-        inside = 0
+        walked = (0, 0)  # the start and end of the last collection walked
         for at in _signatures(m):
-            while inside < len(strings) and strings[inside][1] <= at:
-                inside += 1
-            if inside < len(strings) and strings[inside][0] <= at:
+            if at < walked[1] and _in_an_object(m, walked[0], at):
                 continue  # a string that spells a signature
-            problem = _collection_problem(m, at, strings)
+            problem, end = _collection_problem(m, at)
             if problem:
                 return f"its global heap collection at byte {at} {problem} (the file is damaged)"
+            if end > at:
+                walked = (at, end)
     return None
 
 
@@ -111,30 +111,50 @@ def _signatures(m: mmap.mmap) -> list[int]:
     return found
 
 
-def _collection_problem(m: mmap.mmap, at: int, strings: list[tuple[int, int]]) -> str | None:
-    """What is wrong with the collection whose signature is at ``at``; the bytes of its objects are
-    added to ``strings``. None too when the signature starts no collection."""
+def _objects(m: mmap.mmap, at: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(start, bytes taken, index) of each object of the collection at ``at`` ending at ``end``, as
+    HDF5 walks them; ``bytes taken`` is 0 for one that does not fit, and the walk stops there."""
+    p = at + HEADER
+    while end - p >= HEADER:  # less than a header left over is free space, as HDF5 reads it
+        index, references, reserved, object_size = struct.unpack_from("<HHIQ", m, p)
+        if (index, references, reserved) == COLLECTION_AS_OBJECT:
+            yield p, -1, index
+            return
+        # an object takes its header and its size rounded up to 8; the free space (index 0) its size
+        need = HEADER + (object_size + 7) // 8 * 8 if index else object_size
+        if not HEADER <= need <= end - p:
+            yield p, 0, index
+            return
+        yield p, need, index
+        p += need
+
+
+def _in_an_object(m: mmap.mmap, at: int, hit: int) -> bool:
+    """Whether ``hit`` lies in the bytes of an object (not the free space) of the collection at ``at``."""
+    (size,) = struct.unpack_from("<Q", m, at + 8)
+    for p, need, index in _objects(m, at, at + size):
+        if p > hit or need <= 0:
+            return False
+        if index and p + HEADER <= hit < p + need:
+            return True
+    return False
+
+
+def _collection_problem(m: mmap.mmap, at: int) -> tuple[str | None, int]:
+    """What is wrong with the collection whose signature is at ``at``, and where it ends (``at``
+    when the signature starts no collection)."""
     # five bytes can recur by chance in a large file's data: only a signature with HDF5's reserved
     # bytes is a collection whatever its size, another one when its size fits
     written = m[at + 5 : at + 8] == RESERVED
     if at + HEADER > len(m):
-        return "is cut short" if written else None
+        return ("is cut short" if written else None), at
     (size,) = struct.unpack_from("<Q", m, at + 8)
     if not MIN_SIZE <= size <= len(m) - at:
-        return f"gives its size as {size} bytes, which does not fit in the file" if written else None
-    end, p, indexes = at + size, at + HEADER, set()
-    while end - p >= HEADER:  # less than a header left over is free space, as HDF5 reads it
-        if m[p : p + len(WRITTEN)] == WRITTEN:  # no object's header reads so (its reserved bytes are 0)
-            return f"runs into the collection at byte {p}"
-        index, _, _, object_size = struct.unpack_from("<HHIQ", m, p)
-        # an object takes its header and its size rounded up to 8; the free space (index 0) its size
-        need = HEADER + (object_size + 7) // 8 * 8 if index else object_size
-        if not HEADER <= need <= end - p:
-            return f"holds an object at byte {p} of {object_size} bytes, which does not fit in it"
-        if index:
-            if index in indexes:  # HDF5 gives each object an index of its own
-                return f"holds two objects of index {index}"
-            indexes.add(index)
-            strings.append((p + HEADER, p + need))
-        p += need
-    return None
+        return (f"gives its size as {size} bytes, which does not fit in the file" if written else None), at
+    for p, need, _ in _objects(m, at, at + size):
+        if need < 0:
+            return f"runs into the collection at byte {p}", at + size
+        if need == 0:
+            (object_size,) = struct.unpack_from("<Q", m, p + 8)
+            return f"holds an object at byte {p} of {object_size} bytes, which does not fit in it", at + size
+    return None, at + size
