@@ -113,7 +113,8 @@ def _signatures(m: mmap.mmap) -> list[int]:
 
 def _objects(m: mmap.mmap, at: int, end: int) -> Iterator[tuple[int, int, int]]:
     """(start, bytes taken, index) of each object of the collection at ``at`` ending at ``end``, as
-    HDF5 walks them; ``bytes taken`` is 0 for one that does not fit, and the walk stops there."""
+    HDF5 walks them; ``bytes taken`` is 0 for one that does not fit and -1 for another collection's
+    header, and the walk stops there."""
     p = at + HEADER
     while end - p >= HEADER:  # less than a header left over is free space, as HDF5 reads it
         index, references, reserved, object_size = struct.unpack_from("<HHIQ", m, p)
