@@ -315,8 +315,9 @@ def test_one_bit_that_grows_a_collection_over_the_next_is_named(tmp_path):
     )
 
 
-def test_a_collection_whose_size_lost_a_few_bytes_still_leaves_the_next_one_walked(tmp_path):
-    """The bytes a collection's end leaves over are its free space: a collection starting there is walked."""
+def test_a_collection_grown_by_a_few_bytes_still_leaves_the_next_one_walked(tmp_path):
+    """Fewer bytes than a header past a collection's last object are its free space to HDF5, and
+    they may be the next collection's start: that collection is walked all the same."""
     path, (first, second, *_) = _adjacent(tmp_path / "adjacent.h5")
     data = bytearray(path.read_bytes())
     data[first + 8] ^= 0x08  # its size grows by 8 bytes, into the next one's header
